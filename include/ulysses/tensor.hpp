@@ -1,0 +1,97 @@
+// Tensors of logical shape [b, s, h, d]: batch, sequence, heads, head dim.
+//
+// TensorView is a non-owning strided view (the kernels' and collectives' argument type);
+// the innermost dimension d is always contiguous, the other three have element strides, so
+// `bshd`, `sbhd` and fused QKV buffers are all just stride choices.
+// Tensor owns 64-byte aligned, zero-initialised storage in one of the two layouts.
+// Storage is float32 or bfloat16; all compute and accumulation is float32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace ulysses {
+
+enum class DType : int { f32 = 0, bf16 = 1 };
+enum class Layout : int { bshd = 0, sbhd = 1 };
+
+std::size_t dtype_size(DType dtype);
+const char* to_string(DType dtype);
+const char* to_string(Layout layout);
+DType parse_dtype(std::string_view name);     // "f32" | "float32" | "bf16" | "bfloat16"
+Layout parse_layout(std::string_view name);   // "bshd" | "sbhd"
+
+struct Shape {
+  std::int64_t b = 0, s = 0, h = 0, d = 0;
+  std::int64_t numel() const { return b * s * h * d; }
+  bool operator==(const Shape&) const = default;
+  std::string str() const;  // "[b, s, h, d]" with the numbers
+};
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;  // in elements; d has stride 1
+
+  // A densely packed view of `data` in `layout`.
+  static TensorView dense(void* data, DType dtype, Shape shape, Layout layout);
+
+  std::int64_t offset(std::int64_t b, std::int64_t s, std::int64_t h) const {
+    return b * stride_b + s * stride_s + h * stride_h;
+  }
+  // Typed pointer to element (b, s, h, 0). Precondition: the dtype matches.
+  float* f32(std::int64_t b, std::int64_t s, std::int64_t h) const {
+    return static_cast<float*>(data) + offset(b, s, h);
+  }
+  std::uint16_t* bf16(std::int64_t b, std::int64_t s, std::int64_t h) const {
+    return static_cast<std::uint16_t*>(data) + offset(b, s, h);
+  }
+  std::byte* row(std::int64_t b, std::int64_t s, std::int64_t h) const {
+    return static_cast<std::byte*>(data) + offset(b, s, h) * std::int64_t(dtype_size(dtype));
+  }
+  // True when this view is a dense block in `layout`.
+  bool is_dense(Layout layout) const;
+};
+
+// Read one d-long row as float32 / write one float32 row in the view's dtype.
+void load_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h, float* out);
+void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h,
+               const float* in);
+
+// Copy every element of src into dst (same shape; dtypes and strides may differ).
+void copy(const TensorView& src, const TensorView& dst);
+
+// Fill with uniform values in [-1, 1) that depend only on (seed, b, s_offset + s, h, d):
+// a shard filled with its global sequence offset equals the same slice of the full tensor.
+void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset = 0);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd);
+  // Same, but the storage is left uninitialised: for buffers that are overwritten whole
+  // (receive buffers, kernel outputs), where zeroing would be a wasted pass over memory.
+  static Tensor uninitialized(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd);
+
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  Layout layout() const { return layout_; }
+  std::size_t nbytes() const { return std::size_t(shape_.numel()) * dtype_size(dtype_); }
+  void* data() const { return data_.get(); }
+  float* f32() const { return static_cast<float*>(data()); }
+  TensorView view() const { return TensorView::dense(data(), dtype_, shape_, layout_); }
+
+ private:
+  Tensor(Shape shape, DType dtype, Layout layout, bool zero);
+  struct Free { void operator()(void* p) const; };
+  std::unique_ptr<void, Free> data_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  Layout layout_ = Layout::bshd;
+};
+
+}  // namespace ulysses

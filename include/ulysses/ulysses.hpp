@@ -1,0 +1,13 @@
+// Umbrella header.
+#pragma once
+
+#include "ulysses/all_to_all.hpp"
+#include "ulysses/attention.hpp"
+#include "ulysses/bf16.hpp"
+#include "ulysses/comm.hpp"
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/npy.hpp"
+#include "ulysses/reference.hpp"
+#include "ulysses/tensor.hpp"
+#include "ulysses/threads.hpp"

@@ -1,0 +1,142 @@
+#include "ulysses/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ulysses/bf16.hpp"
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+const char* to_string(DType dtype) { return dtype == DType::f32 ? "f32" : "bf16"; }
+
+const char* to_string(Layout layout) { return layout == Layout::bshd ? "bshd" : "sbhd"; }
+
+DType parse_dtype(std::string_view name) {
+  if (name == "f32" || name == "float32") return DType::f32;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw Error(fmt::format("unknown dtype '{}': expected f32 or bf16", name));
+}
+
+Layout parse_layout(std::string_view name) {
+  if (name == "bshd") return Layout::bshd;
+  if (name == "sbhd") return Layout::sbhd;
+  throw Error(fmt::format("unknown layout '{}': expected bshd or sbhd", name));
+}
+
+std::string Shape::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
+
+TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout) {
+  TensorView v{data, dtype, shape, 0, 0, 0};
+  v.stride_h = shape.d;
+  if (layout == Layout::bshd) {
+    v.stride_s = shape.h * shape.d;
+    v.stride_b = shape.s * v.stride_s;
+  } else {
+    v.stride_b = shape.h * shape.d;
+    v.stride_s = shape.b * v.stride_b;
+  }
+  return v;
+}
+
+bool TensorView::is_dense(Layout layout) const {
+  TensorView d = dense(data, dtype, shape, layout);
+  return d.stride_b == stride_b && d.stride_s == stride_s && d.stride_h == stride_h;
+}
+
+void load_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t h, float* out) {
+  if (v.dtype == DType::f32) {
+    std::memcpy(out, v.f32(b, s, h), std::size_t(v.shape.d) * 4);
+  } else {
+    const std::uint16_t* p = v.bf16(b, s, h);
+    for (std::int64_t i = 0; i < v.shape.d; ++i) out[i] = bf16_to_float(p[i]);
+  }
+}
+
+void store_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t h,
+               const float* in) {
+  if (v.dtype == DType::f32) {
+    std::memcpy(v.f32(b, s, h), in, std::size_t(v.shape.d) * 4);
+  } else {
+    std::uint16_t* p = v.bf16(b, s, h);
+    for (std::int64_t i = 0; i < v.shape.d; ++i) p[i] = float_to_bf16(in[i]);
+  }
+}
+
+void copy(const TensorView& src, const TensorView& dst) {
+  if (!(src.shape == dst.shape))
+    throw Error(fmt::format("copy: shapes differ, {} vs {}", src.shape.str(), dst.shape.str()));
+  const Shape& sh = src.shape;
+  const bool same = src.dtype == dst.dtype;
+  const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(src.dtype);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<std::size_t>(sh.d));
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < sh.b; ++b)
+      for (std::int64_t s = 0; s < sh.s; ++s)
+        for (std::int64_t h = 0; h < sh.h; ++h) {
+          if (same) {
+            std::memcpy(dst.row(b, s, h), src.row(b, s, h), row_bytes);
+          } else {
+            load_row(src, b, s, h, row.data());
+            store_row(dst, b, s, h, row.data());
+          }
+        }
+  }
+}
+
+namespace {
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset) {
+  const Shape& sh = view.shape;
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<std::size_t>(sh.d));
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < sh.b; ++b)
+      for (std::int64_t s = 0; s < sh.s; ++s)
+        for (std::int64_t h = 0; h < sh.h; ++h) {
+          std::uint64_t base = mix(mix(mix(mix(seed) ^ std::uint64_t(b)) ^ std::uint64_t(s + s_offset)) ^ std::uint64_t(h));
+          for (std::int64_t d = 0; d < sh.d; ++d) {
+            std::uint64_t r = mix(base ^ std::uint64_t(d));
+            row[std::size_t(d)] = float(double(r >> 40) / double(1ull << 24) * 2.0 - 1.0);
+          }
+          store_row(view, b, s, h, row.data());
+        }
+  }
+}
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(Shape shape, DType dtype, Layout layout) : Tensor(shape, dtype, layout, true) {}
+
+Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout) {
+  return Tensor(shape, dtype, layout, false);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Layout layout, bool zero)
+    : shape_(shape), dtype_(dtype), layout_(layout) {
+  if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
+    throw Error(fmt::format("tensor shape {} has a negative size", shape.str()));
+  std::size_t bytes = nbytes();
+  std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!p) throw Error(fmt::format("out of memory allocating {} bytes for {}", bytes, shape.str()));
+  if (zero) std::memset(p, 0, rounded);
+  data_.reset(p);
+}
+
+}  // namespace ulysses

@@ -1,0 +1,47 @@
+#include "ulysses_attention.hpp"
+
+#include <array>
+
+namespace ulysses {
+
+namespace {
+// Float32 copy of a head-sharded buffer; the kernels compute in float32 whatever the wire.
+FusedHeads as_f32(FusedHeads x) { return x.dtype() == DType::f32 ? std::move(x) : x.converted(DType::f32); }
+}  // namespace
+
+void ulysses_attention_forward(Comm& comm, const TensorView& out, UlyssesSaved& saved,
+                               const TensorView& q, const TensorView& k, const TensorView& v,
+                               const AttentionParams& params, int kv_replicas) {
+  const std::array<SeqShard, 3> in{{{q, 1}, {k, kv_replicas}, {v, kv_replicas}}};
+  saved.qkv = as_f32(seq_to_head(comm, in));
+  saved.params = params;
+  saved.kv_replicas = kv_replicas;
+  saved.dtype = q.dtype;
+  const TensorView hq = saved.qkv.part(0);
+  saved.out = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+  saved.lse.assign(std::size_t(hq.shape.b * hq.shape.h * hq.shape.s), 0.0f);
+  flash_attention_forward(saved.out.part(0), saved.lse.data(), hq, saved.qkv.part(1),
+                          saved.qkv.part(2), params);
+  const std::array<SeqShard, 1> o{{{out, 1}}};
+  if (saved.dtype == DType::f32) head_to_seq(comm, saved.out, o);
+  else head_to_seq(comm, saved.out.converted(saved.dtype), o);
+}
+
+void ulysses_attention_backward(Comm& comm, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView& dout,
+                                const UlyssesSaved& saved) {
+  const std::array<SeqShard, 1> g{{{dout, 1}}};
+  const FusedHeads hdout = as_f32(seq_to_head(comm, g));
+  const FusedHeads& qkv = saved.qkv;
+  FusedHeads grads(DType::f32, qkv.batch(), qkv.seq(), qkv.head_dim(),
+                   {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
+  flash_attention_backward(grads.part(0), grads.part(1), grads.part(2), hdout.part(0), qkv.part(0),
+                           qkv.part(1), qkv.part(2), saved.out.part(0), saved.lse.data(),
+                           saved.params);
+  const int r = saved.kv_replicas;
+  const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+  if (saved.dtype == DType::f32) head_to_seq(comm, grads, out);
+  else head_to_seq(comm, grads.converted(saved.dtype), out);
+}
+
+}  // namespace ulysses

@@ -1,0 +1,133 @@
+// .npy: magic "\x93NUMPY", version (1.0: u16 header length; 2.0/3.0: u32), a Python-dict
+// header {'descr': '<f4', 'fortran_order': False, 'shape': (...), }, padding, raw data.
+#include "ulysses/npy.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& path, const std::string& why) {
+  throw Error(fmt::format("{}: not a usable .npy file: {}", path, why));
+}
+
+std::string dict_value(const std::string& header, const std::string& key) {
+  std::smatch m;
+  const std::regex re("['\"]" + key + "['\"]\\s*:\\s*(\\([^)]*\\)|'[^']*'|\"[^\"]*\"|True|False)");
+  if (!std::regex_search(header, m, re)) return "";
+  return m[1];
+}
+
+std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& tuple) {
+  std::vector<std::int64_t> shape;
+  const std::string inner = tuple.substr(1, tuple.size() - 2);
+  std::size_t pos = 0;
+  while (pos < inner.size()) {
+    std::size_t comma = inner.find(',', pos);
+    std::string item = inner.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) {
+      if (item.find_first_not_of("0123456789") != std::string::npos || item.size() > 15)
+        bad(path, fmt::format("shape entry '{}' is not a non-negative integer", item));
+      shape.push_back(std::stoll(item));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return shape;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  char magic[8];
+  if (!in.read(magic, 8)) bad(path, "shorter than the 10-byte preamble");
+  if (std::memcmp(magic, "\x93NUMPY", 6) != 0) bad(path, "missing the \\x93NUMPY magic");
+  const int major = static_cast<unsigned char>(magic[6]);
+  std::uint32_t header_len = 0;
+  if (major == 1) {
+    unsigned char b[2];
+    if (!in.read(reinterpret_cast<char*>(b), 2)) bad(path, "truncated header length");
+    header_len = b[0] | (b[1] << 8);
+  } else if (major == 2 || major == 3) {
+    unsigned char b[4];
+    if (!in.read(reinterpret_cast<char*>(b), 4)) bad(path, "truncated header length");
+    header_len = b[0] | (b[1] << 8) | (b[2] << 16) | (std::uint32_t(b[3]) << 24);
+  } else {
+    bad(path, fmt::format("unsupported format version {}", major));
+  }
+  if (header_len > (1u << 20)) bad(path, fmt::format("header length {} is implausible", header_len));
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), header_len)) bad(path, "truncated header");
+  const std::string descr = dict_value(header, "descr");
+  const std::string fortran = dict_value(header, "fortran_order");
+  const std::string shape_str = dict_value(header, "shape");
+  if (descr.empty() || fortran.empty() || shape_str.empty())
+    bad(path, "header lacks descr, fortran_order or shape");
+  if (descr.substr(1, descr.size() - 2) != "<f4")
+    bad(path, fmt::format("dtype {} is not little-endian float32 ('<f4')", descr));
+  if (fortran != "False") bad(path, "Fortran order is not supported (save C-ordered arrays)");
+  NpyArray a;
+  a.shape = parse_shape(path, shape_str);
+  std::int64_t n = 1;
+  for (std::int64_t s : a.shape) {
+    if (s != 0 && n > (std::int64_t(1) << 40) / s) bad(path, "shape too large");
+    n *= s;
+  }
+  a.data.resize(std::size_t(n));
+  if (!in.read(reinterpret_cast<char*>(a.data.data()), std::streamsize(n * 4)))
+    bad(path, fmt::format("truncated data: expected {} bytes for shape ({}), found {}", n * 4,
+                          fmt::join(a.shape, ", "), in.gcount()));
+  if (in.peek() != std::char_traits<char>::eof()) bad(path, "trailing bytes after the data");
+  return a;
+}
+
+void write_npy(const std::string& path, const float* data, const std::vector<std::int64_t>& shape) {
+  std::string dims;
+  std::int64_t n = 1;
+  for (std::int64_t s : shape) {
+    dims += fmt::format("{}, ", s);
+    n *= s;
+  }
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  else if (shape.size() == 1) dims.resize(dims.size() - 1);
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
+    const std::uint16_t len = std::uint16_t(header.size());
+    out.write("\x93NUMPY\x01\x00", 8);
+    const char lb[2] = {char(len & 0xff), char(len >> 8)};
+    out.write(lb, 2);
+    out.write(header.data(), std::streamsize(header.size()));
+    out.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("{}: write failed", path));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot rename {} into place: {}", path, tmp, std::strerror(errno)));
+  }
+}
+
+}  // namespace ulysses
