@@ -1,0 +1,35 @@
+// The `ulysses` command line: subcommands over the library, run under mpirun.
+#include <CLI/CLI.hpp>
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "attention_command.hpp"
+#include "ulysses/error.hpp"
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CLI::App app{"ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
+               "Run under mpirun; every rank holds s/cp tokens of every sequence."};
+  app.set_version_flag("--version", "ulysses 0.1.0");
+  app.require_subcommand(1);
+  ulysses::cli::AttentionOptions attention;
+  ulysses::cli::add_attention_command(app, attention);
+
+  int code = 0;
+  try {
+    app.parse(argc, argv);
+    if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(attention);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same argv, so every rank stops here; one prints.
+    if (rank == 0) code = app.exit(e);
+    else code = e.get_exit_code();
+  } catch (const ulysses::Error& e) {
+    if (rank == 0) std::fprintf(stderr, "ulysses: error: %s\n", e.what());
+    code = 2;
+  }
+  MPI_Finalize();
+  return code;
+}

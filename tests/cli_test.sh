@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The CLI end to end: .npy inputs and outputs at 1 and 2 ranks, and every bad input giving a
+# clear error, a non-zero exit within seconds, and no output file.
+# usage: cli_test.sh ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
+set -u
+bin=$1 mpiexec=$2 flags=$3 tool=$4
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fails=0
+run() { local n=$1; shift; timeout 60 "$mpiexec" -n "$n" $flags "$bin" "$@"; }
+ok() { echo "PASS: $1"; }
+bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+
+"$tool" make "$dir" 2 64 4 2 16 || { echo "cannot make inputs"; exit 1; }
+files=(--q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --dout "$dir/dout.npy")
+
+# Files in, files out: 1 rank and 2 ranks agree with each other and with the reference.
+for n in 1 2; do
+  if run $n attention "${files[@]}" --causal --check --out "$dir/out$n.npy" --dq "$dir/dq$n.npy" \
+       --dk "$dir/dk$n.npy" --dv "$dir/dv$n.npy" --json "$dir/r$n.json" > "$dir/log$n" 2>&1; then
+    ok "files at np=$n"
+  else
+    bad "files at np=$n"; cat "$dir/log$n"
+  fi
+done
+for t in out dq dk dv; do
+  if "$tool" diff "$dir/${t}2.npy" "$dir/${t}1.npy" 1e-5 > /dev/null; then ok "$t np=2 == np=1"; else bad "$t np=2 vs np=1"; fi
+done
+grep -q '"forward_s"' "$dir/r2.json" && grep -q '"seq_to_head"' "$dir/r2.json" && ok "json report" || bad "json report"
+
+# Bad inputs: expect a non-zero exit (not a timeout), the message, and no --out file.
+expect_error() {
+  local name=$1 n=$2 msg=$3; shift 3
+  rm -f "$dir/never.npy"
+  local start=$SECONDS
+  run "$n" attention "$@" --out "$dir/never.npy" > "$dir/err.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc"; cat "$dir/err.log"; return; fi
+  if ! grep -qF -- "$msg" "$dir/err.log"; then bad "$name: message '$msg' missing"; cat "$dir/err.log"; return; fi
+  if [ -e "$dir/never.npy" ] || ls "$dir"/never.npy.tmp.* > /dev/null 2>&1; then bad "$name: partial output left"; return; fi
+  ok "$name ($((SECONDS - start)) s, rc $rc)"
+}
+printf 'GARBAGE, NOT AN NPY FILE' > "$dir/garbage.npy"
+head -c 200 "$dir/q.npy" > "$dir/truncated.npy"
+"$tool" make "$dir/" 2 32 4 2 16 && mv "$dir/k.npy" "$dir/k_short.npy" && "$tool" make "$dir" 2 64 4 2 16
+expect_error "missing file" 2 "cannot open" --q "$dir/nope.npy" --k "$dir/k.npy" --v "$dir/v.npy"
+expect_error "malformed file" 2 "not a usable .npy file" --q "$dir/garbage.npy" --k "$dir/k.npy" --v "$dir/v.npy"
+expect_error "truncated file" 2 "truncated data" --q "$dir/truncated.npy" --k "$dir/k.npy" --v "$dir/v.npy"
+expect_error "k shorter than q" 2 "must be [b, s, h_kv, d] with q's b, s and d" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
+expect_error "heads % cp" 2 "num_heads (3) must be divisible by cp (2)" --heads 3 --seq 64
+expect_error "heads % cp names p2p" 4 "cp_comm_type p2p" --heads 6 --seq 64
+expect_error "kv heads" 2 "num_kv_heads (3) does not fit cp (2)" --heads 6 --kv-heads 3 --seq 64
+expect_error "seq % cp" 2 "sequence length (31) must be divisible by cp (2)" --seq 31
+expect_error "unknown strategy" 2 "unknown cp_comm_type 'ring'" --strategy ring
+expect_error "p2p not yet" 2 "cp_comm_type p2p is not implemented yet" --strategy p2p --seq 64
+expect_error "bad cp sizes" 2 "--cp-sizes must be INNER,OUTER" --strategy a2a+p2p --cp-sizes 2x1 --seq 64
+expect_error "dq without backward" 2 "need a backward" --seq 64 --dq "$dir/dq.npy"
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]

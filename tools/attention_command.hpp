@@ -1,0 +1,30 @@
+// `ulysses attention`: one distributed attention forward (and backward), checked and reported.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ulysses::cli {
+
+struct AttentionOptions {
+  std::string q, k, v, dout;                 // global inputs (.npy); empty = random
+  std::string out, dq, dk, dv, json;         // outputs written by rank 0
+  std::string strategy = "a2a";
+  std::string cp_sizes;                      // "INNER,OUTER" for a2a+p2p
+  std::string dtype = "f32", layout = "bshd";
+  bool causal = false, backward = false, check = false;
+  float scale = 0.0f;
+  std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
+  std::uint64_t seed = 0;
+  int repeat = 0, threads = 0;
+};
+
+void add_attention_command(CLI::App& app, AttentionOptions& opt);
+
+// Collective over MPI_COMM_WORLD. Returns the process exit code; throws ulysses::Error
+// (agreed on every rank) for bad input.
+int run_attention(const AttentionOptions& opt);
+
+}  // namespace ulysses::cli
