@@ -185,10 +185,17 @@ int run_attention(const AttentionOptions& o) {
   comm.agree(err);
 
   const std::int64_t sl = p.q.s / cp, s0 = rank * sl;
-  if (rank == 0)
-    std::printf("ulysses attention: cp_comm_type=%s cp=%d threads/rank=%d  q %s k/v %s %s %s%s\n",
-                to_string(cfg.cp_comm_type), cp, threads, p.q.str().c_str(), p.kv.str().c_str(),
-                to_string(dtype), to_string(layout), cfg.causal ? " causal" : "");
+  if (rank == 0) {
+    std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", to_string(cfg.cp_comm_type), cp,
+                threads);
+    std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
+                to_string(dtype), to_string(layout), cfg.causal ? ", causal" : "",
+                effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
+    std::printf("  each rank holds q %s (tokens [r*%lld, (r+1)*%lld)); attention runs on %s\n",
+                Shape{p.q.b, sl, p.q.h, p.q.d}.str().c_str(), (long long)sl, (long long)sl,
+                Shape{p.q.b, p.q.s, p.q.h / cp, p.q.d}.str().c_str());
+    std::fflush(stdout);
+  }
   Tensor q = make_input(p, 0, s0, sl, dtype, layout, o.seed), k = make_input(p, 1, s0, sl, dtype, layout, o.seed),
          v = make_input(p, 2, s0, sl, dtype, layout, o.seed);
   Tensor out({p.q.b, sl, p.q.h, p.q.d}, dtype, layout);
@@ -243,17 +250,27 @@ int run_attention(const AttentionOptions& o) {
                         {"ranks", ranks}};
   const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
   report["forward_gflops"] = fflops / fwd_s * 1e-9;
+  // The seed's volume: (s/cp)·heads·d·(cp−1)/cp elements per rank per tensor (and per batch
+  // row). seq_to_head carries Q, K, V (+ dO); head_to_seq carries O (+ dQ, dK, dV). K and V
+  // count the KV heads actually sent: max(h_kv, cp) when replicated for GQA.
+  const std::int64_t kv_sent = p.kv.h % cp == 0 ? p.kv.h : cp;
+  const std::int64_t unit = p.q.b * sl * p.q.d * std::int64_t(dtype_size(dtype)) * (cp - 1);  // × heads / cp
+  const std::int64_t expected_bytes =
+      unit * (p.q.h + 2 * kv_sent + (p.backward ? p.q.h : 0)) / cp;  // same for head_to_seq
+  report["expected_bytes_sent"] = {{"seq_to_head", expected_bytes}, {"head_to_seq", expected_bytes}};
   if (p.backward) report["backward_gflops"] = 2.5 * fflops / bwd_s * 1e-9;
 
   int failed = 0;
   err.clear();
   if (rank == 0) {
     try {
-      std::printf("forward   %10.3f ms  %8.2f GFLOP/s%s\n", fwd_s * 1e3, fflops / fwd_s * 1e-9,
-                  o.repeat > 0 ? fmt::format("  (median of {})", o.repeat).c_str() : "");
-      if (p.backward) std::printf("backward  %10.3f ms  %8.2f GFLOP/s\n", bwd_s * 1e3, 2.5 * fflops / bwd_s * 1e-9);
+      std::printf("time (slowest rank%s):\n", o.repeat > 0 ? fmt::format(", median of {} runs", o.repeat).c_str() : "");
+      std::printf("  forward  %10.3f ms  %8.2f GFLOP/s\n", fwd_s * 1e3, fflops / fwd_s * 1e-9);
+      if (p.backward) std::printf("  backward %10.3f ms  %8.2f GFLOP/s\n", bwd_s * 1e3, 2.5 * fflops / bwd_s * 1e-9);
+      std::printf("bytes each rank sent (one %s; formula: %s each)\n",
+                  p.backward ? "forward + backward" : "forward", human_bytes(double(expected_bytes)).c_str());
       for (const auto& r : ranks)
-        std::printf("rank %d: sent seq_to_head %s, head_to_seq %s; peak memory %s\n", int(r["rank"]),
+        std::printf("  rank %d: seq_to_head %s, head_to_seq %s; peak memory %s\n", int(r["rank"]),
                     human_bytes(double(r["bytes_sent"]["seq_to_head"])).c_str(),
                     human_bytes(double(r["bytes_sent"]["head_to_seq"])).c_str(),
                     human_bytes(double(r["peak_rss_bytes"])).c_str());
