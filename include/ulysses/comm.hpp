@@ -66,6 +66,10 @@ class Comm {
   // Collective. root receives size() blocks of `bytes` in rank order into recv.
   void gather(const void* send, void* recv, std::size_t bytes, int root,
               const std::string& op = "gather");
+  // Collective. send holds size() blocks of `count` floats in rank order; block j is summed
+  // over ranks and lands in rank j's recv. Counts the (size()−1) blocks each rank sends.
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t count,
+                          const std::string& op = "reduce_scatter");
   // Collective. In-place sum / min / max over ranks.
   void allreduce_sum(double* data, std::size_t n, const std::string& op = "allreduce");
   void allreduce_sum(float* data, std::size_t n, const std::string& op = "allreduce");
@@ -90,10 +94,13 @@ class Comm {
   void agree(const std::string& local_error);
 
   const std::map<std::string, CommCounter>& counters() const { return counters_; }
+  // Not collective. Adds `sub`'s counters to this one's as "<prefix>.<op>" and clears them:
+  // a strategy working on sub-communicators reports all its traffic on the user's Comm.
+  void absorb_counters(Comm& sub, const std::string& prefix);
   void reset_counters() { counters_.clear(); }
 
  private:
-  void count(const std::string& op, std::int64_t bytes, std::int64_t messages);
+  void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::map<std::string, CommCounter> counters_;

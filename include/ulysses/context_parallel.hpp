@@ -2,18 +2,22 @@
 //
 // Megatron's vocabulary: cp = the communicator's size; cp_comm_type selects the strategy:
 //   a2a         DeepSpeed-Ulysses: all-to-all seq→head, local attention over the full
-//               sequence on h/cp heads, all-to-all head→seq.          (implemented)
-//   p2p         ring attention, zigzag under a causal mask.           (not yet: clear error)
-//   all_gather  gather full K/V.                                       (not yet: clear error)
-//   a2a+p2p     hierarchical, hierarchical_context_parallel_sizes = {inner, outer}.
-//                                                                      (not yet: clear error)
+//               sequence on h/cp heads, all-to-all head→seq. Needs h % cp == 0.
+//   p2p         ring attention: K/V travel around the ring, overlapped with compute.
+//   all_gather  gather the full K/V once; reduce-scatter dK/dV.
+//   a2a+p2p     hierarchical: hierarchical_context_parallel_sizes = {inner, outer},
+//               inner·outer == cp; Ulysses inside groups of `inner` contiguous ranks, a ring
+//               across the `outer` groups (strided ranks). Needs h % inner == 0.
 //
-// Sharding (a2a): rank r holds tokens [r·s/cp, (r+1)·s/cp) of every sequence.
+// Sharding: which tokens rank r holds is given by rank_chunks() in sharding.hpp: contiguous
+// for a2a and for any strategy without a causal mask, zigzag otherwise.
 //   q, out, dout, dq : [b, s/cp, h,    d]
 //   k, v, dk, dv     : [b, s/cp, h_kv, d]
 // float32 or bfloat16 storage (all the same dtype), any layout/strides with d contiguous.
-// GQA: h_kv % cp == 0 splits KV heads; else cp % h_kv == 0 replicates each KV head cp/h_kv
-// times before the all-to-all (gradients of the replicas are summed); else an error.
+// GQA (a2a, and the inner all-to-all of a2a+p2p over a group of g ranks): h_kv % g == 0
+// splits KV heads; else g % h_kv == 0 replicates each KV head g/h_kv times before the
+// all-to-all (gradients of the replicas are summed); else an error. p2p and all_gather move
+// K/V at their native head count.
 //
 // Errors: every check that could differ between ranks is agreed collectively first, so a bad
 // input anywhere makes every rank throw the same ulysses::Error before any data moves.
@@ -41,6 +45,14 @@ struct CpConfig {
   float scale = 0.0f;  // 0 means 1/sqrt(d)
 };
 
+// Where the time of one forward or backward went, and the attention work this rank did.
+struct CpStats {
+  double compute_s = 0;          // local attention kernels (and LSE merges)
+  double comm_exposed_s = 0;     // blocked in communication (all of it for all-to-alls and
+                                 // all-gathers; for the ring only what compute did not hide)
+  std::int64_t score_pairs = 0;  // (query, key) pairs inside the mask this rank computed
+};
+
 // What a forward keeps for its backward (the autograd context), held per instance.
 struct CpSaved;
 
@@ -59,6 +71,8 @@ class ContextParallelAttention {
   void backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 const TensorView& dout);
 
+  const CpStats& forward_stats() const;
+  const CpStats& backward_stats() const;
   const CpConfig& config() const { return config_; }
   Comm& comm() const { return comm_; }
 

@@ -80,7 +80,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
   return *this;
 }
 
-void Comm::count(const std::string& op, std::int64_t bytes, std::int64_t messages) {
+void Comm::count_op(const std::string& op, std::int64_t bytes, std::int64_t messages) {
   CommCounter& c = counters_[op];
   c.calls += 1;
   c.bytes_sent += bytes;
@@ -91,32 +91,38 @@ void Comm::alltoall(const void* send, void* recv, std::size_t bytes_per_rank,
                     const std::string& op) {
   int n = as_count(bytes_per_rank, "alltoall");
   check_mpi(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Alltoall");
-  count(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
 }
 
 void Comm::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
   int n = as_count(bytes, "allgather");
   check_mpi(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather");
-  count(op, std::int64_t(bytes) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1);
 }
 
 void Comm::gather(const void* send, void* recv, std::size_t bytes, int root,
                   const std::string& op) {
   int n = as_count(bytes, "gather");
   check_mpi(MPI_Gather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_), "MPI_Gather");
-  count(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1);
+  count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1);
+}
+
+void Comm::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
+  check_mpi(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block");
+  count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1);
 }
 
 void Comm::allreduce_sum(double* data, std::size_t n, const std::string& op) {
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, as_count(n, "allreduce"), MPI_DOUBLE, MPI_SUM, comm_),
             "MPI_Allreduce");
-  count(op, std::int64_t(n * sizeof(double)), 0);
+  count_op(op, std::int64_t(n * sizeof(double)), 0);
 }
 
 void Comm::allreduce_sum(float* data, std::size_t n, const std::string& op) {
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, as_count(n, "allreduce"), MPI_FLOAT, MPI_SUM, comm_),
             "MPI_Allreduce");
-  count(op, std::int64_t(n * sizeof(float)), 0);
+  count_op(op, std::int64_t(n * sizeof(float)), 0);
 }
 
 void Comm::allreduce_min(std::int64_t* data, std::size_t n) {
@@ -143,7 +149,7 @@ void Comm::barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
 Request Comm::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
   MPI_Request r;
   check_mpi(MPI_Isend(data, as_count(bytes, "isend"), MPI_BYTE, dest, tag, comm_, &r), "MPI_Isend");
-  if (dest != rank_) count(op, std::int64_t(bytes), 1);
+  if (dest != rank_) count_op(op, std::int64_t(bytes), 1);
   return Request(r);
 }
 
@@ -159,6 +165,16 @@ Comm Comm::split(int color, int key) const {
   Comm result(sub);  // dup: the new Comm owns its own handle
   MPI_Comm_free(&sub);
   return result;
+}
+
+void Comm::absorb_counters(Comm& sub, const std::string& prefix) {
+  for (const auto& [op, c] : sub.counters_) {
+    CommCounter& mine = counters_[prefix + "." + op];
+    mine.calls += c.calls;
+    mine.bytes_sent += c.bytes_sent;
+    mine.messages += c.messages;
+  }
+  sub.reset_counters();
 }
 
 void Comm::agree(const std::string& local_error) {

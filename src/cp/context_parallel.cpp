@@ -2,11 +2,16 @@
 #include "ulysses/context_parallel.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <bit>
+#include <optional>
 #include <numeric>
 
 #include "ulysses/error.hpp"
+#include "all_gather_attention.hpp"
+#include "ring_attention.hpp"
+#include "ulysses/sharding.hpp"
 #include "ulysses_attention.hpp"
 #include "validate.hpp"
 
@@ -16,7 +21,14 @@ struct CpSaved {
   bool valid = false;
   Shape q_shape, kv_shape;
   DType dtype = DType::f32;
-  UlyssesSaved ulysses;
+  int kv_replicas = 1;
+  CpStats forward_stats, backward_stats;
+  UlyssesSaved ulysses;          // a2a
+  Tensor q32, out32;             // p2p, all_gather: float32 local q and output
+  RingSaved ring;                // p2p, a2a+p2p
+  AllGatherSaved all_gather;     // all_gather
+  FusedHeads qkv, out_heads;     // a2a+p2p: head-sharded inside the inner group
+  std::optional<Comm> inner, outer;  // a2a+p2p sub-communicators (made at the first forward)
 };
 
 const char* to_string(CpCommType type) {
@@ -66,33 +78,66 @@ std::string local_error(const TensorView& out, const TensorView& q, const Tensor
   return "";
 }
 
-// Strategy rules, the same on every rank once the shapes agree. Returns the KV replication.
+// KV replication for an all-to-all over `group` ranks (Ulysses rules); throws otherwise.
+int kv_replicas_for(int group, std::int64_t heads, std::int64_t kv_heads, const char* group_name,
+                    const char* strategy) {
+  if (heads % group != 0)
+    throw Error(fmt::format("num_heads ({}) must be divisible by {} ({}) for cp_comm_type {}: Ulysses gives "
+                            "every rank of the all-to-all num_heads/{} whole heads. cp_comm_type p2p "
+                            "(ring attention) has no head constraint",
+                            heads, group_name, group, strategy, group));
+  if (kv_heads % group == 0) return 1;
+  if (group % kv_heads == 0) return int(group / kv_heads);
+  throw Error(fmt::format("num_kv_heads ({}) does not fit {} ({}) for cp_comm_type {}: it needs "
+                          "num_kv_heads % {} == 0 (split the KV heads) or {} % num_kv_heads == 0 "
+                          "(replicate each KV head {}/num_kv_heads times). cp_comm_type p2p "
+                          "(ring attention) has no head constraint",
+                          kv_heads, group_name, group, strategy, group, group, group));
+}
+
+// Strategy rules, the same on every rank once the shapes agree. Returns the KV replication
+// of the all-to-all (1 when the strategy has none).
 int check_strategy(const CpConfig& cfg, int cp, std::int64_t heads, std::int64_t kv_heads) {
   if (heads % kv_heads != 0)
     throw Error(fmt::format("num_heads ({}) must be divisible by num_kv_heads ({}) (GQA groups)",
                             heads, kv_heads));
-  if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
-    const auto& hs = cfg.hierarchical_context_parallel_sizes;
-    const int prod = std::accumulate(hs.begin(), hs.end(), 1, std::multiplies<int>());
-    if (hs.size() != 2 || prod != cp)
-      throw Error(fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] "
-                              "with inner * outer == cp ({}), got {} values with product {}",
-                              cp, hs.size(), prod));
+  switch (cfg.cp_comm_type) {
+    case CpCommType::a2a: return kv_replicas_for(cp, heads, kv_heads, "cp", "a2a");
+    case CpCommType::a2a_p2p: {
+      const auto& hs = cfg.hierarchical_context_parallel_sizes;
+      if (hs.size() != 2 || hs[0] < 1 || hs[1] < 1 || hs[0] * hs[1] != cp)
+        throw Error(fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] with "
+                                "inner * outer == cp ({}), got [{}]",
+                                cp, fmt::join(hs, ", ")));
+      return kv_replicas_for(hs[0], heads, kv_heads, "the inner (a2a) size", "a2a+p2p");
+    }
+    default: return 1;
   }
-  if (cfg.cp_comm_type != CpCommType::a2a)
-    throw Error(fmt::format("cp_comm_type {} is not implemented yet; use a2a", to_string(cfg.cp_comm_type)));
-  if (heads % cp != 0)
-    throw Error(fmt::format("num_heads ({}) must be divisible by cp ({}) for cp_comm_type a2a: "
-                            "Ulysses gives every rank num_heads/cp whole heads. cp_comm_type p2p "
-                            "(ring attention) has no head constraint",
-                            heads, cp));
-  if (kv_heads % cp == 0) return 1;
-  if (cp % kv_heads == 0) return int(cp / kv_heads);
-  throw Error(fmt::format("num_kv_heads ({}) does not fit cp ({}) for cp_comm_type a2a: it needs "
-                          "num_kv_heads % cp == 0 (split the KV heads) or cp % num_kv_heads == 0 "
-                          "(replicate each KV head cp/num_kv_heads times). cp_comm_type p2p "
-                          "(ring attention) has no head constraint",
-                          kv_heads, cp));
+}
+
+std::vector<std::vector<SeqChunk>> all_chunks(const CpConfig& cfg, int cp, std::int64_t seq) {
+  std::vector<std::vector<SeqChunk>> c;
+  for (int r = 0; r < cp; ++r) c.push_back(rank_chunks(cfg, cp, r, seq));
+  return c;
+}
+
+// For the ring of a2a+p2p: member o holds, after the inner all-to-all, the chunks of inner
+// ranks o·inner + 0 .. o·inner + inner−1, in that order.
+std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<SeqChunk>>& per_rank, int inner) {
+  std::vector<std::vector<SeqChunk>> c(per_rank.size() / std::size_t(inner));
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    c[r / std::size_t(inner)].insert(c[r / std::size_t(inner)].end(), per_rank[r].begin(), per_rank[r].end());
+  return c;
+}
+
+Tensor f32_copy(const TensorView& v) {
+  Tensor t = Tensor::uninitialized(v.shape);
+  copy(v, t.view());
+  return t;
+}
+
+FusedHeads as_dtype(const FusedHeads& x, DType dtype) {
+  return x.converted(dtype);
 }
 
 }  // namespace
@@ -116,14 +161,60 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
     full.push_back(i < config_.hierarchical_context_parallel_sizes.size()
                        ? config_.hierarchical_context_parallel_sizes[i] : -1);
   agree_identical(comm_, full, "attention inputs and settings", describe_call);
-  const int replicas = check_strategy(config_, comm_.size(), q.shape.h, k.shape.h);
-  AttentionParams params{config_.causal, config_.scale, 0, 0};
-  ulysses_attention_forward(comm_, out, saved_->ulysses, q, k, v, params, replicas);
-  saved_->q_shape = q.shape;
-  saved_->kv_shape = k.shape;
-  saved_->dtype = q.dtype;
-  saved_->valid = true;
+  const int cp = comm_.size();
+  const int replicas = check_strategy(config_, cp, q.shape.h, k.shape.h);
+  const std::vector<std::vector<SeqChunk>> chunks = all_chunks(config_, cp, q.shape.s * cp);
+  const AttentionParams params{config_.causal, config_.scale, 0, 0};
+  CpSaved& sv = *saved_;
+  sv.forward_stats = CpStats{};
+  sv.kv_replicas = replicas;
+  switch (config_.cp_comm_type) {
+    case CpCommType::a2a:
+      ulysses_attention_forward(comm_, out, sv.ulysses, q, k, v, params, replicas, sv.forward_stats);
+      break;
+    case CpCommType::p2p:
+    case CpCommType::all_gather:
+      sv.q32 = f32_copy(q);
+      sv.out32 = Tensor::uninitialized(q.shape);
+      if (config_.cp_comm_type == CpCommType::p2p)
+        ring_attention_forward(comm_, sv.out32.view(), sv.ring, sv.q32.view(), k, v, chunks, params, q.dtype,
+                               sv.forward_stats);
+      else
+        all_gather_attention_forward(comm_, sv.out32.view(), sv.all_gather, sv.q32.view(), k, v, chunks, params,
+                                     q.dtype, sv.forward_stats);
+      copy(sv.out32.view(), out);
+      break;
+    case CpCommType::a2a_p2p: {
+      const int inner = config_.hierarchical_context_parallel_sizes[0];
+      if (!sv.inner) {  // contiguous inner groups, strided outer groups (Megatron / TE)
+        sv.inner.emplace(comm_.split(comm_.rank() / inner, comm_.rank()));
+        sv.outer.emplace(comm_.split(comm_.rank() % inner, comm_.rank()));
+      }
+      const std::array<SeqShard, 3> in{{{q, 1}, {k, replicas}, {v, replicas}}};
+      double t0 = MPI_Wtime();
+      sv.qkv = seq_to_head(*sv.inner, in).converted(DType::f32);
+      sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+      const TensorView hq = sv.qkv.part(0);
+      sv.out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+      ring_attention_forward(*sv.outer, sv.out_heads.part(0), sv.ring, hq, sv.qkv.part(1), sv.qkv.part(2),
+                             outer_chunks(chunks, inner), params, q.dtype, sv.forward_stats);
+      t0 = MPI_Wtime();
+      const std::array<SeqShard, 1> o{{{out, 1}}};
+      head_to_seq(*sv.inner, as_dtype(sv.out_heads, q.dtype), o);
+      sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+      comm_.absorb_counters(*sv.inner, "inner");
+      comm_.absorb_counters(*sv.outer, "outer");
+      break;
+    }
+  }
+  sv.q_shape = q.shape;
+  sv.kv_shape = k.shape;
+  sv.dtype = q.dtype;
+  sv.valid = true;
 }
+
+const CpStats& ContextParallelAttention::forward_stats() const { return saved_->forward_stats; }
+const CpStats& ContextParallelAttention::backward_stats() const { return saved_->backward_stats; }
 
 void ContextParallelAttention::backward(const TensorView& dq, const TensorView& dk,
                                         const TensorView& dv, const TensorView& dout) {
@@ -138,7 +229,48 @@ void ContextParallelAttention::backward(const TensorView& dq, const TensorView& 
     }
   }
   comm_.agree(err);
-  ulysses_attention_backward(comm_, dq, dk, dv, dout, saved_->ulysses);
+  CpSaved& sv = *saved_;
+  sv.backward_stats = CpStats{};
+  switch (config_.cp_comm_type) {
+    case CpCommType::a2a:
+      ulysses_attention_backward(comm_, dq, dk, dv, dout, sv.ulysses, sv.backward_stats);
+      break;
+    case CpCommType::p2p:
+    case CpCommType::all_gather: {
+      const Tensor dout32 = f32_copy(dout);
+      Tensor dq32 = Tensor::uninitialized(dq.shape), dk32 = Tensor::uninitialized(dk.shape),
+             dv32 = Tensor::uninitialized(dv.shape);
+      if (config_.cp_comm_type == CpCommType::p2p)
+        ring_attention_backward(comm_, dq32.view(), dk32.view(), dv32.view(), dout32.view(), sv.ring,
+                                sv.backward_stats);
+      else
+        all_gather_attention_backward(comm_, dq32.view(), dk32.view(), dv32.view(), dout32.view(), sv.all_gather,
+                                      sv.backward_stats);
+      copy(dq32.view(), dq);
+      copy(dk32.view(), dk);
+      copy(dv32.view(), dv);
+      break;
+    }
+    case CpCommType::a2a_p2p: {
+      const std::array<SeqShard, 1> g{{{dout, 1}}};
+      double t0 = MPI_Wtime();
+      const FusedHeads hdout = seq_to_head(*sv.inner, g).converted(DType::f32);
+      sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+      const FusedHeads& x = sv.qkv;
+      FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(),
+                       {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
+      ring_attention_backward(*sv.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), sv.ring,
+                              sv.backward_stats);
+      t0 = MPI_Wtime();
+      const int r = sv.kv_replicas;
+      const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+      head_to_seq(*sv.inner, as_dtype(grads, sv.dtype), out);
+      sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+      comm_.absorb_counters(*sv.inner, "inner");
+      comm_.absorb_counters(*sv.outer, "outer");
+      break;
+    }
+  }
 }
 
 }  // namespace ulysses

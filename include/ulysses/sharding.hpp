@@ -1,0 +1,40 @@
+// Which tokens each rank holds: contiguous chunks or zigzag, and helpers to shard and
+// unshard global tensors, so nobody reorders zigzag chunks by hand (RoPE needs each token's
+// global position: token_positions gives it).
+//
+//   a2a                     contiguous: rank r holds [r·s/cp, (r+1)·s/cp). Ulysses is
+//                           balanced by heads, so it never needs zigzag.
+//   p2p, all_gather, a2a+p2p  contiguous without a causal mask; with one, zigzag: the sequence
+//                           is cut into 2·cp chunks and rank r holds chunks r and 2·cp−1−r (in
+//                           that order), so every rank does the same causal work.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+struct SeqChunk {
+  std::int64_t begin = 0;   // first global position
+  std::int64_t length = 0;  // tokens
+  bool operator==(const SeqChunk&) const = default;
+};
+
+bool uses_zigzag(const CpConfig& config);
+
+// The chunks rank `rank` of `cp` holds for a global sequence of `seq` tokens, in local order.
+// Throws Error when seq is not divisible by cp (2·cp under zigzag), naming the values.
+std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
+
+// Global position of every local token, in local order.
+std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
+
+// Copies the rows of `global` [b, s, h, d] that `chunks` name into `local` [b, Σlen, h, d].
+void shard_sequence(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks);
+// The inverse: writes `local` back into its rows of `global`.
+void unshard_sequence(const TensorView& local, const TensorView& global, const std::vector<SeqChunk>& chunks);
+
+}  // namespace ulysses

@@ -1,0 +1,67 @@
+#include "ulysses/sharding.hpp"
+
+#include <fmt/format.h>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+bool uses_zigzag(const CpConfig& c) { return c.causal && c.cp_comm_type != CpCommType::a2a; }
+
+std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
+  if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
+  if (!uses_zigzag(config)) {
+    if (seq % cp != 0)
+      throw Error(fmt::format("sequence length ({}) must be divisible by cp ({}): every rank holds s/cp "
+                              "tokens (uneven sharding is not supported yet)", seq, cp));
+    const std::int64_t n = seq / cp;
+    return {{rank * n, n}};
+  }
+  if (seq % (2 * cp) != 0)
+    throw Error(fmt::format("sequence length ({}) must be divisible by 2*cp ({}) for cp_comm_type {} with "
+                            "a causal mask: the zigzag layout cuts it into 2*cp equal chunks",
+                            seq, 2 * cp, to_string(config.cp_comm_type)));
+  const std::int64_t c = seq / (2 * cp);
+  return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
+}
+
+std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks) {
+  std::vector<std::int64_t> pos;
+  for (const SeqChunk& c : chunks)
+    for (std::int64_t i = 0; i < c.length; ++i) pos.push_back(c.begin + i);
+  return pos;
+}
+
+namespace {
+// Copies rows between a global tensor and the concatenation of its chunks.
+void move_rows(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks,
+               bool to_local) {
+  std::int64_t total = 0;
+  for (const SeqChunk& c : chunks) total += c.length;
+  if (total != local.shape.s)
+    throw Error(fmt::format("chunks hold {} tokens but the local tensor has {}", total, local.shape.s));
+  std::int64_t row = 0;
+  for (const SeqChunk& c : chunks) {
+    if (c.begin < 0 || c.begin + c.length > global.shape.s)
+      throw Error(fmt::format("chunk [{}, {}) is outside the sequence of {} tokens", c.begin,
+                              c.begin + c.length, global.shape.s));
+    TensorView g = global, l = local;
+    g.data = global.row(0, c.begin, 0);
+    l.data = local.row(0, row, 0);
+    g.shape.s = l.shape.s = c.length;
+    if (to_local) copy(g, l);
+    else copy(l, g);
+    row += c.length;
+  }
+}
+}  // namespace
+
+void shard_sequence(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks) {
+  move_rows(global, local, chunks, true);
+}
+
+void unshard_sequence(const TensorView& local, const TensorView& global, const std::vector<SeqChunk>& chunks) {
+  move_rows(global, local, chunks, false);
+}
+
+}  // namespace ulysses

@@ -1,0 +1,307 @@
+// Every strategy (a2a, p2p, all_gather, a2a+p2p at every factorisation) against the float64
+// single-process reference at every rank count: forward and all gradients, batch > 1, both
+// layouts, bf16, GQA split and replicated, MQA; exact byte and message counts; equal causal
+// work per rank; the same clear error on every rank for every bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "mpi_helpers.hpp"
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/reference.hpp"
+#include "ulysses/sharding.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+struct Case {
+  std::int64_t b, sl;  // batch, tokens per rank
+  int heads_per_rank;
+  int kv;              // KV heads: 0 means cp (split); otherwise that many
+  std::int64_t d;
+  bool causal;
+  Layout layout;
+  DType dtype;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << "case"; }
+
+std::string name_of(const Case& c) {
+  return "b" + std::to_string(c.b) + "_sl" + std::to_string(c.sl) + "_hpr" + std::to_string(c.heads_per_rank) +
+         "_kv" + (c.kv == 0 ? std::string("cp") : std::to_string(c.kv)) + "_d" + std::to_string(c.d) +
+         (c.causal ? "_causal_" : "_full_") + to_string(c.layout) + "_" + to_string(c.dtype);
+}
+
+// Every configuration of the strategies valid at this cp (a2a+p2p at each factorisation).
+std::vector<CpConfig> strategies(int cp, bool causal) {
+  std::vector<CpConfig> out;
+  for (CpCommType t : {CpCommType::a2a, CpCommType::p2p, CpCommType::all_gather})
+    out.push_back(CpConfig{t, {}, causal, 0.0f});
+  for (int inner = 1; inner <= cp; ++inner)
+    if (cp % inner == 0) out.push_back(CpConfig{CpCommType::a2a_p2p, {inner, cp / inner}, causal, 0.0f});
+  return out;
+}
+
+std::string describe(const CpConfig& c) {
+  std::string s = to_string(c.cp_comm_type);
+  if (c.cp_comm_type == CpCommType::a2a_p2p)
+    s += " [" + std::to_string(c.hierarchical_context_parallel_sizes[0]) + "," +
+         std::to_string(c.hierarchical_context_parallel_sizes[1]) + "]";
+  return s;
+}
+
+RefTensor select_rows(const RefTensor& t, const std::vector<std::int64_t>& positions) {
+  RefTensor r({t.shape.b, std::int64_t(positions.size()), t.shape.h, t.shape.d});
+  for (std::int64_t b = 0; b < t.shape.b; ++b)
+    for (std::size_t s = 0; s < positions.size(); ++s)
+      for (std::int64_t h = 0; h < t.shape.h; ++h)
+        for (std::int64_t x = 0; x < t.shape.d; ++x) r.at(b, std::int64_t(s), h, x) = t.at(b, positions[s], h, x);
+  return r;
+}
+
+class StrategyTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StrategyTest, EveryStrategyMatchesFloat64Reference) {
+  const Case c = GetParam();
+  Comm comm;
+  const int cp = comm.size(), rank = comm.rank();
+  const std::int64_t h = std::int64_t(c.heads_per_rank) * cp, hkv = c.kv == 0 ? cp : c.kv, s = c.sl * cp;
+  // Global tensors (rounded to the storage dtype, as the shards are) and the reference.
+  Tensor gq({c.b, s, h, c.d}, c.dtype), gk({c.b, s, hkv, c.d}, c.dtype), gv(gk.shape(), c.dtype),
+      gdout(gq.shape(), c.dtype);
+  for (auto [t, seed] : {std::pair{&gq, 1}, {&gk, 2}, {&gv, 3}, {&gdout, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const RefTensor rq = RefTensor::from(gq.view()), rk = RefTensor::from(gk.view()), rv = RefTensor::from(gv.view());
+  const AttentionParams p{c.causal, 0.0f, 0, 0};
+  RefTensor rout, rdq, rdk, rdv;
+  std::vector<double> lse;
+  reference_attention_forward(rout, lse, rq, rk, rv, p);
+  reference_attention_backward(rdq, rdk, rdv, RefTensor::from(gdout.view()), rq, rk, rv, p);
+  const double tol_out = c.dtype == DType::f32 ? 1e-5 : 1e-2;
+  const double tol_grad = c.dtype == DType::f32 ? 1e-4 : 2.5e-2;
+
+  for (const CpConfig& cfg : strategies(cp, c.causal)) {
+    SCOPED_TRACE(describe(cfg));
+    const std::vector<SeqChunk> chunks = rank_chunks(cfg, cp, rank, s);
+    const std::vector<std::int64_t> pos = token_positions(chunks);
+    Tensor q({c.b, c.sl, h, c.d}, c.dtype, c.layout), k({c.b, c.sl, hkv, c.d}, c.dtype, c.layout),
+        v(k.shape(), c.dtype, c.layout), dout(q.shape(), c.dtype, c.layout);
+    shard_sequence(gq.view(), q.view(), chunks);
+    shard_sequence(gk.view(), k.view(), chunks);
+    shard_sequence(gv.view(), v.view(), chunks);
+    shard_sequence(gdout.view(), dout.view(), chunks);
+    Tensor out(q.shape(), c.dtype, c.layout), dq(q.shape(), c.dtype, c.layout), dk(k.shape(), c.dtype, c.layout),
+        dv(k.shape(), c.dtype, c.layout);
+    ContextParallelAttention attn(comm, cfg);
+    // The all-to-all strategies need the KV heads to split or replicate over their group.
+    const int group = cfg.cp_comm_type == CpCommType::a2a       ? cp
+                      : cfg.cp_comm_type == CpCommType::a2a_p2p ? cfg.hierarchical_context_parallel_sizes[0]
+                                                                : 0;
+    if (group > 0 && hkv % group != 0 && group % hkv != 0) {
+      ulysses::testing::expect_same_error_everywhere(
+          comm, [&] { attn.forward(out.view(), q.view(), k.view(), v.view()); }, "does not fit");
+      continue;
+    }
+    attn.forward(out.view(), q.view(), k.view(), v.view());
+    attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
+    EXPECT_LT(relative_error(out.view(), select_rows(rout, pos)), tol_out);
+    EXPECT_LT(relative_error(dq.view(), select_rows(rdq, pos)), tol_grad);
+    EXPECT_LT(relative_error(dk.view(), select_rows(rdk, pos)), tol_grad);
+    EXPECT_LT(relative_error(dv.view(), select_rows(rdv, pos)), tol_grad);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, StrategyTest,
+    ::testing::Values(Case{1, 8, 1, 0, 8, false, Layout::bshd, DType::f32},
+                      Case{2, 12, 2, 0, 16, true, Layout::bshd, DType::f32},    // batch > 1
+                      Case{2, 12, 2, 0, 16, true, Layout::sbhd, DType::f32},    // seq-first
+                      Case{2, 10, 2, 1, 16, true, Layout::bshd, DType::f32},    // MQA
+                      Case{1, 8, 4, 2, 8, true, Layout::bshd, DType::f32},      // GQA, 2 KV heads
+                      Case{1, 70, 2, 0, 32, true, Layout::bshd, DType::f32},    // crosses a kernel block
+                      Case{2, 12, 2, 1, 16, false, Layout::sbhd, DType::bf16},  // bf16, MQA
+                      Case{1, 16, 1, 0, 64, true, Layout::bshd, DType::bf16}),
+    [](const auto& info) { return name_of(info.param); });
+
+TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
+  // a2a never zigzags, so s/cp may be odd even under a causal mask.
+  Comm comm;
+  const int cp = comm.size();
+  const std::int64_t sl = 9, s = sl * cp, h = 2 * cp, d = 8;
+  Tensor gq({1, s, h, d}), q({1, sl, h, d}), out(q.shape());
+  fill_uniform(gq.view(), 5);
+  const CpConfig cfg{CpCommType::a2a, {}, true, 0.0f};
+  const auto chunks = rank_chunks(cfg, cp, comm.rank(), s);
+  shard_sequence(gq.view(), q.view(), chunks);
+  ContextParallelAttention attn(comm, cfg);
+  attn.forward(out.view(), q.view(), q.view(), q.view());
+  const RefTensor rq = RefTensor::from(gq.view());
+  RefTensor rout;
+  std::vector<double> lse;
+  reference_attention_forward(rout, lse, rq, rq, rq, {true, 0.0f, 0, 0});
+  EXPECT_LT(relative_error(out.view(), select_rows(rout, token_positions(chunks))), 1e-5);
+}
+
+// Bytes each rank sends, per operation, for one forward and one backward: the formulas.
+TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
+  Comm comm;
+  const int cp = comm.size();
+  const std::int64_t b = 2, sl = 8, d = 16, h = 2 * cp;
+  for (auto [dtype, hkv] : {std::pair{DType::f32, std::int64_t(cp)}, {DType::bf16, 1}}) {
+    const std::int64_t es = std::int64_t(dtype_size(dtype));
+    for (const CpConfig& cfg : strategies(cp, true)) {
+      SCOPED_TRACE(describe(cfg) + " " + to_string(dtype));
+      Tensor q({b, sl, h, d}, dtype), k({b, sl, hkv, d}, dtype), out(q.shape(), dtype), dk(k.shape(), dtype);
+      ContextParallelAttention attn(comm, cfg);
+      attn.forward(out.view(), q.view(), k.view(), k.view());  // creates sub-communicators first
+      comm.reset_counters();
+      attn.forward(out.view(), q.view(), k.view(), k.view());
+      const auto fwd = comm.counters();
+      comm.reset_counters();
+      attn.backward(out.view(), dk.view(), dk.view(), out.view());
+      const auto bwd = comm.counters();
+      auto bytes = [](const std::map<std::string, CommCounter>& m, const char* op) {
+        auto it = m.find(op);
+        return it == m.end() ? std::int64_t(0) : it->second.bytes_sent;
+      };
+      auto msgs = [](const std::map<std::string, CommCounter>& m, const char* op) {
+        auto it = m.find(op);
+        return it == m.end() ? std::int64_t(0) : it->second.messages;
+      };
+      const std::int64_t kv_block = 2 * b * sl * hkv * d;  // own K and V, elements
+      switch (cfg.cp_comm_type) {
+        case CpCommType::a2a: {
+          // (s/cp)·heads·d·(cp−1)/cp per tensor; KV heads actually sent: max(h_kv, cp).
+          const std::int64_t kvs = std::max<std::int64_t>(hkv, cp);
+          auto per = [&](std::int64_t heads) { return b * sl * heads * d * (cp - 1) / cp * es; };
+          EXPECT_EQ(bytes(fwd, "seq_to_head"), per(h) + 2 * per(kvs));
+          EXPECT_EQ(bytes(fwd, "head_to_seq"), per(h));
+          EXPECT_EQ(bytes(bwd, "seq_to_head"), per(h));
+          EXPECT_EQ(bytes(bwd, "head_to_seq"), per(h) + 2 * per(kvs));
+          break;
+        }
+        case CpCommType::p2p:  // K/V once around the ring; dK/dV (float32) all the way home
+          EXPECT_EQ(bytes(fwd, "p2p_kv"), (cp - 1) * kv_block * es);
+          EXPECT_EQ(msgs(fwd, "p2p_kv"), cp - 1);
+          EXPECT_EQ(bytes(bwd, "p2p_kv"), (cp - 1) * kv_block * es);
+          EXPECT_EQ(bytes(bwd, "p2p_dkv"), cp > 1 ? cp * kv_block * 4 : 0);
+          EXPECT_EQ(msgs(bwd, "p2p_dkv"), cp > 1 ? cp : 0);
+          break;
+        case CpCommType::all_gather:
+          EXPECT_EQ(bytes(fwd, "all_gather_kv"), (cp - 1) * kv_block * es);
+          EXPECT_EQ(bytes(bwd, "all_gather_dkv"), (cp - 1) * kv_block * 4);
+          break;
+        case CpCommType::a2a_p2p: {
+          // Ulysses inside groups of I ranks (KV heads sent: h_kv or I when replicated),
+          // then the ring over O members, each holding I·sl tokens of kvs/I KV heads.
+          const int I = cfg.hierarchical_context_parallel_sizes[0], O = cfg.hierarchical_context_parallel_sizes[1];
+          const std::int64_t kvs = hkv % I == 0 ? hkv : I, ring_block = 2 * b * sl * kvs * d;
+          auto per = [&](std::int64_t heads) { return b * sl * heads * d * (I - 1) / I * es; };
+          EXPECT_EQ(bytes(fwd, "inner.seq_to_head"), per(h) + 2 * per(kvs));
+          EXPECT_EQ(bytes(fwd, "inner.head_to_seq"), per(h));
+          EXPECT_EQ(bytes(fwd, "outer.p2p_kv"), (O - 1) * ring_block * es);
+          EXPECT_EQ(msgs(fwd, "outer.p2p_kv"), O - 1);
+          EXPECT_EQ(bytes(bwd, "inner.seq_to_head"), per(h));
+          EXPECT_EQ(bytes(bwd, "inner.head_to_seq"), per(h) + 2 * per(kvs));
+          EXPECT_EQ(bytes(bwd, "outer.p2p_kv"), (O - 1) * ring_block * es);
+          EXPECT_EQ(bytes(bwd, "outer.p2p_dkv"), O > 1 ? O * ring_block * 4 : 0);
+          break;
+        }
+      }
+    }
+  }
+}
+
+TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
+  Comm comm;
+  const int cp = comm.size();
+  const std::int64_t b = 1, sl = 16, h = 2 * cp, d = 8, s = sl * cp;
+  for (const CpConfig& cfg : strategies(cp, true)) {
+    SCOPED_TRACE(describe(cfg));
+    Tensor q({b, sl, h, d}), out(q.shape());
+    ContextParallelAttention attn(comm, cfg);
+    attn.forward(out.view(), q.view(), q.view(), q.view());
+    std::int64_t w[2] = {attn.forward_stats().score_pairs, attn.forward_stats().score_pairs};
+    comm.allreduce_min(&w[0], 1);
+    comm.allreduce_max(&w[1], 1);
+    EXPECT_EQ(w[0], w[1]) << "ranks do different amounts of causal work";
+    double total = double(attn.forward_stats().score_pairs);
+    comm.allreduce_sum(&total, 1);
+    EXPECT_EQ(total, double(b * h * s * (s + 1) / 2));  // every visible pair exactly once
+  }
+}
+
+TEST(Errors, HeadsNotDivisibleByCpNamesValuesRuleAndP2p) {
+  Comm comm;
+  const int cp = comm.size();
+  if (cp == 1) GTEST_SKIP();
+  Tensor q({1, 4, cp + 1, 8}), k({1, 4, 1, 8}), out({1, 4, cp + 1, 8});
+  ContextParallelAttention attn(comm, CpConfig{});
+  const std::string values = "num_heads (" + std::to_string(cp + 1) + ") must be divisible by cp (" + std::to_string(cp) + ")";
+  ulysses::testing::expect_same_error_everywhere(comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); }, values);
+  ulysses::testing::expect_same_error_everywhere(comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); }, "p2p");
+  // ... and p2p really has no such constraint.
+  ContextParallelAttention ring(comm, CpConfig{CpCommType::p2p, {}, false, 0.0f});
+  ring.forward(out.view(), q.view(), k.view(), k.view());
+}
+
+TEST(Errors, InvalidKvHeadsGiveTheSameErrorEverywhere) {
+  Comm comm;
+  const int cp = comm.size();
+  if (cp == 1) GTEST_SKIP();
+  const std::int64_t hkv = cp + 1, h = cp * hkv;  // neither hkv % cp nor cp % hkv is 0
+  Tensor q({1, 4, h, 8}), k({1, 4, hkv, 8}), out({1, 4, h, 8});
+  ContextParallelAttention attn(comm, CpConfig{});
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); },
+      "num_kv_heads (" + std::to_string(hkv) + ") does not fit cp (" + std::to_string(cp) + ")");
+}
+
+TEST(Errors, ShapesThatDifferBetweenRanksAreRefusedEverywhere) {
+  Comm comm;
+  const int cp = comm.size();
+  if (cp == 1) GTEST_SKIP();
+  const std::int64_t sl = comm.rank() == cp - 1 ? 6 : 4;
+  Tensor q({2, sl, cp, 8}), out({2, sl, cp, 8});
+  for (const CpConfig& cfg : strategies(cp, true)) {
+    ContextParallelAttention attn(comm, cfg);
+    ulysses::testing::expect_same_error_everywhere(
+        comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); },
+        "rank 0 has q [2, 4, " + std::to_string(cp) + ", 8]");
+  }
+}
+
+TEST(Errors, LocalShapeErrorsAndMisuseAreAgreed) {
+  Comm comm;
+  const int cp = comm.size();
+  Tensor q({1, 4, cp, 8}), bad_out({1, 4, cp, 16}), out_ok({1, 4, cp, 8});
+  ContextParallelAttention attn(comm, CpConfig{});
+  const TensorView out = comm.rank() == cp - 1 ? bad_out.view() : out_ok.view();  // only the last rank is wrong
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { attn.forward(out, q.view(), q.view(), q.view()); }, "out must be [1, 4, ");
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { attn.backward(q.view(), q.view(), q.view(), q.view()); }, "without a successful forward");
+}
+
+TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
+  Comm comm;
+  const int cp = comm.size();
+  Tensor q({1, 4, cp, 8}), out({1, 4, cp, 8});
+  for (std::vector<int> sizes : {std::vector<int>{cp, 2}, {}, {cp}, {0, cp}, {cp, 1, 1}}) {
+    ContextParallelAttention attn(comm, CpConfig{CpCommType::a2a_p2p, sizes, false, 0.0f});
+    ulysses::testing::expect_same_error_everywhere(
+        comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); }, "inner * outer == cp");
+  }
+}
+
+TEST(Errors, ZigzagNeedsEvenTokensPerRank) {
+  Comm comm;
+  const int cp = comm.size();
+  Tensor q({1, 5, cp, 8}), out({1, 5, cp, 8});
+  ContextParallelAttention attn(comm, CpConfig{CpCommType::p2p, {}, true, 0.0f});
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); },
+      "sequence length (" + std::to_string(5 * cp) + ") must be divisible by 2*cp (" + std::to_string(2 * cp) + ")");
+}
+
+}  // namespace
