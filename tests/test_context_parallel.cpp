@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "mpi_helpers.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
@@ -168,6 +169,13 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
         auto it = m.find(op);
         return it == m.end() ? std::int64_t(0) : it->second.messages;
       };
+      // The library's own prediction (the planner's input) must equal the counters too.
+      const CommVolume predicted = predicted_comm_volume(cfg, cp, {b, sl * cp, h, d}, hkv, dtype);
+      for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op.c_str()), n) << op;
+      for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op.c_str()), n) << op;
+      for (const auto& [op, n] : predicted.forward_messages) EXPECT_EQ(msgs(fwd, op.c_str()), n) << op;
+      for (const auto& [op, n] : predicted.backward_messages) EXPECT_EQ(msgs(bwd, op.c_str()), n) << op;
+      for (const auto& [op, c] : fwd) EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
       const std::int64_t kv_block = 2 * b * sl * hkv * d;  // own K and V, elements
       switch (cfg.cp_comm_type) {
         case CpCommType::a2a: {

@@ -13,6 +13,8 @@
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
 #include "ulysses/reference.hpp"
+#include "ulysses/sharding.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/threads.hpp"
 
 namespace ulysses::cli {
@@ -103,26 +105,32 @@ Problem load_problem(const AttentionOptions& o) {
   return p;
 }
 
-// Tensor `which` (0 q, 1 k, 2 v, 3 dout) over global token range [s0, s0 + n) in dtype/layout.
-Tensor make_input(const Problem& p, int which, std::int64_t s0, std::int64_t n, DType dtype, Layout layout,
+// Tensor `which` (0 q, 1 k, 2 v, 3 dout) holding the global rows `chunks`, in dtype/layout.
+Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout,
                   std::uint64_t seed) {
   const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
+  std::int64_t n = 0;
+  for (const SeqChunk& c : chunks) n += c.length;
   Tensor t({g.b, n, g.h, g.d}, dtype, layout);
   const std::optional<NpyArray>* files[] = {&p.fq, &p.fk, &p.fv, &p.fdout};
   const std::optional<NpyArray>& f = *files[which];
-  if (!f) {
-    fill_uniform(t.view(), seed * 4 + std::uint64_t(which), s0);
+  if (f) {
+    shard_sequence(TensorView::dense(const_cast<float*>(f->data.data()), DType::f32, g, Layout::bshd), t.view(), chunks);
     return t;
   }
-  TensorView src = TensorView::dense(const_cast<float*>(f->data.data()), DType::f32, g, Layout::bshd);
-  src.data = src.f32(0, s0, 0);
-  src.shape.s = n;
-  copy(src, t.view());
+  std::int64_t row = 0;
+  for (const SeqChunk& c : chunks) {  // values depend on global positions only
+    TensorView part = t.view();
+    part.data = t.view().row(0, row, 0);
+    part.shape.s = c.length;
+    fill_uniform(part, seed * 4 + std::uint64_t(which), c.begin);
+    row += c.length;
+  }
   return t;
 }
 
 // Collective: rank 0 receives the global [b, s, h, d] float32 tensor assembled from shards.
-std::vector<float> gather_global(Comm& comm, const TensorView& shard) {
+std::vector<float> gather_global(Comm& comm, const TensorView& shard, const CpConfig& cfg, std::int64_t seq) {
   const Shape& sh = shard.shape;
   Tensor mine(sh);
   copy(shard, mine.view());
@@ -130,12 +138,29 @@ std::vector<float> gather_global(Comm& comm, const TensorView& shard) {
   comm.gather(mine.data(), all.data(), mine.nbytes(), 0, "report");
   if (comm.rank() != 0) return {};
   std::vector<float> global(all.size());
-  const std::int64_t row = sh.h * sh.d, S = sh.s * comm.size();
+  const TensorView g = TensorView::dense(global.data(), DType::f32, {sh.b, seq, sh.h, sh.d}, Layout::bshd);
   for (int r = 0; r < comm.size(); ++r)
-    for (std::int64_t b = 0; b < sh.b; ++b)
-      std::copy_n(&all[std::size_t((r * sh.b + b) * sh.s * row)], sh.s * row,
-                  &global[std::size_t((b * S + r * sh.s) * row)]);
+    unshard_sequence(TensorView::dense(&all[std::size_t(r * sh.numel())], DType::f32, sh, Layout::bshd), g,
+                     rank_chunks(cfg, comm.size(), r, seq));
   return global;
+}
+
+// Collective: the counter names of rank 0 (every rank runs the same operations).
+std::vector<std::string> counter_names(Comm& comm) {
+  std::string joined;
+  for (const auto& [op, c] : comm.counters())
+    if (!op.ends_with("validate")) joined += op + "\n";
+  std::int64_t n = std::int64_t(joined.size());
+  comm.broadcast(&n, sizeof(n), 0);
+  joined.resize(std::size_t(n));
+  comm.broadcast(joined.data(), joined.size(), 0);
+  std::vector<std::string> names;
+  for (std::size_t pos = 0; pos < joined.size();) {
+    const std::size_t end = joined.find('\n', pos);
+    names.push_back(joined.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return names;
 }
 
 struct Timing {
@@ -145,6 +170,21 @@ struct Timing {
 double max_over_ranks(Comm& comm, double x) {
   comm.allreduce_max(&x, 1);
   return x;
+}
+
+// Bytes each rank sent, per operation, against the formula (one forward [+ backward]).
+void print_traffic(const nlohmann::json& ranks, const std::vector<std::string>& ops,
+                   const std::map<std::string, std::int64_t>& expected) {
+  std::printf("bytes each rank sent, per operation (formula in brackets):\n");
+  for (const auto& r : ranks) {
+    std::string line = fmt::format("  rank {}:", int(r["rank"]));
+    for (const std::string& op : ops) {
+      auto it = expected.find(op);
+      line += fmt::format(" {} {} [{}]", op, human_bytes(double(r["bytes_sent"][op])),
+                          it == expected.end() ? "?" : human_bytes(double(it->second)));
+    }
+    std::printf("%s; peak memory %s\n", line.c_str(), human_bytes(double(r["peak_rss_bytes"])).c_str());
+  }
 }
 
 }  // namespace
@@ -160,6 +200,7 @@ int run_attention(const AttentionOptions& o) {
   CpConfig cfg;
   DType dtype = DType::f32;
   Layout layout = Layout::bshd;
+  std::vector<SeqChunk> chunks;
   std::string err;
   try {
     dtype = parse_dtype(o.dtype);
@@ -167,41 +208,48 @@ int run_attention(const AttentionOptions& o) {
     cfg.cp_comm_type = parse_cp_comm_type(o.strategy);
     cfg.causal = o.causal;
     cfg.scale = o.scale;
+    if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     if (!o.cp_sizes.empty()) {
       int inner = 0, outer = 0;
       char tail = 0;
       if (std::sscanf(o.cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
         throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", o.cp_sizes));
+      if (cfg.cp_comm_type != CpCommType::a2a_p2p) throw Error("--cp-sizes applies to --strategy a2a+p2p only");
       cfg.hierarchical_context_parallel_sizes = {inner, outer};
+    } else if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
+      throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", cp));
     }
     p = load_problem(o);
-    if (p.q.s % cp != 0)
-      throw Error(fmt::format("sequence length ({}) must be divisible by cp ({}): every rank holds s/cp "
-                              "tokens (uneven sharding is not supported yet)", p.q.s, cp));
-    if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
+    chunks = rank_chunks(cfg, cp, rank, p.q.s);
   } catch (const Error& e) {
     err = e.what();
   }
   comm.agree(err);
 
-  const std::int64_t sl = p.q.s / cp, s0 = rank * sl;
+  const std::int64_t sl = p.q.s / cp;
   if (rank == 0) {
     std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", to_string(cfg.cp_comm_type), cp,
                 threads);
+    const auto& hs = cfg.hierarchical_context_parallel_sizes;
+    if (!hs.empty())
+      std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
+                  hs[0], hs[1], hs[0], hs[1],
+                  hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
     std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
                 to_string(dtype), to_string(layout), cfg.causal ? ", causal" : "",
                 effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
-    std::printf("  each rank holds q %s (tokens [r*%lld, (r+1)*%lld)); attention runs on %s\n",
-                Shape{p.q.b, sl, p.q.h, p.q.d}.str().c_str(), (long long)sl, (long long)sl,
-                Shape{p.q.b, p.q.s, p.q.h / cp, p.q.d}.str().c_str());
+    std::string where;
+    for (const SeqChunk& c : chunks) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
+    std::printf("  each rank holds q %s; rank 0 holds tokens%s%s\n", Shape{p.q.b, sl, p.q.h, p.q.d}.str().c_str(),
+                where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
     std::fflush(stdout);
   }
-  Tensor q = make_input(p, 0, s0, sl, dtype, layout, o.seed), k = make_input(p, 1, s0, sl, dtype, layout, o.seed),
-         v = make_input(p, 2, s0, sl, dtype, layout, o.seed);
+  Tensor q = make_input(p, 0, chunks, dtype, layout, o.seed), k = make_input(p, 1, chunks, dtype, layout, o.seed),
+         v = make_input(p, 2, chunks, dtype, layout, o.seed);
   Tensor out({p.q.b, sl, p.q.h, p.q.d}, dtype, layout);
   Tensor dout, dq, dk, dv;
   if (p.backward) {
-    dout = make_input(p, 3, s0, sl, dtype, layout, o.seed);
+    dout = make_input(p, 3, chunks, dtype, layout, o.seed);
     dq = Tensor(out.shape(), dtype, layout);
     dk = Tensor(k.shape(), dtype, layout);
     dv = Tensor(k.shape(), dtype, layout);
@@ -230,56 +278,59 @@ int run_attention(const AttentionOptions& o) {
     }
   }
   const double fwd_s = median(t.forward), bwd_s = median(t.backward);
-  const nlohmann::json ranks = gather_rank_stats(comm, {"seq_to_head", "head_to_seq"});
+  const CpStats fs = attn.forward_stats(), bs = attn.backward_stats();
+  const double split[4] = {max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
+                           max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
+  const std::vector<std::string> ops = counter_names(comm);
+  const nlohmann::json ranks = gather_rank_stats(comm, ops);
 
   // ---- results: gather, check, write (rank 0), then agree on any failure -------------------
   const bool need_out = o.check || !o.out.empty();
   const bool need_grads = p.backward && (o.check || !o.dq.empty() || !o.dk.empty() || !o.dv.empty());
   std::vector<float> g_out, g_dq, g_dk, g_dv;
-  if (need_out) g_out = gather_global(comm, out.view());
+  if (need_out) g_out = gather_global(comm, out.view(), cfg, p.q.s);
   if (need_grads) {
-    g_dq = gather_global(comm, dq.view());
-    g_dk = gather_global(comm, dk.view());
-    g_dv = gather_global(comm, dv.view());
+    g_dq = gather_global(comm, dq.view(), cfg, p.q.s);
+    g_dk = gather_global(comm, dk.view(), cfg, p.q.s);
+    g_dv = gather_global(comm, dv.view(), cfg, p.q.s);
   }
+  const CommVolume volume = predicted_comm_volume(cfg, cp, p.q, p.kv.h, dtype);
+  std::map<std::string, std::int64_t> expected = volume.forward_bytes;
+  if (p.backward)
+    for (const auto& [op, n] : volume.backward_bytes) expected[op] += n;
+  const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
   nlohmann::json report{{"command", "attention"}, {"strategy", to_string(cfg.cp_comm_type)}, {"cp", cp},
+                        {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
                         {"threads_per_rank", threads}, {"dtype", to_string(dtype)}, {"layout", to_string(layout)},
                         {"causal", cfg.causal}, {"scale", effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d)},
                         {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
                         {"repeat", o.repeat}, {"forward_s", fwd_s}, {"backward_s", p.backward ? bwd_s : 0.0},
-                        {"ranks", ranks}};
-  const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
-  report["forward_gflops"] = fflops / fwd_s * 1e-9;
-  // The seed's volume: (s/cp)·heads·d·(cp−1)/cp elements per rank per tensor (and per batch
-  // row). seq_to_head carries Q, K, V (+ dO); head_to_seq carries O (+ dQ, dK, dV). K and V
-  // count the KV heads actually sent: max(h_kv, cp) when replicated for GQA.
-  const std::int64_t kv_sent = p.kv.h % cp == 0 ? p.kv.h : cp;
-  const std::int64_t unit = p.q.b * sl * p.q.d * std::int64_t(dtype_size(dtype)) * (cp - 1);  // × heads / cp
-  const std::int64_t expected_bytes =
-      unit * (p.q.h + 2 * kv_sent + (p.backward ? p.q.h : 0)) / cp;  // same for head_to_seq
-  report["expected_bytes_sent"] = {{"seq_to_head", expected_bytes}, {"head_to_seq", expected_bytes}};
-  if (p.backward) report["backward_gflops"] = 2.5 * fflops / bwd_s * 1e-9;
+                        {"forward_gflops", fflops / fwd_s * 1e-9},
+                        {"forward_compute_s", split[0]}, {"forward_comm_exposed_s", split[1]},
+                        {"expected_bytes_sent", expected}, {"ranks", ranks}};
+  if (p.backward) {
+    report["backward_gflops"] = 2.5 * fflops / bwd_s * 1e-9;
+    report["backward_compute_s"] = split[2];
+    report["backward_comm_exposed_s"] = split[3];
+  }
 
   int failed = 0;
   err.clear();
   if (rank == 0) {
     try {
       std::printf("time (slowest rank%s):\n", o.repeat > 0 ? fmt::format(", median of {} runs", o.repeat).c_str() : "");
-      std::printf("  forward  %10.3f ms  %8.2f GFLOP/s\n", fwd_s * 1e3, fflops / fwd_s * 1e-9);
-      if (p.backward) std::printf("  backward %10.3f ms  %8.2f GFLOP/s\n", bwd_s * 1e3, 2.5 * fflops / bwd_s * 1e-9);
-      std::printf("bytes each rank sent (one %s; formula: %s each)\n",
-                  p.backward ? "forward + backward" : "forward", human_bytes(double(expected_bytes)).c_str());
-      for (const auto& r : ranks)
-        std::printf("  rank %d: seq_to_head %s, head_to_seq %s; peak memory %s\n", int(r["rank"]),
-                    human_bytes(double(r["bytes_sent"]["seq_to_head"])).c_str(),
-                    human_bytes(double(r["bytes_sent"]["head_to_seq"])).c_str(),
-                    human_bytes(double(r["peak_rss_bytes"])).c_str());
+      std::printf("  forward  %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
+                  fwd_s * 1e3, fflops / fwd_s * 1e-9, split[0] * 1e3, split[1] * 1e3);
+      if (p.backward)
+        std::printf("  backward %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
+                    bwd_s * 1e3, 2.5 * fflops / bwd_s * 1e-9, split[2] * 1e3, split[3] * 1e3);
+      print_traffic(ranks, ops, expected);
       if (o.check) {
         std::printf("checking against the float64 reference (one process)...\n");
         std::fflush(stdout);
         auto global_ref = [&](int which) {
           const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
-          return RefTensor::from(make_input(p, which, 0, g.s, dtype, Layout::bshd, o.seed).view());
+          return RefTensor::from(make_input(p, which, {{0, g.s}}, dtype, Layout::bshd, o.seed).view());
         };
         const RefTensor rq = global_ref(0), rk = global_ref(1), rv = global_ref(2);
         const AttentionParams ap{cfg.causal, cfg.scale, 0, 0};
