@@ -69,6 +69,12 @@ void copy(const TensorView& src, const TensorView& dst);
 // a shard filled with its global sequence offset equals the same slice of the full tensor.
 void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset = 0);
 
+// Bytes held by all live Tensors of this process, and the peak since the last reset: the
+// library's working memory, which the memory models of the strategies are checked against.
+std::int64_t tensor_bytes_in_use();
+std::int64_t tensor_bytes_peak();
+void reset_tensor_bytes_peak();
+
 class Tensor {
  public:
   Tensor() = default;
@@ -87,7 +93,12 @@ class Tensor {
 
  private:
   Tensor(Shape shape, DType dtype, Layout layout, bool zero);
-  struct Free { void operator()(void* p) const; };
+  struct Free {
+    Free() : bytes(0) {}
+    explicit Free(std::size_t n) : bytes(n) {}
+    std::size_t bytes;
+    void operator()(void* p) const;
+  };
   std::unique_ptr<void, Free> data_;
   Shape shape_;
   DType dtype_ = DType::f32;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -119,7 +120,18 @@ void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_off
   }
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+namespace {
+std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
+}  // namespace
+
+std::int64_t tensor_bytes_in_use() { return g_in_use.load(); }
+std::int64_t tensor_bytes_peak() { return g_peak.load(); }
+void reset_tensor_bytes_peak() { g_peak.store(g_in_use.load()); }
+
+void Tensor::Free::operator()(void* p) const {
+  g_in_use -= std::int64_t(bytes);
+  std::free(p);
+}
 
 Tensor::Tensor(Shape shape, DType dtype, Layout layout) : Tensor(shape, dtype, layout, true) {}
 
@@ -136,7 +148,11 @@ Tensor::Tensor(Shape shape, DType dtype, Layout layout, bool zero)
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!p) throw Error(fmt::format("out of memory allocating {} bytes for {}", bytes, shape.str()));
   if (zero) std::memset(p, 0, rounded);
-  data_.reset(p);
+  data_ = std::unique_ptr<void, Free>(p, Free{rounded});
+  const std::int64_t now = (g_in_use += std::int64_t(rounded));
+  std::int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
 }
 
 }  // namespace ulysses

@@ -24,7 +24,10 @@ struct CpSaved {
   int kv_replicas = 1;
   CpStats forward_stats, backward_stats;
   UlyssesSaved ulysses;          // a2a
-  Tensor q32, out32;             // p2p, all_gather: float32 local q and output
+  Tensor q32, out32;             // p2p, all_gather, cp = 1: float32 local q and output
+  Tensor k32, v32;               // cp = 1: float32 local k and v
+  std::vector<float> lse;        // cp = 1
+  AttentionParams params;        // cp = 1
   RingSaved ring;                // p2p, a2a+p2p
   AllGatherSaved all_gather;     // all_gather
   FusedHeads qkv, out_heads;     // a2a+p2p: head-sharded inside the inner group
@@ -136,8 +139,82 @@ Tensor f32_copy(const TensorView& v) {
   return t;
 }
 
-FusedHeads as_dtype(const FusedHeads& x, DType dtype) {
-  return x.converted(dtype);
+// One rank: every strategy is plain flash attention on float32 copies (kept for backward).
+void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const AttentionParams& params) {
+  const double t0 = MPI_Wtime();
+  sv.q32 = f32_copy(q);
+  sv.k32 = f32_copy(k);
+  sv.v32 = f32_copy(v);
+  sv.out32 = Tensor::uninitialized(q.shape);
+  sv.lse.resize(std::size_t(q.shape.b * q.shape.h * q.shape.s));
+  flash_attention_forward(sv.out32.view(), sv.lse.data(), sv.q32.view(), sv.k32.view(), sv.v32.view(), params);
+  copy(sv.out32.view(), out);
+  sv.params = params;
+  sv.forward_stats.compute_s += MPI_Wtime() - t0;
+  sv.forward_stats.score_pairs += visible_pairs({0, q.shape.s}, {0, q.shape.s}, params.causal) * q.shape.b * q.shape.h;
+}
+
+void local_backward(CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dout) {
+  const double t0 = MPI_Wtime();
+  const Tensor dout32 = f32_copy(dout);
+  Tensor dq32 = Tensor::uninitialized(dq.shape), dk32 = Tensor::uninitialized(dk.shape),
+         dv32 = Tensor::uninitialized(dv.shape);
+  flash_attention_backward(dq32.view(), dk32.view(), dv32.view(), dout32.view(), sv.q32.view(), sv.k32.view(),
+                           sv.v32.view(), sv.out32.view(), sv.lse.data(), sv.params);
+  copy(dq32.view(), dq);
+  copy(dk32.view(), dk);
+  copy(dv32.view(), dv);
+  sv.backward_stats.compute_s += MPI_Wtime() - t0;
+  sv.backward_stats.score_pairs += sv.forward_stats.score_pairs;
+}
+
+// a2a+p2p: Ulysses inside contiguous groups of `inner` ranks, the ring across groups.
+void hierarchical_forward(Comm& comm, CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
+                          const TensorView& v, std::vector<std::vector<SeqChunk>> ring_chunks,
+                          const AttentionParams& params, int inner) {
+  if (!sv.inner) {  // contiguous inner groups, strided outer groups (Megatron / TE)
+    sv.inner.emplace(comm.split(comm.rank() / inner, comm.rank()));
+    sv.outer.emplace(comm.split(comm.rank() % inner, comm.rank()));
+  }
+  const std::array<SeqShard, 3> in{{{q, 1}, {k, sv.kv_replicas}, {v, sv.kv_replicas}}};
+  double t0 = MPI_Wtime();
+  sv.qkv = seq_to_head(*sv.inner, in);
+  if (sv.qkv.dtype() != DType::f32) sv.qkv = sv.qkv.converted(DType::f32);
+  sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  const TensorView hq = sv.qkv.part(0);
+  sv.out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+  ring_attention_forward(*sv.outer, sv.out_heads.part(0), sv.ring, hq, sv.qkv.part(1), sv.qkv.part(2),
+                         std::move(ring_chunks), params, q.dtype, sv.forward_stats);
+  t0 = MPI_Wtime();
+  const std::array<SeqShard, 1> o{{{out, 1}}};
+  if (q.dtype == DType::f32) head_to_seq(*sv.inner, sv.out_heads, o);
+  else head_to_seq(*sv.inner, sv.out_heads.converted(q.dtype), o);
+  sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  comm.absorb_counters(*sv.inner, "inner");
+  comm.absorb_counters(*sv.outer, "outer");
+}
+
+void hierarchical_backward(Comm& comm, CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                           const TensorView& dout) {
+  const std::array<SeqShard, 1> g{{{dout, 1}}};
+  double t0 = MPI_Wtime();
+  FusedHeads hdout = seq_to_head(*sv.inner, g);
+  if (hdout.dtype() != DType::f32) hdout = hdout.converted(DType::f32);
+  sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  const FusedHeads& x = sv.qkv;
+  FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(), {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
+  ring_attention_backward(*sv.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), sv.ring,
+                          sv.backward_stats);
+  t0 = MPI_Wtime();
+  const int r = sv.kv_replicas;
+  const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+  if (sv.dtype == DType::f32) head_to_seq(*sv.inner, grads, out);
+  else head_to_seq(*sv.inner, grads.converted(sv.dtype), out);
+  sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  comm.absorb_counters(*sv.inner, "inner");
+  comm.absorb_counters(*sv.outer, "outer");
 }
 
 }  // namespace
@@ -168,6 +245,9 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
   CpSaved& sv = *saved_;
   sv.forward_stats = CpStats{};
   sv.kv_replicas = replicas;
+  if (cp == 1) {
+    local_forward(sv, out, q, k, v, params);
+  } else {
   switch (config_.cp_comm_type) {
     case CpCommType::a2a:
       ulysses_attention_forward(comm_, out, sv.ulysses, q, k, v, params, replicas, sv.forward_stats);
@@ -184,28 +264,11 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
                                      q.dtype, sv.forward_stats);
       copy(sv.out32.view(), out);
       break;
-    case CpCommType::a2a_p2p: {
-      const int inner = config_.hierarchical_context_parallel_sizes[0];
-      if (!sv.inner) {  // contiguous inner groups, strided outer groups (Megatron / TE)
-        sv.inner.emplace(comm_.split(comm_.rank() / inner, comm_.rank()));
-        sv.outer.emplace(comm_.split(comm_.rank() % inner, comm_.rank()));
-      }
-      const std::array<SeqShard, 3> in{{{q, 1}, {k, replicas}, {v, replicas}}};
-      double t0 = MPI_Wtime();
-      sv.qkv = seq_to_head(*sv.inner, in).converted(DType::f32);
-      sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
-      const TensorView hq = sv.qkv.part(0);
-      sv.out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
-      ring_attention_forward(*sv.outer, sv.out_heads.part(0), sv.ring, hq, sv.qkv.part(1), sv.qkv.part(2),
-                             outer_chunks(chunks, inner), params, q.dtype, sv.forward_stats);
-      t0 = MPI_Wtime();
-      const std::array<SeqShard, 1> o{{{out, 1}}};
-      head_to_seq(*sv.inner, as_dtype(sv.out_heads, q.dtype), o);
-      sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
-      comm_.absorb_counters(*sv.inner, "inner");
-      comm_.absorb_counters(*sv.outer, "outer");
+    case CpCommType::a2a_p2p:
+      hierarchical_forward(comm_, sv, out, q, k, v, outer_chunks(chunks, config_.hierarchical_context_parallel_sizes[0]),
+                           params, config_.hierarchical_context_parallel_sizes[0]);
       break;
-    }
+  }
   }
   sv.q_shape = q.shape;
   sv.kv_shape = k.shape;
@@ -231,6 +294,10 @@ void ContextParallelAttention::backward(const TensorView& dq, const TensorView& 
   comm_.agree(err);
   CpSaved& sv = *saved_;
   sv.backward_stats = CpStats{};
+  if (comm_.size() == 1) {
+    local_backward(sv, dq, dk, dv, dout);
+    return;
+  }
   switch (config_.cp_comm_type) {
     case CpCommType::a2a:
       ulysses_attention_backward(comm_, dq, dk, dv, dout, sv.ulysses, sv.backward_stats);
@@ -251,25 +318,9 @@ void ContextParallelAttention::backward(const TensorView& dq, const TensorView& 
       copy(dv32.view(), dv);
       break;
     }
-    case CpCommType::a2a_p2p: {
-      const std::array<SeqShard, 1> g{{{dout, 1}}};
-      double t0 = MPI_Wtime();
-      const FusedHeads hdout = seq_to_head(*sv.inner, g).converted(DType::f32);
-      sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
-      const FusedHeads& x = sv.qkv;
-      FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(),
-                       {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
-      ring_attention_backward(*sv.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), sv.ring,
-                              sv.backward_stats);
-      t0 = MPI_Wtime();
-      const int r = sv.kv_replicas;
-      const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
-      head_to_seq(*sv.inner, as_dtype(grads, sv.dtype), out);
-      sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
-      comm_.absorb_counters(*sv.inner, "inner");
-      comm_.absorb_counters(*sv.outer, "outer");
+    case CpCommType::a2a_p2p:
+      hierarchical_backward(comm_, sv, dq, dk, dv, dout);
       break;
-    }
   }
 }
 
