@@ -60,6 +60,12 @@ class Comm {
   // receives rank j's block into recv + j*bytes_per_rank. Counted under `op`.
   void alltoall(const void* send, void* recv, std::size_t bytes_per_rank,
                 const std::string& op = "alltoall");
+  // Collective. The same exchange without this rank's own block, which the caller moves
+  // itself (straight into place, saving a copy). A buffer with `own_slot` holds size()
+  // blocks and its own block is neither read nor written; without, it holds the size()−1
+  // other ranks' blocks back to back, in rank order.
+  void alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                       std::size_t bytes_per_rank, const std::string& op = "alltoall");
   // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
   void allgather(const void* send, void* recv, std::size_t bytes,
                  const std::string& op = "allgather");

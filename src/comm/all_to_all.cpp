@@ -95,14 +95,19 @@ FusedHeads seq_to_head(Comm& comm, std::span<const SeqShard> inputs) {
   const std::int64_t H = out.total_heads();
   const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
 
-  // Send buffer in block order [cp (destination), s/cp, b, H, d].
-  Tensor send = Tensor::uninitialized({b, sl * cp, H, d}, dtype, Layout::sbhd);
+  // Block j ([s/cp, b, H, d]) goes to rank j. Our own block is packed straight into place in
+  // the output; the others into a send buffer of cp−1 blocks in rank order.
+  const std::size_t block = std::size_t(sl * b * H) * row_bytes;
+  const int me = comm.rank();
+  Tensor send = Tensor::uninitialized({b, sl * (cp - 1), H, d}, dtype, Layout::sbhd);
   std::byte* sbuf = static_cast<std::byte*>(send.data());
+  std::byte* obuf = static_cast<std::byte*>(out.whole().data);
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t j = 0; j < cp; ++j)
-    for (std::int64_t s = 0; s < sl; ++s)
+    for (std::int64_t s = 0; s < sl; ++s) {
+      std::byte* base = j == me ? obuf + std::size_t(j) * block : sbuf + std::size_t(j < me ? j : j - 1) * block;
       for (std::int64_t bb = 0; bb < b; ++bb) {
-        std::byte* dst = sbuf + std::size_t(((j * sl + s) * b + bb) * H) * row_bytes;
+        std::byte* dst = base + std::size_t((s * b + bb) * H) * row_bytes;
         for (std::size_t t = 0; t < inputs.size(); ++t) {
           const std::int64_t L = local_heads[t];
           for (std::int64_t i = 0; i < L; ++i, dst += row_bytes) {
@@ -111,7 +116,9 @@ FusedHeads seq_to_head(Comm& comm, std::span<const SeqShard> inputs) {
           }
         }
       }
-  comm.alltoall(sbuf, out.whole().data, std::size_t(sl * b * H) * row_bytes, "seq_to_head");
+    }
+  // The other ranks' blocks land in place too.
+  comm.alltoall_others(sbuf, false, obuf, true, block, "seq_to_head");
   return out;
 }
 
@@ -135,9 +142,13 @@ void head_to_seq(Comm& comm, const FusedHeads& in, std::span<const SeqShard> out
   const std::int64_t H = in.total_heads();
   const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
   // The head-sharded buffer already is the send buffer: [cp (destination), s/cp, b, H, d].
-  Tensor recv = Tensor::uninitialized({b, sl * cp, H, d}, dtype, Layout::sbhd);
+  // Our own block is unpacked straight from it; the others arrive in cp−1 blocks.
+  const std::size_t block = std::size_t(sl * b * H) * row_bytes;
+  const int me = comm.rank();
+  Tensor recv = Tensor::uninitialized({b, sl * (cp - 1), H, d}, dtype, Layout::sbhd);
+  comm.alltoall_others(in.whole().data, true, recv.data(), false, block, "head_to_seq");
   const std::byte* rbuf = static_cast<const std::byte*>(recv.data());
-  comm.alltoall(in.whole().data, recv.data(), std::size_t(sl * b * H) * row_bytes, "head_to_seq");
+  const std::byte* own = static_cast<const std::byte*>(in.whole().data) + std::size_t(me) * block;
 
   // recv block j holds heads [j*L_t, (j+1)*L_t) of every tensor t. A head replicated r times
   // occupies slots [head*r, head*r + r): the adjoint of replication sums them (in float32).
@@ -152,7 +163,8 @@ void head_to_seq(Comm& comm, const FusedHeads& in, std::span<const SeqShard> out
           const std::int64_t L = local_heads[t], r = outputs[t].replicas, off = in.head_offset(int(t));
           auto src_row = [&](std::int64_t slot) {
             const std::int64_t j = slot / L, i = slot % L;
-            return rbuf + std::size_t(((j * sl + s) * b + bb) * H + off + i) * row_bytes;
+            const std::byte* base = j == me ? own : rbuf + std::size_t(j < me ? j : j - 1) * block;
+            return base + std::size_t((s * b + bb) * H + off + i) * row_bytes;
           };
           for (std::int64_t head = 0; head < o.shape.h; ++head) {
             if (r == 1) {

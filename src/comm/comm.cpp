@@ -94,6 +94,28 @@ void Comm::alltoall(const void* send, void* recv, std::size_t bytes_per_rank,
   count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
 }
 
+void Comm::alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                           std::size_t bytes_per_rank, const std::string& op) {
+  // One block is one element of a contiguous datatype, so displacements count blocks and
+  // buffers may exceed 2 GiB.
+  MPI_Datatype block;
+  check_mpi(MPI_Type_contiguous(as_count(bytes_per_rank, "alltoall"), MPI_BYTE, &block), "MPI_Type_contiguous");
+  MPI_Type_commit(&block);
+  const std::size_t n = static_cast<std::size_t>(size_);
+  std::vector<int> counts(n, 1), sdispl(n, 0), rdispl(n, 0);
+  counts[std::size_t(rank_)] = 0;
+  for (int j = 0; j < size_; ++j) {
+    const int compact = j < rank_ ? j : (j > rank_ ? j - 1 : 0);
+    sdispl[std::size_t(j)] = send_own_slot ? j : compact;
+    rdispl[std::size_t(j)] = recv_own_slot ? j : compact;
+  }
+  const int rc = MPI_Alltoallv(send, counts.data(), sdispl.data(), block, recv, counts.data(), rdispl.data(), block,
+                               comm_);
+  MPI_Type_free(&block);
+  check_mpi(rc, "MPI_Alltoallv");
+  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+}
+
 void Comm::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
   int n = as_count(bytes, "allgather");
   check_mpi(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather");

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -122,6 +124,49 @@ void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_off
 
 namespace {
 std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
+
+// A caching allocator for large blocks (like PyTorch's): freed blocks are kept by size and
+// handed out again, so the buffers of repeated forward/backward calls are not page-faulted
+// and zeroed by the kernel every time. Bounded; blocks below 64 KiB go straight to malloc.
+class BlockPool {
+ public:
+  static constexpr std::size_t kMinBytes = 64 << 10, kMaxPooled = std::size_t(2) << 30;
+  void* take(std::size_t bytes) {
+    if (bytes < kMinBytes) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    pooled_ -= bytes;
+    return p;
+  }
+  void give(void* p, std::size_t bytes) {
+    if (bytes >= kMinBytes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pooled_ + bytes <= kMaxPooled) {
+        free_[bytes].push_back(p);
+        pooled_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  ~BlockPool() {
+    for (auto& [n, list] : free_)
+      for (void* p : list) std::free(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::size_t, std::vector<void*>> free_;
+  std::size_t pooled_ = 0;
+};
+
+BlockPool& pool() {
+  static BlockPool p;
+  return p;
+}
 }  // namespace
 
 std::int64_t tensor_bytes_in_use() { return g_in_use.load(); }
@@ -130,7 +175,7 @@ void reset_tensor_bytes_peak() { g_peak.store(g_in_use.load()); }
 
 void Tensor::Free::operator()(void* p) const {
   g_in_use -= std::int64_t(bytes);
-  std::free(p);
+  pool().give(p, bytes);
 }
 
 Tensor::Tensor(Shape shape, DType dtype, Layout layout) : Tensor(shape, dtype, layout, true) {}
@@ -144,8 +189,11 @@ Tensor::Tensor(Shape shape, DType dtype, Layout layout, bool zero)
   if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
     throw Error(fmt::format("tensor shape {} has a negative size", shape.str()));
   std::size_t bytes = nbytes();
-  std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  // Large blocks round to whole pages so that near sizes share pool entries.
+  std::size_t rounded = bytes < BlockPool::kMinBytes ? (bytes + 63) / 64 * 64 : (bytes + 4095) / 4096 * 4096;
+  if (rounded == 0) rounded = 64;
+  void* p = pool().take(rounded);
+  if (!p) p = std::aligned_alloc(64, rounded);
   if (!p) throw Error(fmt::format("out of memory allocating {} bytes for {}", bytes, shape.str()));
   if (zero) std::memset(p, 0, rounded);
   data_ = std::unique_ptr<void, Free>(p, Free{rounded});

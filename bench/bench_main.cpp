@@ -1,0 +1,53 @@
+// ulysses_bench: the performance picture in one MPI job, every figure beside its ceiling.
+//
+//   mpirun -n 2 --bind-to none build/ulysses_bench [--quick] [--json FILE] [--only SECTION]
+//
+//   1. kernels     local flash forward/backward vs OpenBLAS sgemm (ceiling) vs a naive
+//                  attention that materialises the scores (what a user writes first)
+//   2. alltoall    seq_to_head of Q, K, V vs a raw MPI_Alltoall and a memcpy of the same bytes
+//   3. strategies  attention fwd+bwd: 1 rank × all cores vs every strategy on all ranks, with
+//                  compute, communication and exposed communication, bytes vs formula, and
+//                  peak memory per rank vs each strategy's memory model
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "bench.hpp"
+#include "ulysses/threads.hpp"
+
+using namespace ulysses;
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  CLI::App app{"ulysses benchmarks: kernels, all-to-all, strategies (run under mpirun, 2+ ranks)"};
+  bench::Options o;
+  std::string json, only;
+  app.add_flag("--quick", o.quick, "small shapes, one repetition: seconds (CI smoke run; no timing claims)");
+  app.add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
+  app.add_option("--seq", o.seq, "sequence length of the end-to-end sections")->capture_default_str();
+  app.add_option("--json", json, "write every section's results here (rank 0)");
+  app.add_option("--only", only, "run one section: kernels | alltoall | strategies")
+      ->check(CLI::IsMember({"kernels", "alltoall", "strategies"}));
+  CLI11_PARSE(app, argc, argv);
+  if (o.quick) {
+    o.reps = 1;
+    o.seq = std::min<std::int64_t>(o.seq, 2048);
+  }
+  {
+    Comm world;
+    o.cores = default_threads(MPI_COMM_SELF);
+    o.threads_per_rank = default_threads(world.native());
+    nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},
+                          {"quick", o.quick}};
+    if (world.rank() == 0)
+      fmt::print("ulysses_bench: {} ranks, {} threads per rank, {} threads for one rank alone{}\n", world.size(),
+                 o.threads_per_rank, o.cores, o.quick ? " (--quick: smoke run, numbers not meaningful)" : "");
+    if (only.empty() || only == "kernels") report["kernels"] = bench::kernels_section(world, o);
+    if (only.empty() || only == "alltoall") report["alltoall"] = bench::alltoall_section(world, o);
+    if (only.empty() || only == "strategies") report["strategies"] = bench::strategies_section(world, o);
+    if (world.rank() == 0 && !json.empty()) std::ofstream(json) << report.dump(2) << "\n";
+  }
+  MPI_Finalize();
+  return 0;
+}
