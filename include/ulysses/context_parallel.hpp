@@ -56,6 +56,11 @@ struct CpStats {
 // What a forward keeps for its backward (the autograd context), held per instance.
 struct CpSaved;
 
+// Not collective: throws the Error a forward would throw for this configuration on `cp`
+// ranks with global q [b, s, h, d] and `kv_heads` KV heads (head rules, hierarchical sizes,
+// sequence divisibility), so a program can refuse bad settings before doing any work.
+void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, std::int64_t kv_heads);
+
 class ContextParallelAttention {
  public:
   // Not collective; `comm` must outlive this object.

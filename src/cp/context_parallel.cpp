@@ -219,6 +219,13 @@ void hierarchical_backward(Comm& comm, CpSaved& sv, const TensorView& dq, const 
 
 }  // namespace
 
+void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) {
+  if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
+    throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
+  check_strategy(config, cp, q.h, kv_heads);
+  rank_chunks(config, cp, 0, q.s);
+}
+
 ContextParallelAttention::ContextParallelAttention(Comm& comm, CpConfig config)
     : comm_(comm), config_(std::move(config)), saved_(std::make_unique<CpSaved>()) {}
 

@@ -157,7 +157,9 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
     partial[std::size_t(me)] = Tensor(qs);
     const TensorView mine = partial[std::size_t(me)].view();
     BackwardTile tile(q.shape.d);
-#pragma omp for schedule(dynamic, 1)
+    // Static: the same tasks land on the same thread every call, so the private sums are
+    // added in the same order and results are bit-for-bit reproducible (training resumes).
+#pragma omp for schedule(static)
     for (std::int64_t task = 0; task < B * Hkv * nkb; ++task) {
       const std::int64_t pair = task / nkb, j0 = (task % nkb) * kBlockKBackward;
       backward_task(tile, a, mine, pair / Hkv, pair % Hkv, j0, std::min(kBlockKBackward, sk - j0));

@@ -1,0 +1,39 @@
+// The two attention cores the model can run on.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "train/gpt.hpp"
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/reference.hpp"
+
+namespace ulysses::train {
+
+// Float32, distributed: one ContextParallelAttention per layer (each keeps its own saved
+// state between forward and backward), causal.
+class CpAttention : public AttentionOp<float> {
+ public:
+  CpAttention(Comm& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
+  void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
+  void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
+  CpStats stats() const;  // summed over layers, last step
+
+ private:
+  Shape q_, kv_;
+  std::vector<std::unique_ptr<ContextParallelAttention>> layers_;
+};
+
+// Float64, one process: the reference attention (for the finite-difference check).
+class ReferenceAttention : public AttentionOp<double> {
+ public:
+  ReferenceAttention(const GptConfig& model, i64 batch, i64 tokens);
+  void forward(int layer, double* out, const double* q, const double* k, const double* v) override;
+  void backward(int layer, double* dq, double* dk, double* dv, const double* dout) override;
+
+ private:
+  Shape q_, kv_;
+  std::vector<RefTensor> saved_;  // q, k, v per layer
+};
+
+}  // namespace ulysses::train

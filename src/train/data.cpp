@@ -1,0 +1,108 @@
+#include "train/data.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses::train {
+
+namespace {
+
+class Rng {  // splitmix64
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  std::int64_t below(std::int64_t n) { return std::int64_t(next() % std::uint64_t(n)); }
+
+ private:
+  std::uint64_t s_;
+};
+
+// Token ids of the synthetic task (byte vocabulary).
+constexpr int kNoiseFirst = 'a', kNoiseCount = 16;  // 'a'..'p'
+constexpr int kPairBase = 128;                      // 128 + key·10 + value
+constexpr int kQueryBase = 224;                     // 224 + key
+constexpr int kAnswerBase = '0';                    // '0' + value
+
+}  // namespace
+
+DataSource DataSource::synthetic() { return DataSource(); }
+
+DataSource DataSource::text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("--data {}: cannot open: {}", path, std::strerror(errno)));
+  DataSource d;
+  d.synthetic_ = false;
+  d.path_ = path;
+  d.text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return d;
+}
+
+std::string DataSource::error_for(std::int64_t seq) const {
+  if (synthetic_ && seq < 64)
+    return fmt::format("the synthetic task needs --seq >= 64 (8 pairs and 8 queries), got {}", seq);
+  if (!synthetic_ && std::int64_t(text_.size()) < seq + 1)
+    return fmt::format("--data {} has {} bytes; sequences of {} tokens need at least {}", path_, text_.size(), seq,
+                       seq + 1);
+  return "";
+}
+
+std::string DataSource::describe() const {
+  return synthetic_ ? "synthetic key-value retrieval (8 pairs scattered, 8 queries at the end)"
+                    : fmt::format("byte-level text from {} ({} bytes)", path_, text_.size());
+}
+
+Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std::int64_t step) const {
+  Batch out{B, S, std::vector<int>(std::size_t(B * S)), std::vector<int>(std::size_t(B * S)),
+            std::vector<std::uint8_t>(std::size_t(B * S), 0)};
+  std::vector<int> seqbuf(std::size_t(S + 1));
+  for (std::int64_t b = 0; b < B; ++b) {
+    Rng rng(seed * 0x100000001b3ull ^ (std::uint64_t(step) << 20) ^ std::uint64_t(b) * 0x9e3779b97f4a7c15ull);
+    std::vector<std::uint8_t> is_answer(std::size_t(S + 1), 0);
+    if (synthetic_) {
+      for (int& t : seqbuf) t = kNoiseFirst + int(rng.below(kNoiseCount));
+      int value[kPairs];
+      const std::int64_t span = S + 1 - 2 * kQueries;  // where pairs may go
+      std::vector<std::int64_t> slots(static_cast<std::size_t>(span));
+      std::iota(slots.begin(), slots.end(), 0);
+      for (int k = 0; k < kPairs; ++k) {  // distinct random positions (partial Fisher-Yates)
+        std::swap(slots[std::size_t(k)], slots[std::size_t(k + rng.below(span - k))]);
+        value[k] = int(rng.below(10));
+        seqbuf[std::size_t(slots[std::size_t(k)])] = kPairBase + 10 * k + value[k];
+      }
+      int order[kQueries];
+      std::iota(order, order + kQueries, 0);
+      for (int i = kQueries - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+      for (int i = 0; i < kQueries; ++i) {
+        const std::int64_t at = span + 2 * i;
+        seqbuf[std::size_t(at)] = kQueryBase + order[i];
+        seqbuf[std::size_t(at + 1)] = kAnswerBase + value[order[i]];
+        is_answer[std::size_t(at + 1)] = 1;
+      }
+    } else {
+      const std::int64_t off = rng.below(std::int64_t(text_.size()) - S);
+      for (std::int64_t i = 0; i <= S; ++i) seqbuf[std::size_t(i)] = text_[std::size_t(off + i)];
+    }
+    // Shift before sharding: input i predicts token i+1, so no label is lost at a boundary.
+    for (std::int64_t i = 0; i < S; ++i) {
+      out.tokens[std::size_t(b * S + i)] = seqbuf[std::size_t(i)];
+      out.labels[std::size_t(b * S + i)] = seqbuf[std::size_t(i + 1)];
+      out.scored[std::size_t(b * S + i)] = is_answer[std::size_t(i + 1)];
+    }
+  }
+  return out;
+}
+
+}  // namespace ulysses::train

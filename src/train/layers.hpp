@@ -1,0 +1,139 @@
+// The training demo's layers, llm.c style: one plain forward and one backward function per
+// layer, arguments in the order outputs, saved buffers, inputs, weights, sizes. Templated on
+// the scalar so the whole model also runs in float64 for the finite-difference check.
+// Activations are row-major [N, C] with N = tokens on this rank (b-major, then position).
+// Backward functions ACCUMULATE (+=) into input and weight gradients.
+#pragma once
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace ulysses::train {
+
+using i64 = std::int64_t;
+
+// C[m, n] (+)= A[m, k] · B[k, n] with optional transposes, row-major.
+inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const float* a, const float* b, float* c, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0f, a, ta ? int(m) : int(k), b, tb ? int(k) : int(n), accumulate ? 1.0f : 0.0f, c, int(n));
+}
+inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const double* a, const double* b, double* c, bool accumulate) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0, a, ta ? int(m) : int(k), b, tb ? int(k) : int(n), accumulate ? 1.0 : 0.0, c, int(n));
+}
+
+// out[N, OC] = inp[N, IC] · w[IC, OC]
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* w, i64 N, i64 IC, i64 OC) {
+  gemm(false, false, N, OC, IC, inp, w, out, false);
+}
+template <class T>
+void matmul_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, i64 N, i64 IC, i64 OC) {
+  gemm(false, true, N, IC, OC, dout, w, dinp, true);   // dinp += dout · wᵀ
+  gemm(true, false, IC, OC, N, inp, dout, dw, true);   // dw += inpᵀ · dout
+}
+
+// out = inp / rms(inp) * w;  rstd[N] saved.
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, i64 N, i64 C) {
+  for (i64 n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T ss = 0;
+    for (i64 i = 0; i < C; ++i) ss += x[i] * x[i];
+    const T r = T(1) / std::sqrt(ss / T(C) + T(1e-5));
+    rstd[n] = r;
+    for (i64 i = 0; i < C; ++i) out[n * C + i] = x[i] * r * w[i];
+  }
+}
+template <class T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, i64 N, i64 C) {
+  for (i64 n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    const T* g = dout + n * C;
+    const T r = rstd[n];
+    T dot = 0;  // Σ g·w·x
+    for (i64 i = 0; i < C; ++i) {
+      dot += g[i] * w[i] * x[i];
+      dw[i] += g[i] * x[i] * r;
+    }
+    for (i64 i = 0; i < C; ++i) dinp[n * C + i] += r * g[i] * w[i] - r * r * r * x[i] * dot / T(C);
+  }
+}
+
+// Rotary embedding ("rotate half"), in place on [N, H, D]: pairs (i, i + D/2) of each head turn
+// by pos · base^(−2i/D), pos = the token's GLOBAL position.
+template <class T>
+void rope_forward(T* x, const std::int64_t* pos, i64 N, i64 H, i64 D, bool inverse = false) {
+  const i64 half = D / 2;
+  for (i64 n = 0; n < N; ++n)
+    for (i64 i = 0; i < half; ++i) {
+      const double angle = double(pos[n]) * std::pow(10000.0, -2.0 * double(i) / double(D));
+      const T c = T(std::cos(angle)), s = T(inverse ? -std::sin(angle) : std::sin(angle));
+      for (i64 h = 0; h < H; ++h) {
+        T* v = x + (n * H + h) * D;
+        const T a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = a * s + b * c;
+      }
+    }
+}
+// The rotation is orthogonal: its backward is the inverse rotation of the gradient (in place).
+template <class T>
+void rope_backward(T* dx, const std::int64_t* pos, i64 N, i64 H, i64 D) {
+  rope_forward(dx, pos, N, H, D, true);
+}
+
+// SwiGLU: out = silu(a) ∘ g.
+template <class T>
+void swiglu_forward(T* out, const T* a, const T* g, i64 n) {
+  for (i64 i = 0; i < n; ++i) out[i] = a[i] / (T(1) + std::exp(-a[i])) * g[i];
+}
+template <class T>
+void swiglu_backward(T* da, T* dg, const T* dout, const T* a, const T* g, i64 n) {
+  for (i64 i = 0; i < n; ++i) {
+    const T sig = T(1) / (T(1) + std::exp(-a[i]));
+    da[i] += dout[i] * g[i] * sig * (T(1) + a[i] * (T(1) - sig));
+    dg[i] += dout[i] * a[i] * sig;
+  }
+}
+
+// out[n] = wte[token[n]]
+template <class T>
+void embedding_forward(T* out, const int* tokens, const T* wte, i64 N, i64 C) {
+  for (i64 n = 0; n < N; ++n)
+    for (i64 i = 0; i < C; ++i) out[n * C + i] = wte[i64(tokens[n]) * C + i];
+}
+template <class T>
+void embedding_backward(T* dwte, const T* dout, const int* tokens, i64 N, i64 C) {
+  for (i64 n = 0; n < N; ++n)
+    for (i64 i = 0; i < C; ++i) dwte[i64(tokens[n]) * C + i] += dout[n * C + i];
+}
+
+// Softmax cross-entropy. Returns Σ losses over the N rows (the caller divides by the global
+// token count); writes dlogits = (softmax − onehot) · grad_scale (overwrites logits' grad).
+template <class T>
+T crossentropy_forward_backward(T* dlogits, const T* logits, const int* labels, i64 N, i64 V, T grad_scale,
+                                int* argmax = nullptr) {
+  T total = 0;
+  for (i64 n = 0; n < N; ++n) {
+    const T* z = logits + n * V;
+    T mx = z[0];
+    i64 best = 0;
+    for (i64 v = 1; v < V; ++v)
+      if (z[v] > mx) mx = z[v], best = v;
+    T sum = 0;
+    for (i64 v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    const T lse = mx + std::log(sum);
+    total += lse - z[labels[n]];
+    if (argmax) argmax[n] = int(best);
+    if (dlogits)
+      for (i64 v = 0; v < V; ++v)
+        dlogits[n * V + v] = (std::exp(z[v] - lse) - (v == labels[n] ? T(1) : T(0))) * grad_scale;
+  }
+  return total;
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,305 @@
+#include "train/trainer.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses::train {
+
+bool TrainConfig::same_run(const TrainConfig& o) const {
+  return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr &&
+         beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip &&
+         seed == o.seed;
+}
+
+namespace {
+
+std::string config_error(const TrainConfig& c, int cp) {
+  std::string e = c.model.error();
+  if (!e.empty()) return e;
+  if (c.batch <= 0 || c.seq <= 0) return fmt::format("batch ({}) and seq ({}) must be positive", c.batch, c.seq);
+  if (c.steps < 0) return fmt::format("steps must not be negative, got {}", c.steps);
+  if (!(c.lr > 0) || !(c.clip > 0)) return fmt::format("lr ({}) and clip ({}) must be positive", c.lr, c.clip);
+  try {
+    validate_cp_config(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.model.kv_heads);
+  } catch (const Error& err) {
+    return err.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+Trainer::Trainer(Comm& comm, TrainConfig config, DataSource data)
+    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model) {
+  std::string err = config_error(cfg_, comm.size());
+  if (err.empty()) err = data_.error_for(cfg_.seq);
+  comm.agree(err);
+  cfg_.cp.causal = true;
+  chunks_ = rank_chunks(cfg_.cp, comm.size(), comm.rank(), cfg_.seq);
+  positions_ = token_positions(chunks_);
+  attention_ = std::make_unique<CpAttention>(comm, cfg_.cp, cfg_.model, cfg_.batch, std::int64_t(positions_.size()));
+  model_.init_params(cfg_.seed);
+  m_.assign(model_.params.size(), 0.0f);
+  v_.assign(model_.params.size(), 0.0f);
+  decay_.assign(model_.params.size(), 1);  // no weight decay on the norms' gains
+  auto no_decay = [&](std::int64_t off) { std::fill_n(decay_.begin() + off, cfg_.model.width, 0); };
+  for (const auto& L : model_.layout.layer) {
+    no_decay(L.rms1);
+    no_decay(L.rms2);
+  }
+  no_decay(model_.layout.rmsf);
+}
+
+Trainer::Local Trainer::shard(const Batch& b) const {
+  const std::int64_t n = std::int64_t(positions_.size());
+  Local l{std::vector<int>(std::size_t(b.batch * n)), std::vector<int>(std::size_t(b.batch * n)),
+          std::vector<std::uint8_t>(std::size_t(b.batch * n))};
+  for (std::int64_t i = 0; i < b.batch; ++i)
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t src = std::size_t(i * b.seq + positions_[std::size_t(t)]), dst = std::size_t(i * n + t);
+      l.tokens[dst] = b.tokens[src];
+      l.labels[dst] = b.labels[src];
+      l.scored[dst] = b.scored[src];
+    }
+  return l;
+}
+
+double Trainer::forward_backward(const Local& d, double* correct_and_count) {
+  const std::int64_t n = std::int64_t(positions_.size());
+  std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
+  std::vector<int> argmax(d.tokens.size());
+  const float scale = 1.0f / float(cfg_.batch * cfg_.seq);
+  double sums[3] = {double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), positions_.data(), cfg_.batch,
+                                          n, scale, argmax.data())),
+                    0.0, 0.0};
+  for (std::size_t i = 0; i < argmax.size(); ++i)
+    if (d.scored[i]) {
+      sums[1] += argmax[i] == d.labels[i];
+      sums[2] += 1;
+    }
+  model_.backward(*attention_);
+  comm_.allreduce_sum(model_.grads.data(), model_.grads.size(), "grad_allreduce");
+  comm_.allreduce_sum(sums, 3, "loss_allreduce");
+  if (correct_and_count) {
+    correct_and_count[0] = sums[1];
+    correct_and_count[1] = sums[2];
+  }
+  return sums[0] / double(cfg_.batch * cfg_.seq);
+}
+
+double Trainer::compute_gradients(std::int64_t data_step) {
+  return forward_backward(shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed, data_step)), nullptr);
+}
+
+StepResult Trainer::step() {
+  comm_.barrier();
+  const double t0 = MPI_Wtime();
+  StepResult r;
+  double cc[2];
+  r.loss = forward_backward(shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed, step_)), cc);
+  r.accuracy = cc[1] > 0 ? cc[0] / cc[1] : -1.0;
+  double norm2 = 0;
+  for (float g : model_.grads) norm2 += double(g) * double(g);
+  r.grad_norm = std::sqrt(norm2);
+  const float clip = r.grad_norm > cfg_.clip ? float(cfg_.clip / r.grad_norm) : 1.0f;
+  const std::int64_t t = step_ + 1;
+  const float lr = cfg_.lr * std::min(1.0f, float(t) / float(std::max<std::int64_t>(1, cfg_.warmup)));
+  const float bc1 = 1.0f - std::pow(cfg_.beta1, float(t)), bc2 = 1.0f - std::pow(cfg_.beta2, float(t));
+  for (std::size_t i = 0; i < model_.params.size(); ++i) {  // AdamW, decoupled weight decay
+    const float g = model_.grads[i] * clip;
+    m_[i] = cfg_.beta1 * m_[i] + (1.0f - cfg_.beta1) * g;
+    v_[i] = cfg_.beta2 * v_[i] + (1.0f - cfg_.beta2) * g * g;
+    const float update = (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + cfg_.eps);
+    model_.params[i] -= lr * (update + (decay_[i] ? cfg_.weight_decay * model_.params[i] : 0.0f));
+  }
+  step_ = t;
+  r.step = t;
+  r.attention = attention_->stats();
+  double dt = MPI_Wtime() - t0;
+  comm_.allreduce_max(&dt, 1);
+  r.seconds = dt;
+  return r;
+}
+
+double Trainer::evaluate(std::int64_t batches) {
+  if (!data_.synthetic_task()) return -1.0;
+  double correct = 0, count = 0;
+  const std::int64_t n = std::int64_t(positions_.size());
+  for (std::int64_t i = 0; i < batches; ++i) {
+    const Local d = shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed ^ 0xe7a1u, 1000000000 + i));  // held out
+    std::vector<int> argmax(d.tokens.size());
+    model_.forward(*attention_, d.tokens.data(), d.labels.data(), positions_.data(), cfg_.batch, n, 1.0f,
+                   argmax.data());
+    for (std::size_t j = 0; j < argmax.size(); ++j)
+      if (d.scored[j]) {
+        correct += argmax[j] == d.labels[j];
+        count += 1;
+      }
+  }
+  double s[2] = {correct, count};
+  comm_.allreduce_sum(s, 2, "eval_allreduce");
+  return s[1] > 0 ? s[0] / s[1] : -1.0;
+}
+
+double Trainer::flops_per_step() const {
+  const GptConfig& c = cfg_.model;
+  const double tokens = double(cfg_.batch * cfg_.seq);
+  const double matmul_params = double(model_.layout.total - c.vocab * c.width);  // the embedding is a lookup
+  const double attention = double(c.layers) * 3.5 * 2.0 * double(cfg_.batch) * double(cfg_.seq) *
+                           double(cfg_.seq) * double(c.heads * c.head_dim);  // causal: half of 4·b·s²·h·d
+  return 6.0 * matmul_params * tokens + attention;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------
+
+namespace {
+
+constexpr char kMagic[8] = {'U', 'L', 'Y', 'C', 'K', 'P', 'T', '1'};
+
+std::uint64_t fnv1a(const char* p, std::size_t n) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ std::uint8_t(p[i])) * 0x100000001b3ull;
+  return h;
+}
+
+std::string header_of(const TrainConfig& c, std::int64_t step) {
+  const GptConfig& m = c.model;
+  return fmt::format(
+      "vocab {}\nlayers {}\nwidth {}\nheads {}\nkv_heads {}\nhead_dim {}\nhidden {}\nbatch {}\nseq {}\nsteps {}\n"
+      "warmup {}\nlr {:a}\nbeta1 {:a}\nbeta2 {:a}\neps {:a}\nweight_decay {:a}\nclip {:a}\nseed {}\nstep {}\n",
+      m.vocab, m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden, c.batch, c.seq, c.steps, c.warmup, c.lr,
+      c.beta1, c.beta2, c.eps, c.weight_decay, c.clip, c.seed, step);
+}
+
+struct Checkpoint {
+  TrainConfig config;
+  std::int64_t step = 0;
+  std::vector<float> params, m, v;
+};
+
+void put_u64(std::string& s, std::uint64_t x) { s.append(reinterpret_cast<const char*>(&x), 8); }
+
+std::uint64_t get_u64(const std::string& s, std::size_t at) {
+  std::uint64_t x;
+  std::memcpy(&x, s.data() + at, 8);
+  return x;
+}
+
+Checkpoint read_checkpoint(const std::string& dir) {
+  const std::string path = dir + "/checkpoint.bin";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open checkpoint {}: {}", path, std::strerror(errno)));
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto bad = [&](const std::string& why) { return Error(fmt::format("refusing checkpoint {}: {}", path, why)); };
+  if (s.size() < 24 || std::memcmp(s.data(), kMagic, 8) != 0) throw bad("not a ulysses checkpoint (bad magic or too short)");
+  const std::uint64_t hl = get_u64(s, 8);
+  if (hl > 1 << 16 || 16 + hl + 8 > s.size()) throw bad(fmt::format("truncated ({} bytes)", s.size()));
+  const std::uint64_t n = get_u64(s, 16 + hl);
+  const std::uint64_t expect = 16 + hl + 8 + 12 * n + 8;
+  if (n > (std::uint64_t(1) << 36) || s.size() != expect)
+    throw bad(fmt::format("truncated or padded: {} bytes, expected {}", s.size(), expect));
+  if (fnv1a(s.data(), s.size() - 8) != get_u64(s, s.size() - 8)) throw bad("checksum mismatch: the file is corrupted");
+  Checkpoint c;
+  std::istringstream hdr(s.substr(16, hl));
+  std::string key, val;
+  GptConfig& m = c.config.model;
+  while (hdr >> key >> val) {
+    auto i = [&] { return std::stoll(val); };
+    auto f = [&] { return std::strtof(val.c_str(), nullptr); };
+    if (key == "vocab") m.vocab = i();
+    else if (key == "layers") m.layers = i();
+    else if (key == "width") m.width = i();
+    else if (key == "heads") m.heads = i();
+    else if (key == "kv_heads") m.kv_heads = i();
+    else if (key == "head_dim") m.head_dim = i();
+    else if (key == "hidden") m.hidden = i();
+    else if (key == "batch") c.config.batch = i();
+    else if (key == "seq") c.config.seq = i();
+    else if (key == "steps") c.config.steps = i();
+    else if (key == "warmup") c.config.warmup = i();
+    else if (key == "lr") c.config.lr = f();
+    else if (key == "beta1") c.config.beta1 = f();
+    else if (key == "beta2") c.config.beta2 = f();
+    else if (key == "eps") c.config.eps = f();
+    else if (key == "weight_decay") c.config.weight_decay = f();
+    else if (key == "clip") c.config.clip = f();
+    else if (key == "seed") c.config.seed = std::stoull(val);
+    else if (key == "step") c.step = i();
+    else throw bad(fmt::format("unknown header field '{}'", key));
+  }
+  if (std::uint64_t(ParamLayout(m).total) != n) throw bad("parameter count does not match its model header");
+  const char* data = s.data() + 16 + hl + 8;
+  for (auto* vec : {&c.params, &c.m, &c.v}) {
+    vec->resize(n);
+    std::memcpy(vec->data(), data, n * 4);
+    data += n * 4;
+  }
+  return c;
+}
+
+}  // namespace
+
+void Trainer::save(const std::string& dir) const {
+  std::string err;
+  if (comm_.rank() == 0) {
+    try {
+      std::filesystem::create_directories(dir);
+      std::string s(kMagic, 8);
+      const std::string hdr = header_of(cfg_, step_);
+      put_u64(s, hdr.size());
+      s += hdr;
+      put_u64(s, model_.params.size());
+      for (const auto* vec : {&model_.params, &m_, &v_}) s.append(reinterpret_cast<const char*>(vec->data()), vec->size() * 4);
+      put_u64(s, fnv1a(s.data(), s.size()));
+      const std::string path = dir + "/checkpoint.bin", tmp = fmt::format("{}.tmp.{}", path, getpid());
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(s.data(), std::streamsize(s.size()));
+        out.flush();
+        if (!out) {
+          std::remove(tmp.c_str());
+          throw Error(fmt::format("cannot write checkpoint {}", tmp));
+        }
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw Error(fmt::format("cannot move checkpoint into place at {}: {}", path, std::strerror(errno)));
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  comm_.agree(err);
+}
+
+TrainConfig Trainer::checkpoint_config(const std::string& dir) { return read_checkpoint(dir).config; }
+
+void Trainer::load(const std::string& dir) {
+  std::string err;
+  Checkpoint c;
+  try {
+    c = read_checkpoint(dir);
+    if (!c.config.same_run(cfg_))
+      throw Error(fmt::format("checkpoint {} belongs to another run (model, batch, seq, optimizer or seed differ)", dir));
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  comm_.agree(err);
+  model_.params = std::move(c.params);
+  m_ = std::move(c.m);
+  v_ = std::move(c.v);
+  step_ = c.step;
+}
+
+}  // namespace ulysses::train

@@ -1,0 +1,204 @@
+// The training demo: the whole model's gradient against finite differences (float64), the
+// loss of every step and the gradients at cp > 1 for every strategy equal to cp = 1, and
+// bit-for-bit resume from checkpoints that refuse corruption.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "mpi_helpers.hpp"
+#include "train/attention_ops.hpp"
+#include "train/gpt.hpp"
+#include "train/trainer.hpp"
+
+using namespace ulysses;
+using namespace ulysses::train;
+
+namespace {
+
+TEST(Gpt, GradientMatchesFiniteDifferencesInFloat64) {
+  const GptConfig c{16, 2, 8, 2, 1, 4, 12};
+  const i64 B = 2, S = 6, N = B * S;
+  Gpt<double> model(c);
+  model.init_params(7);
+  ReferenceAttention att(c, B, S);
+  std::vector<int> tokens(N), labels(N);
+  for (i64 i = 0; i < N; ++i) {
+    tokens[std::size_t(i)] = int((i * 7 + 3) % 16);
+    labels[std::size_t(i)] = int((i * 5 + 1) % 16);
+  }
+  std::vector<i64> pos(S);
+  for (i64 i = 0; i < S; ++i) pos[std::size_t(i)] = i;
+  const double scale = 1.0 / double(N);
+  auto loss = [&] { return model.forward(att, tokens.data(), labels.data(), pos.data(), B, S, scale) * scale; };
+  loss();
+  std::fill(model.grads.begin(), model.grads.end(), 0.0);
+  model.backward(att);
+  const std::vector<double> analytic = model.grads;
+  double num = 0, den = 0, worst = 0;
+  const double eps = 1e-5;
+  for (std::size_t i = 0; i < model.params.size(); ++i) {
+    const double keep = model.params[i];
+    model.params[i] = keep + eps;
+    const double up = loss();
+    model.params[i] = keep - eps;
+    const double down = loss();
+    model.params[i] = keep;
+    const double fd = (up - down) / (2 * eps);
+    num += (fd - analytic[i]) * (fd - analytic[i]);
+    den += fd * fd;
+    worst = std::max(worst, std::abs(fd - analytic[i]));
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-7) << "over " << model.params.size() << " parameters";
+  EXPECT_LT(worst, 1e-8);
+}
+
+TrainConfig small_config(const CpConfig& cp) {
+  TrainConfig t;
+  t.model = GptConfig{256, 2, 32, 4, 2, 8, 64};
+  t.cp = cp;
+  t.batch = 2;
+  t.seq = 96;
+  t.steps = 20;
+  t.warmup = 5;
+  t.lr = 1e-2f;
+  t.seed = 3;
+  return t;
+}
+
+std::vector<CpConfig> strategies(int cp) {
+  std::vector<CpConfig> out{{CpCommType::a2a, {}, true, 0.0f},
+                            {CpCommType::p2p, {}, true, 0.0f},
+                            {CpCommType::all_gather, {}, true, 0.0f}};
+  for (int inner = 1; inner <= cp; ++inner)
+    if (cp % inner == 0) out.push_back({CpCommType::a2a_p2p, {inner, cp / inner}, true, 0.0f});
+  std::vector<CpConfig> valid;
+  for (const CpConfig& c : out) {
+    try {
+      validate_cp_config(c, cp, {2, 96, 4, 8}, 2);
+      valid.push_back(c);
+    } catch (const Error&) {  // e.g. a2a with 4 heads on 8 ranks
+    }
+  }
+  return valid;
+}
+
+TEST(Training, EveryStrategyMatchesOneRankStepByStep) {
+  Comm world;
+  Comm self(MPI_COMM_SELF);
+  Trainer one(self, small_config({}), DataSource::synthetic());
+  std::vector<double> ref;
+  for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
+  Trainer one_g(self, small_config({}), DataSource::synthetic());
+  one_g.compute_gradients(0);
+  const std::vector<float> g1 = one_g.gradients();
+  for (const CpConfig& cp : strategies(world.size())) {
+    SCOPED_TRACE(std::string(to_string(cp.cp_comm_type)) + " on " + std::to_string(world.size()) + " ranks");
+    Trainer t(world, small_config(cp), DataSource::synthetic());
+    t.compute_gradients(0);  // the gradient of step 1, before any update
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < g1.size(); ++i) {
+      num += std::pow(double(t.gradients()[i]) - g1[i], 2);
+      den += double(g1[i]) * g1[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << "weight gradients differ from cp = 1";
+    Trainer run(world, small_config(cp), DataSource::synthetic());
+    double worst = 0;
+    for (int i = 0; i < 20; ++i) worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
+  }
+}
+
+std::string scratch_dir(Comm& comm, const std::string& name) {
+  std::int64_t pid = getpid();
+  comm.broadcast(&pid, sizeof(pid), 0);  // one directory for the whole job
+  return "/tmp/ulysses_test_" + std::to_string(pid) + "_" + name;
+}
+
+TEST(Training, ResumeIsBitForBit) {
+  Comm world;
+  const CpConfig cp{CpCommType::p2p, {}, true, 0.0f};
+  const std::string dir = scratch_dir(world, "resume");
+  Trainer straight(world, small_config(cp), DataSource::synthetic());
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight.step().loss);
+  {
+    Trainer first(world, small_config(cp), DataSource::synthetic());
+    for (int i = 0; i < 5; ++i) first.step();
+    first.save(dir);
+  }
+  Trainer resumed(world, small_config(cp), DataSource::synthetic());
+  resumed.load(dir);
+  EXPECT_EQ(resumed.current_step(), 5);
+  for (int i = 5; i < 10; ++i) EXPECT_EQ(resumed.step().loss, losses[std::size_t(i)]) << "step " << i + 1;
+  EXPECT_EQ(std::memcmp(resumed.parameters().data(), straight.parameters().data(), straight.parameters().size() * 4), 0);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
+  Comm world;
+  const std::string dir = scratch_dir(world, "damaged");
+  const CpConfig ring{CpCommType::p2p, {}, true, 0.0f};  // valid at every rank count
+  Trainer t(world, small_config(ring), DataSource::synthetic());
+  t.step();
+  t.save(dir);
+  const std::string path = dir + "/checkpoint.bin";
+  std::string good;
+  if (world.rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::string bad = good;
+    bad[bad.size() / 2] ^= 0x10;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+  }
+  world.barrier();
+  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "checksum mismatch");
+  world.barrier();
+  if (world.rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 100);
+  world.barrier();
+  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "truncated");
+  world.barrier();
+  // A crashed save leaves only a temp file: the last good checkpoint still loads.
+  if (world.rank() == 0) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+    std::ofstream(path + ".tmp.999", std::ios::binary) << good.substr(0, 50);
+  }
+  world.barrier();
+  EXPECT_NO_THROW(t.load(dir));
+  EXPECT_EQ(t.current_step(), 1);
+  // A checkpoint of another run (different seed) is refused.
+  TrainConfig other = small_config(ring);
+  other.seed = 99;
+  Trainer u(world, other, DataSource::synthetic());
+  ulysses::testing::expect_same_error_everywhere(world, [&] { u.load(dir); }, "belongs to another run");
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Training, BadConfigurationIsRefusedBeforeAnyWork) {
+  Comm world;
+  const CpConfig ring{CpCommType::p2p, {}, true, 0.0f};
+  TrainConfig c = small_config(ring);
+  c.model.heads = 3;  // not divisible by kv_heads 2
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer t(world, c, DataSource::synthetic()); }, "heads (3) must be divisible by kv_heads (2)");
+  c = small_config(ring);
+  c.seq = 97;
+  if (world.size() > 1)
+    ulysses::testing::expect_same_error_everywhere(
+        world, [&] { Trainer t(world, c, DataSource::synthetic()); }, "sequence length (97) must be divisible by");
+  c = small_config({});  // a2a: 4 heads on 3 ranks
+  if (world.size() == 3)
+    ulysses::testing::expect_same_error_everywhere(
+        world, [&] { Trainer t(world, c, DataSource::synthetic()); }, "num_heads (4) must be divisible by cp (3)");
+  c = small_config(ring);
+  c.seq = 48;  // divisible by 2·cp for cp in 1..4 and 8, too short for the task
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer t(world, c, DataSource::synthetic()); }, "needs --seq >= 64");
+}
+
+}  // namespace
