@@ -12,6 +12,7 @@ ok() { echo "PASS: $1"; }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
 
 "$tool" make "$dir" 2 64 4 2 16 || { echo "cannot make inputs"; exit 1; }
+mkdir -p "$dir/corrupt"
 files=(--q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --dout "$dir/dout.npy")
 
 # Every strategy through the CLI, zigzag included: 2 and 4 ranks agree with the reference.
@@ -70,6 +71,27 @@ expect_error "a2a+p2p sizes product" 4 "inner * outer == cp (4)" --strategy a2a+
 expect_error "a2a+p2p heads % inner" 4 "must be divisible by the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 6 --seq 64
 expect_error "bad cp sizes" 2 "--cp-sizes must be INNER,OUTER" --strategy a2a+p2p --cp-sizes 2x1 --seq 64
 expect_error "dq without backward" 2 "need a backward" --seq 64 --dq "$dir/dq.npy"
+
+# Training: a short run with a checkpoint, resumed to the end, equals the uninterrupted run.
+tiny=(--steps 6 --seq 64 --batch 2 --width 16 --heads 2 --kv-heads 1 --head-dim 8 --hidden 24)
+run 2 train "${tiny[@]}" --log "$dir/full.jsonl" > "$dir/t1.log" 2>&1 || { bad "train"; cat "$dir/t1.log"; }
+run 2 train "${tiny[@]}" --steps 3 --save "$dir/ckpt" > "$dir/t2.log" 2>&1 || { bad "train --save"; cat "$dir/t2.log"; }
+run 2 train --steps 6 --resume "$dir/ckpt" --log "$dir/resumed.jsonl" --svg "$dir/loss.svg" > "$dir/t3.log" 2>&1 || { bad "train --resume"; cat "$dir/t3.log"; }
+if [ "$(tail -n 3 "$dir/full.jsonl" | cut -d, -f1-2)" = "$(cut -d, -f1-2 "$dir/resumed.jsonl")" ]; then ok "train resume = uninterrupted (steps 4-6)"; else bad "train resume differs"; tail -n 3 "$dir/full.jsonl"; cat "$dir/resumed.jsonl"; fi
+grep -q "<polyline" "$dir/loss.svg" && ok "train --svg" || bad "train --svg"
+expect_train_error() {
+  local name=$1 n=$2 msg=$3; shift 3
+  run "$n" train "$@" > "$dir/err.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc"; cat "$dir/err.log"; return; fi
+  grep -qF -- "$msg" "$dir/err.log" && ok "$name (rc $rc)" || { bad "$name: message '$msg' missing"; cat "$dir/err.log"; }
+}
+expect_train_error "train heads % cp" 4 "num_heads (6) must be divisible by cp (4)" "${tiny[@]}" --heads 6 --kv-heads 2
+expect_train_error "train seq % cp" 2 "sequence length (65) must be divisible by cp (2)" "${tiny[@]}" --seq 65 --strategy a2a
+expect_train_error "train missing data" 2 "cannot open" "${tiny[@]}" --data "$dir/no_such_file.txt"
+cp "$dir/ckpt/checkpoint.bin" "$dir/corrupt/checkpoint.bin"
+printf '\x5a' | dd of="$dir/corrupt/checkpoint.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_train_error "train corrupted checkpoint" 2 "checksum mismatch" --resume "$dir/corrupt"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

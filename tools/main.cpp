@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "attention_command.hpp"
+#include "train_command.hpp"
 #include "ulysses/error.hpp"
 
 int main(int argc, char** argv) {
@@ -17,11 +18,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ulysses::cli::AttentionOptions attention;
   ulysses::cli::add_attention_command(app, attention);
+  ulysses::cli::TrainOptions train;
+  ulysses::cli::add_train_command(app, train);
 
   int code = 0;
   try {
     app.parse(argc, argv);
     if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(attention);
+    if (app.got_subcommand("train")) code = ulysses::cli::run_train(train);
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same argv, so every rank stops here; one prints.
     if (rank == 0) code = app.exit(e);

@@ -52,7 +52,7 @@ DataSource DataSource::text_file(const std::string& path) {
 
 std::string DataSource::error_for(std::int64_t seq) const {
   if (synthetic_ && seq < 64)
-    return fmt::format("the synthetic task needs --seq >= 64 (8 pairs and 8 queries), got {}", seq);
+    return fmt::format("the synthetic task needs --seq >= 64 (a needle and {} queries), got {}", kQueries, seq);
   if (!synthetic_ && std::int64_t(text_.size()) < seq + 1)
     return fmt::format("--data {} has {} bytes; sequences of {} tokens need at least {}", path_, text_.size(), seq,
                        seq + 1);
@@ -60,7 +60,8 @@ std::string DataSource::error_for(std::int64_t seq) const {
 }
 
 std::string DataSource::describe() const {
-  return synthetic_ ? "synthetic key-value retrieval (8 pairs scattered, 8 queries at the end)"
+  return synthetic_ ? fmt::format("synthetic needle retrieval: one value token hidden at a random position, {} "
+                                  "queries for it at the end", kQueries)
                     : fmt::format("byte-level text from {} ({} bytes)", path_, text_.size());
 }
 
@@ -72,23 +73,25 @@ Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std:
     Rng rng(seed * 0x100000001b3ull ^ (std::uint64_t(step) << 20) ^ std::uint64_t(b) * 0x9e3779b97f4a7c15ull);
     std::vector<std::uint8_t> is_answer(std::size_t(S + 1), 0);
     if (synthetic_) {
-      for (int& t : seqbuf) t = kNoiseFirst + int(rng.below(kNoiseCount));
-      int value[kPairs];
-      const std::int64_t span = S + 1 - 2 * kQueries;  // where pairs may go
+      // Filler: a cycle of letters, learnable from the previous token, so the loss that
+      // remains is the retrieval itself.
+      const int phase = int(rng.below(kNoiseCount));
+      for (std::size_t i = 0; i < seqbuf.size(); ++i) seqbuf[i] = kNoiseFirst + int((i + std::size_t(phase)) % kNoiseCount);
+      const int K = kPairs, Q = kQueries;
+      std::vector<int> value(static_cast<std::size_t>(K));
+      const std::int64_t span = S + 1 - 2 * Q;  // where pairs may go
       std::vector<std::int64_t> slots(static_cast<std::size_t>(span));
       std::iota(slots.begin(), slots.end(), 0);
-      for (int k = 0; k < kPairs; ++k) {  // distinct random positions (partial Fisher-Yates)
+      for (int k = 0; k < K; ++k) {  // distinct random positions (partial Fisher-Yates)
         std::swap(slots[std::size_t(k)], slots[std::size_t(k + rng.below(span - k))]);
-        value[k] = int(rng.below(10));
-        seqbuf[std::size_t(slots[std::size_t(k)])] = kPairBase + 10 * k + value[k];
+        value[std::size_t(k)] = int(rng.below(10));
+        seqbuf[std::size_t(slots[std::size_t(k)])] = kPairBase + 10 * k + value[std::size_t(k)];
       }
-      int order[kQueries];
-      std::iota(order, order + kQueries, 0);
-      for (int i = kQueries - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
-      for (int i = 0; i < kQueries; ++i) {
+      for (int i = 0; i < Q; ++i) {
+        const int k = int(rng.below(K));
         const std::int64_t at = span + 2 * i;
-        seqbuf[std::size_t(at)] = kQueryBase + order[i];
-        seqbuf[std::size_t(at + 1)] = kAnswerBase + value[order[i]];
+        seqbuf[std::size_t(at)] = kQueryBase + k;
+        seqbuf[std::size_t(at + 1)] = kAnswerBase + value[std::size_t(k)];
         is_answer[std::size_t(at + 1)] = 1;
       }
     } else {

@@ -2,10 +2,12 @@
 // global batch and a resumed run sees exactly the batches it would have seen.
 //
 // The default is a synthetic long-range retrieval task that can only be solved by attending
-// across the whole sequence: 8 (key, value) pair tokens are scattered at random positions,
-// noise fills the rest, and the sequence ends with 8 queries "key? → value". The pairs land on
-// every rank's shard, the queries at the end, so a correct answer proves attention spans
-// shards. Accuracy is measured on the answers only.
+// across the whole sequence: a "needle" token carrying a value (one of 10) is hidden at a
+// random position, a predictable cycle of letters fills the rest, and the sequence ends with
+// queries whose answer is the needle's value. The needle lands on any rank's shard and the
+// queries on the last one, so correct answers prove that attention spans shards (a model
+// that only saw its own shard would score about chance, 10%). Accuracy counts answers only.
+// kPairs > 1 hides several (key, value) needles and asks for keys: a harder task.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,7 @@ class DataSource {
   bool synthetic_task() const { return synthetic_; }
   std::string describe() const;
 
-  static constexpr int kPairs = 8, kQueries = 8;
+  static constexpr int kPairs = 1, kQueries = 16;
 
  private:
   bool synthetic_ = true;

@@ -1,0 +1,221 @@
+#include "train_command.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cblas.h>
+#include <omp.h>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "report.hpp"
+#include "train/trainer.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/threads.hpp"
+
+namespace ulysses::cli {
+
+void add_train_command(CLI::App& app, TrainOptions& o) {
+  CLI::App* c = app.add_subcommand(
+      "train", "Train a small GPT on long sequences with context parallelism: every rank holds s/cp tokens of "
+               "every sequence and the full weights. Default data: a synthetic long-range retrieval task.");
+  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
+  c->add_option("--strategy", o.strategy, "cp_comm_type: a2a | p2p | all_gather | a2a+p2p")->capture_default_str();
+  c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
+  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
+  c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
+  c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
+  c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task");
+  c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
+  c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
+  c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
+  c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
+  c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
+  c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
+}
+
+namespace {
+
+std::string svg_curve(const std::vector<double>& loss, const std::string& title) {
+  const double W = 640, H = 360, L = 60, R = 20, T = 40, B = 40;
+  const double hi = *std::max_element(loss.begin(), loss.end()), lo = std::min(0.0, *std::min_element(loss.begin(), loss.end()));
+  std::string pts;
+  for (std::size_t i = 0; i < loss.size(); ++i) {
+    const double x = L + (W - L - R) * (loss.size() > 1 ? double(i) / double(loss.size() - 1) : 0.0);
+    const double y = T + (H - T - B) * (1.0 - (loss[i] - lo) / (hi - lo + 1e-12));
+    pts += fmt::format("{:.1f},{:.1f} ", x, y);
+  }
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n<text x=\"{2}\" y=\"24\" font-size=\"14\">{3}</text>\n"
+      "<line x1=\"{2}\" y1=\"{4}\" x2=\"{2}\" y2=\"{5}\" stroke=\"black\"/>\n"
+      "<line x1=\"{2}\" y1=\"{5}\" x2=\"{6}\" y2=\"{5}\" stroke=\"black\"/>\n",
+      W, H, L, title, T, H - B, W - R);
+  for (int k = 0; k <= 4; ++k) {
+    const double v = lo + (hi - lo) * k / 4.0, y = T + (H - T - B) * (1.0 - k / 4.0);
+    s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n", L - 6, y + 4, v);
+  }
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step (1 … {})</text>\n", (W + L) / 2, H - 10, loss.size());
+  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">loss</text>\n", H / 2, H / 2);
+  s += "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n</svg>\n";
+  return s;
+}
+
+std::string clock(double seconds) {
+  const long s = long(seconds + 0.5);
+  return fmt::format("{:02}:{:02}", s / 60, s % 60);
+}
+
+double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
+  const int n = 512;
+  std::vector<float> a(std::size_t(n) * n, 0.5f), b(a), c(a);
+  openblas_set_num_threads(omp_get_max_threads());
+  auto run = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  run();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) run();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  openblas_set_num_threads(1);
+  return 10.0 * 2.0 * n * double(n) * n / dt * 1e-9;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  Comm comm(MPI_COMM_WORLD);
+  const int rank = comm.rank(), cp = comm.size();
+  const int threads = o.threads > 0 ? o.threads : default_threads(comm.native());
+  set_threads(threads);
+
+  train::TrainConfig cfg;
+  train::DataSource data = train::DataSource::synthetic();
+  std::string err;
+  try {
+    if (!o.resume.empty()) {
+      cfg = train::Trainer::checkpoint_config(o.resume);
+    } else {
+      cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim, o.hidden};
+      cfg.batch = o.batch;
+      cfg.seq = o.seq;
+      cfg.lr = o.lr;
+      cfg.warmup = o.warmup;
+      cfg.seed = o.seed;
+    }
+    cfg.steps = o.steps;
+    cfg.cp.cp_comm_type = parse_cp_comm_type(o.strategy);
+    if (!o.cp_sizes.empty()) {
+      int inner = 0, outer = 0;
+      char tail = 0;
+      if (std::sscanf(o.cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
+        throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", o.cp_sizes));
+      cfg.cp.hierarchical_context_parallel_sizes = {inner, outer};
+    } else if (cfg.cp.cp_comm_type == CpCommType::a2a_p2p) {
+      throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", cp));
+    }
+    if (!o.data.empty()) data = train::DataSource::text_file(o.data);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  comm.agree(err);
+  train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
+  if (!o.resume.empty()) trainer.load(o.resume);
+
+  const double tokens_per_step = double(cfg.batch * cfg.seq);
+  if (rank == 0) {
+    const auto& m = cfg.model;
+    fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
+               m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
+    fmt::print("  data: {}\n", data.describe());
+    fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
+               "sequence per rank{}\n",
+               cfg.batch, cfg.seq, to_string(cfg.cp.cp_comm_type), cp, threads, cfg.seq / cp,
+               uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+    if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, trainer.current_step());
+    std::fflush(stdout);
+  }
+
+  std::FILE* log = nullptr;
+  if (rank == 0 && !o.log.empty()) {
+    log = std::fopen(o.log.c_str(), o.resume.empty() ? "w" : "a");
+    if (!log) err = fmt::format("--log {}: cannot open for writing", o.log);
+  }
+  comm.agree(err);
+  std::vector<double> losses, step_seconds;
+  double acc_recent = -1;
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::int64_t first = trainer.current_step();
+  for (std::int64_t s = first; s < cfg.steps; ++s) {
+    const train::StepResult r = trainer.step();
+    losses.push_back(r.loss);
+    step_seconds.push_back(r.seconds);
+    if (r.accuracy >= 0) acc_recent = r.accuracy;
+    if (rank == 0) {
+      const double tps = tokens_per_step / r.seconds;
+      if (log)
+        std::fprintf(log,
+                     "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
+                     "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
+                     (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
+                     r.attention.comm_exposed_s);
+      const double done = double(s + 1 - first), total = double(cfg.steps - first);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const int width = 30, filled = int(width * done / total);
+      const std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
+                                           std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
+                                           r.step, cfg.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
+      const std::int64_t every = std::max<std::int64_t>(1, (cfg.steps - first) / 20);
+      if ((s + 1 - first) % every == 0 || s + 1 == cfg.steps || s == first) fmt::print("{}\n", line);
+      std::fflush(stdout);
+    }
+    if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
+  }
+  if (log) std::fclose(log);
+  if (!o.save.empty()) trainer.save(o.save);
+
+  // ---- summary ------------------------------------------------------------------------------
+  const double accuracy = trainer.evaluate(o.eval_batches);
+  double ceiling = sgemm_ceiling_gflops();
+  comm.allreduce_sum(&ceiling, 1);  // all ranks together
+  err.clear();
+  if (rank == 0) {
+    if (losses.empty()) {
+      fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
+    } else {
+      const double med = median(step_seconds);
+      const double tps = tokens_per_step / med, gflops = trainer.flops_per_step() / med * 1e-9;
+      const std::size_t tail = std::min<std::size_t>(10, losses.size());
+      double last = 0;
+      for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
+      fmt::print("done: {} steps; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(), losses.front(), last, tail);
+      if (accuracy >= 0)
+        fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
+                   "away, on other ranks' shards\n", accuracy * 100, cfg.seq);
+      fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
+                 "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
+    }
+    try {
+      if (!o.svg.empty() && !losses.empty())
+        write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
+                                                               to_string(cfg.cp.cp_comm_type), cp)));
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  comm.agree(err);
+  return 0;
+}
+
+}  // namespace ulysses::cli

@@ -1,0 +1,25 @@
+// `ulysses train`: a small GPT trained on long sequences, sharded along the sequence.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ulysses::cli {
+
+struct TrainOptions {
+  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg;
+  std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,
+               hidden = 172, warmup = 20, save_every = 0, eval_batches = 8;
+  float lr = 3e-3f;
+  std::uint64_t seed = 0;
+  int threads = 0;
+};
+
+void add_train_command(CLI::App& app, TrainOptions& opt);
+
+// Collective over MPI_COMM_WORLD. Returns the exit code; throws ulysses::Error (agreed).
+int run_train(const TrainOptions& opt);
+
+}  // namespace ulysses::cli
