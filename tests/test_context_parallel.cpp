@@ -9,6 +9,7 @@
 #include "mpi_helpers.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
+#include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -147,8 +148,11 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
 TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
   Comm comm;
   const int cp = comm.size();
-  const std::int64_t b = 2, sl = 8, d = 16, h = 2 * cp;
-  for (auto [dtype, hkv] : {std::pair{DType::f32, std::int64_t(cp)}, {DType::bf16, 1}}) {
+  struct S { std::int64_t b, sl, d, hpr; DType dtype; std::int64_t hkv; };
+  for (const S& sh : {S{2, 8, 16, 2, DType::f32, cp}, S{2, 8, 16, 2, DType::bf16, 1}, S{1, 12, 8, 3, DType::f32, 3 * cp},
+                      S{3, 4, 32, 1, DType::bf16, 1}}) {
+  const std::int64_t b = sh.b, sl = sh.sl, d = sh.d, h = sh.hpr * cp;
+  for (auto [dtype, hkv] : {std::pair{sh.dtype, sh.hkv}}) {
     const std::int64_t es = std::int64_t(dtype_size(dtype));
     for (const CpConfig& cfg : strategies(cp, true)) {
       SCOPED_TRACE(describe(cfg) + " " + to_string(dtype));
@@ -171,6 +175,27 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
       };
       // The library's own prediction (the planner's input) must equal the counters too.
       const CommVolume predicted = predicted_comm_volume(cfg, cp, {b, sl * cp, h, d}, hkv, dtype);
+      // ... and so must the planner's rows (the same shape planned for this cp).
+      PlanInput in;
+      in.seq = sl * cp;
+      in.batch = b;
+      in.heads = h;
+      in.kv_heads = hkv;
+      in.head_dim = d;
+      in.cp = cp;
+      in.dtype = dtype;
+      for (const PlanRow& r : make_plan(in).rows)
+        if (r.config.cp_comm_type == cfg.cp_comm_type &&
+            r.config.hierarchical_context_parallel_sizes == cfg.hierarchical_context_parallel_sizes) {
+          EXPECT_TRUE(r.valid) << r.reason;
+          std::int64_t f = 0, bw = 0;
+          for (const auto& [op, c] : fwd)
+            if (!op.ends_with("validate")) f += c.bytes_sent;
+          for (const auto& [op, c] : bwd)
+            if (!op.ends_with("validate")) bw += c.bytes_sent;
+          EXPECT_EQ(r.forward_bytes_per_rank, f) << r.name;
+          EXPECT_EQ(r.backward_bytes_per_rank, bw) << r.name;
+        }
       for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op.c_str()), n) << op;
       for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op.c_str()), n) << op;
       for (const auto& [op, n] : predicted.forward_messages) EXPECT_EQ(msgs(fwd, op.c_str()), n) << op;
@@ -217,6 +242,7 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
         }
       }
     }
+  }
   }
 }
 

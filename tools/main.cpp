@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "attention_command.hpp"
+#include "plan_command.hpp"
 #include "train_command.hpp"
 #include "ulysses/error.hpp"
 
@@ -20,12 +21,15 @@ int main(int argc, char** argv) {
   ulysses::cli::add_attention_command(app, attention);
   ulysses::cli::TrainOptions train;
   ulysses::cli::add_train_command(app, train);
+  ulysses::cli::PlanOptions plan;
+  ulysses::cli::add_plan_command(app, plan);
 
   int code = 0;
   try {
     app.parse(argc, argv);
     if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(attention);
     if (app.got_subcommand("train")) code = ulysses::cli::run_train(train);
+    if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(plan);
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same argv, so every rank stops here; one prints.
     if (rank == 0) code = app.exit(e);

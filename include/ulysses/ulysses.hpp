@@ -9,6 +9,7 @@
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
+#include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/tensor.hpp"

@@ -1,0 +1,71 @@
+// The planner: for a model shape, a sequence length and a cluster, which context-parallel
+// strategy to use and what it costs, from 2 CPUs to thousands of GPUs.
+//
+// Communication volumes are the exact formulas of comm_volume.hpp (checked to the byte
+// against real runs). Times use an α–β model per link (latency α per message, bandwidth β):
+// links between ranks of one node are "intra" (NVLink by default), others "inter"
+// (InfiniBand). Ranks are placed contiguously, ranks_per_node per node. Compute is the
+// attention core: FlashAttention's FLOPs (causal halves them; backward 2.5×) at
+// peak × efficiency. The ring (p2p, and the outer ring of a2a+p2p) hides each step's
+// transfer behind that step's compute; all-to-all and all-gather are barriers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+struct Link {
+  double bandwidth = 450e9;  // bytes per second, one direction, per rank
+  double latency = 2e-6;     // seconds per message
+};
+
+struct Cluster {
+  int ranks_per_node = 8;
+  Link intra{450e9, 2e-6};    // NVLink 4 (H100): ~450 GB/s per direction per GPU
+  Link inter{50e9, 5e-6};     // 400 Gb/s InfiniBand per GPU
+  double peak_flops = 989e12;  // H100 dense bf16
+  double efficiency = 0.5;     // achieved fraction of peak in attention
+};
+
+struct PlanInput {
+  std::int64_t seq = 0, batch = 1, heads = 0, kv_heads = 0, head_dim = 128, layers = 1;
+  int cp = 1;
+  bool causal = true;
+  DType dtype = DType::bf16;
+  Cluster cluster;
+};
+
+struct PlanRow {
+  CpConfig config;
+  std::string name;                 // "a2a", "a2a+p2p [2,8]", ...
+  bool valid = false;
+  std::string reason;               // why invalid, or "" 
+  std::int64_t forward_bytes_per_rank = 0, backward_bytes_per_rank = 0;  // one layer
+  std::int64_t forward_messages = 0, backward_messages = 0;             // one layer
+  double compute_s = 0;             // per layer, forward + backward
+  double comm_s = 0;                // per layer, all transfers
+  double hidden_s = 0;              // of comm_s, hidden behind compute
+  double memory_bytes = 0;          // attention working set per rank, one layer
+  double predicted_step_s = 0;      // all layers, forward + backward
+};
+
+struct Plan {
+  std::vector<PlanRow> rows;  // every strategy, a2a+p2p at every factorisation of cp
+  int best = -1;              // index of the recommendation (-1: nothing valid)
+  std::string recommendation;
+};
+
+// Throws Error for impossible inputs (non-positive sizes, heads % kv_heads != 0, ...).
+Plan make_plan(const PlanInput& in);
+
+// "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
+// Throws Error naming the text and the accepted units.
+double parse_bandwidth(const std::string& text);
+double parse_latency(const std::string& text);
+
+}  // namespace ulysses

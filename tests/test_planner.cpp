@@ -1,0 +1,102 @@
+// The planner: units, validity rules, recommendations that follow the seed's reasoning, the
+// paper's scaling claim; its byte counts against real runs are in test_context_parallel.
+#include <gtest/gtest.h>
+
+#include "ulysses/comm_volume.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/planner.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+PlanInput gpt(std::int64_t seq, std::int64_t heads, std::int64_t kv, int cp) {
+  PlanInput in;
+  in.seq = seq;
+  in.heads = heads;
+  in.kv_heads = kv;
+  in.head_dim = 128;
+  in.cp = cp;
+  return in;
+}
+
+const PlanRow& row(const Plan& p, const std::string& name) {
+  for (const PlanRow& r : p.rows)
+    if (r.name == name) return r;
+  throw Error("no row " + name);
+}
+
+TEST(Planner, ParsesUnitsAndRejectsUnknownOnes) {
+  EXPECT_DOUBLE_EQ(parse_bandwidth("450GB/s"), 450e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("400 Gb/s"), 50e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("1.2TB/s"), 1.2e12);
+  EXPECT_DOUBLE_EQ(parse_latency("2us"), 2e-6);
+  EXPECT_DOUBLE_EQ(parse_latency("5 µs"), 5e-6);
+  EXPECT_DOUBLE_EQ(parse_latency("800ns"), 800e-9);
+  for (const char* bad : {"450", "450GiB/s", "fast", "-3GB/s", "0GB/s"})
+    EXPECT_THROW(parse_bandwidth(bad), Error) << bad;
+  try {
+    parse_latency("3 fortnights");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown unit 'fortnights'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, RejectsImpossibleInputs) {
+  EXPECT_THROW(make_plan(gpt(0, 32, 8, 8)), Error);
+  EXPECT_THROW(make_plan(gpt(4096, 32, 8, -2)), Error);
+  EXPECT_THROW(make_plan(gpt(4096, 32, 7, 8)), Error);  // heads % kv_heads
+}
+
+TEST(Planner, BytesAreTheExactFormulas) {
+  const PlanInput in = gpt(65536, 32, 8, 8);
+  const Plan p = make_plan(in);
+  for (const PlanRow& r : p.rows) {
+    if (!r.valid) continue;
+    const CommVolume v = predicted_comm_volume(r.config, 8, {1, 65536, 32, 128}, 8, DType::bf16);
+    EXPECT_EQ(r.forward_bytes_per_rank, v.total_forward_bytes()) << r.name;
+    EXPECT_EQ(r.backward_bytes_per_rank, v.total_backward_bytes()) << r.name;
+  }
+  // Ulysses: (s/cp)·h·d·(cp−1)/cp per tensor, Q + 2·KV in, O out, bf16.
+  const std::int64_t per = 65536 / 8 * 128 * 7 / 8 * 2;
+  EXPECT_EQ(row(p, "a2a").forward_bytes_per_rank, per * (32 + 2 * 8) + per * 32);
+}
+
+TEST(Planner, FollowsTheSeedsJudgement) {
+  // More ranks than heads: Ulysses is invalid and the reason says why; a ring takes over.
+  Plan p = make_plan(gpt(262144, 8, 8, 16));
+  EXPECT_FALSE(row(p, "a2a").valid);
+  EXPECT_NE(row(p, "a2a").reason.find("num_heads (8) must be divisible by cp (16)"), std::string::npos);
+  ASSERT_GE(p.best, 0);
+  EXPECT_NE(p.rows[std::size_t(p.best)].name, "a2a");
+  EXPECT_NE(p.recommendation.find("a2a is ruled out"), std::string::npos);
+  // all_gather holds the full K and V whatever cp is; Ulysses' memory shrinks as 1/cp.
+  const double full_kv = 2.0 * 131072 * 8 * 128 * 2;
+  const double ag8 = row(make_plan(gpt(131072, 32, 8, 8)), "all_gather").memory_bytes;
+  const double ag16 = row(make_plan(gpt(131072, 32, 8, 16)), "all_gather").memory_bytes;
+  const double u8 = row(make_plan(gpt(131072, 32, 8, 8)), "a2a").memory_bytes;
+  const double u16 = row(make_plan(gpt(131072, 32, 8, 16)), "a2a").memory_bytes;
+  EXPECT_GE(ag8, full_kv);
+  EXPECT_GE(ag16, full_kv);
+  EXPECT_LT(u16, 0.6 * u8);
+  EXPECT_LT(u16, 0.5 * ag16);
+  // A long sequence across nodes: the ring hides most of its traffic behind compute.
+  const PlanRow& ring = row(make_plan(gpt(1 << 20, 32, 8, 32)), "p2p");
+  EXPECT_GT(ring.hidden_s, 0.8 * ring.comm_s);
+  // Ulysses never hides its all-to-alls.
+  EXPECT_EQ(row(make_plan(gpt(1 << 20, 32, 8, 32)), "a2a").hidden_s, 0.0);
+}
+
+TEST(Planner, UlyssesPerGpuVolumeIsConstantWhenSequenceAndGpusGrowTogether) {
+  // The paper's claim: N and P grow together, Ulysses' bytes per GPU stay (nearly) constant.
+  double first = 0;
+  for (int P = 8; P <= 1024; P *= 2) {
+    const Plan p = make_plan(gpt(8192LL * P, 1024, 1024, P));  // enough heads for 1024 ranks
+    const double b = double(row(p, "a2a").forward_bytes_per_rank);
+    if (first == 0) first = b;
+    EXPECT_NEAR(b / first, 1.0, 0.15) << P << " GPUs";
+  }
+}
+
+}  // namespace

@@ -1,0 +1,298 @@
+#include "plan_command.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "report.hpp"
+#include "ulysses/attention.hpp"
+#include "ulysses/comm.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/planner.hpp"
+#include "ulysses/sharding.hpp"
+#include "ulysses/threads.hpp"
+
+namespace ulysses::cli {
+
+void add_plan_command(CLI::App& app, PlanOptions& o) {
+  CLI::App* c = app.add_subcommand(
+      "plan", "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
+              "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
+              "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
+  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("--seq", o.seq, "sequence length (global)")->required()->check(CLI::PositiveNumber);
+  c->add_option("--heads", o.heads, "query heads")->required()->check(CLI::PositiveNumber);
+  c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(CLI::PositiveNumber);
+  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--layers", o.layers, "attention layers")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--cp", o.cp, "context-parallel size (ranks)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (NVLink domain)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--intra-bw", o.intra_bw, "bandwidth inside a node, per rank per direction (GB/s, Gb/s, TB/s, MB/s)")->capture_default_str();
+  c->add_option("--intra-lat", o.intra_lat, "latency inside a node (us, ms, ns)")->capture_default_str();
+  c->add_option("--inter-bw", o.inter_bw, "bandwidth between nodes, per rank per direction")->capture_default_str();
+  c->add_option("--inter-lat", o.inter_lat, "latency between nodes")->capture_default_str();
+  c->add_option("--tflops", o.tflops, "peak compute per rank, TFLOP/s")->capture_default_str();
+  c->add_option("--efficiency", o.efficiency, "achieved fraction of peak in attention")->capture_default_str();
+  c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
+  c->add_flag("--no-causal", o.no_causal, "full (non-causal) attention");
+  c->add_flag("--calibrate", o.calibrate,
+              "measure this machine (attention rate, an alpha-beta fit of MPI send/recv), plan for it at cp = the "
+              "number of ranks, then run every strategy for real and print measured / predicted");
+  c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
+  c->add_option("--json", o.json, "write the plan here");
+  c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
+}
+
+namespace {
+
+// ---- calibration: this machine's compute rate and links ------------------------------------
+
+double attention_rate(std::int64_t d) {  // FLOP/s of the local kernels, this rank's threads
+  const std::int64_t s = 2048, h = 2;
+  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()), dv(q.shape());
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  std::vector<float> lse(std::size_t(h * s));
+  const AttentionParams p{true, 0.0f, 0, 0};
+  auto run = [&] {
+    flash_attention_forward(o.view(), lse.data(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(), lse.data(), p);
+  };
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = MPI_Wtime();
+    run();
+    t.push_back(MPI_Wtime() - t0);
+  }
+  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / median(t);
+}
+
+Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β from 16 MB
+  Link l;
+  if (comm.size() < 2) return l;
+  auto one_way = [&](std::size_t bytes) {
+    std::vector<char> buf(bytes, 1);
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      comm.barrier();
+      const double t0 = MPI_Wtime();
+      if (comm.rank() == 0) {
+        comm.isend(buf.data(), bytes, 1, 9, "calibrate").wait();
+        comm.irecv(buf.data(), bytes, 1, 9).wait();
+      } else if (comm.rank() == 1) {
+        comm.irecv(buf.data(), bytes, 0, 9).wait();
+        comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
+      }
+      t.push_back((MPI_Wtime() - t0) / 2);
+    }
+    double m = median(t);
+    comm.broadcast(&m, sizeof(m), 0);
+    return m;
+  };
+  const double small = one_way(8), large = one_way(16 << 20);
+  l.latency = small;
+  l.bandwidth = double(16 << 20) / std::max(1e-9, large - small);
+  return l;
+}
+
+// Runs one strategy for real on every rank: median seconds of forward + backward.
+double measure(Comm& comm, const PlanInput& in, const CpConfig& cfg) {
+  const int cp = comm.size();
+  const auto chunks = rank_chunks(cfg, cp, comm.rank(), in.seq);
+  const std::int64_t n = in.seq / cp;
+  Tensor q({in.batch, n, in.heads, in.head_dim}), k({in.batch, n, in.kv_heads, in.head_dim}), v(k.shape());
+  Tensor o(q.shape()), g(q.shape()), dq(q.shape()), dk(k.shape()), dv(k.shape());
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  ContextParallelAttention attn(comm, cfg);
+  std::vector<double> t;
+  for (int i = 0; i < 4; ++i) {
+    comm.barrier();
+    const double t0 = MPI_Wtime();
+    attn.forward(o.view(), q.view(), k.view(), v.view());
+    attn.backward(dq.view(), dk.view(), dv.view(), g.view());
+    double dt = MPI_Wtime() - t0;
+    comm.allreduce_max(&dt, 1);
+    if (i > 0) t.push_back(dt);  // the first run warms up
+  }
+  return median(t);
+}
+
+// ---- output ---------------------------------------------------------------------------------
+
+nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const PlanRow& r = p.rows[i];
+    nlohmann::json j{{"strategy", to_string(r.config.cp_comm_type)}, {"name", r.name},
+                     {"cp_sizes", r.config.hierarchical_context_parallel_sizes}, {"valid", r.valid}, {"reason", r.reason},
+                     {"forward_bytes_per_rank", r.forward_bytes_per_rank}, {"backward_bytes_per_rank", r.backward_bytes_per_rank},
+                     {"forward_messages", r.forward_messages}, {"backward_messages", r.backward_messages},
+                     {"compute_s", r.compute_s}, {"comm_s", r.comm_s}, {"hidden_comm_s", r.hidden_s},
+                     {"memory_bytes_per_rank", r.memory_bytes}, {"predicted_step_s", r.predicted_step_s}};
+    if (i < measured.size() && measured[i] > 0) j["measured_step_s"] = measured[i];
+    rows.push_back(j);
+  }
+  return {{"input", {{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
+                     {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", in.cp}, {"causal", in.causal},
+                     {"dtype", to_string(in.dtype)}, {"ranks_per_node", in.cluster.ranks_per_node},
+                     {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
+                     {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
+                     {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency}}},
+          {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
+          {"recommendation", p.recommendation}};
+}
+
+void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
+  fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq, in.batch,
+             in.heads, in.kv_heads, in.head_dim, in.layers, in.cp, to_string(in.dtype), in.causal ? ", causal" : "");
+  fmt::print("  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
+             in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
+             in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
+             in.cluster.efficiency);
+  fmt::print("{:<16} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
+             "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s", measured.empty() ? "" : "   measured s  meas/pred");
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const PlanRow& r = p.rows[i];
+    if (!r.valid) {
+      fmt::print("{:<16} invalid: {}\n", r.name, r.reason);
+      continue;
+    }
+    std::string m;
+    if (i < measured.size() && measured[i] > 0)
+      m = fmt::format("   {:>10.4f} {:>10.2f}", measured[i], measured[i] / r.predicted_step_s);
+    fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}\n", r.name,
+               double(r.forward_bytes_per_rank) / 1e6, double(r.backward_bytes_per_rank) / 1e6,
+               r.forward_messages + r.backward_messages, r.compute_s * 1e3, r.comm_s * 1e3,
+               r.comm_s > 0 ? 100 * r.hidden_s / r.comm_s : 100.0, r.memory_bytes / 1e6, r.predicted_step_s, m,
+               int(i) == p.best ? "  <- recommended" : "");
+  }
+  fmt::print("recommendation: {}\n", p.recommendation);
+}
+
+// Per-GPU communication of one layer as GPUs and sequence grow together (the paper's claim).
+nlohmann::json scaling_table(const PlanInput& in) {
+  nlohmann::json rows = nlohmann::json::array();
+  const double es = double(dtype_size(in.dtype)), hidden = double(in.heads * in.head_dim);
+  fmt::print("\nper-GPU communication of one layer's forward, sequence growing with GPUs (N = {} x P/8):\n", in.seq);
+  fmt::print("{:>6} {:>12} {:>18} {:>22} {:>8}\n", "GPUs", "seq N", "Ulysses (a2a) MB", "Megatron-SP (AG+RS) MB", "ratio");
+  for (int P = 8; P <= 1024; P *= 2) {
+    const double N = double(in.seq) * P / 8;
+    // Ulysses: Q, K, V in and O out, (N/P)·h·(P−1)/P each (kv = heads here): ≈ 4Nh/P.
+    const double ulysses = 4 * (N / P) * hidden * (P - 1) / P * es * in.batch;
+    // Megatron-SP: two all-gathers and two reduce-scatters of [N, h] per layer: ≈ 4Nh.
+    const double sp = 4 * N * hidden * (P - 1) / P * es * in.batch;
+    fmt::print("{:>6} {:>12.0f} {:>18.2f} {:>22.2f} {:>8.0f}\n", P, N, ulysses / 1e6, sp / 1e6, sp / ulysses);
+    rows.push_back({{"gpus", P}, {"seq", N}, {"ulysses_bytes", ulysses}, {"megatron_sp_bytes", sp}});
+  }
+  return rows;
+}
+
+std::string svg_plot(const PlanInput& in) {
+  std::vector<std::int64_t> seqs;
+  for (std::int64_t s = std::max<std::int64_t>(in.cp * 2, in.seq / 16); s <= in.seq * 16; s *= 2) seqs.push_back(s);
+  std::vector<std::vector<double>> series;
+  std::vector<std::string> names;
+  double lo = 1e300, hi = 0;
+  for (std::size_t k = 0;; ++k) {
+    std::vector<double> ys;
+    std::string name;
+    bool any = false;
+    for (std::int64_t s : seqs) {
+      PlanInput x = in;
+      x.seq = s;
+      const Plan p = make_plan(x);
+      if (k >= p.rows.size()) return "";
+      name = p.rows[k].name;
+      const double y = p.rows[k].valid ? p.rows[k].predicted_step_s : -1;
+      ys.push_back(y);
+      if (y > 0) lo = std::min(lo, y), hi = std::max(hi, y), any = true;
+    }
+    if (any) series.push_back(ys), names.push_back(name);
+    PlanInput x = in;
+    if (k + 1 >= make_plan(x).rows.size()) break;
+  }
+  const double W = 720, H = 420, L = 70, R = 170, T = 40, B = 50;
+  auto X = [&](std::size_t i) { return L + (W - L - R) * double(i) / double(std::max<std::size_t>(1, seqs.size() - 1)); };
+  auto Y = [&](double v) { return T + (H - T - B) * (1 - (std::log10(v) - std::log10(lo)) / std::max(1e-9, std::log10(hi) - std::log10(lo))); };
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+  std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+                              "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+                              "<text x=\"{}\" y=\"24\" font-size=\"14\">predicted step time vs sequence length (cp {}, log-log)</text>\n",
+                              W, H, L, in.cp);
+  for (std::size_t i = 0; i < seqs.size(); ++i)
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(i), H - B + 16, seqs[i]);
+  s += fmt::format("<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g} s</text>\n<text x=\"{}\" y=\"{:.0f}\" "
+                   "text-anchor=\"end\">{:.3g} s</text>\n", L - 4, Y(hi) + 4, hi, L - 4, Y(lo) + 4, lo);
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    std::string pts;
+    for (std::size_t i = 0; i < seqs.size(); ++i)
+      if (series[k][i] > 0) pts += fmt::format("{:.1f},{:.1f} ", X(i), Y(series[k][i]));
+    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", colors[k % 9], pts);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), colors[k % 9], names[k]);
+  }
+  return s + "</svg>\n";
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& o) {
+  Comm comm(MPI_COMM_WORLD);
+  PlanInput in;
+  std::string err;
+  try {
+    in.seq = o.seq;
+    in.batch = o.batch;
+    in.heads = o.heads;
+    in.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+    in.head_dim = o.head_dim;
+    in.layers = o.layers;
+    in.cp = o.calibrate ? comm.size() : o.cp;
+    in.causal = !o.no_causal;
+    in.dtype = o.calibrate ? DType::f32 : parse_dtype(o.dtype);
+    in.cluster.ranks_per_node = o.calibrate ? comm.size() : o.ranks_per_node;
+    in.cluster.intra = {parse_bandwidth(o.intra_bw), parse_latency(o.intra_lat)};
+    in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
+    in.cluster.peak_flops = o.tflops * 1e12;
+    in.cluster.efficiency = o.efficiency;
+    make_plan(in);  // validates the input
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  comm.agree(err);
+  std::vector<double> measured;
+  if (o.calibrate) {
+    set_threads(default_threads(comm.native()));
+    double rate = attention_rate(in.head_dim);
+    comm.allreduce_max(&rate, 1);
+    in.cluster.peak_flops = rate;
+    in.cluster.efficiency = 1.0;
+    in.cluster.intra = in.cluster.inter = fit_link(comm);
+  }
+  const Plan plan = make_plan(in);
+  if (o.calibrate) {
+    if (comm.rank() == 0) fmt::print("calibrated on {} ranks: attention {:.1f} GFLOP/s per rank; link {:.2f} GB/s, {:.1f} us\n",
+                                     comm.size(), in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+                                     in.cluster.intra.latency * 1e6);
+    for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
+  }
+  err.clear();
+  if (comm.rank() == 0) {
+    try {
+      print_plan(in, plan, measured);
+      nlohmann::json j = to_json(in, plan, measured);
+      if (o.scaling) j["scaling"] = scaling_table(in);
+      if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+      if (!o.svg.empty()) write_file_atomic(o.svg, svg_plot(in));
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  comm.agree(err);
+  return 0;
+}
+
+}  // namespace ulysses::cli

@@ -1,0 +1,25 @@
+// `ulysses plan`: choose a context-parallel strategy and predict its cost.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ulysses::cli {
+
+struct PlanOptions {
+  std::int64_t seq = 0, batch = 1, heads = 0, kv_heads = 0, head_dim = 128, layers = 1;
+  int cp = 8, ranks_per_node = 8;
+  std::string intra_bw = "450GB/s", intra_lat = "2us", inter_bw = "50GB/s", inter_lat = "5us", dtype = "bf16";
+  double tflops = 989, efficiency = 0.5;
+  bool calibrate = false, scaling = false, no_causal = false;
+  std::string json, svg;
+};
+
+void add_plan_command(CLI::App& app, PlanOptions& opt);
+
+// Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
+int run_plan(const PlanOptions& opt);
+
+}  // namespace ulysses::cli
