@@ -11,7 +11,9 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <limits>
 
 #include "bench.hpp"
@@ -30,6 +32,10 @@ void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, flo
               alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
+// OpenBLAS's own threads spin for a while after multi-threaded work; give them time to sleep
+// so they do not steal cores from the next measurement.
+void let_blas_threads_sleep() { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
 double sgemm_full_gflops(std::int64_t s, std::int64_t d, int threads, int reps) {
   Tensor a({1, s, 1, d}), b({1, s, 1, d}), p({1, s, 1, s}), o({1, s, 1, d});
   fill_uniform(a.view(), 1);
@@ -40,6 +46,7 @@ double sgemm_full_gflops(std::int64_t s, std::int64_t d, int threads, int reps) 
     sgemm(false, false, s, d, s, 1.0f, p.f32(), s, b.f32(), d, 0.0f, o.f32(), d);
   });
   openblas_set_num_threads(1);
+  let_blas_threads_sleep();
   return 4.0 * double(s) * double(s) * double(d) / t * 1e-9;
 }
 
@@ -157,6 +164,7 @@ nlohmann::json kernels_section(Comm& world, const Options& o) {
           const double naive_mb = double(tensor_bytes_peak() - base) / 1e6;
           naive.p = Tensor();
           openblas_set_num_threads(1);
+          let_blas_threads_sleep();
           const double fg = flops / tf * 1e-9, bg = 2.5 * flops / tb * 1e-9;
           const double nfg = flops / nf * 1e-9, nbg = 2.5 * flops / nb * 1e-9;
           const double speedup = (nf + nb) / (tf + tb), causal_ratio = causal ? tf / full_fwd_s : 1.0;

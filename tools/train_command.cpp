@@ -84,12 +84,15 @@ double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
   std::vector<float> a(std::size_t(n) * n, 0.5f), b(a), c(a);
   openblas_set_num_threads(omp_get_max_threads());
   auto run = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
-  run();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 10; ++i) run();
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < 3; ++i) run();
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) run();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   openblas_set_num_threads(1);
-  return 10.0 * 2.0 * n * double(n) * n / dt * 1e-9;
+  return 10.0 * 2.0 * n * double(n) * n / median(t) * 1e-9;
 }
 
 }  // namespace

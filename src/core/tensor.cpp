@@ -142,8 +142,17 @@ class BlockPool {
     return p;
   }
   void give(void* p, std::size_t bytes) {
-    if (bytes >= kMinBytes) {
+    if (bytes >= kMinBytes && bytes <= kMaxPooled) {
       std::lock_guard<std::mutex> lock(mu_);
+      // Make room by releasing other sizes, largest first: the newest size is the one in use.
+      for (auto it = free_.rbegin(); pooled_ + bytes > kMaxPooled && it != free_.rend(); ++it) {
+        if (it->first == bytes) continue;
+        while (!it->second.empty() && pooled_ + bytes > kMaxPooled) {
+          std::free(it->second.back());
+          it->second.pop_back();
+          pooled_ -= it->first;
+        }
+      }
       if (pooled_ + bytes <= kMaxPooled) {
         free_[bytes].push_back(p);
         pooled_ += bytes;

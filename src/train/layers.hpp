@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -15,30 +16,53 @@ namespace ulysses::train {
 
 using i64 = std::int64_t;
 
-// C[m, n] (+)= A[m, k] · B[k, n] with optional transposes, row-major.
-inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const float* a, const float* b, float* c, bool accumulate) {
+// C[m, n] (+)= op(A) · op(B), row-major with explicit leading dimensions (BLAS, one thread).
+inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const float* a, i64 lda, const float* b, i64 ldb, float* c,
+                 i64 ldc, bool accumulate) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              1.0f, a, ta ? int(m) : int(k), b, tb ? int(k) : int(n), accumulate ? 1.0f : 0.0f, c, int(n));
+              1.0f, a, int(lda), b, int(ldb), accumulate ? 1.0f : 0.0f, c, int(ldc));
 }
-inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const double* a, const double* b, double* c, bool accumulate) {
+inline void gemm(bool ta, bool tb, i64 m, i64 n, i64 k, const double* a, i64 lda, const double* b, i64 ldb, double* c,
+                 i64 ldc, bool accumulate) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              1.0, a, ta ? int(m) : int(k), b, tb ? int(k) : int(n), accumulate ? 1.0 : 0.0, c, int(n));
+              1.0, a, int(lda), b, int(ldb), accumulate ? 1.0 : 0.0, c, int(ldc));
 }
 
-// out[N, OC] = inp[N, IC] · w[IC, OC]
+// Splits [0, n) into one contiguous range per OpenMP thread (the same split every call, so
+// results are bit-for-bit reproducible) and runs fn(begin, end) on each.
+template <class Fn>
+void parallel_ranges(i64 n, Fn&& fn) {
+#pragma omp parallel
+  {
+    const i64 t = omp_get_thread_num(), T = omp_get_num_threads();
+    const i64 begin = n * t / T, end = n * (t + 1) / T;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// out[N, OC] = inp[N, IC] · w[IC, OC]; threads take row ranges.
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* w, i64 N, i64 IC, i64 OC) {
-  gemm(false, false, N, OC, IC, inp, w, out, false);
+  parallel_ranges(N, [&](i64 r0, i64 r1) {
+    gemm(false, false, r1 - r0, OC, IC, inp + r0 * IC, IC, w, OC, out + r0 * OC, OC, false);
+  });
 }
+// dinp += dout · wᵀ (threads take rows); dw += inpᵀ · dout (threads take columns of dw, so no
+// two threads add into the same weight).
 template <class T>
 void matmul_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, i64 N, i64 IC, i64 OC) {
-  gemm(false, true, N, IC, OC, dout, w, dinp, true);   // dinp += dout · wᵀ
-  gemm(true, false, IC, OC, N, inp, dout, dw, true);   // dw += inpᵀ · dout
+  parallel_ranges(N, [&](i64 r0, i64 r1) {
+    gemm(false, true, r1 - r0, IC, OC, dout + r0 * OC, OC, w, OC, dinp + r0 * IC, IC, true);
+  });
+  parallel_ranges(OC, [&](i64 c0, i64 c1) {
+    gemm(true, false, IC, c1 - c0, N, inp, IC, dout + c0, OC, dw + c0, OC, true);
+  });
 }
 
 // out = inp / rms(inp) * w;  rstd[N] saved.
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, i64 N, i64 C) {
+#pragma omp parallel for schedule(static)
   for (i64 n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     T ss = 0;
@@ -89,10 +113,12 @@ void rope_backward(T* dx, const std::int64_t* pos, i64 N, i64 H, i64 D) {
 // SwiGLU: out = silu(a) ∘ g.
 template <class T>
 void swiglu_forward(T* out, const T* a, const T* g, i64 n) {
+#pragma omp parallel for schedule(static)
   for (i64 i = 0; i < n; ++i) out[i] = a[i] / (T(1) + std::exp(-a[i])) * g[i];
 }
 template <class T>
 void swiglu_backward(T* da, T* dg, const T* dout, const T* a, const T* g, i64 n) {
+#pragma omp parallel for schedule(static)
   for (i64 i = 0; i < n; ++i) {
     const T sig = T(1) / (T(1) + std::exp(-a[i]));
     da[i] += dout[i] * g[i] * sig * (T(1) + a[i] * (T(1) - sig));
@@ -117,7 +143,8 @@ void embedding_backward(T* dwte, const T* dout, const int* tokens, i64 N, i64 C)
 template <class T>
 T crossentropy_forward_backward(T* dlogits, const T* logits, const int* labels, i64 N, i64 V, T grad_scale,
                                 int* argmax = nullptr) {
-  T total = 0;
+  std::vector<T> row_loss(static_cast<std::size_t>(N));
+#pragma omp parallel for schedule(static)
   for (i64 n = 0; n < N; ++n) {
     const T* z = logits + n * V;
     T mx = z[0];
@@ -127,12 +154,14 @@ T crossentropy_forward_backward(T* dlogits, const T* logits, const int* labels, 
     T sum = 0;
     for (i64 v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
     const T lse = mx + std::log(sum);
-    total += lse - z[labels[n]];
+    row_loss[std::size_t(n)] = lse - z[labels[n]];
     if (argmax) argmax[n] = int(best);
     if (dlogits)
       for (i64 v = 0; v < V; ++v)
         dlogits[n * V + v] = (std::exp(z[v] - lse) - (v == labels[n] ? T(1) : T(0))) * grad_scale;
   }
+  T total = 0;  // summed in row order: the same bits whatever the thread count
+  for (T x : row_loss) total += x;
   return total;
 }
 
