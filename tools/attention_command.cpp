@@ -206,20 +206,10 @@ int run_attention(const AttentionOptions& o) {
   try {
     dtype = parse_dtype(o.dtype);
     layout = parse_layout(o.layout);
-    cfg.cp_comm_type = parse_cp_comm_type(o.strategy);
+    cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
     cfg.causal = o.causal;
     cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
-    if (!o.cp_sizes.empty()) {
-      int inner = 0, outer = 0;
-      char tail = 0;
-      if (std::sscanf(o.cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
-        throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", o.cp_sizes));
-      if (cfg.cp_comm_type != CpCommType::a2a_p2p) throw Error("--cp-sizes applies to --strategy a2a+p2p only");
-      cfg.hierarchical_context_parallel_sizes = {inner, outer};
-    } else if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
-      throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", cp));
-    }
     p = load_problem(o);
     chunks = rank_chunks(cfg, cp, rank, p.q.s);
   } catch (const Error& e) {

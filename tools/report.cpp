@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -45,22 +44,20 @@ nlohmann::json gather_rank_stats(Comm& comm, const std::vector<std::string>& ops
   return ranks;
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("{}: write failed", path));
-    }
+CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks) {
+  CpConfig cfg;
+  cfg.cp_comm_type = parse_cp_comm_type(strategy);
+  if (!cp_sizes.empty()) {
+    int inner = 0, outer = 0;
+    char tail = 0;
+    if (std::sscanf(cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
+      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes));
+    if (cfg.cp_comm_type != CpCommType::a2a_p2p) throw Error("--cp-sizes applies to --strategy a2a+p2p only");
+    cfg.hierarchical_context_parallel_sizes = {inner, outer};
+  } else if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
+    throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", ranks));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot rename into place: {}", path, std::strerror(errno)));
-  }
+  return cfg;
 }
 
 std::string human_bytes(double bytes) {

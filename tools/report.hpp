@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/atomic_file.hpp"
 #include "ulysses/comm.hpp"
+#include "ulysses/context_parallel.hpp"
 
 namespace ulysses::cli {
 
@@ -18,8 +20,9 @@ std::int64_t peak_rss_bytes();
 // "messages": {op: n}, "calls": {op: n}, "peak_rss_bytes"}; other ranks get an empty array.
 nlohmann::json gather_rank_stats(Comm& comm, const std::vector<std::string>& ops);
 
-// Writes text to path.tmp.<pid>, then renames it into place. Throws Error on failure.
-void write_file_atomic(const std::string& path, const std::string& text);
+// Parses --strategy and --cp-sizes into a CpConfig (throws Error with the flag's name):
+// --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.
+CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks);
 
 // "12.3 MB" style.
 std::string human_bytes(double bytes);

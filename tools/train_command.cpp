@@ -118,16 +118,7 @@ int run_train(const TrainOptions& o) {
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
-    cfg.cp.cp_comm_type = parse_cp_comm_type(o.strategy);
-    if (!o.cp_sizes.empty()) {
-      int inner = 0, outer = 0;
-      char tail = 0;
-      if (std::sscanf(o.cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
-        throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", o.cp_sizes));
-      cfg.cp.hierarchical_context_parallel_sizes = {inner, outer};
-    } else if (cfg.cp.cp_comm_type == CpCommType::a2a_p2p) {
-      throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", cp));
-    }
+    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, cp);
     if (!o.data.empty()) data = train::DataSource::text_file(o.data);
   } catch (const Error& e) {
     err = e.what();

@@ -4,13 +4,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <regex>
 
+#include "ulysses/atomic_file.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -108,26 +108,13 @@ void write_npy(const std::string& path, const float* data, const std::vector<std
   const std::size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-    const std::uint16_t len = std::uint16_t(header.size());
-    out.write("\x93NUMPY\x01\x00", 8);
-    const char lb[2] = {char(len & 0xff), char(len >> 8)};
-    out.write(lb, 2);
-    out.write(header.data(), std::streamsize(header.size()));
-    out.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("{}: write failed", path));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot rename {} into place: {}", path, tmp, std::strerror(errno)));
-  }
+  const std::uint16_t len = std::uint16_t(header.size());
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes += char(len & 0xff);
+  bytes += char(len >> 8);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(data), std::size_t(n) * 4);
+  write_file_atomic(path, bytes);
 }
 
 }  // namespace ulysses

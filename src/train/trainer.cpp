@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "ulysses/atomic_file.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses::train {
@@ -262,20 +262,7 @@ void Trainer::save(const std::string& dir) const {
       put_u64(s, model_.params.size());
       for (const auto* vec : {&model_.params, &m_, &v_}) s.append(reinterpret_cast<const char*>(vec->data()), vec->size() * 4);
       put_u64(s, fnv1a(s.data(), s.size()));
-      const std::string path = dir + "/checkpoint.bin", tmp = fmt::format("{}.tmp.{}", path, getpid());
-      {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(s.data(), std::streamsize(s.size()));
-        out.flush();
-        if (!out) {
-          std::remove(tmp.c_str());
-          throw Error(fmt::format("cannot write checkpoint {}", tmp));
-        }
-      }
-      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw Error(fmt::format("cannot move checkpoint into place at {}: {}", path, std::strerror(errno)));
-      }
+      write_file_atomic(dir + "/checkpoint.bin", s);
     } catch (const std::exception& e) {
       err = e.what();
     }
