@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -67,6 +68,17 @@ TEST_P(VexpTest, MaskedAndTinyInputsGiveExactZero) {
   float y = 3.5f, e = 0;
   kernels::exp_shifted_sum(&y, &e, 1, 3.5f);
   EXPECT_EQ(e, 1.0f);
+}
+
+TEST_P(VexpTest, RowMaxEqualsStdMaxElement) {
+  std::vector<float> x(37);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 1.7f) * 10.0f;
+  for (std::int64_t n : {0, 1, 7, 8, 9, 16, 37}) {
+    const float init = -std::numeric_limits<float>::infinity();
+    const float expect = n == 0 ? init : *std::max_element(x.begin(), x.begin() + n);
+    EXPECT_EQ(kernels::row_max(x.data(), n, init), expect) << n;
+  }
+  EXPECT_EQ(kernels::row_max(x.data(), 37, 100.0f), 100.0f);  // the running max carries over
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, VexpTest, ::testing::Values(kernels::Isa::portable, kernels::Isa::avx2),

@@ -72,8 +72,7 @@ void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorV
       float* srow = &t.s[std::size_t(i * bk)];
       // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nk, visible_keys(p, i0 + i, sk) - j0));
-      float mx = t.m[i];
-      for (std::int64_t c = 0; c < n; ++c) mx = std::max(mx, srow[c]);
+      const float mx = row_max(srow, n, t.m[i]);
       std::fill(srow + n, srow + nk, 0.0f);
       if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
         std::fill(srow, srow + n, 0.0f);

@@ -19,6 +19,15 @@ float exp_shifted_sum(const float* x, float* out, std::int64_t n, float shift) {
                             : exp_shifted_sum_portable(x, out, n, shift);
 }
 
+float row_max(const float* x, std::int64_t n, float init) {
+  return g_isa == Isa::avx2 ? row_max_avx2(x, n, init) : row_max_portable(x, n, init);
+}
+
+float row_max_portable(const float* x, std::int64_t n, float init) {
+  for (std::int64_t i = 0; i < n; ++i) init = x[i] > init ? x[i] : init;
+  return init;
+}
+
 // The scalar twin of the AVX2 code (plain multiply-adds: a CPU without AVX2 has no FMA unit,
 // and std::fma would fall back to a slow software routine).
 static inline float exp_one(float x) {

@@ -18,6 +18,11 @@ const char* to_string(Isa isa);
 
 float exp_shifted_sum(const float* x, float* out, std::int64_t n, float shift);
 
+// max(init, x[0..n)) — the softmax's running row max, vectorised like the exp.
+float row_max(const float* x, std::int64_t n, float init);
+float row_max_portable(const float* x, std::int64_t n, float init);
+float row_max_avx2(const float* x, std::int64_t n, float init);
+
 float exp_shifted_sum_portable(const float* x, float* out, std::int64_t n, float shift);
 float exp_shifted_sum_avx2(const float* x, float* out, std::int64_t n, float shift);
 

@@ -38,4 +38,15 @@ float exp_shifted_sum_avx2(const float* x, float* out, std::int64_t n, float shi
   return sum;
 }
 
+float row_max_avx2(const float* x, std::int64_t n, float init) {
+  __m256 m = _mm256_set1_ps(init);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = init;
+  for (float v : lanes) r = v > r ? v : r;
+  return row_max_portable(x + i, n - i, r);
+}
+
 }  // namespace ulysses::kernels
