@@ -99,6 +99,26 @@ Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β
   return l;
 }
 
+Link fit_alltoall(Comm& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
+  const int g = comm.size();
+  auto timed = [&](std::size_t block) {
+    std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      comm.barrier();
+      const double t0 = MPI_Wtime();
+      comm.alltoall(send.data(), recv.data(), block, "calibrate");
+      double dt = MPI_Wtime() - t0;
+      comm.allreduce_max(&dt, 1);
+      t.push_back(dt);
+    }
+    return median(t);
+  };
+  const std::size_t large = 4 << 20;
+  const double small = timed(8), big = timed(large);
+  return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
+}
+
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Comm& comm, const PlanInput& in, const CpConfig& cfg) {
   const int cp = comm.size();
@@ -271,12 +291,16 @@ int run_plan(const PlanOptions& o) {
     in.cluster.peak_flops = rate;
     in.cluster.efficiency = 1.0;
     in.cluster.intra = in.cluster.inter = fit_link(comm);
+    in.cluster.alltoall_intra = fit_alltoall(comm);
   }
   const Plan plan = make_plan(in);
   if (o.calibrate) {
-    if (comm.rank() == 0) fmt::print("calibrated on {} ranks: attention {:.1f} GFLOP/s per rank; link {:.2f} GB/s, {:.1f} us\n",
-                                     comm.size(), in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
-                                     in.cluster.intra.latency * 1e6);
+    if (comm.rank() == 0)
+      fmt::print("calibrated on {} ranks: attention {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us; "
+                 "all-to-all {:.2f} GB/s, {:.1f} us per peer\n",
+                 comm.size(), in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+                 in.cluster.intra.latency * 1e6, in.cluster.alltoall_intra.bandwidth / 1e9,
+                 in.cluster.alltoall_intra.latency * 1e6);
     for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
   err.clear();

@@ -28,6 +28,9 @@ struct Cluster {
   int ranks_per_node = 8;
   Link intra{450e9, 2e-6};    // NVLink 4 (H100): ~450 GB/s per direction per GPU
   Link inter{50e9, 5e-6};     // 400 Gb/s InfiniBand per GPU
+  // All-to-all inside a node, when it behaves unlike point-to-point (a calibrated fit);
+  // a bandwidth of 0 means "use intra".
+  Link alltoall_intra{0, 0};
   double peak_flops = 989e12;  // H100 dense bf16
   double efficiency = 0.5;     // achieved fraction of peak in attention
 };

@@ -45,9 +45,10 @@ double message_s(const Link& l, double bytes) { return l.latency + bytes / l.ban
 double all_to_all_s(const Cluster& c, int g, double bytes) {
   if (g <= 1 || bytes == 0) return 0;
   const int intra_peers = std::min(g, c.ranks_per_node) - 1, inter_peers = g - 1 - intra_peers;
+  const Link& intra = c.alltoall_intra.bandwidth > 0 ? c.alltoall_intra : c.intra;
   const double per_peer = bytes / (g - 1);
-  return double(g - 1) * std::max(c.intra.latency, inter_peers ? c.inter.latency : 0.0) +
-         std::max(intra_peers * per_peer / c.intra.bandwidth, inter_peers * per_peer / c.inter.bandwidth);
+  return double(g - 1) * std::max(intra.latency, inter_peers ? c.inter.latency : 0.0) +
+         std::max(intra_peers * per_peer / intra.bandwidth, inter_peers * per_peer / c.inter.bandwidth);
 }
 
 // The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement).
@@ -198,9 +199,13 @@ Plan make_plan(const PlanInput& in) {
     if (int(i) != p.best && p.rows[i].valid &&
         (second < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(second)].predicted_step_s))
       second = int(i);
-  if (second >= 0)
-    p.recommendation += fmt::format("; next: {} ({:+.1f}%)", p.rows[std::size_t(second)].name,
-                                    100 * (p.rows[std::size_t(second)].predicted_step_s / b.predicted_step_s - 1));
+  if (second >= 0) {
+    const double diff = 100 * (p.rows[std::size_t(second)].predicted_step_s / b.predicted_step_s - 1);
+    p.recommendation += std::abs(diff) < 2.0
+                            ? fmt::format("; {} is within 2% (a tie: the first listed, simpler strategy wins)",
+                                          p.rows[std::size_t(second)].name)
+                            : fmt::format("; next: {} ({:+.1f}%)", p.rows[std::size_t(second)].name, diff);
+  }
   return p;
 }
 
