@@ -3,7 +3,7 @@
 // For each (batch, head, query block of kBlockQ rows), walk the key blocks keeping a running
 // row max m and row sum l:  S = scale·Q·Kᵀ;  m' = max(m, rowmax S);  P = exp(S − m');
 // l = e^{m−m'}·l + rowsum P;  O = e^{m−m'}·O + P·V;  finally O /= l, lse = m + log l.
-// The two GEMMs go to BLAS (single-threaded, one call per tile); the softmax pass is ours.
+// The two GEMMs are tile_gemm.hpp's (AVX2 micro-kernels, or BLAS); the softmax pass is ours.
 // Key blocks entirely above the causal diagonal are skipped.
 #include <fmt/format.h>
 #include <omp.h>
@@ -14,6 +14,7 @@
 #include "flash_common.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
+#include "tile_gemm.hpp"
 #include "vexp.hpp"
 
 namespace ulysses {
@@ -56,7 +57,7 @@ struct Tile {
 
 // One query block [i0, i0 + mq) of one (batch, head).
 void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorView& q,
-                   const TensorView& k, const TensorView& v, const AttentionParams& p,
+                   const TensorView& k, const TensorView& v, const float* packed_k, const AttentionParams& p,
                    float scale, std::int64_t bb, std::int64_t h, std::int64_t g, std::int64_t i0,
                    std::int64_t mq) {
   const std::int64_t d = q.shape.d, sk = k.shape.s, bk = block_k(d);
@@ -66,8 +67,8 @@ void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorV
   const std::int64_t kend = visible_keys(p, i0 + mq - 1, sk);  // keys any row of the block sees
   for (std::int64_t j0 = 0; j0 < kend; j0 += bk) {
     const std::int64_t nk = std::min(bk, kend - j0);
-    gemm(false, true, mq, nk, d, scale, q.f32(bb, i0, h), q.stride_s, k.f32(bb, j0, g), k.stride_s,
-         0.0f, t.s.data(), bk);
+    qk_scores(mq, nk, d, scale, q.f32(bb, i0, h), q.stride_s, k.f32(bb, j0, g), k.stride_s,
+              packed_k ? packed_k + j0 * d : nullptr, t.s.data(), bk);
     for (std::int64_t i = 0; i < mq; ++i) {
       float* srow = &t.s[std::size_t(i * bk)];
       // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
@@ -85,8 +86,7 @@ void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorV
       if (alpha != 1.0f)
         for (std::int64_t x = 0; x < d; ++x) t.o[std::size_t(i * d + x)] *= alpha;
     }
-    gemm(false, false, mq, d, nk, 1.0f, t.s.data(), bk, v.f32(bb, j0, g), v.stride_s, 1.0f,
-         t.o.data(), d);
+    pv_accumulate(mq, d, nk, t.s.data(), bk, v.f32(bb, j0, g), v.stride_s, t.o.data(), d);
   }
   for (std::int64_t i = 0; i < mq; ++i) {
     float* o = out.f32(bb, i0 + i, h);
@@ -107,6 +107,14 @@ void flash_attention_forward(const TensorView& out, float* lse, const TensorView
   const float scale = effective_scale(params, d);
   const std::int64_t nqb = (sq + kBlockQ - 1) / kBlockQ;
   const std::int64_t tasks = B * H * nqb;
+  // Kᵀ of every (batch, KV head) packed once for the AVX2 micro-kernel: one pass over K,
+  // against the s/64 times each key block is used.
+  const std::int64_t Hkv = k.shape.h, per_head = packed_kt_size(k.shape.s, d);
+  Tensor packed = uses_packed_kt() ? Tensor::uninitialized({B * Hkv, 1, 1, per_head}) : Tensor();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t bb = 0; bb < (packed.data() ? B : 0); ++bb)
+    for (std::int64_t g = 0; g < Hkv; ++g)
+      pack_kt(k.f32(bb, 0, g), k.stride_s, k.shape.s, d, packed.f32() + (bb * Hkv + g) * per_head);
 #pragma omp parallel
   {
     Tile tile(block_k(d), d);
@@ -115,8 +123,8 @@ void flash_attention_forward(const TensorView& out, float* lse, const TensorView
       // Last query blocks first: under a causal mask they are the most expensive.
       const std::int64_t qb = nqb - 1 - task % nqb, bh = task / nqb, bb = bh / H, h = bh % H;
       const std::int64_t i0 = qb * kBlockQ, mq = std::min(kBlockQ, sq - i0);
-      forward_block(tile, out, lse + (bb * H + h) * sq + i0, q, k, v, params, scale, bb, h,
-                    h / group, i0, mq);
+      const float* pk = packed.data() ? packed.f32() + (bb * Hkv + h / group) * per_head : nullptr;
+      forward_block(tile, out, lse + (bb * H + h) * sq + i0, q, k, v, pk, params, scale, bb, h, h / group, i0, mq);
     }
   }
 }
