@@ -67,8 +67,10 @@ void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorV
   const std::int64_t kend = visible_keys(p, i0 + mq - 1, sk);  // keys any row of the block sees
   for (std::int64_t j0 = 0; j0 < kend; j0 += bk) {
     const std::int64_t nk = std::min(bk, kend - j0);
+    // With a causal mask, row i sees keys up to diag + i of this block.
+    const std::int64_t diag = p.causal ? p.q_offset + i0 - p.k_offset - j0 : kNoDiagonal;
     qk_scores(mq, nk, d, scale, q.f32(bb, i0, h), q.stride_s, k.f32(bb, j0, g), k.stride_s,
-              packed_k ? packed_k + j0 * d : nullptr, t.s.data(), bk);
+              packed_k ? packed_k + j0 * d : nullptr, t.s.data(), bk, diag);
     for (std::int64_t i = 0; i < mq; ++i) {
       float* srow = &t.s[std::size_t(i * bk)];
       // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
@@ -86,7 +88,7 @@ void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorV
       if (alpha != 1.0f)
         for (std::int64_t x = 0; x < d; ++x) t.o[std::size_t(i * d + x)] *= alpha;
     }
-    pv_accumulate(mq, d, nk, t.s.data(), bk, v.f32(bb, j0, g), v.stride_s, t.o.data(), d);
+    pv_accumulate(mq, d, nk, t.s.data(), bk, v.f32(bb, j0, g), v.stride_s, t.o.data(), d, diag);
   }
   for (std::int64_t i = 0; i < mq; ++i) {
     float* o = out.f32(bb, i0 + i, h);

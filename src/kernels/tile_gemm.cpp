@@ -21,14 +21,15 @@ void pack_kt(const float* kmat, std::int64_t ldk, std::int64_t n, std::int64_t k
 }
 
 void qk_scores(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* q, std::int64_t ldq,
-               const float* kmat, std::int64_t ldk, const float* packed, float* s, std::int64_t lds) {
-  if (active_isa() == Isa::avx2) return qk_scores_avx2(m, n, k, alpha, q, ldq, packed, s, lds);
+               const float* kmat, std::int64_t ldk, const float* packed, float* s, std::int64_t lds,
+               std::int64_t diag) {
+  if (active_isa() == Isa::avx2) return qk_scores_avx2(m, n, k, alpha, q, ldq, packed, s, lds, diag);
   gemm(false, true, m, n, k, alpha, q, ldq, kmat, ldk, 0.0f, s, lds);
 }
 
 void pv_accumulate(std::int64_t m, std::int64_t n, std::int64_t k, const float* p, std::int64_t ldp, const float* v,
-                   std::int64_t ldv, float* o, std::int64_t ldo) {
-  if (active_isa() == Isa::avx2) return pv_accumulate_avx2(m, n, k, p, ldp, v, ldv, o, ldo);
+                   std::int64_t ldv, float* o, std::int64_t ldo, std::int64_t diag) {
+  if (active_isa() == Isa::avx2) return pv_accumulate_avx2(m, n, k, p, ldp, v, ldv, o, ldo, diag);
   gemm(false, false, m, n, k, 1.0f, p, ldp, v, ldv, 1.0f, o, ldo);
 }
 

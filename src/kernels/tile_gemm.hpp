@@ -18,15 +18,20 @@ bool uses_packed_kt();  // false: the portable path reads K in place and needs n
 
 // s[m, n] = alpha · q[m, k] · kᵀ, where kmat is [n, k] (row stride ldk) and `packed` its
 // pack_kt image (used by the AVX2 path only; may be null on the portable path).
+// Causal trimming: row i only needs keys [0, diag + i + 1); the AVX2 path may leave the scores
+// past that unwritten (callers mask them) and skips those keys' zero probabilities in P·V.
+// Pass kNoDiagonal when every row sees every key.
+constexpr std::int64_t kNoDiagonal = std::int64_t(1) << 62;
 void qk_scores(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* q, std::int64_t ldq,
-               const float* kmat, std::int64_t ldk, const float* packed, float* s, std::int64_t lds);
-// o[m, n] += p[m, k] · v[k, n] (row strides ldp, ldv, ldo).
+               const float* kmat, std::int64_t ldk, const float* packed, float* s, std::int64_t lds,
+               std::int64_t diag = kNoDiagonal);
+// o[m, n] += p[m, k] · v[k, n] (row strides ldp, ldv, ldo); p[i, j] must be 0 for j > diag + i.
 void pv_accumulate(std::int64_t m, std::int64_t n, std::int64_t k, const float* p, std::int64_t ldp, const float* v,
-                   std::int64_t ldv, float* o, std::int64_t ldo);
+                   std::int64_t ldv, float* o, std::int64_t ldo, std::int64_t diag = kNoDiagonal);
 
 void qk_scores_avx2(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* q, std::int64_t ldq,
-                    const float* packed, float* s, std::int64_t lds);
+                    const float* packed, float* s, std::int64_t lds, std::int64_t diag);
 void pv_accumulate_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* p, std::int64_t ldp,
-                        const float* v, std::int64_t ldv, float* o, std::int64_t ldo);
+                        const float* v, std::int64_t ldv, float* o, std::int64_t ldo, std::int64_t diag);
 
 }  // namespace ulysses::kernels

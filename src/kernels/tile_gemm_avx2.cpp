@@ -77,10 +77,13 @@ void pv_block(std::int64_t k, const float* p, std::int64_t ldp, const float* v, 
 }  // namespace
 
 void qk_scores_avx2(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* q, std::int64_t ldq,
-                    const float* pack, float* s, std::int64_t lds) {
-  const std::int64_t panels = (n + kNR - 1) / kNR;
+                    const float* pack, float* s, std::int64_t lds, std::int64_t diag) {
+  const std::int64_t all_panels = (n + kNR - 1) / kNR;
   for (std::int64_t i0 = 0; i0 < m; i0 += kMR) {
     const std::int64_t mr = std::min(kMR, m - i0);
+    // Panels this row block's last row can see (all of them without a causal diagonal).
+    const std::int64_t seen = std::clamp<std::int64_t>(diag + i0 + mr, 0, n);
+    const std::int64_t panels = std::min(all_panels, (seen + kNR - 1) / kNR);
     for (std::int64_t p = 0; p < panels; ++p) {
       const float* a = q + i0 * ldq;
       const float* panel = pack + p * k * kNR;
@@ -99,10 +102,11 @@ void qk_scores_avx2(std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
 }
 
 void pv_accumulate_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* p, std::int64_t ldp,
-                        const float* v, std::int64_t ldv, float* o, std::int64_t ldo) {
-  const std::int64_t full = n / kNR * kNR;
+                        const float* v, std::int64_t ldv, float* o, std::int64_t ldo, std::int64_t diag) {
+  const std::int64_t full = n / kNR * kNR, kall = k;
   for (std::int64_t i0 = 0; i0 < m; i0 += kMR) {
     const std::int64_t mr = std::min(kMR, m - i0);
+    const std::int64_t k = std::clamp<std::int64_t>(diag + i0 + mr, 0, kall);  // later keys have P = 0
     const float* a = p + i0 * ldp;
     for (std::int64_t j0 = 0; j0 < full; j0 += kNR) {
       float* out = o + i0 * ldo + j0;
