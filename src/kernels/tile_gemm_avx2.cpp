@@ -15,15 +15,13 @@ namespace {
 
 constexpr std::int64_t kMR = 6, kNR = 16;
 
-// S rows [0, MR) × panel columns [0, 16) = alpha · A[MR × k] · panel[k × 16].
+// The shared inner loop: c[r] += Σ_kk a[r·lda + kk] · b[kk·ldb + 0..16) for rows r < MR, the
+// 6×16 block held in c0 (columns 0–7) and c1 (8–15).
 template <int MR>
-void qk_block(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* panel, float* s,
-              std::int64_t lds, std::int64_t nk) {
-  __m256 c0[MR], c1[MR];
-#pragma GCC unroll 6
-  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+inline void fma_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, __m256* c0,
+                      __m256* c1) {
   for (std::int64_t kk = 0; kk < k; ++kk) {
-    const __m256 b0 = _mm256_loadu_ps(panel + kk * kNR), b1 = _mm256_loadu_ps(panel + kk * kNR + 8);
+    const __m256 b0 = _mm256_loadu_ps(b + kk * ldb), b1 = _mm256_loadu_ps(b + kk * ldb + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       const __m256 x = _mm256_broadcast_ss(a + r * lda + kk);
@@ -31,6 +29,16 @@ void qk_block(std::int64_t k, float alpha, const float* a, std::int64_t lda, con
       c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
     }
   }
+}
+
+// S rows [0, MR) × panel columns [0, 16) = alpha · A[MR × k] · panel[k × 16].
+template <int MR>
+void qk_block(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* panel, float* s,
+              std::int64_t lds, std::int64_t nk) {
+  __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+  fma_block<MR>(k, a, lda, panel, kNR, c0, c1);
   const __m256 scale = _mm256_set1_ps(alpha);
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -57,22 +65,13 @@ void pv_block(std::int64_t k, const float* p, std::int64_t ldp, const float* v, 
     c0[r] = _mm256_loadu_ps(o + r * ldo);
     c1[r] = _mm256_loadu_ps(o + r * ldo + 8);
   }
-  for (std::int64_t kk = 0; kk < k; ++kk) {
-    const __m256 b0 = _mm256_loadu_ps(v + kk * ldv), b1 = _mm256_loadu_ps(v + kk * ldv + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      const __m256 x = _mm256_broadcast_ss(p + r * ldp + kk);
-      c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
-    }
-  }
+  fma_block<MR>(k, p, ldp, v, ldv, c0, c1);
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
     _mm256_storeu_ps(o + r * ldo, c0[r]);
     _mm256_storeu_ps(o + r * ldo + 8, c1[r]);
   }
 }
-
 
 }  // namespace
 
