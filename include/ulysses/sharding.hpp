@@ -29,6 +29,9 @@ bool uses_zigzag(const CpConfig& config);
 // Throws Error when seq is not divisible by cp (2·cp under zigzag), naming the values.
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
 
+// The local row where chunk i starts (the lengths of the chunks before it).
+std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i);
+
 // Global position of every local token, in local order.
 std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
 

@@ -8,14 +8,6 @@
 
 namespace ulysses {
 
-namespace {
-std::int64_t row_of(const std::vector<SeqChunk>& chunks, std::size_t i) {
-  std::int64_t r = 0;
-  for (std::size_t j = 0; j < i; ++j) r += chunks[j].length;
-  return r;
-}
-}  // namespace
-
 void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSaved& saved, const TensorView& q,
                                   const TensorView& k, const TensorView& v,
                                   std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
@@ -49,7 +41,7 @@ void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSa
     p.q_offset = a.begin;
     p.k_offset = 0;
     saved.lse.emplace_back(std::size_t(B * H * a.length));
-    const std::int64_t ra = row_of(mine, ia);
+    const std::int64_t ra = chunk_row(mine, ia);
     flash_attention_forward(rows(out, ra, a.length), saved.lse.back().data(), rows(q, ra, a.length), kf, vf, p);
     stats.score_pairs += visible_pairs(a, {0, S}, params.causal) * B * H;
   }
@@ -71,7 +63,7 @@ void all_gather_attention_backward(Comm& comm, const TensorView& dq, const Tenso
     AttentionParams p = saved.params;
     p.q_offset = a.begin;
     p.k_offset = 0;
-    const std::int64_t ra = row_of(mine, ia);
+    const std::int64_t ra = chunk_row(mine, ia);
     flash_attention_backward(rows(dq, ra, a.length), dk_part.view(), dv_part.view(), rows(dout, ra, a.length),
                              rows(saved.q, ra, a.length), kf, vf, rows(saved.out, ra, a.length),
                              saved.lse[ia].data(), p);

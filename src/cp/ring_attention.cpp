@@ -15,11 +15,6 @@ namespace {
 constexpr int kTagKv = 1, kTagDkv = 2;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::int64_t row_of(const std::vector<SeqChunk>& chunks, std::size_t i) {
-  std::int64_t r = 0;
-  for (std::size_t j = 0; j < i; ++j) r += chunks[j].length;
-  return r;
-}
 
 std::int64_t max_length(const std::vector<std::vector<SeqChunk>>& chunks) {
   std::int64_t n = 0;
@@ -88,7 +83,7 @@ void ring_attention_forward(Comm& ring, const TensorView& out, RingSaved& saved,
         AttentionParams p = params;
         p.q_offset = a.begin;
         p.k_offset = c.begin;
-        const std::int64_t ra = row_of(mine, ia), rc = row_of(theirs, ic);
+        const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(theirs, ic);
         const TensorView op = rows(o_part.view(), 0, a.length);
         flash_attention_forward(op, lse_part.data(), rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                                 rows(kv_half(kv, 1), rc, c.length), p);
@@ -144,7 +139,7 @@ void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView&
         AttentionParams p = saved.params;
         p.q_offset = a.begin;
         p.k_offset = c.begin;
-        const std::int64_t ra = row_of(mine, ia), rc = row_of(theirs, ic);
+        const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(theirs, ic);
         const TensorView dqp = rows(dq_part.view(), 0, a.length), dkp = rows(dk_part.view(), 0, c.length),
                          dvp = rows(dv_part.view(), 0, c.length);
         flash_attention_backward(dqp, dkp, dvp, rows(dout, ra, a.length), rows(saved.q, ra, a.length),

@@ -25,6 +25,12 @@ std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std:
   return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
 }
 
+std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i) {
+  std::int64_t r = 0;
+  for (std::size_t j = 0; j < i; ++j) r += chunks[j].length;
+  return r;
+}
+
 std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks) {
   std::vector<std::int64_t> pos;
   for (const SeqChunk& c : chunks)
