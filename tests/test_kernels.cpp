@@ -8,7 +8,9 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/vexp.hpp"
+#include "kernels/engines.hpp"
+#include "kernels/flash_common.hpp"
+#include "kernels/isa.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/bf16.hpp"
 #include "ulysses/error.hpp"
@@ -27,10 +29,41 @@ std::int64_t ulp_distance(float a, float b) {
   return std::llabs(std::int64_t(ia) - std::int64_t(ib));
 }
 
-class VexpTest : public ::testing::TestWithParam<kernels::Isa> {
+// Every kernel level this test binary can run: the native ones the CPU supports, then the
+// AVX-512 and AMX sources compiled without ISA flags (tests/emulation) so their code is
+// checked on any CPU.
+std::vector<const kernels::KernelLevel*> all_levels() {
+  static const kernels::KernelLevel emulated_avx512{"emulated-avx512", &kernels::emulated::avx512_f32, nullptr,
+                                                    kernels::emulated::avx512_vec};
+#ifdef ULYSSES_HAVE_AMX
+  static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32,
+                                                 &kernels::emulated::amx_bf16, kernels::emulated::avx512_vec};
+#else
+  static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32, nullptr,
+                                                 kernels::emulated::avx512_vec};
+#endif
+  std::vector<const kernels::KernelLevel*> v;
+  for (kernels::Isa isa : kernels::supported_isas()) v.push_back(&kernels::level(isa));
+  if (kernels::best_supported_isa() < kernels::Isa::avx512) v.push_back(&emulated_avx512);
+  if (kernels::best_supported_isa() < kernels::Isa::amx) v.push_back(&emulated_amx);
+  return v;
+}
+
+std::vector<std::string> level_names() {
+  std::vector<std::string> v;
+  for (const auto* l : all_levels()) v.push_back(l->name);
+  return v;
+}
+
+const kernels::KernelLevel& level_named(const std::string& name) {
+  for (const auto* l : all_levels())
+    if (name == l->name) return *l;
+  throw Error("no level " + name);
+}
+
+class VexpTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { kernels::force_isa(GetParam()); }
-  void TearDown() override { kernels::force_isa(kernels::Isa::avx2); }
+  const kernels::VectorOps& vec() const { return level_named(GetParam()).vec; }
 };
 
 TEST_P(VexpTest, WithinTwoUlpOfStdExp) {
@@ -38,19 +71,15 @@ TEST_P(VexpTest, WithinTwoUlpOfStdExp) {
   for (float v = -87.0f; v <= 88.0f; v += 0.0137f) x.push_back(v);
   for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.5f, -0.5f, 1.0f, -1.0f, 88.0f}) x.push_back(v);
   std::vector<float> out(x.size());
-  float sum = kernels::exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
+  vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
   std::int64_t worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float ref = std::exp(x[i]);
-    worst = std::max(worst, ulp_distance(out[i], ref));
-  }
-  EXPECT_LE(worst, 2) << "isa " << kernels::to_string(kernels::active_isa());
-  (void)sum;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, ulp_distance(out[i], std::exp(x[i])));
+  EXPECT_LE(worst, 2);
   // The returned sum, on the softmax's range (x - max <= 0).
   std::vector<float> y;
   for (float v = -20.0f; v <= 0.0f; v += 0.01f) y.push_back(v);
   std::vector<float> e(y.size());
-  const float s = kernels::exp_shifted_sum(y.data(), e.data(), std::int64_t(y.size()), 0.0f);
+  const float s = vec().exp_shifted_sum(y.data(), e.data(), std::int64_t(y.size()), 0.0f);
   double ref = 0;
   for (float v : y) ref += std::exp(double(v));
   EXPECT_NEAR(s, ref, 1e-5 * ref);
@@ -60,13 +89,13 @@ TEST_P(VexpTest, MaskedAndTinyInputsGiveExactZero) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {-inf, -1e30f, -87.5f, -100.0f, -inf, -inf, -inf, -inf, -inf, 0.0f};
   std::vector<float> out(x.size(), 123.0f);
-  const float sum = kernels::exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
+  const float sum = vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
   for (std::size_t i = 0; i + 1 < x.size(); ++i) EXPECT_EQ(out[i], 0.0f) << "x = " << x[i];
   EXPECT_EQ(out.back(), 1.0f);
   EXPECT_EQ(sum, 1.0f);
   // The shift is subtracted: exp(x - m) with x = m is exactly 1.
   float y = 3.5f, e = 0;
-  kernels::exp_shifted_sum(&y, &e, 1, 3.5f);
+  vec().exp_shifted_sum(&y, &e, 1, 3.5f);
   EXPECT_EQ(e, 1.0f);
 }
 
@@ -76,13 +105,36 @@ TEST_P(VexpTest, RowMaxEqualsStdMaxElement) {
   for (std::int64_t n : {0, 1, 7, 8, 9, 16, 37}) {
     const float init = -std::numeric_limits<float>::infinity();
     const float expect = n == 0 ? init : *std::max_element(x.begin(), x.begin() + n);
-    EXPECT_EQ(kernels::row_max(x.data(), n, init), expect) << n;
+    EXPECT_EQ(vec().row_max(x.data(), n, init), expect) << n;
   }
-  EXPECT_EQ(kernels::row_max(x.data(), 37, 100.0f), 100.0f);  // the running max carries over
+  EXPECT_EQ(vec().row_max(x.data(), 37, 100.0f), 100.0f);  // the running max carries over
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, VexpTest, ::testing::Values(kernels::Isa::portable, kernels::Isa::avx2),
-                         [](const auto& info) { return std::string(kernels::to_string(info.param)); });
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Level, VexpTest, ::testing::ValuesIn(level_names()), param_name);
+
+TEST(Isa, DispatchFollowsForceAndNamesTheLevel) {
+  const kernels::Isa before = kernels::active_isa();
+  for (kernels::Isa isa : kernels::supported_isas()) {
+    EXPECT_EQ(kernels::force_isa(isa), isa);
+    EXPECT_STREQ(kernel_isa(), kernels::to_string(isa));
+    EXPECT_EQ(kernel_engine(DType::f32), std::string(kernels::level(isa).f32->name));
+  }
+  // A level above the CPU's is clamped to the best it has.
+  EXPECT_EQ(kernels::force_isa(kernels::Isa::amx), kernels::best_supported_isa());
+  kernels::Isa parsed;
+  EXPECT_TRUE(kernels::parse_isa("avx512", &parsed));
+  EXPECT_EQ(parsed, kernels::Isa::avx512);
+  EXPECT_FALSE(kernels::parse_isa("sse9", &parsed));
+  kernels::force_isa(kernels::Isa::portable);
+  EXPECT_EQ(kernel_engine(DType::bf16), "blas-f32 (bf16 converted)");
+  kernels::force_isa(before);
+}
 
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
@@ -113,43 +165,70 @@ std::string name_of(const FlashCase& c) {
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
 
-TEST_P(FlashTest, ForwardAndBackwardMatchFloat64Reference) {
-  const FlashCase c = GetParam();
-  omp_set_num_threads(c.threads);
-  Tensor q({c.b, c.sq, c.h, c.d}), k({c.b, c.sk, c.hkv, c.d}), v({c.b, c.sk, c.hkv, c.d});
-  Tensor dout({c.b, c.sq, c.h, c.d});
+// Forward and backward of one case on one level, in `dtype`, against the float64 reference of
+// the same (dtype-rounded) inputs. Outputs are float32 so the error measured is the kernel's.
+void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dtype) {
+  SCOPED_TRACE(std::string(level.name) + " " + to_string(dtype));
+  Tensor q({c.b, c.sq, c.h, c.d}, dtype), k({c.b, c.sk, c.hkv, c.d}, dtype), v({c.b, c.sk, c.hkv, c.d}, dtype);
+  Tensor dout({c.b, c.sq, c.h, c.d}, dtype);
   fill_uniform(q.view(), 1);
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
   fill_uniform(dout.view(), 4);
-  AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset};
+  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset};
   RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
   RefTensor rout, rdq, rdk, rdv;
   std::vector<double> rlse;
   reference_attention_forward(rout, rlse, rq, rk, rv, p);
   reference_attention_backward(rdq, rdk, rdv, RefTensor::from(dout.view()), rq, rk, rv, p);
-  // Both code paths: the AVX2 micro-kernels and the portable one (BLAS + scalar exp).
-  for (kernels::Isa isa : {kernels::Isa::avx2, kernels::Isa::portable}) {
-    kernels::force_isa(isa);
-    SCOPED_TRACE(kernels::to_string(kernels::active_isa()));
-    Tensor out({c.b, c.sq, c.h, c.d});
-    std::vector<float> lse(std::size_t(c.b * c.h * c.sq));
-    flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), p);
-    Tensor dq({c.b, c.sq, c.h, c.d}), dk({c.b, c.sk, c.hkv, c.d}), dv({c.b, c.sk, c.hkv, c.d});
-    flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(),
-                             out.view(), lse.data(), p);
-    EXPECT_LT(relative_error(out.view(), rout), 2e-6);
-    EXPECT_LT(relative_error(dq.view(), rdq), 2e-5);
-    EXPECT_LT(relative_error(dk.view(), rdk), 2e-5);
-    EXPECT_LT(relative_error(dv.view(), rdv), 2e-5);
-    for (std::size_t i = 0; i < lse.size(); ++i) {
-      if (std::isinf(rlse[i])) EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
-      else EXPECT_NEAR(lse[i], rlse[i], 2e-5 * std::max(1.0, std::abs(rlse[i]))) << "row " << i;
-    }
-    for (const Tensor* t : {&out, &dq, &dk, &dv})
-      for (std::int64_t i = 0; i < t->shape().numel(); ++i) ASSERT_TRUE(std::isfinite(t->f32()[i]));
+  Tensor out({c.b, c.sq, c.h, c.d});
+  std::vector<float> lse(std::size_t(c.b * c.h * c.sq));
+  check_attention_shapes(q.view(), k.view(), v.view(), out.view());
+  kernels::flash_forward(level, out.view(), lse.data(), q.view(), k.view(), v.view(), p);
+  Tensor dq({c.b, c.sq, c.h, c.d}), dk({c.b, c.sk, c.hkv, c.d}), dv({c.b, c.sk, c.hkv, c.d});
+  kernels::flash_backward(level, dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(),
+                          out.view(), lse.data(), p);
+  // bf16 engines round P and dS to bf16 (8 significant bits) for their GEMMs.
+  const bool bf16_compute = kernels::engine_for(level, dtype) != nullptr && dtype == DType::bf16;
+  const double tol_out = bf16_compute ? 1e-2 : 2e-6, tol_grad = bf16_compute ? 2e-2 : 2e-5;
+  EXPECT_LT(relative_error(out.view(), rout), tol_out);
+  EXPECT_LT(relative_error(dq.view(), rdq), tol_grad);
+  EXPECT_LT(relative_error(dk.view(), rdk), tol_grad);
+  EXPECT_LT(relative_error(dv.view(), rdv), tol_grad);
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(rlse[i])) EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
+    else EXPECT_NEAR(lse[i], rlse[i], (bf16_compute ? 2e-3 : 2e-5) * std::max(1.0, std::abs(rlse[i]))) << "row " << i;
   }
-  kernels::force_isa(kernels::Isa::avx2);
+  for (const Tensor* t : {&out, &dq, &dk, &dv})
+    for (std::int64_t i = 0; i < t->shape().numel(); ++i) ASSERT_TRUE(std::isfinite(t->f32()[i]));
+}
+
+TEST_P(FlashTest, EveryLevelMatchesFloat64Reference) {
+  const FlashCase c = GetParam();
+  omp_set_num_threads(c.threads);
+  for (const kernels::KernelLevel* level : all_levels()) check_level(c, *level, DType::f32);
+}
+
+TEST_P(FlashTest, Bf16InputsOnEveryLevel) {
+  const FlashCase c = GetParam();
+  omp_set_num_threads(c.threads);
+  for (const kernels::KernelLevel* level : all_levels()) check_level(c, *level, DType::bf16);
+}
+
+// bf16 outputs are the float32 results rounded once (the public entry points, active level).
+TEST(Flash, Bf16OutputsAreRoundedFloat32Outputs) {
+  const std::int64_t b = 1, s = 70, h = 2, d = 16;
+  Tensor q({b, s, h, d}, DType::bf16), k({b, s, h, d}, DType::bf16), v({b, s, h, d}, DType::bf16);
+  fill_uniform(q.view(), 5);
+  fill_uniform(k.view(), 6);
+  fill_uniform(v.view(), 7);
+  Tensor o32({b, s, h, d}), o16({b, s, h, d}, DType::bf16);
+  std::vector<float> l32(std::size_t(b * h * s)), l16(l32.size());
+  flash_attention_forward(o32.view(), l32.data(), q.view(), k.view(), v.view(), {true});
+  flash_attention_forward(o16.view(), l16.data(), q.view(), k.view(), v.view(), {true});
+  EXPECT_EQ(l32, l16);
+  const auto* h16 = static_cast<const std::uint16_t*>(o16.data());
+  for (std::int64_t i = 0; i < o32.shape().numel(); ++i) ASSERT_EQ(h16[i], float_to_bf16(o32.f32()[i])) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -167,7 +246,9 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{3, 150, 150, 4, 2, 16, true, 0, 0, 1},        // one thread
         FlashCase{8, 100, 100, 2, 2, 16, true, 0, 0, 2},        // many pairs: direct dQ path
         FlashCase{1, 77, 300, 2, 2, 24, true, 230, 0},          // d = 24: micro-kernel column tail
-        FlashCase{2, 13, 40, 3, 1, 32, false, 0, 0, 1}),        // rows not a multiple of 6
+        FlashCase{2, 13, 40, 3, 1, 32, false, 0, 0, 1},         // rows not a multiple of 6
+        FlashCase{1, 100, 100, 2, 1, 40, true, 0, 0, 1},        // d = 40: AVX-512 block + vector tail
+        FlashCase{1, 33, 70, 1, 1, 200, false, 0, 0, 1}),       // d = 200: several column blocks
     [](const auto& info) { return name_of(info.param); });
 
 TEST(Flash, RejectsBadShapesWithNamedValues) {

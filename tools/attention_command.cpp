@@ -45,7 +45,8 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--head-dim", o.head_dim, "random inputs: head dim")->capture_default_str()->check(CLI::Range(1, 1024));
   c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
   c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
-  c->add_option("--dtype", o.dtype, "storage and wire dtype: f32 | bf16 (compute is float32)")
+  c->add_option("--dtype", o.dtype, "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 engine, AMX, where it has one: "
+                 "a2a and cp = 1; otherwise in float32)")
       ->capture_default_str()->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--layout", o.layout, "per-rank tensor layout: bshd | sbhd")
       ->capture_default_str()->check(CLI::IsMember({"bshd", "sbhd"}));
@@ -104,6 +105,40 @@ Problem load_problem(const AttentionOptions& o) {
   if ((!o.dq.empty() || !o.dk.empty() || !o.dv.empty()) && !p.backward)
     throw Error("--dq/--dk/--dv need a backward: give --dout (or --backward with random inputs)");
   return p;
+}
+
+// Tensor `which` (0 q, 1 k, 2 v, 3 dout) holding the global rows `chunks`, in dtype/layout.
+Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout,
+                  std::uint64_t seed);
+
+// The --check of a bf16 run, repeated with float32 compute: the global bf16 inputs widened
+// to float32, one process's flash kernels, outputs rounded to bf16 like the real run's.
+std::vector<std::pair<const char*, double>> float32_compute_errors(const Problem& p, const CpConfig& cfg,
+                                                                   std::uint64_t seed, const RefTensor& rout,
+                                                                   const RefTensor& rdq, const RefTensor& rdk,
+                                                                   const RefTensor& rdv) {
+  auto input = [&](int which) {
+    const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
+    Tensor t(g);
+    copy(make_input(p, which, {{0, g.s}}, DType::bf16, Layout::bshd, seed).view(), t.view());
+    return t;
+  };
+  const Tensor q = input(0), k = input(1), v = input(2);
+  const AttentionParams ap{cfg.causal, cfg.scale, 0, 0};
+  Tensor out(p.q), out16(p.q, DType::bf16);
+  std::vector<float> lse(std::size_t(p.q.b * p.q.h * p.q.s));
+  flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), ap);
+  copy(out.view(), out16.view());
+  std::vector<std::pair<const char*, double>> errs{{"out", relative_error(out16.view(), rout)}};
+  if (!p.backward) return errs;
+  const Tensor dout = input(3);
+  Tensor dq(p.q, DType::bf16), dk(p.kv, DType::bf16), dv(p.kv, DType::bf16);
+  flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
+                           lse.data(), ap);
+  errs.insert(errs.end(), {{"dq", relative_error(dq.view(), rdq)},
+                           {"dk", relative_error(dk.view(), rdk)},
+                           {"dv", relative_error(dv.view(), rdv)}});
+  return errs;
 }
 
 // Tensor `which` (0 q, 1 k, 2 v, 3 dout) holding the global rows `chunks`, in dtype/layout.
@@ -226,6 +261,7 @@ int run_attention(const AttentionOptions& o) {
       std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
                   hs[0], hs[1], hs[0], hs[1],
                   hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
+    std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(dtype).c_str());
     std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
                 to_string(dtype), to_string(layout), cfg.causal ? ", causal" : "",
                 effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
@@ -292,7 +328,8 @@ int run_attention(const AttentionOptions& o) {
   const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
   nlohmann::json report{{"command", "attention"}, {"strategy", to_string(cfg.cp_comm_type)}, {"cp", cp},
                         {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
-                        {"threads_per_rank", threads}, {"dtype", to_string(dtype)}, {"layout", to_string(layout)},
+                        {"threads_per_rank", threads}, {"kernel_isa", kernel_isa()},
+                        {"kernel_engine", kernel_engine(dtype)}, {"dtype", to_string(dtype)}, {"layout", to_string(layout)},
                         {"causal", cfg.causal}, {"scale", effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d)},
                         {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
                         {"repeat", o.repeat}, {"forward_s", fwd_s}, {"backward_s", p.backward ? bwd_s : 0.0},
@@ -346,6 +383,15 @@ int run_attention(const AttentionOptions& o) {
         report["check"]["tolerance"] = tol;
         report["check"]["passed"] = !failed;
         std::printf("%s  (tolerance %.0e) %s\n", line.c_str(), tol, failed ? "FAILED" : "OK");
+        if (dtype == DType::bf16) {  // what the bf16 engine costs: the same inputs, float32 compute
+          const auto f32 = float32_compute_errors(p, cfg, o.seed, rout, rdq, rdk, rdv);
+          line = "  same bf16 inputs, float32 compute (one process):";
+          for (auto [name, e] : f32) {
+            line += fmt::format("  {} {:.2e}", name, e);
+            report["check"]["float32_compute"][name] = e;
+          }
+          std::printf("%s\n", line.c_str());
+        }
       }
       if (!o.out.empty()) write_npy(o.out, g_out.data(), {p.q.b, p.q.s, p.q.h, p.q.d});
       if (!o.dq.empty()) write_npy(o.dq, g_dq.data(), {p.q.b, p.q.s, p.q.h, p.q.d});

@@ -4,7 +4,12 @@
 // The forward returns the per-row log-sum-exp (float32, natural log, of the *scaled* scores),
 // which the backward and the context-parallel merges need.
 //
-// Shapes (views may have any strides; d is contiguous; float32 only — callers convert bf16):
+// Dtypes (FlashAttention's contract): q, k, v (and dout) share one dtype, float32 or bfloat16;
+// out, dq, dk, dv may each be either. Accumulation is float32 always; bf16 inputs run on the
+// level's bf16 engine (AMX tiles: P and dS are rounded to bf16 for their GEMMs) or, on a
+// level without one, are converted to float32 first. See kernel_isa() / kernel_engine().
+//
+// Shapes (views may have any strides; d is contiguous):
 //   q, out, dout, dq : [b, sq, h,    d]
 //   k, v, dk, dv     : [b, sk, h_kv, d]       h % h_kv == 0 (GQA/MQA: q head i uses kv head
 //                                             i / (h / h_kv))
@@ -19,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ulysses/tensor.hpp"
 
@@ -33,6 +39,12 @@ struct AttentionParams {
 
 // The scale actually used: params.scale, or 1/sqrt(d) when it is 0.
 float effective_scale(const AttentionParams& params, std::int64_t head_dim);
+
+// The instruction-set level the kernels run at: "amx", "avx512", "avx2" or "portable" — the
+// best this CPU and OS support, capped by the environment variable ULYSSES_MAX_ISA.
+const char* kernel_isa();
+// The engine inputs of `dtype` run on, e.g. "amx-bf16", "avx512-f32", "avx2-f32 (bf16 converted)".
+std::string kernel_engine(DType dtype);
 
 // Checks shapes, dtypes and the head ratio; throws ulysses::Error naming the bad value.
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,

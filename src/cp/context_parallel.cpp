@@ -25,7 +25,7 @@ struct CpSaved {
   CpStats forward_stats, backward_stats;
   UlyssesSaved ulysses;          // a2a
   Tensor q32, out32;             // p2p, all_gather, cp = 1: float32 local q and output
-  Tensor k32, v32;               // cp = 1: float32 local k and v
+  Tensor q_in, k_in, v_in;       // cp = 1: copies of the inputs, in their dtype
   std::vector<float> lse;        // cp = 1
   AttentionParams params;        // cp = 1
   RingSaved ring;                // p2p, a2a+p2p
@@ -139,16 +139,23 @@ Tensor f32_copy(const TensorView& v) {
   return t;
 }
 
-// One rank: every strategy is plain flash attention on float32 copies (kept for backward).
+Tensor copy_of(const TensorView& v) {
+  Tensor t = Tensor::uninitialized(v.shape, v.dtype);
+  copy(v, t.view());
+  return t;
+}
+
+// One rank: every strategy is plain flash attention on copies of the inputs (kept for the
+// backward) in their own dtype: bf16 runs on the level's bf16 engine where there is one.
 void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
                    const TensorView& v, const AttentionParams& params) {
   const double t0 = MPI_Wtime();
-  sv.q32 = f32_copy(q);
-  sv.k32 = f32_copy(k);
-  sv.v32 = f32_copy(v);
+  sv.q_in = copy_of(q);
+  sv.k_in = copy_of(k);
+  sv.v_in = copy_of(v);
   sv.out32 = Tensor::uninitialized(q.shape);
   sv.lse.resize(std::size_t(q.shape.b * q.shape.h * q.shape.s));
-  flash_attention_forward(sv.out32.view(), sv.lse.data(), sv.q32.view(), sv.k32.view(), sv.v32.view(), params);
+  flash_attention_forward(sv.out32.view(), sv.lse.data(), sv.q_in.view(), sv.k_in.view(), sv.v_in.view(), params);
   copy(sv.out32.view(), out);
   sv.params = params;
   sv.forward_stats.compute_s += MPI_Wtime() - t0;
@@ -158,14 +165,8 @@ void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, cons
 void local_backward(CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                     const TensorView& dout) {
   const double t0 = MPI_Wtime();
-  const Tensor dout32 = f32_copy(dout);
-  Tensor dq32 = Tensor::uninitialized(dq.shape), dk32 = Tensor::uninitialized(dk.shape),
-         dv32 = Tensor::uninitialized(dv.shape);
-  flash_attention_backward(dq32.view(), dk32.view(), dv32.view(), dout32.view(), sv.q32.view(), sv.k32.view(),
-                           sv.v32.view(), sv.out32.view(), sv.lse.data(), sv.params);
-  copy(dq32.view(), dq);
-  copy(dk32.view(), dk);
-  copy(dv32.view(), dv);
+  flash_attention_backward(dq, dk, dv, dout, sv.q_in.view(), sv.k_in.view(), sv.v_in.view(), sv.out32.view(),
+                           sv.lse.data(), sv.params);
   sv.backward_stats.compute_s += MPI_Wtime() - t0;
   sv.backward_stats.score_pairs += sv.forward_stats.score_pairs;
 }

@@ -6,17 +6,12 @@
 
 namespace ulysses {
 
-namespace {
-// Float32 copy of a head-sharded buffer; the kernels compute in float32 whatever the wire.
-FusedHeads as_f32(FusedHeads x) { return x.dtype() == DType::f32 ? std::move(x) : x.converted(DType::f32); }
-}  // namespace
-
 void ulysses_attention_forward(Comm& comm, const TensorView& out, UlyssesSaved& saved,
                                const TensorView& q, const TensorView& k, const TensorView& v,
                                const AttentionParams& params, int kv_replicas, CpStats& stats) {
   const std::array<SeqShard, 3> in{{{q, 1}, {k, kv_replicas}, {v, kv_replicas}}};
   double t0 = MPI_Wtime();
-  saved.qkv = as_f32(seq_to_head(comm, in));
+  saved.qkv = seq_to_head(comm, in);  // in the wire dtype: the kernels take bf16 as it is
   double t1 = MPI_Wtime();
   saved.params = params;
   saved.kv_replicas = kv_replicas;
@@ -40,10 +35,10 @@ void ulysses_attention_backward(Comm& comm, const TensorView& dq, const TensorVi
                                 const UlyssesSaved& saved, CpStats& stats) {
   const std::array<SeqShard, 1> g{{{dout, 1}}};
   const double t0 = MPI_Wtime();
-  const FusedHeads hdout = as_f32(seq_to_head(comm, g));
+  const FusedHeads hdout = seq_to_head(comm, g);
   const double t1 = MPI_Wtime();
   const FusedHeads& qkv = saved.qkv;
-  FusedHeads grads(DType::f32, qkv.batch(), qkv.seq(), qkv.head_dim(),
+  FusedHeads grads(saved.dtype, qkv.batch(), qkv.seq(), qkv.head_dim(),
                    {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
   flash_attention_backward(grads.part(0), grads.part(1), grads.part(2), hdout.part(0), qkv.part(0),
                            qkv.part(1), qkv.part(2), saved.out.part(0), saved.lse.data(),
@@ -51,8 +46,7 @@ void ulysses_attention_backward(Comm& comm, const TensorView& dq, const TensorVi
   const double t2 = MPI_Wtime();
   const int r = saved.kv_replicas;
   const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
-  if (saved.dtype == DType::f32) head_to_seq(comm, grads, out);
-  else head_to_seq(comm, grads.converted(saved.dtype), out);
+  head_to_seq(comm, grads, out);
   stats.compute_s += t2 - t1;
   stats.comm_exposed_s += (t1 - t0) + (MPI_Wtime() - t2);
   const std::int64_t s = qkv.seq();

@@ -15,7 +15,7 @@
 namespace ulysses {
 
 struct UlyssesSaved {
-  FusedHeads qkv;           // float32 head-sharded q | k | v, [s, b, h/cp + 2·h_kv'/cp, d]
+  FusedHeads qkv;           // head-sharded q | k | v in the wire dtype, [s, b, h/cp + 2·h_kv'/cp, d]
   FusedHeads out;           // float32 head-sharded output
   std::vector<float> lse;   // [b, h/cp, s]
   int kv_replicas = 1;      // each KV head sent this many times (GQA with h_kv < cp)

@@ -1,17 +1,19 @@
 // Flash attention backward (FlashAttention-2's algorithm) on the CPU.
 //
 //   D = rowsum(dO ∘ O)                       (once, before the tiles)
-//   per tile: P = exp(scale·Q·Kᵀ − lse);  dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = P ∘ (dP − D);
-//             dK += scale·dSᵀ·Q;  dQ += scale·dS·K                    (5 GEMMs, BLAS)
+//   per tile: P = exp(scale·Q·Kᵀ − lse);  dV += Pᵀ·dO;  dP = dO·Vᵀ;  dS = scale·P ∘ (dP − D);
+//             dK += dSᵀ·Q;  dQ += dS·K                 (5 GEMMs: the level's engine.hpp)
 //
-// Work is split by key blocks: a task owns one (batch, KV head, key block) and loops over the
-// query heads of its GQA group and the query blocks that can see it, so dK and dV are
-// private to the task. dQ is shared by the key blocks of a head; two schedules keep it
+// K and V are packed once per (batch, KV head): Kᵀ and Vᵀ for the two score GEMMs, K for
+// dS·K. Work is split by key blocks: a task owns one (batch, KV head, key block) and loops
+// over the query heads of its GQA group and the query blocks that can see it, so dK and dV
+// are private to the task. dQ is shared by the key blocks of a head; two schedules keep it
 // race-free:
-//   - enough (batch, KV head) pairs for the threads: a thread takes all key blocks of a pair
-//     and writes dQ directly;
-//   - otherwise (few heads per rank — the Ulysses case): every thread takes key blocks of
-//     any pair and accumulates dQ privately; the private copies are summed at the end.
+//   - enough (batch, KV head) pairs for the threads, and a float32 dq: a thread takes all key
+//     blocks of a pair and accumulates into dq directly;
+//   - otherwise (few heads per rank — the Ulysses case — or a bf16 dq): every thread takes
+//     key blocks of any pair and accumulates dQ in a private float32 copy; the copies are
+//     summed (and rounded to dq's dtype) at the end.
 #include <omp.h>
 
 #include <cmath>
@@ -19,15 +21,25 @@
 #include <vector>
 
 #include "flash_common.hpp"
-#include "vexp.hpp"
+#include "isa.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
 
-namespace {
+void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const float* lse,
+                              const AttentionParams& params) {
+  check_attention_shapes(q, k, v, out);
+  if (!(dk.shape == k.shape) || !(dv.shape == k.shape) || !(dout.shape == q.shape) || !(dq.shape == q.shape))
+    throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
+  kernels::flash_backward(kernels::active_level(), dq, dk, dv, dout, q, k, v, out, lse, params);
+}
 
-using namespace kernels;
+namespace kernels {
+
+namespace {
 
 constexpr std::int64_t kBlockKBackward = 128;
 
@@ -39,18 +51,37 @@ struct BackwardTile {
 };
 
 struct BackwardArgs {
-  TensorView dq, dk, dv, dout, q, k, v;
+  const KernelLevel& level;
+  const GemmEngine& e;
+  TensorView dk, dv, dout, q, k;
+  PackedHeads kt, vt, kb;  // Kᵀ, Vᵀ (scores), K (dS·K)
   const float* lse;
   const float* delta;  // D, [b, h, sq]
   AttentionParams params;
   float scale;
 };
 
+// P = exp(S − lse) in place over the n visible keys of each row, 0 past them.
+void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq,
+                   std::int64_t j0, std::int64_t nk) {
+  for (std::int64_t i = 0; i < mq; ++i) {
+    float* prow = p + i * kBlockKBackward;
+    const std::int64_t n =
+        std::max<std::int64_t>(0, std::min(nk, visible_keys(a.params, i0 + i, a.k.shape.s) - j0));
+    if (lse[i0 + i] == kNegInf) std::fill(prow, prow + n, 0.0f);  // row sees no key at all
+    else a.level.vec.exp_shifted_sum(prow, prow, n, lse[i0 + i]);
+    std::fill(prow + n, prow + nk, 0.0f);
+  }
+}
+
 // One task: keys [j0, j0 + nk) of KV head g in batch bb. dq_acc is where dQ accumulates.
-void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_acc,
-                   std::int64_t bb, std::int64_t g, std::int64_t j0, std::int64_t nk) {
-  const std::int64_t d = a.q.shape.d, sq = a.q.shape.s, H = a.q.shape.h;
-  const std::int64_t group = H / a.k.shape.h, bk = kBlockKBackward;
+void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_acc, std::int64_t bb,
+                   std::int64_t g, std::int64_t j0, std::int64_t nk) {
+  const std::int64_t d = a.q.shape.d, sq = a.q.shape.s, H = a.q.shape.h, Hkv = a.k.shape.h;
+  const std::int64_t group = H / Hkv, bk = kBlockKBackward, off = a.e.packed_offset(j0, d);
+  const std::byte* kt = a.kt.at(bb, g, Hkv) + off;
+  const std::byte* vt = a.vt.at(bb, g, Hkv) + off;
+  const std::byte* kb = a.kb.at(bb, g, Hkv) + off;
   std::fill(t.dk.begin(), t.dk.end(), 0.0f);
   std::fill(t.dv.begin(), t.dv.end(), 0.0f);
   // First query row that sees key j0 (all rows when not causal).
@@ -61,35 +92,26 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
     const float* delta = a.delta + (bb * H + h) * sq;
     for (std::int64_t i0 = first / kBlockQ * kBlockQ; i0 < sq; i0 += kBlockQ) {
       const std::int64_t mq = std::min(kBlockQ, sq - i0);
-      const float* q = a.q.f32(bb, i0, h);
-      const float* dout = a.dout.f32(bb, i0, h);
-      gemm(false, true, mq, nk, d, a.scale, q, a.q.stride_s, a.k.f32(bb, j0, g), a.k.stride_s,
-           0.0f, t.p.data(), bk);
-      for (std::int64_t i = 0; i < mq; ++i) {
-        float* prow = &t.p[std::size_t(i * bk)];
-        const std::int64_t n =
-            std::max<std::int64_t>(0, std::min(nk, visible_keys(a.params, i0 + i, a.k.shape.s) - j0));
-        if (lse[i0 + i] == kNegInf) std::fill(prow, prow + n, 0.0f);  // row sees no key at all
-        else exp_shifted_sum(prow, prow, n, lse[i0 + i]);
-        std::fill(prow + n, prow + nk, 0.0f);
-      }
-      gemm(true, false, nk, d, mq, 1.0f, t.p.data(), bk, dout, a.dout.stride_s, 1.0f, t.dv.data(), d);
-      gemm(false, true, mq, nk, d, 1.0f, dout, a.dout.stride_s, a.v.f32(bb, j0, g), a.v.stride_s,
-           0.0f, t.dp.data(), bk);
-      for (std::int64_t i = 0; i < mq; ++i) {  // dS = P ∘ (dP − D), written over dP
+      const std::int64_t diag = a.params.causal ? a.params.q_offset + i0 - a.params.k_offset - j0 : kNoDiagonal;
+      const void* q = a.q.row(bb, i0, h);
+      const void* dout = a.dout.row(bb, i0, h);
+      a.e.scores(mq, nk, d, a.scale, q, a.q.stride_s, kt, t.p.data(), bk, diag);
+      probabilities(a, t.p.data(), lse, i0, mq, j0, nk);
+      a.e.pt_b(nk, d, mq, t.p.data(), bk, dout, a.dout.stride_s, t.dv.data(), d, diag);
+      a.e.scores(mq, nk, d, 1.0f, dout, a.dout.stride_s, vt, t.dp.data(), bk, diag);
+      for (std::int64_t i = 0; i < mq; ++i) {  // dS = scale·P ∘ (dP − D), written over dP
         const float* prow = &t.p[std::size_t(i * bk)];
         float* row = &t.dp[std::size_t(i * bk)];
         const float di = delta[i0 + i];
-        for (std::int64_t c = 0; c < nk; ++c) row[c] = prow[c] * (row[c] - di);
+        for (std::int64_t c = 0; c < nk; ++c) row[c] = a.scale * prow[c] * (row[c] - di);
       }
-      gemm(true, false, nk, d, mq, a.scale, t.dp.data(), bk, q, a.q.stride_s, 1.0f, t.dk.data(), d);
-      gemm(false, false, mq, d, nk, a.scale, t.dp.data(), bk, a.k.f32(bb, j0, g), a.k.stride_s, 1.0f,
-           dq_acc.f32(bb, i0, h), dq_acc.stride_s);
+      a.e.pt_b(nk, d, mq, t.dp.data(), bk, q, a.q.stride_s, t.dk.data(), d, diag);
+      a.e.pv(mq, d, nk, t.dp.data(), bk, kb, dq_acc.f32(bb, i0, h), dq_acc.stride_s, diag);
     }
   }
   for (std::int64_t c = 0; c < nk; ++c) {
-    std::memcpy(a.dk.f32(bb, j0 + c, g), &t.dk[std::size_t(c * d)], std::size_t(d) * 4);
-    std::memcpy(a.dv.f32(bb, j0 + c, g), &t.dv[std::size_t(c * d)], std::size_t(d) * 4);
+    store_row(a.dk, bb, j0 + c, g, &t.dk[std::size_t(c * d)]);
+    store_row(a.dv, bb, j0 + c, g, &t.dv[std::size_t(c * d)]);
   }
 }
 
@@ -97,16 +119,20 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
 std::vector<float> row_dot(const TensorView& dout, const TensorView& out) {
   const Shape& s = out.shape;
   std::vector<float> delta(static_cast<std::size_t>(s.b * s.h * s.s));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t bb = 0; bb < s.b; ++bb)
-    for (std::int64_t h = 0; h < s.h; ++h)
-      for (std::int64_t i = 0; i < s.s; ++i) {
-        const float* o = out.f32(bb, i, h);
-        const float* g = dout.f32(bb, i, h);
-        float acc = 0.0f;
-        for (std::int64_t x = 0; x < s.d; ++x) acc += o[x] * g[x];
-        delta[std::size_t((bb * s.h + h) * s.s + i)] = acc;
-      }
+#pragma omp parallel
+  {
+    std::vector<float> o(std::size_t(s.d)), g(std::size_t(s.d));
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t bb = 0; bb < s.b; ++bb)
+      for (std::int64_t h = 0; h < s.h; ++h)
+        for (std::int64_t i = 0; i < s.s; ++i) {
+          load_row(out, bb, i, h, o.data());
+          load_row(dout, bb, i, h, g.data());
+          float acc = 0.0f;
+          for (std::int64_t x = 0; x < s.d; ++x) acc += o[std::size_t(x)] * g[std::size_t(x)];
+          delta[std::size_t((bb * s.h + h) * s.s + i)] = acc;
+        }
+  }
   return delta;
 }
 
@@ -115,48 +141,37 @@ void zero(const TensorView& t) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t bb = 0; bb < s.b; ++bb)
     for (std::int64_t i = 0; i < s.s; ++i)
-      for (std::int64_t h = 0; h < s.h; ++h) std::memset(t.f32(bb, i, h), 0, std::size_t(s.d) * 4);
+      for (std::int64_t h = 0; h < s.h; ++h) std::memset(t.row(bb, i, h), 0, std::size_t(s.d) * dtype_size(t.dtype));
 }
 
-}  // namespace
-
-void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const TensorView& dout, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& out, const float* lse,
-                              const AttentionParams& params) {
-  check_attention_shapes(q, k, v, out);
-  check_attention_shapes(dq, dk, dv, dout);
-  if (!(dk.shape == k.shape) || !(dout.shape == q.shape))
-    throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
-  const std::vector<float> delta = row_dot(dout, out);
-  const BackwardArgs a{dq, dk, dv, dout, q, k, v, lse, delta.data(), params,
-                       effective_scale(params, q.shape.d)};
-  const std::int64_t B = q.shape.b, Hkv = k.shape.h, sk = k.shape.s;
-  const std::int64_t nkb = (sk + kBlockKBackward - 1) / kBlockKBackward;
-  const int threads = omp_get_max_threads();
+// Every key block of every (batch, KV head) pair, one pair per thread at a time: dQ goes
+// straight into dq (float32).
+void backward_by_pairs(const BackwardArgs& a, const TensorView& dq, std::int64_t nkb) {
+  const std::int64_t B = a.q.shape.b, Hkv = a.k.shape.h, sk = a.k.shape.s;
   zero(dq);
-  if (B * Hkv >= 2 * threads || threads == 1) {
 #pragma omp parallel
-    {
-      BackwardTile tile(q.shape.d);
+  {
+    BackwardTile tile(a.q.shape.d);
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t pair = 0; pair < B * Hkv; ++pair)
-        for (std::int64_t kb = 0; kb < nkb; ++kb) {
-          const std::int64_t j0 = kb * kBlockKBackward;
-          backward_task(tile, a, dq, pair / Hkv, pair % Hkv, j0, std::min(kBlockKBackward, sk - j0));
-        }
-    }
-    return;
+    for (std::int64_t pair = 0; pair < B * Hkv; ++pair)
+      for (std::int64_t kb = 0; kb < nkb; ++kb) {
+        const std::int64_t j0 = kb * kBlockKBackward;
+        backward_task(tile, a, dq, pair / Hkv, pair % Hkv, j0, std::min(kBlockKBackward, sk - j0));
+      }
   }
-  // Private dQ per thread, dense bshd, summed into dq afterwards.
-  const Shape qs = q.shape;
-  std::vector<Tensor> partial(static_cast<std::size_t>(threads));
+}
+
+// Key blocks spread over all threads, each with a private float32 dQ, summed into dq.
+void backward_by_key_blocks(const BackwardArgs& a, const TensorView& dq, std::int64_t nkb) {
+  const std::int64_t B = a.q.shape.b, Hkv = a.k.shape.h, sk = a.k.shape.s;
+  const Shape qs = a.q.shape;
+  std::vector<Tensor> partial(static_cast<std::size_t>(omp_get_max_threads()));
 #pragma omp parallel
   {
     const int me = omp_get_thread_num();
     partial[std::size_t(me)] = Tensor(qs);
     const TensorView mine = partial[std::size_t(me)].view();
-    BackwardTile tile(q.shape.d);
+    BackwardTile tile(qs.d);
     // Static: the same tasks land on the same thread every call, so the private sums are
     // added in the same order and results are bit-for-bit reproducible (training resumes).
 #pragma omp for schedule(static)
@@ -164,18 +179,54 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
       const std::int64_t pair = task / nkb, j0 = (task % nkb) * kBlockKBackward;
       backward_task(tile, a, mine, pair / Hkv, pair % Hkv, j0, std::min(kBlockKBackward, sk - j0));
     }
+    std::vector<float> row(std::size_t(qs.d));
 #pragma omp for collapse(2) schedule(static)
     for (std::int64_t bb = 0; bb < qs.b; ++bb)
       for (std::int64_t i = 0; i < qs.s; ++i)
         for (std::int64_t h = 0; h < qs.h; ++h) {
-          float* dst = dq.f32(bb, i, h);
+          std::fill(row.begin(), row.end(), 0.0f);
           for (const Tensor& p : partial) {
             if (p.data() == nullptr) continue;  // a thread the runtime did not start
             const float* src = p.view().f32(bb, i, h);
-            for (std::int64_t x = 0; x < qs.d; ++x) dst[x] += src[x];
+            for (std::int64_t x = 0; x < qs.d; ++x) row[std::size_t(x)] += src[x];
           }
+          store_row(dq, bb, i, h, row.data());
         }
   }
 }
+
+}  // namespace
+
+void flash_backward(const KernelLevel& level, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const float* lse, const AttentionParams& params) {
+  const GemmEngine* e = engine_for(level, q.dtype);
+  if (e == nullptr || dout.dtype != q.dtype) {  // compute in float32 (dO must match the engine)
+    const Tensor q32 = f32_copy(q), k32 = f32_copy(k), v32 = f32_copy(v), dout32 = f32_copy(dout);
+    return flash_backward(level, dq, dk, dv, dout32.view(), q32.view(), k32.view(), v32.view(), out, lse, params);
+  }
+  const std::vector<float> delta = row_dot(dout, out);
+  const BackwardArgs a{level,
+                       *e,
+                       dk,
+                       dv,
+                       dout,
+                       q,
+                       k,
+                       pack_heads(*e, e->pack_bt, k),
+                       pack_heads(*e, e->pack_bt, v),
+                       pack_heads(*e, e->pack_b, k),
+                       lse,
+                       delta.data(),
+                       params,
+                       effective_scale(params, q.shape.d)};
+  const std::int64_t nkb = (k.shape.s + kBlockKBackward - 1) / kBlockKBackward;
+  const int threads = omp_get_max_threads();
+  const bool by_pairs = (q.shape.b * k.shape.h >= 2 * threads || threads == 1) && dq.dtype == DType::f32;
+  if (by_pairs) backward_by_pairs(a, dq, nkb);
+  else backward_by_key_blocks(a, dq, nkb);
+}
+
+}  // namespace kernels
 
 }  // namespace ulysses

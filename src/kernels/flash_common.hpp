@@ -1,19 +1,19 @@
-// Shared pieces of the flash forward and backward kernels.
+// Shared pieces of the flash forward and backward loops.
 #pragma once
-
-#include <cblas.h>
 
 #include <cstdint>
 #include <limits>
 
+#include "engine.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/tensor.hpp"
 
 namespace ulysses::kernels {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Tile sizes: a query block of 64 rows against a key block sized so the tile's working set
-// (K and V blocks, scores, output accumulator) stays in the 512 KB L2 of this machine.
+// (K and V blocks, scores, output accumulator) stays in a 512 KB L2; multiples of kKeyAlign.
 constexpr std::int64_t kBlockQ = 64;
 inline std::int64_t block_k(std::int64_t d) { return d <= 64 ? 256 : 128; }
 
@@ -24,12 +24,31 @@ inline std::int64_t visible_keys(const AttentionParams& p, std::int64_t i, std::
   return n < 0 ? 0 : (n > sk ? sk : n);
 }
 
-// Row-major sgemm with leading dimensions in elements: C = alpha·op(A)·op(B) + beta·C.
-inline void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                 float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                 float beta, float* c, std::int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+// The per-(batch, KV head) images of one of K or V, made once per call by `pack`.
+struct PackedHeads {
+  Tensor storage;
+  std::int64_t per_head = 0;  // bytes
+  const std::byte* at(std::int64_t bb, std::int64_t g, std::int64_t heads) const {
+    return static_cast<const std::byte*>(storage.data()) + (bb * heads + g) * per_head;
+  }
+};
+using PackFn = void (*)(const void*, std::int64_t, std::int64_t, std::int64_t, void*);
+PackedHeads pack_heads(const GemmEngine& e, PackFn pack, const TensorView& x);
+
+// A float32 copy of a view (the fallback of a level without an engine for its dtype).
+Tensor f32_copy(const TensorView& v);
+
+// The engine for operands of `dtype` on `level` (null: convert to float32 first).
+inline const GemmEngine* engine_for(const KernelLevel& level, DType dtype) {
+  return dtype == DType::f32 ? level.f32 : level.bf16;
 }
+
+// Forward and backward on an explicit level (tests pass emulated levels; the public entry
+// points pass active_level()). Shapes are checked by the callers.
+void flash_forward(const KernelLevel& level, const TensorView& out, float* lse, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const AttentionParams& params);
+void flash_backward(const KernelLevel& level, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const float* lse, const AttentionParams& params);
 
 }  // namespace ulysses::kernels

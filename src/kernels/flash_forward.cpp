@@ -3,19 +3,20 @@
 // For each (batch, head, query block of kBlockQ rows), walk the key blocks keeping a running
 // row max m and row sum l:  S = scale·Q·Kᵀ;  m' = max(m, rowmax S);  P = exp(S − m');
 // l = e^{m−m'}·l + rowsum P;  O = e^{m−m'}·O + P·V;  finally O /= l, lse = m + log l.
-// The two GEMMs are tile_gemm.hpp's (AVX2 micro-kernels, or BLAS); the softmax pass is ours.
-// Key blocks entirely above the causal diagonal are skipped.
+// The two GEMMs are the level's engine (engine.hpp); the softmax pass is here, with the
+// level's vector ops. Key blocks entirely above the causal diagonal are skipped.
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "flash_common.hpp"
+#include "isa.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/bf16.hpp"
 #include "ulysses/error.hpp"
-#include "tile_gemm.hpp"
-#include "vexp.hpp"
 
 namespace ulysses {
 
@@ -32,8 +33,9 @@ double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk,
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out) {
   auto fail = [](const std::string& m) { throw Error("attention: " + m); };
-  for (const TensorView* t : {&q, &k, &v, &out})
-    if (t->dtype != DType::f32) fail("the local kernels take float32 views (convert bf16 first)");
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    fail(fmt::format("q, k and v must share one dtype, got {}, {}, {}", to_string(q.dtype), to_string(k.dtype),
+                     to_string(v.dtype)));
   const Shape& s = q.shape;
   if (s.b <= 0 || s.s < 0 || s.h <= 0 || s.d <= 0) fail(fmt::format("q has an invalid shape {}", s.str()));
   if (s.d > 1024) fail(fmt::format("head_dim {} exceeds the supported maximum 1024", s.d));
@@ -45,9 +47,42 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
     fail(fmt::format("num_heads ({}) must be divisible by num_kv_heads ({})", s.h, k.shape.h));
 }
 
-namespace {
+const char* kernel_isa() { return kernels::active_level().name; }
 
-using namespace kernels;
+std::string kernel_engine(DType dtype) {
+  const kernels::KernelLevel& l = kernels::active_level();
+  if (const kernels::GemmEngine* e = kernels::engine_for(l, dtype)) return e->name;
+  return std::string(l.f32->name) + " (" + to_string(dtype) + " converted)";
+}
+
+void flash_attention_forward(const TensorView& out, float* lse, const TensorView& q,
+                             const TensorView& k, const TensorView& v,
+                             const AttentionParams& params) {
+  check_attention_shapes(q, k, v, out);
+  kernels::flash_forward(kernels::active_level(), out, lse, q, k, v, params);
+}
+
+namespace kernels {
+
+Tensor f32_copy(const TensorView& v) {
+  Tensor t = Tensor::uninitialized(v.shape);
+  copy(v, t.view());
+  return t;
+}
+
+PackedHeads pack_heads(const GemmEngine& e, PackFn pack, const TensorView& x) {
+  const std::int64_t B = x.shape.b, H = x.shape.h;
+  PackedHeads p;
+  p.per_head = (e.packed_bytes(x.shape.s, x.shape.d) + 63) / 64 * 64;
+  p.storage = Tensor::uninitialized({1, 1, 1, B * H * p.per_head / 4});
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t bb = 0; bb < B; ++bb)
+    for (std::int64_t g = 0; g < H; ++g)
+      pack(x.row(bb, 0, g), x.stride_s, x.shape.s, x.shape.d, const_cast<std::byte*>(p.at(bb, g, H)));
+  return p;
+}
+
+namespace {
 
 struct Tile {
   std::vector<float> s, o, m, l;
@@ -55,68 +90,78 @@ struct Tile {
       : s(std::size_t(kBlockQ * bk)), o(std::size_t(kBlockQ * d)), m(kBlockQ), l(kBlockQ) {}
 };
 
-// One query block [i0, i0 + mq) of one (batch, head).
-void forward_block(Tile& t, const TensorView& out, float* lse_row, const TensorView& q,
-                   const TensorView& k, const TensorView& v, const float* packed_k, const AttentionParams& p,
-                   float scale, std::int64_t bb, std::int64_t h, std::int64_t g, std::int64_t i0,
-                   std::int64_t mq) {
-  const std::int64_t d = q.shape.d, sk = k.shape.s, bk = block_k(d);
+struct ForwardArgs {
+  const KernelLevel& level;
+  const GemmEngine& e;
+  TensorView out, q;
+  std::int64_t sk;
+  const AttentionParams& p;
+  float scale;
+};
+
+// One row of a score tile: the online-softmax update of the row's m, l and O (P over S).
+void softmax_row(const VectorOps& vec, float* srow, std::int64_t n, std::int64_t nk, float* m, float* l, float* o,
+                 std::int64_t d) {
+  const float mx = vec.row_max(srow, n, *m);
+  std::fill(srow + n, srow + nk, 0.0f);
+  if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
+    std::fill(srow, srow + n, 0.0f);
+    return;
+  }
+  const float alpha = std::exp(*m - mx);
+  *l = alpha * *l + vec.exp_shifted_sum(srow, srow, n, mx);
+  *m = mx;
+  if (alpha != 1.0f)
+    for (std::int64_t x = 0; x < d; ++x) o[x] *= alpha;
+}
+
+// One query block [i0, i0 + mq) of one (batch, head); pk, pv: the packed K and V of its KV head.
+void forward_block(Tile& t, const ForwardArgs& a, const std::byte* pk, const std::byte* pvb, float* lse_row,
+                   std::int64_t bb, std::int64_t h, std::int64_t i0, std::int64_t mq) {
+  const std::int64_t d = a.q.shape.d, bk = block_k(d);
   std::fill(t.o.begin(), t.o.end(), 0.0f);
   std::fill(t.m.begin(), t.m.end(), kNegInf);
   std::fill(t.l.begin(), t.l.end(), 0.0f);
-  const std::int64_t kend = visible_keys(p, i0 + mq - 1, sk);  // keys any row of the block sees
+  const std::int64_t kend = visible_keys(a.p, i0 + mq - 1, a.sk);  // keys any row of the block sees
   for (std::int64_t j0 = 0; j0 < kend; j0 += bk) {
     const std::int64_t nk = std::min(bk, kend - j0);
     // With a causal mask, row i sees keys up to diag + i of this block.
-    const std::int64_t diag = p.causal ? p.q_offset + i0 - p.k_offset - j0 : kNoDiagonal;
-    qk_scores(mq, nk, d, scale, q.f32(bb, i0, h), q.stride_s, k.f32(bb, j0, g), k.stride_s,
-              packed_k ? packed_k + j0 * d : nullptr, t.s.data(), bk, diag);
+    const std::int64_t diag = a.p.causal ? a.p.q_offset + i0 - a.p.k_offset - j0 : kNoDiagonal;
+    a.e.scores(mq, nk, d, a.scale, a.q.row(bb, i0, h), a.q.stride_s, pk + a.e.packed_offset(j0, d), t.s.data(), bk,
+               diag);
     for (std::int64_t i = 0; i < mq; ++i) {
-      float* srow = &t.s[std::size_t(i * bk)];
       // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
-      const std::int64_t n = std::max<std::int64_t>(0, std::min(nk, visible_keys(p, i0 + i, sk) - j0));
-      const float mx = row_max(srow, n, t.m[i]);
-      std::fill(srow + n, srow + nk, 0.0f);
-      if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
-        std::fill(srow, srow + n, 0.0f);
-        continue;
-      }
-      const float alpha = std::exp(t.m[i] - mx);
-      const float sum = exp_shifted_sum(srow, srow, n, mx);
-      t.l[i] = alpha * t.l[i] + sum;
-      t.m[i] = mx;
-      if (alpha != 1.0f)
-        for (std::int64_t x = 0; x < d; ++x) t.o[std::size_t(i * d + x)] *= alpha;
+      const std::int64_t n = std::max<std::int64_t>(0, std::min(nk, visible_keys(a.p, i0 + i, a.sk) - j0));
+      softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], n, nk, &t.m[std::size_t(i)], &t.l[std::size_t(i)],
+                  &t.o[std::size_t(i * d)], d);
     }
-    pv_accumulate(mq, d, nk, t.s.data(), bk, v.f32(bb, j0, g), v.stride_s, t.o.data(), d, diag);
+    a.e.pv(mq, d, nk, t.s.data(), bk, pvb + a.e.packed_offset(j0, d), t.o.data(), d, diag);
   }
   for (std::int64_t i = 0; i < mq; ++i) {
-    float* o = out.f32(bb, i0 + i, h);
+    float* o = &t.o[std::size_t(i * d)];
     const float inv = t.l[i] > 0.0f ? 1.0f / t.l[i] : 0.0f;
-    for (std::int64_t x = 0; x < d; ++x) o[x] = t.o[std::size_t(i * d + x)] * inv;
+    for (std::int64_t x = 0; x < d; ++x) o[x] *= inv;
+    store_row(a.out, bb, i0 + i, h, o);
     lse_row[i] = t.l[i] > 0.0f ? t.m[i] + std::log(t.l[i]) : kNegInf;
   }
 }
 
 }  // namespace
 
-void flash_attention_forward(const TensorView& out, float* lse, const TensorView& q,
-                             const TensorView& k, const TensorView& v,
-                             const AttentionParams& params) {
-  check_attention_shapes(q, k, v, out);
+void flash_forward(const KernelLevel& level, const TensorView& out, float* lse, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const AttentionParams& params) {
+  const GemmEngine* e = engine_for(level, q.dtype);
+  if (e == nullptr) {  // no engine for this dtype here: compute in float32
+    const Tensor q32 = f32_copy(q), k32 = f32_copy(k), v32 = f32_copy(v);
+    return flash_forward(level, out, lse, q32.view(), k32.view(), v32.view(), params);
+  }
   const std::int64_t B = q.shape.b, sq = q.shape.s, H = q.shape.h, d = q.shape.d;
-  const std::int64_t group = H / k.shape.h;
-  const float scale = effective_scale(params, d);
-  const std::int64_t nqb = (sq + kBlockQ - 1) / kBlockQ;
-  const std::int64_t tasks = B * H * nqb;
-  // Kᵀ of every (batch, KV head) packed once for the AVX2 micro-kernel: one pass over K,
-  // against the s/64 times each key block is used.
-  const std::int64_t Hkv = k.shape.h, per_head = packed_kt_size(k.shape.s, d);
-  Tensor packed = uses_packed_kt() ? Tensor::uninitialized({B * Hkv, 1, 1, per_head}) : Tensor();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t bb = 0; bb < (packed.data() ? B : 0); ++bb)
-    for (std::int64_t g = 0; g < Hkv; ++g)
-      pack_kt(k.f32(bb, 0, g), k.stride_s, k.shape.s, d, packed.f32() + (bb * Hkv + g) * per_head);
+  const std::int64_t group = H / k.shape.h, Hkv = k.shape.h;
+  const std::int64_t nqb = (sq + kBlockQ - 1) / kBlockQ, tasks = B * H * nqb;
+  // K and V of every (batch, KV head) packed once: one pass over each, against the s/64
+  // times each key block is used.
+  const PackedHeads pk = pack_heads(*e, e->pack_bt, k), pv = pack_heads(*e, e->pack_b, v);
+  const ForwardArgs a{level, *e, out, q, k.shape.s, params, effective_scale(params, d)};
 #pragma omp parallel
   {
     Tile tile(block_k(d), d);
@@ -125,10 +170,12 @@ void flash_attention_forward(const TensorView& out, float* lse, const TensorView
       // Last query blocks first: under a causal mask they are the most expensive.
       const std::int64_t qb = nqb - 1 - task % nqb, bh = task / nqb, bb = bh / H, h = bh % H;
       const std::int64_t i0 = qb * kBlockQ, mq = std::min(kBlockQ, sq - i0);
-      const float* pk = packed.data() ? packed.f32() + (bb * Hkv + h / group) * per_head : nullptr;
-      forward_block(tile, out, lse + (bb * H + h) * sq + i0, q, k, v, pk, params, scale, bb, h, h / group, i0, mq);
+      forward_block(tile, a, pk.at(bb, h / group, Hkv), pv.at(bb, h / group, Hkv), lse + (bb * H + h) * sq + i0,
+                    bb, h, i0, mq);
     }
   }
 }
+
+}  // namespace kernels
 
 }  // namespace ulysses

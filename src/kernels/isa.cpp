@@ -1,0 +1,111 @@
+#include "isa.hpp"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engines.hpp"
+
+namespace ulysses::kernels {
+
+namespace {
+
+constexpr const char* kNames[] = {"portable", "avx2", "avx512", "amx"};
+
+std::uint64_t xcr0() {
+  std::uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (std::uint64_t(edx) << 32) | eax;
+}
+
+struct Cpuid7 {
+  std::uint32_t ebx = 0, edx = 0;
+};
+
+Cpuid7 leaf7() {
+  Cpuid7 r;
+  std::uint32_t a, b, c, d;
+  if (__get_cpuid_max(0, nullptr) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) r = {b, d};
+  return r;
+}
+
+bool os_saves_zmm() {
+  std::uint32_t a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  return (xcr0() & 0xe6) == 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+}
+
+bool has_avx512() {
+  const Cpuid7 c = leaf7();
+  const bool f = c.ebx & (1u << 16), dq = c.ebx & (1u << 17), bw = c.ebx & (1u << 30), vl = c.ebx & (1u << 31);
+  return f && dq && bw && vl && os_saves_zmm();
+}
+
+// AMX-TILE and AMX-BF16 in CPUID, the tile state in XCR0, and Linux's permission to use it.
+bool has_amx() {
+  const Cpuid7 c = leaf7();
+  if (!(c.edx & (1u << 24)) || !(c.edx & (1u << 22))) return false;
+  if ((xcr0() & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+Isa detect() {
+  Isa best = Isa::portable;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::avx2;
+  if (best == Isa::avx2 && has_avx512()) best = Isa::avx512;
+  if (best == Isa::avx512 && has_amx()) best = Isa::amx;
+  return best;
+}
+
+Isa capped(Isa best) {
+  Isa cap;
+  const char* env = std::getenv("ULYSSES_MAX_ISA");
+  return env && parse_isa(env, &cap) && cap < best ? cap : best;
+}
+
+const Isa g_best = detect();
+Isa g_active = capped(g_best);
+
+}  // namespace
+
+const char* to_string(Isa isa) { return kNames[int(isa)]; }
+
+bool parse_isa(const char* name, Isa* out) {
+  for (int i = 0; i < 4; ++i)
+    if (std::strcmp(name, kNames[i]) == 0) return *out = Isa(i), true;
+  return false;
+}
+
+Isa best_supported_isa() { return g_best; }
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> v;
+  for (int i = 0; i <= int(g_best); ++i) v.push_back(Isa(i));
+  return v;
+}
+
+Isa active_isa() { return g_active; }
+Isa force_isa(Isa isa) { return g_active = isa < g_best ? isa : g_best; }
+
+const KernelLevel& level(Isa isa) {
+  using namespace native;
+  static const KernelLevel levels[] = {
+      {"portable", &blas_f32, nullptr, scalar_vec},
+      {"avx2", &avx2_f32, nullptr, avx2_vec},
+      {"avx512", &avx512_f32, nullptr, avx512_vec},
+      #ifdef ULYSSES_HAVE_AMX
+      {"amx", &avx512_f32, &amx_bf16, avx512_vec},
+#else
+      {"amx", &avx512_f32, nullptr, avx512_vec},
+#endif
+  };
+  return levels[int(isa)];
+}
+
+const KernelLevel& active_level() { return level(g_active); }
+
+}  // namespace ulysses::kernels

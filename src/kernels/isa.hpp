@@ -1,0 +1,35 @@
+// Instruction-set levels of the CPU kernels, chosen once at start-up from CPUID.
+//
+//   amx      AVX-512 float32 kernels + AMX tiles for bfloat16 (Sapphire Rapids and later)
+//   avx512   AVX-512 (F, BW, VL, DQ) float32 kernels; bf16 inputs are converted to float32
+//   avx2     AVX2 + FMA float32 kernels; bf16 converted
+//   portable OpenBLAS tile GEMMs and a scalar exp; bf16 converted
+//
+// The best level the CPU *and the OS* support is used (AVX-512 needs the ZMM state enabled in
+// XCR0; AMX needs the tile state in XCR0 and Linux's per-process permission,
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)). ULYSSES_MAX_ISA=<level> caps it
+// (like oneDNN's ONEDNN_MAX_CPU_ISA), and tests force each supported level in turn.
+#pragma once
+
+#include <vector>
+
+#include "engine.hpp"
+
+namespace ulysses::kernels {
+
+enum class Isa { portable = 0, avx2 = 1, avx512 = 2, amx = 3 };
+
+const char* to_string(Isa isa);
+bool parse_isa(const char* name, Isa* out);  // false on an unknown name
+
+Isa best_supported_isa();              // what this CPU and OS can run
+std::vector<Isa> supported_isas();     // portable … best_supported_isa()
+Isa active_isa();
+// Use `isa` from now on (clamped to what the CPU supports); returns the level in use.
+Isa force_isa(Isa isa);
+
+// The table of a level, and of the active one.
+const KernelLevel& level(Isa isa);
+const KernelLevel& active_level();
+
+}  // namespace ulysses::kernels

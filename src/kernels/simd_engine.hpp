@@ -1,0 +1,250 @@
+// The float32 engine and vector ops, written once over a vector of W floats (GCC vector
+// extensions) and compiled once per instruction set: engine_simd_avx2.cpp (W = 8, -mavx2
+// -mfma) and engine_simd_avx512.cpp (W = 16, -mavx512f …). Tests compile the AVX-512 file a
+// second time without ISA flags (namespace `emulated`): GCC then lowers the same vectors to
+// narrower instructions, so that code path is checked on CPUs without AVX-512.
+//
+// Micro-kernel (llama.cpp / BLIS style): a register block of MR = 6 rows × NV vectors of C;
+// per step of the inner dimension it loads NV vectors of B, broadcasts 6 scalars of A and
+// issues 6·NV FMAs, so the accumulators never leave registers (AVX2: 12 of 16 ymm; AVX-512:
+// 24 of 32 zmm). A may be read transposed (Pᵀ, dSᵀ of the backward) with no packing: a
+// broadcast loads one scalar wherever it is. Kᵀ and Vᵀ for the scores are packed once per
+// head into panels [d][NV·W].
+//
+// Before including: ULYSSES_SIMD_LANES (W), ULYSSES_SIMD_NV, ULYSSES_KERNEL_NS, ULYSSES_SIMD_NAME.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "engines.hpp"
+
+namespace ulysses::kernels::ULYSSES_KERNEL_NS {
+
+namespace {
+
+constexpr int W = ULYSSES_SIMD_LANES, NV = ULYSSES_SIMD_NV, MR = 6, NR = NV * W;
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef std::int32_t vi __attribute__((vector_size(W * 4)));
+
+inline vf load(const float* p) {
+  vf r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+inline vf splat(float x) { return vf{} + x; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+
+// ---- the micro-kernel -------------------------------------------------------------------
+
+// acc[r][v] += Σ_kk A(r, kk) · b[kk·ldb + v·W …], A(r, kk) = a[r·lda + kk] (or a[kk·lda + r]
+// when TRANS_A).
+template <int R, int NB, bool TRANS_A>
+inline void fma_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                      vf (&acc)[R][NB]) {
+  for (std::int64_t kk = 0; kk < k; ++kk) {
+    vf bv[NB];
+#pragma GCC unroll 4
+    for (int v = 0; v < NB; ++v) bv[v] = load(b + kk * ldb + v * W);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(TRANS_A ? a[kk * lda + r] : a[r * lda + kk]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NB; ++v) acc[r][v] += x * bv[v];
+    }
+  }
+}
+
+// f(std::integral_constant<int, R>) for R = mr ∈ [1, MR]: every row count gets a fully
+// unrolled kernel.
+template <class F>
+inline void with_rows(std::int64_t mr, F&& f) {
+  switch (mr) {
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
+
+// c[R rows, NB·W columns] += A · B, A and B as in fma_block.
+template <int R, int NB, bool TRANS_A>
+inline void accumulate_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                             float* c, std::int64_t ldc) {
+  vf acc[R][NB];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NB; ++v) acc[r][v] = load(c + r * ldc + v * W);
+  fma_block<R, NB, TRANS_A>(k, a, lda, b, ldb, acc);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NB; ++v) store(c + r * ldc + v * W, acc[r][v]);
+}
+
+// c[R rows, n columns] += A · B for any n: blocks of NV vectors, then single vectors, then a
+// scalar tail (head dims that are not a multiple of W).
+template <int R, bool TRANS_A>
+void accumulate_rows(std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                     std::int64_t ldb, float* c, std::int64_t ldc) {
+  std::int64_t j = 0;
+  for (; j + NR <= n; j += NR) accumulate_block<R, NV, TRANS_A>(k, a, lda, b + j, ldb, c + j, ldc);
+  for (; j + W <= n; j += W) accumulate_block<R, 1, TRANS_A>(k, a, lda, b + j, ldb, c + j, ldc);
+  for (int r = 0; r < R && j < n; ++r)
+    for (std::int64_t kk = 0; kk < k; ++kk) {
+      const float x = TRANS_A ? a[kk * lda + r] : a[r * lda + kk];
+      for (std::int64_t jj = j; jj < n; ++jj) c[r * ldc + jj] += x * b[kk * ldb + jj];
+    }
+}
+
+// ---- the engine -------------------------------------------------------------------------
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+std::int64_t packed_bytes(std::int64_t n, std::int64_t d) { return round_up(n, kKeyAlign) * d * 4; }
+std::int64_t packed_offset(std::int64_t j0, std::int64_t d) { return j0 * d * 4; }
+
+// Panels of NR keys, each [d][NR]: the B of the scores, read one contiguous vector per step.
+void pack_bt(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed) {
+  const float* src = static_cast<const float*>(rows);
+  float* dst = static_cast<float*>(packed);
+  for (std::int64_t p = 0; p < round_up(n, kKeyAlign) / NR; ++p, dst += NR * d)
+    for (std::int64_t j = 0; j < NR; ++j) {
+      const std::int64_t key = p * NR + j;
+      for (std::int64_t x = 0; x < d; ++x) dst[x * NR + j] = key < n ? src[key * ld + x] : 0.0f;
+    }
+}
+
+// Dense rows [n][d]: the B of pv, so the key block a tile reads is contiguous.
+void pack_b(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed) {
+  const float* src = static_cast<const float*>(rows);
+  float* dst = static_cast<float*>(packed);
+  for (std::int64_t key = 0; key < round_up(n, kKeyAlign); ++key)
+    for (std::int64_t x = 0; x < d; ++x) dst[key * d + x] = key < n ? src[key * ld + x] : 0.0f;
+}
+
+template <int R>
+void scores_block(std::int64_t d, float alpha, const float* a, std::int64_t lda, const float* panel, float* s,
+                  std::int64_t lds, std::int64_t cols) {
+  vf acc[R][NV] = {};
+  fma_block<R, NV, false>(d, a, lda, panel, NR, acc);
+  for (int r = 0; r < R; ++r) {
+    if (cols == NR) {
+      for (int v = 0; v < NV; ++v) store(s + r * lds + v * W, acc[r][v] * alpha);
+    } else {
+      float tmp[NR];
+      for (int v = 0; v < NV; ++v) store(tmp + v * W, acc[r][v] * alpha);
+      std::copy_n(tmp, cols, s + r * lds);
+    }
+  }
+}
+
+void scores(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const void* av, std::int64_t lda,
+            const void* bt, float* s, std::int64_t lds, std::int64_t diag) {
+  const float* a = static_cast<const float*>(av);
+  const float* panels = static_cast<const float*>(bt);
+  for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
+    const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
+    const std::int64_t seen = std::clamp<std::int64_t>(diag + i0 + mr, 0, n);  // keys the block's last row sees
+    for (std::int64_t j = 0; j < seen; j += NR)
+      with_rows(mr, [&](auto R) {
+        scores_block<decltype(R)::value>(d, alpha, a + i0 * lda, lda, panels + j * d, s + i0 * lds + j, lds,
+                        std::min<std::int64_t>(NR, n - j));
+      });
+  }
+}
+
+void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* bv,
+        float* o, std::int64_t ldo, std::int64_t diag) {
+  const float* b = static_cast<const float*>(bv);
+  for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
+    const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
+    const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
+    with_rows(mr, [&](auto R) { accumulate_rows<decltype(R)::value, false>(d, kk, p + i0 * ldp, ldp, b, d, o + i0 * ldo, ldo); });
+  }
+}
+
+void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::int64_t ldp, const void* bv,
+          std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t diag) {
+  const float* b = static_cast<const float*>(bv);
+  for (std::int64_t c0 = 0; c0 < k; c0 += MR) {
+    const std::int64_t mr = std::min<std::int64_t>(MR, k - c0);
+    // Key c0 is seen by query rows i >= c0 − diag; earlier rows have P = 0 there.
+    const std::int64_t first = std::clamp<std::int64_t>(c0 - diag, 0, m);
+    with_rows(mr, [&](auto R) {
+      accumulate_rows<decltype(R)::value, true>(d, m - first, p + first * ldp + c0, ldp, b + first * ldb, ldb, c + c0 * ldc, ldc);
+    });
+  }
+}
+
+// ---- the vector ops ---------------------------------------------------------------------
+
+// e^x = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, degree-6 polynomial (the constants of
+// Cephes' expf); x < −87 (−inf included) gives exactly 0.
+inline vf vexp(vf x) {
+  const vi valid = x >= -87.0f;
+  x = vmax(vmin(x, splat(88.3f)), splat(-87.0f));
+  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  vf r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.0f);
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  return (vf)((vi)(p * (vf)bits) & valid);
+}
+
+float lane_sum(vf x) {
+  float t[W];
+  store(t, x);
+  for (int w = W / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+
+float exp_shifted_sum(const float* x, float* out, std::int64_t n, float shift) {
+  vf acc = {};
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf e = vexp(load(x + i) - shift);
+    store(out + i, e);
+    acc += e;
+  }
+  if (i < n) {  // the tail through a padded vector: −inf lanes give 0
+    float t[W];
+    std::fill_n(t, W, -std::numeric_limits<float>::infinity());
+    std::copy(x + i, x + n, t);
+    const vf e = vexp(load(t) - shift);
+    store(t, e);
+    std::copy(t, t + (n - i), out + i);
+    acc += e;
+  }
+  return lane_sum(acc);
+}
+
+float row_max(const float* x, std::int64_t n, float init) {
+  vf m = splat(init);
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) m = vmax(m, load(x + i));
+  float t[W];
+  store(t, m);
+  for (; i < n; ++i) init = x[i] > init ? x[i] : init;
+  for (float v : t) init = v > init ? v : init;
+  return init;
+}
+
+}  // namespace
+
+extern const GemmEngine ULYSSES_SIMD_ENGINE;
+const GemmEngine ULYSSES_SIMD_ENGINE = {ULYSSES_SIMD_NAME "-f32", DType::f32, packed_bytes, packed_offset,
+                                        pack_bt, pack_b, scores, pv, pt_b};
+extern const VectorOps ULYSSES_SIMD_VEC;
+const VectorOps ULYSSES_SIMD_VEC = {exp_shifted_sum, row_max};
+
+}  // namespace ulysses::kernels::ULYSSES_KERNEL_NS
