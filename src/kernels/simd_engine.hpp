@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "engines.hpp"
 
@@ -34,7 +35,11 @@ inline vf load(const float* p) {
   return r;
 }
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vf splat(float x) { return vf{} + x; }
+template <std::size_t... I>
+inline vf splat_lanes(float x, std::index_sequence<I...>) {
+  return vf{((void)I, x)...};
+}
+inline vf splat(float x) { return splat_lanes(x, std::make_index_sequence<W>{}); }  // one vbroadcastss
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
