@@ -35,13 +35,8 @@ std::int64_t ulp_distance(float a, float b) {
 std::vector<const kernels::KernelLevel*> all_levels() {
   static const kernels::KernelLevel emulated_avx512{"emulated-avx512", &kernels::emulated::avx512_f32, nullptr,
                                                     kernels::emulated::avx512_vec};
-#ifdef ULYSSES_HAVE_AMX
   static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32,
                                                  &kernels::emulated::amx_bf16, kernels::emulated::avx512_vec};
-#else
-  static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32, nullptr,
-                                                 kernels::emulated::avx512_vec};
-#endif
   std::vector<const kernels::KernelLevel*> v;
   for (kernels::Isa isa : kernels::supported_isas()) v.push_back(&kernels::level(isa));
   if (kernels::best_supported_isa() < kernels::Isa::avx512) v.push_back(&emulated_avx512);

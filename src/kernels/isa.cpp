@@ -97,11 +97,7 @@ const KernelLevel& level(Isa isa) {
       {"portable", &blas_f32, nullptr, scalar_vec},
       {"avx2", &avx2_f32, nullptr, avx2_vec},
       {"avx512", &avx512_f32, nullptr, avx512_vec},
-      #ifdef ULYSSES_HAVE_AMX
-      {"amx", &avx512_f32, &amx_bf16, avx512_vec},
-#else
-      {"amx", &avx512_f32, nullptr, avx512_vec},
-#endif
+            {"amx", &avx512_f32, &amx_bf16, avx512_vec},
   };
   return levels[int(isa)];
 }

@@ -1,0 +1,551 @@
+// The bfloat16 engine on Intel AMX tiles (the "amx-bf16" GemmEngine of engine.hpp).
+//
+// One TDPBF16PS multiplies a 16 × 32 bf16 tile A by a 32 × 16 bf16 tile B (stored as 16 rows
+// of 16 bf16 pairs: the VNNI layout) into a 16 × 16 float32 tile C. Every call configures all
+// 8 tiles as 16 rows × 64 bytes and pads its operands with zeros to whole tiles, so one
+// configuration serves every shape; row and column tails are handled when C is read or
+// written. Register blocking (as oneDNN's brgemm): tiles 0..3 hold a 2 × 2 block of C, 4..5
+// two A tiles and 6..7 two B tiles, so each tile load feeds two multiplications.
+//
+// Packed images (pack_bt, pack_b): both are laid out in blocks of 32 keys of 32 · D bf16,
+// D = d rounded up to 32, so key j0 (a multiple of 32) starts at byte j0 · D · 2 in either.
+//   pack_bt (Kᵀ, the B of scores; inner dimension d): per 16 keys, D/32 tiles of
+//     [16 pairs of d][16 keys][2]: tile c of keys [16t, 16t + 16) at byte 32·D·t + 1024·c.
+//   pack_b (V, the B of pv; inner dimension keys): per 32 keys, D/16 tiles of
+//     [16 key pairs][16 columns of d][2]: tile n of keys [32k, 32k + 32) at 64·D·k + 1024·n.
+// Every tile is 1 KiB contiguous, so tile loads stream whole cache lines.
+//
+// This file is also compiled without ISA flags against a software tile model
+// (tests/emulation/amx_emulation.hpp, -DULYSSES_AMX_EMULATION), so it uses only the _tile_*
+// intrinsics and plain C++ / GCC vector extensions, never _mm512_* intrinsics.
+#ifdef ULYSSES_AMX_EMULATION
+#include "amx_emulation.hpp"
+#else
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "engines.hpp"
+#include "ulysses/bf16.hpp"
+
+#ifndef ULYSSES_KERNEL_NS
+#define ULYSSES_KERNEL_NS native
+#endif
+
+namespace ulysses::kernels::ULYSSES_KERNEL_NS {
+
+namespace {
+
+using i64 = std::int64_t;
+using bf16 = std::uint16_t;
+using u32 = std::uint32_t;
+
+typedef u32 v16u __attribute__((vector_size(64)));
+typedef bf16 v16h __attribute__((vector_size(32)));
+
+constexpr i64 kTile = 16;         // rows of every tile, and f32 columns of a C tile
+constexpr i64 kTileBytes = 1024;  // 16 rows × 64 bytes
+constexpr i64 kChunk = 32;        // bf16 of the inner dimension per A tile (16 pairs)
+
+inline i64 ceil_div(i64 x, i64 y) { return (x + y - 1) / y; }
+inline i64 round_up(i64 x, i64 y) { return ceil_div(x, y) * y; }
+inline i64 padded_d(i64 d) { return round_up(d, kChunk); }
+
+// ---- tiles ----------------------------------------------------------------------------
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette_id, start_row, reserved[14];
+  std::uint16_t colsb[16];
+  std::uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64);
+
+constexpr TileConfig full_tiles() {
+  TileConfig c{};
+  c.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
+constexpr TileConfig kFullTiles = full_tiles();
+
+// The configuration is per thread and other engines may run on this thread in between
+// calls, so every entry point loads it (LDTILECFG is cheap next to one call's work).
+inline void configure_tiles() { _tile_loadconfig(&kFullTiles); }
+
+// GCC's tileloadd passes its address as a plain register operand, with no memory input, so
+// the compiler does not know that a tile load reads the scratch just written: this fence
+// keeps those stores before the loads.
+inline void publish_scratch() {
+#ifndef ULYSSES_AMX_EMULATION
+  asm volatile("" ::: "memory");
+#endif
+}
+
+// The real intrinsics paste the tile number into the instruction text, so it must be a
+// literal: these switches turn a constant int into one (they fold away when inlined).
+[[gnu::always_inline]] inline void tile_load(int t, const void* p, i64 stride) {
+  switch (t) {
+    case 0: _tile_loadd(0, p, stride); break;
+    case 1: _tile_loadd(1, p, stride); break;
+    case 2: _tile_loadd(2, p, stride); break;
+    case 3: _tile_loadd(3, p, stride); break;
+    case 4: _tile_loadd(4, p, stride); break;
+    case 5: _tile_loadd(5, p, stride); break;
+    case 6: _tile_loadd(6, p, stride); break;
+    default: _tile_loadd(7, p, stride); break;
+  }
+}
+
+// (C tiles only: 0..3.)
+[[gnu::always_inline]] inline void tile_store(int t, void* p, i64 stride) {
+  switch (t) {
+    case 0: _tile_stored(0, p, stride); break;
+    case 1: _tile_stored(1, p, stride); break;
+    case 2: _tile_stored(2, p, stride); break;
+    default: _tile_stored(3, p, stride); break;
+  }
+}
+
+[[gnu::always_inline]] inline void tile_zero(int t) {
+  switch (t) {
+    case 0: _tile_zero(0); break;
+    case 1: _tile_zero(1); break;
+    case 2: _tile_zero(2); break;
+    default: _tile_zero(3); break;
+  }
+}
+
+// C(i, j) += A(i) · B(j): C(i, j) is tile 2i + j, A(i) tile 4 + i, B(j) tile 6 + j.
+[[gnu::always_inline]] inline void tile_dp(int i, int j) {
+  switch (2 * i + j) {
+    case 0: _tile_dpbf16ps(0, 4, 6); break;
+    case 1: _tile_dpbf16ps(1, 4, 7); break;
+    case 2: _tile_dpbf16ps(2, 5, 6); break;
+    default: _tile_dpbf16ps(3, 5, 7); break;
+  }
+}
+
+inline int c_tile(int i, int j) { return 2 * i + j; }
+
+// The block loop: C(i, j) += Σ_c A(i, c) · B(j, c) for chunks c of [c0, c1), over the MB × NB
+// tiles of a register block whose bit 2i + j is set in `live` (a tile wholly past a causal
+// diagonal is not multiplied). a_at(i, c) / b_at(j, c) give the tiles' addresses.
+template <int MB, int NB, class AAt, class BAt>
+[[gnu::always_inline]] inline void accumulate(i64 c0, i64 c1, unsigned live, AAt a_at, i64 a_stride, BAt b_at,
+                                              i64 b_stride) {
+  for (i64 c = c0; c < c1; ++c) {
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; ++i) tile_load(4 + i, a_at(i, c), a_stride);
+#pragma GCC unroll 2
+    for (int j = 0; j < NB; ++j) tile_load(6 + j, b_at(j, c), b_stride);
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 2
+      for (int j = 0; j < NB; ++j)
+        if (live >> c_tile(i, j) & 1u) tile_dp(i, j);
+  }
+}
+
+// Runs f(MB, NB) with the block shape as compile-time constants (edge blocks are 1 wide).
+template <class F>
+inline void with_block_shape(i64 mb, i64 nb, F&& f) {
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if (mb == 2) {
+    if (nb == 2) f(Two{}, Two{});
+    else f(Two{}, One{});
+  } else {
+    if (nb == 2) f(One{}, Two{});
+    else f(One{}, One{});
+  }
+}
+
+// A 16 × 16 float32 window of a caller's matrix: rows × cols of it are inside the matrix.
+struct CWindow {
+  float* p;
+  i64 ld, rows, cols;
+  bool whole() const { return rows == kTile && cols == kTile; }
+};
+
+inline CWindow window(float* base, i64 ld, i64 row0, i64 nrows, i64 col0, i64 ncols) {
+  return {base + row0 * ld + col0, ld, std::min(kTile, nrows - row0), std::min(kTile, ncols - col0)};
+}
+
+// An accumulating C tile starts from the caller's values when the window is whole (loaded in
+// place) and from zero otherwise (the partial sums are added on the way out).
+inline void c_begin(int t, const CWindow& w) {
+  if (w.whole()) tile_load(t, w.p, w.ld * 4);
+  else tile_zero(t);
+}
+
+inline void c_end(int t, const CWindow& w) {
+  if (w.whole()) {
+    tile_store(t, w.p, w.ld * 4);
+    return;
+  }
+  alignas(64) float buf[kTile * kTile];
+  tile_store(t, buf, kTile * 4);
+  for (i64 r = 0; r < w.rows; ++r)
+    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] += buf[r * kTile + c];
+}
+
+// A score tile: s = alpha · C on the window (stored in place when nothing is to be done).
+inline void c_store_scaled(int t, const CWindow& w, float alpha) {
+  if (w.whole() && alpha == 1.0f) {
+    tile_store(t, w.p, w.ld * 4);
+    return;
+  }
+  alignas(64) float buf[kTile * kTile];
+  tile_store(t, buf, kTile * 4);
+  if (w.whole()) {
+    for (i64 r = 0; r < kTile; ++r)
+#pragma GCC unroll 16
+      for (i64 c = 0; c < kTile; ++c) w.p[r * w.ld + c] = alpha * buf[r * kTile + c];
+    return;
+  }
+  for (i64 r = 0; r < w.rows; ++r)
+    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] = alpha * buf[r * kTile + c];
+}
+
+// ---- scratch --------------------------------------------------------------------------
+
+// Per-thread, 64-byte aligned (tile rows = cache lines), grown on demand and never shrunk.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { ::operator delete(data_, kAlign); }
+
+  template <class T>
+  T* get(i64 count) {
+    const std::size_t bytes = std::size_t(count) * sizeof(T);
+    if (bytes > size_) {
+      ::operator delete(data_, kAlign);
+      data_ = nullptr;
+      size_ = round_up(i64(bytes), 64 << 10);
+      data_ = ::operator new(size_, kAlign);
+    }
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  static constexpr std::align_val_t kAlign{64};
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+thread_local Scratch a_scratch;  // the A operand of the current call (Q, P or Pᵀ as bf16)
+thread_local Scratch b_scratch;  // pt_b's B in VNNI pairs
+
+// ---- bf16 conversion and pair packing -----------------------------------------------
+
+inline v16u load16(const void* p) {
+  v16u x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+inline void store16(void* p, v16u x) { std::memcpy(p, &x, sizeof x); }
+
+// float32 bits → the bf16 of them in the top 16 bits of each lane: round to nearest even,
+// NaN stays a (quiet) NaN. ulysses::float_to_bf16, 16 lanes at a time.
+inline v16u round_to_bf16_high(v16u u) {
+  const v16u rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const v16u quiet_nan = u | 0x00400000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+
+// bf16 pairs (lo, hi) of two float32 rows, 16 lanes: the VNNI word of rows 2t and 2t + 1.
+inline v16u pair_rounded(const float* lo, const float* hi) {
+  return (round_to_bf16_high(load16(lo)) >> 16) | (round_to_bf16_high(load16(hi)) & 0xffff0000u);
+}
+
+// bf16 pairs (lo, hi) of two bf16 rows, 16 lanes.
+inline v16u pair_bf16(const bf16* lo, const bf16* hi) {
+  v16h a, b;
+  std::memcpy(&a, lo, sizeof a);
+  std::memcpy(&b, hi, sizeof b);
+  return __builtin_convertvector(a, v16u) | (__builtin_convertvector(b, v16u) << 16);
+}
+
+// One step of the 16 × 16 transpose: swaps bit B of the row index with bit B of the column
+// index, for the rows r (bit B clear) and r | B.
+template <int B, bool HIGH, std::size_t... C>
+inline v16u butterfly(v16u lo, v16u hi, std::index_sequence<C...>) {
+  if constexpr (HIGH)
+    return __builtin_shufflevector(lo, hi, ((C & B) ? 16 + C : (C | B))...);
+  else
+    return __builtin_shufflevector(lo, hi, ((C & B) ? 16 + (C ^ B) : C)...);
+}
+
+template <int B>
+inline void transpose_step(v16u (&x)[16]) {
+  constexpr auto lanes = std::make_index_sequence<16>{};
+  for (int r = 0; r < 16; ++r) {
+    if (r & B) continue;
+    const v16u lo = x[r], hi = x[r | B];
+    x[r] = butterfly<B, false>(lo, hi, lanes);
+    x[r | B] = butterfly<B, true>(lo, hi, lanes);
+  }
+}
+
+// x[r][c] ← x[c][r] for 32-bit lanes: 4 × 16 two-source shuffles.
+inline void transpose16x16(v16u (&x)[16]) {
+  transpose_step<1>(x);
+  transpose_step<2>(x);
+  transpose_step<4>(x);
+  transpose_step<8>(x);
+}
+
+// One VNNI tile of bf16 rows [nrows][ncols] (row stride ld): out[t][c] = (rows[2t][c],
+// rows[2t + 1][c]) for t < 16, c < 16, zero past the matrix.
+inline void pack_pairs_tile(const bf16* rows, i64 ld, i64 nrows, i64 ncols, u32* out) {
+  if (nrows >= 32 && ncols >= 16) {
+    for (int t = 0; t < 16; ++t) store16(out + 16 * t, pair_bf16(rows + 2 * t * ld, rows + (2 * t + 1) * ld));
+    return;
+  }
+  alignas(64) bf16 tmp[32][16] = {};
+  for (i64 r = 0; r < std::min<i64>(nrows, 32); ++r)
+    std::memcpy(tmp[r], rows + r * ld, std::size_t(std::clamp<i64>(ncols, 0, 16)) * 2);
+  for (int t = 0; t < 16; ++t) store16(out + 16 * t, pair_bf16(tmp[2 * t], tmp[2 * t + 1]));
+}
+
+// VNNI image of bf16 rows [nrows][ncols] over the row index: per 32 rows, `col_tiles` tiles
+// of 16 columns, `blocks` blocks of 32 rows (zero past nrows); pack_b's layout, and pt_b's B.
+void pack_pairs(const bf16* rows, i64 ld, i64 nrows, i64 ncols, i64 blocks, i64 col_tiles, u32* out) {
+  for (i64 k = 0; k < blocks; ++k)
+    for (i64 n = 0; n < col_tiles; ++n)
+      pack_pairs_tile(rows + 32 * k * ld + 16 * n, ld, nrows - 32 * k, ncols - 16 * n,
+                      out + (k * col_tiles + n) * 256);
+}
+
+// ---- pack_bt / pack_b / sizes -----------------------------------------------------------
+
+// The images are made of 32-key blocks; the caller pads and offsets in kKeyAlign keys.
+static_assert(kKeyAlign % 32 == 0, "packed images are made of blocks of 32 keys");
+
+i64 packed_bytes(i64 n, i64 d) { return round_up(n, kKeyAlign) * padded_d(d) * 2; }
+i64 packed_offset(i64 j0, i64 d) { return j0 * padded_d(d) * 2; }
+
+// Kᵀ for scores. Seen as 32-bit words, K's row j holds the pairs (K[j][2p], K[j][2p + 1]):
+// a B tile is the 16 × 16 transpose of 16 keys' words p ∈ [16c, 16c + 16).
+void pack_bt(const void* rows, i64 ld, i64 n, i64 d, void* packed) {
+  const auto* k = static_cast<const bf16*>(rows);
+  auto* out = static_cast<u32*>(packed);
+  const i64 chunks = padded_d(d) / kChunk, key_tiles = round_up(n, kKeyAlign) / kTile;
+  for (i64 t = 0; t < key_tiles; ++t) {
+    for (i64 c = 0; c < chunks; ++c) {
+      const bf16* src = k + kTile * t * ld + kChunk * c;
+      const i64 keys = n - kTile * t, dims = d - kChunk * c;
+      v16u x[16];
+      if (keys >= kTile && dims >= kChunk) {
+        for (int r = 0; r < 16; ++r) x[r] = load16(src + r * ld);
+      } else {  // a tail: read through a zero-padded copy
+        alignas(64) bf16 tmp[16][32] = {};
+        for (i64 r = 0; r < std::min<i64>(keys, 16); ++r)
+          std::memcpy(tmp[r], src + r * ld, std::size_t(std::min<i64>(dims, 32)) * 2);
+        for (int r = 0; r < 16; ++r) x[r] = load16(tmp[r]);
+      }
+      transpose16x16(x);
+      u32* tile = out + (t * chunks + c) * 256;
+      for (int r = 0; r < 16; ++r) store16(tile + 16 * r, x[r]);
+    }
+  }
+}
+
+// V for pv: VNNI pairs of consecutive keys, D/16 column tiles per 32 keys.
+void pack_b(const void* rows, i64 ld, i64 n, i64 d, void* packed) {
+  pack_pairs(static_cast<const bf16*>(rows), ld, n, d, round_up(n, kKeyAlign) / 32, padded_d(d) / kTile,
+             static_cast<u32*>(packed));
+}
+
+// ---- scores -----------------------------------------------------------------------------
+
+struct Rows {
+  const bf16* base;
+  i64 ld;  // elements
+};
+
+// Q as A tiles: in place when whole tiles fit the caller's rows, else a zero-padded copy
+// [16·⌈m/16⌉][D].
+Rows scores_a(const bf16* a, i64 lda, i64 m, i64 d) {
+  if (m % kTile == 0 && d % kChunk == 0) return {a, lda};
+  const i64 rows = round_up(m, kTile), dp = padded_d(d);
+  bf16* copy = a_scratch.get<bf16>(rows * dp);
+  for (i64 i = 0; i < rows; ++i) {
+    bf16* row = copy + i * dp;
+    const i64 valid = i < m ? d : 0;
+    if (valid) std::memcpy(row, a + i * lda, std::size_t(valid) * 2);
+    std::memset(row + valid, 0, std::size_t(dp - valid) * 2);
+  }
+  return {copy, dp};
+}
+
+// Row tile r (rows [16r, 16r + 16)) sees some key of key tile t when 16t <= diag + 16r + 15.
+inline bool tile_visible(i64 r, i64 t, i64 diag) { return kTile * t <= diag + kTile * r + kTile - 1; }
+
+void scores(i64 m, i64 n, i64 d, float alpha, const void* a, i64 lda, const void* bt, float* s, i64 lds, i64 diag) {
+  if (m <= 0 || n <= 0) return;
+  if (d <= 0) {  // an empty inner dimension: every score is 0
+    for (i64 i = 0; i < m; ++i) std::fill(s + i * lds, s + i * lds + n, 0.0f);
+    return;
+  }
+  configure_tiles();
+  const Rows q = scores_a(static_cast<const bf16*>(a), lda, m, d);
+  const bf16* a_base = q.base;
+  const i64 a_ld = q.ld;
+  publish_scratch();
+  const auto* b_base = static_cast<const std::byte*>(bt);
+  const i64 dp = padded_d(d), chunks = dp / kChunk, row_tiles = ceil_div(m, kTile), key_tiles = ceil_div(n, kTile);
+  for (i64 r0 = 0; r0 < row_tiles; r0 += 2) {
+    const i64 mb = std::min<i64>(2, row_tiles - r0);
+    for (i64 t0 = 0; t0 < key_tiles; t0 += 2) {
+      i64 nb = std::min<i64>(2, key_tiles - t0);
+      unsigned live = 0;
+      for (int i = 0; i < mb; ++i)
+        for (int j = 0; j < nb; ++j)
+          if (tile_visible(r0 + i, t0 + j, diag)) live |= 1u << c_tile(i, j);
+      if (live == 0) break;  // this block and every later one are past the diagonal
+      if ((live & 0b1010u) == 0) nb = 1;  // the second key tile is past it for both rows
+      auto a_at = [&](int i, i64 c) { return a_base + (r0 + i) * kTile * a_ld + c * kChunk; };
+      auto b_at = [&](int j, i64 c) { return b_base + (t0 + j) * 32 * dp + c * kTileBytes; };
+      with_block_shape(mb, nb, [&](auto MB, auto NB) {
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) tile_zero(c_tile(i, j));
+        accumulate<MB, NB>(0, chunks, live, a_at, a_ld * 2, b_at, 64);
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j)
+            if (live >> c_tile(i, j) & 1u)
+              c_store_scaled(c_tile(i, j), window(s, lds, (r0 + i) * kTile, m, (t0 + j) * kTile, n), alpha);
+      });
+    }
+  }
+}
+
+// ---- pv ---------------------------------------------------------------------------------
+
+// Rows [i0, i0 + rows) of P, keys [0, keys), rounded to bf16 as A tiles [rows][ld] (rows past
+// m and keys past k are zero).
+void round_p_rows(const float* p, i64 ldp, i64 m, i64 k, i64 i0, i64 rows, i64 keys, bf16* out, i64 ld) {
+  for (i64 r = 0; r < rows; ++r) {
+    bf16* dst = out + r * ld;
+    const i64 i = i0 + r, valid = i < m ? std::min(k, keys) : 0;
+    const float* src = p + i * ldp;
+    i64 j = 0;
+    for (; j + 16 <= valid; j += 16) {
+      const v16h h = __builtin_convertvector(round_to_bf16_high(load16(src + j)) >> 16, v16h);
+      std::memcpy(dst + j, &h, sizeof h);
+    }
+    for (; j < valid; ++j) dst[j] = float_to_bf16(src[j]);
+    std::fill(dst + j, dst + keys, bf16(0));
+  }
+}
+
+void pv(i64 m, i64 d, i64 k, const float* p, i64 ldp, const void* b, float* o, i64 ldo, i64 diag) {
+  if (m <= 0 || d <= 0 || k <= 0) return;
+  configure_tiles();
+  const auto* b_base = static_cast<const std::byte*>(b);
+  const i64 dp = padded_d(d), chunks = ceil_div(k, kChunk), kp = chunks * kChunk;
+  const i64 row_tiles = ceil_div(m, kTile), col_tiles = ceil_div(d, kTile);
+  bf16* pb = a_scratch.get<bf16>(2 * kTile * kp);
+  for (i64 r0 = 0; r0 < row_tiles; r0 += 2) {
+    const i64 mb = std::min<i64>(2, row_tiles - r0);
+    // Keys past the block's last row's diagonal have P = 0 in every row: not multiplied.
+    const i64 last_row = std::min(m, (r0 + mb) * kTile) - 1;
+    if (diag + last_row < 0) continue;
+    const i64 live_chunks = std::min(chunks, (diag + last_row) / kChunk + 1);
+    round_p_rows(p, ldp, m, k, r0 * kTile, mb * kTile, live_chunks * kChunk, pb, kp);
+    publish_scratch();
+    auto a_at = [&](int i, i64 c) { return pb + i * kTile * kp + c * kChunk; };
+    for (i64 n0 = 0; n0 < col_tiles; n0 += 2) {
+      const i64 nb = std::min<i64>(2, col_tiles - n0);
+      auto b_at = [&](int j, i64 c) { return b_base + c * 64 * dp + (n0 + j) * kTileBytes; };
+      with_block_shape(mb, nb, [&](auto MB, auto NB) {
+        auto win = [&](int i, int j) { return window(o, ldo, (r0 + i) * kTile, m, (n0 + j) * kTile, d); };
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
+        accumulate<MB, NB>(0, live_chunks, 0b1111u, a_at, kp * 2, b_at, 64);
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
+      });
+    }
+  }
+}
+
+// ---- pt_b -------------------------------------------------------------------------------
+
+// Pᵀ as the two A tiles of keys [j0, j0 + 32) and rows [i0, i0 + 32) of P: tile h row jj
+// holds the bf16 pairs (P[i0 + 2t][j0 + 16h + jj], P[i0 + 2t + 1][…]), t < 16: the pairs of
+// two P rows are the VNNI words, then a 32-bit transpose puts keys on the rows.
+void pack_pt_tiles(const float* p, i64 ldp, i64 m, i64 k, i64 i0, i64 j0, u32* out) {
+  const float* src = p + i0 * ldp + j0;
+  i64 ld = ldp;
+  alignas(64) float tmp[32][32];
+  if (i0 + 32 > m || j0 + 32 > k) {  // a tail: read through a zero-padded copy
+    const i64 rows = std::min<i64>(32, m - i0), cols = std::min<i64>(32, k - j0);
+    for (i64 r = 0; r < 32; ++r) {
+      const i64 valid = r < rows ? cols : 0;
+      if (valid) std::memcpy(tmp[r], src + r * ldp, std::size_t(valid) * 4);
+      std::fill(tmp[r] + valid, tmp[r] + 32, 0.0f);
+    }
+    src = &tmp[0][0];
+    ld = 32;
+  }
+  for (int h = 0; h < 2; ++h) {
+    v16u x[16];
+    for (int t = 0; t < 16; ++t) x[t] = pair_rounded(src + 2 * t * ld + 16 * h, src + (2 * t + 1) * ld + 16 * h);
+    transpose16x16(x);
+    for (int jj = 0; jj < 16; ++jj) store16(out + h * 256 + 16 * jj, x[jj]);
+  }
+}
+
+void pt_b(i64 k, i64 d, i64 m, const float* p, i64 ldp, const void* b, i64 ldb, float* c, i64 ldc, i64 diag) {
+  if (m <= 0 || d <= 0 || k <= 0) return;
+  configure_tiles();
+  const i64 row_chunks = ceil_div(m, kChunk), key_tiles = ceil_div(k, kTile), col_tiles = ceil_div(d, kTile);
+  // B in VNNI pairs over m: tile (chunk q, columns n) at (q · col_tiles + n) · 256 words.
+  u32* bv = b_scratch.get<u32>(row_chunks * col_tiles * 256);
+  pack_pairs(static_cast<const bf16*>(b), ldb, m, d, row_chunks, col_tiles, bv);
+  // Pᵀ of one block of 32 keys: tile (chunk q, key tile h) at (2q + h) · 256 words.
+  u32* at = a_scratch.get<u32>(row_chunks * 2 * 256);
+  for (i64 t0 = 0; t0 < key_tiles; t0 += 2) {
+    const i64 mb = std::min<i64>(2, key_tiles - t0), j0 = t0 * kTile;
+    // Rows before j0 − diag see none of these keys (their P is 0): their chunks are skipped.
+    const i64 first_row = std::max<i64>(0, j0 - diag);
+    if (first_row >= m) break;
+    const i64 q0 = first_row / kChunk;
+    for (i64 q = q0; q < row_chunks; ++q) pack_pt_tiles(p, ldp, m, k, q * kChunk, j0, at + 2 * q * 256);
+    publish_scratch();
+    auto a_at = [&](int i, i64 q) { return at + (2 * q + i) * 256; };
+    for (i64 n0 = 0; n0 < col_tiles; n0 += 2) {
+      const i64 nb = std::min<i64>(2, col_tiles - n0);
+      auto b_at = [&](int j, i64 q) { return bv + (q * col_tiles + n0 + j) * 256; };
+      with_block_shape(mb, nb, [&](auto MB, auto NB) {
+        auto win = [&](int i, int j) { return window(c, ldc, (t0 + i) * kTile, k, (n0 + j) * kTile, d); };
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
+        accumulate<MB, NB>(q0, row_chunks, 0b1111u, a_at, 64, b_at, 64);
+        for (int i = 0; i < MB; ++i)
+          for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
+      });
+    }
+  }
+}
+
+}  // namespace
+
+extern const GemmEngine amx_bf16;
+const GemmEngine amx_bf16 = {"amx-bf16", DType::bf16, packed_bytes, packed_offset, pack_bt, pack_b,
+                             scores,     pv,          pt_b};
+
+}  // namespace ulysses::kernels::ULYSSES_KERNEL_NS
