@@ -16,12 +16,22 @@
 // Every tile is 1 KiB contiguous, so tile loads stream whole cache lines.
 //
 // This file is also compiled without ISA flags against a software tile model
-// (tests/emulation/amx_emulation.hpp, -DULYSSES_AMX_EMULATION), so it uses only the _tile_*
-// intrinsics and plain C++ / GCC vector extensions, never _mm512_* intrinsics.
+// (tests/emulation/amx_emulation.hpp, -DULYSSES_AMX_EMULATION). The algorithm is written
+// once in plain C++ / GCC vector extensions; the hot vector loops around the tiles (P rounded
+// to bf16, the Pᵀ pairs, the 16 × 16 32-bit transposes, the alpha scaling of scores) also
+// have an AVX-512 version under #ifndef ULYSSES_AMX_EMULATION, next to the portable one it
+// must equal (bit for bit, but for denormal P: see round_p_rows), so that the emulated
+// build keeps checking the algorithm the native build runs.
 #ifdef ULYSSES_AMX_EMULATION
 #include "amx_emulation.hpp"
 #else
+// GCC 12's AVX-512 intrinsics start their masked builtins from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports at every inlined use (a false positive): silenced for the
+// header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include <algorithm>
@@ -82,10 +92,15 @@ constexpr TileConfig kFullTiles = full_tiles();
 // calls, so every entry point loads it (LDTILECFG is cheap next to one call's work).
 inline void configure_tiles() { _tile_loadconfig(&kFullTiles); }
 
-// GCC's tileloadd passes its address as a plain register operand, with no memory input, so
-// the compiler does not know that a tile load reads the scratch just written: this fence
-// keeps those stores before the loads.
-inline void publish_scratch() {
+// GCC's tileloadd is an asm that takes its address as a plain register operand, with no
+// memory input and no clobber (and before GCC 12 tilestored had no clobber either): the
+// compiler does not know that a tile load reads memory, so it may sink vector stores to a
+// buffer below the tile loads of it, or hoist the stores that overwrite it above them. This
+// compiler barrier (no instruction) goes wherever vector code and tiles meet in memory:
+// after a scratch is written and before it is tile-loaded, after its tile loads and before
+// it is overwritten, and around a tile store into a buffer that vector code then reads. The
+// emulated tiles are ordinary function calls the compiler sees through: nothing to do.
+inline void tile_fence() {
 #ifndef ULYSSES_AMX_EMULATION
   asm volatile("" ::: "memory");
 #endif
@@ -137,22 +152,35 @@ inline void publish_scratch() {
 
 inline int c_tile(int i, int j) { return 2 * i + j; }
 
-// The block loop: C(i, j) += Σ_c A(i, c) · B(j, c) for chunks c of [c0, c1), over the MB × NB
-// tiles of a register block whose bit 2i + j is set in `live` (a tile wholly past a causal
-// diagonal is not multiplied). a_at(i, c) / b_at(j, c) give the tiles' addresses.
-template <int MB, int NB, class AAt, class BAt>
-[[gnu::always_inline]] inline void accumulate(i64 c0, i64 c1, unsigned live, AAt a_at, i64 a_stride, BAt b_at,
-                                              i64 b_stride) {
-  for (i64 c = c0; c < c1; ++c) {
-#pragma GCC unroll 2
-    for (int i = 0; i < MB; ++i) tile_load(4 + i, a_at(i, c), a_stride);
-#pragma GCC unroll 2
-    for (int j = 0; j < NB; ++j) tile_load(6 + j, b_at(j, c), b_stride);
-#pragma GCC unroll 2
-    for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 2
-      for (int j = 0; j < NB; ++j)
-        if (live >> c_tile(i, j) & 1u) tile_dp(i, j);
+// The tiles of one operand along a block loop: tile i (or j) of chunk c at
+// p + i · next + c · step bytes, rows `stride` bytes apart.
+struct TileWalk {
+  const std::byte* p;
+  i64 next, step, stride;
+};
+
+template <class T>
+inline TileWalk walk(const T* p, i64 next, i64 step, i64 stride) {
+  return {reinterpret_cast<const std::byte*>(p), next, step, stride};
+}
+
+// The block loop: C(i, j) += Σ_c A(i, c) · B(j, c) for `chunks` chunks, over an MB × NB block
+// of tiles; SKIP01: C(0, 1) is wholly past a causal diagonal and not multiplied (the only
+// tile of a block that can be, once blocks are clipped to the rows that see some key: see
+// scores). Two running pointers and four loop invariants, so the loop holds in registers.
+template <int MB, int NB, bool SKIP01 = false>
+[[gnu::always_inline]] inline void accumulate(i64 chunks, TileWalk a, TileWalk b) {
+  const std::byte* pa = a.p;
+  const std::byte* pb = b.p;
+  for (i64 c = 0; c < chunks; ++c, pa += a.step, pb += b.step) {
+    tile_load(4, pa, a.stride);
+    if constexpr (MB == 2) tile_load(5, pa + a.next, a.stride);
+    tile_load(6, pb, b.stride);
+    if constexpr (NB == 2) tile_load(7, pb + b.next, b.stride);
+    tile_dp(0, 0);
+    if constexpr (NB == 2 && !SKIP01) tile_dp(0, 1);
+    if constexpr (MB == 2) tile_dp(1, 0);
+    if constexpr (MB == 2 && NB == 2) tile_dp(1, 1);
   }
 }
 
@@ -188,29 +216,43 @@ inline void c_begin(int t, const CWindow& w) {
   else tile_zero(t);
 }
 
+// A whole tile into a 16 × 16 buffer that vector code reads next (fenced: see tile_fence).
+inline void tile_to_buffer(int t, float* buf) {
+  tile_fence();  // earlier reads of buf stay above the store
+  tile_store(t, buf, kTile * 4);
+  tile_fence();  // later reads of buf stay below it
+}
+
 inline void c_end(int t, const CWindow& w) {
   if (w.whole()) {
     tile_store(t, w.p, w.ld * 4);
     return;
   }
   alignas(64) float buf[kTile * kTile];
-  tile_store(t, buf, kTile * 4);
+  tile_to_buffer(t, buf);
   for (i64 r = 0; r < w.rows; ++r)
     for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] += buf[r * kTile + c];
 }
 
 // A score tile: s = alpha · C on the window (stored in place when nothing is to be done).
+// alpha · C is one float32 product per element in both versions (nothing to contract).
 inline void c_store_scaled(int t, const CWindow& w, float alpha) {
   if (w.whole() && alpha == 1.0f) {
     tile_store(t, w.p, w.ld * 4);
     return;
   }
   alignas(64) float buf[kTile * kTile];
-  tile_store(t, buf, kTile * 4);
+  tile_to_buffer(t, buf);
   if (w.whole()) {
+#ifndef ULYSSES_AMX_EMULATION
+    const __m512 a = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+    for (int r = 0; r < kTile; ++r) _mm512_storeu_ps(w.p + r * w.ld, _mm512_mul_ps(a, _mm512_load_ps(buf + r * kTile)));
+#else
     for (i64 r = 0; r < kTile; ++r)
 #pragma GCC unroll 16
       for (i64 c = 0; c < kTile; ++c) w.p[r * w.ld + c] = alpha * buf[r * kTile + c];
+#endif
     return;
   }
   for (i64 r = 0; r < w.rows; ++r)
@@ -301,10 +343,38 @@ inline void transpose_step(v16u (&x)[16]) {
 
 // x[r][c] ← x[c][r] for 32-bit lanes: 4 × 16 two-source shuffles.
 inline void transpose16x16(v16u (&x)[16]) {
+#ifndef ULYSSES_AMX_EMULATION
+  // The same transpose as the portable butterflies below, in the four shuffles that need no
+  // index vector and no copy of a destroyed source (unpack 32, unpack 64, then two rounds
+  // of 128-bit lane shuffles; each one µop on port 5). Lane L of a register holds columns
+  // 4L..4L + 3.
+  __m512i u[16], v[16];
+  for (int r = 0; r < 16; r += 2) {  // u[r]: (x[r][c], x[r + 1][c]) pairs, c = 4L, 4L + 1 (lo) or + 2, + 3 (hi)
+    u[r] = _mm512_unpacklo_epi32(__m512i(x[r]), __m512i(x[r + 1]));
+    u[r + 1] = _mm512_unpackhi_epi32(__m512i(x[r]), __m512i(x[r + 1]));
+  }
+  for (int g = 0; g < 16; g += 4) {  // v[g + c], lane L: rows g..g + 3 of column 4L + c
+    v[g + 0] = _mm512_unpacklo_epi64(u[g], u[g + 2]);
+    v[g + 1] = _mm512_unpackhi_epi64(u[g], u[g + 2]);
+    v[g + 2] = _mm512_unpacklo_epi64(u[g + 1], u[g + 3]);
+    v[g + 3] = _mm512_unpackhi_epi64(u[g + 1], u[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    // a0 = lanes (0, 1) of row groups 0, 1; a1 = lanes (2, 3) of them; b0, b1: groups 2, 3.
+    const __m512i a0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x44), a1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xee);
+    const __m512i b0 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x44),
+                  b1 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xee);
+    x[c] = v16u(_mm512_shuffle_i32x4(a0, b0, 0x88));       // lane 0 of the four groups: column c
+    x[4 + c] = v16u(_mm512_shuffle_i32x4(a0, b0, 0xdd));   // lane 1: column 4 + c
+    x[8 + c] = v16u(_mm512_shuffle_i32x4(a1, b1, 0x88));   // lane 2
+    x[12 + c] = v16u(_mm512_shuffle_i32x4(a1, b1, 0xdd));  // lane 3
+  }
+#else
   transpose_step<1>(x);
   transpose_step<2>(x);
   transpose_step<4>(x);
   transpose_step<8>(x);
+#endif
 }
 
 // One VNNI tile of bf16 rows [nrows][ncols] (row stride ld): out[t][c] = (rows[2t][c],
@@ -402,31 +472,40 @@ void scores(i64 m, i64 n, i64 d, float alpha, const void* a, i64 lda, const void
   }
   configure_tiles();
   const Rows q = scores_a(static_cast<const bf16*>(a), lda, m, d);
-  const bf16* a_base = q.base;
-  const i64 a_ld = q.ld;
-  publish_scratch();
+  tile_fence();  // a copy of Q in a_scratch is tile-loaded below
   const auto* b_base = static_cast<const std::byte*>(bt);
   const i64 dp = padded_d(d), chunks = dp / kChunk, row_tiles = ceil_div(m, kTile), key_tiles = ceil_div(n, kTile);
   for (i64 r0 = 0; r0 < row_tiles; r0 += 2) {
     const i64 mb = std::min<i64>(2, row_tiles - r0);
     for (i64 t0 = 0; t0 < key_tiles; t0 += 2) {
+      // Visibility grows with the row and shrinks with the key, so (last row, first key
+      // tile) is the block's most visible tile and (first row, last key tile) its least.
+      if (!tile_visible(r0 + mb - 1, t0, diag)) break;  // this block and every later one are past the diagonal
+      i64 ra = r0, ma = mb;  // the rows of the block that see some of its keys
+      if (ma == 2 && !tile_visible(r0, t0, diag)) ra = r0 + 1, ma = 1;
       i64 nb = std::min<i64>(2, key_tiles - t0);
-      unsigned live = 0;
-      for (int i = 0; i < mb; ++i)
-        for (int j = 0; j < nb; ++j)
-          if (tile_visible(r0 + i, t0 + j, diag)) live |= 1u << c_tile(i, j);
-      if (live == 0) break;  // this block and every later one are past the diagonal
-      if ((live & 0b1010u) == 0) nb = 1;  // the second key tile is past it for both rows
-      auto a_at = [&](int i, i64 c) { return a_base + (r0 + i) * kTile * a_ld + c * kChunk; };
-      auto b_at = [&](int j, i64 c) { return b_base + (t0 + j) * 32 * dp + c * kTileBytes; };
-      with_block_shape(mb, nb, [&](auto MB, auto NB) {
-        for (int i = 0; i < MB; ++i)
-          for (int j = 0; j < NB; ++j) tile_zero(c_tile(i, j));
-        accumulate<MB, NB>(0, chunks, live, a_at, a_ld * 2, b_at, 64);
-        for (int i = 0; i < MB; ++i)
-          for (int j = 0; j < NB; ++j)
-            if (live >> c_tile(i, j) & 1u)
-              c_store_scaled(c_tile(i, j), window(s, lds, (r0 + i) * kTile, m, (t0 + j) * kTile, n), alpha);
+      if (nb == 2 && !tile_visible(ra + ma - 1, t0 + 1, diag)) nb = 1;  // the second key tile is past it for both rows
+      // What is left dead is at most C(0, 1): not multiplied, not stored.
+      const bool skip01 = ma == 2 && nb == 2 && !tile_visible(ra, t0 + 1, diag);
+      const TileWalk at = walk(q.base + ra * kTile * q.ld, kTile * q.ld * 2, kChunk * 2, q.ld * 2);
+      const TileWalk bt_walk = walk(b_base + t0 * 32 * dp, 32 * dp, kTileBytes, 64);
+      with_block_shape(ma, nb, [&](auto MB, auto NB) {
+        auto finish = [&](auto SKIP01) {
+          for (int i = 0; i < MB; ++i)
+            for (int j = 0; j < NB; ++j)
+              if (!(SKIP01 && i == 0 && j == 1)) tile_zero(c_tile(i, j));
+          accumulate<MB, NB, SKIP01>(chunks, at, bt_walk);
+          for (int i = 0; i < MB; ++i)
+            for (int j = 0; j < NB; ++j)
+              if (!(SKIP01 && i == 0 && j == 1))
+                c_store_scaled(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n), alpha);
+        };
+        if constexpr (MB == 2 && NB == 2) {
+          if (skip01) finish(std::true_type{});
+          else finish(std::false_type{});
+        } else {
+          finish(std::false_type{});
+        }
       });
     }
   }
@@ -436,16 +515,28 @@ void scores(i64 m, i64 n, i64 d, float alpha, const void* a, i64 lda, const void
 
 // Rows [i0, i0 + rows) of P, keys [0, keys), rounded to bf16 as A tiles [rows][ld] (rows past
 // m and keys past k are zero).
+//
+// Native: VCVTNE2PS2BF16 rounds exactly as float_to_bf16 (nearest even, NaN quieted by
+// setting bit 6 of the bf16) except that it reads float32 denormals as zero, where
+// float_to_bf16 makes a bf16 denormal (or zero) of them. TDPBF16PS reads bf16 denormals as
+// zero, so the tile products, and every result of this engine, are the same either way.
 void round_p_rows(const float* p, i64 ldp, i64 m, i64 k, i64 i0, i64 rows, i64 keys, bf16* out, i64 ld) {
   for (i64 r = 0; r < rows; ++r) {
     bf16* dst = out + r * ld;
     const i64 i = i0 + r, valid = i < m ? std::min(k, keys) : 0;
     const float* src = p + i * ldp;
     i64 j = 0;
+#ifndef ULYSSES_AMX_EMULATION
+    for (; j + 32 <= valid; j += 32)  // second source → the low 16 bf16
+      _mm512_storeu_si512(dst + j, __m512i(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j))));
+    for (; j + 16 <= valid; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), __m256i(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + j))));
+#else
     for (; j + 16 <= valid; j += 16) {
       const v16h h = __builtin_convertvector(round_to_bf16_high(load16(src + j)) >> 16, v16h);
       std::memcpy(dst + j, &h, sizeof h);
     }
+#endif
     for (; j < valid; ++j) dst[j] = float_to_bf16(src[j]);
     std::fill(dst + j, dst + keys, bf16(0));
   }
@@ -464,17 +555,18 @@ void pv(i64 m, i64 d, i64 k, const float* p, i64 ldp, const void* b, float* o, i
     const i64 last_row = std::min(m, (r0 + mb) * kTile) - 1;
     if (diag + last_row < 0) continue;
     const i64 live_chunks = std::min(chunks, (diag + last_row) / kChunk + 1);
+    tile_fence();  // the tile loads of the previous block's pb stay above its overwriting
     round_p_rows(p, ldp, m, k, r0 * kTile, mb * kTile, live_chunks * kChunk, pb, kp);
-    publish_scratch();
-    auto a_at = [&](int i, i64 c) { return pb + i * kTile * kp + c * kChunk; };
+    tile_fence();  // and these stores above the tile loads of it
+    const TileWalk at = walk(pb, kTile * kp * 2, kChunk * 2, kp * 2);
     for (i64 n0 = 0; n0 < col_tiles; n0 += 2) {
       const i64 nb = std::min<i64>(2, col_tiles - n0);
-      auto b_at = [&](int j, i64 c) { return b_base + c * 64 * dp + (n0 + j) * kTileBytes; };
+      const TileWalk bw = walk(b_base + n0 * kTileBytes, kTileBytes, 64 * dp, 64);
       with_block_shape(mb, nb, [&](auto MB, auto NB) {
         auto win = [&](int i, int j) { return window(o, ldo, (r0 + i) * kTile, m, (n0 + j) * kTile, d); };
         for (int i = 0; i < MB; ++i)
           for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
-        accumulate<MB, NB>(0, live_chunks, 0b1111u, a_at, kp * 2, b_at, 64);
+        accumulate<MB, NB>(live_chunks, at, bw);
         for (int i = 0; i < MB; ++i)
           for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
       });
@@ -501,9 +593,36 @@ void pack_pt_tiles(const float* p, i64 ldp, i64 m, i64 k, i64 i0, i64 j0, u32* o
     src = &tmp[0][0];
     ld = 32;
   }
+#ifndef ULYSSES_AMX_EMULATION
+  // pair_rounded: both rows rounded by one VCVTNE2PS2BF16 (row 2t in the low half, row
+  // 2t + 1 in the high half; denormals as in round_p_rows), then one VPERMW interleaves the
+  // halves into the (row 2t, row 2t + 1) pairs of each column.
+  typedef short v32s __attribute__((vector_size(64)));
+  constexpr v32s kInterleave = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = __m512i(kInterleave);
+  const i64 row_bytes = ld * 4, three_rows = 3 * row_bytes;
+  auto pair = [&](const char* lo, const char* hi) {
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
+    return v16u(_mm512_permutexvar_epi16(interleave, __m512i(both)));
+  };
+#endif
   for (int h = 0; h < 2; ++h) {
     v16u x[16];
+#ifndef ULYSSES_AMX_EMULATION
+    const char* rows = reinterpret_cast<const char*>(src + 16 * h);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {  // rows 4g..4g + 3 at rows + {0, 1, 2, 3} · row_bytes
+      x[2 * g] = pair(rows, rows + row_bytes);
+      x[2 * g + 1] = pair(rows + 2 * row_bytes, rows + three_rows);
+      rows += 4 * row_bytes;
+      // Opaque to the optimizer: one running pointer and two strides in the addressing
+      // modes, rather than 32 row pointers precomputed into (and spilled from) registers.
+      asm("" : "+r"(rows));
+    }
+#else
     for (int t = 0; t < 16; ++t) x[t] = pair_rounded(src + 2 * t * ld + 16 * h, src + (2 * t + 1) * ld + 16 * h);
+#endif
     transpose16x16(x);
     for (int jj = 0; jj < 16; ++jj) store16(out + h * 256 + 16 * jj, x[jj]);
   }
@@ -524,17 +643,18 @@ void pt_b(i64 k, i64 d, i64 m, const float* p, i64 ldp, const void* b, i64 ldb, 
     const i64 first_row = std::max<i64>(0, j0 - diag);
     if (first_row >= m) break;
     const i64 q0 = first_row / kChunk;
+    tile_fence();  // bv's stores, and the tile loads of the previous block's Pᵀ, stay above
     for (i64 q = q0; q < row_chunks; ++q) pack_pt_tiles(p, ldp, m, k, q * kChunk, j0, at + 2 * q * 256);
-    publish_scratch();
-    auto a_at = [&](int i, i64 q) { return at + (2 * q + i) * 256; };
+    tile_fence();  // and these stores above the tile loads of them
+    const TileWalk aw = walk(at + 2 * q0 * 256, kTileBytes, 2 * kTileBytes, 64);
     for (i64 n0 = 0; n0 < col_tiles; n0 += 2) {
       const i64 nb = std::min<i64>(2, col_tiles - n0);
-      auto b_at = [&](int j, i64 q) { return bv + (q * col_tiles + n0 + j) * 256; };
+      const TileWalk bw = walk(bv + (q0 * col_tiles + n0) * 256, kTileBytes, col_tiles * kTileBytes, 64);
       with_block_shape(mb, nb, [&](auto MB, auto NB) {
         auto win = [&](int i, int j) { return window(c, ldc, (t0 + i) * kTile, k, (n0 + j) * kTile, d); };
         for (int i = 0; i < MB; ++i)
           for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
-        accumulate<MB, NB>(q0, row_chunks, 0b1111u, a_at, 64, b_at, 64);
+        accumulate<MB, NB>(row_chunks - q0, aw, bw);
         for (int i = 0; i < MB; ++i)
           for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
       });
