@@ -37,9 +37,14 @@ std::vector<const kernels::KernelLevel*> all_levels() {
                                                     kernels::emulated::avx512_vec};
   static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32,
                                                  &kernels::emulated::amx_bf16, kernels::emulated::avx512_vec};
+  static const kernels::KernelLevel emulated_avx512bf16{"emulated-avx512bf16", &kernels::emulated::avx512_f32,
+                                                        &kernels::emulated::avx512_bf16,
+                                                        kernels::emulated::avx512_vec};
   std::vector<const kernels::KernelLevel*> v;
   for (kernels::Isa isa : kernels::supported_isas()) v.push_back(&kernels::level(isa));
   if (kernels::best_supported_isa() < kernels::Isa::avx512) v.push_back(&emulated_avx512);
+  if (kernels::best_supported_isa() < kernels::Isa::avx512 || !kernels::level(kernels::Isa::avx512).bf16)
+    v.push_back(&emulated_avx512bf16);
   if (kernels::best_supported_isa() < kernels::Isa::amx) v.push_back(&emulated_amx);
   return v;
 }

@@ -16,12 +16,14 @@ extern const GemmEngine avx2_f32;    // engine_simd_avx2.cpp
 extern const VectorOps avx2_vec;
 extern const GemmEngine avx512_f32;  // engine_simd_avx512.cpp
 extern const VectorOps avx512_vec;
-extern const GemmEngine amx_bf16;    // engine_bf16_amx.cpp
+extern const GemmEngine avx512_bf16;  // engine_bf16_avx512.cpp (vdpbf16ps: AVX512_BF16)
+extern const GemmEngine amx_bf16;     // engine_bf16_amx.cpp
 }  // namespace native
 
 namespace emulated {  // only in the test binaries
 extern const GemmEngine avx512_f32;
 extern const VectorOps avx512_vec;
+extern const GemmEngine avx512_bf16;
 extern const GemmEngine amx_bf16;
 }  // namespace emulated
 

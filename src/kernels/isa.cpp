@@ -44,6 +44,12 @@ bool has_avx512() {
   return f && dq && bw && vl && os_saves_zmm();
 }
 
+// AVX512_BF16: CPUID leaf 7 subleaf 1, EAX bit 5 (the ZMM state is checked with AVX-512).
+bool has_avx512_bf16() {
+  std::uint32_t a, b, c, d;
+  return __get_cpuid_max(0, nullptr) >= 7 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
 // AMX-TILE and AMX-BF16 in CPUID, the tile state in XCR0, and Linux's permission to use it.
 bool has_amx() {
   const Cpuid7 c = leaf7();
@@ -96,7 +102,7 @@ const KernelLevel& level(Isa isa) {
   static const KernelLevel levels[] = {
       {"portable", &blas_f32, nullptr, scalar_vec},
       {"avx2", &avx2_f32, nullptr, avx2_vec},
-      {"avx512", &avx512_f32, nullptr, avx512_vec},
+      {"avx512", &avx512_f32, g_best >= Isa::avx512 && has_avx512_bf16() ? &avx512_bf16 : nullptr, avx512_vec},
             {"amx", &avx512_f32, &amx_bf16, avx512_vec},
   };
   return levels[int(isa)];

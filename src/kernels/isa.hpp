@@ -1,7 +1,8 @@
 // Instruction-set levels of the CPU kernels, chosen once at start-up from CPUID.
 //
 //   amx      AVX-512 float32 kernels + AMX tiles for bfloat16 (Sapphire Rapids and later)
-//   avx512   AVX-512 (F, BW, VL, DQ) float32 kernels; bf16 inputs are converted to float32
+//   avx512   AVX-512 (F, BW, VL, DQ) float32 kernels; bf16 on vdpbf16ps where the CPU has
+//            AVX512_BF16 (Cooper Lake, Zen 4), else converted to float32
 //   avx2     AVX2 + FMA float32 kernels; bf16 converted
 //   portable OpenBLAS tile GEMMs and a scalar exp; bf16 converted
 //
