@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""External anchor: PyTorch's CPU scaled_dot_product_attention, forward and backward.
+
+Measures torch.nn.functional.scaled_dot_product_attention on the CPU for the given shapes and
+prints ONE JSON object on stdout (progress, if any, goes to stderr). Layout [b, h, s, d].
+For each (dtype, mask): one untimed warm-up, then the median over --reps of the forward time
+and, separately, of the backward time (out.backward(grad)). FLOPs follow FlashAttention's
+count: forward 4*b*s*s*h*d (halved when causal), backward 2.5x forward.
+
+Usage:
+  python bench/sdpa_anchor.py --seq 4096 --heads 8 --head-dim 64 --dtype f32,bf16 \
+      --masks full,causal --threads 1 --reps 3
+  python bench/sdpa_anchor.py --seq 4096 --heads 16 --kv-heads 2 --causal --dtype bf16
+  python bench/sdpa_anchor.py --gemm-only --threads 1        # GEMM ceiling only (torch.mm)
+
+Requires torch >= 2.0 and numpy; exits with code 3 and a one-line message otherwise.
+"""
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+try:
+    import torch
+except ImportError as e:
+    print(f"sdpa_anchor: needs torch >= 2.0 ({e})", file=sys.stderr)
+    sys.exit(3)
+
+
+def _torch_major():
+    try:
+        return int(str(getattr(torch, "__version__", "0")).split("+")[0].split(".")[0])
+    except ValueError:
+        return 0
+
+
+if _torch_major() < 2:
+    print(f"sdpa_anchor: needs torch >= 2.0, found {getattr(torch, '__version__', '?')}",
+          file=sys.stderr)
+    sys.exit(3)
+
+try:
+    import numpy as np
+    import torch.nn.functional as F
+    F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
+except (ImportError, AttributeError) as e:
+    print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})",
+          file=sys.stderr)
+    sys.exit(3)
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+MASKS = ("full", "causal")
+BACKEND_NAMES = {-1: "error", 0: "math", 1: "flash_attention", 2: "efficient_attention",
+                 3: "cudnn_attention", 4: "overrideable"}
+
+
+def split_list(values, allowed, what):
+    out = []
+    for v in values or []:
+        for item in v.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item not in allowed:
+                print(f"sdpa_anchor: unknown {what} '{item}' (use {', '.join(allowed)})", file=sys.stderr)
+                sys.exit(2)
+            if item not in out:
+                out.append(item)
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="PyTorch CPU SDPA forward/backward anchor (JSON on stdout)")
+    p.add_argument("--seq", type=int, default=4096, help="sequence length s (default 4096)")
+    p.add_argument("--heads", type=int, default=8, help="query heads h (default 8)")
+    p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA when < heads; default = heads)")
+    p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
+    p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
+    p.add_argument("--dtype", action="append", default=None,
+                   help="f32|bf16|f16, repeatable or comma list (default f32)")
+    p.add_argument("--masks", action="append", default=None, help="comma list of full,causal (default: both, unless --full/--causal given)")
+    p.add_argument("--causal", dest="mask_flags", action="append_const", const="causal",
+                   help="add the causal mask")
+    p.add_argument("--full", dest="mask_flags", action="append_const", const="full",
+                   help="add the full (no) mask")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gemm", action="store_true",
+                   help="also measure a GEMM ceiling (torch.mm, median of --gemm-reps) at --threads")
+    p.add_argument("--gemm-only", action="store_true", help="only the GEMM ceiling, no attention")
+    p.add_argument("--gemm-reps", type=int, default=5, help="f32 GEMM reps (default 5)")
+    p.add_argument("--gemm-bf16-reps", type=int, default=1,
+                   help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)")
+    a = p.parse_args(argv)
+    a.dtypes = split_list(a.dtype, DTYPES, "dtype") or ["f32"]
+    masks = split_list(a.masks, MASKS, "mask") + split_list(a.mask_flags, MASKS, "mask")
+    a.mask_list = [m for m in MASKS if m in masks] or ["full", "causal"]
+    if a.kv_heads is None:
+        a.kv_heads = a.heads
+    for name in ("seq", "heads", "kv_heads", "head_dim", "batch", "threads", "reps", "gemm_reps"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.heads % a.kv_heads:
+        p.error("--heads must be a multiple of --kv-heads")
+    return a
+
+
+def sdpa_supports_gqa():
+    q = torch.zeros(1, 2, 2, 4)
+    k = torch.zeros(1, 1, 2, 4)
+    try:
+        F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+def detect_backend(q, k, v, causal, gqa_kw):
+    """Backend torch's dispatcher picks for these inputs (private API; None if unavailable)."""
+    fn = getattr(torch, "_fused_sdp_choice", None)
+    if fn is None:
+        return None
+    try:
+        code = int(fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=causal, **gqa_kw))
+    except Exception:  # noqa: BLE001 - private API, signature varies across versions
+        return None
+    return BACKEND_NAMES.get(code, str(code))
+
+
+def profiled_ops(fn):
+    """Names of the aten attention kernels (or math fallback ops) run by fn, forward and
+    backward, seen by a dispatch mode (no profiler: kineto logs to stderr). None if unavailable."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        return None
+    keep = ("attention", "softmax", "bmm", "baddbmm")
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
+            if any(w in name for w in keep):
+                self.ops.add("aten::" + name)
+            return func(*args, **(kwargs or {}))
+
+    rec = Recorder()
+    try:
+        with rec:
+            fn()
+    except Exception:  # noqa: BLE001 - private API
+        return None
+    return sorted(rec.ops)
+
+
+def bench_case(a, dtype_name, causal, gqa_native):
+    dtype = DTYPES[dtype_name]
+    b, h, hk, s, d = a.batch, a.heads, a.kv_heads, a.seq, a.head_dim
+    g = torch.Generator().manual_seed(a.seed)
+    q = torch.randn(b, h, s, d, generator=g).to(dtype).requires_grad_(True)
+    k = torch.randn(b, hk, s, d, generator=g).to(dtype).requires_grad_(True)
+    v = torch.randn(b, hk, s, d, generator=g).to(dtype).requires_grad_(True)
+    grad = torch.randn(b, h, s, d, generator=g).to(dtype)
+
+    gqa = hk < h
+    gqa_kw = {"enable_gqa": True} if (gqa and gqa_native) else {}
+
+    def forward():
+        kk, vv = k, v
+        if gqa and not gqa_native:  # repeat inside the timed region: part of the cost
+            kk = k.repeat_interleave(h // hk, dim=1)
+            vv = v.repeat_interleave(h // hk, dim=1)
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, **gqa_kw)
+
+    def clear():
+        q.grad = k.grad = v.grad = None
+
+    # Warm-up (untimed), under a dispatch recorder to see which kernels actually ran.
+    def warm():
+        out = forward()
+        out.backward(grad)
+    ops = profiled_ops(warm)
+    clear()
+    if ops is None:  # recorder unavailable: plain warm-up
+        warm()
+        clear()
+    kd, vd = k.detach(), v.detach()
+    if gqa and not gqa_native:
+        kd, vd = kd.repeat_interleave(h // hk, dim=1), vd.repeat_interleave(h // hk, dim=1)
+    backend = detect_backend(q.detach(), kd, vd, causal, gqa_kw)
+
+    fwd, bwd = [], []
+    for _ in range(a.reps):
+        clear()
+        t0 = time.perf_counter()
+        out = forward()
+        t1 = time.perf_counter()
+        out.backward(grad)
+        t2 = time.perf_counter()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+        del out
+    clear()
+
+    flops_fwd = 4.0 * b * s * s * h * d * (0.5 if causal else 1.0)
+    flops_bwd = 2.5 * flops_fwd
+    fwd_s = float(np.median(fwd))
+    bwd_s = float(np.median(bwd))
+    return {
+        "dtype": dtype_name,
+        "causal": causal,
+        "fwd_s": round(fwd_s, 6),
+        "bwd_s": round(bwd_s, 6),
+        "fwd_gflops": round(flops_fwd / fwd_s / 1e9, 3),
+        "bwd_gflops": round(flops_bwd / bwd_s / 1e9, 3),
+        "fwd_s_all": [round(x, 6) for x in fwd],
+        "bwd_s_all": [round(x, 6) for x in bwd],
+        "sdp_backend": backend,
+        "aten_ops": ops,
+    }
+
+
+def bench_gemm(reps, bf16_reps):
+    """torch.mm GFLOP/s, median of reps after one warm-up. bf16 2048^3 takes minutes per call
+    on AVX2-only CPUs (no native bf16 GEMM), so it has its own rep count and a small warm-up."""
+    shapes = [("f32", 4096, 64, 4096, reps), ("f32", 4096, 4096, 64, reps),
+              ("f32", 2048, 2048, 2048, reps), ("bf16", 2048, 2048, 2048, bf16_reps)]
+    res = []
+    g = torch.Generator().manual_seed(1)
+    for dt, m, kdim, n, nrep in shapes:
+        if nrep < 1:
+            continue
+        A = torch.randn(m, kdim, generator=g).to(DTYPES[dt])
+        B = torch.randn(kdim, n, generator=g).to(DTYPES[dt])
+        if dt == "f32":
+            torch.mm(A, B)
+        else:
+            torch.mm(A[:64, :64], B[:64, :64])
+        ts = []
+        for _ in range(nrep):
+            t0 = time.perf_counter()
+            torch.mm(A, B)
+            ts.append(time.perf_counter() - t0)
+        t = float(np.median(ts))
+        res.append({"dtype": dt, "m": m, "k": kdim, "n": n, "s": round(t, 6),
+                    "gflops": round(2.0 * m * kdim * n / t / 1e9, 3),
+                    "s_all": [round(x, 6) for x in ts]})
+    return res
+
+
+def main():
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    gqa = a.kv_heads < a.heads
+    gqa_native = sdpa_supports_gqa()
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - added in torch 2.1
+        capability = None
+    result = {
+        "tool": "sdpa_anchor",
+        "torch_version": torch.__version__,
+        "cpu_capability": capability,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(),
+    }
+    if not a.gemm_only:
+        result.update({
+            "shape": {"batch": a.batch, "heads": a.heads, "kv_heads": a.kv_heads, "seq": a.seq,
+                      "head_dim": a.head_dim, "layout": "bhsd"},
+            "gqa": (("enable_gqa" if gqa_native else "repeat_interleave") if gqa else "none"),
+            "reps": a.reps,
+            "flops": "fwd 4*b*s*s*h*d (x0.5 causal), bwd 2.5x fwd",
+            "cases": [],
+        })
+        with torch.inference_mode(False):
+            for dt in a.dtypes:
+                for m in a.mask_list:
+                    result["cases"].append(bench_case(a, dt, m == "causal", gqa_native))
+    if a.gemm or a.gemm_only:
+        result["gemm"] = bench_gemm(a.gemm_reps, a.gemm_bf16_reps)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
