@@ -12,6 +12,12 @@
 // head into panels [d][NV·W].
 //
 // Before including: ULYSSES_SIMD_LANES (W), ULYSSES_SIMD_NV, ULYSSES_KERNEL_NS, ULYSSES_SIMD_NAME.
+// GCC 12's AVX-512 min/max wrappers trip a false -Wmaybe-uninitialized inside the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -40,8 +46,27 @@ inline vf splat_lanes(float x, std::index_sequence<I...>) {
   return vf{((void)I, x)...};
 }
 inline vf splat(float x) { return splat_lanes(x, std::make_index_sequence<W>{}); }  // one vbroadcastss
-inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+// x86's min/max return the second operand when either is NaN, exactly like these ternaries;
+// GCC emits compare + blend for the ternaries, so use the one-instruction form where the
+// file's flags have it (the emulated build keeps the ternaries).
+inline vf vmax(vf a, vf b) {
+#if defined(__AVX512F__) && ULYSSES_SIMD_LANES == 16
+  return (vf)_mm512_max_ps((__m512)b, (__m512)a);
+#elif defined(__AVX__) && ULYSSES_SIMD_LANES == 8
+  return (vf)_mm256_max_ps((__m256)b, (__m256)a);
+#else
+  return a > b ? a : b;
+#endif
+}
+inline vf vmin(vf a, vf b) {
+#if defined(__AVX512F__) && ULYSSES_SIMD_LANES == 16
+  return (vf)_mm512_min_ps((__m512)b, (__m512)a);
+#elif defined(__AVX__) && ULYSSES_SIMD_LANES == 8
+  return (vf)_mm256_min_ps((__m256)b, (__m256)a);
+#else
+  return a < b ? a : b;
+#endif
+}
 
 // ---- the micro-kernel -------------------------------------------------------------------
 
@@ -187,10 +212,11 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
 // ---- the vector ops ---------------------------------------------------------------------
 
 // e^x = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, degree-6 polynomial (the constants of
-// Cephes' expf); x < −87 (−inf included) gives exactly 0.
+// Cephes' expf); x < −87 (−inf and NaN included) gives exactly 0: those lanes may compute
+// garbage, which the final AND with `valid` clears, so no lower clamp is needed.
 inline vf vexp(vf x) {
   const vi valid = x >= -87.0f;
-  x = vmax(vmin(x, splat(88.3f)), splat(-87.0f));
+  x = vmin(x, splat(88.3f));
   const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
