@@ -2,8 +2,10 @@
 //
 //   mpirun -n 2 --bind-to none build/ulysses_bench [--quick] [--json FILE] [--only SECTION]
 //
-//   1. kernels     local flash forward/backward vs OpenBLAS sgemm (ceiling) vs a naive
-//                  attention that materialises the scores (what a user writes first)
+//   1. kernels     local flash forward/backward, f32 and bf16, on the active kernel level
+//                  and on every level the CPU supports, vs this CPU's ceilings (OpenBLAS
+//                  sgemm; AMX tile GEMMs where present), vs a naive attention that materialises
+//                  the scores, and vs PyTorch SDPA when a Python with torch >= 2 is found
 //   2. alltoall    seq_to_head of Q, K, V vs a raw MPI_Alltoall and a memcpy of the same bytes
 //   3. strategies  attention fwd+bwd: 1 rank × all cores vs every strategy on all ranks, with
 //                  compute, communication and exposed communication, bytes vs formula, and
