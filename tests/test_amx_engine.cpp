@@ -171,7 +171,6 @@ TEST(AmxEngine, Scores) {
       for (i64 m : kMs) {
         const i64 lda = d + 5, lds = n + 3;
         const auto a = rng.bf16_matrix(m, d, lda);
-        const float alpha = 0.3f;
         Checker ref(m, n, lds);
         for (i64 i = 0; i < m; ++i)
           for (i64 j = 0; j < n; ++j) {
@@ -181,14 +180,14 @@ TEST(AmxEngine, Scores) {
               sum += x;
               mag += std::abs(x);
             }
-            ref.want[i * n + j] = alpha * sum;
-            ref.scale[i * n + j] = alpha * mag;
+            ref.want[i * n + j] = sum;
+            ref.scale[i * n + j] = mag;
           }
         for (i64 diag : kDiags) {
           SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " d=" + std::to_string(d) +
                        " diag=" + diag_str(diag));
           std::vector<float> s(extent(m, n, lds), sentinel());
-          engine().scores(m, n, d, alpha, a.data(), lda, block, s.data(), lds, diag);
+          engine().scores(m, n, d, a.data(), lda, block, s.data(), lds, diag);
           // Scores at or before the diagonal must be written; past it they may be anything.
           EXPECT_TRUE(ref.compare(s, 1e-5, [&](i64 i, i64 j) { return visible(i, j, diag); }));
         }
@@ -210,7 +209,7 @@ TEST(AmxEngine, ScoresSkipTilesPastTheDiagonal) {
     for (i64 r = 0; r < m / 16; ++r)
       for (i64 t = 0; t < n / 16; ++t) tiles += 16 * t <= diag + 16 * r + 15;
     const i64 before = amx_emu::state().dp_count;
-    engine().scores(m, n, d, 1.0f, a.data(), d, bt.data(), s.data(), n, diag);
+    engine().scores(m, n, d, a.data(), d, bt.data(), s.data(), n, diag);
     EXPECT_EQ(amx_emu::state().dp_count - before, tiles * (d / 32)) << "diag=" << diag_str(diag);
   }
 }
@@ -427,7 +426,7 @@ TEST(AmxEngine, OddShapes) {
       engine().pack_b(kv.data(), ld, n, d, b.data());
       // scores
       std::vector<float> s(extent(m, n, lds), sentinel());
-      engine().scores(m, n, d, 1.0f, a.data(), ld, bt.data(), s.data(), lds, kNoDiagonal);
+      engine().scores(m, n, d, a.data(), ld, bt.data(), s.data(), lds, kNoDiagonal);
       Checker rs(m, n, lds);
       for (i64 i = 0; i < m; ++i)
         for (i64 j = 0; j < n; ++j)

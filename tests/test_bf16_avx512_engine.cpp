@@ -138,14 +138,14 @@ auto everywhere = [](i64, i64) { return true; };
 
 // ---- references ---------------------------------------------------------------------------
 
-// s = alpha · a · kᵀ over keys [j0, j0 + n) of k.
-Expected ref_scores(i64 m, i64 n, i64 d, float alpha, const std::vector<bf16>& a, i64 lda,
+// s = a · kᵀ over keys [j0, j0 + n) of k.
+Expected ref_scores(i64 m, i64 n, i64 d, const std::vector<bf16>& a, i64 lda,
                     const std::vector<bf16>& k, i64 ldk, i64 j0, i64 lds) {
   Expected e(m, n, lds);
   for (i64 i = 0; i < m; ++i)
     for (i64 j = 0; j < n; ++j)
       for (i64 x = 0; x < d; ++x)
-        e.add(i, j, double(alpha) * bf16_to_float(a[i * lda + x]) * bf16_to_float(k[(j0 + j) * ldk + x]));
+        e.add(i, j, double(bf16_to_float(a[i * lda + x])) * bf16_to_float(k[(j0 + j) * ldk + x]));
   return e;
 }
 
@@ -253,12 +253,11 @@ TEST(Avx512Bf16Engine, Scores) {
       for (i64 m : kMs) {
         const i64 lda = d + 5, lds = n + 3;
         const auto a = rng.bf16_matrix(m, d, lda);
-        const float alpha = 0.3f;
-        const Expected ref = ref_scores(m, n, d, alpha, a, lda, k, ldk, j0, lds);
+        const Expected ref = ref_scores(m, n, d, a, lda, k, ldk, j0, lds);
         for (i64 diag : kDiags) {
           SCOPED_TRACE(shape("m", m, "n", n, d, diag));
           std::vector<float> s(extent(m, n, lds), sentinel());
-          engine().scores(m, n, d, alpha, a.data(), lda, block, s.data(), lds, diag);
+          engine().scores(m, n, d, a.data(), lda, block, s.data(), lds, diag);
           // Scores at or before the diagonal must be written; past it they may be anything.
           EXPECT_TRUE(ref.compare(s, 1e-5, [&](i64 i, i64 j) { return visible(i, j, diag); }));
         }
@@ -277,7 +276,7 @@ TEST(Avx512Bf16Engine, ScoresSkipVectorsPastTheDiagonal) {
   engine().pack_bt(k.data(), d, n, d, bt.data());
   for (i64 diag : {i64(0), i64(40), i64(-20), i64(200)}) {
     std::vector<float> s(m * n, sentinel());
-    engine().scores(m, n, d, 1.0f, a.data(), d, bt.data(), s.data(), n, diag);
+    engine().scores(m, n, d, a.data(), d, bt.data(), s.data(), n, diag);
     int written_past = 0, missing = 0;
     for (i64 i = 0; i < m; ++i) {
       const i64 i0 = i / kMR * kMR, mr = std::min(kMR, m - i0);
@@ -512,8 +511,8 @@ TEST(Avx512Bf16Engine, OddShapes) {
       for (i64 diag : {kNoDiagonal, i64(-2), i64(9)}) {
         SCOPED_TRACE("diag=" + diag_str(diag));
         std::vector<float> s(extent(m, n, lds), sentinel());
-        engine().scores(m, n, d, 0.5f, a.data(), ld, bt.data(), s.data(), lds, diag);
-        EXPECT_TRUE(ref_scores(m, n, d, 0.5f, a, ld, kv, ld, 0, lds).compare(s, 1e-5, [&](i64 i, i64 j) {
+        engine().scores(m, n, d, a.data(), ld, bt.data(), s.data(), lds, diag);
+        EXPECT_TRUE(ref_scores(m, n, d, a, ld, kv, ld, 0, lds).compare(s, 1e-5, [&](i64 i, i64 j) {
           return visible(i, j, diag);
         }));
 
@@ -537,7 +536,7 @@ TEST(Avx512Bf16Engine, OddShapes) {
 TEST(Avx512Bf16Engine, EmptyShapes) {
   std::vector<float> s(4 * 5, sentinel());
   const bf16 dummy[1] = {0};
-  engine().scores(4, 5, 0, 1.0f, dummy, 0, dummy, s.data(), 5, kNoDiagonal);
+  engine().scores(4, 5, 0, dummy, 0, dummy, s.data(), 5, kNoDiagonal);
   for (float x : s) EXPECT_EQ(x, 0.0f);
   std::vector<float> c(4, 1.0f);
   engine().pv(0, 4, 8, nullptr, 8, nullptr, c.data(), 4, kNoDiagonal);

@@ -71,7 +71,7 @@ TEST_P(VexpTest, WithinTwoUlpOfStdExp) {
   for (float v = -87.0f; v <= 88.0f; v += 0.0137f) x.push_back(v);
   for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.5f, -0.5f, 1.0f, -1.0f, 88.0f}) x.push_back(v);
   std::vector<float> out(x.size());
-  vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
+  vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 1.0f, 0.0f);
   std::int64_t worst = 0;
   for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, ulp_distance(out[i], std::exp(x[i])));
   EXPECT_LE(worst, 2);
@@ -79,7 +79,7 @@ TEST_P(VexpTest, WithinTwoUlpOfStdExp) {
   std::vector<float> y;
   for (float v = -20.0f; v <= 0.0f; v += 0.01f) y.push_back(v);
   std::vector<float> e(y.size());
-  const float s = vec().exp_shifted_sum(y.data(), e.data(), std::int64_t(y.size()), 0.0f);
+  const float s = vec().exp_shifted_sum(y.data(), e.data(), std::int64_t(y.size()), 1.0f, 0.0f);
   double ref = 0;
   for (float v : y) ref += std::exp(double(v));
   EXPECT_NEAR(s, ref, 1e-5 * ref);
@@ -89,13 +89,13 @@ TEST_P(VexpTest, MaskedAndTinyInputsGiveExactZero) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {-inf, -1e30f, -87.5f, -100.0f, -inf, -inf, -inf, -inf, -inf, 0.0f};
   std::vector<float> out(x.size(), 123.0f);
-  const float sum = vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 0.0f);
+  const float sum = vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 1.0f, 0.0f);
   for (std::size_t i = 0; i + 1 < x.size(); ++i) EXPECT_EQ(out[i], 0.0f) << "x = " << x[i];
   EXPECT_EQ(out.back(), 1.0f);
   EXPECT_EQ(sum, 1.0f);
   // The shift is subtracted: exp(x - m) with x = m is exactly 1.
   float y = 3.5f, e = 0;
-  vec().exp_shifted_sum(&y, &e, 1, 3.5f);
+  vec().exp_shifted_sum(&y, &e, 1, 1.0f, 3.5f);
   EXPECT_EQ(e, 1.0f);
 }
 
@@ -105,9 +105,37 @@ TEST_P(VexpTest, RowMaxEqualsStdMaxElement) {
   for (std::int64_t n : {0, 1, 7, 8, 9, 16, 37}) {
     const float init = -std::numeric_limits<float>::infinity();
     const float expect = n == 0 ? init : *std::max_element(x.begin(), x.begin() + n);
-    EXPECT_EQ(vec().row_max(x.data(), n, init), expect) << n;
+    EXPECT_EQ(vec().row_max(x.data(), n, init, 1.0f), expect) << n;
   }
-  EXPECT_EQ(vec().row_max(x.data(), 37, 100.0f), 100.0f);  // the running max carries over
+  EXPECT_EQ(vec().row_max(x.data(), 37, 100.0f, 1.0f), 100.0f);  // the running max carries over
+  // The softmax scale is applied before the max, whatever its sign.
+  for (float scale : {0.125f, -0.5f})
+    for (std::int64_t n : {1, 9, 37}) {
+      float expect = -std::numeric_limits<float>::infinity();
+      for (std::int64_t i = 0; i < n; ++i) expect = std::max(expect, x[std::size_t(i)] * scale);
+      EXPECT_EQ(vec().row_max(x.data(), n, -std::numeric_limits<float>::infinity(), scale), expect);
+    }
+}
+
+TEST_P(VexpTest, ScaleAndShiftFuse) {
+  // exp(scale·x − shift) for both signs of the scale and every tail length.
+  std::vector<float> x(41);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(float(i) * 0.9f) * 30.0f;
+  for (float scale : {0.125f, -0.5f})
+    for (std::int64_t n : {1, 7, 8, 17, 41}) {
+      const float shift = 2.0f;
+      std::vector<float> out(std::size_t(n), -1.0f);
+      const float sum = vec().exp_shifted_sum(x.data(), out.data(), n, scale, shift);
+      double ref_sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double arg = double(x[std::size_t(i)]) * scale - shift, ref = std::exp(arg);
+        ref_sum += ref;
+        // The argument is rounded once to float (half an ulp of |arg| becomes that much relative
+        // error in exp), then the exp's own 2 ulp.
+        EXPECT_NEAR(out[std::size_t(i)], ref, (std::abs(arg) * 6e-8 + 3e-7) * ref) << "scale " << scale << " i " << i;
+      }
+      EXPECT_NEAR(sum, ref_sum, 1e-6 * ref_sum) << "scale " << scale << " n " << n;
+    }
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {

@@ -7,14 +7,16 @@
 //
 // A GemmEngine computes the three tile GEMMs of flash attention, always accumulating in
 // float32, for operands stored in `dtype`:
-//   scores:  S[m, n]  = alpha · A[m, d] · Bᵀ      (S = Q·Kᵀ forward and backward, dP = dO·Vᵀ)
+//   scores:  S[m, n]  = A[m, d] · Bᵀ              (S = Q·Kᵀ forward and backward, dP = dO·Vᵀ)
 //   pv:      O[m, d] += P[m, k] · B[k, d]         (O += P·V, dQ += dS·K)
 //   pt_b:    C[k, d] += Pᵀ[k, m] · B[m, d]        (dV += Pᵀ·dO, dK += dSᵀ·Q)
 // A (scores) and B (pt_b) are read in place from the caller's tensors: rows of d contiguous
 // `dtype` elements, `ld` elements apart. The B of scores and pv are a per-(batch, KV head)
 // image of K or V made once by pack_bt / pack_b (the keys are reused s/64 times, so the
 // packing is paid once). P and dS are float32 (the engine may round them to its dtype:
-// bf16 engines do, FlashAttention's contract).
+// bf16 engines do, FlashAttention's contract). The softmax scale is not the GEMMs' business:
+// the vector ops apply it (one FMA with the shift), so score tiles are stored as they come
+// out of the registers or tiles, without a scaling pass.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +44,10 @@ struct GemmEngine {
   void (*pack_bt)(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed);
   void (*pack_b)(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed);
 
-  // s[m, n] = alpha · a[m, d] · bᵀ, bt = packed_bt image at key j0 (n <= 256, m <= 64).
+  // s[m, n] = a[m, d] · bᵀ, bt = packed_bt image at key j0 (n <= 256, m <= 64).
   // With a diagonal, scores past it may be left unwritten (the caller masks them).
-  void (*scores)(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const void* a, std::int64_t lda,
-                 const void* bt, float* s, std::int64_t lds, std::int64_t diag);
+  void (*scores)(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt,
+                 float* s, std::int64_t lds, std::int64_t diag);
   // o[m, d] += p[m, k] · b[k, d], b = pack_b image at key j0. p[i, j] == 0 for j > diag + i.
   void (*pv)(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* b,
              float* o, std::int64_t ldo, std::int64_t diag);
@@ -57,10 +59,11 @@ struct GemmEngine {
 
 // The float32 vector ops of the softmax.
 struct VectorOps {
-  // out[i] = exp(x[i] − shift) (≤ 2 ulp; anything below −87, −inf included, gives 0), returns Σ out.
-  float (*exp_shifted_sum)(const float* x, float* out, std::int64_t n, float shift);
-  // max(init, x[0..n)).
-  float (*row_max)(const float* x, std::int64_t n, float init);
+  // out[i] = exp(scale·x[i] − shift) (≤ 2 ulp of exp of the fused argument; an argument
+  // below −87, −inf included, gives 0), returns Σ out.
+  float (*exp_shifted_sum)(const float* x, float* out, std::int64_t n, float scale, float shift);
+  // max(init, scale·x[0..n)).
+  float (*row_max)(const float* x, std::int64_t n, float init, float scale);
 };
 
 // One instruction-set level: its float32 engine, its bfloat16 engine (null: bf16 inputs are

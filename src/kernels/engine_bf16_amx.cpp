@@ -18,7 +18,7 @@
 // This file is also compiled without ISA flags against a software tile model
 // (tests/emulation/amx_emulation.hpp, -DULYSSES_AMX_EMULATION). The algorithm is written
 // once in plain C++ / GCC vector extensions; the hot vector loops around the tiles (P rounded
-// to bf16, the Pᵀ pairs, the 16 × 16 32-bit transposes, the alpha scaling of scores) also
+// to bf16, the Pᵀ pairs, the 16 × 16 32-bit transposes) also
 // have an AVX-512 version under #ifndef ULYSSES_AMX_EMULATION, next to the portable one it
 // must equal (bit for bit, but for denormal P: see round_p_rows), so that the emulated
 // build keeps checking the algorithm the native build runs.
@@ -234,29 +234,17 @@ inline void c_end(int t, const CWindow& w) {
     for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] += buf[r * kTile + c];
 }
 
-// A score tile: s = alpha · C on the window (stored in place when nothing is to be done).
-// alpha · C is one float32 product per element in both versions (nothing to contract).
-inline void c_store_scaled(int t, const CWindow& w, float alpha) {
-  if (w.whole() && alpha == 1.0f) {
+// A score tile: s = C on the window, stored straight from the tile when the window is whole
+// (the softmax applies the scale, so there is no pass over the scores here).
+inline void c_store(int t, const CWindow& w) {
+  if (w.whole()) {
     tile_store(t, w.p, w.ld * 4);
     return;
   }
   alignas(64) float buf[kTile * kTile];
   tile_to_buffer(t, buf);
-  if (w.whole()) {
-#ifndef ULYSSES_AMX_EMULATION
-    const __m512 a = _mm512_set1_ps(alpha);
-#pragma GCC unroll 16
-    for (int r = 0; r < kTile; ++r) _mm512_storeu_ps(w.p + r * w.ld, _mm512_mul_ps(a, _mm512_load_ps(buf + r * kTile)));
-#else
-    for (i64 r = 0; r < kTile; ++r)
-#pragma GCC unroll 16
-      for (i64 c = 0; c < kTile; ++c) w.p[r * w.ld + c] = alpha * buf[r * kTile + c];
-#endif
-    return;
-  }
   for (i64 r = 0; r < w.rows; ++r)
-    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] = alpha * buf[r * kTile + c];
+    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] = buf[r * kTile + c];
 }
 
 // ---- scratch --------------------------------------------------------------------------
@@ -464,7 +452,7 @@ Rows scores_a(const bf16* a, i64 lda, i64 m, i64 d) {
 // Row tile r (rows [16r, 16r + 16)) sees some key of key tile t when 16t <= diag + 16r + 15.
 inline bool tile_visible(i64 r, i64 t, i64 diag) { return kTile * t <= diag + kTile * r + kTile - 1; }
 
-void scores(i64 m, i64 n, i64 d, float alpha, const void* a, i64 lda, const void* bt, float* s, i64 lds, i64 diag) {
+void scores(i64 m, i64 n, i64 d, const void* a, i64 lda, const void* bt, float* s, i64 lds, i64 diag) {
   if (m <= 0 || n <= 0) return;
   if (d <= 0) {  // an empty inner dimension: every score is 0
     for (i64 i = 0; i < m; ++i) std::fill(s + i * lds, s + i * lds + n, 0.0f);
@@ -498,7 +486,7 @@ void scores(i64 m, i64 n, i64 d, float alpha, const void* a, i64 lda, const void
           for (int i = 0; i < MB; ++i)
             for (int j = 0; j < NB; ++j)
               if (!(SKIP01 && i == 0 && j == 1))
-                c_store_scaled(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n), alpha);
+                c_store(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n));
         };
         if constexpr (MB == 2 && NB == 2) {
           if (skip01) finish(std::true_type{});

@@ -206,17 +206,17 @@ void accumulate_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b
   }
 }
 
-// s[R rows, cols] = alpha · A · B.
+// s[R rows, cols] = A · B.
 template <int R, int NB>
-void scores_block(i64 pairs, float alpha, const bf16* a, i64 lda, const u32* panel, float* s, i64 lds, i64 cols) {
+void scores_block(i64 pairs, const bf16* a, i64 lda, const u32* panel, float* s, i64 lds, i64 cols) {
   vf acc[R][NB] = {};
   dp_block<R, NB>(pairs, a, lda, 2, panel, NR, acc);
   for (int r = 0; r < R; ++r) {
     if (cols == NB * W) {
-      for (int v = 0; v < NB; ++v) storef(s + r * lds + v * W, acc[r][v] * alpha);
+      for (int v = 0; v < NB; ++v) storef(s + r * lds + v * W, acc[r][v]);
     } else {
       float tmp[NB * W];
-      for (int v = 0; v < NB; ++v) storef(tmp + v * W, acc[r][v] * alpha);
+      for (int v = 0; v < NB; ++v) storef(tmp + v * W, acc[r][v]);
       for (i64 q = 0; q < cols; ++q) s[r * lds + q] = tmp[q];
     }
   }
@@ -341,7 +341,7 @@ void pack_b(const void* rows, i64 ld, i64 n, i64 d, void* packed) {
 
 // ---- the ops ----------------------------------------------------------------------------
 
-void scores(i64 m, i64 n, i64 d, float alpha, const void* av, i64 lda, const void* bt, float* s, i64 lds,
+void scores(i64 m, i64 n, i64 d, const void* av, i64 lda, const void* bt, float* s, i64 lds,
             i64 diag) {
   if (m <= 0 || n <= 0) return;
   if (d <= 0) {  // an empty inner dimension: every score is 0
@@ -367,7 +367,7 @@ void scores(i64 m, i64 n, i64 d, float alpha, const void* av, i64 lda, const voi
     for (i64 j = 0; j < seen; j += NR) {
       const i64 nb = (imin(NR, seen - j) + W - 1) / W, cols = imin(n - j, nb * W);
       with_shape(mr, nb, [&](auto R, auto NB) {
-        scores_block<decltype(R)::value, decltype(NB)::value>(pairs, alpha, a + i0 * lda, lda, panels + j * half,
+        scores_block<decltype(R)::value, decltype(NB)::value>(pairs, a + i0 * lda, lda, panels + j * half,
                                                               s + i0 * lds + j, lds, cols);
       });
     }

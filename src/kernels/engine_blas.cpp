@@ -29,9 +29,9 @@ void pack_rows(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d
   for (std::int64_t j = 0; j < n; ++j) std::memcpy(dst + j * d, src + j * ld, std::size_t(d) * 4);
 }
 
-void scores(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const void* a, std::int64_t lda,
-            const void* bt, float* s, std::int64_t lds, std::int64_t) {
-  gemm(false, true, m, n, d, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(bt), d, 0.0f, s,
+void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt,
+            float* s, std::int64_t lds, std::int64_t) {
+  gemm(false, true, m, n, d, 1.0f, static_cast<const float*>(a), lda, static_cast<const float*>(bt), d, 0.0f, s,
        lds);
 }
 
@@ -66,14 +66,14 @@ float exp_one(float x) {
   return p * scale;
 }
 
-float exp_shifted_sum(const float* x, float* out, std::int64_t n, float shift) {
+float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, float shift) {
   float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) sum += out[i] = exp_one(x[i] - shift);
+  for (std::int64_t i = 0; i < n; ++i) sum += out[i] = exp_one(x[i] * scale - shift);
   return sum;
 }
 
-float row_max(const float* x, std::int64_t n, float init) {
-  for (std::int64_t i = 0; i < n; ++i) init = x[i] > init ? x[i] : init;
+float row_max(const float* x, std::int64_t n, float init, float scale) {
+  for (std::int64_t i = 0; i < n; ++i) init = x[i] * scale > init ? x[i] * scale : init;
   return init;
 }
 

@@ -61,7 +61,7 @@ struct BackwardArgs {
   float scale;
 };
 
-// P = exp(S − lse) in place over the n visible keys of each row, 0 past them.
+// P = exp(scale·S − lse) in place over the n visible keys of each row, 0 past them.
 void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq,
                    std::int64_t j0, std::int64_t nk) {
   for (std::int64_t i = 0; i < mq; ++i) {
@@ -69,7 +69,7 @@ void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64
     const std::int64_t n =
         std::max<std::int64_t>(0, std::min(nk, visible_keys(a.params, i0 + i, a.k.shape.s) - j0));
     if (lse[i0 + i] == kNegInf) std::fill(prow, prow + n, 0.0f);  // row sees no key at all
-    else a.level.vec.exp_shifted_sum(prow, prow, n, lse[i0 + i]);
+    else a.level.vec.exp_shifted_sum(prow, prow, n, a.scale, lse[i0 + i]);
     std::fill(prow + n, prow + nk, 0.0f);
   }
 }
@@ -95,10 +95,10 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
       const std::int64_t diag = a.params.causal ? a.params.q_offset + i0 - a.params.k_offset - j0 : kNoDiagonal;
       const void* q = a.q.row(bb, i0, h);
       const void* dout = a.dout.row(bb, i0, h);
-      a.e.scores(mq, nk, d, a.scale, q, a.q.stride_s, kt, t.p.data(), bk, diag);
+      a.e.scores(mq, nk, d, q, a.q.stride_s, kt, t.p.data(), bk, diag);
       probabilities(a, t.p.data(), lse, i0, mq, j0, nk);
       a.e.pt_b(nk, d, mq, t.p.data(), bk, dout, a.dout.stride_s, t.dv.data(), d, diag);
-      a.e.scores(mq, nk, d, 1.0f, dout, a.dout.stride_s, vt, t.dp.data(), bk, diag);
+      a.e.scores(mq, nk, d, dout, a.dout.stride_s, vt, t.dp.data(), bk, diag);
       for (std::int64_t i = 0; i < mq; ++i) {  // dS = scale·P ∘ (dP − D), written over dP
         const float* prow = &t.p[std::size_t(i * bk)];
         float* row = &t.dp[std::size_t(i * bk)];

@@ -99,17 +99,18 @@ struct ForwardArgs {
   float scale;
 };
 
-// One row of a score tile: the online-softmax update of the row's m, l and O (P over S).
-void softmax_row(const VectorOps& vec, float* srow, std::int64_t n, std::int64_t nk, float* m, float* l, float* o,
-                 std::int64_t d) {
-  const float mx = vec.row_max(srow, n, *m);
+// One row of a score tile: the online-softmax update of the row's m, l and O (P over the raw
+// scores S; m is in scaled units).
+void softmax_row(const VectorOps& vec, float* srow, std::int64_t n, std::int64_t nk, float scale, float* m, float* l,
+                 float* o, std::int64_t d) {
+  const float mx = vec.row_max(srow, n, *m, scale);
   std::fill(srow + n, srow + nk, 0.0f);
   if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
     std::fill(srow, srow + n, 0.0f);
     return;
   }
   const float alpha = std::exp(*m - mx);
-  *l = alpha * *l + vec.exp_shifted_sum(srow, srow, n, mx);
+  *l = alpha * *l + vec.exp_shifted_sum(srow, srow, n, scale, mx);
   *m = mx;
   if (alpha != 1.0f)
     for (std::int64_t x = 0; x < d; ++x) o[x] *= alpha;
@@ -127,13 +128,12 @@ void forward_block(Tile& t, const ForwardArgs& a, const std::byte* pk, const std
     const std::int64_t nk = std::min(bk, kend - j0);
     // With a causal mask, row i sees keys up to diag + i of this block.
     const std::int64_t diag = a.p.causal ? a.p.q_offset + i0 - a.p.k_offset - j0 : kNoDiagonal;
-    a.e.scores(mq, nk, d, a.scale, a.q.row(bb, i0, h), a.q.stride_s, pk + a.e.packed_offset(j0, d), t.s.data(), bk,
-               diag);
+    a.e.scores(mq, nk, d, a.q.row(bb, i0, h), a.q.stride_s, pk + a.e.packed_offset(j0, d), t.s.data(), bk, diag);
     for (std::int64_t i = 0; i < mq; ++i) {
       // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nk, visible_keys(a.p, i0 + i, a.sk) - j0));
-      softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], n, nk, &t.m[std::size_t(i)], &t.l[std::size_t(i)],
-                  &t.o[std::size_t(i * d)], d);
+      softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], n, nk, a.scale, &t.m[std::size_t(i)],
+                  &t.l[std::size_t(i)], &t.o[std::size_t(i * d)], d);
     }
     a.e.pv(mq, d, nk, t.s.data(), bk, pvb + a.e.packed_offset(j0, d), t.o.data(), d, diag);
   }

@@ -156,22 +156,22 @@ void pack_b(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, v
 }
 
 template <int R>
-void scores_block(std::int64_t d, float alpha, const float* a, std::int64_t lda, const float* panel, float* s,
+void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float* panel, float* s,
                   std::int64_t lds, std::int64_t cols) {
   vf acc[R][NV] = {};
   fma_block<R, NV, false>(d, a, lda, panel, NR, acc);
   for (int r = 0; r < R; ++r) {
     if (cols == NR) {
-      for (int v = 0; v < NV; ++v) store(s + r * lds + v * W, acc[r][v] * alpha);
+      for (int v = 0; v < NV; ++v) store(s + r * lds + v * W, acc[r][v]);
     } else {
       float tmp[NR];
-      for (int v = 0; v < NV; ++v) store(tmp + v * W, acc[r][v] * alpha);
+      for (int v = 0; v < NV; ++v) store(tmp + v * W, acc[r][v]);
       std::copy_n(tmp, cols, s + r * lds);
     }
   }
 }
 
-void scores(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const void* av, std::int64_t lda,
+void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std::int64_t lda,
             const void* bt, float* s, std::int64_t lds, std::int64_t diag) {
   const float* a = static_cast<const float*>(av);
   const float* panels = static_cast<const float*>(bt);
@@ -180,7 +180,7 @@ void scores(std::int64_t m, std::int64_t n, std::int64_t d, float alpha, const v
     const std::int64_t seen = std::clamp<std::int64_t>(diag + i0 + mr, 0, n);  // keys the block's last row sees
     for (std::int64_t j = 0; j < seen; j += NR)
       with_rows(mr, [&](auto R) {
-        scores_block<decltype(R)::value>(d, alpha, a + i0 * lda, lda, panels + j * d, s + i0 * lds + j, lds,
+        scores_block<decltype(R)::value>(d, a + i0 * lda, lda, panels + j * d, s + i0 * lds + j, lds,
                         std::min<std::int64_t>(NR, n - j));
       });
   }
@@ -239,33 +239,32 @@ float lane_sum(vf x) {
   return t[0];
 }
 
-float exp_shifted_sum(const float* x, float* out, std::int64_t n, float shift) {
+// One FMA applies the softmax scale and the shift: exp(scale·x − shift).
+float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, float shift) {
   vf acc = {};
   std::int64_t i = 0;
   for (; i + W <= n; i += W) {
-    const vf e = vexp(load(x + i) - shift);
+    const vf e = vexp(load(x + i) * scale - shift);
     store(out + i, e);
     acc += e;
   }
-  if (i < n) {  // the tail through a padded vector: −inf lanes give 0
-    float t[W];
-    std::fill_n(t, W, -std::numeric_limits<float>::infinity());
+  float sum = lane_sum(acc);
+  if (i < n) {  // the tail through a padded vector; only its first n − i lanes count
+    float t[W] = {};
     std::copy(x + i, x + n, t);
-    const vf e = vexp(load(t) - shift);
-    store(t, e);
-    std::copy(t, t + (n - i), out + i);
-    acc += e;
+    store(t, vexp(load(t) * scale - shift));
+    for (std::int64_t j = 0; j < n - i; ++j) sum += out[i + j] = t[j];
   }
-  return lane_sum(acc);
+  return sum;
 }
 
-float row_max(const float* x, std::int64_t n, float init) {
+float row_max(const float* x, std::int64_t n, float init, float scale) {
   vf m = splat(init);
   std::int64_t i = 0;
-  for (; i + W <= n; i += W) m = vmax(m, load(x + i));
+  for (; i + W <= n; i += W) m = vmax(m, load(x + i) * scale);
   float t[W];
   store(t, m);
-  for (; i < n; ++i) init = x[i] > init ? x[i] : init;
+  for (; i < n; ++i) init = x[i] * scale > init ? x[i] * scale : init;
   for (float v : t) init = v > init ? v : init;
   return init;
 }
