@@ -15,7 +15,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Tile sizes: a query block of 64 rows against a key block sized so the tile's working set
 // (K and V blocks, scores, output accumulator) stays in a 512 KB L2; multiples of kKeyAlign.
 constexpr std::int64_t kBlockQ = 64;
-inline std::int64_t block_k(std::int64_t d) { return d <= 64 ? 256 : 128; }
+inline std::int64_t block_k(std::int64_t d) { return d <= 128 ? 256 : 128; }
 
 // Number of keys of [0, sk) that query row `i` may see (all of them when not causal).
 inline std::int64_t visible_keys(const AttentionParams& p, std::int64_t i, std::int64_t sk) {
