@@ -60,6 +60,7 @@ bool has_amx() {
 }
 
 Isa detect() {
+  __builtin_cpu_init();  // this runs from a static initialiser: make sure libgcc's CPU model is set
   Isa best = Isa::portable;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::avx2;
   if (best == Isa::avx2 && has_avx512()) best = Isa::avx512;
