@@ -3,7 +3,7 @@
 // flash_forward.cpp and flash_backward.cpp hold the algorithm once (tiles, online softmax,
 // masks, scheduling); a level supplies the tile GEMMs for each operand dtype and the float32
 // vector ops of the softmax (oneDNN/OpenBLAS style: one contract, several implementations,
-// one table per level in levels.cpp, chosen once from CPUID; see isa.hpp).
+// one table per level in isa.cpp, chosen once from CPUID; see isa.hpp).
 //
 // A GemmEngine computes the three tile GEMMs of flash attention, always accumulating in
 // float32, for operands stored in `dtype`:
