@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "ceiling_amx.hpp"
+#include "kernels/amx_tiles.hpp"
 
 namespace ulysses::bench::amx {
 
@@ -21,24 +22,7 @@ namespace {
 using i64 = std::int64_t;
 using bf16 = std::uint16_t;
 
-// LDTILECFG's 64-byte operand: byte 0 the palette, colsb at 16, rows at 48.
-struct alignas(64) TileConfig {
-  std::uint8_t palette_id, start_row, reserved[14];
-  std::uint16_t colsb[16];
-  std::uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64);
-
-// Every tile 16 rows × 64 bytes: 16×16 float32 for C, 16×32 bf16 for A and B.
-constexpr TileConfig full_tiles() {
-  TileConfig c{};
-  c.palette_id = 1;
-  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
-  return c;
-}
-constexpr TileConfig kFullTiles = full_tiles();
-
-void configure_tiles() { _tile_loadconfig(&kFullTiles); }
+void configure_tiles() { _tile_loadconfig(&kernels::amx_tiles::kFullTiles); }
 
 // The four products of the 2×2 block.
 [[gnu::always_inline]] inline void multiply_block() {

@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "amx_emulation.hpp"
+#include "engine_test_util.hpp"
 #include "kernels/engines.hpp"
 #include "ulysses/bf16.hpp"
 
 namespace {
 
+using namespace engine_test;
 using ulysses::bf16_to_float;
 using ulysses::float_to_bf16;
 using ulysses::kernels::GemmEngine;
@@ -35,48 +37,6 @@ const i64 kNs[] = {1, 31, 32, 100, 256};
 const i64 kDs[] = {8, 16, 24, 64, 128};
 const i64 kDiags[] = {kNoDiagonal, 0, -5, 17};
 
-i64 round_up(i64 x, i64 y) { return (x + y - 1) / y * y; }
-
-// Elements of a row-major [rows][cols] matrix with row stride ld, ending at its last element.
-i64 extent(i64 rows, i64 cols, i64 ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
-
-bool visible(i64 i, i64 j, i64 diag) { return diag == kNoDiagonal || j <= diag + i; }
-
-std::string diag_str(i64 diag) { return diag == kNoDiagonal ? "none" : std::to_string(diag); }
-
-// A sentinel NaN bit pattern for the elements an op must not touch.
-constexpr std::uint32_t kSentinel = 0x7fc0dead;
-float sentinel() {
-  float f;
-  std::memcpy(&f, &kSentinel, 4);
-  return f;
-}
-bool is_sentinel(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u == kSentinel;
-}
-
-struct Rng {
-  std::mt19937_64 gen;
-  explicit Rng(std::uint64_t seed) : gen(seed) {}
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  // A bf16 matrix [rows][cols] (stride ld, exact extent) of values in [-1, 1); gaps hold
-  // values too, which the engine must ignore.
-  std::vector<std::uint16_t> bf16_matrix(i64 rows, i64 cols, i64 ld) {
-    std::vector<std::uint16_t> x(extent(rows, cols, ld));
-    for (auto& v : x) v = float_to_bf16(uniform(-1.0f, 1.0f));
-    return x;
-  }
-  // Probabilities in [0, 1) with P = 0 past the diagonal (the contract of pv and pt_b),
-  // float32 values that are not bf16 (so rounding matters).
-  std::vector<float> p_matrix(i64 rows, i64 cols, i64 ld, i64 diag) {
-    std::vector<float> p(extent(rows, cols, ld), sentinel());
-    for (i64 i = 0; i < rows; ++i)
-      for (i64 j = 0; j < cols; ++j) p[i * ld + j] = visible(i, j, diag) ? uniform(0.0f, 1.0f) : 0.0f;
-    return p;
-  }
-};
 
 // Compares one op's float32 output against the double reference over a [rows][cols] window
 // (stride ld): |got − want| <= tol · scale per element; elements where `check` is false are

@@ -18,11 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "engine_test_util.hpp"
 #include "kernels/engines.hpp"
 #include "ulysses/bf16.hpp"
 
 namespace {
 
+using namespace engine_test;
 using ulysses::bf16_to_float;
 using ulysses::float_to_bf16;
 using ulysses::kernels::GemmEngine;
@@ -41,63 +43,14 @@ const i64 kDiags[] = {kNoDiagonal, 0, -5, 17};
 // The engine's register block (white-box tests of what it skips past a causal diagonal).
 constexpr i64 kMR = 6, kW = 16;
 
-i64 round_up(i64 x, i64 y) { return (x + y - 1) / y * y; }
 i64 clamp(i64 x, i64 lo, i64 hi) { return x < lo ? lo : x > hi ? hi : x; }
-
-// Elements of a row-major [rows][cols] matrix with row stride ld, ending at its last element.
-i64 extent(i64 rows, i64 cols, i64 ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
-
-bool visible(i64 i, i64 j, i64 diag) { return diag == kNoDiagonal || j <= diag + i; }
-
-std::string diag_str(i64 diag) { return diag == kNoDiagonal ? "none" : std::to_string(diag); }
 
 std::string shape(const char* a, i64 x, const char* b, i64 y, i64 d, i64 diag) {
   return std::string(a) + "=" + std::to_string(x) + " " + b + "=" + std::to_string(y) + " d=" + std::to_string(d) +
          " diag=" + diag_str(diag);
 }
 
-// A sentinel NaN bit pattern for the elements an op must not touch.
-constexpr std::uint32_t kSentinel = 0x7fc0dead;
-float sentinel() {
-  float f;
-  std::memcpy(&f, &kSentinel, 4);
-  return f;
-}
-bool is_sentinel(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u == kSentinel;
-}
-
 double rounded(float p) { return bf16_to_float(float_to_bf16(p)); }
-
-struct Rng {
-  std::mt19937_64 gen;
-  explicit Rng(std::uint64_t seed) : gen(seed) {}
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  // A bf16 matrix [rows][cols] (stride ld, exact extent) of values in [-1, 1); gaps hold
-  // values too, which the engine must ignore.
-  std::vector<bf16> bf16_matrix(i64 rows, i64 cols, i64 ld) {
-    std::vector<bf16> x(extent(rows, cols, ld));
-    for (auto& v : x) v = float_to_bf16(uniform(-1.0f, 1.0f));
-    return x;
-  }
-  // Probabilities in [0, 1) with P = 0 past the diagonal (the contract of pv and pt_b),
-  // float32 values that are not bf16 (so rounding matters); gaps hold the sentinel.
-  std::vector<float> p_matrix(i64 rows, i64 cols, i64 ld, i64 diag) {
-    std::vector<float> p(extent(rows, cols, ld), sentinel());
-    for (i64 i = 0; i < rows; ++i)
-      for (i64 j = 0; j < cols; ++j) p[i * ld + j] = visible(i, j, diag) ? uniform(0.0f, 1.0f) : 0.0f;
-    return p;
-  }
-  // A float32 output matrix to accumulate onto: values in [-1, 1), sentinel in the gaps.
-  std::vector<float> c_matrix(i64 rows, i64 cols, i64 ld) {
-    std::vector<float> c(extent(rows, cols, ld), sentinel());
-    for (i64 i = 0; i < rows; ++i)
-      for (i64 j = 0; j < cols; ++j) c[i * ld + j] = uniform(-1.0f, 1.0f);
-    return c;
-  }
-};
 
 // One op's expected float32 output over a [rows][cols] window (stride ld): want and the sum
 // of magnitudes (the scale of the float32 rounding error) per element.

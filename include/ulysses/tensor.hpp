@@ -65,6 +65,11 @@ void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int6
 // Copy every element of src into dst (same shape; dtypes and strides may differ).
 void copy(const TensorView& src, const TensorView& dst);
 
+class Tensor;
+// A new dense bshd tensor holding src's elements in `dtype` (a float32 working copy, or a
+// saved copy of an input in its own dtype).
+Tensor copy_of(const TensorView& src, DType dtype);
+
 // Fill with uniform values in [-1, 1) that depend only on (seed, b, s_offset + s, h, d):
 // a shard filled with its global sequence offset equals the same slice of the full tensor.
 void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset = 0);

@@ -189,6 +189,12 @@ void Tensor::Free::operator()(void* p) const {
 
 Tensor::Tensor(Shape shape, DType dtype, Layout layout) : Tensor(shape, dtype, layout, true) {}
 
+Tensor copy_of(const TensorView& src, DType dtype) {
+  Tensor t = Tensor::uninitialized(src.shape, dtype);
+  copy(src, t.view());
+  return t;
+}
+
 Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout) {
   return Tensor(shape, dtype, layout, false);
 }

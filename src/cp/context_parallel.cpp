@@ -133,26 +133,14 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
   return c;
 }
 
-Tensor f32_copy(const TensorView& v) {
-  Tensor t = Tensor::uninitialized(v.shape);
-  copy(v, t.view());
-  return t;
-}
-
-Tensor copy_of(const TensorView& v) {
-  Tensor t = Tensor::uninitialized(v.shape, v.dtype);
-  copy(v, t.view());
-  return t;
-}
-
 // One rank: every strategy is plain flash attention on copies of the inputs (kept for the
 // backward) in their own dtype: bf16 runs on the level's bf16 engine where there is one.
 void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
                    const TensorView& v, const AttentionParams& params) {
   const double t0 = MPI_Wtime();
-  sv.q_in = copy_of(q);
-  sv.k_in = copy_of(k);
-  sv.v_in = copy_of(v);
+  sv.q_in = copy_of(q, q.dtype);
+  sv.k_in = copy_of(k, k.dtype);
+  sv.v_in = copy_of(v, v.dtype);
   sv.out32 = Tensor::uninitialized(q.shape);
   sv.lse.resize(std::size_t(q.shape.b * q.shape.h * q.shape.s));
   flash_attention_forward(sv.out32.view(), sv.lse.data(), sv.q_in.view(), sv.k_in.view(), sv.v_in.view(), params);
@@ -262,7 +250,7 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
       break;
     case CpCommType::p2p:
     case CpCommType::all_gather:
-      sv.q32 = f32_copy(q);
+      sv.q32 = copy_of(q, DType::f32);
       sv.out32 = Tensor::uninitialized(q.shape);
       if (config_.cp_comm_type == CpCommType::p2p)
         ring_attention_forward(comm_, sv.out32.view(), sv.ring, sv.q32.view(), k, v, chunks, params, q.dtype,
@@ -312,7 +300,7 @@ void ContextParallelAttention::backward(const TensorView& dq, const TensorView& 
       break;
     case CpCommType::p2p:
     case CpCommType::all_gather: {
-      const Tensor dout32 = f32_copy(dout);
+      const Tensor dout32 = copy_of(dout, DType::f32);
       Tensor dq32 = Tensor::uninitialized(dq.shape), dk32 = Tensor::uninitialized(dk.shape),
              dv32 = Tensor::uninitialized(dv.shape);
       if (config_.cp_comm_type == CpCommType::p2p)

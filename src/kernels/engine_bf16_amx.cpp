@@ -42,6 +42,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "amx_tiles.hpp"
 #include "engines.hpp"
 #include "ulysses/bf16.hpp"
 
@@ -70,23 +71,7 @@ inline i64 padded_d(i64 d) { return round_up(d, kChunk); }
 
 // ---- tiles ----------------------------------------------------------------------------
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette_id, start_row, reserved[14];
-  std::uint16_t colsb[16];
-  std::uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64);
-
-constexpr TileConfig full_tiles() {
-  TileConfig c{};
-  c.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = 64;
-    c.rows[t] = 16;
-  }
-  return c;
-}
-constexpr TileConfig kFullTiles = full_tiles();
+using amx_tiles::kFullTiles;
 
 // The configuration is per thread and other engines may run on this thread in between
 // calls, so every entry point loads it (LDTILECFG is cheap next to one call's work).
@@ -223,7 +208,12 @@ inline void tile_to_buffer(int t, float* buf) {
   tile_fence();  // later reads of buf stay below it
 }
 
-inline void c_end(int t, const CWindow& w) {
+// Writes C tile t to its window: straight from the tile when the window is whole (an
+// accumulating op loaded the window into the tile first), else through a buffer, adding
+// (ACCUMULATE: pv, pt_b) or storing (scores; the softmax applies the scale, so there is no
+// pass over the scores here) only the valid part.
+template <bool ACCUMULATE>
+inline void c_write(int t, const CWindow& w) {
   if (w.whole()) {
     tile_store(t, w.p, w.ld * 4);
     return;
@@ -231,20 +221,10 @@ inline void c_end(int t, const CWindow& w) {
   alignas(64) float buf[kTile * kTile];
   tile_to_buffer(t, buf);
   for (i64 r = 0; r < w.rows; ++r)
-    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] += buf[r * kTile + c];
-}
-
-// A score tile: s = C on the window, stored straight from the tile when the window is whole
-// (the softmax applies the scale, so there is no pass over the scores here).
-inline void c_store(int t, const CWindow& w) {
-  if (w.whole()) {
-    tile_store(t, w.p, w.ld * 4);
-    return;
-  }
-  alignas(64) float buf[kTile * kTile];
-  tile_to_buffer(t, buf);
-  for (i64 r = 0; r < w.rows; ++r)
-    for (i64 c = 0; c < w.cols; ++c) w.p[r * w.ld + c] = buf[r * kTile + c];
+    for (i64 c = 0; c < w.cols; ++c) {
+      float& dst = w.p[r * w.ld + c];
+      dst = ACCUMULATE ? dst + buf[r * kTile + c] : buf[r * kTile + c];
+    }
 }
 
 // ---- scratch --------------------------------------------------------------------------
@@ -486,7 +466,7 @@ void scores(i64 m, i64 n, i64 d, const void* a, i64 lda, const void* bt, float* 
           for (int i = 0; i < MB; ++i)
             for (int j = 0; j < NB; ++j)
               if (!(SKIP01 && i == 0 && j == 1))
-                c_store(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n));
+                c_write<false>(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n));
         };
         if constexpr (MB == 2 && NB == 2) {
           if (skip01) finish(std::true_type{});
@@ -556,7 +536,7 @@ void pv(i64 m, i64 d, i64 k, const float* p, i64 ldp, const void* b, float* o, i
           for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
         accumulate<MB, NB>(live_chunks, at, bw);
         for (int i = 0; i < MB; ++i)
-          for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
+          for (int j = 0; j < NB; ++j) c_write<true>(c_tile(i, j), win(i, j));
       });
     }
   }
@@ -644,7 +624,7 @@ void pt_b(i64 k, i64 d, i64 m, const float* p, i64 ldp, const void* b, i64 ldb, 
           for (int j = 0; j < NB; ++j) c_begin(c_tile(i, j), win(i, j));
         accumulate<MB, NB>(row_chunks - q0, aw, bw);
         for (int i = 0; i < MB; ++i)
-          for (int j = 0; j < NB; ++j) c_end(c_tile(i, j), win(i, j));
+          for (int j = 0; j < NB; ++j) c_write<true>(c_tile(i, j), win(i, j));
       });
     }
   }

@@ -202,7 +202,8 @@ void flash_backward(const KernelLevel& level, const TensorView& dq, const Tensor
                     const TensorView& out, const float* lse, const AttentionParams& params) {
   const GemmEngine* e = engine_for(level, q.dtype);
   if (e == nullptr || dout.dtype != q.dtype) {  // compute in float32 (dO must match the engine)
-    const Tensor q32 = f32_copy(q), k32 = f32_copy(k), v32 = f32_copy(v), dout32 = f32_copy(dout);
+    const Tensor q32 = copy_of(q, DType::f32), k32 = copy_of(k, DType::f32), v32 = copy_of(v, DType::f32),
+                 dout32 = copy_of(dout, DType::f32);
     return flash_backward(level, dq, dk, dv, dout32.view(), q32.view(), k32.view(), v32.view(), out, lse, params);
   }
   const std::vector<float> delta = row_dot(dout, out);

@@ -35,9 +35,6 @@ struct PackedHeads {
 using PackFn = void (*)(const void*, std::int64_t, std::int64_t, std::int64_t, void*);
 PackedHeads pack_heads(const GemmEngine& e, PackFn pack, const TensorView& x);
 
-// A float32 copy of a view (the fallback of a level without an engine for its dtype).
-Tensor f32_copy(const TensorView& v);
-
 // The engine for operands of `dtype` on `level` (null: convert to float32 first).
 inline const GemmEngine* engine_for(const KernelLevel& level, DType dtype) {
   return dtype == DType::f32 ? level.f32 : level.bf16;

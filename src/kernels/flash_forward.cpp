@@ -64,12 +64,6 @@ void flash_attention_forward(const TensorView& out, float* lse, const TensorView
 
 namespace kernels {
 
-Tensor f32_copy(const TensorView& v) {
-  Tensor t = Tensor::uninitialized(v.shape);
-  copy(v, t.view());
-  return t;
-}
-
 PackedHeads pack_heads(const GemmEngine& e, PackFn pack, const TensorView& x) {
   const std::int64_t B = x.shape.b, H = x.shape.h;
   PackedHeads p;
@@ -152,7 +146,7 @@ void flash_forward(const KernelLevel& level, const TensorView& out, float* lse, 
                    const TensorView& k, const TensorView& v, const AttentionParams& params) {
   const GemmEngine* e = engine_for(level, q.dtype);
   if (e == nullptr) {  // no engine for this dtype here: compute in float32
-    const Tensor q32 = f32_copy(q), k32 = f32_copy(k), v32 = f32_copy(v);
+    const Tensor q32 = copy_of(q, DType::f32), k32 = copy_of(k, DType::f32), v32 = copy_of(v, DType::f32);
     return flash_forward(level, out, lse, q32.view(), k32.view(), v32.view(), params);
   }
   const std::int64_t B = q.shape.b, sq = q.shape.s, H = q.shape.h, d = q.shape.d;
