@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ulysses/comm.hpp"
+#include "ulysses/mpi_communicator.hpp"
 
 namespace ulysses::bench {
 
@@ -40,7 +40,7 @@ double time_median(int reps, Fn&& fn) {
   return median(t);
 }
 
-inline double slowest(Comm& comm, double x) {
+inline double slowest(Communicator& comm, double x) {
   comm.allreduce_max(&x, 1);
   return x;
 }
@@ -60,8 +60,8 @@ inline void idle_barrier(MPI_Comm comm) {
 }
 
 // Sections. Each prints its table on rank 0 and returns its JSON (rank 0; null elsewhere).
-nlohmann::json kernels_section(Comm& world, const Options& o);     // rank 0 alone, all cores
-nlohmann::json alltoall_section(Comm& world, const Options& o);    // all ranks
-nlohmann::json strategies_section(Comm& world, const Options& o);  // all ranks (+ rank 0 alone)
+nlohmann::json kernels_section(MpiCommunicator& world, const Options& o);     // rank 0 alone, all cores
+nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o);    // all ranks
+nlohmann::json strategies_section(MpiCommunicator& world, const Options& o);  // all ranks (+ rank 0 alone)
 
 }  // namespace ulysses::bench

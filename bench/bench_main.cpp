@@ -37,9 +37,9 @@ int main(int argc, char** argv) {
     o.seq = std::min<std::int64_t>(o.seq, 2048);
   }
   {
-    Comm world;
-    o.cores = default_threads(MPI_COMM_SELF);
-    o.threads_per_rank = default_threads(world.native());
+    MpiCommunicator world, self(MPI_COMM_SELF);
+    o.cores = default_threads(self);
+    o.threads_per_rank = default_threads(world);
     nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},
                           {"quick", o.quick}};
     if (world.rank() == 0)

@@ -10,7 +10,7 @@
 
 namespace ulysses::bench {
 
-nlohmann::json alltoall_section(Comm& world, const Options& o) {
+nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o) {
   const int R = world.size();
   const std::int64_t b = 1, sl = o.seq / R, h = 8, d = 64;
   nlohmann::json rows = nlohmann::json::array();
@@ -27,18 +27,18 @@ nlohmann::json alltoall_section(Comm& world, const Options& o) {
     std::vector<double> t_s2h, t_raw, t_copy;
     for (int i = 0; i < o.reps + 1; ++i) {  // the first round warms up
       world.barrier();
-      double t0 = MPI_Wtime();
+      double t0 = world.now();
       FusedHeads x = seq_to_head(world, in);
-      const double s2h = slowest(world, MPI_Wtime() - t0);
+      const double s2h = slowest(world, world.now() - t0);
       world.barrier();
-      t0 = MPI_Wtime();
+      t0 = world.now();
       MPI_Alltoall(send.data(), int(bytes / std::size_t(R)), MPI_BYTE, recv.data(), int(bytes / std::size_t(R)),
                    MPI_BYTE, world.native());
-      const double raw = slowest(world, MPI_Wtime() - t0);
+      const double raw = slowest(world, world.now() - t0);
       world.barrier();
-      t0 = MPI_Wtime();
+      t0 = world.now();
       std::memcpy(recv.data(), send.data(), bytes);
-      const double cp = slowest(world, MPI_Wtime() - t0);
+      const double cp = slowest(world, world.now() - t0);
       if (i > 0) {
         t_s2h.push_back(s2h);
         t_raw.push_back(raw);

@@ -541,7 +541,7 @@ void print_header(int T) {
 
 }  // namespace
 
-nlohmann::json kernels_section(Comm& world, const Options& o) {
+nlohmann::json kernels_section(MpiCommunicator& world, const Options& o) {
   json result;
   if (world.rank() == 0) {
     const int T = o.cores;

@@ -28,7 +28,7 @@ struct Result {
 };
 
 // The same communication as one forward + backward, without the compute: what it costs alone.
-double replay(Comm& comm, Comm* inner, Comm* outer, const CommVolume& v) {
+double replay(Communicator& comm, Communicator* inner, Communicator* outer, const CommVolume& v) {
   std::vector<char> a, b;
   auto buffers = [&](std::size_t n) {
     if (a.size() < n) {
@@ -37,10 +37,10 @@ double replay(Comm& comm, Comm* inner, Comm* outer, const CommVolume& v) {
     }
   };
   comm.barrier();
-  const double t0 = MPI_Wtime();
+  const double t0 = comm.now();
   for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
     for (const auto& [op, n] : *bytes) {
-      Comm& c = op.starts_with("inner.") ? *inner : op.starts_with("outer.") ? *outer : comm;
+      Communicator& c = op.starts_with("inner.") ? *inner : op.starts_with("outer.") ? *outer : comm;
       const int R = c.size();
       if (R == 1 || n == 0) continue;
       if (op.ends_with("seq_to_head") || op.ends_with("head_to_seq")) {
@@ -66,12 +66,12 @@ double replay(Comm& comm, Comm* inner, Comm* outer, const CommVolume& v) {
         c.reduce_scatter_sum(send.data(), recv.data(), count, "replay");
       }
     }
-  return slowest(comm, MPI_Wtime() - t0);
+  return slowest(comm, comm.now() - t0);
 }
 
 constexpr std::int64_t kHeads = 8, kKvHeads = 8, kHeadDim = 64;
 
-Result run(Comm& comm, const CpConfig& cfg, const Options& o, const std::string& name, int threads) {
+Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std::string& name, int threads) {
   const int cp = comm.size();
   const std::int64_t s = o.seq, sl = s / cp, kvh = kKvHeads;
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), s);
@@ -97,13 +97,13 @@ Result run(Comm& comm, const CpConfig& cfg, const Options& o, const std::string&
     reset_tensor_bytes_peak();
     const std::int64_t base = tensor_bytes_in_use();
     comm.barrier();
-    double t0 = MPI_Wtime();
+    double t0 = comm.now();
     attn.forward(out.view(), q.view(), k.view(), v.view());
-    f.push_back(slowest(comm, MPI_Wtime() - t0));
+    f.push_back(slowest(comm, comm.now() - t0));
     comm.barrier();
-    t0 = MPI_Wtime();
+    t0 = comm.now();
     attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
-    b.push_back(slowest(comm, MPI_Wtime() - t0));
+    b.push_back(slowest(comm, comm.now() - t0));
     comp.push_back(slowest(comm, attn.forward_stats().compute_s + attn.backward_stats().compute_s));
     exp.push_back(slowest(comm, attn.forward_stats().comm_exposed_s + attn.backward_stats().comm_exposed_s));
     std::int64_t peak = tensor_bytes_peak() - base;
@@ -122,26 +122,26 @@ Result run(Comm& comm, const CpConfig& cfg, const Options& o, const std::string&
   r.exposed = median(exp);
   const CommVolume vol = predicted_comm_volume(cfg, cp, {1, s, kHeads, kHeadDim}, kvh, DType::f32);
   r.expected = vol.total_forward_bytes() + vol.total_backward_bytes();
-  std::optional<Comm> inner, outer;
+  std::unique_ptr<Communicator> inner, outer;
   if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
     const int I = cfg.hierarchical_context_parallel_sizes[0];
-    inner.emplace(comm.split(comm.rank() / I, comm.rank()));
-    outer.emplace(comm.split(comm.rank() % I, comm.rank()));
+    inner = comm.split(comm.rank() / I, comm.rank());
+    outer = comm.split(comm.rank() % I, comm.rank());
   }
   std::vector<double> alone;
-  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner ? &*inner : nullptr, outer ? &*outer : nullptr, vol));
+  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol));
   r.alone = median(alone);
   return r;
 }
 
 }  // namespace
 
-nlohmann::json strategies_section(Comm& world, const Options& o) {
+nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   const int cp = world.size();
   std::vector<Result> results;
   // 1 rank × all cores: rank 0 alone, the others asleep.
   if (world.rank() == 0) {
-    Comm self(MPI_COMM_SELF);
+    MpiCommunicator self(MPI_COMM_SELF);
     set_threads(o.cores);
     results.push_back(run(self, CpConfig{CpCommType::a2a, {}, true, 0.0f}, o, "1 rank (no CP)", o.cores));
   }

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "ulysses/comm.hpp"
+#include "ulysses/mpi_communicator.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses::testing {
@@ -13,7 +13,7 @@ namespace ulysses::testing {
 // Runs `fn`, expecting an Error on every rank whose message contains `needle`, and checks
 // that all ranks saw the very same message (compared through its length and a hash).
 template <class Fn>
-void expect_same_error_everywhere(Comm& comm, Fn&& fn, const std::string& needle) {
+void expect_same_error_everywhere(Communicator& comm, Fn&& fn, const std::string& needle) {
   std::string msg;
   try {
     fn();

@@ -30,7 +30,7 @@ void fill_hash(const TensorView& v, std::int64_t s_offset) {
 }
 
 TEST(SeqToHead, HashTensorsLandWhereTheSeedSays) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size(), r = comm.rank();
   const std::int64_t b = 2, sl = 5, d = 4;
   // q: 2 heads per rank; k: one head per rank; v: ONE head replicated cp times (MQA).
@@ -62,7 +62,7 @@ class RoundTrip : public ::testing::TestWithParam<std::tuple<DType, Layout, Layo
 
 TEST_P(RoundTrip, HeadToSeqInvertsSeqToHeadBitForBit) {
   const auto [dtype, in_layout, out_layout] = GetParam();
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   const std::int64_t b = 3, sl = 7, d = 12;
   Tensor q({b, sl, 3 * cp, d}, dtype, in_layout), k({b, sl, cp, d}, dtype, in_layout);
@@ -100,7 +100,7 @@ double dot(const TensorView& a, const TensorView& b) {
 
 TEST(SeqToHead, AdjointIdentityWithReplicatedHeads) {
   // <seq_to_head(x), y> == <x, head_to_seq(y)>, both sides summed over ranks.
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   const std::int64_t b = 2, sl = 6, d = 8;
   Tensor x0({b, sl, 2 * cp, d}), x1({b, sl, 1, d});
@@ -121,7 +121,7 @@ TEST(SeqToHead, AdjointIdentityWithReplicatedHeads) {
 }
 
 TEST(SeqToHead, ByteCountersEqualTheFormula) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   const std::int64_t b = 2, sl = 4, d = 8, h = 2 * cp;
   for (DType dtype : {DType::f32, DType::bf16}) {
@@ -142,7 +142,7 @@ TEST(SeqToHead, ByteCountersEqualTheFormula) {
 }
 
 TEST(SeqToHead, ShapesDifferingBetweenRanksGiveTheSameErrorEverywhere) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   if (cp == 1) GTEST_SKIP() << "needs two ranks";
   Tensor q({1, comm.rank() == 1 ? 5 : 4, cp, 8});
@@ -151,7 +151,7 @@ TEST(SeqToHead, ShapesDifferingBetweenRanksGiveTheSameErrorEverywhere) {
 }
 
 TEST(SeqToHead, HeadsNotDivisibleByCpGiveTheSameErrorEverywhere) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   if (cp == 1) GTEST_SKIP() << "every head count divides by 1";
   Tensor q({1, 4, cp + 1, 8});

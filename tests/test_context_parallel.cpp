@@ -66,7 +66,7 @@ class StrategyTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StrategyTest, EveryStrategyMatchesFloat64Reference) {
   const Case c = GetParam();
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size(), rank = comm.rank();
   const std::int64_t h = std::int64_t(c.heads_per_rank) * cp, hkv = c.kv == 0 ? cp : c.kv, s = c.sl * cp;
   // Global tensors (rounded to the storage dtype, as the shards are) and the reference.
@@ -127,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   // a2a never zigzags, so s/cp may be odd even under a causal mask.
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   const std::int64_t sl = 9, s = sl * cp, h = 2 * cp, d = 8;
   Tensor gq({1, s, h, d}), q({1, sl, h, d}), out(q.shape());
@@ -146,7 +146,7 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
 
 // Bytes each rank sends, per operation, for one forward and one backward: the formulas.
 TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   struct S { std::int64_t b, sl, d, hpr; DType dtype; std::int64_t hkv; };
   for (const S& sh : {S{2, 8, 16, 2, DType::f32, cp}, S{2, 8, 16, 2, DType::bf16, 1}, S{1, 12, 8, 3, DType::f32, 3 * cp},
@@ -247,7 +247,7 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
 }
 
 TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   const std::int64_t b = 1, sl = 16, h = 2 * cp, d = 8, s = sl * cp;
   for (const CpConfig& cfg : strategies(cp, true)) {
@@ -266,7 +266,7 @@ TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
 }
 
 TEST(Errors, HeadsNotDivisibleByCpNamesValuesRuleAndP2p) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   if (cp == 1) GTEST_SKIP();
   Tensor q({1, 4, cp + 1, 8}), k({1, 4, 1, 8}), out({1, 4, cp + 1, 8});
@@ -280,7 +280,7 @@ TEST(Errors, HeadsNotDivisibleByCpNamesValuesRuleAndP2p) {
 }
 
 TEST(Errors, InvalidKvHeadsGiveTheSameErrorEverywhere) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   if (cp == 1) GTEST_SKIP();
   const std::int64_t hkv = cp + 1, h = cp * hkv;  // neither hkv % cp nor cp % hkv is 0
@@ -292,7 +292,7 @@ TEST(Errors, InvalidKvHeadsGiveTheSameErrorEverywhere) {
 }
 
 TEST(Errors, ShapesThatDifferBetweenRanksAreRefusedEverywhere) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   if (cp == 1) GTEST_SKIP();
   const std::int64_t sl = comm.rank() == cp - 1 ? 6 : 4;
@@ -306,7 +306,7 @@ TEST(Errors, ShapesThatDifferBetweenRanksAreRefusedEverywhere) {
 }
 
 TEST(Errors, LocalShapeErrorsAndMisuseAreAgreed) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   Tensor q({1, 4, cp, 8}), bad_out({1, 4, cp, 16}), out_ok({1, 4, cp, 8});
   ContextParallelAttention attn(comm, CpConfig{});
@@ -318,7 +318,7 @@ TEST(Errors, LocalShapeErrorsAndMisuseAreAgreed) {
 }
 
 TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   Tensor q({1, 4, cp, 8}), out({1, 4, cp, 8});
   for (std::vector<int> sizes : {std::vector<int>{cp, 2}, {}, {cp}, {0, cp}, {cp, 1, 1}}) {
@@ -329,7 +329,7 @@ TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
 }
 
 TEST(Errors, ZigzagNeedsEvenTokensPerRank) {
-  Comm comm;
+  MpiCommunicator comm;
   const int cp = comm.size();
   Tensor q({1, 5, cp, 8}), out({1, 5, cp, 8});
   ContextParallelAttention attn(comm, CpConfig{CpCommType::p2p, {}, true, 0.0f});

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "ulysses/threads.hpp"
+#include "ulysses/mpi_communicator.hpp"
 
 namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {
@@ -33,7 +34,10 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(rank));
   }
-  ulysses::set_threads(ulysses::default_threads(MPI_COMM_WORLD));
+  {
+    ulysses::MpiCommunicator world;
+    ulysses::set_threads(ulysses::default_threads(world));
+  }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   if (failed) std::fprintf(stderr, "rank %d: tests FAILED\n", rank);
   int any = 0;

@@ -87,8 +87,8 @@ std::vector<CpConfig> strategies(int cp) {
 }
 
 TEST(Training, EveryStrategyMatchesOneRankStepByStep) {
-  Comm world;
-  Comm self(MPI_COMM_SELF);
+  MpiCommunicator world;
+  MpiCommunicator self(MPI_COMM_SELF);
   Trainer one(self, small_config({}), DataSource::synthetic());
   std::vector<double> ref;
   for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
@@ -112,14 +112,14 @@ TEST(Training, EveryStrategyMatchesOneRankStepByStep) {
   }
 }
 
-std::string scratch_dir(Comm& comm, const std::string& name) {
+std::string scratch_dir(Communicator& comm, const std::string& name) {
   std::int64_t pid = getpid();
   comm.broadcast(&pid, sizeof(pid), 0);  // one directory for the whole job
   return "/tmp/ulysses_test_" + std::to_string(pid) + "_" + name;
 }
 
 TEST(Training, ResumeIsBitForBit) {
-  Comm world;
+  MpiCommunicator world;
   const CpConfig cp{CpCommType::p2p, {}, true, 0.0f};
   const std::string dir = scratch_dir(world, "resume");
   Trainer straight(world, small_config(cp), DataSource::synthetic());
@@ -140,7 +140,7 @@ TEST(Training, ResumeIsBitForBit) {
 }
 
 TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
-  Comm world;
+  MpiCommunicator world;
   const std::string dir = scratch_dir(world, "damaged");
   const CpConfig ring{CpCommType::p2p, {}, true, 0.0f};  // valid at every rank count
   Trainer t(world, small_config(ring), DataSource::synthetic());
@@ -180,7 +180,7 @@ TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
 }
 
 TEST(Training, BadConfigurationIsRefusedBeforeAnyWork) {
-  Comm world;
+  MpiCommunicator world;
   const CpConfig ring{CpCommType::p2p, {}, true, 0.0f};
   TrainConfig c = small_config(ring);
   c.model.heads = 3;  // not divisible by kv_heads 2

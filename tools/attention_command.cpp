@@ -1,7 +1,7 @@
 #include "attention_command.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
+#include "ulysses/mpi_communicator.hpp"
 
 #include <array>
 #include <cmath>
@@ -166,7 +166,7 @@ Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chun
 }
 
 // Collective: rank 0 receives the global [b, s, h, d] float32 tensor assembled from shards.
-std::vector<float> gather_global(Comm& comm, const TensorView& shard, const CpConfig& cfg, std::int64_t seq) {
+std::vector<float> gather_global(Communicator& comm, const TensorView& shard, const CpConfig& cfg, std::int64_t seq) {
   const Shape& sh = shard.shape;
   Tensor mine(sh);
   copy(shard, mine.view());
@@ -182,7 +182,7 @@ std::vector<float> gather_global(Comm& comm, const TensorView& shard, const CpCo
 }
 
 // Collective: the counter names of rank 0 (every rank runs the same operations).
-std::vector<std::string> counter_names(Comm& comm) {
+std::vector<std::string> counter_names(Communicator& comm) {
   std::string joined;
   for (const auto& [op, c] : comm.counters())
     if (!op.ends_with("validate")) joined += op + "\n";
@@ -203,7 +203,7 @@ struct Timing {
   std::vector<double> forward, backward;
 };
 
-double max_over_ranks(Comm& comm, double x) {
+double max_over_ranks(Communicator& comm, double x) {
   comm.allreduce_max(&x, 1);
   return x;
 }
@@ -226,9 +226,9 @@ void print_traffic(const nlohmann::json& ranks, const std::vector<std::string>& 
 }  // namespace
 
 int run_attention(const AttentionOptions& o) {
-  Comm comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(MPI_COMM_WORLD);
   const int cp = comm.size(), rank = comm.rank();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm.native());
+  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
 
   // ---- inputs: read and check locally, then agree (a file may be unreadable on one rank) --
@@ -289,15 +289,15 @@ int run_attention(const AttentionOptions& o) {
   for (int i = 0; i < runs; ++i) {
     if (i == runs - 1) comm.reset_counters();  // report the bytes of exactly one run
     comm.barrier();
-    double t0 = MPI_Wtime();
+    double t0 = comm.now();
     attn.forward(out.view(), q.view(), k.view(), v.view());
-    const double tf = max_over_ranks(comm, MPI_Wtime() - t0);
+    const double tf = max_over_ranks(comm, comm.now() - t0);
     double tb = 0;
     if (p.backward) {
       comm.barrier();
-      t0 = MPI_Wtime();
+      t0 = comm.now();
       attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
-      tb = max_over_ranks(comm, MPI_Wtime() - t0);
+      tb = max_over_ranks(comm, comm.now() - t0);
     }
     if (o.repeat == 0 || i > 0) {
       t.forward.push_back(tf);

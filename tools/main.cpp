@@ -1,6 +1,5 @@
 // The `ulysses` command line: subcommands over the library, run under mpirun.
 #include <CLI/CLI.hpp>
-#include <mpi.h>
 
 #include <cstdio>
 
@@ -8,11 +7,11 @@
 #include "plan_command.hpp"
 #include "train_command.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/mpi_communicator.hpp"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ulysses::MpiSession mpi(argc, argv);
+  const int rank = mpi.world_rank();
   CLI::App app{"ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
                "Run under mpirun; every rank holds s/cp tokens of every sequence."};
   app.set_version_flag("--version", "ulysses 0.1.0");
@@ -38,6 +37,5 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ulysses: error: %s\n", e.what());
     code = 2;
   }
-  MPI_Finalize();
   return code;
 }

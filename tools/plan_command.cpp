@@ -1,7 +1,7 @@
 #include "plan_command.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
+#include "ulysses/mpi_communicator.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include "report.hpp"
 #include "ulysses/attention.hpp"
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
@@ -51,7 +51,7 @@ namespace {
 
 // ---- calibration: this machine's compute rate and links ------------------------------------
 
-double attention_rate(std::int64_t d) {  // FLOP/s of the local kernels, this rank's threads
+double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of the local kernels, this rank's threads
   const std::int64_t s = 2048, h = 2;
   Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()), dv(q.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
@@ -64,14 +64,14 @@ double attention_rate(std::int64_t d) {  // FLOP/s of the local kernels, this ra
   run();
   std::vector<double> t;
   for (int i = 0; i < 3; ++i) {
-    const double t0 = MPI_Wtime();
+    const double t0 = comm.now();
     run();
-    t.push_back(MPI_Wtime() - t0);
+    t.push_back(comm.now() - t0);
   }
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / median(t);
 }
 
-Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β from 16 MB
+Link fit_link(Communicator& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β from 16 MB
   Link l;
   if (comm.size() < 2) return l;
   auto one_way = [&](std::size_t bytes) {
@@ -79,7 +79,7 @@ Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β
     std::vector<double> t;
     for (int i = 0; i < 5; ++i) {
       comm.barrier();
-      const double t0 = MPI_Wtime();
+      const double t0 = comm.now();
       if (comm.rank() == 0) {
         comm.isend(buf.data(), bytes, 1, 9, "calibrate").wait();
         comm.irecv(buf.data(), bytes, 1, 9).wait();
@@ -87,7 +87,7 @@ Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β
         comm.irecv(buf.data(), bytes, 0, 9).wait();
         comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
       }
-      t.push_back((MPI_Wtime() - t0) / 2);
+      t.push_back((comm.now() - t0) / 2);
     }
     double m = median(t);
     comm.broadcast(&m, sizeof(m), 0);
@@ -99,16 +99,16 @@ Link fit_link(Comm& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β
   return l;
 }
 
-Link fit_alltoall(Comm& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
+Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
     std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
     std::vector<double> t;
     for (int i = 0; i < 5; ++i) {
       comm.barrier();
-      const double t0 = MPI_Wtime();
+      const double t0 = comm.now();
       comm.alltoall(send.data(), recv.data(), block, "calibrate");
-      double dt = MPI_Wtime() - t0;
+      double dt = comm.now() - t0;
       comm.allreduce_max(&dt, 1);
       t.push_back(dt);
     }
@@ -120,7 +120,7 @@ Link fit_alltoall(Comm& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, �
 }
 
 // Runs one strategy for real on every rank: median seconds of forward + backward.
-double measure(Comm& comm, const PlanInput& in, const CpConfig& cfg) {
+double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   const int cp = comm.size();
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), in.seq);
   const std::int64_t n = in.seq / cp;
@@ -131,10 +131,10 @@ double measure(Comm& comm, const PlanInput& in, const CpConfig& cfg) {
   std::vector<double> t;
   for (int i = 0; i < 4; ++i) {
     comm.barrier();
-    const double t0 = MPI_Wtime();
+    const double t0 = comm.now();
     attn.forward(o.view(), q.view(), k.view(), v.view());
     attn.backward(dq.view(), dk.view(), dv.view(), g.view());
-    double dt = MPI_Wtime() - t0;
+    double dt = comm.now() - t0;
     comm.allreduce_max(&dt, 1);
     if (i > 0) t.push_back(dt);  // the first run warms up
   }
@@ -260,7 +260,7 @@ std::string svg_plot(const PlanInput& in) {
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
-  Comm comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(MPI_COMM_WORLD);
   PlanInput in;
   std::string err;
   try {
@@ -285,8 +285,8 @@ int run_plan(const PlanOptions& o) {
   comm.agree(err);
   std::vector<double> measured;
   if (o.calibrate) {
-    set_threads(default_threads(comm.native()));
-    double rate = attention_rate(in.head_dim);
+    set_threads(default_threads(comm));
+    double rate = attention_rate(comm, in.head_dim);
     comm.allreduce_max(&rate, 1);
     in.cluster.peak_flops = rate;
     in.cluster.efficiency = 1.0;

@@ -19,7 +19,7 @@ std::int64_t peak_rss_bytes() {
   return std::int64_t(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-nlohmann::json gather_rank_stats(Comm& comm, const std::vector<std::string>& ops) {
+nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::string>& ops) {
   // Per rank: peak rss, then (bytes, messages, calls) per op.
   std::vector<std::int64_t> mine{peak_rss_bytes()};
   for (const std::string& op : ops) {

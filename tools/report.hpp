@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ulysses/atomic_file.hpp"
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 
 namespace ulysses::cli {
@@ -18,7 +18,7 @@ std::int64_t peak_rss_bytes();
 
 // Collective. Rank 0 gets one JSON object per rank: {"rank", "bytes_sent": {op: n},
 // "messages": {op: n}, "calls": {op: n}, "peak_rss_bytes"}; other ranks get an empty array.
-nlohmann::json gather_rank_stats(Comm& comm, const std::vector<std::string>& ops);
+nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::string>& ops);
 
 // Parses --strategy and --cp-sizes into a CpConfig (throws Error with the flag's name):
 // --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.

@@ -1,7 +1,7 @@
 #include "train_command.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
+#include "ulysses/mpi_communicator.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,9 +98,9 @@ double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  Comm comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(MPI_COMM_WORLD);
   const int rank = comm.rank(), cp = comm.size();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm.native());
+  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
 
   train::TrainConfig cfg;

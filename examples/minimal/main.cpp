@@ -5,10 +5,10 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const ulysses::MpiSession mpi(argc, argv);
   int code = 0;
   {
-    ulysses::Comm comm(MPI_COMM_WORLD);
+    ulysses::MpiCommunicator comm(MPI_COMM_WORLD);
     const int cp = comm.size();
     const std::int64_t batch = 1, seq = 64 * cp, heads = 2 * cp, head_dim = 32, local = seq / cp;
     // Each rank holds tokens [rank·s/cp, (rank+1)·s/cp) of q, k, v: [b, s/cp, h, d].
@@ -36,6 +36,5 @@ int main(int argc, char** argv) {
     std::printf("rank %d/%d: relative error vs float64 reference %.2e\n", comm.rank(), cp, err);
     code = err < 1e-5 ? 0 : 1;
   }
-  MPI_Finalize();
   return code;
 }

@@ -22,7 +22,7 @@
 #include <span>
 #include <vector>
 
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -66,10 +66,10 @@ class FusedHeads {
 // Collective. Forward transpose of all `inputs` in one all-to-all (counted as "seq_to_head").
 // Every input must have the same b, s/cp, d and dtype; returns the head-sharded buffer with
 // seq = cp * s/cp. Ranks' blocks are concatenated in rank order along the sequence.
-FusedHeads seq_to_head(Comm& comm, std::span<const SeqShard> inputs);
+FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs);
 
 // Collective. Adjoint of seq_to_head (counted as "head_to_seq"): writes every output view
 // [b, s/cp, h, d]; replicated heads are summed. `in` must match the outputs' shapes.
-void head_to_seq(Comm& comm, const FusedHeads& in, std::span<const SeqShard> outputs);
+void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs);
 
 }  // namespace ulysses

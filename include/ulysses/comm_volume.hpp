@@ -1,7 +1,7 @@
 // The exact communication of one attention layer, per rank, by strategy: what the counters of
 // a real run must show (the tests check it to the byte), and the planner's input.
 //
-// Keys are the Comm counter names: "seq_to_head", "head_to_seq" (a2a), "p2p_kv", "p2p_dkv"
+// Keys are the Communicator counter names: "seq_to_head", "head_to_seq" (a2a), "p2p_kv", "p2p_dkv"
 // (p2p), "all_gather_kv", "all_gather_dkv" (all_gather), and "inner.*" / "outer.*" for
 // a2a+p2p. K/V travel in the storage dtype; gradients that are summed across ranks (dK/dV of
 // p2p and all_gather) travel in float32.

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "ulysses/attention.hpp"
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -64,7 +64,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, s
 class ContextParallelAttention {
  public:
   // Not collective; `comm` must outlive this object.
-  ContextParallelAttention(Comm& comm, CpConfig config);
+  ContextParallelAttention(Communicator& comm, CpConfig config);
   ~ContextParallelAttention();
   ContextParallelAttention(const ContextParallelAttention&) = delete;
   ContextParallelAttention& operator=(const ContextParallelAttention&) = delete;
@@ -79,10 +79,10 @@ class ContextParallelAttention {
   const CpStats& forward_stats() const;
   const CpStats& backward_stats() const;
   const CpConfig& config() const { return config_; }
-  Comm& comm() const { return comm_; }
+  Communicator& comm() const { return comm_; }
 
  private:
-  Comm& comm_;
+  Communicator& comm_;
   CpConfig config_;
   std::unique_ptr<CpSaved> saved_;
 };

@@ -62,6 +62,9 @@ void load_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64
 void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h,
                const float* in);
 
+// "" when `view` has `expected` shape, else "<name> must be <expected>, got <actual>".
+std::string shape_error(const char* name, const TensorView& view, const Shape& expected);
+
 // Copy every element of src into dst (same shape; dtypes and strides may differ).
 void copy(const TensorView& src, const TensorView& dst);
 

@@ -8,7 +8,6 @@
 #include <numeric>
 #include <vector>
 
-#include "../cp/validate.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -39,15 +38,15 @@ FusedHeads FusedHeads::converted(DType dtype) const {
 
 namespace {
 
-std::string describe_shards(const std::vector<std::int64_t>& sig) {
-  std::string s = fmt::format("{} tensors, dtype {}", sig[0], to_string(DType(sig[1])));
-  for (std::size_t i = 2; i + 5 <= sig.size() && sig[i] >= 0; i += 5)
-    s += fmt::format(", {} x{}", Shape{sig[i], sig[i + 1], sig[i + 2], sig[i + 3]}.str(), sig[i + 4]);
+// What every rank must agree on: the tensors' dtype, shapes and replication.
+std::string describe_shards(std::span<const SeqShard> shards) {
+  std::string s = fmt::format("{} tensors, dtype {}", shards.size(), to_string(shards[0].view.dtype));
+  for (const SeqShard& t : shards) s += fmt::format(", {} x{}", t.view.shape.str(), t.replicas);
   return s;
 }
 
 // Local checks, then agreement across ranks. Returns local heads per tensor.
-std::vector<std::int64_t> check_shards(Comm& comm, std::span<const SeqShard> shards,
+std::vector<std::int64_t> check_shards(Communicator& comm, std::span<const SeqShard> shards,
                                        const char* op) {
   const int cp = comm.size();
   std::string err;
@@ -68,24 +67,13 @@ std::vector<std::int64_t> check_shards(Comm& comm, std::span<const SeqShard> sha
     local_heads.push_back(cp > 0 ? slots / cp : 0);
   }
   comm.agree(err);
-  // Signature: count, dtype, then (b, s, h, d, replicas) per tensor, padded to a fixed size.
-  constexpr std::size_t kMaxTensors = 8;
-  if (shards.size() > kMaxTensors) throw Error(fmt::format("{}: at most {} tensors", op, kMaxTensors));
-  std::vector<std::int64_t> sig(2 + 5 * kMaxTensors, -1);
-  sig[0] = std::int64_t(shards.size());
-  sig[1] = std::int64_t(shards[0].view.dtype);
-  for (std::size_t t = 0; t < shards.size(); ++t) {
-    const Shape& sh = shards[t].view.shape;
-    std::int64_t* p = &sig[2 + 5 * t];
-    p[0] = sh.b; p[1] = sh.s; p[2] = sh.h; p[3] = sh.d; p[4] = shards[t].replicas;
-  }
-  agree_identical(comm, sig, fmt::format("{} inputs", op), describe_shards);
+  comm.agree_identical(fmt::format("{} inputs", op), describe_shards(shards));
   return local_heads;
 }
 
 }  // namespace
 
-FusedHeads seq_to_head(Comm& comm, std::span<const SeqShard> inputs) {
+FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
   std::vector<std::int64_t> local_heads = check_shards(comm, inputs, "seq_to_head");
   const int cp = comm.size();
   const Shape& sh0 = inputs[0].view.shape;
@@ -122,7 +110,7 @@ FusedHeads seq_to_head(Comm& comm, std::span<const SeqShard> inputs) {
   return out;
 }
 
-void head_to_seq(Comm& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
+void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
   std::vector<std::int64_t> local_heads = check_shards(comm, outputs, "head_to_seq");
   const int cp = comm.size();
   const Shape& sh0 = outputs[0].view.shape;

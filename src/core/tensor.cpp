@@ -122,6 +122,11 @@ void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_off
   }
 }
 
+std::string shape_error(const char* name, const TensorView& view, const Shape& expected) {
+  if (view.shape == expected) return "";
+  return fmt::format("{} must be {}, got {}", name, expected.str(), view.shape.str());
+}
+
 namespace {
 std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
 

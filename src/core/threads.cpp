@@ -10,12 +10,8 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace ulysses {
 
-int default_threads(MPI_Comm comm) {
-  MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int ranks_on_node = 1;
-  MPI_Comm_size(node, &ranks_on_node);
-  MPI_Comm_free(&node);
+int default_threads(Communicator& comm) {
+  const int ranks_on_node = comm.ranks_on_this_node();
   int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   int allowed = cores;

@@ -1,6 +1,5 @@
 #include "all_gather_attention.hpp"
 
-#include <mpi.h>
 
 #include <limits>
 
@@ -8,7 +7,7 @@
 
 namespace ulysses {
 
-void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSaved& saved, const TensorView& q,
+void all_gather_attention_forward(Communicator& comm, const TensorView& out, AllGatherSaved& saved, const TensorView& q,
                                   const TensorView& k, const TensorView& v,
                                   std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
                                   DType wire, CpStats& stats) {
@@ -17,7 +16,7 @@ void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSa
   const std::int64_t B = q.shape.b, H = q.shape.h, S = ks.s * R;
   saved = AllGatherSaved{q, out, Tensor::uninitialized({2 * ks.b, S, ks.h, ks.d}), {}, std::move(chunks), params, wire};
 
-  double t0 = MPI_Wtime();
+  double t0 = comm.now();
   Tensor local = Tensor::uninitialized({2 * ks.b, ks.s, ks.h, ks.d}, wire);
   copy(k, kv_half(local.view(), 0));
   copy(v, kv_half(local.view(), 1));
@@ -30,7 +29,7 @@ void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSa
     for (int which = 0; which < 2; ++which)
       unshard_sequence(kv_half(block, which), kv_half(saved.kv_full.view(), which), saved.chunks[std::size_t(r)]);
   }
-  double t1 = MPI_Wtime();
+  double t1 = comm.now();
   stats.comm_exposed_s += t1 - t0;
 
   const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(comm.rank())];
@@ -45,10 +44,10 @@ void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSa
     flash_attention_forward(rows(out, ra, a.length), saved.lse.back().data(), rows(q, ra, a.length), kf, vf, p);
     stats.score_pairs += visible_pairs(a, {0, S}, params.causal) * B * H;
   }
-  stats.compute_s += MPI_Wtime() - t1;
+  stats.compute_s += comm.now() - t1;
 }
 
-void all_gather_attention_backward(Comm& comm, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void all_gather_attention_backward(Communicator& comm, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                    const TensorView& dout, const AllGatherSaved& saved, CpStats& stats) {
   const int R = comm.size();
   const Shape full = saved.kv_full.shape();  // [2b, s, h_kv, d]
@@ -56,7 +55,7 @@ void all_gather_attention_backward(Comm& comm, const TensorView& dq, const Tenso
   const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(comm.rank())];
   const TensorView kf = kv_half(saved.kv_full.view(), 0), vf = kv_half(saved.kv_full.view(), 1);
 
-  double t0 = MPI_Wtime();
+  double t0 = comm.now();
   Tensor dkv_full(full), dk_part = Tensor::uninitialized(kf.shape), dv_part = Tensor::uninitialized(kf.shape);
   for (std::size_t ia = 0; ia < mine.size(); ++ia) {
     const SeqChunk& a = mine[ia];
@@ -80,11 +79,11 @@ void all_gather_attention_backward(Comm& comm, const TensorView& dq, const Tenso
     for (int which = 0; which < 2; ++which)
       shard_sequence(kv_half(dkv_full.view(), which), kv_half(block, which), saved.chunks[std::size_t(r)]);
   }
-  double t1 = MPI_Wtime();
+  double t1 = comm.now();
   stats.compute_s += t1 - t0;
   Tensor mine_total = Tensor::uninitialized({full.b, m, full.h, full.d});
   comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), std::size_t(mine_total.shape().numel()), "all_gather_dkv");
-  stats.comm_exposed_s += MPI_Wtime() - t1;
+  stats.comm_exposed_s += comm.now() - t1;
   copy(kv_half(mine_total.view(), 0), dk);
   copy(kv_half(mine_total.view(), 1), dv);
 }

@@ -19,12 +19,12 @@ struct AllGatherSaved {
   DType wire = DType::f32;
 };
 
-void all_gather_attention_forward(Comm& comm, const TensorView& out, AllGatherSaved& saved, const TensorView& q,
+void all_gather_attention_forward(Communicator& comm, const TensorView& out, AllGatherSaved& saved, const TensorView& q,
                                   const TensorView& k, const TensorView& v,
                                   std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
                                   DType wire, CpStats& stats);
 
-void all_gather_attention_backward(Comm& comm, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void all_gather_attention_backward(Communicator& comm, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                    const TensorView& dout, const AllGatherSaved& saved, CpStats& stats);
 
 }  // namespace ulysses

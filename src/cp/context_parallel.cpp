@@ -13,7 +13,7 @@
 #include "ring_attention.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses_attention.hpp"
-#include "validate.hpp"
+#include "ulysses/communicator.hpp"
 
 namespace ulysses {
 
@@ -31,7 +31,7 @@ struct CpSaved {
   RingSaved ring;                // p2p, a2a+p2p
   AllGatherSaved all_gather;     // all_gather
   FusedHeads qkv, out_heads;     // a2a+p2p: head-sharded inside the inner group
-  std::optional<Comm> inner, outer;  // a2a+p2p sub-communicators (made at the first forward)
+  std::unique_ptr<Communicator> inner, outer;  // a2a+p2p sub-communicators (made at the first forward)
 };
 
 const char* to_string(CpCommType type) {
@@ -51,14 +51,6 @@ CpCommType parse_cp_comm_type(std::string_view name) {
 }
 
 namespace {
-
-std::string describe_call(const std::vector<std::int64_t>& s) {
-  return fmt::format("q {} k/v {} dtype {} cp_comm_type {} causal {} scale bits {:#x} "
-                     "cp sizes [{}, {}]",
-                     Shape{s[0], s[1], s[2], s[3]}.str(), Shape{s[4], s[5], s[6], s[7]}.str(),
-                     to_string(DType(s[8])), to_string(CpCommType(s[9])), s[10] != 0, s[11],
-                     s[12], s[13]);
-}
 
 // Local checks of one rank's tensors: "" or the first problem found.
 std::string local_error(const TensorView& out, const TensorView& q, const TensorView& k,
@@ -135,9 +127,9 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
 
 // One rank: every strategy is plain flash attention on copies of the inputs (kept for the
 // backward) in their own dtype: bf16 runs on the level's bf16 engine where there is one.
-void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
+void local_forward(const Communicator& comm, CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
                    const TensorView& v, const AttentionParams& params) {
-  const double t0 = MPI_Wtime();
+  const double t0 = comm.now();
   sv.q_in = copy_of(q, q.dtype);
   sv.k_in = copy_of(k, k.dtype);
   sv.v_in = copy_of(v, v.dtype);
@@ -146,62 +138,62 @@ void local_forward(CpSaved& sv, const TensorView& out, const TensorView& q, cons
   flash_attention_forward(sv.out32.view(), sv.lse.data(), sv.q_in.view(), sv.k_in.view(), sv.v_in.view(), params);
   copy(sv.out32.view(), out);
   sv.params = params;
-  sv.forward_stats.compute_s += MPI_Wtime() - t0;
+  sv.forward_stats.compute_s += comm.now() - t0;
   sv.forward_stats.score_pairs += visible_pairs({0, q.shape.s}, {0, q.shape.s}, params.causal) * q.shape.b * q.shape.h;
 }
 
-void local_backward(CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void local_backward(const Communicator& comm, CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                     const TensorView& dout) {
-  const double t0 = MPI_Wtime();
+  const double t0 = comm.now();
   flash_attention_backward(dq, dk, dv, dout, sv.q_in.view(), sv.k_in.view(), sv.v_in.view(), sv.out32.view(),
                            sv.lse.data(), sv.params);
-  sv.backward_stats.compute_s += MPI_Wtime() - t0;
+  sv.backward_stats.compute_s += comm.now() - t0;
   sv.backward_stats.score_pairs += sv.forward_stats.score_pairs;
 }
 
 // a2a+p2p: Ulysses inside contiguous groups of `inner` ranks, the ring across groups.
-void hierarchical_forward(Comm& comm, CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
+void hierarchical_forward(Communicator& comm, CpSaved& sv, const TensorView& out, const TensorView& q, const TensorView& k,
                           const TensorView& v, std::vector<std::vector<SeqChunk>> ring_chunks,
                           const AttentionParams& params, int inner) {
   if (!sv.inner) {  // contiguous inner groups, strided outer groups (Megatron / TE)
-    sv.inner.emplace(comm.split(comm.rank() / inner, comm.rank()));
-    sv.outer.emplace(comm.split(comm.rank() % inner, comm.rank()));
+    sv.inner = comm.split(comm.rank() / inner, comm.rank());
+    sv.outer = comm.split(comm.rank() % inner, comm.rank());
   }
   const std::array<SeqShard, 3> in{{{q, 1}, {k, sv.kv_replicas}, {v, sv.kv_replicas}}};
-  double t0 = MPI_Wtime();
+  double t0 = comm.now();
   sv.qkv = seq_to_head(*sv.inner, in);
   if (sv.qkv.dtype() != DType::f32) sv.qkv = sv.qkv.converted(DType::f32);
-  sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  sv.forward_stats.comm_exposed_s += comm.now() - t0;
   const TensorView hq = sv.qkv.part(0);
   sv.out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
   ring_attention_forward(*sv.outer, sv.out_heads.part(0), sv.ring, hq, sv.qkv.part(1), sv.qkv.part(2),
                          std::move(ring_chunks), params, q.dtype, sv.forward_stats);
-  t0 = MPI_Wtime();
+  t0 = comm.now();
   const std::array<SeqShard, 1> o{{{out, 1}}};
   if (q.dtype == DType::f32) head_to_seq(*sv.inner, sv.out_heads, o);
   else head_to_seq(*sv.inner, sv.out_heads.converted(q.dtype), o);
-  sv.forward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  sv.forward_stats.comm_exposed_s += comm.now() - t0;
   comm.absorb_counters(*sv.inner, "inner");
   comm.absorb_counters(*sv.outer, "outer");
 }
 
-void hierarchical_backward(Comm& comm, CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void hierarchical_backward(Communicator& comm, CpSaved& sv, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                            const TensorView& dout) {
   const std::array<SeqShard, 1> g{{{dout, 1}}};
-  double t0 = MPI_Wtime();
+  double t0 = comm.now();
   FusedHeads hdout = seq_to_head(*sv.inner, g);
   if (hdout.dtype() != DType::f32) hdout = hdout.converted(DType::f32);
-  sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  sv.backward_stats.comm_exposed_s += comm.now() - t0;
   const FusedHeads& x = sv.qkv;
   FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(), {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
   ring_attention_backward(*sv.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), sv.ring,
                           sv.backward_stats);
-  t0 = MPI_Wtime();
+  t0 = comm.now();
   const int r = sv.kv_replicas;
   const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
   if (sv.dtype == DType::f32) head_to_seq(*sv.inner, grads, out);
   else head_to_seq(*sv.inner, grads.converted(sv.dtype), out);
-  sv.backward_stats.comm_exposed_s += MPI_Wtime() - t0;
+  sv.backward_stats.comm_exposed_s += comm.now() - t0;
   comm.absorb_counters(*sv.inner, "inner");
   comm.absorb_counters(*sv.outer, "outer");
 }
@@ -215,7 +207,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   rank_chunks(config, cp, 0, q.s);
 }
 
-ContextParallelAttention::ContextParallelAttention(Comm& comm, CpConfig config)
+ContextParallelAttention::ContextParallelAttention(Communicator& comm, CpConfig config)
     : comm_(comm), config_(std::move(config)), saved_(std::make_unique<CpSaved>()) {}
 
 ContextParallelAttention::~ContextParallelAttention() = default;
@@ -224,16 +216,10 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
                                        const TensorView& k, const TensorView& v) {
   saved_->valid = false;
   comm_.agree(local_error(out, q, k, v));
-  const std::vector<std::int64_t> sig{q.shape.b, q.shape.s, q.shape.h, q.shape.d,
-                                      k.shape.b, k.shape.s, k.shape.h, k.shape.d,
-                                      std::int64_t(q.dtype), std::int64_t(config_.cp_comm_type),
-                                      config_.causal, std::int64_t(std::bit_cast<std::uint32_t>(config_.scale))};
-  // (hierarchical sizes are compared too, padded to two entries)
-  std::vector<std::int64_t> full = sig;
-  for (std::size_t i = 0; i < 2; ++i)
-    full.push_back(i < config_.hierarchical_context_parallel_sizes.size()
-                       ? config_.hierarchical_context_parallel_sizes[i] : -1);
-  agree_identical(comm_, full, "attention inputs and settings", describe_call);
+  comm_.agree_identical("attention inputs and settings",
+                        fmt::format("q {} k/v {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]",
+                                    q.shape.str(), k.shape.str(), to_string(q.dtype), to_string(config_.cp_comm_type),
+                                    config_.causal, config_.scale, fmt::join(config_.hierarchical_context_parallel_sizes, ", ")));
   const int cp = comm_.size();
   const int replicas = check_strategy(config_, cp, q.shape.h, k.shape.h);
   const std::vector<std::vector<SeqChunk>> chunks = all_chunks(config_, cp, q.shape.s * cp);
@@ -242,7 +228,7 @@ void ContextParallelAttention::forward(const TensorView& out, const TensorView& 
   sv.forward_stats = CpStats{};
   sv.kv_replicas = replicas;
   if (cp == 1) {
-    local_forward(sv, out, q, k, v, params);
+    local_forward(comm_, sv, out, q, k, v, params);
   } else {
   switch (config_.cp_comm_type) {
     case CpCommType::a2a:
@@ -291,7 +277,7 @@ void ContextParallelAttention::backward(const TensorView& dq, const TensorView& 
   CpSaved& sv = *saved_;
   sv.backward_stats = CpStats{};
   if (comm_.size() == 1) {
-    local_backward(sv, dq, dk, dv, dout);
+    local_backward(comm_, sv, dq, dk, dv, dout);
     return;
   }
   switch (config_.cp_comm_type) {

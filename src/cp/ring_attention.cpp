@@ -1,6 +1,5 @@
 #include "ring_attention.hpp"
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <limits>
@@ -34,7 +33,6 @@ TensorView compute_view(const Tensor& wire, Tensor& scratch) {
   return scratch.view();
 }
 
-double now() { return MPI_Wtime(); }
 
 }  // namespace
 
@@ -45,7 +43,7 @@ std::int64_t visible_pairs(const SeqChunk& q, const SeqChunk& k, bool causal) {
   return n;
 }
 
-void ring_attention_forward(Comm& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
+void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
                             std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
                             DType wire, CpStats& stats) {
@@ -73,7 +71,7 @@ void ring_attention_forward(Comm& ring, const TensorView& out, RingSaved& saved,
       recv = ring.irecv(buf[1 - cur].data(), buf[cur].nbytes(), (me - 1 + R) % R, kTagKv);
       send = ring.isend(buf[cur].data(), buf[cur].nbytes(), (me + 1) % R, kTagKv, "p2p_kv");
     }
-    double t0 = now();
+    double t0 = ring.now();
     const TensorView kv = compute_view(buf[cur], scratch);
     const std::vector<SeqChunk>& theirs = saved.chunks[std::size_t(src)];
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
@@ -92,15 +90,15 @@ void ring_attention_forward(Comm& ring, const TensorView& out, RingSaved& saved,
         recv.test();  // let MPI progress the transfer between tiles
         send.test();
       }
-    const double t1 = now();
+    const double t1 = ring.now();
     stats.compute_s += t1 - t0;
     send.wait();
     recv.wait();
-    stats.comm_exposed_s += now() - t1;
+    stats.comm_exposed_s += ring.now() - t1;
   }
 }
 
-void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats) {
   const int R = ring.size(), me = ring.rank();
   const Shape kvs = saved.kv.shape();
@@ -126,7 +124,7 @@ void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView&
     }
     // The accumulator for `src` arrives from the previous rank, which handled src one step ago.
     if (step > 0) dkv_recv = ring.irecv(dkv_in.data(), dkv_in.nbytes(), (me - 1 + R) % R, kTagDkv);
-    double t0 = now();
+    double t0 = ring.now();
     dkv_send[cur].wait();  // the buffer's send from two steps ago
     const TensorView acc = dkv[cur].view();
     zero(acc);
@@ -152,7 +150,7 @@ void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView&
         recv.test();
         send.test();
       }
-    const double t1 = now();
+    const double t1 = ring.now();
     stats.compute_s += t1 - t0;
     if (step > 0) {
       dkv_recv.wait();
@@ -161,9 +159,9 @@ void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView&
     if (R > 1) dkv_send[cur] = ring.isend(dkv[cur].data(), dkv[cur].nbytes(), (me + 1) % R, kTagDkv, "p2p_dkv");
     send.wait();
     recv.wait();
-    stats.comm_exposed_s += now() - t1;
+    stats.comm_exposed_s += ring.now() - t1;
   }
-  const double t2 = now();
+  const double t2 = ring.now();
   const Tensor* mine_total = &dkv[0];  // R == 1: the only accumulator is ours
   if (R > 1) {
     ring.irecv(dkv_in.data(), dkv_in.nbytes(), (me - 1 + R) % R, kTagDkv).wait();
@@ -171,7 +169,7 @@ void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView&
   }
   dkv_send[0].wait();
   dkv_send[1].wait();
-  stats.comm_exposed_s += now() - t2;
+  stats.comm_exposed_s += ring.now() - t2;
   copy(kv_half(mine_total->view(), 0), dk);
   copy(kv_half(mine_total->view(), 1), dv);
 }

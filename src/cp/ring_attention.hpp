@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ulysses/attention.hpp"
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -35,13 +35,13 @@ struct RingSaved {
 };
 
 // Collective over `ring`. q, k, v, out: float32 views; chunks[r] are the rows of member r.
-void ring_attention_forward(Comm& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
+void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
                             std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
                             DType wire, CpStats& stats);
 
 // Collective over `ring`. dq, dk, dv, dout: float32 views; dq/dk/dv are overwritten.
-void ring_attention_backward(Comm& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats);
 
 // Visible (query, key) pairs between a query chunk and a key chunk per (batch, head).

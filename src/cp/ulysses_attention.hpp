@@ -9,7 +9,7 @@
 
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
-#include "ulysses/comm.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 
 namespace ulysses {
@@ -24,11 +24,11 @@ struct UlyssesSaved {
 };
 
 // Collective. Inputs already validated (see context_parallel.cpp).
-void ulysses_attention_forward(Comm& comm, const TensorView& out, UlyssesSaved& saved,
+void ulysses_attention_forward(Communicator& comm, const TensorView& out, UlyssesSaved& saved,
                                const TensorView& q, const TensorView& k, const TensorView& v,
                                const AttentionParams& params, int kv_replicas, CpStats& stats);
 
-void ulysses_attention_backward(Comm& comm, const TensorView& dq, const TensorView& dk,
+void ulysses_attention_backward(Communicator& comm, const TensorView& dq, const TensorView& dk,
                                 const TensorView& dv, const TensorView& dout,
                                 const UlyssesSaved& saved, CpStats& stats);
 

@@ -4,7 +4,7 @@
 
 namespace ulysses::train {
 
-CpAttention::CpAttention(Comm& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens)
+CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens)
     : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim} {
   CpConfig c = cp;
   c.causal = true;

@@ -14,7 +14,7 @@ namespace ulysses::train {
 // state between forward and backward), causal.
 class CpAttention : public AttentionOp<float> {
  public:
-  CpAttention(Comm& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
+  CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
   void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
   void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
   CpStats stats() const;  // summed over layers, last step

@@ -1,7 +1,6 @@
 #include "train/trainer.hpp"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <cstdio>
@@ -40,7 +39,7 @@ std::string config_error(const TrainConfig& c, int cp) {
 
 }  // namespace
 
-Trainer::Trainer(Comm& comm, TrainConfig config, DataSource data)
+Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
     : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model) {
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.seq);
@@ -104,7 +103,7 @@ double Trainer::compute_gradients(std::int64_t data_step) {
 
 StepResult Trainer::step() {
   comm_.barrier();
-  const double t0 = MPI_Wtime();
+  const double t0 = comm_.now();
   StepResult r;
   double cc[2];
   r.loss = forward_backward(shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed, step_)), cc);
@@ -126,7 +125,7 @@ StepResult Trainer::step() {
   step_ = t;
   r.step = t;
   r.attention = attention_->stats();
-  double dt = MPI_Wtime() - t0;
+  double dt = comm_.now() - t0;
   comm_.allreduce_max(&dt, 1);
   r.seconds = dt;
   return r;

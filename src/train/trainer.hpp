@@ -40,7 +40,7 @@ struct StepResult {
 class Trainer {
  public:
   // Collective. Validates everything first; every rank throws the same Error on bad input.
-  Trainer(Comm& comm, TrainConfig config, DataSource data);
+  Trainer(Communicator& comm, TrainConfig config, DataSource data);
 
   StepResult step();  // collective: one optimizer step
   // Collective: forward + backward + gradient all-reduce on the batch of `data_step`, no
@@ -70,7 +70,7 @@ class Trainer {
   Local shard(const Batch& b) const;
   double forward_backward(const Local& data, double* correct_and_count);
 
-  Comm& comm_;
+  Communicator& comm_;
   TrainConfig cfg_;
   DataSource data_;
   Gpt<float> model_;

@@ -1,0 +1,140 @@
+// Communicator — a process group behind one interface (c10d's ProcessGroup, NCCL's ncclComm):
+// an object that owns its group, no globals. Everything above the communication layer talks
+// to this interface only; MpiCommunicator (mpi_communicator.hpp) is today's backend, and a
+// NCCL or in-process backend is one more subclass.
+//
+// The public methods are not virtual: they check sizes, count the bytes this rank sends
+// under an operation name (so tests and reports can check volumes against their formulas
+// exactly, whatever the backend) and call the backend's protected do_* hooks.
+//
+// All methods marked "collective" must be called by every rank of the communicator in the
+// same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace ulysses {
+
+struct CommCounter {
+  std::int64_t calls = 0;
+  std::int64_t bytes_sent = 0;  // payload bytes this rank sent to other ranks (not to itself)
+  std::int64_t messages = 0;    // point-to-point messages to other ranks
+};
+
+enum class ReduceOp { sum, min, max };
+enum class ScalarType { f32, f64, i64 };  // what an all-reduce adds up
+
+// A pending nonblocking send or receive (c10d's Work). wait() is idempotent; the destructor
+// waits, so a request can never be forgotten while the backend still owns its buffer.
+class Request {
+ public:
+  // The backend's handle. Its destructor must wait for (or cancel) the transfer.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+    virtual bool test() = 0;  // true when complete; also drives the backend's progress
+  };
+
+  Request() = default;
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&&) noexcept = default;  // the old one waits in its destructor
+  void wait() {
+    if (impl_) impl_->wait();
+  }
+  bool test() { return !impl_ || impl_->test(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual const char* backend() const = 0;  // "mpi", ...
+  // Seconds on the backend's clock (MPI_Wtime for MPI): what strategies time themselves with.
+  virtual double now() const = 0;
+
+  // Collective. Sends `bytes_per_rank` bytes from send + j*bytes_per_rank to rank j and
+  // receives rank j's block into recv + j*bytes_per_rank. Counted under `op`.
+  void alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op = "alltoall");
+  // Collective. The same exchange without this rank's own block, which the caller moves
+  // itself (straight into place, saving a copy). A buffer with `own_slot` holds size()
+  // blocks and its own block is neither read nor written; without, it holds the size()−1
+  // other ranks' blocks back to back, in rank order.
+  void alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                       std::size_t bytes_per_rank, const std::string& op = "alltoall");
+  // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
+  void allgather(const void* send, void* recv, std::size_t bytes, const std::string& op = "allgather");
+  // Collective. root receives size() blocks of `bytes` in rank order into recv.
+  void gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op = "gather");
+  // Collective. send holds size() blocks of `count` floats in rank order; block j is summed
+  // over ranks and lands in rank j's recv. Counts the (size()−1) blocks each rank sends.
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t count,
+                          const std::string& op = "reduce_scatter");
+  // Collective. In-place reductions over ranks (sums are counted, min/max are bookkeeping).
+  void allreduce_sum(double* data, std::size_t n, const std::string& op = "allreduce");
+  void allreduce_sum(float* data, std::size_t n, const std::string& op = "allreduce");
+  void allreduce_min(std::int64_t* data, std::size_t n) { do_allreduce(data, n, ScalarType::i64, ReduceOp::min); }
+  void allreduce_max(std::int64_t* data, std::size_t n) { do_allreduce(data, n, ScalarType::i64, ReduceOp::max); }
+  void allreduce_max(double* data, std::size_t n) { do_allreduce(data, n, ScalarType::f64, ReduceOp::max); }
+  void broadcast(void* data, std::size_t bytes, int root) { do_broadcast(data, bytes, root); }
+  void barrier() { do_barrier(); }
+
+  // Not collective. Nonblocking point-to-point, counted under `op`.
+  Request isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op = "p2p");
+  Request irecv(void* data, std::size_t bytes, int src, int tag) { return Request(do_irecv(data, bytes, src, tag)); }
+
+  // Collective over this communicator: a new communicator of the ranks with the same color,
+  // ordered by key (MPI_Comm_split), on the same backend.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Collective. How many ranks of this communicator share this rank's node (memory).
+  virtual int ranks_on_this_node() = 0;
+
+  // Collective error agreement. Pass "" when this rank is fine, else its error message.
+  // If any rank reports an error, every rank throws the same ulysses::Error: the message of
+  // the lowest failing rank, prefixed with that rank. Costs one small allreduce.
+  void agree(const std::string& local_error);
+  // Collective. Every rank describes what it was given (shapes, settings) as text; if any
+  // rank's text differs from rank 0's, every rank throws the same Error:
+  // "<what> differ between ranks: rank 0 has <text 0>, rank k has <text k>".
+  void agree_identical(const std::string& what, const std::string& description);
+
+  const std::map<std::string, CommCounter>& counters() const { return counters_; }
+  // Not collective. Adds `sub`'s counters to this one's as "<prefix>.<op>" and clears them:
+  // a strategy working on sub-communicators reports all its traffic on the user's communicator.
+  void absorb_counters(Communicator& sub, const std::string& prefix);
+  void reset_counters() { counters_.clear(); }
+
+ protected:
+  Communicator(int rank, int size) : rank_(rank), size_(size) {}
+  // The backend. Arguments are as in the public methods; sizes are already checked.
+  virtual void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
+  virtual void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                                  std::size_t bytes_per_rank) = 0;
+  virtual void do_allgather(const void* send, void* recv, std::size_t bytes) = 0;
+  virtual void do_gather(const void* send, void* recv, std::size_t bytes, int root) = 0;
+  virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) = 0;
+  virtual void do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) = 0;
+  virtual void do_broadcast(void* data, std::size_t bytes, int root) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Request::Impl> do_isend(const void* data, std::size_t bytes, int dest, int tag) = 0;
+  virtual std::unique_ptr<Request::Impl> do_irecv(void* data, std::size_t bytes, int src, int tag) = 0;
+
+ private:
+  void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages);
+  int rank_ = 0, size_ = 1;
+  std::map<std::string, CommCounter> counters_;
+};
+
+}  // namespace ulysses

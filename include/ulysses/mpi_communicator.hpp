@@ -1,0 +1,60 @@
+// MpiCommunicator — the Communicator over an MPI communicator, and MpiSession, the RAII
+// MPI_Init/MPI_Finalize of a program. The only public header that includes <mpi.h>.
+//
+// Construction duplicates the parent MPI_Comm (collective over the parent); destruction frees
+// it. MPI errors become ulysses::Error carrying MPI's error string; messages above MPI's int
+// count limit are refused with an Error, never truncated.
+#pragma once
+
+#include <mpi.h>
+
+#include "ulysses/communicator.hpp"
+
+namespace ulysses {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Collective over `parent`.
+  explicit MpiCommunicator(MPI_Comm parent = MPI_COMM_WORLD);
+  ~MpiCommunicator() override;
+
+  MPI_Comm native() const { return comm_; }
+  const char* backend() const override { return "mpi"; }
+  double now() const override { return MPI_Wtime(); }
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  int ranks_on_this_node() override;
+
+ protected:
+  void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) override;
+  void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                          std::size_t bytes_per_rank) override;
+  void do_allgather(const void* send, void* recv, std::size_t bytes) override;
+  void do_gather(const void* send, void* recv, std::size_t bytes, int root) override;
+  void do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) override;
+  void do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) override;
+  void do_broadcast(void* data, std::size_t bytes, int root) override;
+  void do_barrier() override;
+  std::unique_ptr<Request::Impl> do_isend(const void* data, std::size_t bytes, int dest, int tag) override;
+  std::unique_ptr<Request::Impl> do_irecv(void* data, std::size_t bytes, int src, int tag) override;
+
+ private:
+  MpiCommunicator(MPI_Comm owned, int rank, int size);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// MPI_Init on construction (unless MPI is already initialised), MPI_Finalize on destruction.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  // This process's rank in MPI_COMM_WORLD (for "only rank 0 prints" before any communicator).
+  int world_rank() const { return world_rank_; }
+
+ private:
+  bool owns_ = false;
+  int world_rank_ = 0;
+};
+
+}  // namespace ulysses

@@ -1,0 +1,102 @@
+// The backend-independent half of every communicator: byte counters, error agreement.
+#include "ulysses/communicator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int64_t messages) {
+  CommCounter& c = counters_[op];
+  c.calls += 1;
+  c.bytes_sent += bytes;
+  c.messages += messages;
+}
+
+void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+  do_alltoall(send, recv, bytes_per_rank);
+  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                                   std::size_t bytes_per_rank, const std::string& op) {
+  do_alltoall_others(send, send_own_slot, recv, recv_own_slot, bytes_per_rank);
+  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
+  do_allgather(send, recv, bytes);
+  count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
+  do_gather(send, recv, bytes, root);
+  count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1);
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
+  do_reduce_scatter_sum(send, recv, count);
+  count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {
+  do_allreduce(data, n, ScalarType::f64, ReduceOp::sum);
+  count_op(op, std::int64_t(n * sizeof(double)), 0);
+}
+
+void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& op) {
+  do_allreduce(data, n, ScalarType::f32, ReduceOp::sum);
+  count_op(op, std::int64_t(n * sizeof(float)), 0);
+}
+
+Request Communicator::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
+  Request r(do_isend(data, bytes, dest, tag));
+  if (dest != rank_) count_op(op, std::int64_t(bytes), 1);
+  return r;
+}
+
+void Communicator::absorb_counters(Communicator& sub, const std::string& prefix) {
+  for (const auto& [op, c] : sub.counters_) {
+    CommCounter& mine = counters_[prefix + "." + op];
+    mine.calls += c.calls;
+    mine.bytes_sent += c.bytes_sent;
+    mine.messages += c.messages;
+  }
+  sub.reset_counters();
+}
+
+void Communicator::agree(const std::string& local_error) {
+  // Lowest failing rank, or size_ when every rank is fine.
+  std::int64_t first = local_error.empty() ? size_ : rank_;
+  allreduce_min(&first, 1);
+  if (first == size_) return;
+  std::int64_t len = std::int64_t(local_error.size());
+  broadcast(&len, sizeof(len), int(first));
+  std::string msg(std::size_t(len), '\0');
+  if (rank_ == first) msg = local_error;
+  broadcast(msg.data(), msg.size(), int(first));
+  throw Error(size_ > 1 ? fmt::format("rank {}: {}", first, msg) : msg);
+}
+
+void Communicator::agree_identical(const std::string& what, const std::string& description) {
+  // Every rank's text, padded to the longest, in one all-gather.
+  std::int64_t longest = std::int64_t(description.size());
+  allreduce_max(&longest, 1);
+  std::string mine = description;
+  mine.resize(std::size_t(longest), '\0');
+  std::string all(mine.size() * std::size_t(size_), '\0');
+  allgather(mine.data(), all.data(), mine.size(), "validate");
+  auto text = [&](int r) {
+    std::string s = all.substr(std::size_t(r) * mine.size(), mine.size());
+    return s.substr(0, s.find('\0'));
+  };
+  for (int r = 1; r < size_; ++r)
+    if (text(r) != text(0))
+      throw Error(fmt::format("{} differ between ranks: rank 0 has {}, rank {} has {}", what, text(0), r, text(r)));
+}
+
+}  // namespace ulysses

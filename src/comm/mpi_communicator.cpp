@@ -1,0 +1,192 @@
+// The MPI backend of Communicator: one MPI call per hook.
+#include "ulysses/mpi_communicator.hpp"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <utility>
+#include <vector>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+namespace {
+
+// Throws ulysses::Error with MPI's text when rc != MPI_SUCCESS.
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(fmt::format("MPI error in {}: {}", what, std::string(text, std::size_t(len))));
+}
+
+int as_count(std::size_t bytes, const char* what) {
+  if (bytes > std::size_t(INT_MAX))
+    throw Error(fmt::format("{}: a message of {} bytes exceeds MPI's int count limit ({})", what, bytes, INT_MAX));
+  return int(bytes);
+}
+
+class MpiRequest final : public Request::Impl {
+ public:
+  explicit MpiRequest(MPI_Request r) : req_(r) {}
+  ~MpiRequest() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  void wait() override {
+    if (req_ != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+
+ private:
+  MPI_Request req_;
+};
+
+MPI_Datatype mpi_type(ScalarType t) {
+  switch (t) {
+    case ScalarType::f32: return MPI_FLOAT;
+    case ScalarType::f64: return MPI_DOUBLE;
+    case ScalarType::i64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+  }
+  return MPI_OP_NULL;
+}
+
+MPI_Comm dup_of(MPI_Comm parent) {
+  MPI_Comm c;
+  check_mpi(MPI_Comm_dup(parent, &c), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  return c;
+}
+
+int rank_in(MPI_Comm c) {
+  int r = 0;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+
+int size_of(MPI_Comm c) {
+  int n = 1;
+  MPI_Comm_size(c, &n);
+  return n;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent) : MpiCommunicator(dup_of(parent), 0, 0) {}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, int, int)
+    : Communicator(rank_in(owned), size_of(owned)), comm_(owned) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) {
+  const int n = as_count(bytes_per_rank, "alltoall");
+  check_mpi(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Alltoall");
+}
+
+void MpiCommunicator::do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
+                                         std::size_t bytes_per_rank) {
+  // One block is one element of a contiguous datatype, so displacements count blocks and
+  // buffers may exceed 2 GiB.
+  MPI_Datatype block;
+  check_mpi(MPI_Type_contiguous(as_count(bytes_per_rank, "alltoall"), MPI_BYTE, &block), "MPI_Type_contiguous");
+  MPI_Type_commit(&block);
+  const int me = rank(), n = size();
+  std::vector<int> counts(std::size_t(n), 1), sdispl(std::size_t(n), 0), rdispl(std::size_t(n), 0);
+  counts[std::size_t(me)] = 0;
+  for (int j = 0; j < n; ++j) {
+    const int compact = j < me ? j : (j > me ? j - 1 : 0);
+    sdispl[std::size_t(j)] = send_own_slot ? j : compact;
+    rdispl[std::size_t(j)] = recv_own_slot ? j : compact;
+  }
+  const int rc = MPI_Alltoallv(send, counts.data(), sdispl.data(), block, recv, counts.data(), rdispl.data(), block,
+                               comm_);
+  MPI_Type_free(&block);
+  check_mpi(rc, "MPI_Alltoallv");
+}
+
+void MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {
+  const int n = as_count(bytes, "allgather");
+  check_mpi(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather");
+}
+
+void MpiCommunicator::do_gather(const void* send, void* recv, std::size_t bytes, int root) {
+  const int n = as_count(bytes, "gather");
+  check_mpi(MPI_Gather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_), "MPI_Gather");
+}
+
+void MpiCommunicator::do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
+  check_mpi(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block");
+}
+
+void MpiCommunicator::do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, as_count(n, "allreduce"), mpi_type(type), mpi_op(op), comm_),
+            "MPI_Allreduce");
+}
+
+void MpiCommunicator::do_broadcast(void* data, std::size_t bytes, int root) {
+  check_mpi(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");
+}
+
+void MpiCommunicator::do_barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+std::unique_ptr<Request::Impl> MpiCommunicator::do_isend(const void* data, std::size_t bytes, int dest, int tag) {
+  MPI_Request r;
+  check_mpi(MPI_Isend(data, as_count(bytes, "isend"), MPI_BYTE, dest, tag, comm_, &r), "MPI_Isend");
+  return std::make_unique<MpiRequest>(r);
+}
+
+std::unique_ptr<Request::Impl> MpiCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
+  MPI_Request r;
+  check_mpi(MPI_Irecv(data, as_count(bytes, "irecv"), MPI_BYTE, src, tag, comm_, &r), "MPI_Irecv");
+  return std::make_unique<MpiRequest>(r);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm sub;
+  check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(sub, 0, 0));
+}
+
+int MpiCommunicator::ranks_on_this_node() {
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  const int n = size_of(node);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+MpiSession::MpiSession(int& argc, char**& argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    MPI_Init(&argc, &argv);
+    owns_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+}
+
+MpiSession::~MpiSession() {
+  if (owns_) MPI_Finalize();
+}
+
+}  // namespace ulysses
