@@ -88,8 +88,10 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
     row += c.length;
   }
   ContextParallelAttention attn(comm, cfg);
-  attn.forward(out.view(), q.view(), k.view(), v.view());  // warm-up (and sub-communicators)
-  attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
+  {  // warm-up (and sub-communicators)
+    const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
+    attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
+  }
   std::vector<double> f, b, comp, exp;
   Result r{name, cp, threads};
   for (int i = 0; i < o.reps; ++i) {
@@ -98,14 +100,15 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
     const std::int64_t base = tensor_bytes_in_use();
     comm.barrier();
     double t0 = comm.now();
-    attn.forward(out.view(), q.view(), k.view(), v.view());
+    const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
     f.push_back(slowest(comm, comm.now() - t0));
     comm.barrier();
     t0 = comm.now();
-    attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
+    CpStats stats = attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
     b.push_back(slowest(comm, comm.now() - t0));
-    comp.push_back(slowest(comm, attn.forward_stats().compute_s + attn.backward_stats().compute_s));
-    exp.push_back(slowest(comm, attn.forward_stats().comm_exposed_s + attn.backward_stats().comm_exposed_s));
+    stats += ctx.stats();
+    comp.push_back(slowest(comm, stats.compute_s));
+    exp.push_back(slowest(comm, stats.comm_exposed_s));
     std::int64_t peak = tensor_bytes_peak() - base;
     comm.allreduce_max(&peak, 1);
     r.peak = peak;
@@ -123,7 +126,7 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
   const CommVolume vol = predicted_comm_volume(cfg, cp, {1, s, kHeads, kHeadDim}, kvh, DType::f32);
   r.expected = vol.total_forward_bytes() + vol.total_backward_bytes();
   std::unique_ptr<Communicator> inner, outer;
-  if (cfg.cp_comm_type == CpCommType::a2a_p2p) {
+  if (cfg.cp_comm_type == "a2a+p2p") {
     const int I = cfg.hierarchical_context_parallel_sizes[0];
     inner = comm.split(comm.rank() / I, comm.rank());
     outer = comm.split(comm.rank() % I, comm.rank());
@@ -143,16 +146,13 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   if (world.rank() == 0) {
     MpiCommunicator self(MPI_COMM_SELF);
     set_threads(o.cores);
-    results.push_back(run(self, CpConfig{CpCommType::a2a, {}, true, 0.0f}, o, "1 rank (no CP)", o.cores));
+    results.push_back(run(self, CpConfig{"a2a", {}, true, 0.0f}, o, "1 rank (no CP)", o.cores));
   }
   idle_barrier(world.native());
   set_threads(o.threads_per_rank);
-  std::vector<std::pair<std::string, CpConfig>> configs = {{"a2a", {CpCommType::a2a, {}, true, 0.0f}},
-                                                           {"p2p", {CpCommType::p2p, {}, true, 0.0f}},
-                                                           {"all_gather", {CpCommType::all_gather, {}, true, 0.0f}}};
-  for (int inner = 1; inner <= cp; ++inner)
-    if (cp % inner == 0 && cp > 1)
-      configs.push_back({fmt::format("a2a+p2p [{},{}]", inner, cp / inner), {CpCommType::a2a_p2p, {inner, cp / inner}, true, 0.0f}});
+  std::vector<std::pair<std::string, CpConfig>> configs;
+  for (const Strategy* strategy : strategies())
+    for (const CpConfig& cfg : strategy->plan_configs(cp, true)) configs.emplace_back(strategy->config_name(cfg), cfg);
   for (const auto& [name, cfg] : configs) {
     try {
       results.push_back(run(world, cfg, o, name, o.threads_per_rank));

@@ -35,23 +35,16 @@ std::string name_of(const Case& c) {
          (c.causal ? "_causal_" : "_full_") + to_string(c.layout) + "_" + to_string(c.dtype);
 }
 
-// Every configuration of the strategies valid at this cp (a2a+p2p at each factorisation).
+// Every configuration of every registered strategy at this cp (a2a+p2p at each
+// factorisation, and any strategy a test registers, such as toy_strategy.cpp's).
 std::vector<CpConfig> strategies(int cp, bool causal) {
   std::vector<CpConfig> out;
-  for (CpCommType t : {CpCommType::a2a, CpCommType::p2p, CpCommType::all_gather})
-    out.push_back(CpConfig{t, {}, causal, 0.0f});
-  for (int inner = 1; inner <= cp; ++inner)
-    if (cp % inner == 0) out.push_back(CpConfig{CpCommType::a2a_p2p, {inner, cp / inner}, causal, 0.0f});
+  for (const Strategy* s : ulysses::strategies())
+    for (const CpConfig& c : s->plan_configs(cp, causal)) out.push_back(c);
   return out;
 }
 
-std::string describe(const CpConfig& c) {
-  std::string s = to_string(c.cp_comm_type);
-  if (c.cp_comm_type == CpCommType::a2a_p2p)
-    s += " [" + std::to_string(c.hierarchical_context_parallel_sizes[0]) + "," +
-         std::to_string(c.hierarchical_context_parallel_sizes[1]) + "]";
-  return s;
-}
+std::string describe(const CpConfig& c) { return find_strategy(c.cp_comm_type).config_name(c); }
 
 RefTensor select_rows(const RefTensor& t, const std::vector<std::int64_t>& positions) {
   RefTensor r({t.shape.b, std::int64_t(positions.size()), t.shape.h, t.shape.d});
@@ -96,16 +89,16 @@ TEST_P(StrategyTest, EveryStrategyMatchesFloat64Reference) {
         dv(k.shape(), c.dtype, c.layout);
     ContextParallelAttention attn(comm, cfg);
     // The all-to-all strategies need the KV heads to split or replicate over their group.
-    const int group = cfg.cp_comm_type == CpCommType::a2a       ? cp
-                      : cfg.cp_comm_type == CpCommType::a2a_p2p ? cfg.hierarchical_context_parallel_sizes[0]
-                                                                : 0;
+    const int group = cfg.cp_comm_type == "a2a"       ? cp
+                      : cfg.cp_comm_type == "a2a+p2p" ? cfg.hierarchical_context_parallel_sizes[0]
+                                                      : 0;
     if (group > 0 && hkv % group != 0 && group % hkv != 0) {
       ulysses::testing::expect_same_error_everywhere(
-          comm, [&] { attn.forward(out.view(), q.view(), k.view(), v.view()); }, "does not fit");
+          comm, [&] { (void)attn.forward(out.view(), q.view(), k.view(), v.view()); }, "does not fit");
       continue;
     }
-    attn.forward(out.view(), q.view(), k.view(), v.view());
-    attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
+    const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
+    attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
     EXPECT_LT(relative_error(out.view(), select_rows(rout, pos)), tol_out);
     EXPECT_LT(relative_error(dq.view(), select_rows(rdq, pos)), tol_grad);
     EXPECT_LT(relative_error(dk.view(), select_rows(rdk, pos)), tol_grad);
@@ -132,11 +125,11 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   const std::int64_t sl = 9, s = sl * cp, h = 2 * cp, d = 8;
   Tensor gq({1, s, h, d}), q({1, sl, h, d}), out(q.shape());
   fill_uniform(gq.view(), 5);
-  const CpConfig cfg{CpCommType::a2a, {}, true, 0.0f};
+  const CpConfig cfg{"a2a", {}, true, 0.0f};
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), s);
   shard_sequence(gq.view(), q.view(), chunks);
   ContextParallelAttention attn(comm, cfg);
-  attn.forward(out.view(), q.view(), q.view(), q.view());
+  (void)attn.forward(out.view(), q.view(), q.view(), q.view());
   const RefTensor rq = RefTensor::from(gq.view());
   RefTensor rout;
   std::vector<double> lse;
@@ -158,12 +151,12 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
       SCOPED_TRACE(describe(cfg) + " " + to_string(dtype));
       Tensor q({b, sl, h, d}, dtype), k({b, sl, hkv, d}, dtype), out(q.shape(), dtype), dk(k.shape(), dtype);
       ContextParallelAttention attn(comm, cfg);
-      attn.forward(out.view(), q.view(), k.view(), k.view());  // creates sub-communicators first
+      (void)attn.forward(out.view(), q.view(), k.view(), k.view());  // creates sub-communicators first
       comm.reset_counters();
-      attn.forward(out.view(), q.view(), k.view(), k.view());
+      const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), k.view());
       const auto fwd = comm.counters();
       comm.reset_counters();
-      attn.backward(out.view(), dk.view(), dk.view(), out.view());
+      attn.backward(ctx, out.view(), dk.view(), dk.view(), out.view());
       const auto bwd = comm.counters();
       auto bytes = [](const std::map<std::string, CommCounter>& m, const char* op) {
         auto it = m.find(op);
@@ -202,8 +195,8 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
       for (const auto& [op, n] : predicted.backward_messages) EXPECT_EQ(msgs(bwd, op.c_str()), n) << op;
       for (const auto& [op, c] : fwd) EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
       const std::int64_t kv_block = 2 * b * sl * hkv * d;  // own K and V, elements
-      switch (cfg.cp_comm_type) {
-        case CpCommType::a2a: {
+      const std::string& type = cfg.cp_comm_type;  // the built-ins' formulas, written out again
+      if (type == "a2a") {
           // (s/cp)·heads·d·(cp−1)/cp per tensor; KV heads actually sent: max(h_kv, cp).
           const std::int64_t kvs = std::max<std::int64_t>(hkv, cp);
           auto per = [&](std::int64_t heads) { return b * sl * heads * d * (cp - 1) / cp * es; };
@@ -211,20 +204,16 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
           EXPECT_EQ(bytes(fwd, "head_to_seq"), per(h));
           EXPECT_EQ(bytes(bwd, "seq_to_head"), per(h));
           EXPECT_EQ(bytes(bwd, "head_to_seq"), per(h) + 2 * per(kvs));
-          break;
-        }
-        case CpCommType::p2p:  // K/V once around the ring; dK/dV (float32) all the way home
+      } else if (type == "p2p") {  // K/V once around the ring; dK/dV (float32) all the way home
           EXPECT_EQ(bytes(fwd, "p2p_kv"), (cp - 1) * kv_block * es);
           EXPECT_EQ(msgs(fwd, "p2p_kv"), cp - 1);
           EXPECT_EQ(bytes(bwd, "p2p_kv"), (cp - 1) * kv_block * es);
           EXPECT_EQ(bytes(bwd, "p2p_dkv"), cp > 1 ? cp * kv_block * 4 : 0);
           EXPECT_EQ(msgs(bwd, "p2p_dkv"), cp > 1 ? cp : 0);
-          break;
-        case CpCommType::all_gather:
+      } else if (type == "all_gather") {
           EXPECT_EQ(bytes(fwd, "all_gather_kv"), (cp - 1) * kv_block * es);
           EXPECT_EQ(bytes(bwd, "all_gather_dkv"), (cp - 1) * kv_block * 4);
-          break;
-        case CpCommType::a2a_p2p: {
+      } else if (type == "a2a+p2p") {
           // Ulysses inside groups of I ranks (KV heads sent: h_kv or I when replicated),
           // then the ring over O members, each holding I·sl tokens of kvs/I KV heads.
           const int I = cfg.hierarchical_context_parallel_sizes[0], O = cfg.hierarchical_context_parallel_sizes[1];
@@ -238,8 +227,6 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
           EXPECT_EQ(bytes(bwd, "inner.head_to_seq"), per(h) + 2 * per(kvs));
           EXPECT_EQ(bytes(bwd, "outer.p2p_kv"), (O - 1) * ring_block * es);
           EXPECT_EQ(bytes(bwd, "outer.p2p_dkv"), O > 1 ? O * ring_block * 4 : 0);
-          break;
-        }
       }
     }
   }
@@ -254,12 +241,12 @@ TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
     SCOPED_TRACE(describe(cfg));
     Tensor q({b, sl, h, d}), out(q.shape());
     ContextParallelAttention attn(comm, cfg);
-    attn.forward(out.view(), q.view(), q.view(), q.view());
-    std::int64_t w[2] = {attn.forward_stats().score_pairs, attn.forward_stats().score_pairs};
+    const CpContext ctx = attn.forward(out.view(), q.view(), q.view(), q.view());
+    std::int64_t w[2] = {ctx.stats().score_pairs, ctx.stats().score_pairs};
     comm.allreduce_min(&w[0], 1);
     comm.allreduce_max(&w[1], 1);
     EXPECT_EQ(w[0], w[1]) << "ranks do different amounts of causal work";
-    double total = double(attn.forward_stats().score_pairs);
+    double total = double(ctx.stats().score_pairs);
     comm.allreduce_sum(&total, 1);
     EXPECT_EQ(total, double(b * h * s * (s + 1) / 2));  // every visible pair exactly once
   }
@@ -272,11 +259,11 @@ TEST(Errors, HeadsNotDivisibleByCpNamesValuesRuleAndP2p) {
   Tensor q({1, 4, cp + 1, 8}), k({1, 4, 1, 8}), out({1, 4, cp + 1, 8});
   ContextParallelAttention attn(comm, CpConfig{});
   const std::string values = "num_heads (" + std::to_string(cp + 1) + ") must be divisible by cp (" + std::to_string(cp) + ")";
-  ulysses::testing::expect_same_error_everywhere(comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); }, values);
-  ulysses::testing::expect_same_error_everywhere(comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); }, "p2p");
+  ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), k.view(), k.view()); }, values);
+  ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), k.view(), k.view()); }, "p2p");
   // ... and p2p really has no such constraint.
-  ContextParallelAttention ring(comm, CpConfig{CpCommType::p2p, {}, false, 0.0f});
-  ring.forward(out.view(), q.view(), k.view(), k.view());
+  ContextParallelAttention ring(comm, CpConfig{"p2p", {}, false, 0.0f});
+  (void)ring.forward(out.view(), q.view(), k.view(), k.view());
 }
 
 TEST(Errors, InvalidKvHeadsGiveTheSameErrorEverywhere) {
@@ -287,7 +274,7 @@ TEST(Errors, InvalidKvHeadsGiveTheSameErrorEverywhere) {
   Tensor q({1, 4, h, 8}), k({1, 4, hkv, 8}), out({1, 4, h, 8});
   ContextParallelAttention attn(comm, CpConfig{});
   ulysses::testing::expect_same_error_everywhere(
-      comm, [&] { attn.forward(out.view(), q.view(), k.view(), k.view()); },
+      comm, [&] { (void)attn.forward(out.view(), q.view(), k.view(), k.view()); },
       "num_kv_heads (" + std::to_string(hkv) + ") does not fit cp (" + std::to_string(cp) + ")");
 }
 
@@ -300,7 +287,7 @@ TEST(Errors, ShapesThatDifferBetweenRanksAreRefusedEverywhere) {
   for (const CpConfig& cfg : strategies(cp, true)) {
     ContextParallelAttention attn(comm, cfg);
     ulysses::testing::expect_same_error_everywhere(
-        comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); },
+        comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
         "rank 0 has q [2, 4, " + std::to_string(cp) + ", 8]");
   }
 }
@@ -312,9 +299,9 @@ TEST(Errors, LocalShapeErrorsAndMisuseAreAgreed) {
   ContextParallelAttention attn(comm, CpConfig{});
   const TensorView out = comm.rank() == cp - 1 ? bad_out.view() : out_ok.view();  // only the last rank is wrong
   ulysses::testing::expect_same_error_everywhere(
-      comm, [&] { attn.forward(out, q.view(), q.view(), q.view()); }, "out must be [1, 4, ");
+      comm, [&] { (void)attn.forward(out, q.view(), q.view(), q.view()); }, "out must be [1, 4, ");
   ulysses::testing::expect_same_error_everywhere(
-      comm, [&] { attn.backward(q.view(), q.view(), q.view(), q.view()); }, "without a successful forward");
+      comm, [&] { attn.backward(CpContext(), q.view(), q.view(), q.view(), q.view()); }, "without a successful forward");
 }
 
 TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
@@ -322,9 +309,9 @@ TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
   const int cp = comm.size();
   Tensor q({1, 4, cp, 8}), out({1, 4, cp, 8});
   for (std::vector<int> sizes : {std::vector<int>{cp, 2}, {}, {cp}, {0, cp}, {cp, 1, 1}}) {
-    ContextParallelAttention attn(comm, CpConfig{CpCommType::a2a_p2p, sizes, false, 0.0f});
+    ContextParallelAttention attn(comm, CpConfig{"a2a+p2p", sizes, false, 0.0f});
     ulysses::testing::expect_same_error_everywhere(
-        comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); }, "inner * outer == cp");
+        comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); }, "inner * outer == cp");
   }
 }
 
@@ -332,9 +319,9 @@ TEST(Errors, ZigzagNeedsEvenTokensPerRank) {
   MpiCommunicator comm;
   const int cp = comm.size();
   Tensor q({1, 5, cp, 8}), out({1, 5, cp, 8});
-  ContextParallelAttention attn(comm, CpConfig{CpCommType::p2p, {}, true, 0.0f});
+  ContextParallelAttention attn(comm, CpConfig{"p2p", {}, true, 0.0f});
   ulysses::testing::expect_same_error_everywhere(
-      comm, [&] { attn.forward(out.view(), q.view(), q.view(), q.view()); },
+      comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
       "sequence length (" + std::to_string(5 * cp) + ") must be divisible by 2*cp (" + std::to_string(2 * cp) + ")");
 }
 

@@ -33,7 +33,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--dq", o.dq, "write the global dq here (.npy; needs a backward)");
   c->add_option("--dk", o.dk, "write the global dk here (.npy; needs a backward)");
   c->add_option("--dv", o.dv, "write the global dv here (.npy; needs a backward)");
-  c->add_option("--strategy", o.strategy, "cp_comm_type: a2a | p2p | all_gather | a2a+p2p")
+  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))
       ->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
@@ -254,7 +254,7 @@ int run_attention(const AttentionOptions& o) {
 
   const std::int64_t sl = p.q.s / cp;
   if (rank == 0) {
-    std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", to_string(cfg.cp_comm_type), cp,
+    std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", cfg.cp_comm_type.c_str(), cp,
                 threads);
     const auto& hs = cfg.hierarchical_context_parallel_sizes;
     if (!hs.empty())
@@ -284,19 +284,21 @@ int run_attention(const AttentionOptions& o) {
 
   // ---- run: one untimed warm-up when timing, then `repeat` timed runs -----------------------
   ContextParallelAttention attn(comm, cfg);
+  CpContext ctx;
+  CpStats bs;
   Timing t;
   const int runs = o.repeat > 0 ? o.repeat + 1 : 1;
   for (int i = 0; i < runs; ++i) {
     if (i == runs - 1) comm.reset_counters();  // report the bytes of exactly one run
     comm.barrier();
     double t0 = comm.now();
-    attn.forward(out.view(), q.view(), k.view(), v.view());
+    ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
     const double tf = max_over_ranks(comm, comm.now() - t0);
     double tb = 0;
     if (p.backward) {
       comm.barrier();
       t0 = comm.now();
-      attn.backward(dq.view(), dk.view(), dv.view(), dout.view());
+      bs = attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
       tb = max_over_ranks(comm, comm.now() - t0);
     }
     if (o.repeat == 0 || i > 0) {
@@ -305,7 +307,7 @@ int run_attention(const AttentionOptions& o) {
     }
   }
   const double fwd_s = median(t.forward), bwd_s = median(t.backward);
-  const CpStats fs = attn.forward_stats(), bs = attn.backward_stats();
+  const CpStats fs = ctx.stats();
   const double split[4] = {max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
                            max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
   const std::vector<std::string> ops = counter_names(comm);
@@ -326,7 +328,7 @@ int run_attention(const AttentionOptions& o) {
   if (p.backward)
     for (const auto& [op, n] : volume.backward_bytes) expected[op] += n;
   const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
-  nlohmann::json report{{"command", "attention"}, {"strategy", to_string(cfg.cp_comm_type)}, {"cp", cp},
+  nlohmann::json report{{"command", "attention"}, {"strategy", cfg.cp_comm_type}, {"cp", cp},
                         {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
                         {"threads_per_rank", threads}, {"kernel_isa", kernel_isa()},
                         {"kernel_engine", kernel_engine(dtype)}, {"dtype", to_string(dtype)}, {"layout", to_string(layout)},

@@ -132,8 +132,8 @@ double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   for (int i = 0; i < 4; ++i) {
     comm.barrier();
     const double t0 = comm.now();
-    attn.forward(o.view(), q.view(), k.view(), v.view());
-    attn.backward(dq.view(), dk.view(), dv.view(), g.view());
+    const CpContext ctx = attn.forward(o.view(), q.view(), k.view(), v.view());
+    attn.backward(ctx, dq.view(), dk.view(), dv.view(), g.view());
     double dt = comm.now() - t0;
     comm.allreduce_max(&dt, 1);
     if (i > 0) t.push_back(dt);  // the first run warms up
@@ -147,7 +147,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
-    nlohmann::json j{{"strategy", to_string(r.config.cp_comm_type)}, {"name", r.name},
+    nlohmann::json j{{"strategy", r.config.cp_comm_type}, {"name", r.name},
                      {"cp_sizes", r.config.hierarchical_context_parallel_sizes}, {"valid", r.valid}, {"reason", r.reason},
                      {"forward_bytes_per_rank", r.forward_bytes_per_rank}, {"backward_bytes_per_rank", r.backward_bytes_per_rank},
                      {"forward_messages", r.forward_messages}, {"backward_messages", r.backward_messages},

@@ -23,7 +23,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
       "train", "Train a small GPT on long sequences with context parallelism: every rank holds s/cp tokens of "
                "every sequence and the full weights. Default data: a synthetic long-range retrieval task.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
-  c->add_option("--strategy", o.strategy, "cp_comm_type: a2a | p2p | all_gather | a2a+p2p")->capture_default_str();
+  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(CLI::NonNegativeNumber);
   c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(CLI::PositiveNumber);
@@ -135,7 +135,7 @@ int run_train(const TrainOptions& o) {
     fmt::print("  data: {}\n", data.describe());
     fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
                "sequence per rank{}\n",
-               cfg.batch, cfg.seq, to_string(cfg.cp.cp_comm_type), cp, threads, cfg.seq / cp,
+               cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp,
                uses_zigzag(cfg.cp) ? " (zigzag)" : "");
     if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, trainer.current_step());
     std::fflush(stdout);
@@ -203,7 +203,7 @@ int run_train(const TrainOptions& o) {
     try {
       if (!o.svg.empty() && !losses.empty())
         write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
-                                                               to_string(cfg.cp.cp_comm_type), cp)));
+                                                               cfg.cp.cp_comm_type, cp)));
     } catch (const Error& e) {
       err = e.what();
     }

@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
     for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}})
       ulysses::fill_uniform(t->view(), seed, comm.rank() * local);
 
-    ulysses::ContextParallelAttention attention(comm, {.cp_comm_type = ulysses::CpCommType::a2a, .causal = true});
-    attention.forward(out.view(), q.view(), k.view(), v.view());
+    ulysses::ContextParallelAttention attention(comm, {.cp_comm_type = "a2a", .causal = true});
+    const ulysses::CpContext ctx = attention.forward(out.view(), q.view(), k.view(), v.view());
 
     // The reference over the whole sequence, compared on this rank's slice.
     ulysses::Tensor gq({batch, seq, heads, head_dim}), gk(gq.shape()), gv(gq.shape());

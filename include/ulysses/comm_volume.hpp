@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp_config.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -23,9 +23,20 @@ struct CommVolume {
   std::int64_t total_backward_bytes() const;
 };
 
-// For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks. Throws Error if the
-// configuration is invalid (the same rules as ContextParallelAttention).
+// For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks: the strategy's own formula
+// (Strategy::traffic). Throws Error if the configuration is invalid (the same rules as
+// ContextParallelAttention).
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
                                  DType dtype);
+
+// Building blocks of the strategies' formulas, `es` bytes per element.
+// One Ulysses layer over `group` ranks holding `local` tokens each, with `kv_sent` KV heads
+// after replication: the seed's (s/cp)·heads·d·(cp−1)/cp elements per rank per tensor, as
+// "<prefix>seq_to_head" / "<prefix>head_to_seq".
+void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t b, std::int64_t local,
+                        std::int64_t heads, std::int64_t kv_sent, std::int64_t d, std::int64_t es);
+// A ring of `members` ranks, each holding K and V of `kv_elems` elements together: K/V once
+// around ("<prefix>p2p_kv"), float32 dK/dV all the way home ("<prefix>p2p_dkv").
+void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t kv_elems, std::int64_t es);
 
 }  // namespace ulysses

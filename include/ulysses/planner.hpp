@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp_config.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -58,10 +58,25 @@ struct PlanRow {
 };
 
 struct Plan {
-  std::vector<PlanRow> rows;  // every strategy, a2a+p2p at every factorisation of cp
+  std::vector<PlanRow> rows;  // every registered strategy's plan_configs (a2a+p2p at every factorisation) of cp
   int best = -1;              // index of the recommendation (-1: nothing valid)
   std::string recommendation;
 };
+
+// Cost-model building blocks, shared by the strategies' Strategy::cost.
+// One message of `bytes` on a link: latency + bytes / bandwidth.
+double message_seconds(const Link& link, double bytes);
+// An all-to-all over `group` contiguous ranks, `bytes` sent per rank: intra- and inter-node
+// peers send in parallel; each peer costs one latency.
+double all_to_all_seconds(const Cluster& cluster, int group, double bytes);
+// The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement).
+const Link& ring_link(const Cluster& cluster, int members, int stride);
+// A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
+// backward K/V steps plus dK/dV steps, the last dK/dV hop exposed.
+struct RingSeconds {
+  double comm = 0, hidden = 0;
+};
+RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s);
 
 // Throws Error for impossible inputs (non-positive sizes, heads % kv_heads != 0, ...).
 Plan make_plan(const PlanInput& in);

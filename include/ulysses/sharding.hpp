@@ -1,6 +1,6 @@
-// Which tokens each rank holds: contiguous chunks or zigzag, and helpers to shard and
-// unshard global tensors, so nobody reorders zigzag chunks by hand (RoPE needs each token's
-// global position: token_positions gives it).
+// Which tokens each rank holds: contiguous chunks or zigzag (the strategy's token_layout),
+// and helpers to shard and unshard global tensors, so nobody reorders zigzag chunks by hand
+// (RoPE needs each token's global position: token_positions gives it).
 //
 //   a2a                     contiguous: rank r holds [r·s/cp, (r+1)·s/cp). Ulysses is
 //                           balanced by heads, so it never needs zigzag.
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp_config.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -28,6 +28,9 @@ bool uses_zigzag(const CpConfig& config);
 // The chunks rank `rank` of `cp` holds for a global sequence of `seq` tokens, in local order.
 // Throws Error when seq is not divisible by cp (2·cp under zigzag), naming the values.
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
+
+// rank_chunks of every rank, in rank order.
+std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
 
 // The local row where chunk i starts (the lengths of the chunks before it).
 std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i);

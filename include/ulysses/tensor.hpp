@@ -3,7 +3,8 @@
 // TensorView is a non-owning strided view (the kernels' and collectives' argument type);
 // the innermost dimension d is always contiguous, the other three have element strides, so
 // `bshd`, `sbhd` and fused QKV buffers are all just stride choices.
-// Tensor owns 64-byte aligned, zero-initialised storage in one of the two layouts.
+// Tensor owns 64-byte aligned, zero-initialised storage in one of the layouts, from an
+// Allocator of one device (the host's block pool today; a GPU backend adds its own).
 // Storage is float32 or bfloat16; all compute and accumulation is float32.
 #pragma once
 
@@ -16,13 +17,17 @@
 namespace ulysses {
 
 enum class DType : int { f32 = 0, bf16 = 1 };
-enum class Layout : int { bshd = 0, sbhd = 1 };
+// bhsd is the layout of per-row statistics such as the softmax LSE ([b, h, s], d = 1).
+enum class Layout : int { bshd = 0, sbhd = 1, bhsd = 2 };
+// Where a tensor's memory lives. Kernels and collectives run on the device of their tensors.
+enum class Device : int { cpu = 0 };
 
 std::size_t dtype_size(DType dtype);
 const char* to_string(DType dtype);
 const char* to_string(Layout layout);
+const char* to_string(Device device);
 DType parse_dtype(std::string_view name);     // "f32" | "float32" | "bf16" | "bfloat16"
-Layout parse_layout(std::string_view name);   // "bshd" | "sbhd"
+Layout parse_layout(std::string_view name);   // "bshd" | "sbhd" | "bhsd"
 
 struct Shape {
   std::int64_t b = 0, s = 0, h = 0, d = 0;
@@ -36,6 +41,7 @@ struct TensorView {
   DType dtype = DType::f32;
   Shape shape;
   std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;  // in elements; d has stride 1
+  Device device = Device::cpu;
 
   // A densely packed view of `data` in `layout`.
   static TensorView dense(void* data, DType dtype, Shape shape, Layout layout);
@@ -77,33 +83,54 @@ Tensor copy_of(const TensorView& src, DType dtype);
 // a shard filled with its global sequence offset equals the same slice of the full tensor.
 void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset = 0);
 
+// The log-sum-exp of attention rows for queries of shape q [b, s, h, d]: float32 [b, h, s]
+// (as a [b, s, h, 1] tensor in bhsd layout), FlashAttention's softmax_lse. Uninitialised.
+Tensor lse_tensor(const Shape& q);
+
 // Bytes held by all live Tensors of this process, and the peak since the last reset: the
 // library's working memory, which the memory models of the strategies are checked against.
 std::int64_t tensor_bytes_in_use();
 std::int64_t tensor_bytes_peak();
 void reset_tensor_bytes_peak();
 
+// Memory of one device. Tensors return their blocks to the allocator that made them.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // 64-byte aligned; throws Error when out of memory.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p, std::size_t bytes) = 0;
+  virtual void fill_zero(void* p, std::size_t bytes) = 0;
+};
+// The host's allocator: a caching block pool (like PyTorch's CPU caching allocator), so the
+// buffers of repeated forward/backward calls are not page-faulted and zeroed every time.
+Allocator& host_allocator();
+
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd);
+  Tensor(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd, Allocator& allocator = host_allocator());
   // Same, but the storage is left uninitialised: for buffers that are overwritten whole
   // (receive buffers, kernel outputs), where zeroing would be a wasted pass over memory.
-  static Tensor uninitialized(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd);
+  static Tensor uninitialized(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd,
+                              Allocator& allocator = host_allocator());
 
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   Layout layout() const { return layout_; }
+  Device device() const { return data_.get_deleter().allocator ? data_.get_deleter().allocator->device() : Device::cpu; }
   std::size_t nbytes() const { return std::size_t(shape_.numel()) * dtype_size(dtype_); }
   void* data() const { return data_.get(); }
   float* f32() const { return static_cast<float*>(data()); }
-  TensorView view() const { return TensorView::dense(data(), dtype_, shape_, layout_); }
+  TensorView view() const;
 
  private:
-  Tensor(Shape shape, DType dtype, Layout layout, bool zero);
+  Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator, bool zero);
   struct Free {
-    Free() : bytes(0) {}
-    explicit Free(std::size_t n) : bytes(n) {}
+    Free() : allocator(nullptr), bytes(0) {}
+    Free(Allocator* a, std::size_t n) : allocator(a), bytes(n) {}
+    Allocator* allocator;
     std::size_t bytes;
     void operator()(void* p) const;
   };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -18,7 +19,16 @@ std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 const char* to_string(DType dtype) { return dtype == DType::f32 ? "f32" : "bf16"; }
 
-const char* to_string(Layout layout) { return layout == Layout::bshd ? "bshd" : "sbhd"; }
+const char* to_string(Layout layout) {
+  switch (layout) {
+    case Layout::bshd: return "bshd";
+    case Layout::sbhd: return "sbhd";
+    case Layout::bhsd: return "bhsd";
+  }
+  return "?";
+}
+
+const char* to_string(Device) { return "cpu"; }
 
 DType parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32") return DType::f32;
@@ -29,20 +39,30 @@ DType parse_dtype(std::string_view name) {
 Layout parse_layout(std::string_view name) {
   if (name == "bshd") return Layout::bshd;
   if (name == "sbhd") return Layout::sbhd;
-  throw Error(fmt::format("unknown layout '{}': expected bshd or sbhd", name));
+  if (name == "bhsd") return Layout::bhsd;
+  throw Error(fmt::format("unknown layout '{}': expected bshd, sbhd or bhsd", name));
 }
 
 std::string Shape::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
 
 TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout) {
   TensorView v{data, dtype, shape, 0, 0, 0};
-  v.stride_h = shape.d;
-  if (layout == Layout::bshd) {
-    v.stride_s = shape.h * shape.d;
-    v.stride_b = shape.s * v.stride_s;
-  } else {
-    v.stride_b = shape.h * shape.d;
-    v.stride_s = shape.b * v.stride_b;
+  switch (layout) {
+    case Layout::bshd:
+      v.stride_h = shape.d;
+      v.stride_s = shape.h * shape.d;
+      v.stride_b = shape.s * v.stride_s;
+      break;
+    case Layout::sbhd:
+      v.stride_h = shape.d;
+      v.stride_b = shape.h * shape.d;
+      v.stride_s = shape.b * v.stride_b;
+      break;
+    case Layout::bhsd:
+      v.stride_s = shape.d;
+      v.stride_h = shape.s * shape.d;
+      v.stride_b = shape.h * v.stride_h;
+      break;
   }
   return v;
 }
@@ -130,12 +150,31 @@ std::string shape_error(const char* name, const TensorView& view, const Shape& e
 namespace {
 std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
 
-// A caching allocator for large blocks (like PyTorch's): freed blocks are kept by size and
-// handed out again, so the buffers of repeated forward/backward calls are not page-faulted
-// and zeroed by the kernel every time. Bounded; blocks below 64 KiB go straight to malloc.
-class BlockPool {
+// The host allocator: freed large blocks are kept by size and handed out again. Bounded;
+// blocks below 64 KiB go straight to malloc. Large blocks round to whole pages so that near
+// sizes share pool entries.
+class BlockPool final : public Allocator {
  public:
   static constexpr std::size_t kMinBytes = 64 << 10, kMaxPooled = std::size_t(2) << 30;
+  Device device() const override { return Device::cpu; }
+  void* allocate(std::size_t bytes) override {
+    void* p = take(rounded(bytes));
+    if (!p) p = std::aligned_alloc(64, rounded(bytes));
+    if (!p) throw Error(fmt::format("out of memory allocating {} bytes", bytes));
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) override { give(p, rounded(bytes)); }
+  void fill_zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
+  ~BlockPool() override {
+    for (auto& [n, list] : free_)
+      for (void* p : list) std::free(p);
+  }
+
+ private:
+  static std::size_t rounded(std::size_t bytes) {
+    const std::size_t r = bytes < kMinBytes ? (bytes + 63) / 64 * 64 : (bytes + 4095) / 4096 * 4096;
+    return r == 0 ? 64 : r;
+  }
   void* take(std::size_t bytes) {
     if (bytes < kMinBytes) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
@@ -166,22 +205,18 @@ class BlockPool {
     }
     std::free(p);
   }
-  ~BlockPool() {
-    for (auto& [n, list] : free_)
-      for (void* p : list) std::free(p);
-  }
 
- private:
   std::mutex mu_;
   std::map<std::size_t, std::vector<void*>> free_;
   std::size_t pooled_ = 0;
 };
 
-BlockPool& pool() {
-  static BlockPool p;
-  return p;
-}
 }  // namespace
+
+Allocator& host_allocator() {
+  static BlockPool pool;
+  return pool;
+}
 
 std::int64_t tensor_bytes_in_use() { return g_in_use.load(); }
 std::int64_t tensor_bytes_peak() { return g_peak.load(); }
@@ -189,10 +224,11 @@ void reset_tensor_bytes_peak() { g_peak.store(g_in_use.load()); }
 
 void Tensor::Free::operator()(void* p) const {
   g_in_use -= std::int64_t(bytes);
-  pool().give(p, bytes);
+  allocator->deallocate(p, bytes);
 }
 
-Tensor::Tensor(Shape shape, DType dtype, Layout layout) : Tensor(shape, dtype, layout, true) {}
+Tensor::Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator)
+    : Tensor(shape, dtype, layout, allocator, true) {}
 
 Tensor copy_of(const TensorView& src, DType dtype) {
   Tensor t = Tensor::uninitialized(src.shape, dtype);
@@ -200,24 +236,27 @@ Tensor copy_of(const TensorView& src, DType dtype) {
   return t;
 }
 
-Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout) {
-  return Tensor(shape, dtype, layout, false);
+Tensor lse_tensor(const Shape& q) { return Tensor::uninitialized({q.b, q.s, q.h, 1}, DType::f32, Layout::bhsd); }
+
+Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout, Allocator& allocator) {
+  return Tensor(shape, dtype, layout, allocator, false);
 }
 
-Tensor::Tensor(Shape shape, DType dtype, Layout layout, bool zero)
+TensorView Tensor::view() const {
+  TensorView v = TensorView::dense(data(), dtype_, shape_, layout_);
+  v.device = device();
+  return v;
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator, bool zero)
     : shape_(shape), dtype_(dtype), layout_(layout) {
   if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
     throw Error(fmt::format("tensor shape {} has a negative size", shape.str()));
-  std::size_t bytes = nbytes();
-  // Large blocks round to whole pages so that near sizes share pool entries.
-  std::size_t rounded = bytes < BlockPool::kMinBytes ? (bytes + 63) / 64 * 64 : (bytes + 4095) / 4096 * 4096;
-  if (rounded == 0) rounded = 64;
-  void* p = pool().take(rounded);
-  if (!p) p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error(fmt::format("out of memory allocating {} bytes for {}", bytes, shape.str()));
-  if (zero) std::memset(p, 0, rounded);
-  data_ = std::unique_ptr<void, Free>(p, Free{rounded});
-  const std::int64_t now = (g_in_use += std::int64_t(rounded));
+  const std::size_t bytes = std::max<std::size_t>(nbytes(), 1);
+  void* p = allocator.allocate(bytes);
+  if (zero) allocator.fill_zero(p, bytes);
+  data_ = std::unique_ptr<void, Free>(p, Free{&allocator, bytes});
+  const std::int64_t now = (g_in_use += std::int64_t(bytes));
   std::int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }

@@ -62,7 +62,10 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   Tensor o_part = Tensor::uninitialized({B, maxlen, H, q.shape.d});
   std::vector<float> lse_part(std::size_t(B * H * maxlen));
   zero(out);
-  for (const SeqChunk& a : mine) saved.lse.emplace_back(std::size_t(B * H * a.length), kNegInf);
+  for (const SeqChunk& a : mine) {
+    saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
+    std::fill_n(saved.lse.back().f32(), B * H * a.length, kNegInf);
+  }
 
   for (int step = 0; step < R; ++step) {
     const int src = (me - step + R) % R, cur = step % 2;
@@ -85,7 +88,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
         const TensorView op = rows(o_part.view(), 0, a.length);
         flash_attention_forward(op, lse_part.data(), rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                                 rows(kv_half(kv, 1), rc, c.length), p);
-        merge_attention(rows(out, ra, a.length), saved.lse[ia].data(), op, lse_part.data());
+        merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, lse_part.data());
         stats.score_pairs += visible_pairs(a, c, params.causal) * B * H;
         recv.test();  // let MPI progress the transfer between tiles
         send.test();
@@ -142,7 +145,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
                          dvp = rows(dv_part.view(), 0, c.length);
         flash_attention_backward(dqp, dkp, dvp, rows(dout, ra, a.length), rows(saved.q, ra, a.length),
                                  rows(kv_half(kv, 0), rc, c.length), rows(kv_half(kv, 1), rc, c.length),
-                                 rows(saved.out, ra, a.length), saved.lse[ia].data(), p);
+                                 rows(saved.out, ra, a.length), saved.lse[ia].f32(), p);
         accumulate(rows(dq, ra, a.length), dqp);
         accumulate(rows(kv_half(acc, 0), rc, c.length), dkp);
         accumulate(rows(kv_half(acc, 1), rc, c.length), dvp);

@@ -20,7 +20,7 @@
 
 #include "ulysses/attention.hpp"
 #include "ulysses/communicator.hpp"
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp_config.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -28,7 +28,7 @@ namespace ulysses {
 struct RingSaved {
   TensorView q, out;           // float32 [b, n, h, d]; storage owned by the caller
   Tensor kv;                   // float32 own K then V: [2b, m, h_kv, d]
-  std::vector<std::vector<float>> lse;  // per local chunk: [b, h, length]
+  std::vector<Tensor> lse;     // per local chunk (lse_tensor)
   std::vector<std::vector<SeqChunk>> chunks;  // per ring member
   AttentionParams params;      // causal and scale; offsets are per chunk
   DType wire = DType::f32;

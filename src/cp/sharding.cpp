@@ -3,10 +3,11 @@
 #include <fmt/format.h>
 
 #include "ulysses/error.hpp"
+#include "ulysses/strategy.hpp"
 
 namespace ulysses {
 
-bool uses_zigzag(const CpConfig& c) { return c.causal && c.cp_comm_type != CpCommType::a2a; }
+bool uses_zigzag(const CpConfig& c) { return find_strategy(c.cp_comm_type).token_layout(c) == TokenLayout::zigzag; }
 
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
   if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
@@ -20,9 +21,15 @@ std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std:
   if (seq % (2 * cp) != 0)
     throw Error(fmt::format("sequence length ({}) must be divisible by 2*cp ({}) for cp_comm_type {} with "
                             "a causal mask: the zigzag layout cuts it into 2*cp equal chunks",
-                            seq, 2 * cp, to_string(config.cp_comm_type)));
+                            seq, 2 * cp, config.cp_comm_type));
   const std::int64_t c = seq / (2 * cp);
   return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
+}
+
+std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
+  std::vector<std::vector<SeqChunk>> c;
+  for (int r = 0; r < cp; ++r) c.push_back(rank_chunks(config, cp, r, seq));
+  return c;
 }
 
 std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i) {

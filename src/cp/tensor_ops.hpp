@@ -17,4 +17,19 @@ void zero(const TensorView& t);
 // dst += src (float32 views of one shape).
 void accumulate(const TensorView& dst, const TensorView& src);
 
+// Strategies that compute in float32 whatever the storage dtype (p2p, all_gather).
+// The forward's float32 q and output, kept for the backward.
+struct Float32Forward {
+  Tensor q, out;
+  Float32Forward() = default;
+  explicit Float32Forward(const TensorView& q_in);
+};
+// The backward's float32 dout and gradient buffers; store() writes them in the caller's dtype.
+struct Float32Backward {
+  Tensor dout, dq, dk, dv;
+  Float32Backward(const TensorView& dout_in, const TensorView& dq_out, const TensorView& dk_out,
+                  const TensorView& dv_out);
+  void store(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out) const;
+};
+
 }  // namespace ulysses

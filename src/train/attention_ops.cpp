@@ -4,35 +4,35 @@
 
 namespace ulysses::train {
 
-CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens)
-    : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim} {
-  CpConfig c = cp;
+namespace {
+CpConfig causal(CpConfig c) {
   c.causal = true;
-  for (i64 l = 0; l < m.layers; ++l) layers_.push_back(std::make_unique<ContextParallelAttention>(comm, c));
+  return c;
 }
+TensorView view(const float* p, const Shape& s) {
+  return TensorView::dense(const_cast<float*>(p), DType::f32, s, Layout::bshd);
+}
+}  // namespace
+
+CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens)
+    : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim},
+      attention_(comm, causal(cp)), contexts_(std::size_t(m.layers)), stats_(std::size_t(m.layers)) {}
 
 void CpAttention::forward(int layer, float* out, const float* q, const float* k, const float* v) {
-  auto view = [](const float* p, const Shape& s) {
-    return TensorView::dense(const_cast<float*>(p), DType::f32, s, Layout::bshd);
-  };
-  layers_[std::size_t(layer)]->forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_));
+  const std::size_t l = std::size_t(layer);
+  contexts_[l] = attention_.forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_));
+  stats_[l] = contexts_[l].stats();
 }
 
 void CpAttention::backward(int layer, float* dq, float* dk, float* dv, const float* dout) {
-  auto view = [](const float* p, const Shape& s) {
-    return TensorView::dense(const_cast<float*>(p), DType::f32, s, Layout::bshd);
-  };
-  layers_[std::size_t(layer)]->backward(view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
+  const std::size_t l = std::size_t(layer);
+  stats_[l] += attention_.backward(contexts_[l], view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
+  contexts_[l] = CpContext();  // its memory is not needed any more
 }
 
 CpStats CpAttention::stats() const {
   CpStats s;
-  for (const auto& l : layers_)
-    for (const CpStats* x : {&l->forward_stats(), &l->backward_stats()}) {
-      s.compute_s += x->compute_s;
-      s.comm_exposed_s += x->comm_exposed_s;
-      s.score_pairs += x->score_pairs;
-    }
+  for (const CpStats& l : stats_) s += l;
   return s;
 }
 

@@ -10,8 +10,8 @@
 
 namespace ulysses::train {
 
-// Float32, distributed: one ContextParallelAttention per layer (each keeps its own saved
-// state between forward and backward), causal.
+// Float32, distributed, causal: one ContextParallelAttention; each layer's forward context
+// is kept until that layer's backward (all layers are in flight at once).
 class CpAttention : public AttentionOp<float> {
  public:
   CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
@@ -21,7 +21,9 @@ class CpAttention : public AttentionOp<float> {
 
  private:
   Shape q_, kv_;
-  std::vector<std::unique_ptr<ContextParallelAttention>> layers_;
+  ContextParallelAttention attention_;
+  std::vector<CpContext> contexts_;       // per layer, from its forward
+  std::vector<CpStats> stats_;            // per layer, forward + backward
 };
 
 // Float64, one process: the reference attention (for the finite-difference check).

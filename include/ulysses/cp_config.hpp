@@ -1,0 +1,36 @@
+// The settings of a context-parallel attention call and what one call measured.
+//
+// Megatron's vocabulary: cp = the communicator's size; cp_comm_type names the strategy
+// (strategy.hpp lists the registered ones: a2a, p2p, all_gather, a2a+p2p);
+// hierarchical_context_parallel_sizes = {inner, outer} for a2a+p2p.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ulysses {
+
+struct CpConfig {
+  std::string cp_comm_type = "a2a";
+  std::vector<int> hierarchical_context_parallel_sizes;  // a2a+p2p: {inner, outer}
+  bool causal = false;
+  float scale = 0.0f;  // 0 means 1/sqrt(d)
+};
+
+// Where the time of one forward or backward went, and the attention work this rank did.
+struct CpStats {
+  double compute_s = 0;          // local attention kernels (and LSE merges)
+  double comm_exposed_s = 0;     // blocked in communication (all of it for all-to-alls and
+                                 // all-gathers; for the ring only what compute did not hide)
+  std::int64_t score_pairs = 0;  // (query, key) pairs inside the mask this rank computed
+
+  CpStats& operator+=(const CpStats& o) {
+    compute_s += o.compute_s;
+    comm_exposed_s += o.comm_exposed_s;
+    score_pairs += o.score_pairs;
+    return *this;
+  }
+};
+
+}  // namespace ulysses

@@ -1,0 +1,111 @@
+// Strategy — one context-parallel algorithm behind one interface, and the registry that
+// finds it by Megatron's cp_comm_type name.
+//
+// A strategy knows everything about itself: which inputs it accepts, where tokens live, its
+// forward and backward, the exact bytes it sends, and what the planner should expect it to
+// cost. ContextParallelAttention, the planner, predicted_comm_volume, the CLI's help and the
+// parametrised tests all iterate the registry, so adding a strategy is one new file under
+// src/cp/strategies/ plus one line in src/cp/registry.cpp (or register_strategy() from
+// outside the library). The built-ins, in registry order:
+//   a2a         DeepSpeed-Ulysses: all-to-all seq→head, local attention over the full
+//               sequence on h/cp heads, all-to-all head→seq.
+//   p2p         ring attention: K/V travel around the ring, overlapped with compute.
+//   all_gather  gather the full K/V once; reduce-scatter dK/dV.
+//   a2a+p2p     Ulysses inside groups of `inner` contiguous ranks, a ring across the `outer`
+//               groups (hierarchical_context_parallel_sizes = {inner, outer}).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ulysses/comm_volume.hpp"
+#include "ulysses/communicator.hpp"
+#include "ulysses/cp_config.hpp"
+#include "ulysses/planner.hpp"
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+// What a strategy's forward keeps for its backward (the autograd context). Each strategy
+// derives its own; it owns its tensors and may point into the CpGroup it ran on.
+class StrategyContext {
+ public:
+  virtual ~StrategyContext() = default;
+};
+
+// The communicator a ContextParallelAttention runs on, and the sub-communicators its
+// strategy splits off: made on first use (collectively) and reused by every later call.
+class CpGroup {
+ public:
+  explicit CpGroup(Communicator& comm) : comm_(comm) {}
+  Communicator& comm() const { return comm_; }
+  // Collective the first time a name is used: comm().split(color, key), kept under `name`.
+  // The bytes it sends are reported on comm() as "<name>.<op>" by absorb().
+  Communicator& subgroup(const std::string& name, int color, int key);
+  // Not collective. Moves every subgroup's counters onto comm() under "<name>.<op>".
+  void absorb();
+
+ private:
+  Communicator& comm_;
+  std::vector<std::pair<std::string, std::unique_ptr<Communicator>>> subgroups_;
+};
+
+enum class TokenLayout {
+  contiguous,  // rank r holds [r·s/cp, (r+1)·s/cp)
+  zigzag,      // 2·cp chunks; rank r holds chunks r and 2·cp−1−r: equal causal work per rank
+};
+
+// The planner's estimate for one configuration, one layer.
+struct StrategyCost {
+  double comm_s = 0;        // all transfers, forward + backward
+  double hidden_s = 0;      // of comm_s, hidden behind compute
+  double memory_bytes = 0;  // attention working set per rank
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;     // Megatron's cp_comm_type
+  virtual std::string_view summary() const = 0;  // one line, for help texts
+
+  // Not collective. Throws Error when `config` cannot run on cp ranks with global q
+  // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). Sequence
+  // divisibility is rank_chunks()'s (sharding.hpp).
+  virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const = 0;
+  virtual TokenLayout token_layout(const CpConfig& config) const = 0;
+
+  // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
+  // (context_parallel.hpp has the shapes). Writes out; returns what the backward needs.
+  virtual std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+                                                   const TensorView& q, const TensorView& k, const TensorView& v,
+                                                   CpStats& stats) const = 0;
+  // Collective. Writes dq, dk, dv for the forward that made `context`.
+  virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
+
+  // Exact bytes and messages per rank of one layer, by counter name (validated config).
+  virtual CommVolume traffic(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+                             DType dtype) const = 0;
+
+  // The configurations the planner compares: by default just this strategy; a2a+p2p gives
+  // one per factorisation of cp.
+  virtual std::vector<CpConfig> plan_configs(int cp, bool causal) const;
+  // The planner's name of a configuration: "a2a", "a2a+p2p [2,4]".
+  virtual std::string config_name(const CpConfig& config) const;
+  // Communication time, hidden time and memory for a validated configuration whose exact
+  // traffic is `volume` and whose attention compute takes fwd_s + bwd_s per layer.
+  virtual StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
+                            double bwd_s) const = 0;
+};
+
+// The registry, in registration order (the built-ins first, in the order listed above).
+const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones
+std::vector<const Strategy*> strategies();
+// "a2a | p2p | all_gather | a2a+p2p" with the given separator.
+std::string strategy_names(std::string_view separator);
+// Adds a strategy; throws Error if its name is taken. Call before any attention runs.
+void register_strategy(std::unique_ptr<Strategy> strategy);
+
+}  // namespace ulysses

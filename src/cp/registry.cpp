@@ -1,0 +1,71 @@
+// The strategy registry, the defaults of the Strategy interface, and CpGroup.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "strategies/builtin.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/strategy.hpp"
+
+namespace ulysses {
+
+namespace {
+
+std::vector<std::unique_ptr<Strategy>>& registry() {
+  static std::vector<std::unique_ptr<Strategy>> r = [] {
+    std::vector<std::unique_ptr<Strategy>> built_in;
+    built_in.push_back(make_a2a_strategy());  // one line per built-in strategy, in help order
+    built_in.push_back(make_p2p_strategy());
+    built_in.push_back(make_all_gather_strategy());
+    built_in.push_back(make_a2a_p2p_strategy());
+    return built_in;
+  }();
+  return r;
+}
+
+}  // namespace
+
+std::vector<const Strategy*> strategies() {
+  std::vector<const Strategy*> out;
+  for (const auto& s : registry()) out.push_back(s.get());
+  return out;
+}
+
+std::string strategy_names(std::string_view separator) {
+  std::string out;
+  for (const auto& s : registry()) out += (out.empty() ? "" : std::string(separator)) + std::string(s->name());
+  return out;
+}
+
+const Strategy& find_strategy(std::string_view name) {
+  for (const auto& s : registry())
+    if (s->name() == name) return *s;
+  throw Error(fmt::format("unknown cp_comm_type '{}': expected one of {}", name, strategy_names(", ")));
+}
+
+void register_strategy(std::unique_ptr<Strategy> strategy) {
+  if (!strategy) throw Error("register_strategy: null strategy");
+  for (const auto& s : registry())
+    if (s->name() == strategy->name())
+      throw Error(fmt::format("register_strategy: cp_comm_type '{}' is already registered", strategy->name()));
+  registry().push_back(std::move(strategy));
+}
+
+std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {
+  return {CpConfig{std::string(name()), {}, causal, 0.0f}};
+}
+
+std::string Strategy::config_name(const CpConfig&) const { return std::string(name()); }
+
+Communicator& CpGroup::subgroup(const std::string& name, int color, int key) {
+  for (auto& [n, c] : subgroups_)
+    if (n == name) return *c;
+  subgroups_.emplace_back(name, comm_.split(color, key));
+  return *subgroups_.back().second;
+}
+
+void CpGroup::absorb() {
+  for (auto& [name, c] : subgroups_) comm_.absorb_counters(*c, name);
+}
+
+}  // namespace ulysses

@@ -1,0 +1,159 @@
+// cp_comm_type "a2a+p2p": hierarchical context parallelism (Megatron / TransformerEngine).
+// hierarchical_context_parallel_sizes = {inner, outer}, inner·outer == cp: Ulysses inside
+// groups of `inner` contiguous ranks (typically a node: fast all-to-all), a ring across the
+// `outer` groups of strided ranks (one ring per inner position: slow links carry only K/V).
+//
+// forward:  seq_to_head inside the group → ring attention over the outer group on the
+//           group's whole sequence and h/inner heads → head_to_seq inside the group.
+// backward: the mirror image. The ring computes in float32.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+
+#include "../head_split.hpp"
+#include "../ring_attention.hpp"
+#include "builtin.hpp"
+#include "ulysses/all_to_all.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/sharding.hpp"
+
+namespace ulysses {
+
+namespace {
+
+struct HierarchicalContext final : StrategyContext {
+  FusedHeads qkv, out_heads;  // float32, head-sharded inside the inner group
+  RingSaved ring;             // the outer ring's (points into qkv and out_heads)
+  int kv_replicas = 1;
+  DType dtype = DType::f32;   // storage / wire dtype
+  Communicator* inner = nullptr;
+  Communicator* outer = nullptr;
+};
+
+// For the outer ring: member o holds, after the inner all-to-all, the chunks of inner
+// ranks o·inner + 0 .. o·inner + inner−1, in that order.
+std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<SeqChunk>>& per_rank, int inner) {
+  std::vector<std::vector<SeqChunk>> c(per_rank.size() / std::size_t(inner));
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    c[r / std::size_t(inner)].insert(c[r / std::size_t(inner)].end(), per_rank[r].begin(), per_rank[r].end());
+  return c;
+}
+
+// A FusedHeads in float32 (the ring's compute dtype).
+FusedHeads as_float32(FusedHeads x) { return x.dtype() == DType::f32 ? std::move(x) : x.converted(DType::f32); }
+
+class A2aP2pStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "a2a+p2p"; }
+  std::string_view summary() const override {
+    return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
+  }
+
+  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
+    check_gqa_groups(q.h, kv_heads);
+    const auto& hs = config.hierarchical_context_parallel_sizes;
+    if (hs.size() != 2 || hs[0] < 1 || hs[1] < 1 || hs[0] * hs[1] != cp)
+      throw Error(fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] with "
+                              "inner * outer == cp ({}), got [{}]",
+                              cp, fmt::join(hs, ", ")));
+    kv_replicas_for(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+  }
+  TokenLayout token_layout(const CpConfig& c) const override {
+    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
+  }
+
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+                                           const TensorView& q, const TensorView& k, const TensorView& v,
+                                           CpStats& stats) const override {
+    Communicator& comm = group.comm();
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    auto ctx = std::make_unique<HierarchicalContext>();
+    ctx->inner = &group.subgroup("inner", comm.rank() / I, comm.rank());  // contiguous inner groups
+    ctx->outer = &group.subgroup("outer", comm.rank() % I, comm.rank());  // strided outer groups
+    ctx->kv_replicas = kv_replicas_for(I, q.shape.h, k.shape.h, "the inner (a2a) size", "a2a+p2p");
+    ctx->dtype = q.dtype;
+    const std::array<SeqShard, 3> in{{{q, 1}, {k, ctx->kv_replicas}, {v, ctx->kv_replicas}}};
+    double t0 = comm.now();
+    ctx->qkv = as_float32(seq_to_head(*ctx->inner, in));
+    stats.comm_exposed_s += comm.now() - t0;
+    const TensorView hq = ctx->qkv.part(0);
+    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+    ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->qkv.part(1), ctx->qkv.part(2),
+                           outer_chunks(all_rank_chunks(config, comm.size(), q.shape.s * comm.size()), I),
+                           {config.causal, config.scale, 0, 0}, q.dtype, stats);
+    t0 = comm.now();
+    const std::array<SeqShard, 1> o{{{out, 1}}};
+    if (q.dtype == DType::f32) head_to_seq(*ctx->inner, ctx->out_heads, o);
+    else head_to_seq(*ctx->inner, ctx->out_heads.converted(q.dtype), o);
+    stats.comm_exposed_s += comm.now() - t0;
+    group.absorb();
+    return ctx;
+  }
+
+  void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
+    Communicator& comm = group.comm();
+    const auto& ctx = static_cast<const HierarchicalContext&>(context);
+    const std::array<SeqShard, 1> g{{{dout, 1}}};
+    double t0 = comm.now();
+    const FusedHeads hdout = as_float32(seq_to_head(*ctx.inner, g));
+    stats.comm_exposed_s += comm.now() - t0;
+    const FusedHeads& x = ctx.qkv;
+    FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(), {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
+    ring_attention_backward(*ctx.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), ctx.ring, stats);
+    t0 = comm.now();
+    const int r = ctx.kv_replicas;
+    const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+    if (ctx.dtype == DType::f32) head_to_seq(*ctx.inner, grads, out);
+    else head_to_seq(*ctx.inner, grads.converted(ctx.dtype), out);
+    stats.comm_exposed_s += comm.now() - t0;
+    group.absorb();
+  }
+
+  CommVolume traffic(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+                     DType dtype) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
+    const std::int64_t es = std::int64_t(dtype_size(dtype)), local = q.s / cp;
+    const std::int64_t kvs = kv_heads * kv_replicas_for(I, q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+    CommVolume v;
+    add_ulysses_volume(v, "inner.", I, q.b, local, q.h, kvs, q.d, es);
+    add_ring_volume(v, "outer.", O, 2 * q.b * local * kvs * q.d, es);  // I·local tokens × kvs/I heads
+    return v;
+  }
+
+  std::vector<CpConfig> plan_configs(int cp, bool causal) const override {
+    std::vector<CpConfig> out;
+    for (int inner = 1; inner <= cp; ++inner)
+      if (cp % inner == 0) out.push_back(CpConfig{"a2a+p2p", {inner, cp / inner}, causal, 0.0f});
+    return out;
+  }
+  std::string config_name(const CpConfig& c) const override {
+    const auto& hs = c.hierarchical_context_parallel_sizes;
+    return hs.size() == 2 ? fmt::format("a2a+p2p [{},{}]", hs[0], hs[1]) : "a2a+p2p";
+  }
+
+  StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,
+                    double bwd_s) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
+    StrategyCost r;
+    for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
+      for (const char* op : {"inner.seq_to_head", "inner.head_to_seq"})
+        r.comm_s += all_to_all_seconds(in.cluster, I, double(bytes->at(op)));
+    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
+    const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    const double kvs = in.kv_heads % I == 0 ? double(in.kv_heads) : double(I);
+    const double ring_kv = 2 * kvs * local * es;
+    const RingSeconds t = ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
+    r.comm_s += t.comm;
+    r.hidden_s = t.hidden;
+    r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_a2a_p2p_strategy() { return std::make_unique<A2aP2pStrategy>(); }
+
+}  // namespace ulysses

@@ -1,0 +1,74 @@
+// cp_comm_type "p2p": ring attention over the whole communicator (ring_attention.hpp has the
+// algorithm, which the outer ring of a2a+p2p shares). Computes in float32 whatever the
+// storage dtype; K/V travel in the storage dtype.
+#include "../head_split.hpp"
+#include "../ring_attention.hpp"
+#include "../tensor_ops.hpp"
+#include "builtin.hpp"
+#include "ulysses/sharding.hpp"
+
+namespace ulysses {
+
+namespace {
+
+struct RingContext final : StrategyContext {
+  Float32Forward f32;  // q and out in float32 (RingSaved points into them)
+  RingSaved ring;
+};
+
+class P2pStrategy final : public Strategy {
+ public:
+  std::string_view name() const override { return "p2p"; }
+  std::string_view summary() const override {
+    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
+  }
+
+  void validate(const CpConfig&, int, const Shape& q, std::int64_t kv_heads) const override {
+    check_gqa_groups(q.h, kv_heads);
+  }
+  TokenLayout token_layout(const CpConfig& c) const override {
+    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
+  }
+
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+                                           const TensorView& q, const TensorView& k, const TensorView& v,
+                                           CpStats& stats) const override {
+    Communicator& comm = group.comm();
+    auto ctx = std::make_unique<RingContext>();
+    ctx->f32 = Float32Forward(q);
+    ring_attention_forward(comm, ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v,
+                           all_rank_chunks(config, comm.size(), q.shape.s * comm.size()),
+                           {config.causal, config.scale, 0, 0}, q.dtype, stats);
+    copy(ctx->f32.out.view(), out);
+    return ctx;
+  }
+
+  void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
+    const auto& ctx = static_cast<const RingContext&>(context);
+    Float32Backward g(dout, dq, dk, dv);
+    ring_attention_backward(group.comm(), g.dq.view(), g.dk.view(), g.dv.view(), g.dout.view(), ctx.ring, stats);
+    g.store(dq, dk, dv);
+  }
+
+  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType dtype) const override {
+    CommVolume v;
+    add_ring_volume(v, "", cp, 2 * q.b * (q.s / cp) * kv_heads * q.d, std::int64_t(dtype_size(dtype)));
+    return v;
+  }
+
+  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double fwd_s,
+                    double bwd_s) const override {
+    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
+    const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * double(in.kv_heads) * local * 4,
+                                       fwd_s, bwd_s);
+    return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_p2p_strategy() { return std::make_unique<P2pStrategy>(); }
+
+}  // namespace ulysses
