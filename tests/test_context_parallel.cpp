@@ -233,6 +233,70 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
   }
 }
 
+// One attention problem: global tensors, this rank's shards, outputs, and the float64 answers.
+struct Problem {
+  Tensor q, k, v, dout, out, dq, dk, dv;
+  RefTensor rout, rdq, rdk, rdv;
+  Problem(const CpConfig& cfg, int cp, int rank, Shape global, std::uint64_t seed) {
+    Tensor g[4] = {Tensor(global), Tensor(global), Tensor(global), Tensor(global)};
+    for (int i = 0; i < 4; ++i) fill_uniform(g[i].view(), seed + std::uint64_t(i));
+    const auto chunks = rank_chunks(cfg, cp, rank, global.s);
+    const Shape local{global.b, global.s / cp, global.h, global.d};
+    for (Tensor* t : {&q, &k, &v, &dout, &out, &dq, &dk, &dv}) *t = Tensor(local);
+    Tensor* in[4] = {&q, &k, &v, &dout};
+    for (int i = 0; i < 4; ++i) shard_sequence(g[i].view(), in[i]->view(), chunks);
+    const RefTensor rq = RefTensor::from(g[0].view()), rk = RefTensor::from(g[1].view()), rv = RefTensor::from(g[2].view());
+    const AttentionParams p{cfg.causal, 0.0f, 0, 0};
+    std::vector<double> lse;
+    reference_attention_forward(rout, lse, rq, rk, rv, p);
+    reference_attention_backward(rdq, rdk, rdv, RefTensor::from(g[3].view()), rq, rk, rv, p);
+    const std::vector<std::int64_t> pos = token_positions(chunks);
+    rout = select_rows(rout, pos);
+    rdq = select_rows(rdq, pos);
+    rdk = select_rows(rdk, pos);
+    rdv = select_rows(rdv, pos);
+  }
+  void expect_matches() const {
+    EXPECT_LT(relative_error(out.view(), rout), 1e-5);
+    EXPECT_LT(relative_error(dq.view(), rdq), 1e-4);
+    EXPECT_LT(relative_error(dk.view(), rdk), 1e-4);
+    EXPECT_LT(relative_error(dv.view(), rdv), 1e-4);
+  }
+};
+
+TEST(Strategies, SeveralForwardsInFlightBeforeTheirBackwards) {
+  // Two layers (or micro-batches, or a checkpointed recompute): both forwards run before
+  // either backward, and the backwards run in reverse order, as autograd does.
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  for (const CpConfig& cfg : strategies(cp, true)) {
+    SCOPED_TRACE(describe(cfg));
+    ContextParallelAttention attn(comm, cfg);
+    Problem a(cfg, cp, comm.rank(), {2, 8 * cp, 2 * cp, 16}, 10), b(cfg, cp, comm.rank(), {2, 8 * cp, 2 * cp, 16}, 20);
+    const CpContext ca = attn.forward(a.out.view(), a.q.view(), a.k.view(), a.v.view());
+    const CpContext cb = attn.forward(b.out.view(), b.q.view(), b.k.view(), b.v.view());
+    attn.backward(cb, b.dq.view(), b.dk.view(), b.dv.view(), b.dout.view());
+    attn.backward(ca, a.dq.view(), a.dk.view(), a.dv.view(), a.dout.view());
+    a.expect_matches();
+    b.expect_matches();
+  }
+}
+
+TEST(Registry, AStrategyFromItsOwnFileIsEverywhere) {
+  // tests/toy_strategy.cpp registers itself; nothing else in the tests or the library names it.
+  const Strategy& toy = find_strategy("toy_all_gather_halves");
+  EXPECT_NE(strategy_names(", ").find("toy_all_gather_halves"), std::string::npos);
+  bool planned = false;
+  PlanInput in;
+  in.seq = 4096;
+  in.heads = 8;
+  in.kv_heads = 8;
+  in.cp = 4;
+  for (const PlanRow& r : make_plan(in).rows) planned |= r.name == toy.name() && r.valid;
+  EXPECT_TRUE(planned);
+  EXPECT_THROW(find_strategy("no_such_strategy"), Error);
+}
+
 TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
   MpiCommunicator comm;
   const int cp = comm.size();

@@ -1,0 +1,149 @@
+// A strategy added from outside the library, in one file, through the registry: "all_gather
+// in two halves" — K and V gathered by two all-gathers (float32 on the wire), dK and dV
+// returned by two reduce-scatters. Written against the public headers only, it runs through
+// every generic strategy test of test_context_parallel.cpp (reference match, exact bytes
+// against its own traffic formula and the planner, equal causal work, errors), which is the
+// point: adding a strategy needs no edit anywhere else.
+#include <memory>
+
+#include "ulysses/attention.hpp"
+#include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
+
+namespace ulysses::testing {
+namespace {
+
+TensorView rows_of(const TensorView& v, std::int64_t row, std::int64_t n) {
+  TensorView r = v;
+  r.data = v.row(0, row, 0);
+  r.shape.s = n;
+  return r;
+}
+
+struct ToyContext final : StrategyContext {
+  Tensor q, out, k_full, v_full;              // float32; K and V in sequence order
+  std::vector<Tensor> lse;                    // per local chunk
+  std::vector<std::vector<SeqChunk>> chunks;  // per rank
+  AttentionParams params;
+};
+
+// One all-gather of this rank's rows of `x` into `full` [b, s, h_kv, d] in sequence order.
+void gather_half(Communicator& comm, const TensorView& x, const Tensor& full, const ToyContext& ctx, const char* op) {
+  const int R = comm.size();
+  const Tensor mine = copy_of(x, DType::f32);
+  Tensor all({x.shape.b * R, x.shape.s, x.shape.h, x.shape.d});
+  comm.allgather(mine.data(), all.data(), mine.nbytes(), op);
+  for (int r = 0; r < R; ++r) {
+    TensorView block = all.view();
+    block.shape.b = x.shape.b;
+    block.data = all.view().row(x.shape.b * r, 0, 0);
+    unshard_sequence(block, full.view(), ctx.chunks[std::size_t(r)]);
+  }
+}
+
+// dX summed over ranks, this rank's rows into `out` (any dtype).
+void scatter_half(Communicator& comm, const Tensor& full_grad, const TensorView& out, const ToyContext& ctx,
+                  const char* op) {
+  const int R = comm.size();
+  const Shape& o = out.shape;
+  Tensor blocks({o.b * R, o.s, o.h, o.d}), mine(o);
+  for (int r = 0; r < R; ++r) {
+    TensorView block = blocks.view();
+    block.shape.b = o.b;
+    block.data = blocks.view().row(o.b * r, 0, 0);
+    shard_sequence(full_grad.view(), block, ctx.chunks[std::size_t(r)]);
+  }
+  comm.reduce_scatter_sum(blocks.f32(), mine.f32(), std::size_t(o.numel()), op);
+  copy(mine.view(), out);
+}
+
+void add_into(const Tensor& dst, const Tensor& src) {
+  for (std::int64_t i = 0; i < dst.shape().numel(); ++i) dst.f32()[i] += src.f32()[i];
+}
+
+class ToyAllGatherHalves final : public Strategy {
+ public:
+  std::string_view name() const override { return "toy_all_gather_halves"; }
+  std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
+  void validate(const CpConfig&, int, const Shape&, std::int64_t) const override {}
+  TokenLayout token_layout(const CpConfig& c) const override {
+    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
+  }
+
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+                                           const TensorView& q, const TensorView& k, const TensorView& v,
+                                           CpStats& stats) const override {
+    Communicator& comm = group.comm();
+    auto ctx = std::make_unique<ToyContext>();
+    ctx->chunks = all_rank_chunks(config, comm.size(), q.shape.s * comm.size());
+    ctx->params = {config.causal, config.scale, 0, 0};
+    const Shape full{k.shape.b, k.shape.s * comm.size(), k.shape.h, k.shape.d};
+    ctx->k_full = Tensor(full);
+    ctx->v_full = Tensor(full);
+    gather_half(comm, k, ctx->k_full, *ctx, "toy_k");
+    gather_half(comm, v, ctx->v_full, *ctx, "toy_v");
+    ctx->q = copy_of(q, DType::f32);
+    ctx->out = Tensor(q.shape);
+    const std::vector<SeqChunk>& mine = ctx->chunks[std::size_t(comm.rank())];
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      AttentionParams p = ctx->params;
+      p.q_offset = mine[i].begin;
+      const std::int64_t row = chunk_row(mine, i), n = mine[i].length;
+      ctx->lse.push_back(lse_tensor({q.shape.b, n, q.shape.h, q.shape.d}));
+      flash_attention_forward(rows_of(ctx->out.view(), row, n), ctx->lse.back().f32(), rows_of(ctx->q.view(), row, n),
+                              ctx->k_full.view(), ctx->v_full.view(), p);
+      for (std::int64_t t = 0; t < n; ++t)  // causal: token at position p sees p + 1 keys
+        stats.score_pairs += (config.causal ? mine[i].begin + t + 1 : full.s) * q.shape.b * q.shape.h;
+    }
+    copy(ctx->out.view(), out);
+    return ctx;
+  }
+
+  void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const TensorView& dout, CpStats&) const override {
+    Communicator& comm = group.comm();
+    const auto& ctx = static_cast<const ToyContext&>(context);
+    const Tensor g = copy_of(dout, DType::f32);
+    Tensor dq32(dq.shape), dk_full(ctx.k_full.shape()), dv_full(ctx.k_full.shape());
+    Tensor dk_part(ctx.k_full.shape()), dv_part(ctx.k_full.shape());
+    const std::vector<SeqChunk>& mine = ctx.chunks[std::size_t(comm.rank())];
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      AttentionParams p = ctx.params;
+      p.q_offset = mine[i].begin;
+      const std::int64_t row = chunk_row(mine, i), n = mine[i].length;
+      flash_attention_backward(rows_of(dq32.view(), row, n), dk_part.view(), dv_part.view(), rows_of(g.view(), row, n),
+                               rows_of(ctx.q.view(), row, n), ctx.k_full.view(), ctx.v_full.view(),
+                               rows_of(ctx.out.view(), row, n), ctx.lse[i].f32(), p);
+      add_into(dk_full, dk_part);
+      add_into(dv_full, dv_part);
+    }
+    copy(dq32.view(), dq);
+    scatter_half(comm, dk_full, dk, ctx, "toy_dk");
+    scatter_half(comm, dv_full, dv, ctx, "toy_dv");
+  }
+
+  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+    CommVolume v;
+    const std::int64_t half = (cp - 1) * q.b * (q.s / cp) * kv_heads * q.d * 4;
+    for (const char* op : {"toy_k", "toy_v"}) {
+      v.forward_bytes[op] = half;
+      v.forward_messages[op] = cp - 1;
+    }
+    for (const char* op : {"toy_dk", "toy_dv"}) {
+      v.backward_bytes[op] = half;
+      v.backward_messages[op] = cp - 1;
+    }
+    return v;
+  }
+
+  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {
+    const Link& l = ring_link(in.cluster, in.cp, 1);
+    return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0, 0.0};
+  }
+};
+
+// The one registration line.
+[[maybe_unused]] const bool registered = (register_strategy(std::make_unique<ToyAllGatherHalves>()), true);
+
+}  // namespace
+}  // namespace ulysses::testing
