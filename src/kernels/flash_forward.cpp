@@ -33,6 +33,11 @@ double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk,
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out) {
   auto fail = [](const std::string& m) { throw Error("attention: " + m); };
+  // The kernel table is chosen per device, then (on the CPU) per ISA: the CPU is the only
+  // device with kernels today; a GPU backend adds its table and its case here.
+  for (const TensorView* t : {&k, &v, &out})
+    if (t->device != q.device) fail(fmt::format("q is on {}, another tensor on {}", to_string(q.device), to_string(t->device)));
+  if (q.device != Device::cpu) fail(fmt::format("no attention kernels for device {}", to_string(q.device)));
   if (k.dtype != q.dtype || v.dtype != q.dtype)
     fail(fmt::format("q, k and v must share one dtype, got {}, {}, {}", to_string(q.dtype), to_string(k.dtype),
                      to_string(v.dtype)));
