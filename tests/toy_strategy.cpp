@@ -65,10 +65,6 @@ class ToyAllGatherHalves final : public Strategy {
  public:
   std::string_view name() const override { return "toy_all_gather_halves"; }
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
-  void validate(const CpConfig&, int, const Shape&, std::int64_t) const override {}
-  TokenLayout token_layout(const CpConfig& c) const override {
-    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
-  }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,

@@ -72,9 +72,12 @@ class Strategy {
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). Sequence
-  // divisibility is rank_chunks()'s (sharding.hpp).
-  virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const = 0;
-  virtual TokenLayout token_layout(const CpConfig& config) const = 0;
+  // divisibility is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only
+  // (heads % kv_heads == 0).
+  virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
+  // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
+  // work per rank), contiguous otherwise.
+  virtual TokenLayout token_layout(const CpConfig& config) const;
 
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
   // (context_parallel.hpp has the shapes). Writes out; returns what the backward needs.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "head_split.hpp"
 #include "strategies/builtin.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
@@ -49,6 +50,14 @@ void register_strategy(std::unique_ptr<Strategy> strategy) {
     if (s->name() == strategy->name())
       throw Error(fmt::format("register_strategy: cp_comm_type '{}' is already registered", strategy->name()));
   registry().push_back(std::move(strategy));
+}
+
+void Strategy::validate(const CpConfig&, int, const Shape& q, std::int64_t kv_heads) const {
+  check_gqa_groups(q.h, kv_heads);
+}
+
+TokenLayout Strategy::token_layout(const CpConfig& c) const {
+  return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
 }
 
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {

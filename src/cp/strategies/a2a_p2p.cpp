@@ -59,9 +59,6 @@ class A2aP2pStrategy final : public Strategy {
                               cp, fmt::join(hs, ", ")));
     kv_replicas_for(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
   }
-  TokenLayout token_layout(const CpConfig& c) const override {
-    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
-  }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,

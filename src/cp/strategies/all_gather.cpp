@@ -3,7 +3,6 @@
 // prefix of keys; the backward reduce-scatters dK and dV back to their owners. The simplest
 // strategy and the most memory (full K and V on every rank); nothing overlaps. Computes in
 // float32; K/V travel in the storage dtype, dK/dV in float32.
-#include "../head_split.hpp"
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
@@ -45,13 +44,6 @@ class AllGatherStrategy final : public Strategy {
   std::string_view name() const override { return "all_gather"; }
   std::string_view summary() const override {
     return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
-  }
-
-  void validate(const CpConfig&, int, const Shape& q, std::int64_t kv_heads) const override {
-    check_gqa_groups(q.h, kv_heads);
-  }
-  TokenLayout token_layout(const CpConfig& c) const override {
-    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,

@@ -1,7 +1,6 @@
 // cp_comm_type "p2p": ring attention over the whole communicator (ring_attention.hpp has the
 // algorithm, which the outer ring of a2a+p2p shares). Computes in float32 whatever the
 // storage dtype; K/V travel in the storage dtype.
-#include "../head_split.hpp"
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
@@ -21,13 +20,6 @@ class P2pStrategy final : public Strategy {
   std::string_view name() const override { return "p2p"; }
   std::string_view summary() const override {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
-  }
-
-  void validate(const CpConfig&, int, const Shape& q, std::int64_t kv_heads) const override {
-    check_gqa_groups(q.h, kv_heads);
-  }
-  TokenLayout token_layout(const CpConfig& c) const override {
-    return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
