@@ -41,7 +41,9 @@ std::string strategy_names(std::string_view separator) {
 const Strategy& find_strategy(std::string_view name) {
   for (const auto& s : registry())
     if (s->name() == name) return *s;
-  throw Error(fmt::format("unknown cp_comm_type '{}': expected one of {}", name, strategy_names(", ")));
+  std::string known = strategy_names(", ");
+  if (const std::size_t last = known.rfind(", "); last != std::string::npos) known.replace(last, 2, " or ");
+  throw Error(fmt::format("unknown cp_comm_type '{}': expected {}", name, known));
 }
 
 void register_strategy(std::unique_ptr<Strategy> strategy) {
