@@ -28,7 +28,7 @@ const char* to_string(Layout layout) {
   return "?";
 }
 
-const char* to_string(Device) { return "cpu"; }
+const char* to_string(Device device) { return device == Device::cpu ? "cpu" : "unknown device"; }
 
 DType parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32") return DType::f32;
