@@ -1,10 +1,12 @@
 // Every strategy (a2a, p2p, all_gather, a2a+p2p at every factorisation) against the float64
 // single-process reference at every rank count: forward and all gradients, batch > 1, both
 // layouts, bf16, GQA split and replicated, MQA; exact byte and message counts; equal causal
-// work per rank; the same clear error on every rank for every bad input.
+// work per rank; the same clear error on every rank for every bad input; shards made on each
+// rank and gathered back to one.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "mpi_helpers.hpp"
 #include "ulysses/comm_volume.hpp"
@@ -135,6 +137,41 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   std::vector<double> lse;
   reference_attention_forward(rout, lse, rq, rq, rq, {true, 0.0f, 0, 0});
   EXPECT_LT(relative_error(out.view(), select_rows(rout, token_positions(chunks))), 1e-5);
+}
+
+// What the CLI does with every input and output: shards cut from a global tensor or drawn in
+// place, gathered back to rank 0, are the global tensor bit for bit (rounded to the shards'
+// dtype), for contiguous and zigzag chunks, both layouts and both dtypes.
+TEST(Sharding, GatheringShardsGivesTheGlobalTensorBack) {
+  MpiCommunicator comm;
+  const int cp = comm.size(), rank = comm.rank();
+  const Shape g{2, 4 * cp, 3, 8};
+  Tensor global(g);
+  fill_uniform(global.view(), 7);
+  for (const CpConfig& cfg : {CpConfig{"a2a", {}, true, 0.0f}, CpConfig{"p2p", {}, true, 0.0f}})
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (Layout layout : {Layout::bshd, Layout::sbhd}) {
+        SCOPED_TRACE(describe(cfg) + " " + to_string(dtype) + " " + to_string(layout));
+        std::vector<std::vector<SeqChunk>> chunks;
+        for (int r = 0; r < cp; ++r) chunks.push_back(rank_chunks(cfg, cp, r, g.s));
+        const Tensor expected = copy_of(copy_of(global.view(), dtype).view(), DType::f32);
+        const Tensor cut = shard_of(global.view(), chunks[std::size_t(rank)], dtype, layout);
+        Tensor drawn(cut.shape(), dtype, layout);
+        fill_uniform_shard(drawn.view(), 7, chunks[std::size_t(rank)]);
+        for (const auto& [name, shard] : {std::pair{"cut", cut.view()}, {"drawn", drawn.view()}}) {
+          SCOPED_TRACE(name);
+          comm.reset_counters();
+          const Tensor back = gather_global(comm, shard, chunks);
+          EXPECT_EQ(comm.counters().at("report").bytes_sent, rank == 0 ? 0 : shard.shape.numel() * 4);
+          if (rank != 0) {
+            EXPECT_EQ(back.nbytes(), 0u);
+            continue;
+          }
+          EXPECT_EQ(back.dtype(), DType::f32);
+          EXPECT_EQ(back.shape(), g);
+          if (back.shape() == g) EXPECT_EQ(std::memcmp(back.data(), expected.data(), expected.nbytes()), 0);
+        }
+      }
 }
 
 // Bytes each rank sends, per operation, for one forward and one backward: the formulas.
@@ -387,6 +424,20 @@ TEST(Errors, ZigzagNeedsEvenTokensPerRank) {
   ulysses::testing::expect_same_error_everywhere(
       comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
       "sequence length (" + std::to_string(5 * cp) + ") must be divisible by 2*cp (" + std::to_string(2 * cp) + ")");
+}
+
+TEST(Errors, GatheringShardsThatDoNotFitIsRefusedEverywhere) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  std::vector<std::vector<SeqChunk>> chunks;
+  for (int r = 0; r < cp; ++r) chunks.push_back({{4 * r, 4}});
+  const bool last = comm.rank() == cp - 1;  // only the last rank is wrong
+  Tensor longer({1, last ? 5 : 4, 2, 8}), wider({1, 4, last ? 3 : 2, 8});
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { gather_global(comm, longer.view(), chunks); }, "chunks hold 4 tokens but the shard has 5");
+  if (cp == 1) return;
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { gather_global(comm, wider.view(), chunks); }, "shard shapes differ between ranks");
 }
 
 }  // namespace

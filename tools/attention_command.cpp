@@ -3,10 +3,15 @@
 #include <fmt/format.h>
 #include "ulysses/mpi_communicator.hpp"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "report.hpp"
 #include "ulysses/context_parallel.hpp"
@@ -107,78 +112,144 @@ Problem load_problem(const AttentionOptions& o) {
   return p;
 }
 
-// Tensor `which` (0 q, 1 k, 2 v, 3 dout) holding the global rows `chunks`, in dtype/layout.
-Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout,
-                  std::uint64_t seed);
+// The global shape of input `which` (0 q, 1 k, 2 v, 3 dout).
+Shape global_shape(const Problem& p, int which) { return which == 1 || which == 2 ? p.kv : p.q; }
 
-// The --check of a bf16 run, repeated with float32 compute: the global bf16 inputs widened
-// to float32, one process's flash kernels, outputs rounded to bf16 like the real run's.
-std::vector<std::pair<const char*, double>> float32_compute_errors(const Problem& p, const CpConfig& cfg,
-                                                                   std::uint64_t seed, const RefTensor& rout,
-                                                                   const RefTensor& rdq, const RefTensor& rdk,
-                                                                   const RefTensor& rdv) {
-  auto input = [&](int which) {
-    const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
-    Tensor t(g);
-    copy(make_input(p, which, {{0, g.s}}, DType::bf16, Layout::bshd, seed).view(), t.view());
-    return t;
-  };
-  const Tensor q = input(0), k = input(1), v = input(2);
-  const AttentionParams ap{cfg.causal, cfg.scale, 0, 0};
-  Tensor out(p.q), out16(p.q, DType::bf16);
-  std::vector<float> lse(std::size_t(p.q.b * p.q.h * p.q.s));
-  flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), ap);
-  copy(out.view(), out16.view());
-  std::vector<std::pair<const char*, double>> errs{{"out", relative_error(out16.view(), rout)}};
-  if (!p.backward) return errs;
-  const Tensor dout = input(3);
-  Tensor dq(p.q, DType::bf16), dk(p.kv, DType::bf16), dv(p.kv, DType::bf16);
-  flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
-                           lse.data(), ap);
-  errs.insert(errs.end(), {{"dq", relative_error(dq.view(), rdq)},
-                           {"dk", relative_error(dk.view(), rdk)},
-                           {"dv", relative_error(dv.view(), rdv)}});
-  return errs;
-}
-
-// Tensor `which` (0 q, 1 k, 2 v, 3 dout) holding the global rows `chunks`, in dtype/layout.
+// Input `which` holding the global rows `chunks`, in dtype/layout: cut from its file, or
+// drawn so that its values depend on global positions only (the same problem at every cp).
 Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout,
                   std::uint64_t seed) {
-  const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
-  std::int64_t n = 0;
-  for (const SeqChunk& c : chunks) n += c.length;
-  Tensor t({g.b, n, g.h, g.d}, dtype, layout);
+  const Shape g = global_shape(p, which);
   const std::optional<NpyArray>* files[] = {&p.fq, &p.fk, &p.fv, &p.fdout};
   const std::optional<NpyArray>& f = *files[which];
-  if (f) {
-    shard_sequence(TensorView::dense(const_cast<float*>(f->data.data()), DType::f32, g, Layout::bshd), t.view(), chunks);
-    return t;
-  }
-  std::int64_t row = 0;
-  for (const SeqChunk& c : chunks) {  // values depend on global positions only
-    TensorView part = t.view();
-    part.data = t.view().row(0, row, 0);
-    part.shape.s = c.length;
-    fill_uniform(part, seed * 4 + std::uint64_t(which), c.begin);
-    row += c.length;
+  if (f)
+    return shard_of(TensorView::dense(const_cast<float*>(f->data.data()), DType::f32, g, Layout::bshd), chunks, dtype,
+                    layout);
+  Tensor t({g.b, chunk_row(chunks, chunks.size()), g.h, g.d}, dtype, layout);  // all the chunks' tokens
+  fill_uniform_shard(t.view(), seed * 4 + std::uint64_t(which), chunks);
+  return t;
+}
+
+// The whole of input `which`, dense bshd: what the single-process checks compute on.
+Tensor global_input(const Problem& p, int which, DType dtype, std::uint64_t seed) {
+  return make_input(p, which, {{0, global_shape(p, which).s}}, dtype, Layout::bshd, seed);
+}
+
+// Everything every rank agrees on before any work: the problem and how it is split.
+struct Setup {
+  Problem p;
+  CpConfig cfg;
+  DType dtype = DType::f32;
+  Layout layout = Layout::bshd;
+  std::vector<std::vector<SeqChunk>> chunks;  // the tokens of each rank
+  int cp = 1, threads = 1;
+};
+
+// Collective. Parses the options and reads the inputs on every rank, then agrees: a file may be
+// unreadable on one rank only.
+Setup setup(Communicator& comm, const AttentionOptions& o) {
+  Setup s;
+  const int cp = s.cp = comm.size();
+  s.threads = o.threads > 0 ? o.threads : default_threads(comm);
+  set_threads(s.threads);
+  on_every_rank(comm, [&] {
+    s.dtype = parse_dtype(o.dtype);
+    s.layout = parse_layout(o.layout);
+    s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
+    s.cfg.causal = o.causal;
+    s.cfg.scale = o.scale;
+    if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
+    s.p = load_problem(o);
+    s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
+  });
+  return s;
+}
+
+void print_header(const Setup& s) {
+  const Problem& p = s.p;
+  const CpConfig& cfg = s.cfg;
+  std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", cfg.cp_comm_type.c_str(), s.cp,
+              s.threads);
+  const auto& hs = cfg.hierarchical_context_parallel_sizes;
+  if (!hs.empty())
+    std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
+                hs[0], hs[1], hs[0], hs[1],
+                hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
+  std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(s.dtype).c_str());
+  std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
+              to_string(s.dtype), to_string(s.layout), cfg.causal ? ", causal" : "",
+              effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
+  std::string where;
+  for (const SeqChunk& c : s.chunks[0]) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
+  std::printf("  each rank holds q %s; rank 0 holds tokens%s%s\n", Shape{p.q.b, p.q.s / s.cp, p.q.h, p.q.d}.str().c_str(),
+              where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
+  std::fflush(stdout);
+}
+
+// This rank's shards of the inputs and outputs, in the run's dtype and layout (dout and the
+// gradients only with a backward).
+struct Shards {
+  Tensor q, k, v, out, dout, dq, dk, dv;
+};
+
+Shards make_shards(const Setup& s, int rank, std::uint64_t seed) {
+  auto input = [&](int which) { return make_input(s.p, which, s.chunks[std::size_t(rank)], s.dtype, s.layout, seed); };
+  Shards t;
+  t.q = input(0);
+  t.k = input(1);
+  t.v = input(2);
+  t.out = Tensor(t.q.shape(), s.dtype, s.layout);
+  if (s.p.backward) {
+    t.dout = input(3);
+    t.dq = Tensor(t.q.shape(), s.dtype, s.layout);
+    t.dk = Tensor(t.k.shape(), s.dtype, s.layout);
+    t.dv = Tensor(t.k.shape(), s.dtype, s.layout);
   }
   return t;
 }
 
-// Collective: rank 0 receives the global [b, s, h, d] float32 tensor assembled from shards.
-std::vector<float> gather_global(Communicator& comm, const TensorView& shard, const CpConfig& cfg, std::int64_t seq) {
-  const Shape& sh = shard.shape;
-  Tensor mine(sh);
-  copy(shard, mine.view());
-  std::vector<float> all(comm.rank() == 0 ? std::size_t(sh.numel() * comm.size()) : 0);
-  comm.gather(mine.data(), all.data(), mine.nbytes(), 0, "report");
-  if (comm.rank() != 0) return {};
-  std::vector<float> global(all.size());
-  const TensorView g = TensorView::dense(global.data(), DType::f32, {sh.b, seq, sh.h, sh.d}, Layout::bshd);
-  for (int r = 0; r < comm.size(); ++r)
-    unshard_sequence(TensorView::dense(&all[std::size_t(r * sh.numel())], DType::f32, sh, Layout::bshd), g,
-                     rank_chunks(cfg, comm.size(), r, seq));
-  return global;
+double max_over_ranks(Communicator& comm, double x) {
+  comm.allreduce_max(&x, 1);
+  return x;
+}
+
+// Collective. Seconds the slowest rank spends in fn, all ranks starting together.
+double timed(Communicator& comm, const std::function<void()>& fn) {
+  comm.barrier();
+  const double t0 = comm.now();
+  fn();
+  return max_over_ranks(comm, comm.now() - t0);
+}
+
+// The slowest rank's times: medians over the timed runs, and the last run's split into
+// compute and the communication that compute did not hide.
+struct Timing {
+  double forward_s = 0, backward_s = 0;
+  double forward_compute_s = 0, forward_exposed_s = 0, backward_compute_s = 0, backward_exposed_s = 0;
+};
+
+// Collective. One untimed warm-up when timing, then `repeat` timed runs; the counters hold the
+// bytes of exactly the last run.
+Timing run_timed(Communicator& comm, ContextParallelAttention& attn, const Shards& t, bool backward, int repeat) {
+  std::vector<double> fwd, bwd;
+  CpContext ctx;
+  CpStats bs;
+  const int runs = repeat > 0 ? repeat + 1 : 1;
+  for (int i = 0; i < runs; ++i) {
+    if (i == runs - 1) comm.reset_counters();
+    ctx = CpContext();  // the previous run's memory goes before the next forward
+    const double tf = timed(comm, [&] { ctx = attn.forward(t.out.view(), t.q.view(), t.k.view(), t.v.view()); });
+    const double tb = backward ? timed(comm, [&] {
+      bs = attn.backward(ctx, t.dq.view(), t.dk.view(), t.dv.view(), t.dout.view());
+    }) : 0;
+    if (repeat == 0 || i > 0) {
+      fwd.push_back(tf);
+      bwd.push_back(tb);
+    }
+  }
+  const CpStats& fs = ctx.stats();
+  return {median(fwd), median(bwd), max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
+          max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
 }
 
 // Collective: the counter names of rank 0 (every rank runs the same operations).
@@ -199,13 +270,48 @@ std::vector<std::string> counter_names(Communicator& comm) {
   return names;
 }
 
-struct Timing {
-  std::vector<double> forward, backward;
+// The global outputs on rank 0, those an option needs (empty elsewhere).
+struct Results {
+  Tensor out, dq, dk, dv;
 };
 
-double max_over_ranks(Communicator& comm, double x) {
-  comm.allreduce_max(&x, 1);
-  return x;
+// Collective.
+Results gather_results(Communicator& comm, const Setup& s, const Shards& t, const AttentionOptions& o) {
+  const bool need_out = o.check || !o.out.empty();
+  const bool need_grads = s.p.backward && (o.check || !o.dq.empty() || !o.dk.empty() || !o.dv.empty());
+  Results g;
+  if (need_out) g.out = gather_global(comm, t.out.view(), s.chunks);
+  if (need_grads) {
+    g.dq = gather_global(comm, t.dq.view(), s.chunks);
+    g.dk = gather_global(comm, t.dk.view(), s.chunks);
+    g.dv = gather_global(comm, t.dv.view(), s.chunks);
+  }
+  return g;
+}
+
+// Bytes each rank should send per operation for one forward (and backward): the formulas.
+std::map<std::string, std::int64_t> expected_bytes(const Setup& s) {
+  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype);
+  std::map<std::string, std::int64_t> expected = volume.forward_bytes;
+  if (s.p.backward)
+    for (const auto& [op, n] : volume.backward_bytes) expected[op] += n;
+  return expected;
+}
+
+double forward_flops(const Setup& s) {
+  const Shape& q = s.p.q;
+  return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+}
+
+void print_times(const Setup& s, const Timing& t, int repeat) {
+  const double fflops = forward_flops(s);
+  std::printf("time (slowest rank%s):\n", repeat > 0 ? fmt::format(", median of {} runs", repeat).c_str() : "");
+  std::printf("  forward  %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
+              t.forward_s * 1e3, fflops / t.forward_s * 1e-9, t.forward_compute_s * 1e3, t.forward_exposed_s * 1e3);
+  if (s.p.backward)
+    std::printf("  backward %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
+                t.backward_s * 1e3, 2.5 * fflops / t.backward_s * 1e-9, t.backward_compute_s * 1e3,
+                t.backward_exposed_s * 1e3);
 }
 
 // Bytes each rank sent, per operation, against the formula (one forward [+ backward]).
@@ -223,188 +329,136 @@ void print_traffic(const nlohmann::json& ranks, const std::vector<std::string>& 
   }
 }
 
+// The JSON report; check_against_reference adds its "check".
+nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timing& t, const nlohmann::json& ranks,
+                           const std::map<std::string, std::int64_t>& expected) {
+  const Problem& p = s.p;
+  const CpConfig& cfg = s.cfg;
+  const double fflops = forward_flops(s);
+  nlohmann::json report{{"command", "attention"}, {"strategy", cfg.cp_comm_type}, {"cp", s.cp},
+                        {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
+                        {"threads_per_rank", s.threads}, {"kernel_isa", kernel_isa()},
+                        {"kernel_engine", kernel_engine(s.dtype)}, {"dtype", to_string(s.dtype)},
+                        {"layout", to_string(s.layout)},
+                        {"causal", cfg.causal}, {"scale", effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d)},
+                        {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
+                        {"repeat", o.repeat}, {"forward_s", t.forward_s}, {"backward_s", p.backward ? t.backward_s : 0.0},
+                        {"forward_gflops", fflops / t.forward_s * 1e-9},
+                        {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
+                        {"expected_bytes_sent", expected}, {"ranks", ranks}};
+  if (p.backward) {
+    report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
+    report["backward_compute_s"] = t.backward_compute_s;
+    report["backward_comm_exposed_s"] = t.backward_exposed_s;
+  }
+  return report;
+}
+
+// The float64 single-process reference outputs (the gradients only with a backward).
+struct Reference {
+  RefTensor out, dq, dk, dv;
+};
+
+Reference reference(const Setup& s, std::uint64_t seed) {
+  auto global_ref = [&](int which) { return RefTensor::from(global_input(s.p, which, s.dtype, seed).view()); };
+  const RefTensor rq = global_ref(0), rk = global_ref(1), rv = global_ref(2);
+  const AttentionParams ap{s.cfg.causal, s.cfg.scale, 0, 0};
+  Reference r;
+  std::vector<double> lse;
+  reference_attention_forward(r.out, lse, rq, rk, rv, ap);
+  if (s.p.backward) reference_attention_backward(r.dq, r.dk, r.dv, global_ref(3), rq, rk, rv, ap);
+  return r;
+}
+
+using Errors = std::vector<std::pair<const char*, double>>;  // relative error of each output
+
+// The --check of a bf16 run, repeated with float32 compute: the global bf16 inputs widened
+// to float32, one process's flash kernels, outputs rounded to bf16 like the real run's.
+Errors float32_compute_errors(const Setup& s, std::uint64_t seed, const Reference& ref) {
+  const Problem& p = s.p;
+  auto input = [&](int which) { return copy_of(global_input(p, which, DType::bf16, seed).view(), DType::f32); };
+  const Tensor q = input(0), k = input(1), v = input(2);
+  const AttentionParams ap{s.cfg.causal, s.cfg.scale, 0, 0};
+  Tensor out(p.q), out16(p.q, DType::bf16);
+  std::vector<float> lse(std::size_t(p.q.b * p.q.h * p.q.s));
+  flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), ap);
+  copy(out.view(), out16.view());
+  Errors errs{{"out", relative_error(out16.view(), ref.out)}};
+  if (!p.backward) return errs;
+  const Tensor dout = input(3);
+  Tensor dq(p.q, DType::bf16), dk(p.kv, DType::bf16), dv(p.kv, DType::bf16);
+  flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
+                           lse.data(), ap);
+  errs.insert(errs.end(), {{"dq", relative_error(dq.view(), ref.dq)},
+                           {"dk", relative_error(dk.view(), ref.dk)},
+                           {"dv", relative_error(dv.view(), ref.dv)}});
+  return errs;
+}
+
+// `title`, then "  name error" for each error, which also go into `record`.
+std::string error_line(std::string title, const Errors& errs, nlohmann::json& record) {
+  for (auto [name, e] : errs) {
+    title += fmt::format("  {} {:.2e}", name, e);
+    record[name] = e;
+  }
+  return title;
+}
+
+// Compares the gathered outputs with the reference, prints the errors and records them in
+// report["check"]. True when one is above the tolerance (or NaN).
+bool check_against_reference(const Setup& s, const Results& g, std::uint64_t seed, nlohmann::json& report) {
+  std::printf("checking against the float64 reference (one process)...\n");
+  std::fflush(stdout);
+  const Reference ref = reference(s, seed);
+  const double tol = s.dtype == DType::f32 ? 1e-4 : 3e-2;
+  Errors errs{{"out", relative_error(g.out.view(), ref.out)}};
+  if (s.p.backward)
+    errs.insert(errs.end(), {{"dq", relative_error(g.dq.view(), ref.dq)},
+                             {"dk", relative_error(g.dk.view(), ref.dk)},
+                             {"dv", relative_error(g.dv.view(), ref.dv)}});
+  nlohmann::json& check = report["check"];
+  const std::string line = error_line("relative error |x-ref|/|ref|:", errs, check);
+  const bool failed = std::any_of(errs.begin(), errs.end(), [&](const auto& e) { return !(e.second <= tol); });
+  check["tolerance"] = tol;
+  check["passed"] = !failed;
+  std::printf("%s  (tolerance %.0e) %s\n", line.c_str(), tol, failed ? "FAILED" : "OK");
+  if (s.dtype == DType::bf16)  // what the bf16 engine costs: the same inputs, float32 compute
+    std::printf("%s\n", error_line("  same bf16 inputs, float32 compute (one process):",
+                                   float32_compute_errors(s, seed, ref), check["float32_compute"]).c_str());
+  return failed;
+}
+
+void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, const nlohmann::json& report) {
+  const Shape& q = s.p.q;
+  const Shape& kv = s.p.kv;
+  if (!o.out.empty()) write_npy(o.out, g.out.f32(), {q.b, q.s, q.h, q.d});
+  if (!o.dq.empty()) write_npy(o.dq, g.dq.f32(), {q.b, q.s, q.h, q.d});
+  if (!o.dk.empty()) write_npy(o.dk, g.dk.f32(), {kv.b, kv.s, kv.h, kv.d});
+  if (!o.dv.empty()) write_npy(o.dv, g.dv.f32(), {kv.b, kv.s, kv.h, kv.d});
+  if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
+}
+
 }  // namespace
 
 int run_attention(const AttentionOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
-  const int cp = comm.size(), rank = comm.rank();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
-  set_threads(threads);
-
-  // ---- inputs: read and check locally, then agree (a file may be unreadable on one rank) --
-  Problem p;
-  CpConfig cfg;
-  DType dtype = DType::f32;
-  Layout layout = Layout::bshd;
-  std::vector<SeqChunk> chunks;
-  std::string err;
-  try {
-    dtype = parse_dtype(o.dtype);
-    layout = parse_layout(o.layout);
-    cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
-    cfg.causal = o.causal;
-    cfg.scale = o.scale;
-    if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
-    p = load_problem(o);
-    chunks = rank_chunks(cfg, cp, rank, p.q.s);
-  } catch (const Error& e) {
-    err = e.what();
-  }
-  comm.agree(err);
-
-  const std::int64_t sl = p.q.s / cp;
-  if (rank == 0) {
-    std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", cfg.cp_comm_type.c_str(), cp,
-                threads);
-    const auto& hs = cfg.hierarchical_context_parallel_sizes;
-    if (!hs.empty())
-      std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
-                  hs[0], hs[1], hs[0], hs[1],
-                  hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
-    std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(dtype).c_str());
-    std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
-                to_string(dtype), to_string(layout), cfg.causal ? ", causal" : "",
-                effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
-    std::string where;
-    for (const SeqChunk& c : chunks) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
-    std::printf("  each rank holds q %s; rank 0 holds tokens%s%s\n", Shape{p.q.b, sl, p.q.h, p.q.d}.str().c_str(),
-                where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
-    std::fflush(stdout);
-  }
-  Tensor q = make_input(p, 0, chunks, dtype, layout, o.seed), k = make_input(p, 1, chunks, dtype, layout, o.seed),
-         v = make_input(p, 2, chunks, dtype, layout, o.seed);
-  Tensor out({p.q.b, sl, p.q.h, p.q.d}, dtype, layout);
-  Tensor dout, dq, dk, dv;
-  if (p.backward) {
-    dout = make_input(p, 3, chunks, dtype, layout, o.seed);
-    dq = Tensor(out.shape(), dtype, layout);
-    dk = Tensor(k.shape(), dtype, layout);
-    dv = Tensor(k.shape(), dtype, layout);
-  }
-
-  // ---- run: one untimed warm-up when timing, then `repeat` timed runs -----------------------
-  ContextParallelAttention attn(comm, cfg);
-  CpContext ctx;
-  CpStats bs;
-  Timing t;
-  const int runs = o.repeat > 0 ? o.repeat + 1 : 1;
-  for (int i = 0; i < runs; ++i) {
-    if (i == runs - 1) comm.reset_counters();  // report the bytes of exactly one run
-    comm.barrier();
-    double t0 = comm.now();
-    ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
-    const double tf = max_over_ranks(comm, comm.now() - t0);
-    double tb = 0;
-    if (p.backward) {
-      comm.barrier();
-      t0 = comm.now();
-      bs = attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
-      tb = max_over_ranks(comm, comm.now() - t0);
-    }
-    if (o.repeat == 0 || i > 0) {
-      t.forward.push_back(tf);
-      t.backward.push_back(tb);
-    }
-  }
-  const double fwd_s = median(t.forward), bwd_s = median(t.backward);
-  const CpStats fs = ctx.stats();
-  const double split[4] = {max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
-                           max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
+  const Setup s = setup(comm, o);
+  if (comm.rank() == 0) print_header(s);
+  const Shards t = make_shards(s, comm.rank(), o.seed);
+  ContextParallelAttention attn(comm, s.cfg);
+  const Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
   const std::vector<std::string> ops = counter_names(comm);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
-
-  // ---- results: gather, check, write (rank 0), then agree on any failure -------------------
-  const bool need_out = o.check || !o.out.empty();
-  const bool need_grads = p.backward && (o.check || !o.dq.empty() || !o.dk.empty() || !o.dv.empty());
-  std::vector<float> g_out, g_dq, g_dk, g_dv;
-  if (need_out) g_out = gather_global(comm, out.view(), cfg, p.q.s);
-  if (need_grads) {
-    g_dq = gather_global(comm, dq.view(), cfg, p.q.s);
-    g_dk = gather_global(comm, dk.view(), cfg, p.q.s);
-    g_dv = gather_global(comm, dv.view(), cfg, p.q.s);
-  }
-  const CommVolume volume = predicted_comm_volume(cfg, cp, p.q, p.kv.h, dtype);
-  std::map<std::string, std::int64_t> expected = volume.forward_bytes;
-  if (p.backward)
-    for (const auto& [op, n] : volume.backward_bytes) expected[op] += n;
-  const double fflops = attention_forward_flops(p.q.b, p.q.s, p.q.s, p.q.h, p.q.d, cfg.causal);
-  nlohmann::json report{{"command", "attention"}, {"strategy", cfg.cp_comm_type}, {"cp", cp},
-                        {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
-                        {"threads_per_rank", threads}, {"kernel_isa", kernel_isa()},
-                        {"kernel_engine", kernel_engine(dtype)}, {"dtype", to_string(dtype)}, {"layout", to_string(layout)},
-                        {"causal", cfg.causal}, {"scale", effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d)},
-                        {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
-                        {"repeat", o.repeat}, {"forward_s", fwd_s}, {"backward_s", p.backward ? bwd_s : 0.0},
-                        {"forward_gflops", fflops / fwd_s * 1e-9},
-                        {"forward_compute_s", split[0]}, {"forward_comm_exposed_s", split[1]},
-                        {"expected_bytes_sent", expected}, {"ranks", ranks}};
-  if (p.backward) {
-    report["backward_gflops"] = 2.5 * fflops / bwd_s * 1e-9;
-    report["backward_compute_s"] = split[2];
-    report["backward_comm_exposed_s"] = split[3];
-  }
-
-  int failed = 0;
-  err.clear();
-  if (rank == 0) {
-    try {
-      std::printf("time (slowest rank%s):\n", o.repeat > 0 ? fmt::format(", median of {} runs", o.repeat).c_str() : "");
-      std::printf("  forward  %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
-                  fwd_s * 1e3, fflops / fwd_s * 1e-9, split[0] * 1e3, split[1] * 1e3);
-      if (p.backward)
-        std::printf("  backward %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
-                    bwd_s * 1e3, 2.5 * fflops / bwd_s * 1e-9, split[2] * 1e3, split[3] * 1e3);
-      print_traffic(ranks, ops, expected);
-      if (o.check) {
-        std::printf("checking against the float64 reference (one process)...\n");
-        std::fflush(stdout);
-        auto global_ref = [&](int which) {
-          const Shape g = (which == 1 || which == 2) ? p.kv : p.q;
-          return RefTensor::from(make_input(p, which, {{0, g.s}}, dtype, Layout::bshd, o.seed).view());
-        };
-        const RefTensor rq = global_ref(0), rk = global_ref(1), rv = global_ref(2);
-        const AttentionParams ap{cfg.causal, cfg.scale, 0, 0};
-        RefTensor rout, rdq, rdk, rdv;
-        std::vector<double> lse;
-        reference_attention_forward(rout, lse, rq, rk, rv, ap);
-        const double tol = dtype == DType::f32 ? 1e-4 : 3e-2;
-        auto rel = [](const std::vector<float>& x, const RefTensor& ref) {
-          return relative_error(TensorView::dense(const_cast<float*>(x.data()), DType::f32, ref.shape, Layout::bshd), ref);
-        };
-        std::vector<std::pair<const char*, double>> errs{{"out", rel(g_out, rout)}};
-        if (p.backward) {
-          reference_attention_backward(rdq, rdk, rdv, global_ref(3), rq, rk, rv, ap);
-          errs.insert(errs.end(), {{"dq", rel(g_dq, rdq)}, {"dk", rel(g_dk, rdk)}, {"dv", rel(g_dv, rdv)}});
-        }
-        std::string line = "relative error |x-ref|/|ref|:";
-        for (auto [name, e] : errs) {
-          line += fmt::format("  {} {:.2e}", name, e);
-          report["check"][name] = e;
-          failed |= !(e <= tol);
-        }
-        report["check"]["tolerance"] = tol;
-        report["check"]["passed"] = !failed;
-        std::printf("%s  (tolerance %.0e) %s\n", line.c_str(), tol, failed ? "FAILED" : "OK");
-        if (dtype == DType::bf16) {  // what the bf16 engine costs: the same inputs, float32 compute
-          const auto f32 = float32_compute_errors(p, cfg, o.seed, rout, rdq, rdk, rdv);
-          line = "  same bf16 inputs, float32 compute (one process):";
-          for (auto [name, e] : f32) {
-            line += fmt::format("  {} {:.2e}", name, e);
-            report["check"]["float32_compute"][name] = e;
-          }
-          std::printf("%s\n", line.c_str());
-        }
-      }
-      if (!o.out.empty()) write_npy(o.out, g_out.data(), {p.q.b, p.q.s, p.q.h, p.q.d});
-      if (!o.dq.empty()) write_npy(o.dq, g_dq.data(), {p.q.b, p.q.s, p.q.h, p.q.d});
-      if (!o.dk.empty()) write_npy(o.dk, g_dk.data(), {p.kv.b, p.kv.s, p.kv.h, p.kv.d});
-      if (!o.dv.empty()) write_npy(o.dv, g_dv.data(), {p.kv.b, p.kv.s, p.kv.h, p.kv.d});
-      if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  comm.agree(err);
+  const Results g = gather_results(comm, s, t, o);
+  int failed = 0;  // rank 0's verdict, sent to every rank: all of them exit with the same code
+  on_root(comm, [&] {
+    const std::map<std::string, std::int64_t> expected = expected_bytes(s);
+    nlohmann::json report = make_report(s, o, timing, ranks, expected);
+    print_times(s, timing, o.repeat);
+    print_traffic(ranks, ops, expected);
+    if (o.check) failed = check_against_reference(s, g, o.seed, report);
+    write_outputs(o, s, g, report);
+  });
   comm.broadcast(&failed, sizeof(failed), 0);
   return failed ? 1 : 0;
 }

@@ -257,32 +257,34 @@ std::string svg_plot(const PlanInput& in) {
   return s + "</svg>\n";
 }
 
+// The options as a planner input, checked (throws Error). Calibration plans for this machine:
+// cp = its ranks, all on one node, float32.
+PlanInput plan_input(const PlanOptions& o, int ranks) {
+  PlanInput in;
+  in.seq = o.seq;
+  in.batch = o.batch;
+  in.heads = o.heads;
+  in.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  in.head_dim = o.head_dim;
+  in.layers = o.layers;
+  in.cp = o.calibrate ? ranks : o.cp;
+  in.causal = !o.no_causal;
+  in.dtype = o.calibrate ? DType::f32 : parse_dtype(o.dtype);
+  in.cluster.ranks_per_node = o.calibrate ? ranks : o.ranks_per_node;
+  in.cluster.intra = {parse_bandwidth(o.intra_bw), parse_latency(o.intra_lat)};
+  in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
+  in.cluster.peak_flops = o.tflops * 1e12;
+  in.cluster.efficiency = o.efficiency;
+  make_plan(in);  // validates the input
+  return in;
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   PlanInput in;
-  std::string err;
-  try {
-    in.seq = o.seq;
-    in.batch = o.batch;
-    in.heads = o.heads;
-    in.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
-    in.head_dim = o.head_dim;
-    in.layers = o.layers;
-    in.cp = o.calibrate ? comm.size() : o.cp;
-    in.causal = !o.no_causal;
-    in.dtype = o.calibrate ? DType::f32 : parse_dtype(o.dtype);
-    in.cluster.ranks_per_node = o.calibrate ? comm.size() : o.ranks_per_node;
-    in.cluster.intra = {parse_bandwidth(o.intra_bw), parse_latency(o.intra_lat)};
-    in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
-    in.cluster.peak_flops = o.tflops * 1e12;
-    in.cluster.efficiency = o.efficiency;
-    make_plan(in);  // validates the input
-  } catch (const Error& e) {
-    err = e.what();
-  }
-  comm.agree(err);
+  on_every_rank(comm, [&] { in = plan_input(o, comm.size()); });
   std::vector<double> measured;
   if (o.calibrate) {
     set_threads(default_threads(comm));
@@ -303,19 +305,13 @@ int run_plan(const PlanOptions& o) {
                  in.cluster.alltoall_intra.latency * 1e6);
     for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
-  err.clear();
-  if (comm.rank() == 0) {
-    try {
-      print_plan(in, plan, measured);
-      nlohmann::json j = to_json(in, plan, measured);
-      if (o.scaling) j["scaling"] = scaling_table(in);
-      if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
-      if (!o.svg.empty()) write_file_atomic(o.svg, svg_plot(in));
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  comm.agree(err);
+  on_root(comm, [&] {
+    print_plan(in, plan, measured);
+    nlohmann::json j = to_json(in, plan, measured);
+    if (o.scaling) j["scaling"] = scaling_table(in);
+    if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+    if (!o.svg.empty()) write_file_atomic(o.svg, svg_plot(in));
+  });
   return 0;
 }
 

@@ -13,6 +13,22 @@
 
 namespace ulysses::cli {
 
+void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  comm.agree(err);
+}
+
+void on_root(Communicator& comm, const std::function<void()>& fn) {
+  on_every_rank(comm, [&] {
+    if (comm.rank() == 0) fn();
+  });
+}
+
 std::int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

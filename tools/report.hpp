@@ -1,9 +1,11 @@
-// Small helpers the CLI commands share: per-rank facts gathered to rank 0, atomic files.
+// Small helpers the CLI commands share: per-rank facts gathered to rank 0, atomic files, errors
+// agreed across ranks.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,13 @@
 #include "ulysses/context_parallel.hpp"
 
 namespace ulysses::cli {
+
+// Collective. Runs fn on every rank, then agrees on the ulysses::Error it threw on any rank, so
+// every rank stops with the same message (an input file may be unreadable on one rank only).
+void on_every_rank(Communicator& comm, const std::function<void()>& fn);
+// Collective. The same for work only rank 0 does (printing, writing files): its error stops
+// every rank, with the same message and exit code.
+void on_root(Communicator& comm, const std::function<void()>& fn);
 
 // Peak resident set size of this process, in bytes.
 std::int64_t peak_rss_bytes();

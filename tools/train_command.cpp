@@ -95,6 +95,49 @@ double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
   return 10.0 * 2.0 * n * double(n) * n / median(t) * 1e-9;
 }
 
+// Where a run stands, for rank 0's progress lines.
+struct Progress {
+  std::int64_t first = 0, steps = 0;  // steps taken when the run started, and the total to reach
+  double tokens_per_step = 0;
+  std::chrono::steady_clock::time_point start;
+};
+
+// Rank 0, after step `s`: its JSON line in the log, and a progress line about 20 times a run.
+void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent) {
+  const double tps = p.tokens_per_step / r.seconds;
+  if (log)
+    std::fprintf(log,
+                 "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
+                 "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
+                 (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
+                 r.attention.comm_exposed_s);
+  const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
+  const int width = 30, filled = int(width * done / total);
+  const std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
+                                       std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
+                                       r.step, p.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
+  const std::int64_t every = std::max<std::int64_t>(1, (p.steps - p.first) / 20);
+  if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first) fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+// Rank 0's summary of a run that took at least one step.
+void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds, double accuracy,
+                   double ceiling, double flops_per_step, const train::TrainConfig& cfg) {
+  const double med = median(step_seconds);
+  const double tps = double(cfg.batch * cfg.seq) / med, gflops = flops_per_step / med * 1e-9;
+  const std::size_t tail = std::min<std::size_t>(10, losses.size());
+  double last = 0;
+  for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
+  fmt::print("done: {} steps; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(), losses.front(), last, tail);
+  if (accuracy >= 0)
+    fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
+               "away, on other ranks' shards\n", accuracy * 100, cfg.seq);
+  fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
+             "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
+}
+
 }  // namespace
 
 int run_train(const TrainOptions& o) {
@@ -105,8 +148,7 @@ int run_train(const TrainOptions& o) {
 
   train::TrainConfig cfg;
   train::DataSource data = train::DataSource::synthetic();
-  std::string err;
-  try {
+  on_every_rank(comm, [&] {
     if (!o.resume.empty()) {
       cfg = train::Trainer::checkpoint_config(o.resume);
     } else {
@@ -120,10 +162,7 @@ int run_train(const TrainOptions& o) {
     cfg.steps = o.steps;
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, cp);
     if (!o.data.empty()) data = train::DataSource::text_file(o.data);
-  } catch (const Error& e) {
-    err = e.what();
-  }
-  comm.agree(err);
+  });
   train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
   if (!o.resume.empty()) trainer.load(o.resume);
 
@@ -142,38 +181,20 @@ int run_train(const TrainOptions& o) {
   }
 
   std::FILE* log = nullptr;
-  if (rank == 0 && !o.log.empty()) {
+  on_root(comm, [&] {
+    if (o.log.empty()) return;
     log = std::fopen(o.log.c_str(), o.resume.empty() ? "w" : "a");
-    if (!log) err = fmt::format("--log {}: cannot open for writing", o.log);
-  }
-  comm.agree(err);
+    if (!log) throw Error(fmt::format("--log {}: cannot open for writing", o.log));
+  });
   std::vector<double> losses, step_seconds;
   double acc_recent = -1;
-  const auto t_start = std::chrono::steady_clock::now();
-  const std::int64_t first = trainer.current_step();
-  for (std::int64_t s = first; s < cfg.steps; ++s) {
+  const Progress progress{trainer.current_step(), cfg.steps, tokens_per_step, std::chrono::steady_clock::now()};
+  for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);
     if (r.accuracy >= 0) acc_recent = r.accuracy;
-    if (rank == 0) {
-      const double tps = tokens_per_step / r.seconds;
-      if (log)
-        std::fprintf(log,
-                     "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
-                     "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
-                     (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                     r.attention.comm_exposed_s);
-      const double done = double(s + 1 - first), total = double(cfg.steps - first);
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const int width = 30, filled = int(width * done / total);
-      const std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
-                                           std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
-                                           r.step, cfg.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
-      const std::int64_t every = std::max<std::int64_t>(1, (cfg.steps - first) / 20);
-      if ((s + 1 - first) % every == 0 || s + 1 == cfg.steps || s == first) fmt::print("{}\n", line);
-      std::fflush(stdout);
-    }
+    if (rank == 0) report_step(log, progress, s, r, acc_recent);
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
   }
   if (log) std::fclose(log);
@@ -183,32 +204,15 @@ int run_train(const TrainOptions& o) {
   const double accuracy = trainer.evaluate(o.eval_batches);
   double ceiling = sgemm_ceiling_gflops();
   comm.allreduce_sum(&ceiling, 1);  // all ranks together
-  err.clear();
-  if (rank == 0) {
-    if (losses.empty()) {
+  on_root(comm, [&] {
+    if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
-    } else {
-      const double med = median(step_seconds);
-      const double tps = tokens_per_step / med, gflops = trainer.flops_per_step() / med * 1e-9;
-      const std::size_t tail = std::min<std::size_t>(10, losses.size());
-      double last = 0;
-      for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
-      fmt::print("done: {} steps; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(), losses.front(), last, tail);
-      if (accuracy >= 0)
-        fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
-                   "away, on other ranks' shards\n", accuracy * 100, cfg.seq);
-      fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
-                 "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
-    }
-    try {
-      if (!o.svg.empty() && !losses.empty())
-        write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
-                                                               cfg.cp.cp_comm_type, cp)));
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  comm.agree(err);
+    else
+      print_summary(losses, step_seconds, accuracy, ceiling, trainer.flops_per_step(), cfg);
+    if (!o.svg.empty() && !losses.empty())
+      write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
+                                                             cfg.cp.cp_comm_type, cp)));
+  });
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
 #include "ulysses/tensor.hpp"
 
@@ -42,5 +43,22 @@ std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
 void shard_sequence(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks);
 // The inverse: writes `local` back into its rows of `global`.
 void unshard_sequence(const TensorView& local, const TensorView& global, const std::vector<SeqChunk>& chunks);
+
+// A new tensor [b, Σlen, h, d] in `dtype` and `layout` holding the rows of `global` that
+// `chunks` name: this rank's shard of a global input, whatever the strategy.
+Tensor shard_of(const TensorView& global, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout);
+
+// Fills `local` [b, Σlen, h, d] with its rows of what fill_uniform(global, seed) would give
+// the global tensor, without building it: random inputs that do not depend on cp.
+void fill_uniform_shard(const TensorView& local, std::uint64_t seed, const std::vector<SeqChunk>& chunks);
+
+// Collective. Every rank passes its shard (same shape everywhere, any dtype and layout) and
+// every rank's chunks (rank_chunks of each rank); `root` gets the global float32 bshd tensor
+// [b, s, h, d], s = Σ of all chunk lengths, in sequence order; the other ranks get an empty
+// Tensor. The shards count under "report" (the shape check under "validate"), apart from
+// the attention's own traffic. Throws the same Error on every rank when a shard does not
+// hold its rank's tokens or the shapes differ between ranks.
+Tensor gather_global(Communicator& comm, const TensorView& shard,
+                     const std::vector<std::vector<SeqChunk>>& chunks_per_rank, int root = 0);
 
 }  // namespace ulysses
