@@ -61,17 +61,24 @@ nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::stri
 }
 
 CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks) {
+  const Strategy& chosen = find_strategy(strategy);
   CpConfig cfg;
-  cfg.cp_comm_type = find_strategy(strategy).name();
+  cfg.cp_comm_type = chosen.name();
   if (!cp_sizes.empty()) {
     int inner = 0, outer = 0;
     char tail = 0;
     if (std::sscanf(cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
       throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes));
-    if (cfg.cp_comm_type != "a2a+p2p") throw Error("--cp-sizes applies to --strategy a2a+p2p only");
+    if (!chosen.hierarchical()) {
+      std::string takers;
+      for (const Strategy* t : strategies())
+        if (t->hierarchical()) takers += (takers.empty() ? "" : " or ") + std::string(t->name());
+      throw Error(fmt::format("--cp-sizes applies to --strategy {} only", takers));
+    }
     cfg.hierarchical_context_parallel_sizes = {inner, outer};
-  } else if (cfg.cp_comm_type == "a2a+p2p") {
-    throw Error(fmt::format("--strategy a2a+p2p needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", ranks));
+  } else if (chosen.hierarchical()) {
+    throw Error(fmt::format("--strategy {} needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", chosen.name(),
+                            ranks));
   }
   return cfg;
 }

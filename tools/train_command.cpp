@@ -138,16 +138,9 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
              "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
 }
 
-}  // namespace
-
-int run_train(const TrainOptions& o) {
-  MpiCommunicator comm(MPI_COMM_WORLD);
-  const int rank = comm.rank(), cp = comm.size();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
-  set_threads(threads);
-
+// Collective. The run's settings: a checkpoint's, or the options'; errors agreed.
+train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train::DataSource& data) {
   train::TrainConfig cfg;
-  train::DataSource data = train::DataSource::synthetic();
   on_every_rank(comm, [&] {
     if (!o.resume.empty()) {
       cfg = train::Trainer::checkpoint_config(o.resume);
@@ -160,35 +153,53 @@ int run_train(const TrainOptions& o) {
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
-    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, cp);
+    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
     if (!o.data.empty()) data = train::DataSource::text_file(o.data);
   });
-  train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
-  if (!o.resume.empty()) trainer.load(o.resume);
+  return cfg;
+}
 
-  const double tokens_per_step = double(cfg.batch * cfg.seq);
-  if (rank == 0) {
-    const auto& m = cfg.model;
-    fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
-               m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
-    fmt::print("  data: {}\n", data.describe());
-    fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
-               "sequence per rank{}\n",
-               cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp,
-               uses_zigzag(cfg.cp) ? " (zigzag)" : "");
-    if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, trainer.current_step());
-    std::fflush(stdout);
-  }
+void print_header(const train::TrainConfig& cfg, const train::DataSource& data, int cp, int threads,
+                  const TrainOptions& o, std::int64_t resumed_at) {
+  const auto& m = cfg.model;
+  fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
+             m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
+  fmt::print("  data: {}\n", data.describe());
+  fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
+             "sequence per rank{}\n",
+             cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+  if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
+  std::fflush(stdout);
+}
 
+// Collective. Rank 0's log file (appended to when resuming), or null.
+std::FILE* open_log(Communicator& comm, const TrainOptions& o) {
   std::FILE* log = nullptr;
   on_root(comm, [&] {
     if (o.log.empty()) return;
     log = std::fopen(o.log.c_str(), o.resume.empty() ? "w" : "a");
     if (!log) throw Error(fmt::format("--log {}: cannot open for writing", o.log));
   });
+  return log;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int rank = comm.rank(), cp = comm.size();
+  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
+  set_threads(threads);
+  train::DataSource data = train::DataSource::synthetic();
+  const train::TrainConfig cfg = train_config(comm, o, data);
+  train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
+  if (!o.resume.empty()) trainer.load(o.resume);
+  if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
+
+  std::FILE* log = open_log(comm, o);
   std::vector<double> losses, step_seconds;
   double acc_recent = -1;
-  const Progress progress{trainer.current_step(), cfg.steps, tokens_per_step, std::chrono::steady_clock::now()};
+  const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now()};
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);

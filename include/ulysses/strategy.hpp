@@ -69,6 +69,8 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;     // Megatron's cp_comm_type
   virtual std::string_view summary() const = 0;  // one line, for help texts
+  // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
+  virtual bool hierarchical() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). Sequence

@@ -50,6 +50,8 @@ class A2aP2pStrategy final : public Strategy {
     return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
   }
 
+  bool hierarchical() const override { return true; }
+
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     check_gqa_groups(q.h, kv_heads);
     const auto& hs = config.hierarchical_context_parallel_sizes;
