@@ -224,19 +224,19 @@ Rates rates(const Times& t, i64 s, i64 h, i64 d, bool causal) {
 Times time_flash(const Inputs& in, bool causal, int reps) {
   const Shape sh = in.q.shape();
   Tensor out(sh), dq(sh), dk(sh), dv(sh);
-  std::vector<float> lse(std::size_t(sh.h * sh.s));
+  const Tensor lse = lse_tensor(sh);
   const AttentionParams p{causal, 0.0f, 0, 0};
   reset_tensor_bytes_peak();
   const i64 base = tensor_bytes_in_use();
   Times t;
   t.fwd = time_median(reps, [&] {
-    flash_attention_forward(out.view(), lse.data(), in.q.view(), in.k.view(), in.v.view(), p);
+    flash_attention_forward(out.view(), lse.view(), in.q.view(), in.k.view(), in.v.view(), p);
   });
   t.bwd = time_median(reps, [&] {
     flash_attention_backward(dq.view(), dk.view(), dv.view(), in.dout.view(), in.q.view(), in.k.view(), in.v.view(),
-                             out.view(), lse.data(), p);
+                             out.view(), lse.view(), p);
   });
-  t.peak_mb = double(tensor_bytes_peak() - base + i64(lse.size() * 4)) / 1e6;
+  t.peak_mb = double(tensor_bytes_peak() - base + i64(lse.nbytes())) / 1e6;
   return t;
 }
 

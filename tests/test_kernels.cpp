@@ -251,10 +251,10 @@ TEST(Flash, Bf16OutputsAreRoundedFloat32Outputs) {
   fill_uniform(k.view(), 6);
   fill_uniform(v.view(), 7);
   Tensor o32({b, s, h, d}), o16({b, s, h, d}, DType::bf16);
-  std::vector<float> l32(std::size_t(b * h * s)), l16(l32.size());
-  flash_attention_forward(o32.view(), l32.data(), q.view(), k.view(), v.view(), {true});
-  flash_attention_forward(o16.view(), l16.data(), q.view(), k.view(), v.view(), {true});
-  EXPECT_EQ(l32, l16);
+  const Tensor l32 = lse_tensor(q.shape()), l16 = lse_tensor(q.shape());
+  flash_attention_forward(o32.view(), l32.view(), q.view(), k.view(), v.view(), {true});
+  flash_attention_forward(o16.view(), l16.view(), q.view(), k.view(), v.view(), {true});
+  EXPECT_EQ(0, std::memcmp(l32.data(), l16.data(), l32.nbytes()));
   const auto* h16 = static_cast<const std::uint16_t*>(o16.data());
   for (std::int64_t i = 0; i < o32.shape().numel(); ++i) ASSERT_EQ(h16[i], float_to_bf16(o32.f32()[i])) << i;
 }
@@ -281,16 +281,18 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Flash, RejectsBadShapesWithNamedValues) {
   Tensor q({1, 4, 3, 8}), k({1, 4, 2, 8}), v({1, 4, 2, 8}), out({1, 4, 3, 8});
-  std::vector<float> lse(12);
+  const Tensor lse = lse_tensor(q.shape());
   try {
-    flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), {});
+    flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), {});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_heads (3) must be divisible by num_kv_heads (2)"),
               std::string::npos) << e.what();
   }
   Tensor k2({1, 4, 3, 16});
-  EXPECT_THROW(flash_attention_forward(out.view(), lse.data(), q.view(), k2.view(), k2.view(), {}), Error);
+  EXPECT_THROW(flash_attention_forward(out.view(), lse.view(), q.view(), k2.view(), k2.view(), {}), Error);
+  const Tensor wrong = lse_tensor({1, 5, 3, 8});  // one row too many
+  EXPECT_THROW(flash_attention_forward(out.view(), wrong.view(), q.view(), q.view(), q.view(), {}), Error);
 }
 
 }  // namespace
@@ -337,6 +339,6 @@ TEST(Flash, RefusesTensorsOffTheCpu) {
   Tensor q({1, 4, 1, 8}), out(q.shape());
   TensorView elsewhere = q.view();
   elsewhere.device = Device(1);  // a device this build has no kernels for
-  std::vector<float> lse(4);
-  EXPECT_THROW(flash_attention_forward(out.view(), lse.data(), elsewhere, q.view(), q.view(), {}), Error);
+  const Tensor lse = lse_tensor(q.shape());
+  EXPECT_THROW(flash_attention_forward(out.view(), lse.view(), elsewhere, q.view(), q.view(), {}), Error);
 }

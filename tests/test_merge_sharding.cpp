@@ -27,13 +27,14 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
     AttentionParams all{true, scale, 50, 0};
     Tensor o_all({b, s, h, d});
     std::vector<float> lse_all(std::size_t(b * h * s));
-    flash_attention_forward(o_all.view(), lse_all.data(), q.view(), k.view(), v.view(), all);
+    flash_attention_forward(o_all.view(), TensorView::dense(lse_all.data(), DType::f32, {b, s, h, 1}, Layout::bhsd), q.view(), k.view(), v.view(), all);
     auto part = [&](std::int64_t k0, std::int64_t n, Tensor& o, std::vector<float>& lse) {
       TensorView kk = k.view(), vv = v.view();
       kk.data = k.view().row(0, k0, 0);
       vv.data = v.view().row(0, k0, 0);
       kk.shape.s = vv.shape.s = n;
-      flash_attention_forward(o.view(), lse.data(), q.view(), kk, vv, {true, scale, 50, k0});
+      const TensorView l = TensorView::dense(lse.data(), DType::f32, {b, s, h, 1}, Layout::bhsd);
+      flash_attention_forward(o.view(), l, q.view(), kk, vv, {true, scale, 50, k0});
     };
     Tensor o1({b, s, h, d}), o2({b, s, h, d});
     std::vector<float> l1(lse_all.size()), l2(lse_all.size());

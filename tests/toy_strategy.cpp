@@ -86,7 +86,7 @@ class ToyAllGatherHalves final : public Strategy {
       p.q_offset = mine[i].begin;
       const std::int64_t row = chunk_row(mine, i), n = mine[i].length;
       ctx->lse.push_back(lse_tensor({q.shape.b, n, q.shape.h, q.shape.d}));
-      flash_attention_forward(rows_of(ctx->out.view(), row, n), ctx->lse.back().f32(), rows_of(ctx->q.view(), row, n),
+      flash_attention_forward(rows_of(ctx->out.view(), row, n), ctx->lse.back().view(), rows_of(ctx->q.view(), row, n),
                               ctx->k_full.view(), ctx->v_full.view(), p);
       for (std::int64_t t = 0; t < n; ++t)  // causal: token at position p sees p + 1 keys
         stats.score_pairs += (config.causal ? mine[i].begin + t + 1 : full.s) * q.shape.b * q.shape.h;
@@ -109,7 +109,7 @@ class ToyAllGatherHalves final : public Strategy {
       const std::int64_t row = chunk_row(mine, i), n = mine[i].length;
       flash_attention_backward(rows_of(dq32.view(), row, n), dk_part.view(), dv_part.view(), rows_of(g.view(), row, n),
                                rows_of(ctx.q.view(), row, n), ctx.k_full.view(), ctx.v_full.view(),
-                               rows_of(ctx.out.view(), row, n), ctx.lse[i].f32(), p);
+                               rows_of(ctx.out.view(), row, n), ctx.lse[i].view(), p);
       add_into(dk_full, dk_part);
       add_into(dv_full, dv_part);
     }

@@ -380,15 +380,15 @@ Errors float32_compute_errors(const Setup& s, std::uint64_t seed, const Referenc
   const Tensor q = input(0), k = input(1), v = input(2);
   const AttentionParams ap{s.cfg.causal, s.cfg.scale, 0, 0};
   Tensor out(p.q), out16(p.q, DType::bf16);
-  std::vector<float> lse(std::size_t(p.q.b * p.q.h * p.q.s));
-  flash_attention_forward(out.view(), lse.data(), q.view(), k.view(), v.view(), ap);
+  const Tensor lse = lse_tensor(p.q);
+  flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), ap);
   copy(out.view(), out16.view());
   Errors errs{{"out", relative_error(out16.view(), ref.out)}};
   if (!p.backward) return errs;
   const Tensor dout = input(3);
   Tensor dq(p.q, DType::bf16), dk(p.kv, DType::bf16), dv(p.kv, DType::bf16);
   flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
-                           lse.data(), ap);
+                           lse.view(), ap);
   errs.insert(errs.end(), {{"dq", relative_error(dq.view(), ref.dq)},
                            {"dk", relative_error(dk.view(), ref.dk)},
                            {"dv", relative_error(dv.view(), ref.dv)}});

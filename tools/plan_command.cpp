@@ -55,11 +55,11 @@ double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of 
   const std::int64_t s = 2048, h = 2;
   Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()), dv(q.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
-  std::vector<float> lse(std::size_t(h * s));
+  const Tensor lse = lse_tensor(q.shape());
   const AttentionParams p{true, 0.0f, 0, 0};
   auto run = [&] {
-    flash_attention_forward(o.view(), lse.data(), q.view(), k.view(), v.view(), p);
-    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(), lse.data(), p);
+    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(), lse.view(), p);
   };
   run();
   std::vector<double> t;

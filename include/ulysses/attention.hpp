@@ -13,7 +13,8 @@
 //   q, out, dout, dq : [b, sq, h,    d]
 //   k, v, dk, dv     : [b, sk, h_kv, d]       h % h_kv == 0 (GQA/MQA: q head i uses kv head
 //                                             i / (h / h_kv))
-//   lse              : [b, h, sq] contiguous float32
+//   lse              : float32 [b, h, sq]: lse_tensor(q.shape) (tensor.hpp), or any dense
+//                      [b, sq, h, 1] view in bhsd layout (FlashAttention's softmax_lse)
 //
 // Masking: with `causal`, query row i (global position q_offset + i) sees key j (global
 // position k_offset + j) iff k_offset + j <= q_offset + i. The offsets let one kernel serve
@@ -51,14 +52,14 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& out);
 
 // out and lse are overwritten.
-void flash_attention_forward(const TensorView& out, float* lse, const TensorView& q,
+void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v,
                              const AttentionParams& params);
 
 // dq, dk, dv are overwritten. out and lse are the forward's results for these inputs.
 void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& out, const float* lse,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
                               const AttentionParams& params);
 
 // FLOPs of one forward as FlashAttention counts them: 4·b·sq·sk·h·d, halved when causal

@@ -31,7 +31,7 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   ctx->out32 = Tensor::uninitialized(q.shape);
   ctx->lse = lse_tensor(q.shape);
   ctx->params = {config.causal, config.scale, 0, 0};
-  flash_attention_forward(ctx->out32.view(), ctx->lse.f32(), ctx->q.view(), ctx->k.view(), ctx->v.view(), ctx->params);
+  flash_attention_forward(ctx->out32.view(), ctx->lse.view(), ctx->q.view(), ctx->k.view(), ctx->v.view(), ctx->params);
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
   stats.score_pairs += visible_pairs({0, q.shape.s}, {0, q.shape.s}, config.causal) * q.shape.b * q.shape.h;
@@ -41,7 +41,7 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
 void local_backward(const Communicator& comm, const LocalContext& ctx, const TensorView& dq, const TensorView& dk,
                     const TensorView& dv, const TensorView& dout, CpStats& stats) {
   const double t0 = comm.now();
-  flash_attention_backward(dq, dk, dv, dout, ctx.q.view(), ctx.k.view(), ctx.v.view(), ctx.out32.view(), ctx.lse.f32(),
+  flash_attention_backward(dq, dk, dv, dout, ctx.q.view(), ctx.k.view(), ctx.v.view(), ctx.out32.view(), ctx.lse.view(),
                            ctx.params);
   stats.compute_s += comm.now() - t0;
   const std::int64_t s = ctx.q.shape().s;

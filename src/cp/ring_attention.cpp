@@ -60,7 +60,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   copy(saved.kv.view(), buf[0].view());
   const std::int64_t maxlen = max_length(saved.chunks);
   Tensor o_part = Tensor::uninitialized({B, maxlen, H, q.shape.d});
-  std::vector<float> lse_part(std::size_t(B * H * maxlen));
+  Tensor lse_buffer = lse_tensor({B, maxlen, H, 1});
   zero(out);
   for (const SeqChunk& a : mine) {
     saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
@@ -86,9 +86,10 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
         p.k_offset = c.begin;
         const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(theirs, ic);
         const TensorView op = rows(o_part.view(), 0, a.length);
-        flash_attention_forward(op, lse_part.data(), rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
+        const TensorView lp = TensorView::dense(lse_buffer.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd);
+        flash_attention_forward(op, lp, rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                                 rows(kv_half(kv, 1), rc, c.length), p);
-        merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, lse_part.data());
+        merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, lse_buffer.f32());
         stats.score_pairs += visible_pairs(a, c, params.causal) * B * H;
         recv.test();  // let MPI progress the transfer between tiles
         send.test();
@@ -145,7 +146,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
                          dvp = rows(dv_part.view(), 0, c.length);
         flash_attention_backward(dqp, dkp, dvp, rows(dout, ra, a.length), rows(saved.q, ra, a.length),
                                  rows(kv_half(kv, 0), rc, c.length), rows(kv_half(kv, 1), rc, c.length),
-                                 rows(saved.out, ra, a.length), saved.lse[ia].f32(), p);
+                                 rows(saved.out, ra, a.length), saved.lse[ia].view(), p);
         accumulate(rows(dq, ra, a.length), dqp);
         accumulate(rows(kv_half(acc, 0), rc, c.length), dkp);
         accumulate(rows(kv_half(acc, 1), rc, c.length), dvp);

@@ -8,6 +8,11 @@
 #include "ulysses/attention.hpp"
 #include "ulysses/tensor.hpp"
 
+namespace ulysses {
+// Throws Error unless `lse` is the dense float32 [b, sq, h, 1] bhsd tensor for q.
+void check_lse(const TensorView& lse, const TensorView& q);
+}  // namespace ulysses
+
 namespace ulysses::kernels {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -60,11 +60,20 @@ std::string kernel_engine(DType dtype) {
   return std::string(l.f32->name) + " (" + to_string(dtype) + " converted)";
 }
 
-void flash_attention_forward(const TensorView& out, float* lse, const TensorView& q,
+void check_lse(const TensorView& lse, const TensorView& q) {
+  const Shape want{q.shape.b, q.shape.s, q.shape.h, 1};
+  if (lse.dtype != DType::f32 || !(lse.shape == want) || !lse.is_dense(Layout::bhsd) || lse.device != q.device ||
+      lse.data == nullptr)
+    throw Error(fmt::format("attention: lse must be a dense float32 {} bhsd tensor on q's device (lse_tensor(q.shape)), "
+                            "got {} {}", want.str(), to_string(lse.dtype), lse.shape.str()));
+}
+
+void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v,
                              const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
-  kernels::flash_forward(kernels::active_level(), out, lse, q, k, v, params);
+  check_lse(lse, q);
+  kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 
 namespace kernels {

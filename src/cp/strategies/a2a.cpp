@@ -54,7 +54,7 @@ class A2aStrategy final : public Strategy {
     const TensorView hq = ctx->qkv.part(0);
     ctx->out = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
     ctx->lse = lse_tensor(hq.shape);
-    flash_attention_forward(ctx->out.part(0), ctx->lse.f32(), hq, ctx->qkv.part(1), ctx->qkv.part(2), ctx->params);
+    flash_attention_forward(ctx->out.part(0), ctx->lse.view(), hq, ctx->qkv.part(1), ctx->qkv.part(2), ctx->params);
     const double t2 = comm.now();
     const std::array<SeqShard, 1> o{{{out, 1}}};
     if (ctx->dtype == DType::f32) head_to_seq(comm, ctx->out, o);
@@ -77,7 +77,7 @@ class A2aStrategy final : public Strategy {
     FusedHeads grads(ctx.dtype, qkv.batch(), qkv.seq(), qkv.head_dim(),
                      {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
     flash_attention_backward(grads.part(0), grads.part(1), grads.part(2), hdout.part(0), qkv.part(0), qkv.part(1),
-                             qkv.part(2), ctx.out.part(0), ctx.lse.f32(), ctx.params);
+                             qkv.part(2), ctx.out.part(0), ctx.lse.view(), ctx.params);
     const double t2 = comm.now();
     const int r = ctx.kv_replicas;
     const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};

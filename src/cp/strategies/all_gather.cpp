@@ -69,7 +69,7 @@ class AllGatherStrategy final : public Strategy {
       p.q_offset = a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
       ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}));
-      flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().f32(), rows(q32, ra, a.length), kf, vf, p);
+      flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(q32, ra, a.length), kf, vf, p);
       stats.score_pairs += visible_pairs(a, {0, S}, config.causal) * q.shape.b * q.shape.h;
     }
     copy(out32, out);
@@ -98,7 +98,7 @@ class AllGatherStrategy final : public Strategy {
       const std::int64_t ra = chunk_row(mine, ia);
       flash_attention_backward(rows(g.dq.view(), ra, a.length), dk_part.view(), dv_part.view(),
                                rows(g.dout.view(), ra, a.length), rows(q32, ra, a.length), kf, vf,
-                               rows(out32, ra, a.length), ctx.lse[ia].f32(), p);
+                               rows(out32, ra, a.length), ctx.lse[ia].view(), p);
       accumulate(kv_half(dkv_full.view(), 0), dk_part.view());
       accumulate(kv_half(dkv_full.view(), 1), dv_part.view());
       stats.score_pairs += visible_pairs(a, {0, full.s}, ctx.params.causal) * q32.shape.b * q32.shape.h;
