@@ -126,7 +126,7 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
   const CommVolume vol = predicted_comm_volume(cfg, cp, {1, s, kHeads, kHeadDim}, kvh, DType::f32);
   r.expected = vol.total_forward_bytes() + vol.total_backward_bytes();
   std::unique_ptr<Communicator> inner, outer;
-  if (cfg.cp_comm_type == "a2a+p2p") {
+  if (find_strategy(cfg.cp_comm_type).hierarchical()) {
     const int I = cfg.hierarchical_context_parallel_sizes[0];
     inner = comm.split(comm.rank() / I, comm.rank());
     outer = comm.split(comm.rank() % I, comm.rank());
