@@ -93,7 +93,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm owned, int, int)
     : Communicator(rank_in(owned), size_of(owned)), comm_(owned) {}
 
 MpiCommunicator::~MpiCommunicator() {
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  // A garbage-collected owner (Python) may outlive MPI_Finalize; MPI then freed the handle.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
 void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) {

@@ -1,0 +1,193 @@
+// ulysses._ulysses: the C++ library for Python (pybind11). Thin: tensors cross as (data
+// pointer, dtype, shape, strides) tuples built by python/ulysses/_tensors.py from torch
+// tensors, so nothing is copied; the GIL is released while the library computes or
+// communicates; ulysses::Error becomes ulysses.Error with the same (agreed) message.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/numpy.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ulysses/all_to_all.hpp"
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
+#include "ulysses/threads.hpp"
+#include "cp/head_split.hpp"
+
+namespace py = pybind11;
+using namespace ulysses;
+
+namespace {
+
+// (data_ptr, "f32" | "bf16", (b, s, h, d), (stride_b, stride_s, stride_h)) → a view; d is
+// contiguous (the Python side guarantees it).
+TensorView view_of(const py::tuple& t) {
+  if (t.size() != 4) throw Error("internal: a tensor spec is (ptr, dtype, shape, strides)");
+  TensorView v;
+  v.data = reinterpret_cast<void*>(t[0].cast<std::uintptr_t>());
+  v.dtype = parse_dtype(t[1].cast<std::string>());
+  const auto shape = t[2].cast<std::vector<std::int64_t>>();
+  const auto strides = t[3].cast<std::vector<std::int64_t>>();
+  if (shape.size() != 4 || strides.size() != 3) throw Error("internal: shape must have 4 sizes and 3 strides");
+  v.shape = {shape[0], shape[1], shape[2], shape[3]};
+  v.stride_b = strides[0];
+  v.stride_s = strides[1];
+  v.stride_h = strides[2];
+  return v;
+}
+
+std::vector<TensorView> views_of(const py::list& l) {
+  std::vector<TensorView> out;
+  for (const auto& t : l) out.push_back(view_of(t.cast<py::tuple>()));
+  return out;
+}
+
+py::dict stats_dict(const CpStats& s) {
+  py::dict d;
+  d["compute_s"] = s.compute_s;
+  d["comm_exposed_s"] = s.comm_exposed_s;
+  d["score_pairs"] = s.score_pairs;
+  return d;
+}
+
+CpConfig make_config(const std::string& type, bool causal, float scale, const std::vector<int>& cp_sizes) {
+  return CpConfig{std::string(find_strategy(type).name()), cp_sizes, causal, scale};
+}
+
+// The head-sharded side of the fused all-to-all, kept alive by the numpy array viewing it.
+struct HeadBuffer {
+  FusedHeads heads;
+};
+
+// A numpy array over the whole [s, b, H, d] buffer (int16 bits for bf16), owned by `owner`.
+py::array whole_array(const FusedHeads& f, py::handle owner) {
+  const std::vector<py::ssize_t> shape{f.seq(), f.batch(), f.total_heads(), f.head_dim()};
+  const py::dtype dt = f.dtype() == DType::f32 ? py::dtype::of<float>() : py::dtype::of<std::int16_t>();
+  return py::array(dt, shape, {}, f.whole().data, owner);
+}
+
+std::vector<SeqShard> shards_of(const py::list& views, const std::vector<int>& replicas) {
+  const std::vector<TensorView> v = views_of(views);
+  if (replicas.size() != v.size()) throw Error("internal: one replica count per tensor");
+  std::vector<SeqShard> s;
+  for (std::size_t i = 0; i < v.size(); ++i) s.push_back({v[i], replicas[i]});
+  return s;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ulysses, m) {
+  m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  py::class_<Communicator>(m, "Communicator")
+      .def(py::init([](std::intptr_t fortran_handle) -> std::unique_ptr<Communicator> {
+             return std::make_unique<MpiCommunicator>(MPI_Comm_f2c(MPI_Fint(fortran_handle)));
+           }),
+           py::arg("fortran_handle"), py::call_guard<py::gil_scoped_release>(),
+           "Collective: a communicator over a duplicate of the MPI communicator with this Fortran handle "
+           "(mpi4py's comm.py2f()).")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("backend", &Communicator::backend)
+      .def("counters", [](const Communicator& c) {
+        py::dict d;
+        for (const auto& [op, k] : c.counters())
+          d[py::str(op)] = py::dict(py::arg("calls") = k.calls, py::arg("bytes_sent") = k.bytes_sent,
+                                    py::arg("messages") = k.messages);
+        return d;
+      })
+      .def("reset_counters", &Communicator::reset_counters)
+      .def("default_threads", [](Communicator& c) { return default_threads(c); },
+           py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
+
+  py::class_<CpContext>(m, "Context", "What one forward keeps for its backward.")
+      .def_property_readonly("valid", &CpContext::valid)
+      .def_property_readonly("stats", [](const CpContext& c) { return stats_dict(c.stats()); });
+
+  py::class_<ContextParallelAttention>(m, "ContextParallelAttention")
+      .def(py::init([](Communicator& comm, const std::string& type, bool causal, float scale,
+                       const std::vector<int>& cp_sizes) {
+             return std::make_unique<ContextParallelAttention>(comm, make_config(type, causal, scale, cp_sizes));
+           }),
+           py::arg("comm"), py::arg("cp_comm_type"), py::arg("causal"), py::arg("scale"), py::arg("cp_sizes"),
+           py::keep_alive<1, 2>())
+      .def("forward",
+           [](ContextParallelAttention& a, const py::tuple& out, const py::tuple& q, const py::tuple& k,
+              const py::tuple& v) {
+             const TensorView o = view_of(out), qv = view_of(q), kv = view_of(k), vv = view_of(v);
+             py::gil_scoped_release nogil;
+             return a.forward(o, qv, kv, vv);
+           })
+      .def("backward", [](ContextParallelAttention& a, const CpContext& ctx, const py::tuple& dq, const py::tuple& dk,
+                          const py::tuple& dv, const py::tuple& dout) {
+        const TensorView a1 = view_of(dq), a2 = view_of(dk), a3 = view_of(dv), g = view_of(dout);
+        CpStats s;
+        {
+          py::gil_scoped_release nogil;
+          s = a.backward(ctx, a1, a2, a3, g);
+        }
+        return stats_dict(s);
+      });
+
+  py::class_<HeadBuffer>(m, "HeadBuffer", "The head-sharded side of the fused all-to-all.");
+
+  m.def("seq_to_head",
+        [](Communicator& comm, const py::list& views, const std::vector<int>& replicas) {
+          const std::vector<SeqShard> shards = shards_of(views, replicas);
+          auto buffer = std::make_unique<HeadBuffer>();
+          {
+            py::gil_scoped_release nogil;
+            buffer->heads = seq_to_head(comm, shards);
+          }
+          py::object owner = py::cast(std::move(buffer));
+          return whole_array(owner.cast<HeadBuffer&>().heads, owner);
+        },
+        "Collective: one all-to-all of every tensor [b, s/cp, h, d] (each head sent `replicas` times); "
+        "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back.");
+  m.def("head_to_seq",
+        [](Communicator& comm, const py::list& head_views, const py::list& out_views, const std::vector<int>& replicas) {
+          const std::vector<TensorView> in = views_of(head_views);
+          const std::vector<SeqShard> out = shards_of(out_views, replicas);
+          if (in.empty() || in.size() != out.size()) throw Error("head_to_seq: one head-sharded input per output");
+          std::vector<std::int64_t> heads;
+          for (const TensorView& v : in) heads.push_back(v.shape.h);
+          py::gil_scoped_release nogil;
+          FusedHeads f(in[0].dtype, in[0].shape.b, in[0].shape.s, in[0].shape.d, heads);
+          for (std::size_t t = 0; t < in.size(); ++t) copy(in[t], f.part(int(t)));
+          head_to_seq(comm, f, out);
+        },
+        "Collective: the adjoint of seq_to_head; writes every output [b, s/cp, h, d] (replicas summed).");
+
+  m.def("rank_chunks",
+        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq) {
+          std::vector<std::pair<std::int64_t, std::int64_t>> out;
+          for (const SeqChunk& c : rank_chunks(make_config(type, causal, 0.0f, cp_sizes), cp, rank, seq))
+            out.emplace_back(c.begin, c.length);
+          return out;
+        },
+        "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order.");
+  m.def("validate",
+        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp,
+           const std::vector<std::int64_t>& q_global, std::int64_t kv_heads) {
+          if (q_global.size() != 4) throw Error("validate: q_global is [b, s, h, d]");
+          validate_cp_config(make_config(type, causal, 0.0f, cp_sizes), cp,
+                             {q_global[0], q_global[1], q_global[2], q_global[3]}, kv_heads);
+        });
+  m.def("strategy_names", [] {
+    std::vector<std::string> n;
+    for (const Strategy* s : strategies()) n.emplace_back(s->name());
+    return n;
+  });
+  m.def("kv_replicas",
+        [](int group, std::int64_t heads, std::int64_t kv_heads) {
+          return kv_replicas_for(group, heads, kv_heads, "the all-to-all's size", "a2a");
+        },
+        "How many times each KV head travels in an all-to-all over `group` ranks (Ulysses' GQA rule).");
+  m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
+}

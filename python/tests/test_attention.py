@@ -1,0 +1,127 @@
+"""ContextParallelAttention from PyTorch: every strategy against float64 textbook attention on
+the gathered tensors, autograd contexts (several forwards in flight, checkpointing),
+sub-communicators, sharding helpers and collective errors."""
+import pytest
+import torch
+import torch.utils.checkpoint
+from conftest import agreed_max, configs, rel, textbook_attention
+from mpi4py import MPI
+
+import ulysses
+import ulysses.torch as ut
+
+
+def run(comm, strategy, cp_sizes, causal, gq, gk, gv, gdout):
+    """Shards, our forward and backward, and the gathered out, dq, dk, dv."""
+    attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=cp_sizes)
+    sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=cp_sizes)
+    q, k, v = (sh(x).requires_grad_() for x in (gq, gk, gv))
+    out = attn(q, k, v)
+    out.backward(sh(gdout))
+    un = lambda x: ulysses.unshard(x, comm, strategy, causal, cp_sizes=cp_sizes)
+    return un(out.detach()), un(q.grad), un(k.grad), un(v.grad)
+
+
+def reference(gq, gk, gv, gdout, causal):
+    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
+    out = textbook_attention(q, k, v, causal)
+    out.backward(gdout.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_strategy_matches_float64(comm, causal, kv_heads, dtype):
+    torch.manual_seed(1)
+    b, s, h, d = 2, 16 * comm.size, 4, 16
+    gq, gdout = torch.randn(b, s, h, d).to(dtype), torch.randn(b, s, h, d).to(dtype)
+    gk, gv = torch.randn(b, s, kv_heads, d).to(dtype), torch.randn(b, s, kv_heads, d).to(dtype)
+    want = reference(gq, gk, gv, gdout, causal)
+    tol_out, tol_grad = (1e-5, 1e-5) if dtype == torch.float32 else (1e-2, 2.5e-2)
+    for strategy, sizes in configs(comm.size):
+        got = run(comm, strategy, sizes, causal, gq, gk, gv, gdout)
+        errs = [agreed_max(comm, rel(x, r)) for x, r in zip(got, want)]
+        assert errs[0] <= tol_out and max(errs[1:]) <= tol_grad, (strategy, sizes, errs)
+
+
+def test_strided_inputs_are_read_in_place(comm):
+    # [s, b, h, d] storage seen as [b, s, h, d]: no copy, same answer.
+    torch.manual_seed(2)
+    s, b, h, d = 8 * comm.size, 2, 4, 8
+    x = torch.randn(s, b, h, d).transpose(0, 1)
+    attn = ut.ContextParallelAttention(comm, "a2a")
+    mine = ulysses.shard(x, comm)
+    out = attn(mine, mine, mine)
+    ref = textbook_attention(x, x, x, False)
+    assert agreed_max(comm, rel(ulysses.unshard(out, comm), ref)) < 1e-5
+
+
+def two_layers(attn, x):
+    return attn(attn(x, x, x), x, x)
+
+
+def test_two_forwards_in_flight_and_checkpointing(comm):
+    torch.manual_seed(3)
+    b, s, h, d = 1, 8 * comm.size, 4, 8
+    gx = torch.randn(b, s, h, d)
+    for strategy, sizes in configs(comm.size):
+        attn = ut.ContextParallelAttention(comm, strategy, True, cp_sizes=sizes)
+        sh = lambda t: ulysses.shard(t, comm, strategy, True, cp_sizes=sizes)
+        x1 = sh(gx).requires_grad_()
+        two_layers(attn, x1).sum().backward()  # the second forward runs before the first's backward
+        x2 = sh(gx).requires_grad_()
+        torch.utils.checkpoint.checkpoint(two_layers, attn, x2, use_reentrant=False).sum().backward()
+        ref_x = gx.double().requires_grad_()
+        ref = lambda t: textbook_attention(t, ref_x, ref_x, True)
+        ref(ref(ref_x)).sum().backward()
+        un = lambda t: ulysses.unshard(t, comm, strategy, True, cp_sizes=sizes)
+        errs = [agreed_max(comm, rel(un(x.grad), ref_x.grad)) for x in (x1, x2)]
+        assert max(errs) < 1e-5, (strategy, sizes, errs)
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 4, reason="needs 4 ranks: 2 CP groups of 2")
+def test_sub_communicators_are_independent_groups():
+    world = MPI.COMM_WORLD
+    group = world.Split(world.Get_rank() // 2, world.Get_rank())
+    comm = ulysses.Communicator(group)
+    torch.manual_seed(10 + world.Get_rank() // 2)  # each group its own data
+    b, s, h, d = 1, 16, 4, 8
+    gq, gk, gv, gdout = (torch.randn(b, s, h, d) for _ in range(4))
+    got = run(comm, "a2a", None, True, gq, gk, gv, gdout)
+    want = reference(gq, gk, gv, gdout, True)
+    assert agreed_max(comm, max(rel(x, r) for x, r in zip(got, want))) < 1e-5
+    assert comm.counters()["seq_to_head"]["bytes_sent"] > 0
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() == 1, reason="needs a second rank to disagree with")
+def test_bad_shape_on_one_rank_raises_the_same_error_everywhere(comm):
+    attn = ut.ContextParallelAttention(comm, "a2a")
+    s = 8 if comm.rank != comm.size - 1 else 9
+    q = torch.zeros(1, s, 2 * comm.size, 8)
+    with pytest.raises(ulysses.Error) as info:
+        attn(q, q, q)
+    messages = comm.mpi.allgather(str(info.value))
+    assert len(set(messages)) == 1 and "differ between ranks" in messages[0], messages
+
+
+def test_bad_python_inputs_are_named(comm):
+    attn = ut.ContextParallelAttention(comm, "p2p")
+    with pytest.raises(ulysses.Error, match="torch.float32 or torch.bfloat16"):
+        attn(*(torch.zeros(1, 4, 2, 8, dtype=torch.float64),) * 3)
+    with pytest.raises(ulysses.Error, match="4-D"):
+        attn(*(torch.zeros(4, 2, 8),) * 3)
+    with pytest.raises(ulysses.Error, match="unknown cp_comm_type 'ring'"):
+        ut.ContextParallelAttention(comm, "ring")
+
+
+@pytest.mark.parametrize("strategy,causal", [("a2a", True), ("p2p", True), ("p2p", False), ("all_gather", True)])
+def test_shard_unshard_positions(comm, strategy, causal):
+    s = 4 * comm.size
+    x = torch.arange(2 * s * 3, dtype=torch.float32).reshape(2, s, 3)
+    mine = ulysses.shard(x, comm, strategy, causal)
+    pos = ulysses.positions(s, comm, strategy, causal)
+    assert torch.equal(mine, x[:, pos])
+    assert torch.equal(ulysses.unshard(mine, comm, strategy, causal), x)
+    if strategy == "p2p" and causal and comm.size == 2:  # zigzag: chunks r and 2cp-1-r
+        assert pos.tolist() == ([0, 1, 6, 7] if comm.rank == 0 else [2, 3, 4, 5])

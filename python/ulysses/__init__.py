@@ -1,0 +1,18 @@
+"""ulysses: context-parallel attention over MPI — DeepSpeed-Ulysses (``a2a``), ring attention
+(``p2p``), ``all_gather`` and hierarchical ``a2a+p2p`` — as a C++ library with a PyTorch front.
+
+    from mpi4py import MPI
+    import ulysses, ulysses.torch
+    comm = ulysses.Communicator(MPI.COMM_WORLD)          # or any sub-communicator
+    attn = ulysses.torch.ContextParallelAttention(comm, strategy="a2a", causal=True)
+    out = attn(q, k, v)                                   # this rank's [b, s/cp, h, d] shards
+
+``shard`` / ``unshard`` / ``positions`` move between global tensors and the tokens each rank
+holds for a strategy (zigzag for the ring under a causal mask).
+"""
+from ._ulysses import Error, strategy_names
+from ._comm import Communicator
+from ._sharding import positions, shard, unshard
+
+__all__ = ["Communicator", "Error", "positions", "shard", "strategy_names", "unshard"]
+__version__ = "0.1.0"

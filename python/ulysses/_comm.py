@@ -1,0 +1,33 @@
+"""The communicator a context-parallel group runs on, made from an mpi4py communicator."""
+from . import _ulysses
+
+
+class Communicator:
+    """A context-parallel group: a duplicate of ``mpi_comm`` (collective over it).
+
+    Any mpi4py communicator works, e.g. one CP group of a larger data-parallel world from
+    ``MPI.COMM_WORLD.Split(color, key)``. ``threads`` sets the kernels' OpenMP threads per rank;
+    by default the node's cores divided by the ranks of ``mpi_comm`` on this node.
+    """
+
+    def __init__(self, mpi_comm, threads=None):
+        from mpi4py import MPI  # noqa: F401  (initialises MPI if the caller has not)
+
+        self.mpi = mpi_comm
+        self._impl = _ulysses.Communicator(mpi_comm.py2f())
+        _ulysses.set_threads(int(threads) if threads else self._impl.default_threads())
+
+    @property
+    def rank(self):
+        return self._impl.rank
+
+    @property
+    def size(self):
+        return self._impl.size
+
+    def counters(self):
+        """Bytes, messages and calls this rank sent, per operation (since the last reset)."""
+        return self._impl.counters()
+
+    def reset_counters(self):
+        self._impl.reset_counters()

@@ -1,0 +1,31 @@
+"""torch tensors as the library's strided [b, s, h, d] views: (data pointer, dtype, shape,
+strides). Nothing is copied unless the last dimension is not contiguous."""
+import torch
+
+from ._ulysses import Error
+
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def readable(t, name):
+    """``t`` if the library can read it in place, else a contiguous copy."""
+    if not isinstance(t, torch.Tensor):
+        raise Error(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise Error(f"{name} is on {t.device}; ulysses runs on CPU tensors")
+    if t.dtype not in _DTYPES:
+        raise Error(f"{name} has dtype {t.dtype}; ulysses takes torch.float32 or torch.bfloat16")
+    if t.dim() != 4:
+        raise Error(f"{name} must be 4-D [b, s, h, d], got shape {tuple(t.shape)}")
+    return t if t.stride(3) == 1 or t.size(3) == 1 else t.contiguous()
+
+
+def spec(t):
+    """The view tuple of a tensor that ``readable`` accepted."""
+    return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), (t.stride(0), t.stride(1), t.stride(2)))
+
+
+def from_buffer(array, dtype):
+    """A torch tensor sharing the memory of a numpy array from the library (int16 bits for bf16)."""
+    t = torch.from_numpy(array)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t

@@ -1,0 +1,129 @@
+"""PyTorch modules over the library: ``ContextParallelAttention`` (every strategy, our
+kernels, differentiable through our backward) and ``DistributedAttention`` (DeepSpeed's
+signature, our fused all-to-all around any local attention)."""
+import torch
+
+from . import _ulysses
+from ._tensors import from_buffer, readable, spec
+
+__all__ = ["ContextParallelAttention", "DistributedAttention"]
+
+
+class _CpAttention(torch.autograd.Function):
+    """The library's forward; its context (what the backward needs) lives in autograd's ctx, so
+    any number of forwards may be in flight and activation checkpointing recomputes freely."""
+
+    @staticmethod
+    def forward(ctx, impl, q, k, v):
+        q, k, v = readable(q, "q"), readable(k, "k"), readable(v, "v")
+        out = torch.empty(q.shape, dtype=q.dtype)
+        ctx.impl = impl
+        ctx.context = impl.forward(spec(out), spec(q), spec(k), spec(v))
+        ctx.kv_shape = k.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dout = readable(dout, "dout")
+        dq = torch.empty(dout.shape, dtype=dout.dtype)
+        dk = torch.empty(ctx.kv_shape, dtype=dout.dtype)
+        dv = torch.empty(ctx.kv_shape, dtype=dout.dtype)
+        ctx.impl.backward(ctx.context, spec(dq), spec(dk), spec(dv), spec(dout))
+        return None, dq, dk, dv
+
+
+class ContextParallelAttention(torch.nn.Module):
+    """Attention over the whole sequence from this rank's shards.
+
+    ``forward(q, k, v)``: q ``[b, s/cp, h, d]``, k and v ``[b, s/cp, h_kv, d]`` (float32 or
+    bfloat16, any strides with ``d`` contiguous: no copy is made), holding the tokens
+    ``ulysses.shard`` gives this rank; returns this rank's output ``[b, s/cp, h, d]``.
+    ``strategy`` is Megatron's cp_comm_type (``ulysses.strategy_names()``); ``cp_sizes`` is
+    ``[inner, outer]`` for ``a2a+p2p``; ``scale`` defaults to 1/sqrt(d). Errors are raised
+    as ``ulysses.Error`` with the same message on every rank.
+    """
+
+    def __init__(self, comm, strategy="a2a", causal=False, cp_sizes=None, scale=None):
+        super().__init__()
+        self.comm, self.strategy, self.causal = comm, strategy, causal
+        self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), float(scale or 0.0),
+                                                       list(cp_sizes or []))
+
+    def forward(self, q, k, v):
+        return _CpAttention.apply(self._impl, q, k, v)
+
+    def extra_repr(self):
+        return f"strategy={self.strategy!r}, causal={self.causal}, cp={self.comm.size}"
+
+
+def _head_parts(whole, heads, dtype):
+    """[b, s, h_t, d] views of the fused [s, b, H, d] head-sharded buffer, one per tensor."""
+    t = from_buffer(whole, dtype)
+    parts, start = [], 0
+    for h in heads:
+        parts.append(t[:, :, start:start + h].transpose(0, 1))
+        start += h
+    return parts
+
+
+class _SeqToHead(torch.autograd.Function):
+    """One all-to-all for all tensors: [b, s/p, h_t, d] → [b, s, h_t·r_t/p, d]."""
+
+    @staticmethod
+    def forward(ctx, comm, replicas, *xs):
+        xs = [readable(x, "input") for x in xs]
+        whole = _ulysses.seq_to_head(comm._impl, [spec(x) for x in xs], list(replicas))
+        ctx.comm, ctx.replicas, ctx.shapes = comm, replicas, [x.shape for x in xs]
+        heads = [x.shape[2] * r // comm.size for x, r in zip(xs, replicas)]
+        return tuple(_head_parts(whole, heads, xs[0].dtype))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [readable(g, "grad") for g in grads]
+        outs = [torch.empty(s, dtype=grads[0].dtype) for s in ctx.shapes]
+        _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], list(ctx.replicas))
+        return (None, None) + tuple(outs)
+
+
+class _HeadToSeq(torch.autograd.Function):
+    """The output's all-to-all: [b, s, h/p, d] → [b, s/p, h, d]."""
+
+    @staticmethod
+    def forward(ctx, comm, x):
+        x = readable(x, "attention output")
+        out = torch.empty((x.shape[0], x.shape[1] // comm.size, x.shape[2] * comm.size, x.shape[3]), dtype=x.dtype)
+        _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [1])
+        ctx.comm = comm
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = readable(grad, "grad")
+        whole = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [1])
+        return None, _head_parts(whole, [grad.shape[2] // ctx.comm.size], grad.dtype)[0]
+
+
+class DistributedAttention(torch.nn.Module):
+    """DeepSpeed's ``DistributedAttention`` with the same signature and semantics: inputs are
+    this rank's ``[b, s/p, h, d]`` (``gather_idx=1``) or ``[s/p, b, h, d]`` (``gather_idx=0``);
+    ``local_attention`` gets ``[b, s, h/p, d]`` (or ``[s, b, h/p, d]``) and returns the same
+    shape. Q, K and V travel in ONE all-to-all (DeepSpeed sends three); K/V heads fewer than p
+    are replicated as in DeepSpeed's GQA support, and their gradients summed."""
+
+    def __init__(self, local_attention, comm, scatter_idx=2, gather_idx=1):
+        super().__init__()
+        if scatter_idx != 2 or gather_idx not in (0, 1):
+            raise _ulysses.Error(f"DistributedAttention supports scatter_idx=2 with gather_idx 1 ([b, s, h, d]) or 0 "
+                                 f"([s, b, h, d]), got scatter_idx={scatter_idx}, gather_idx={gather_idx}")
+        self.local_attn, self.comm, self.scatter_idx, self.gather_idx = local_attention, comm, scatter_idx, gather_idx
+
+    def forward(self, query, key, value, *args, **kwargs):
+        seq_first = self.gather_idx == 0
+        q, k, v = (x.transpose(0, 1) if seq_first else x for x in (query, key, value))
+        r = _ulysses.kv_replicas(self.comm.size, q.shape[2], k.shape[2])
+        qh, kh, vh = _SeqToHead.apply(self.comm, (1, r, r), q, k, v)
+        if seq_first:
+            qh, kh, vh = qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1)
+        out = self.local_attn(qh, kh, vh, *args, **kwargs)
+        out = _HeadToSeq.apply(self.comm, out.transpose(0, 1) if seq_first else out)
+        return out.transpose(0, 1) if seq_first else out
