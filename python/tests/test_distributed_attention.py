@@ -32,7 +32,7 @@ def test_equals_single_process_attention(comm, kv_heads, gather_idx):
     sh = lambda x: ulysses.shard(x, comm).float()
     to_layout = (lambda x: x.transpose(0, 1).contiguous()) if gather_idx == 0 else (lambda x: x)
     q, k, v = (to_layout(sh(x)).requires_grad_() for x in (gq, gk, gv))
-    out = layer(q, k, v)
+    out = layer(q, k, v) if gather_idx == 1 else layer(q, k, v, 1)  # DeepSpeed >= 0.15 passes batch_dim_idx
     out.backward(to_layout(sh(gdout)))
     back = (lambda x: x.transpose(0, 1)) if gather_idx == 0 else (lambda x: x)
     rq, rk, rv = (x.clone().requires_grad_() for x in (gq, gk, gv))
@@ -45,6 +45,9 @@ def test_equals_single_process_attention(comm, kv_heads, gather_idx):
     assert comm.size == 1 or counters["seq_to_head"]["calls"] >= 2  # Q, K and V travel together
 
 
-def test_refuses_other_layouts(comm):
+def test_refuses_what_it_cannot_do(comm):
     with pytest.raises(ulysses.Error, match="scatter_idx=2"):
         ut.DistributedAttention(local_attention, comm, scatter_idx=1, gather_idx=2)
+    x = torch.zeros(1, 4, comm.size, 8)
+    with pytest.raises(ulysses.Error, match="rotary_pos_emb"):
+        ut.DistributedAttention(local_attention, comm, 2, 1)(x, x, x, 0, (x, x))
