@@ -67,8 +67,12 @@ struct HeadBuffer {
 // A numpy array over the whole [s, b, H, d] buffer (int16 bits for bf16), owned by `owner`.
 py::array whole_array(const FusedHeads& f, py::handle owner) {
   const std::vector<py::ssize_t> shape{f.seq(), f.batch(), f.total_heads(), f.head_dim()};
+  // Strides spelled out: pybind11 < 2.12 reads the element size from numpy's dtype struct,
+  // whose layout numpy 2 changed (it would give 0 and all-zero strides).
+  const py::ssize_t es = py::ssize_t(dtype_size(f.dtype()));
+  const std::vector<py::ssize_t> strides{shape[1] * shape[2] * shape[3] * es, shape[2] * shape[3] * es, shape[3] * es, es};
   const py::dtype dt = f.dtype() == DType::f32 ? py::dtype::of<float>() : py::dtype::of<std::int16_t>();
-  return py::array(dt, shape, {}, f.whole().data, owner);
+  return py::array(dt, shape, strides, f.whole().data, owner);
 }
 
 std::vector<SeqShard> shards_of(const py::list& views, const std::vector<int>& replicas) {
