@@ -33,6 +33,7 @@ p.add_argument("--causal", action="store_true")
 p.add_argument("--reps", type=int, default=3)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--deepspeed", action="store_true", help="also DeepSpeed's DistributedAttention (gloo)")
+p.add_argument("--only-cp", action="store_true", help="only ContextParallelAttention (bench/python_overhead.sh)")
 a = p.parse_args()
 
 world = MPI.COMM_WORLD
@@ -48,7 +49,7 @@ def sdpa(q, k, v):  # DistributedAttention's local attention: [b, s, h/p, d]
 
 
 candidates = {"ulysses ContextParallelAttention a2a": ut.ContextParallelAttention(comm, "a2a", a.causal)}
-if hasattr(F, "scaled_dot_product_attention"):
+if hasattr(F, "scaled_dot_product_attention") and not a.only_cp:
     candidates["ulysses DistributedAttention + SDPA"] = ut.DistributedAttention(sdpa, comm, 2, 1)
 if a.deepspeed:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
