@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import ulysses
 import ulysses.torch as ut
+from ulysses._tensors import spec
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--seq", type=int, default=16384)
@@ -73,14 +74,38 @@ def timed(fn):
     return world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
-times = {name: ([], []) for name in candidates}
+class Direct:
+    """The library call itself, on preallocated tensors, no autograd: what C++ pays."""
+
+    def __init__(self, impl):
+        self.impl, self.out = impl, torch.empty(q.shape, dtype=dtype)
+        self.grads = [torch.empty(q.shape, dtype=dtype) for _ in range(3)]
+
+    def run(self, x):
+        ctx = self.impl.forward(spec(self.out), *(spec(t) for t in x))
+        return lambda: self.impl.backward(ctx, *(spec(t) for t in self.grads), spec(g))
+
+
+def autograd_step(layer, name):
+    extra = (0,) if "DistributedAttention" in name else ()  # batch_dim_idx: [b, s, h, d]
+
+    def run(x):
+        x = [t.clone().requires_grad_() for t in x]
+        out = layer(*x, *extra)
+        return lambda: out.backward(g)
+
+    return run
+
+
+steps = {name: autograd_step(layer, name) for name, layer in candidates.items()}
+if not a.deepspeed:  # (the DeepSpeed comparison is long enough)
+    steps["ulysses library call, no autograd"] = Direct(candidates["ulysses ContextParallelAttention a2a"]._impl).run
+times = {name: ([], []) for name in steps}
 for rep in range(a.reps + 1):  # the first round warms up
-    for name, layer in candidates.items():
-        x = [t.clone().requires_grad_() for t in (q, k, v)]
-        result = []
-        extra = (0,) if "DistributedAttention" in name else ()  # batch_dim_idx: [b, s, h, d]
-        tf = timed(lambda: result.append(layer(*x, *extra)))
-        tb = timed(lambda: result[0].backward(g))
+    for name, step in steps.items():
+        backward = []
+        tf = timed(lambda: backward.append(step((q, k, v))))
+        tb = timed(backward[0])
         if rep:
             times[name][0].append(tf)
             times[name][1].append(tb)
