@@ -70,12 +70,6 @@ class Communicator {
   // Collective. Sends `bytes_per_rank` bytes from send + j*bytes_per_rank to rank j and
   // receives rank j's block into recv + j*bytes_per_rank. Counted under `op`.
   void alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op = "alltoall");
-  // Collective. The same exchange without this rank's own block, which the caller moves
-  // itself (straight into place, saving a copy). A buffer with `own_slot` holds size()
-  // blocks and its own block is neither read nor written; without, it holds the size()−1
-  // other ranks' blocks back to back, in rank order.
-  void alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                       std::size_t bytes_per_rank, const std::string& op = "alltoall");
   // Collective. Blocks of any size: sends send_bytes[j] bytes at send + send_offsets[j] to rank j
   // and receives recv_bytes[j] bytes from rank j at recv + recv_offsets[j] (size() entries
   // each, in bytes; what j sends to i is what i expects from j). A zero count for this rank's
@@ -140,8 +134,6 @@ class Communicator {
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   // The backend. Arguments are as in the public methods; sizes are already checked.
   virtual void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
-  virtual void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                  std::size_t bytes_per_rank) = 0;
   virtual void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                             std::span<const std::size_t> send_offsets, void* recv,
                             std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) = 0;

@@ -26,8 +26,6 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) override;
-  void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                          std::size_t bytes_per_rank) override;
   void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                     std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
                     std::span<const std::size_t> recv_offsets) override;

@@ -22,12 +22,6 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_
   count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
 }
 
-void Communicator::alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                   std::size_t bytes_per_rank, const std::string& op) {
-  do_alltoall_others(send, send_own_slot, recv, recv_own_slot, bytes_per_rank);
-  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
-}
-
 void Communicator::check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const {
   for (std::size_t n : sizes)
     if (n != std::size_t(size_)) throw Error(fmt::format("{}: {} entries given for {} ranks", what, n, size_));

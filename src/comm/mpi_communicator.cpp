@@ -143,27 +143,6 @@ void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t byte
   check_mpi(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Alltoall");
 }
 
-void MpiCommunicator::do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                         std::size_t bytes_per_rank) {
-  // One block is one element of a contiguous datatype, so displacements count blocks and
-  // buffers may exceed 2 GiB.
-  MPI_Datatype block;
-  check_mpi(MPI_Type_contiguous(as_count(bytes_per_rank, "alltoall"), MPI_BYTE, &block), "MPI_Type_contiguous");
-  MPI_Type_commit(&block);
-  const int me = rank(), n = size();
-  std::vector<int> counts(std::size_t(n), 1), sdispl(std::size_t(n), 0), rdispl(std::size_t(n), 0);
-  counts[std::size_t(me)] = 0;
-  for (int j = 0; j < n; ++j) {
-    const int compact = j < me ? j : (j > me ? j - 1 : 0);
-    sdispl[std::size_t(j)] = send_own_slot ? j : compact;
-    rdispl[std::size_t(j)] = recv_own_slot ? j : compact;
-  }
-  const int rc = MPI_Alltoallv(send, counts.data(), sdispl.data(), block, recv, counts.data(), rdispl.data(), block,
-                               comm_);
-  MPI_Type_free(&block);
-  check_mpi(rc, "MPI_Alltoallv");
-}
-
 void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                                    std::span<const std::size_t> send_offsets, void* recv,
                                    std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) {
