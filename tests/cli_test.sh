@@ -24,6 +24,28 @@ for args in "--strategy p2p" "--strategy all_gather" "--strategy a2a+p2p --cp-si
   fi
 done
 
+# Sequences and head counts that do not divide by cp: 1001 tokens of 8 heads on 2 and 3 ranks,
+# every strategy, against the reference; the header's token counts add up to 1001.
+tokens_sum() { grep "tokens per rank:" "$1" | sed 's/.*tokens per rank: \([0-9, ]*\);.*/\1/' | tr ',' '\n' | awk '{s += $1} END {print s}'; }
+for n in 2 3; do
+  for args in "--strategy a2a" "--strategy p2p" "--strategy all_gather" "--strategy a2a+p2p --cp-sizes $n,1" \
+              "--strategy a2a+p2p --cp-sizes 1,$n"; do
+    if run $n attention --seq 1001 --check $args > "$dir/u.log" 2>&1 && [ "$(tokens_sum "$dir/u.log")" = 1001 ]; then
+      ok "np=$n --seq 1001 $args"
+    else
+      bad "np=$n --seq 1001 $args"; cat "$dir/u.log"
+    fi
+  done
+done
+# Zigzag and GQA heads shared unevenly (8 query, 2 KV heads on 3 ranks), forward and backward.
+if run 3 attention --seq 1001 --heads 8 --kv-heads 2 --head-dim 16 --causal --backward --check --strategy a2a+p2p \
+     --cp-sizes 3,1 > "$dir/h.log" 2>&1 && grep -q "query/KV heads per rank: 2/1, 2/1, 4/1" "$dir/h.log" &&
+   grep -q "tokens per rank: 333, 334, 334; rank 0 holds tokens \[0, 167) \[835, 1001) (zigzag)" "$dir/h.log"; then
+  ok "np=3 zigzag and uneven GQA heads"
+else
+  bad "np=3 zigzag and uneven GQA heads"; cat "$dir/h.log"
+fi
+
 # Files in, files out: 1 rank and 2 ranks agree with each other and with the reference.
 for n in 1 2; do
   if run $n attention "${files[@]}" --causal --check --out "$dir/out$n.npy" --dq "$dir/dq$n.npy" \
