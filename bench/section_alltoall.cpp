@@ -7,6 +7,7 @@
 
 #include "bench.hpp"
 #include "ulysses/all_to_all.hpp"
+#include "ulysses/sharding.hpp"
 
 namespace ulysses::bench {
 
@@ -21,7 +22,8 @@ nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     Tensor q({b, sl, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype);
     for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
-    const std::array<SeqShard, 3> in{{{q.view(), 1}, {k.view(), 1}, {v.view(), 1}}};
+    const HeadSplit heads = ulysses_head_split(R, h, h);
+    const std::array<SeqShard, 3> in{{{q.view(), heads.q}, {k.view(), heads.kv}, {v.view(), heads.kv}}};
     const std::size_t bytes = 3 * q.nbytes();
     std::vector<char> send(bytes, 1), recv(bytes, 0);
     std::vector<double> t_s2h, t_raw, t_copy;

@@ -73,7 +73,7 @@ constexpr std::int64_t kHeads = 8, kKvHeads = 8, kHeadDim = 64;
 
 Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std::string& name, int threads) {
   const int cp = comm.size();
-  const std::int64_t s = o.seq, sl = s / cp, kvh = kKvHeads;
+  const std::int64_t s = o.seq, sl = tokens_held(cfg, cp, comm.rank(), 1, s), kvh = kKvHeads;
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), s);
   Tensor q({1, sl, kHeads, kHeadDim}), k({1, sl, kvh, kHeadDim}), v(k.shape()), dout(q.shape());
   Tensor out(q.shape()), dq(q.shape()), dk(k.shape()), dv(k.shape());

@@ -24,6 +24,28 @@ for args in "--strategy p2p" "--strategy all_gather" "--strategy a2a+p2p --cp-si
   fi
 done
 
+# Sequences and head counts that do not divide by cp: 1001 tokens of 8 heads on 2 and 3 ranks,
+# every strategy, against the reference; the header's token counts add up to 1001.
+tokens_sum() { grep "tokens per rank:" "$1" | sed 's/.*tokens per rank: \([0-9, ]*\);.*/\1/' | tr ',' '\n' | awk '{s += $1} END {print s}'; }
+for n in 2 3; do
+  for args in "--strategy a2a" "--strategy p2p" "--strategy all_gather" "--strategy a2a+p2p --cp-sizes $n,1" \
+              "--strategy a2a+p2p --cp-sizes 1,$n"; do
+    if run $n attention --seq 1001 --check $args > "$dir/u.log" 2>&1 && [ "$(tokens_sum "$dir/u.log")" = 1001 ]; then
+      ok "np=$n --seq 1001 $args"
+    else
+      bad "np=$n --seq 1001 $args"; cat "$dir/u.log"
+    fi
+  done
+done
+# Zigzag and GQA heads shared unevenly (8 query, 2 KV heads on 3 ranks), forward and backward.
+if run 3 attention --seq 1001 --heads 8 --kv-heads 2 --head-dim 16 --causal --backward --check --strategy a2a+p2p \
+     --cp-sizes 3,1 > "$dir/h.log" 2>&1 && grep -q "query/KV heads per rank: 2/1, 2/1, 4/1" "$dir/h.log" &&
+   grep -q "tokens per rank: 333, 334, 334; rank 0 holds tokens \[0, 167) \[835, 1001) (zigzag)" "$dir/h.log"; then
+  ok "np=3 zigzag and uneven GQA heads"
+else
+  bad "np=3 zigzag and uneven GQA heads"; cat "$dir/h.log"
+fi
+
 # Files in, files out: 1 rank and 2 ranks agree with each other and with the reference.
 for n in 1 2; do
   if run $n attention "${files[@]}" --causal --check --out "$dir/out$n.npy" --dq "$dir/dq$n.npy" \
@@ -60,15 +82,15 @@ expect_error "missing file" 2 "cannot open" --q "$dir/nope.npy" --k "$dir/k.npy"
 expect_error "malformed file" 2 "not a usable .npy file" --q "$dir/garbage.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "truncated file" 2 "truncated data" --q "$dir/truncated.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "k shorter than q" 2 "must be [b, s, h_kv, d] with q's b, s and d" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
-expect_error "heads % cp" 2 "num_heads (3) must be divisible by cp (2)" --heads 3 --seq 64
-expect_error "heads % cp names p2p" 4 "cp_comm_type p2p" --heads 6 --seq 64
-expect_error "kv heads" 2 "num_kv_heads (3) does not fit cp (2)" --heads 6 --kv-heads 3 --seq 64
-expect_error "seq % cp" 2 "sequence length (31) must be divisible by cp (2)" --seq 31
+expect_error "heads < cp" 4 "num_heads (3) must be at least cp (4)" --heads 3 --seq 64
+expect_error "heads < cp names p2p" 4 "cp_comm_type p2p" --heads 2 --seq 64
+expect_error "partial GQA groups" 2 "num_heads (6) must be divisible by num_kv_heads (4)" --heads 6 --kv-heads 4 --seq 64
+expect_error "seq < cp" 2 "sequence length (1) must be at least cp (2)" --seq 1
 expect_error "unknown strategy" 2 "unknown cp_comm_type 'ring'" --strategy ring
-expect_error "zigzag needs 2*cp" 2 "sequence length (66) must be divisible by 2*cp (4)" --strategy p2p --causal --seq 66
+expect_error "zigzag needs 2*cp" 2 "sequence length (3) must be at least 2*cp (4)" --strategy p2p --causal --seq 3
 expect_error "a2a+p2p without sizes" 2 "needs --cp-sizes" --strategy a2a+p2p --seq 64
 expect_error "a2a+p2p sizes product" 4 "inner * outer == cp (4)" --strategy a2a+p2p --cp-sizes 2,1 --seq 64
-expect_error "a2a+p2p heads % inner" 4 "must be divisible by the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 6 --seq 64
+expect_error "a2a+p2p heads < inner" 4 "must be at least the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 2 --seq 64
 expect_error "bad cp sizes" 2 "--cp-sizes must be INNER,OUTER" --strategy a2a+p2p --cp-sizes 2x1 --seq 64
 expect_error "dq without backward" 2 "need a backward" --seq 64 --dq "$dir/dq.npy"
 
@@ -86,8 +108,8 @@ expect_train_error() {
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc"; cat "$dir/err.log"; return; fi
   grep -qF -- "$msg" "$dir/err.log" && ok "$name (rc $rc)" || { bad "$name: message '$msg' missing"; cat "$dir/err.log"; }
 }
-expect_train_error "train heads % cp" 4 "num_heads (6) must be divisible by cp (4)" "${tiny[@]}" --heads 6 --kv-heads 2
-expect_train_error "train seq % cp" 2 "sequence length (65) must be divisible by cp (2)" "${tiny[@]}" --seq 65 --strategy a2a
+expect_train_error "train heads < cp" 4 "num_heads (2) must be at least cp (4)" "${tiny[@]}" --heads 2 --kv-heads 2
+run 2 train "${tiny[@]}" --seq 65 --steps 2 --strategy a2a > "$dir/t4.log" 2>&1 && ok "train --seq 65 on 2 ranks" || { bad "train --seq 65"; cat "$dir/t4.log"; }
 expect_train_error "train missing data" 2 "cannot open" "${tiny[@]}" --data "$dir/no_such_file.txt"
 cp "$dir/ckpt/checkpoint.bin" "$dir/corrupt/checkpoint.bin"
 printf '\x5a' | dd of="$dir/corrupt/checkpoint.bin" bs=1 seek=1000 conv=notrunc status=none

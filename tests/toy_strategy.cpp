@@ -27,33 +27,39 @@ struct ToyContext final : StrategyContext {
   AttentionParams params;
 };
 
+// Rank r's rows of a [b, ·, h_kv, d] tensor in a buffer holding every rank's back to back.
+TensorView rank_block(const Tensor& all, const ToyContext& ctx, const Shape& x, int r) {
+  std::int64_t before = 0;
+  for (int i = 0; i < r; ++i) before += total_tokens(ctx.chunks[std::size_t(i)]);
+  const std::int64_t n = total_tokens(ctx.chunks[std::size_t(r)]);
+  return TensorView::dense(all.f32() + before * x.b * x.h * x.d, DType::f32, {x.b, n, x.h, x.d}, Layout::bshd);
+}
+
+// Elements of every rank's block (its tokens differ by rank when s % cp != 0).
+std::vector<std::size_t> block_elements(const ToyContext& ctx, const Shape& x) {
+  std::vector<std::size_t> n;
+  for (const auto& c : ctx.chunks) n.push_back(std::size_t(total_tokens(c) * x.b * x.h * x.d));
+  return n;
+}
+
 // One all-gather of this rank's rows of `x` into `full` [b, s, h_kv, d] in sequence order.
 void gather_half(Communicator& comm, const TensorView& x, const Tensor& full, const ToyContext& ctx, const char* op) {
-  const int R = comm.size();
   const Tensor mine = copy_of(x, DType::f32);
-  Tensor all({x.shape.b * R, x.shape.s, x.shape.h, x.shape.d});
-  comm.allgather(mine.data(), all.data(), mine.nbytes(), op);
-  for (int r = 0; r < R; ++r) {
-    TensorView block = all.view();
-    block.shape.b = x.shape.b;
-    block.data = all.view().row(x.shape.b * r, 0, 0);
-    unshard_sequence(block, full.view(), ctx.chunks[std::size_t(r)]);
-  }
+  std::vector<std::size_t> bytes = block_elements(ctx, x.shape);
+  for (std::size_t& b : bytes) b *= sizeof(float);
+  Tensor all(full.shape());
+  comm.allgatherv(mine.data(), all.data(), bytes, op);
+  for (int r = 0; r < comm.size(); ++r)
+    unshard_sequence(rank_block(all, ctx, x.shape, r), full.view(), ctx.chunks[std::size_t(r)]);
 }
 
 // dX summed over ranks, this rank's rows into `out` (any dtype).
 void scatter_half(Communicator& comm, const Tensor& full_grad, const TensorView& out, const ToyContext& ctx,
                   const char* op) {
-  const int R = comm.size();
-  const Shape& o = out.shape;
-  Tensor blocks({o.b * R, o.s, o.h, o.d}), mine(o);
-  for (int r = 0; r < R; ++r) {
-    TensorView block = blocks.view();
-    block.shape.b = o.b;
-    block.data = blocks.view().row(o.b * r, 0, 0);
-    shard_sequence(full_grad.view(), block, ctx.chunks[std::size_t(r)]);
-  }
-  comm.reduce_scatter_sum(blocks.f32(), mine.f32(), std::size_t(o.numel()), op);
+  Tensor blocks(full_grad.shape()), mine(out.shape);
+  for (int r = 0; r < comm.size(); ++r)
+    shard_sequence(full_grad.view(), rank_block(blocks, ctx, out.shape, r), ctx.chunks[std::size_t(r)]);
+  comm.reduce_scatter_sum(blocks.f32(), mine.f32(), block_elements(ctx, out.shape), op);
   copy(mine.view(), out);
 }
 
@@ -66,14 +72,17 @@ class ToyAllGatherHalves final : public Strategy {
   std::string_view name() const override { return "toy_all_gather_halves"; }
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
 
-  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<ToyContext>();
-    ctx->chunks = all_rank_chunks(config, comm.size(), q.shape.s * comm.size());
+    ctx->chunks = chunks;
     ctx->params = {config.causal, config.scale, 0, 0};
-    const Shape full{k.shape.b, k.shape.s * comm.size(), k.shape.h, k.shape.d};
+    std::int64_t seq = 0;
+    for (const auto& c : chunks) seq += total_tokens(c);
+    const Shape full{k.shape.b, seq, k.shape.h, k.shape.d};
     ctx->k_full = Tensor(full);
     ctx->v_full = Tensor(full);
     gather_half(comm, k, ctx->k_full, *ctx, "toy_k");
@@ -118,15 +127,17 @@ class ToyAllGatherHalves final : public Strategy {
     scatter_half(comm, dv_full, dv, ctx, "toy_dv");
   }
 
-  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+  // Each half: this rank's rows to the cp − 1 others; back, the others' rows of the gradient.
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                     DType) const override {
     CommVolume v;
-    const std::int64_t half = (cp - 1) * q.b * (q.s / cp) * kv_heads * q.d * 4;
+    const std::int64_t per_token = q.b * kv_heads * q.d * 4, mine = tokens_held(config, cp, rank, 1, q.s);
     for (const char* op : {"toy_k", "toy_v"}) {
-      v.forward_bytes[op] = half;
+      v.forward_bytes[op] = (cp - 1) * mine * per_token;
       v.forward_messages[op] = cp - 1;
     }
     for (const char* op : {"toy_dk", "toy_dv"}) {
-      v.backward_bytes[op] = half;
+      v.backward_bytes[op] = (q.s - mine) * per_token;
       v.backward_messages[op] = cp - 1;
     }
     return v;

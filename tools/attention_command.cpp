@@ -1,6 +1,7 @@
 #include "attention_command.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include "ulysses/mpi_communicator.hpp"
 
 #include <algorithm>
@@ -125,7 +126,7 @@ Tensor make_input(const Problem& p, int which, const std::vector<SeqChunk>& chun
   if (f)
     return shard_of(TensorView::dense(const_cast<float*>(f->data.data()), DType::f32, g, Layout::bshd), chunks, dtype,
                     layout);
-  Tensor t({g.b, chunk_row(chunks, chunks.size()), g.h, g.d}, dtype, layout);  // all the chunks' tokens
+  Tensor t({g.b, total_tokens(chunks), g.h, g.d}, dtype, layout);  // all the chunks' tokens
   fill_uniform_shard(t.view(), seed * 4 + std::uint64_t(which), chunks);
   return t;
 }
@@ -181,8 +182,16 @@ void print_header(const Setup& s) {
               effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
   std::string where;
   for (const SeqChunk& c : s.chunks[0]) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
-  std::printf("  each rank holds q %s; rank 0 holds tokens%s%s\n", Shape{p.q.b, p.q.s / s.cp, p.q.h, p.q.d}.str().c_str(),
+  std::vector<std::int64_t> tokens;
+  std::vector<std::string> heads;
+  for (int r = 0; r < s.cp; ++r) {
+    tokens.push_back(total_tokens(s.chunks[std::size_t(r)]));
+    const RankHeads h = find_strategy(cfg.cp_comm_type).heads_of(cfg, s.cp, r, p.q.h, p.kv.h);
+    heads.push_back(fmt::format("{}/{}", h.q.count, h.kv.count));
+  }
+  std::printf("  tokens per rank: %s; rank 0 holds tokens%s%s\n", fmt::format("{}", fmt::join(tokens, ", ")).c_str(),
               where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
+  std::printf("  query/KV heads per rank: %s\n", fmt::format("{}", fmt::join(heads, ", ")).c_str());
   std::fflush(stdout);
 }
 
@@ -289,13 +298,21 @@ Results gather_results(Communicator& comm, const Setup& s, const Shards& t, cons
   return g;
 }
 
-// Bytes each rank should send per operation for one forward (and backward): the formulas.
-std::map<std::string, std::int64_t> expected_bytes(const Setup& s) {
-  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype);
+// Bytes per operation for one forward (and backward) of `volume`.
+std::map<std::string, std::int64_t> expected_bytes(const Setup& s, const CommVolume& volume) {
   std::map<std::string, std::int64_t> expected = volume.forward_bytes;
   if (s.p.backward)
     for (const auto& [op, n] : volume.backward_bytes) expected[op] += n;
   return expected;
+}
+
+// Each rank's record with the bytes its formula says it sends ("expected_bytes_sent"): ranks
+// differ when the tokens or heads do not split evenly.
+nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
+  for (auto& r : ranks)
+    r["expected_bytes_sent"] = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, int(r["rank"]), s.p.q, s.p.kv.h,
+                                                                         s.dtype));
+  return ranks;
 }
 
 double forward_flops(const Setup& s) {
@@ -314,22 +331,22 @@ void print_times(const Setup& s, const Timing& t, int repeat) {
                 t.backward_exposed_s * 1e3);
 }
 
-// Bytes each rank sent, per operation, against the formula (one forward [+ backward]).
-void print_traffic(const nlohmann::json& ranks, const std::vector<std::string>& ops,
-                   const std::map<std::string, std::int64_t>& expected) {
+// Bytes each rank sent, per operation, against its formula (one forward [+ backward]).
+void print_traffic(const nlohmann::json& ranks, const std::vector<std::string>& ops) {
   std::printf("bytes each rank sent, per operation (formula in brackets):\n");
   for (const auto& r : ranks) {
     std::string line = fmt::format("  rank {}:", int(r["rank"]));
-    for (const std::string& op : ops) {
-      auto it = expected.find(op);
+    const nlohmann::json& expected = r["expected_bytes_sent"];
+    for (const std::string& op : ops)
       line += fmt::format(" {} {} [{}]", op, human_bytes(double(r["bytes_sent"][op])),
-                          it == expected.end() ? "?" : human_bytes(double(it->second)));
-    }
+                          expected.contains(op) ? human_bytes(double(expected[op])) : "?");
     std::printf("%s; peak memory %s\n", line.c_str(), human_bytes(double(r["peak_rss_bytes"])).c_str());
   }
 }
 
-// The JSON report; check_against_reference adds its "check".
+// The JSON report; check_against_reference adds its "check". Its "expected_bytes_sent" are each
+// counter's busiest rank (every rank's when the tokens and heads split evenly); each rank's own
+// are in its record.
 nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timing& t, const nlohmann::json& ranks,
                            const std::map<std::string, std::int64_t>& expected) {
   const Problem& p = s.p;
@@ -452,10 +469,11 @@ int run_attention(const AttentionOptions& o) {
   const Results g = gather_results(comm, s, t, o);
   int failed = 0;  // rank 0's verdict, sent to every rank: all of them exit with the same code
   on_root(comm, [&] {
-    const std::map<std::string, std::int64_t> expected = expected_bytes(s);
-    nlohmann::json report = make_report(s, o, timing, ranks, expected);
+    const nlohmann::json checked = with_expected_bytes(s, ranks);
+    const auto busiest = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype));
+    nlohmann::json report = make_report(s, o, timing, checked, busiest);
     print_times(s, timing, o.repeat);
-    print_traffic(ranks, ops, expected);
+    print_traffic(checked, ops);
     if (o.check) failed = check_against_reference(s, g, o.seed, report);
     write_outputs(o, s, g, report);
   });

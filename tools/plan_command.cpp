@@ -151,7 +151,8 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"cp_sizes", r.config.hierarchical_context_parallel_sizes}, {"valid", r.valid}, {"reason", r.reason},
                      {"forward_bytes_per_rank", r.forward_bytes_per_rank}, {"backward_bytes_per_rank", r.backward_bytes_per_rank},
                      {"forward_messages", r.forward_messages}, {"backward_messages", r.backward_messages},
-                     {"compute_s", r.compute_s}, {"comm_s", r.comm_s}, {"hidden_comm_s", r.hidden_s},
+                     {"head_imbalance", r.head_imbalance}, {"compute_s", r.compute_s}, {"comm_s", r.comm_s},
+                     {"hidden_comm_s", r.hidden_s},
                      {"memory_bytes_per_rank", r.memory_bytes}, {"predicted_step_s", r.predicted_step_s}};
     if (i < measured.size() && measured[i] > 0) j["measured_step_s"] = measured[i];
     rows.push_back(j);
@@ -184,10 +185,12 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     std::string m;
     if (i < measured.size() && measured[i] > 0)
       m = fmt::format("   {:>10.4f} {:>10.2f}", measured[i], measured[i] / r.predicted_step_s);
-    fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}\n", r.name,
+    // An uneven head split: the busiest rank's compute over an even split's.
+    const std::string uneven = r.head_imbalance > 1 ? fmt::format("  (heads x{:.2f})", r.head_imbalance) : "";
+    fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
                double(r.forward_bytes_per_rank) / 1e6, double(r.backward_bytes_per_rank) / 1e6,
                r.forward_messages + r.backward_messages, r.compute_s * 1e3, r.comm_s * 1e3,
-               r.comm_s > 0 ? 100 * r.hidden_s / r.comm_s : 100.0, r.memory_bytes / 1e6, r.predicted_step_s, m,
+               r.comm_s > 0 ? 100 * r.hidden_s / r.comm_s : 100.0, r.memory_bytes / 1e6, r.predicted_step_s, m, uneven,
                int(i) == p.best ? "  <- recommended" : "");
   }
   fmt::print("recommendation: {}\n", p.recommendation);

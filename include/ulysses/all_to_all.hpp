@@ -1,21 +1,24 @@
 // The distributed transpose of DeepSpeed-Ulysses (seed section 2), as a differentiable pair.
 //
-//   seq_to_head:  each rank holds [b, s/cp, h, d] of every tensor (sequence-sharded).
-//                 Split along heads into cp parts, part j goes to rank j; the received parts
-//                 are concatenated along the sequence: each rank ends with [b, s, h/cp, d].
-//   head_to_seq:  the adjoint (and, without replication, the inverse): split along the
-//                 sequence, concatenate along heads.
+//   seq_to_head:  rank r holds [b, n_r, h, d] of every tensor (sequence-sharded; the n_r may
+//                 differ between ranks). Each tensor says which of its heads every rank gets
+//                 (SeqShard::heads); those heads go to rank j, and the received parts are
+//                 concatenated along the sequence in rank order: rank j ends with
+//                 [b, s, heads[j].count, d], s = Σ n_r.
+//   head_to_seq:  the adjoint (and, without shared heads, the inverse): split along the
+//                 sequence, concatenate along heads; a head several ranks hold is summed.
 //
-// Several tensors (Q, K, V — or dQ, dK, dV) travel in ONE all-to-all. The head-sharded side
+// Several tensors (Q, K, V — or dQ, dK, dV) travel in ONE all-to-all(v). The head-sharded side
 // is one buffer, FusedHeads, laid out [s, b, H, d] with H the sum of every tensor's local
-// heads: tensor t owns heads [head_offset(t), head_offset(t) + local_heads(t)). This is also
-// exactly the all-to-all's own block order ([cp, s/cp, b, H, d]), so the head-sharded side
-// needs no packing pass at all; only the sequence-sharded side is packed or unpacked.
+// heads: tensor t owns heads [head_offset(t), head_offset(t) + local_heads(t)). Rank r's rows
+// [Σ_{i<r} n_i, Σ_{i<=r} n_i) are exactly the block it sends or receives, so the head-sharded
+// side needs no packing pass at all; only the sequence-sharded side is packed or unpacked.
+// Blocks are sized exactly: ranks holding more tokens or more heads send or receive more
+// bytes, nothing is padded.
 //
-// GQA with fewer KV heads than ranks: a tensor may ask for each of its heads to be repeated
-// `replicas` times before the transpose (repeat_interleave along heads, as DeepSpeed ALST);
-// the adjoint then sums the replicas' gradients. Nothing is materialised: the pack reads the
-// source head directly.
+// GQA: ranks may share a KV head (fewer KV heads than ranks, ulysses_heads in sharding.hpp):
+// the pack reads the source head for each rank that needs it (DeepSpeed ALST's
+// repeat_interleave, never materialised) and the adjoint sums the copies' gradients.
 #pragma once
 
 #include <cstdint>
@@ -27,18 +30,26 @@
 
 namespace ulysses {
 
-// One tensor on the sequence-sharded side: view [b, s/cp, h, d]; each head is sent
-// `replicas` times, so h * replicas must be divisible by cp.
+// Source heads [first, first + count) of one tensor.
+struct HeadRange {
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  bool operator==(const HeadRange&) const = default;
+};
+
+// One tensor on the sequence-sharded side: view [b, n_r, h, d]; heads[j] are the heads rank j
+// gets (one entry per rank, the same on every rank; ranges may overlap).
 struct SeqShard {
   TensorView view;
-  int replicas = 1;
+  std::vector<HeadRange> heads;
 };
 
 class FusedHeads {
  public:
   FusedHeads() = default;
-  // local_heads[t] heads of tensor t per rank; seq is the full (gathered) sequence length.
-  FusedHeads(DType dtype, std::int64_t batch, std::int64_t seq, std::int64_t head_dim,
+  // local_heads[t] heads of tensor t on this rank; rank_tokens[r] rows came from rank r
+  // (the full sequence is their sum).
+  FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
              std::vector<std::int64_t> local_heads);
 
   // [b, s, local_heads(t), d] strided view of tensor t.
@@ -49,6 +60,7 @@ class FusedHeads {
   std::int64_t total_heads() const { return total_heads_; }
   std::int64_t batch() const { return batch_; }
   std::int64_t seq() const { return seq_; }
+  const std::vector<std::int64_t>& rank_tokens() const { return rank_tokens_; }
   std::int64_t head_dim() const { return head_dim_; }
   DType dtype() const { return buffer_.dtype(); }
   // The whole buffer as a dense [s, b, H, d] (sbhd) view.
@@ -59,17 +71,19 @@ class FusedHeads {
 
  private:
   Tensor buffer_;
-  std::vector<std::int64_t> local_heads_;
+  std::vector<std::int64_t> local_heads_, rank_tokens_;
   std::int64_t total_heads_ = 0, batch_ = 0, seq_ = 0, head_dim_ = 0;
 };
 
 // Collective. Forward transpose of all `inputs` in one all-to-all (counted as "seq_to_head").
-// Every input must have the same b, s/cp, d and dtype; returns the head-sharded buffer with
-// seq = cp * s/cp. Ranks' blocks are concatenated in rank order along the sequence.
+// Every input must have the same b, n_r, d and dtype on a rank, and every rank the same heads
+// lists; ranks learn each other's n_r from one small all-gather (under "validate"). Returns the
+// head-sharded buffer, the ranks' rows in rank order.
 FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs);
 
 // Collective. Adjoint of seq_to_head (counted as "head_to_seq"): writes every output view
-// [b, s/cp, h, d]; replicated heads are summed. `in` must match the outputs' shapes.
+// [b, n_r, h, d]; heads held by several ranks are summed. `in` must match the outputs: its
+// local heads are the outputs' heads[rank], its rank_tokens()[rank] their n_r.
 void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs);
 
 }  // namespace ulysses

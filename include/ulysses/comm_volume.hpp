@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ulysses/cp_config.hpp"
+#include "ulysses/sharding.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -23,20 +24,31 @@ struct CommVolume {
   std::int64_t total_backward_bytes() const;
 };
 
-// For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks: the strategy's own formula
-// (Strategy::traffic). Throws Error if the configuration is invalid (the same rules as
-// ContextParallelAttention).
+// For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks: what rank `rank` sends, the
+// strategy's own formula (Strategy::traffic). Throws Error if the configuration is invalid
+// (the same rules as ContextParallelAttention).
+CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                                 DType dtype);
+// The same for the busiest rank of each counter: every rank's volume when the tokens and heads
+// split evenly, an upper bound per counter otherwise (the planner's input).
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
                                  DType dtype);
 
-// Building blocks of the strategies' formulas, `es` bytes per element.
-// One Ulysses layer over `group` ranks holding `local` tokens each, with `kv_sent` KV heads
-// after replication: the seed's (s/cp)·heads·d·(cp−1)/cp elements per rank per tensor, as
-// "<prefix>seq_to_head" / "<prefix>head_to_seq".
-void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t b, std::int64_t local,
-                        std::int64_t heads, std::int64_t kv_sent, std::int64_t d, std::int64_t es);
-// A ring of `members` ranks, each holding K and V of `kv_elems` elements together: K/V once
-// around ("<prefix>p2p_kv"), float32 dK/dV all the way home ("<prefix>p2p_dkv").
-void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t kv_elems, std::int64_t es);
+// Building blocks of the strategies' formulas for one rank, O(1) whatever the group size (the
+// planner asks every rank).
+// One Ulysses layer over `group` ranks, as "<prefix>seq_to_head" / "<prefix>head_to_seq": this
+// rank holds `tokens` of the group's `group_tokens` and gets the heads `mine` of `heads` query
+// heads and `kv_heads_held` KV heads in all (ulysses_kv_heads_held); it sends its tokens of the
+// heads the others get and the others' tokens of its own heads, `row_bytes` = b·d·es per token
+// and head (the seed's (s/cp)·heads·d·(cp−1)/cp per tensor when everything splits evenly).
+void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
+                        std::int64_t group_tokens, const RankHeads& mine, std::int64_t heads,
+                        std::int64_t kv_heads_held, std::int64_t row_bytes);
+// A ring of `members` ranks holding K and V of `total_elems` elements together, of which the
+// next member holds `next_elems`: K/V once around ("<prefix>p2p_kv": every member's but the
+// next one's, `es` bytes per element), float32 dK/dV all the way home ("<prefix>p2p_dkv":
+// every member's).
+void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t total_elems,
+                     std::int64_t next_elems, std::int64_t es);
 
 }  // namespace ulysses

@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace ulysses {
 
@@ -68,19 +70,31 @@ class Communicator {
   // Collective. Sends `bytes_per_rank` bytes from send + j*bytes_per_rank to rank j and
   // receives rank j's block into recv + j*bytes_per_rank. Counted under `op`.
   void alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op = "alltoall");
-  // Collective. The same exchange without this rank's own block, which the caller moves
-  // itself (straight into place, saving a copy). A buffer with `own_slot` holds size()
-  // blocks and its own block is neither read nor written; without, it holds the size()−1
-  // other ranks' blocks back to back, in rank order.
-  void alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                       std::size_t bytes_per_rank, const std::string& op = "alltoall");
+  // Collective. Blocks of any size: sends send_bytes[j] bytes at send + send_offsets[j] to rank j
+  // and receives recv_bytes[j] bytes from rank j at recv + recv_offsets[j] (size() entries
+  // each, in bytes; what j sends to i is what i expects from j). A zero count for this rank's
+  // own block lets the caller move it itself (straight into place, saving a copy). Counts the
+  // bytes and the non-empty blocks sent to other ranks: no padding, whatever the sizes.
+  void alltoallv(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
+                 void* recv, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                 const std::string& op = "alltoallv");
   // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
   void allgather(const void* send, void* recv, std::size_t bytes, const std::string& op = "allgather");
+  // Collective. Every rank contributes bytes[rank()] bytes; recv holds every rank's block back
+  // to back in rank order, bytes[j] from rank j.
+  void allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes,
+                  const std::string& op = "allgatherv");
+  // Collective. Every rank's `value`, in rank order (an all-gather of one int64, counted under `op`).
+  std::vector<std::int64_t> allgather_value(std::int64_t value, const std::string& op = "allgather");
   // Collective. root receives size() blocks of `bytes` in rank order into recv.
   void gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op = "gather");
   // Collective. send holds size() blocks of `count` floats in rank order; block j is summed
   // over ranks and lands in rank j's recv. Counts the (size()−1) blocks each rank sends.
   void reduce_scatter_sum(const float* send, float* recv, std::size_t count,
+                          const std::string& op = "reduce_scatter");
+  // Collective. The same with blocks of counts[j] floats back to back in rank order (this
+  // rank receives counts[rank()]). Counts the other ranks' blocks.
+  void reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
                           const std::string& op = "reduce_scatter");
   // Collective. In-place reductions over ranks (sums are counted, min/max are bookkeeping).
   void allreduce_sum(double* data, std::size_t n, const std::string& op = "allreduce");
@@ -120,11 +134,14 @@ class Communicator {
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   // The backend. Arguments are as in the public methods; sizes are already checked.
   virtual void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
-  virtual void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                  std::size_t bytes_per_rank) = 0;
+  virtual void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                            std::span<const std::size_t> send_offsets, void* recv,
+                            std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) = 0;
   virtual void do_allgather(const void* send, void* recv, std::size_t bytes) = 0;
+  virtual void do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) = 0;
   virtual void do_gather(const void* send, void* recv, std::size_t bytes, int root) = 0;
   virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) = 0;
+  virtual void do_reduce_scatter_sum_v(const float* send, float* recv, std::span<const std::size_t> counts) = 0;
   virtual void do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) = 0;
   virtual void do_broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
@@ -133,6 +150,8 @@ class Communicator {
 
  private:
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages);
+  // Throws Error unless every list has size() entries.
+  void check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const;
   int rank_ = 0, size_ = 1;
   std::map<std::string, CommCounter> counters_;
 };

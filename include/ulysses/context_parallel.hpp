@@ -5,21 +5,28 @@
 // attention.
 //
 // Sharding: which tokens rank r holds is given by rank_chunks() in sharding.hpp: contiguous
-// for a2a and for any strategy without a causal mask, zigzag otherwise.
-//   q, out, dout, dq : [b, s/cp, h,    d]
-//   k, v, dk, dv     : [b, s/cp, h_kv, d]
+// for a2a and for any strategy without a causal mask, zigzag otherwise. The global length s
+// need not divide by cp: rank r holds s_r tokens, the first ranks (chunks) one more, and s is
+// the sum over the ranks (s >= cp; s >= 2·cp under zigzag).
+//   q, out, dout, dq : [b, s_r, h,    d]
+//   k, v, dk, dv     : [b, s_r, h_kv, d]
+// b, h, h_kv, d, dtype and settings are the same on every rank; s_r is each rank's own.
 // float32 or bfloat16 storage (all the same dtype), any layout/strides with d contiguous.
-// GQA (a2a, and the inner all-to-all of a2a+p2p over a group of g ranks): h_kv % g == 0
-// splits KV heads; else g % h_kv == 0 replicates each KV head g/h_kv times before the
-// all-to-all (gradients of the replicas are summed); else an error. p2p and all_gather move
-// K/V at their native head count.
+// Heads (a2a, and the inner all-to-all of a2a+p2p over a group of g ranks): ulysses_heads()
+// in sharding.hpp, which needs h >= g only: whole GQA groups per rank when h_kv >= g, else
+// each KV head shared by some ranks that split its query heads (gradients of the copies are
+// summed); h need not divide by g. p2p and all_gather compute every head on their tokens and
+// move K/V at their native head count.
 //
 // Autograd: forward() returns a CpContext that owns what the backward needs; any number of
 // forwards may be in flight (layers, micro-batches, activation checkpointing), each context
 // backwarded in any order. A context must not outlive the ContextParallelAttention that made it.
 //
 // Errors: every check that could differ between ranks is agreed collectively first, so a bad
-// input anywhere makes every rank throw the same ulysses::Error before any data moves.
+// input anywhere makes every rank throw the same ulysses::Error before any data moves. The
+// ranks' token counts are all-gathered first, so a count rank_chunks does not give a rank is
+// named the same way everywhere ("rank 1 holds 5 tokens but cp_comm_type p2p with s = 11
+// gives it 6").
 #pragma once
 
 #include <cstdint>
@@ -35,7 +42,7 @@ namespace ulysses {
 
 // Not collective: throws the Error a forward would throw for this configuration on `cp`
 // ranks with global q [b, s, h, d] and `kv_heads` KV heads (unknown strategy, head rules,
-// hierarchical sizes, sequence divisibility), so a program can refuse bad settings early.
+// hierarchical sizes, too short a sequence), so a program can refuse bad settings early.
 void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, std::int64_t kv_heads);
 
 // What one forward keeps for its backward (about 2× the head-sharded q+k+v for a2a).

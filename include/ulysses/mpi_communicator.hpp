@@ -26,11 +26,14 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) override;
-  void do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                          std::size_t bytes_per_rank) override;
+  void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                    std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
+                    std::span<const std::size_t> recv_offsets) override;
   void do_allgather(const void* send, void* recv, std::size_t bytes) override;
+  void do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) override;
   void do_gather(const void* send, void* recv, std::size_t bytes, int root) override;
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) override;
+  void do_reduce_scatter_sum_v(const float* send, float* recv, std::span<const std::size_t> counts) override;
   void do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) override;
   void do_broadcast(void* data, std::size_t bytes, int root) override;
   void do_barrier() override;

@@ -48,9 +48,11 @@ struct PlanRow {
   std::string name;                 // "a2a", "a2a+p2p [2,8]", ...
   bool valid = false;
   std::string reason;               // why invalid, or "" 
-  std::int64_t forward_bytes_per_rank = 0, backward_bytes_per_rank = 0;  // one layer
-  std::int64_t forward_messages = 0, backward_messages = 0;             // one layer
-  double compute_s = 0;             // per layer, forward + backward
+  // One layer, each counter's busiest rank (every rank's when tokens and heads split evenly).
+  std::int64_t forward_bytes_per_rank = 0, backward_bytes_per_rank = 0;
+  std::int64_t forward_messages = 0, backward_messages = 0;
+  double head_imbalance = 1;        // the busiest rank's query heads over the average (uneven Ulysses splits)
+  double compute_s = 0;             // per layer, forward + backward, on the busiest rank
   double comm_s = 0;                // per layer, all transfers
   double hidden_s = 0;              // of comm_s, hidden behind compute
   double memory_bytes = 0;          // attention working set per rank, one layer
@@ -64,6 +66,8 @@ struct Plan {
 };
 
 // Cost-model building blocks, shared by the strategies' Strategy::cost.
+// The most tokens a rank holds: ceil(seq / cp), whatever the token layout.
+std::int64_t busiest_tokens(const PlanInput& in);
 // One message of `bytes` on a link: latency + bytes / bandwidth.
 double message_seconds(const Link& link, double bytes);
 // An all-to-all over `group` contiguous ranks, `bytes` sent per rank: intra- and inter-node

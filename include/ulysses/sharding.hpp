@@ -1,17 +1,24 @@
-// Which tokens each rank holds: contiguous chunks or zigzag (the strategy's token_layout),
-// and helpers to shard and unshard global tensors, so nobody reorders zigzag chunks by hand
-// (RoPE needs each token's global position: token_positions gives it).
+// Which tokens and which heads each rank holds: contiguous chunks or zigzag (the strategy's
+// token_layout), the head split of Ulysses, and helpers to shard and unshard global tensors, so
+// nobody reorders zigzag chunks by hand (RoPE needs each token's global position:
+// token_positions gives it).
 //
-//   a2a                     contiguous: rank r holds [r·s/cp, (r+1)·s/cp). Ulysses is
+// Tokens. A sequence of s tokens is cut into parts whose lengths differ by at most one, the
+// first ones one longer (torch.tensor_split's rule), so s need not divide by anything:
+//   a2a                     contiguous: s cut into cp parts, rank r holds part r. Ulysses is
 //                           balanced by heads, so it never needs zigzag.
-//   p2p, all_gather, a2a+p2p  contiguous without a causal mask; with one, zigzag: the sequence
-//                           is cut into 2·cp chunks and rank r holds chunks r and 2·cp−1−r (in
-//                           that order), so every rank does the same causal work.
+//   p2p, all_gather, a2a+p2p  contiguous without a causal mask; with one, zigzag: s cut into
+//                           2·cp chunks, rank r holds chunks r and 2·cp−1−r (in that order), so
+//                           every rank does the same causal work (up to the odd token).
+// Ranks' token counts differ by at most one either way. Every rank holds at least one token
+// (zigzag: two chunks of at least one), so s >= cp (s >= 2·cp under zigzag); shorter
+// sequences are refused rather than leaving ranks empty.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "ulysses/all_to_all.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
 #include "ulysses/tensor.hpp"
@@ -26,15 +33,49 @@ struct SeqChunk {
 
 bool uses_zigzag(const CpConfig& config);
 
-// The chunks rank `rank` of `cp` holds for a global sequence of `seq` tokens, in local order.
-// Throws Error when seq is not divisible by cp (2·cp under zigzag), naming the values.
+// The chunks rank `rank` of `cp` holds for a global sequence of `seq` tokens, in local order:
+// the single source of truth of every strategy's token layout. Throws Error when seq < cp
+// (seq < 2·cp under zigzag), naming the values.
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
+
+// How many tokens ranks [first_rank, first_rank + ranks) hold together (their rank_chunks'
+// lengths), in O(1): the traffic formulas ask it for every rank.
+std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq);
 
 // rank_chunks of every rank, in rank order.
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
 
 // The local row where chunk i starts (the lengths of the chunks before it).
 std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i);
+// The tokens `chunks` hold: the local length of a rank's tensors.
+std::int64_t total_tokens(const std::vector<SeqChunk>& chunks);
+
+// Heads. A Ulysses all-to-all over `group` ranks gives rank `rank` these query and KV heads of
+// `heads` query heads in GQA groups over `kv_heads` KV heads (parts cut as for tokens):
+//   kv_heads >= group: whole GQA groups: the KV heads cut into `group` parts, each rank with
+//                      all the query heads of its KV heads (h = 6 on 4 ranks: 2, 2, 1, 1);
+//   kv_heads <  group: each KV head shared by one part of the ranks cut into kv_heads parts,
+//                      which split its group's query heads; each rank holds that KV head.
+// A query head always lands on a rank holding its KV head, so the local attention is plain
+// GQA, and an even split (heads % group == 0 with kv_heads % group == 0 or group % kv_heads ==
+// 0) is the seed's h/group heads per rank. Precondition: heads % kv_heads == 0 and heads >=
+// group (Strategy::validate's rule: every rank of the all-to-all gets a head).
+struct RankHeads {
+  HeadRange q, kv;
+};
+RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv_heads);
+
+// The KV heads all ranks of the group hold together: kv_heads when whole groups split,
+// `group` when the KV heads are shared (each rank holds one).
+std::int64_t ulysses_kv_heads_held(int group, std::int64_t kv_heads);
+
+// Every rank's ulysses_heads, as the all-to-all takes them (SeqShard::heads).
+struct HeadSplit {
+  std::vector<HeadRange> q, kv;
+};
+HeadSplit ulysses_head_split(int group, std::int64_t heads, std::int64_t kv_heads);
+// The most heads any rank gets in `ranges` (the busiest rank's share).
+std::int64_t most_heads(const std::vector<HeadRange>& ranges);
 
 // Global position of every local token, in local order.
 std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
@@ -52,12 +93,12 @@ Tensor shard_of(const TensorView& global, const std::vector<SeqChunk>& chunks, D
 // the global tensor, without building it: random inputs that do not depend on cp.
 void fill_uniform_shard(const TensorView& local, std::uint64_t seed, const std::vector<SeqChunk>& chunks);
 
-// Collective. Every rank passes its shard (same shape everywhere, any dtype and layout) and
-// every rank's chunks (rank_chunks of each rank); `root` gets the global float32 bshd tensor
-// [b, s, h, d], s = Σ of all chunk lengths, in sequence order; the other ranks get an empty
-// Tensor. The shards count under "report" (the shape check under "validate"), apart from
-// the attention's own traffic. Throws the same Error on every rank when a shard does not
-// hold its rank's tokens or the shapes differ between ranks.
+// Collective. Every rank passes its shard (its own token count, the same b, h, d, any dtype and
+// layout everywhere) and every rank's chunks (rank_chunks of each rank); `root` gets the
+// global float32 bshd tensor [b, s, h, d], s = Σ of all chunk lengths, in sequence order; the
+// other ranks get an empty Tensor. The shards count under "report" (the shape check under
+// "validate"), apart from the attention's own traffic. Throws the same Error on every rank
+// when a shard does not hold its rank's tokens or b, h or d differ between ranks.
 Tensor gather_global(Communicator& comm, const TensorView& shard,
                      const std::vector<std::vector<SeqChunk>>& chunks_per_rank, int root = 0);
 

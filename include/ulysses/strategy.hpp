@@ -24,6 +24,7 @@
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/sharding.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -52,9 +53,10 @@ class CpGroup {
   std::vector<std::pair<std::string, std::unique_ptr<Communicator>>> subgroups_;
 };
 
+// Which tokens a rank holds (rank_chunks in sharding.hpp has the exact rule for any s).
 enum class TokenLayout {
-  contiguous,  // rank r holds [r·s/cp, (r+1)·s/cp)
-  zigzag,      // 2·cp chunks; rank r holds chunks r and 2·cp−1−r: equal causal work per rank
+  contiguous,  // s cut into cp parts; rank r holds part r
+  zigzag,      // s cut into 2·cp chunks; rank r holds chunks r and 2·cp−1−r: equal causal work per rank
 };
 
 // The planner's estimate for one configuration, one layer.
@@ -73,25 +75,32 @@ class Strategy {
   virtual bool hierarchical() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
-  // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). Sequence
-  // divisibility is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only
-  // (heads % kv_heads == 0).
+  // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
+  // is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
   // work per rank), contiguous otherwise.
   virtual TokenLayout token_layout(const CpConfig& config) const;
 
+  // The query and KV heads rank `rank` computes attention on. By default all of them
+  // (sequence-sharded strategies); Ulysses splits them (ulysses_heads in sharding.hpp).
+  virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads,
+                             std::int64_t kv_heads) const;
+
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
-  // (context_parallel.hpp has the shapes). Writes out; returns what the backward needs.
-  virtual std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
-                                                   const TensorView& q, const TensorView& k, const TensorView& v,
-                                                   CpStats& stats) const = 0;
+  // (context_parallel.hpp has the shapes); chunks[r] are rank r's tokens (rank_chunks, so the
+  // ranks' q may differ in length). Writes out; returns what the backward needs.
+  virtual std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                                   const std::vector<std::vector<SeqChunk>>& chunks,
+                                                   const TensorView& out, const TensorView& q, const TensorView& k,
+                                                   const TensorView& v, CpStats& stats) const = 0;
   // Collective. Writes dq, dk, dv for the forward that made `context`.
   virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
 
-  // Exact bytes and messages per rank of one layer, by counter name (validated config).
-  virtual CommVolume traffic(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+  // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
+  // config; ranks differ when the tokens or heads do not split evenly).
+  virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                              DType dtype) const = 0;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
@@ -100,7 +109,8 @@ class Strategy {
   // The planner's name of a configuration: "a2a", "a2a+p2p [2,4]".
   virtual std::string config_name(const CpConfig& config) const;
   // Communication time, hidden time and memory for a validated configuration whose exact
-  // traffic is `volume` and whose attention compute takes fwd_s + bwd_s per layer.
+  // traffic is `volume` (each counter's busiest rank) and whose attention compute takes
+  // fwd_s + bwd_s per layer on the busiest rank.
   virtual StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                             double bwd_s) const = 0;
 };

@@ -1,4 +1,4 @@
-// seq_to_head / head_to_seq: pack into the all-to-all's block order, one MPI_Alltoall, and
+// seq_to_head / head_to_seq: pack into the all-to-all's block order, one all-to-all(v), and
 // (only on the sequence-sharded side) unpack. See all_to_all.hpp for the layout.
 #include "ulysses/all_to_all.hpp"
 
@@ -12,11 +12,12 @@
 
 namespace ulysses {
 
-FusedHeads::FusedHeads(DType dtype, std::int64_t batch, std::int64_t seq, std::int64_t head_dim,
+FusedHeads::FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
                        std::vector<std::int64_t> local_heads)
-    : local_heads_(std::move(local_heads)), batch_(batch), seq_(seq), head_dim_(head_dim) {
+    : local_heads_(std::move(local_heads)), rank_tokens_(std::move(rank_tokens)), batch_(batch), head_dim_(head_dim) {
   total_heads_ = std::accumulate(local_heads_.begin(), local_heads_.end(), std::int64_t(0));
-  buffer_ = Tensor::uninitialized({batch, seq, total_heads_, head_dim}, dtype, Layout::sbhd);
+  seq_ = std::accumulate(rank_tokens_.begin(), rank_tokens_.end(), std::int64_t(0));
+  buffer_ = Tensor::uninitialized({batch, seq_, total_heads_, head_dim}, dtype, Layout::sbhd);
 }
 
 std::int64_t FusedHeads::head_offset(int t) const {
@@ -31,137 +32,209 @@ TensorView FusedHeads::part(int t) const {
 }
 
 FusedHeads FusedHeads::converted(DType dtype) const {
-  FusedHeads out(dtype, batch_, seq_, head_dim_, local_heads_);
+  FusedHeads out(dtype, batch_, rank_tokens_, head_dim_, local_heads_);
   copy(whole(), out.whole());
   return out;
 }
 
 namespace {
 
-// What every rank must agree on: the tensors' dtype, shapes and replication.
+// A fingerprint of every tensor's head ranges: ranks compare it instead of the lists (one
+// line per tensor whatever cp is).
+std::uint64_t heads_hash(const std::vector<HeadRange>& heads) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const HeadRange& r : heads)
+    for (std::int64_t x : {r.first, r.count}) h = (h ^ std::uint64_t(x)) * 1099511628211ull;
+  return h;
+}
+
+// What every rank must agree on: the tensors' dtype, b, h, d and head ranges (not n_r).
 std::string describe_shards(std::span<const SeqShard> shards) {
   std::string s = fmt::format("{} tensors, dtype {}", shards.size(), to_string(shards[0].view.dtype));
-  for (const SeqShard& t : shards) s += fmt::format(", {} x{}", t.view.shape.str(), t.replicas);
+  for (const SeqShard& t : shards) {
+    const Shape& sh = t.view.shape;
+    s += fmt::format(", [{}, *, {}, {}] heads #{:016x}", sh.b, sh.h, sh.d, heads_hash(t.heads));
+  }
   return s;
 }
 
-// Local checks, then agreement across ranks. Returns local heads per tensor.
-std::vector<std::int64_t> check_shards(Communicator& comm, std::span<const SeqShard> shards,
-                                       const char* op) {
-  const int cp = comm.size();
-  std::string err;
-  std::vector<std::int64_t> local_heads;
-  if (shards.empty()) err = fmt::format("{}: no tensors given", op);
-  for (std::size_t t = 0; t < shards.size() && err.empty(); ++t) {
-    const TensorView& v = shards[t].view;
-    const TensorView& v0 = shards[0].view;
-    const std::int64_t slots = v.shape.h * shards[t].replicas;
-    if (v.data == nullptr && v.shape.numel() > 0) err = fmt::format("{}: tensor {} has no data", op, t);
-    else if (shards[t].replicas < 1) err = fmt::format("{}: tensor {} has replicas {} < 1", op, t, shards[t].replicas);
-    else if (v.dtype != v0.dtype || v.shape.b != v0.shape.b || v.shape.s != v0.shape.s || v.shape.d != v0.shape.d)
-      err = fmt::format("{}: tensor {} is {} {} but tensor 0 is {} {}; b, s/cp, d and dtype must match",
-                        op, t, v.shape.str(), to_string(v.dtype), v0.shape.str(), to_string(v0.dtype));
-    else if (slots % cp != 0)
-      err = fmt::format("{}: tensor {} has {} heads (x{} replicas) which is not divisible by cp ({})",
-                        op, t, v.shape.h, shards[t].replicas, cp);
-    local_heads.push_back(cp > 0 ? slots / cp : 0);
-  }
+// "" or why tensor t cannot take part.
+std::string shard_error(std::span<const SeqShard> shards, std::size_t t, int cp, const char* op) {
+  const TensorView& v = shards[t].view;
+  const TensorView& v0 = shards[0].view;
+  if (v.data == nullptr && v.shape.numel() > 0) return fmt::format("{}: tensor {} has no data", op, t);
+  if (v.dtype != v0.dtype || v.shape.b != v0.shape.b || v.shape.s != v0.shape.s || v.shape.d != v0.shape.d)
+    return fmt::format("{}: tensor {} is {} {} but tensor 0 is {} {}; b, n_r, d and dtype must match", op, t,
+                       v.shape.str(), to_string(v.dtype), v0.shape.str(), to_string(v0.dtype));
+  if (shards[t].heads.size() != std::size_t(cp))
+    return fmt::format("{}: tensor {} lists the heads of {} ranks for {} ranks", op, t, shards[t].heads.size(), cp);
+  for (const HeadRange& r : shards[t].heads)
+    if (r.first < 0 || r.count < 0 || r.first + r.count > v.shape.h)
+      return fmt::format("{}: tensor {} gives a rank heads [{}, {}) of its {}", op, t, r.first, r.first + r.count,
+                         v.shape.h);
+  return "";
+}
+
+// Local checks, then agreement across ranks.
+void check_shards(Communicator& comm, std::span<const SeqShard> shards, const char* op) {
+  std::string err = shards.empty() ? fmt::format("{}: no tensors given", op) : "";
+  for (std::size_t t = 0; t < shards.size() && err.empty(); ++t) err = shard_error(shards, t, comm.size(), op);
   comm.agree(err);
   comm.agree_identical(fmt::format("{} inputs", op), describe_shards(shards));
-  return local_heads;
+}
+
+// This rank's blocks on both sides of the transpose, rank j's block being:
+//   sequence-sharded side  [n_me, b, H_j, d], the other ranks' back to back in rank order
+//                          (this rank's own block is packed straight into the other side);
+//   head-sharded side      rows [Σ_{i<j} n_i, Σ_{i<=j} n_i) of [s, b, H_me, d];
+// H_j being every tensor's heads on rank j. Own counts are 0: the caller moves that block.
+struct Blocks {
+  std::vector<std::int64_t> heads;                 // H_j
+  std::vector<std::vector<std::int64_t>> slot;     // [t][j]: where tensor t's heads start in H_j
+  std::vector<std::size_t> seq_bytes, seq_offsets, head_bytes, head_offsets;
+  std::size_t seq_side_bytes = 0;                  // the other ranks' blocks on the sequence side
+  std::size_t own_offset = 0;                      // this rank's rows on the head-sharded side
+};
+
+Blocks blocks_of(std::span<const SeqShard> shards, const std::vector<std::int64_t>& tokens, int me,
+                 std::size_t row_bytes) {
+  const std::size_t cp = tokens.size(), b = std::size_t(shards[0].view.shape.b);
+  Blocks k;
+  k.heads.assign(cp, 0);
+  for (const SeqShard& t : shards) {
+    k.slot.push_back(k.heads);
+    for (std::size_t j = 0; j < cp; ++j) k.heads[j] += t.heads[j].count;
+  }
+  const std::size_t mine = std::size_t(tokens[std::size_t(me)]), my_heads = std::size_t(k.heads[std::size_t(me)]);
+  std::size_t row = 0;
+  for (std::size_t j = 0; j < cp; ++j) {
+    const bool own = j == std::size_t(me);
+    const std::size_t seq_block = mine * b * std::size_t(k.heads[j]) * row_bytes;
+    const std::size_t head_block = std::size_t(tokens[j]) * b * my_heads * row_bytes;
+    k.seq_offsets.push_back(own ? 0 : k.seq_side_bytes);
+    k.seq_bytes.push_back(own ? 0 : seq_block);
+    k.seq_side_bytes += own ? 0 : seq_block;
+    k.head_offsets.push_back(row);
+    k.head_bytes.push_back(own ? 0 : head_block);
+    if (own) k.own_offset = row;
+    row += head_block;
+  }
+  return k;
+}
+
+// Per tensor, per head: the (rank, slot in H_rank) of every copy on the head-sharded side.
+using Holders = std::vector<std::vector<std::vector<std::pair<std::size_t, std::int64_t>>>>;
+
+Holders holders_of(std::span<const SeqShard> shards, const Blocks& k) {
+  Holders out(shards.size());
+  for (std::size_t t = 0; t < shards.size(); ++t) {
+    out[t].resize(std::size_t(shards[t].view.shape.h));
+    for (std::size_t j = 0; j < shards[t].heads.size(); ++j) {
+      const HeadRange& r = shards[t].heads[j];
+      for (std::int64_t i = 0; i < r.count; ++i) out[t][std::size_t(r.first + i)].push_back({j, k.slot[t][j] + i});
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
 FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
-  std::vector<std::int64_t> local_heads = check_shards(comm, inputs, "seq_to_head");
-  const int cp = comm.size();
+  check_shards(comm, inputs, "seq_to_head");
   const Shape& sh0 = inputs[0].view.shape;
-  const std::int64_t b = sh0.b, sl = sh0.s, d = sh0.d;
+  const std::int64_t b = sh0.b, n = sh0.s;
   const DType dtype = inputs[0].view.dtype;
-  FusedHeads out(dtype, b, sl * cp, d, local_heads);
-  const std::int64_t H = out.total_heads();
-  const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
+  const std::size_t row_bytes = std::size_t(sh0.d) * dtype_size(dtype);
+  const int me = comm.rank(), cp = comm.size();
+  std::vector<std::int64_t> local_heads;
+  for (const SeqShard& t : inputs) local_heads.push_back(t.heads[std::size_t(me)].count);
+  FusedHeads out(dtype, b, comm.allgather_value(n, "validate"), sh0.d, local_heads);
+  const Blocks k = blocks_of(inputs, out.rank_tokens(), me, row_bytes);
 
-  // Block j ([s/cp, b, H, d]) goes to rank j. Our own block is packed straight into place in
-  // the output; the others into a send buffer of cp−1 blocks in rank order.
-  const std::size_t block = std::size_t(sl * b * H) * row_bytes;
-  const int me = comm.rank();
-  Tensor send = Tensor::uninitialized({b, sl * (cp - 1), H, d}, dtype, Layout::sbhd);
+  // Rank j's block [n, b, H_j, d]: ours packed straight into place in the output, the others
+  // into the send buffer.
+  Tensor send = Tensor::uninitialized({1, std::int64_t(k.seq_side_bytes / row_bytes), 1, sh0.d}, dtype);
   std::byte* sbuf = static_cast<std::byte*>(send.data());
   std::byte* obuf = static_cast<std::byte*>(out.whole().data);
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t j = 0; j < cp; ++j)
-    for (std::int64_t s = 0; s < sl; ++s) {
-      std::byte* base = j == me ? obuf + std::size_t(j) * block : sbuf + std::size_t(j < me ? j : j - 1) * block;
+    for (std::int64_t s = 0; s < n; ++s) {
+      const std::size_t J = std::size_t(j);
+      std::byte* base = j == me ? obuf + k.own_offset : sbuf + k.seq_offsets[J];
       for (std::int64_t bb = 0; bb < b; ++bb) {
-        std::byte* dst = base + std::size_t((s * b + bb) * H) * row_bytes;
-        for (std::size_t t = 0; t < inputs.size(); ++t) {
-          const std::int64_t L = local_heads[t];
-          for (std::int64_t i = 0; i < L; ++i, dst += row_bytes) {
-            const std::int64_t head = (j * L + i) / inputs[t].replicas;
-            std::memcpy(dst, inputs[t].view.row(bb, s, head), row_bytes);
-          }
-        }
+        std::byte* dst = base + std::size_t((s * b + bb) * k.heads[J]) * row_bytes;
+        for (const SeqShard& t : inputs)
+          for (std::int64_t i = 0; i < t.heads[J].count; ++i, dst += row_bytes)
+            std::memcpy(dst, t.view.row(bb, s, t.heads[J].first + i), row_bytes);
       }
     }
   // The other ranks' blocks land in place too.
-  comm.alltoall_others(sbuf, false, obuf, true, block, "seq_to_head");
+  comm.alltoallv(sbuf, k.seq_bytes, k.seq_offsets, obuf, k.head_bytes, k.head_offsets, "seq_to_head");
   return out;
 }
 
-void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
-  std::vector<std::int64_t> local_heads = check_shards(comm, outputs, "head_to_seq");
-  const int cp = comm.size();
+namespace {
+
+// "" when `in` is the head-sharded side of `outputs` on this rank.
+std::string head_side_error(const Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
   const Shape& sh0 = outputs[0].view.shape;
-  const std::int64_t b = sh0.b, sl = sh0.s, d = sh0.d;
-  std::string err;
-  bool match = in.batch() == b && in.seq() == sl * cp && in.head_dim() == d &&
-               in.dtype() == outputs[0].view.dtype && in.num_parts() == int(outputs.size());
-  for (int t = 0; match && t < in.num_parts(); ++t) match = in.local_heads(t) == local_heads[t];
-  if (!match)
-    err = fmt::format("head_to_seq: head-sharded input (b={}, s={}, d={}, {} parts) does not match "
-                      "the outputs (b={}, s/cp={}, d={}, cp={}, {} parts)",
-                      in.batch(), in.seq(), in.head_dim(), in.num_parts(), b, sl, d, cp,
-                      outputs.size());
-  comm.agree(err);
+  const std::size_t me = std::size_t(comm.rank());
+  bool match = in.batch() == sh0.b && in.head_dim() == sh0.d && in.dtype() == outputs[0].view.dtype &&
+               in.num_parts() == int(outputs.size()) && in.rank_tokens().size() == std::size_t(comm.size()) &&
+               in.rank_tokens()[me] == sh0.s;
+  for (int t = 0; match && t < in.num_parts(); ++t)
+    match = in.local_heads(t) == outputs[std::size_t(t)].heads[me].count;
+  if (match) return "";
+  return fmt::format("head_to_seq: head-sharded input (b={}, s={}, d={}, {} parts) does not match the outputs "
+                     "(b={}, n_r={}, d={}, cp={}, {} parts)",
+                     in.batch(), in.seq(), in.head_dim(), in.num_parts(), sh0.b, sh0.s, sh0.d, comm.size(),
+                     outputs.size());
+}
 
+}  // namespace
+
+void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
+  check_shards(comm, outputs, "head_to_seq");
+  comm.agree(head_side_error(comm, in, outputs));
+  const Shape& sh0 = outputs[0].view.shape;
+  const std::int64_t b = sh0.b, n = sh0.s, d = sh0.d;
   const DType dtype = in.dtype();
-  const std::int64_t H = in.total_heads();
   const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
-  // The head-sharded buffer already is the send buffer: [cp (destination), s/cp, b, H, d].
-  // Our own block is unpacked straight from it; the others arrive in cp−1 blocks.
-  const std::size_t block = std::size_t(sl * b * H) * row_bytes;
   const int me = comm.rank();
-  Tensor recv = Tensor::uninitialized({b, sl * (cp - 1), H, d}, dtype, Layout::sbhd);
-  comm.alltoall_others(in.whole().data, true, recv.data(), false, block, "head_to_seq");
+  const Blocks k = blocks_of(outputs, in.rank_tokens(), me, row_bytes);
+  // The head-sharded buffer already is the send buffer; our own block is unpacked straight
+  // from it, the others arrive back to back.
+  Tensor recv = Tensor::uninitialized({1, std::int64_t(k.seq_side_bytes / row_bytes), 1, d}, dtype);
+  comm.alltoallv(in.whole().data, k.head_bytes, k.head_offsets, recv.data(), k.seq_bytes, k.seq_offsets,
+                 "head_to_seq");
   const std::byte* rbuf = static_cast<const std::byte*>(recv.data());
-  const std::byte* own = static_cast<const std::byte*>(in.whole().data) + std::size_t(me) * block;
+  const std::byte* own = static_cast<const std::byte*>(in.whole().data) + k.own_offset;
+  const Holders holders = holders_of(outputs, k);
 
-  // recv block j holds heads [j*L_t, (j+1)*L_t) of every tensor t. A head replicated r times
-  // occupies slots [head*r, head*r + r): the adjoint of replication sums them (in float32).
+  // A head one rank holds is copied back; one that several ranks hold (a shared KV head) is
+  // the sum of their gradients (in float32).
 #pragma omp parallel
   {
     std::vector<float> acc(static_cast<std::size_t>(d)), row(static_cast<std::size_t>(d));
 #pragma omp for collapse(2) schedule(static)
-    for (std::int64_t s = 0; s < sl; ++s)
+    for (std::int64_t s = 0; s < n; ++s)
       for (std::int64_t bb = 0; bb < b; ++bb)
         for (std::size_t t = 0; t < outputs.size(); ++t) {
           const TensorView& o = outputs[t].view;
-          const std::int64_t L = local_heads[t], r = outputs[t].replicas, off = in.head_offset(int(t));
-          auto src_row = [&](std::int64_t slot) {
-            const std::int64_t j = slot / L, i = slot % L;
-            const std::byte* base = j == me ? own : rbuf + std::size_t(j < me ? j : j - 1) * block;
-            return base + std::size_t((s * b + bb) * H + off + i) * row_bytes;
+          auto src_row = [&](std::pair<std::size_t, std::int64_t> copy) {
+            const auto [j, slot] = copy;
+            const std::byte* base = j == std::size_t(me) ? own : rbuf + k.seq_offsets[j];
+            return base + std::size_t((s * b + bb) * k.heads[j] + slot) * row_bytes;
           };
           for (std::int64_t head = 0; head < o.shape.h; ++head) {
-            if (r == 1) {
-              std::memcpy(o.row(bb, s, head), src_row(head), row_bytes);
+            const auto& copies = holders[t][std::size_t(head)];
+            if (copies.size() == 1) {
+              std::memcpy(o.row(bb, s, head), src_row(copies[0]), row_bytes);
               continue;
             }
             std::fill(acc.begin(), acc.end(), 0.0f);
-            for (std::int64_t k = 0; k < r; ++k) {
-              TensorView one{const_cast<std::byte*>(src_row(head * r + k)), dtype, {1, 1, 1, d}, 0, 0, 0};
+            for (const auto& c : copies) {
+              TensorView one{const_cast<std::byte*>(src_row(c)), dtype, {1, 1, 1, d}, 0, 0, 0};
               load_row(one, 0, 0, 0, row.data());
               for (std::int64_t x = 0; x < d; ++x) acc[std::size_t(x)] += row[std::size_t(x)];
             }

@@ -22,15 +22,41 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_
   count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
 }
 
-void Communicator::alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                   std::size_t bytes_per_rank, const std::string& op) {
-  do_alltoall_others(send, send_own_slot, recv, recv_own_slot, bytes_per_rank);
-  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+void Communicator::check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const {
+  for (std::size_t n : sizes)
+    if (n != std::size_t(size_)) throw Error(fmt::format("{}: {} entries given for {} ranks", what, n, size_));
+}
+
+void Communicator::alltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                             std::span<const std::size_t> send_offsets, void* recv,
+                             std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                             const std::string& op) {
+  check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  do_alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  std::int64_t bytes = 0, messages = 0;
+  for (int j = 0; j < size_; ++j)
+    if (j != rank_ && send_bytes[std::size_t(j)] > 0) {
+      bytes += std::int64_t(send_bytes[std::size_t(j)]);
+      ++messages;
+    }
+  count_op(op, bytes, messages);
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
   do_allgather(send, recv, bytes);
   count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
+  check_per_rank("allgatherv", {bytes.size()});
+  do_allgatherv(send, recv, bytes);
+  count_op(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1);
+}
+
+std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, const std::string& op) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
+  allgather(&value, all.data(), sizeof(value), op);
+  return all;
 }
 
 void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
@@ -41,6 +67,16 @@ void Communicator::gather(const void* send, void* recv, std::size_t bytes, int r
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
   do_reduce_scatter_sum(send, recv, count);
   count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1);
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
+                                      const std::string& op) {
+  check_per_rank("reduce_scatter_sum", {counts.size()});
+  do_reduce_scatter_sum_v(send, recv, counts);
+  std::size_t others = 0;
+  for (int j = 0; j < size_; ++j)
+    if (j != rank_) others += counts[std::size_t(j)];
+  count_op(op, std::int64_t(others * sizeof(float)), size_ - 1);
 }
 
 void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -26,6 +28,46 @@ int as_count(std::size_t bytes, const char* what) {
   if (bytes > std::size_t(INT_MAX))
     throw Error(fmt::format("{}: a message of {} bytes exceeds MPI's int count limit ({})", what, bytes, INT_MAX));
   return int(bytes);
+}
+
+// MPI's counts and displacements are ints. They count units of a contiguous datatype of the
+// largest size that divides every count and offset of a call, so buffers and displacements may
+// exceed 2 GiB; a value that still does not fit is refused with an Error, never truncated.
+class ByteUnit {
+ public:
+  explicit ByteUnit(std::initializer_list<std::span<const std::size_t>> lists) {
+    for (std::span<const std::size_t> l : lists)
+      for (std::size_t x : l) unit_ = std::gcd(unit_, x);
+    if (unit_ == 0) unit_ = 1;                                                           // all empty
+    if (unit_ > std::size_t(INT_MAX)) unit_ = std::gcd(unit_, std::size_t(1) << 30);  // one huge block
+    check_mpi(MPI_Type_contiguous(int(unit_), MPI_BYTE, &type_), "MPI_Type_contiguous");
+    MPI_Type_commit(&type_);
+  }
+  ~ByteUnit() { MPI_Type_free(&type_); }
+  ByteUnit(const ByteUnit&) = delete;
+  ByteUnit& operator=(const ByteUnit&) = delete;
+  MPI_Datatype type() const { return type_; }
+  std::vector<int> count(std::span<const std::size_t> bytes, const char* what) const {
+    std::vector<int> n;
+    for (std::size_t b : bytes) {
+      if (b / unit_ > std::size_t(INT_MAX))
+        throw Error(fmt::format("{}: {} bytes are more than MPI's int limit ({}) of {}-byte units", what, b, INT_MAX,
+                                unit_));
+      n.push_back(int(b / unit_));
+    }
+    return n;
+  }
+
+ private:
+  std::size_t unit_ = 0;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+// Where each block starts when blocks of these sizes lie back to back.
+std::vector<std::size_t> block_offsets(std::span<const std::size_t> bytes) {
+  std::vector<std::size_t> offsets(bytes.size(), 0);
+  for (std::size_t j = 1; j < bytes.size(); ++j) offsets[j] = offsets[j - 1] + bytes[j - 1];
+  return offsets;
 }
 
 class MpiRequest final : public Request::Impl {
@@ -104,30 +146,28 @@ void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t byte
   check_mpi(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Alltoall");
 }
 
-void MpiCommunicator::do_alltoall_others(const void* send, bool send_own_slot, void* recv, bool recv_own_slot,
-                                         std::size_t bytes_per_rank) {
-  // One block is one element of a contiguous datatype, so displacements count blocks and
-  // buffers may exceed 2 GiB.
-  MPI_Datatype block;
-  check_mpi(MPI_Type_contiguous(as_count(bytes_per_rank, "alltoall"), MPI_BYTE, &block), "MPI_Type_contiguous");
-  MPI_Type_commit(&block);
-  const int me = rank(), n = size();
-  std::vector<int> counts(std::size_t(n), 1), sdispl(std::size_t(n), 0), rdispl(std::size_t(n), 0);
-  counts[std::size_t(me)] = 0;
-  for (int j = 0; j < n; ++j) {
-    const int compact = j < me ? j : (j > me ? j - 1 : 0);
-    sdispl[std::size_t(j)] = send_own_slot ? j : compact;
-    rdispl[std::size_t(j)] = recv_own_slot ? j : compact;
-  }
-  const int rc = MPI_Alltoallv(send, counts.data(), sdispl.data(), block, recv, counts.data(), rdispl.data(), block,
-                               comm_);
-  MPI_Type_free(&block);
-  check_mpi(rc, "MPI_Alltoallv");
+void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                   std::span<const std::size_t> send_offsets, void* recv,
+                                   std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) {
+  const ByteUnit su({send_bytes, send_offsets}), ru({recv_bytes, recv_offsets});
+  const std::vector<int> sc = su.count(send_bytes, "alltoallv"), sd = su.count(send_offsets, "alltoallv"),
+                         rc = ru.count(recv_bytes, "alltoallv"), rd = ru.count(recv_offsets, "alltoallv");
+  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), su.type(), recv, rc.data(), rd.data(), ru.type(), comm_),
+            "MPI_Alltoallv");
 }
 
 void MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {
   const int n = as_count(bytes, "allgather");
   check_mpi(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather");
+}
+
+void MpiCommunicator::do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) {
+  const std::vector<std::size_t> offsets = block_offsets(bytes);
+  const ByteUnit u({bytes, offsets});
+  const std::vector<int> counts = u.count(bytes, "allgatherv"), displs = u.count(offsets, "allgatherv");
+  check_mpi(MPI_Allgatherv(send, counts[std::size_t(rank())], u.type(), recv, counts.data(), displs.data(), u.type(),
+                           comm_),
+            "MPI_Allgatherv");
 }
 
 void MpiCommunicator::do_gather(const void* send, void* recv, std::size_t bytes, int root) {
@@ -138,6 +178,12 @@ void MpiCommunicator::do_gather(const void* send, void* recv, std::size_t bytes,
 void MpiCommunicator::do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
   check_mpi(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM, comm_),
             "MPI_Reduce_scatter_block");
+}
+
+void MpiCommunicator::do_reduce_scatter_sum_v(const float* send, float* recv, std::span<const std::size_t> counts) {
+  std::vector<int> n;
+  for (std::size_t c : counts) n.push_back(as_count(c, "reduce_scatter"));
+  check_mpi(MPI_Reduce_scatter(send, recv, n.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter");
 }
 
 void MpiCommunicator::do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) {

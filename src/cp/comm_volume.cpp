@@ -2,30 +2,36 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
 
 namespace ulysses {
 
-void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t b, std::int64_t local,
-                        std::int64_t heads, std::int64_t kv_sent, std::int64_t d, std::int64_t es) {
-  auto per = [&](std::int64_t n) { return b * local * n * d * (group - 1) / group * es; };
-  const std::int64_t qkv = per(heads) + 2 * per(kv_sent), one = per(heads), msgs = group - 1;
-  v.forward_bytes[prefix + "seq_to_head"] = qkv;
-  v.forward_bytes[prefix + "head_to_seq"] = one;
-  v.backward_bytes[prefix + "seq_to_head"] = one;
-  v.backward_bytes[prefix + "head_to_seq"] = qkv;
+void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
+                        std::int64_t group_tokens, const RankHeads& mine, std::int64_t heads,
+                        std::int64_t kv_heads_held, std::int64_t row_bytes) {
+  const std::int64_t q = mine.q.count, kv = mine.kv.count;
+  const std::int64_t out_q = tokens * (heads - q) * row_bytes, out_kv = tokens * (kv_heads_held - kv) * row_bytes;
+  const std::int64_t others = (group_tokens - tokens) * row_bytes;  // the other ranks' tokens of our heads
+  v.forward_bytes[prefix + "seq_to_head"] = out_q + 2 * out_kv;
+  v.forward_bytes[prefix + "head_to_seq"] = others * q;
+  v.backward_bytes[prefix + "seq_to_head"] = out_q;
+  v.backward_bytes[prefix + "head_to_seq"] = others * (q + 2 * kv);
   for (auto* m : {&v.forward_messages, &v.backward_messages}) {
-    (*m)[prefix + "seq_to_head"] = msgs;
-    (*m)[prefix + "head_to_seq"] = msgs;
+    (*m)[prefix + "seq_to_head"] = group - 1;
+    (*m)[prefix + "head_to_seq"] = group - 1;
   }
 }
 
-void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t kv_elems, std::int64_t es) {
-  v.forward_bytes[prefix + "p2p_kv"] = (members - 1) * kv_elems * es;
-  v.backward_bytes[prefix + "p2p_kv"] = (members - 1) * kv_elems * es;
-  v.backward_bytes[prefix + "p2p_dkv"] = members > 1 ? members * kv_elems * 4 : 0;
+void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t total_elems,
+                     std::int64_t next_elems, std::int64_t es) {
+  const std::int64_t kv = (total_elems - next_elems) * es;  // the next member's own K/V never travels to it
+  v.forward_bytes[prefix + "p2p_kv"] = kv;
+  v.backward_bytes[prefix + "p2p_kv"] = kv;
+  v.backward_bytes[prefix + "p2p_dkv"] = members > 1 ? total_elems * 4 : 0;
   v.forward_messages[prefix + "p2p_kv"] = members - 1;
   v.backward_messages[prefix + "p2p_kv"] = members - 1;
   v.backward_messages[prefix + "p2p_dkv"] = members > 1 ? members : 0;
@@ -43,13 +49,30 @@ std::int64_t CommVolume::total_backward_bytes() const {
   return n;
 }
 
+CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                                 DType dtype) {
+  if (rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
+  validate_cp_config(config, cp, q, kv_heads);
+  return find_strategy(config.cp_comm_type).traffic(config, cp, rank, q, kv_heads, dtype);
+}
+
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
                                  DType dtype) {
-  if (cp < 1 || q.s % cp != 0 || kv_heads < 1)
-    throw Error(fmt::format("invalid volume query: cp {}, q {}, kv_heads {}", cp, q.str(), kv_heads));
+  if (cp < 1) throw Error(fmt::format("invalid volume query: cp {}", cp));
+  validate_cp_config(config, cp, q, kv_heads);
   const Strategy& strategy = find_strategy(config.cp_comm_type);
-  strategy.validate(config, cp, q, kv_heads);
-  return strategy.traffic(config, cp, q, kv_heads, dtype);
+  CommVolume busiest;
+  auto take_max = [](std::map<std::string, std::int64_t>& into, const std::map<std::string, std::int64_t>& from) {
+    for (const auto& [op, n] : from) into[op] = std::max(into[op], n);
+  };
+  for (int r = 0; r < cp; ++r) {
+    const CommVolume v = strategy.traffic(config, cp, r, q, kv_heads, dtype);
+    take_max(busiest.forward_bytes, v.forward_bytes);
+    take_max(busiest.backward_bytes, v.backward_bytes);
+    take_max(busiest.forward_messages, v.forward_messages);
+    take_max(busiest.backward_messages, v.backward_messages);
+  }
+  return busiest;
 }
 
 }  // namespace ulysses

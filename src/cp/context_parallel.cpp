@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <numeric>
+
 #include "ring_attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
@@ -52,7 +54,7 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
 std::string local_error(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v) {
   const Shape& s = q.shape;
   if (s.b <= 0 || s.s <= 0 || s.h <= 0 || s.d <= 0)
-    return fmt::format("q must have positive sizes [b, s/cp, h, d], got {}", s.str());
+    return fmt::format("q must have positive sizes [b, s_r, h, d], got {}", s.str());
   if (k.shape.h <= 0) return fmt::format("k must have at least one head, got {}", k.shape.str());
   Shape kv{s.b, s.s, k.shape.h, s.d};
   for (auto [name, view, want] : {std::tuple{"k", &k, kv}, {"v", &v, kv}, {"out", &out, s}}) {
@@ -100,20 +102,44 @@ ContextParallelAttention::ContextParallelAttention(Communicator& comm, CpConfig 
 
 ContextParallelAttention::~ContextParallelAttention() = default;
 
+namespace {
+
+// What every rank must agree on: all but the token count, which rank_chunks sets per rank.
+std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
+  return fmt::format("q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]",
+                     q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type,
+                     config.causal, config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "));
+}
+
+// "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.
+std::string token_count_error(const CpConfig& config, const std::vector<std::int64_t>& tokens, std::int64_t seq) {
+  const int cp = int(tokens.size());
+  for (int r = 0; r < cp; ++r) {
+    const std::int64_t want = tokens_held(config, cp, r, 1, seq);
+    if (tokens[std::size_t(r)] != want)
+      return fmt::format("rank {} holds {} tokens but cp_comm_type {} with s = {} gives it {} (rank_chunks)", r,
+                         tokens[std::size_t(r)], config.cp_comm_type, seq, want);
+  }
+  return "";
+}
+
+}  // namespace
+
 CpContext ContextParallelAttention::forward(const TensorView& out, const TensorView& q, const TensorView& k,
                                             const TensorView& v) {
   Communicator& comm = group_->comm();
   comm.agree(local_error(out, q, k, v));
-  comm.agree_identical("attention inputs and settings",
-                       fmt::format("q {} k/v {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]",
-                                   q.shape.str(), k.shape.str(), to_string(q.dtype), config_.cp_comm_type,
-                                   config_.causal, config_.scale,
-                                   fmt::join(config_.hierarchical_context_parallel_sizes, ", ")));
+  comm.agree_identical("attention inputs and settings", describe(config_, q, k));
+  // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
+  const std::vector<std::int64_t> tokens = comm.allgather_value(q.shape.s, "validate");
+  const std::int64_t seq = std::accumulate(tokens.begin(), tokens.end(), std::int64_t(0));
   const int cp = comm.size();
-  validate_cp_config(config_, cp, {q.shape.b, q.shape.s * cp, q.shape.h, q.shape.d}, k.shape.h);
+  validate_cp_config(config_, cp, {q.shape.b, seq, q.shape.h, q.shape.d}, k.shape.h);
+  if (const std::string err = token_count_error(config_, tokens, seq); !err.empty()) throw Error(err);
   CpContext ctx;
   ctx.impl_ = cp == 1 ? local_forward(comm, config_, out, q, k, v, ctx.stats_)
-                      : strategy_.forward(*group_, config_, out, q, k, v, ctx.stats_);
+                      : strategy_.forward(*group_, config_, all_rank_chunks(config_, cp, seq), out, q, k, v,
+                                          ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;

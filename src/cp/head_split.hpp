@@ -9,11 +9,11 @@ namespace ulysses {
 // Throws Error unless heads % kv_heads == 0 (whole GQA groups).
 void check_gqa_groups(std::int64_t heads, std::int64_t kv_heads);
 
-// How many times each KV head is sent by an all-to-all over `group` ranks: 1 when the KV
-// heads split (kv_heads % group == 0), group / kv_heads when they are replicated
-// (group % kv_heads == 0). Throws Error otherwise, or when the query heads do not split
-// (heads % group != 0), naming the group ("cp", "the inner (a2a) size") and the strategy.
-int kv_replicas_for(int group, std::int64_t heads, std::int64_t kv_heads, std::string_view group_name,
-                    std::string_view strategy);
+// Throws Error unless ulysses_heads (sharding.hpp) can split the heads over `group` ranks:
+// whole GQA groups, and at least one query head per rank (heads >= group), naming the group
+// ("cp", "the inner (a2a) size") and the strategy. Any head count at or above the group size
+// splits, evenly or not.
+void check_ulysses_heads(int group, std::int64_t heads, std::int64_t kv_heads, std::string_view group_name,
+                         std::string_view strategy);
 
 }  // namespace ulysses

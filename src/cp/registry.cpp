@@ -58,6 +58,10 @@ void Strategy::validate(const CpConfig&, int, const Shape& q, std::int64_t kv_he
   check_gqa_groups(q.h, kv_heads);
 }
 
+RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std::int64_t kv_heads) const {
+  return {{0, heads}, {0, kv_heads}};
+}
+
 TokenLayout Strategy::token_layout(const CpConfig& c) const {
   return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
 }

@@ -1,6 +1,5 @@
 #include "ring_attention.hpp"
 
-
 #include <algorithm>
 #include <limits>
 
@@ -22,17 +21,49 @@ std::int64_t max_length(const std::vector<std::vector<SeqChunk>>& chunks) {
   return n;
 }
 
+// Rows of the member holding the most tokens: every ring buffer is sized for it.
+std::int64_t max_rows(const std::vector<std::vector<SeqChunk>>& chunks) {
+  std::int64_t n = 0;
+  for (const auto& list : chunks) n = std::max(n, total_tokens(list));
+  return n;
+}
+
+// A member's K|V [2b, rows, h_kv, d] at the start of a buffer sized for the largest member:
+// what travels is exactly the member's rows, never the buffer's padding.
+TensorView member_kv(const Tensor& buffer, std::int64_t rows) {
+  const Shape& s = buffer.shape();
+  return TensorView::dense(buffer.data(), buffer.dtype(), {s.b, rows, s.h, s.d}, Layout::bshd);
+}
+
+std::size_t bytes_of(const TensorView& v) { return std::size_t(v.shape.numel()) * dtype_size(v.dtype); }
+
 bool hidden(const SeqChunk& q, const SeqChunk& k, bool causal) {
   return causal && k.begin > q.begin + q.length - 1;
 }
 
 // The K/V of the current ring step as float32 (converting from the wire dtype if needed).
-TensorView compute_view(const Tensor& wire, Tensor& scratch) {
-  if (wire.dtype() == DType::f32) return wire.view();
-  copy(wire.view(), scratch.view());
-  return scratch.view();
+TensorView compute_view(const TensorView& wire, const Tensor& scratch) {
+  if (wire.dtype == DType::f32) return wire;
+  const TensorView f = member_kv(scratch, wire.shape.s);
+  copy(wire, f);
+  return f;
 }
 
+// Posts the next step's K/V transfer: `held` (member src's) to the next rank, member src − 1's
+// from the previous rank into `next`. Nothing at the last step.
+void post_kv_step(Communicator& ring, int step, const RingSaved& saved, const TensorView& held, const Tensor& next,
+                  Request& send, Request& recv) {
+  const int R = ring.size(), me = ring.rank();
+  if (step + 1 >= R) return;
+  const std::vector<SeqChunk>& arriving = saved.chunks[std::size_t((me - step - 1 + 2 * R) % R)];
+  recv = ring.irecv(next.data(), bytes_of(member_kv(next, total_tokens(arriving))), (me - 1 + R) % R, kTagKv);
+  send = ring.isend(held.data, bytes_of(held), (me + 1) % R, kTagKv, "p2p_kv");
+}
+
+// Rows of ring member r.
+std::int64_t member_rows(const RingSaved& saved, int r) {
+  return total_tokens(saved.chunks[std::size_t(r)]);
+}
 
 }  // namespace
 
@@ -45,19 +76,20 @@ std::int64_t visible_pairs(const SeqChunk& q, const SeqChunk& k, bool causal) {
 
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
-                            std::vector<std::vector<SeqChunk>> chunks, const AttentionParams& params,
+                            const std::vector<std::vector<SeqChunk>>& chunks, const AttentionParams& params,
                             DType wire, CpStats& stats) {
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
-  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, std::move(chunks), params, wire};
+  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, params, wire};
   copy(k, kv_half(saved.kv.view(), 0));
   copy(v, kv_half(saved.kv.view(), 1));
   const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(me)];
 
-  Tensor buf[2] = {Tensor::uninitialized(saved.kv.shape(), wire), Tensor::uninitialized(saved.kv.shape(), wire)};
-  Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(saved.kv.shape());
-  copy(saved.kv.view(), buf[0].view());
+  const Shape cap{2 * ks.b, max_rows(saved.chunks), ks.h, ks.d};
+  Tensor buf[2] = {Tensor::uninitialized(cap, wire), Tensor::uninitialized(cap, wire)};
+  Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
+  copy(saved.kv.view(), member_kv(buf[0], ks.s));
   const std::int64_t maxlen = max_length(saved.chunks);
   Tensor o_part = Tensor::uninitialized({B, maxlen, H, q.shape.d});
   Tensor lse_buffer = lse_tensor({B, maxlen, H, 1});
@@ -69,13 +101,11 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
 
   for (int step = 0; step < R; ++step) {
     const int src = (me - step + R) % R, cur = step % 2;
+    const TensorView held = member_kv(buf[cur], member_rows(saved, src));
     Request send, recv;
-    if (step + 1 < R) {  // post the next step's transfer before computing this one
-      recv = ring.irecv(buf[1 - cur].data(), buf[cur].nbytes(), (me - 1 + R) % R, kTagKv);
-      send = ring.isend(buf[cur].data(), buf[cur].nbytes(), (me + 1) % R, kTagKv, "p2p_kv");
-    }
+    post_kv_step(ring, step, saved, held, buf[1 - cur], send, recv);  // before computing this step
     double t0 = ring.now();
-    const TensorView kv = compute_view(buf[cur], scratch);
+    const TensorView kv = compute_view(held, scratch);
     const std::vector<SeqChunk>& theirs = saved.chunks[std::size_t(src)];
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
@@ -109,10 +139,11 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
   const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(me)];
 
-  Tensor buf[2] = {Tensor::uninitialized(kvs, saved.wire), Tensor::uninitialized(kvs, saved.wire)};
-  Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(kvs);
-  copy(saved.kv.view(), buf[0].view());
-  Tensor dkv[2] = {Tensor(kvs), Tensor(kvs)}, dkv_in(kvs);
+  const Shape cap{kvs.b, max_rows(saved.chunks), kvs.h, kvs.d};
+  Tensor buf[2] = {Tensor::uninitialized(cap, saved.wire), Tensor::uninitialized(cap, saved.wire)};
+  Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
+  copy(saved.kv.view(), member_kv(buf[0], kvs.s));
+  Tensor dkv[2] = {Tensor(cap), Tensor(cap)}, dkv_in(cap);
   const std::int64_t maxlen = max_length(saved.chunks);
   Tensor dq_part = Tensor::uninitialized({B, maxlen, H, saved.q.shape.d});
   Tensor dk_part = Tensor::uninitialized({B, maxlen, kvs.h, kvs.d}), dv_part(dk_part.shape());
@@ -121,18 +152,17 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
 
   for (int step = 0; step < R; ++step) {
     const int src = (me - step + R) % R, cur = step % 2;
+    const std::int64_t src_rows = member_rows(saved, src);
+    const TensorView held = member_kv(buf[cur], src_rows), acc_in = member_kv(dkv_in, src_rows);
     Request send, recv, dkv_recv;
-    if (step + 1 < R) {
-      recv = ring.irecv(buf[1 - cur].data(), buf[cur].nbytes(), (me - 1 + R) % R, kTagKv);
-      send = ring.isend(buf[cur].data(), buf[cur].nbytes(), (me + 1) % R, kTagKv, "p2p_kv");
-    }
+    post_kv_step(ring, step, saved, held, buf[1 - cur], send, recv);
     // The accumulator for `src` arrives from the previous rank, which handled src one step ago.
-    if (step > 0) dkv_recv = ring.irecv(dkv_in.data(), dkv_in.nbytes(), (me - 1 + R) % R, kTagDkv);
+    if (step > 0) dkv_recv = ring.irecv(acc_in.data, bytes_of(acc_in), (me - 1 + R) % R, kTagDkv);
     double t0 = ring.now();
     dkv_send[cur].wait();  // the buffer's send from two steps ago
-    const TensorView acc = dkv[cur].view();
+    const TensorView acc = member_kv(dkv[cur], src_rows);
     zero(acc);
-    const TensorView kv = compute_view(buf[cur], scratch);
+    const TensorView kv = compute_view(held, scratch);
     const std::vector<SeqChunk>& theirs = saved.chunks[std::size_t(src)];
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
@@ -158,24 +188,21 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     stats.compute_s += t1 - t0;
     if (step > 0) {
       dkv_recv.wait();
-      accumulate(acc, dkv_in.view());
+      accumulate(acc, acc_in);
     }
-    if (R > 1) dkv_send[cur] = ring.isend(dkv[cur].data(), dkv[cur].nbytes(), (me + 1) % R, kTagDkv, "p2p_dkv");
+    if (R > 1) dkv_send[cur] = ring.isend(acc.data, bytes_of(acc), (me + 1) % R, kTagDkv, "p2p_dkv");
     send.wait();
     recv.wait();
     stats.comm_exposed_s += ring.now() - t1;
   }
   const double t2 = ring.now();
-  const Tensor* mine_total = &dkv[0];  // R == 1: the only accumulator is ours
-  if (R > 1) {
-    ring.irecv(dkv_in.data(), dkv_in.nbytes(), (me - 1 + R) % R, kTagDkv).wait();
-    mine_total = &dkv_in;
-  }
+  const TensorView mine_total = member_kv(R > 1 ? dkv_in : dkv[0], kvs.s);  // R == 1: the only accumulator is ours
+  if (R > 1) ring.irecv(mine_total.data, bytes_of(mine_total), (me - 1 + R) % R, kTagDkv).wait();
   dkv_send[0].wait();
   dkv_send[1].wait();
   stats.comm_exposed_s += ring.now() - t2;
-  copy(kv_half(mine_total->view(), 0), dk);
-  copy(kv_half(mine_total->view(), 1), dv);
+  copy(kv_half(mine_total, 0), dk);
+  copy(kv_half(mine_total, 1), dv);
 }
 
 }  // namespace ulysses

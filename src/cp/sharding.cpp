@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -9,21 +12,91 @@ namespace ulysses {
 
 bool uses_zigzag(const CpConfig& c) { return find_strategy(c.cp_comm_type).token_layout(c) == TokenLayout::zigzag; }
 
+namespace {
+
+// Part i of n items cut into `parts` contiguous parts whose sizes differ by at most one, the
+// first n % parts one larger (torch.tensor_split): tokens over ranks, heads over ranks.
+HeadRange even_part(std::int64_t n, std::int64_t parts, std::int64_t i) {
+  const std::int64_t base = n / parts, extra = n % parts;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+// Which part of even_part(n, parts, ·) item x falls in.
+std::int64_t part_holding(std::int64_t n, std::int64_t parts, std::int64_t x) {
+  const std::int64_t base = n / parts, extra = n % parts, long_items = extra * (base + 1);
+  return x < long_items ? x / (base + 1) : extra + (x - long_items) / base;
+}
+
+SeqChunk chunk(const HeadRange& r) { return {r.first, r.count}; }
+
+// Whether `config` lays the tokens out in zigzag. Throws Error unless every rank gets at
+// least one token (zigzag: two chunks of at least one).
+bool zigzag_layout(const CpConfig& config, int cp, std::int64_t seq) {
+  const bool zigzag = uses_zigzag(config);
+  if (!zigzag && seq < cp)
+    throw Error(fmt::format("sequence length ({}) must be at least cp ({}): every rank holds at least one token",
+                            seq, cp));
+  if (zigzag && seq < 2 * std::int64_t(cp))
+    throw Error(fmt::format("sequence length ({}) must be at least 2*cp ({}) for cp_comm_type {} with a causal "
+                            "mask: the zigzag layout cuts it into 2*cp chunks of at least one token",
+                            seq, 2 * cp, config.cp_comm_type));
+  return zigzag;
+}
+
+// Items in parts [first, first + count) of even_part(n, parts, ·), which lie back to back.
+std::int64_t items_in_parts(std::int64_t n, std::int64_t parts, std::int64_t first, std::int64_t count) {
+  if (count == 0) return 0;
+  const HeadRange last = even_part(n, parts, first + count - 1);
+  return last.first + last.count - even_part(n, parts, first).first;
+}
+
+}  // namespace
+
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
   if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
-  if (!uses_zigzag(config)) {
-    if (seq % cp != 0)
-      throw Error(fmt::format("sequence length ({}) must be divisible by cp ({}): every rank holds s/cp "
-                              "tokens (uneven sharding is not supported yet)", seq, cp));
-    const std::int64_t n = seq / cp;
-    return {{rank * n, n}};
+  if (!zigzag_layout(config, cp, seq)) return {chunk(even_part(seq, cp, rank))};
+  return {chunk(even_part(seq, 2 * cp, rank)), chunk(even_part(seq, 2 * cp, 2 * cp - 1 - rank))};
+}
+
+std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
+  if (first_rank < 0 || ranks < 0 || first_rank + ranks > cp)
+    throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));
+  if (!zigzag_layout(config, cp, seq)) return items_in_parts(seq, cp, first_rank, ranks);
+  // Chunks [first, first + ranks) and their mirror images [2cp − first − ranks, 2cp − first).
+  return items_in_parts(seq, 2 * cp, first_rank, ranks) +
+         items_in_parts(seq, 2 * cp, 2 * cp - first_rank - ranks, ranks);
+}
+
+RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv_heads) {
+  const std::int64_t g = heads / kv_heads;  // query heads per KV head
+  if (kv_heads >= group) {
+    const HeadRange kv = even_part(kv_heads, group, rank);
+    return {{kv.first * g, kv.count * g}, kv};
   }
-  if (seq % (2 * cp) != 0)
-    throw Error(fmt::format("sequence length ({}) must be divisible by 2*cp ({}) for cp_comm_type {} with "
-                            "a causal mask: the zigzag layout cuts it into 2*cp equal chunks",
-                            seq, 2 * cp, config.cp_comm_type));
-  const std::int64_t c = seq / (2 * cp);
-  return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
+  const std::int64_t k = part_holding(group, kv_heads, rank);
+  const HeadRange sharers = even_part(group, kv_heads, k);
+  const HeadRange q = even_part(g, sharers.count, rank - sharers.first);
+  return {{k * g + q.first, q.count}, {k, 1}};
+}
+
+std::int64_t ulysses_kv_heads_held(int group, std::int64_t kv_heads) {
+  return std::max<std::int64_t>(kv_heads, group);
+}
+
+std::int64_t most_heads(const std::vector<HeadRange>& ranges) {
+  std::int64_t n = 0;
+  for (const HeadRange& r : ranges) n = std::max(n, r.count);
+  return n;
+}
+
+HeadSplit ulysses_head_split(int group, std::int64_t heads, std::int64_t kv_heads) {
+  HeadSplit s;
+  for (int r = 0; r < group; ++r) {
+    const RankHeads mine = ulysses_heads(group, r, heads, kv_heads);
+    s.q.push_back(mine.q);
+    s.kv.push_back(mine.kv);
+  }
+  return s;
 }
 
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
@@ -38,6 +111,8 @@ std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i) {
   return r;
 }
 
+std::int64_t total_tokens(const std::vector<SeqChunk>& chunks) { return chunk_row(chunks, chunks.size()); }
+
 std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks) {
   std::vector<std::int64_t> pos;
   for (const SeqChunk& c : chunks)
@@ -49,10 +124,8 @@ namespace {
 // Copies rows between a global tensor and the concatenation of its chunks.
 void move_rows(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks,
                bool to_local) {
-  std::int64_t total = 0;
-  for (const SeqChunk& c : chunks) total += c.length;
-  if (total != local.shape.s)
-    throw Error(fmt::format("chunks hold {} tokens but the local tensor has {}", total, local.shape.s));
+  if (total_tokens(chunks) != local.shape.s)
+    throw Error(fmt::format("chunks hold {} tokens but the local tensor has {}", total_tokens(chunks), local.shape.s));
   std::int64_t row = 0;
   for (const SeqChunk& c : chunks) {
     if (c.begin < 0 || c.begin + c.length > global.shape.s)
@@ -78,23 +151,23 @@ void unshard_sequence(const TensorView& local, const TensorView& global, const s
 }
 
 namespace {
-std::int64_t total_tokens(const std::vector<SeqChunk>& chunks) {
-  std::int64_t n = 0;
-  for (const SeqChunk& c : chunks) n += c.length;
-  return n;
-}
 
-// "" when a gather of `shard` to `root` can assemble the sequence, else why not. A gather
-// moves equal blocks, so every rank's chunks must hold as many tokens as this shard.
-std::string gather_error(const Communicator& comm, const TensorView& shard,
-                         const std::vector<std::vector<SeqChunk>>& chunks_per_rank, int root) {
+// "" when `chunks_per_rank` can be gathered to `root`, else why not.
+std::string gather_error(const Communicator& comm, const std::vector<std::vector<SeqChunk>>& chunks_per_rank,
+                         int root) {
   if (root < 0 || root >= comm.size()) return fmt::format("root {} is not in [0, {})", root, comm.size());
   if (chunks_per_rank.size() != std::size_t(comm.size()))
     return fmt::format("chunks of {} ranks given for {} ranks", chunks_per_rank.size(), comm.size());
-  for (std::size_t r = 0; r < chunks_per_rank.size(); ++r)
-    if (total_tokens(chunks_per_rank[r]) != shard.shape.s)
+  return "";
+}
+
+// "" when every rank's shard (its length in `lengths`) holds that rank's chunks.
+std::string shard_length_error(const std::vector<std::vector<SeqChunk>>& chunks_per_rank,
+                               const std::vector<std::int64_t>& lengths) {
+  for (std::size_t r = 0; r < lengths.size(); ++r)
+    if (total_tokens(chunks_per_rank[r]) != lengths[r])
       return fmt::format("rank {}'s chunks hold {} tokens but the shard has {}", r, total_tokens(chunks_per_rank[r]),
-                         shard.shape.s);
+                         lengths[r]);
   return "";
 }
 }  // namespace
@@ -119,18 +192,24 @@ void fill_uniform_shard(const TensorView& local, std::uint64_t seed, const std::
 
 Tensor gather_global(Communicator& comm, const TensorView& shard,
                      const std::vector<std::vector<SeqChunk>>& chunks_per_rank, int root) {
-  comm.agree(gather_error(comm, shard, chunks_per_rank, root));
-  comm.agree_identical("gather_global shard shapes", shard.shape.str());
+  comm.agree(gather_error(comm, chunks_per_rank, root));
+  const std::vector<std::int64_t> lengths = comm.allgather_value(shard.shape.s, "validate");
+  comm.agree(shard_length_error(chunks_per_rank, lengths));  // against every rank's own list
   const Shape& sh = shard.shape;
+  comm.agree_identical("gather_global shard shapes", fmt::format("[{}, *, {}, {}]", sh.b, sh.h, sh.d));
   const Tensor mine = copy_of(shard, DType::f32);  // dense bshd: one contiguous block per rank
-  const std::size_t n = std::size_t(sh.numel());
-  std::vector<float> all(comm.rank() == root ? n * std::size_t(comm.size()) : 0);
-  comm.gather(mine.data(), all.data(), mine.nbytes(), root, "report");
-  if (comm.rank() != root) return {};
-  Tensor global({sh.b, sh.s * comm.size(), sh.h, sh.d});
-  for (int r = 0; r < comm.size(); ++r)
-    unshard_sequence(TensorView::dense(all.data() + n * std::size_t(r), DType::f32, sh, Layout::bshd), global.view(),
-                     chunks_per_rank[std::size_t(r)]);
+  constexpr int kTag = 3;
+  if (comm.rank() != root) {  // point to point: the shards' sizes differ between ranks
+    comm.isend(mine.data(), mine.nbytes(), root, kTag, "report").wait();
+    return {};
+  }
+  Tensor global({sh.b, std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)), sh.h, sh.d});
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::size_t i = std::size_t(r);
+    Tensor theirs = r == root ? Tensor() : Tensor::uninitialized({sh.b, lengths[i], sh.h, sh.d});
+    if (r != root) comm.irecv(theirs.data(), theirs.nbytes(), r, kTag).wait();
+    unshard_sequence(r == root ? mine.view() : theirs.view(), global.view(), chunks_per_rank[i]);
+  }
   return global;
 }
 

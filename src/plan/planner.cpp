@@ -39,6 +39,18 @@ double parse_quantity(const std::string& text, const std::map<std::string, doubl
   return value * it->second;
 }
 
+// The busiest rank's query heads over the average: an uneven Ulysses head split makes one
+// rank compute longer than the others (1 when the heads split evenly).
+double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpConfig& cfg) {
+  std::int64_t most = 0, total = 0;
+  for (int r = 0; r < in.cp; ++r) {
+    const std::int64_t n = strategy.heads_of(cfg, in.cp, r, in.heads, in.kv_heads).q.count;
+    most = std::max(most, n);
+    total += n;
+  }
+  return double(most) * in.cp / double(total);
+}
+
 PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& cfg) {
   PlanRow r;
   r.config = cfg;
@@ -51,14 +63,16 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& 
     return r;
   }
   r.valid = true;
-  const CommVolume v = strategy.traffic(cfg, in.cp, q, in.kv_heads, in.dtype);
+  const CommVolume v = predicted_comm_volume(cfg, in.cp, q, in.kv_heads, in.dtype);
   r.forward_bytes_per_rank = v.total_forward_bytes();
   r.backward_bytes_per_rank = v.total_backward_bytes();
   for (const auto& [op, n] : v.forward_messages) r.forward_messages += n;
   for (const auto& [op, n] : v.backward_messages) r.backward_messages += n;
 
   const double rate = in.cluster.peak_flops * in.cluster.efficiency;
-  const double fwd = attention_forward_flops(in.batch, in.seq, in.seq, in.heads, in.head_dim, in.causal) / in.cp / rate;
+  r.head_imbalance = head_imbalance(in, strategy, cfg);
+  const double fwd = attention_forward_flops(in.batch, in.seq, in.seq, in.heads, in.head_dim, in.causal) / in.cp /
+                     rate * r.head_imbalance;
   const double bwd = 2.5 * fwd;
   r.compute_s = fwd + bwd;
   const StrategyCost c = strategy.cost(in, cfg, v, fwd, bwd);
@@ -87,6 +101,8 @@ double parse_latency(const std::string& text) {
   static const std::map<std::string, double> units{{"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
   return parse_quantity(text, units, "latency");
 }
+
+std::int64_t busiest_tokens(const PlanInput& in) { return (in.seq + in.cp - 1) / in.cp; }
 
 double message_seconds(const Link& l, double bytes) { return l.latency + bytes / l.bandwidth; }
 

@@ -1,9 +1,11 @@
 // cp_comm_type "a2a": DeepSpeed-Ulysses as an explicit forward/backward pair.
 //
-// forward:  seq_to_head(q, k, v)  →  flash forward on [b, s, h/cp, d]  →  head_to_seq(o)
-// backward: seq_to_head(dO)       →  flash backward                     →  head_to_seq(dq, dk, dv)
-// The backward is composed from the primitives' adjoints; nothing is hand-fused. bf16 inputs
-// stay bf16 on the wire and in the kernels (the level's bf16 engine).
+// forward:  seq_to_head(q, k, v)  →  flash forward on [b, s, h_r, d]  →  head_to_seq(o)
+// backward: seq_to_head(dO)       →  flash backward                   →  head_to_seq(dq, dk, dv)
+// Rank r gets h_r query heads with their KV heads (ulysses_heads: h/cp each when they split
+// evenly); ranks may hold different token counts. The backward is composed from the
+// primitives' adjoints; nothing is hand-fused. bf16 inputs stay bf16 on the wire and in the
+// kernels (the level's bf16 engine).
 #include <array>
 
 #include "../head_split.hpp"
@@ -11,16 +13,18 @@
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/comm_volume.hpp"
+#include "ulysses/sharding.hpp"
 
 namespace ulysses {
 
 namespace {
 
 struct UlyssesContext final : StrategyContext {
-  FusedHeads qkv;          // head-sharded q | k | v in the wire dtype, [s, b, h/cp + 2·h_kv'/cp, d]
+  FusedHeads qkv;          // head-sharded q | k | v in the wire dtype, [s, b, h_r + 2·h_kv_r, d]
   FusedHeads out;          // float32 head-sharded output
-  Tensor lse;              // [b, h/cp, s]
-  int kv_replicas = 1;     // each KV head sent this many times (GQA with h_kv < cp)
+  Tensor lse;              // [b, h_r, s]
+  HeadSplit heads;         // every rank's query and KV heads
   AttentionParams params;
   DType dtype = DType::f32;  // storage / wire dtype
 };
@@ -33,30 +37,33 @@ class A2aStrategy final : public Strategy {
   }
 
   void validate(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads) const override {
-    check_gqa_groups(q.h, kv_heads);
-    kv_replicas_for(cp, q.h, kv_heads, "cp", "a2a");
+    check_ulysses_heads(cp, q.h, kv_heads, "cp", "a2a");
+  }
+  RankHeads heads_of(const CpConfig&, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
+    return ulysses_heads(cp, rank, heads, kv_heads);
   }
   // Balanced by heads, so never zigzag.
   TokenLayout token_layout(const CpConfig&) const override { return TokenLayout::contiguous; }
 
-  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                           const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<UlyssesContext>();
-    ctx->kv_replicas = kv_replicas_for(comm.size(), q.shape.h, k.shape.h, "cp", "a2a");
+    ctx->heads = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
     ctx->params = {config.causal, config.scale, 0, 0};
     ctx->dtype = q.dtype;
-    const std::array<SeqShard, 3> in{{{q, 1}, {k, ctx->kv_replicas}, {v, ctx->kv_replicas}}};
+    const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     const double t0 = comm.now();
     ctx->qkv = seq_to_head(comm, in);  // in the wire dtype: the kernels take bf16 as it is
     const double t1 = comm.now();
     const TensorView hq = ctx->qkv.part(0);
-    ctx->out = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+    ctx->out = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
     ctx->lse = lse_tensor(hq.shape);
     flash_attention_forward(ctx->out.part(0), ctx->lse.view(), hq, ctx->qkv.part(1), ctx->qkv.part(2), ctx->params);
     const double t2 = comm.now();
-    const std::array<SeqShard, 1> o{{{out, 1}}};
+    const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
     if (ctx->dtype == DType::f32) head_to_seq(comm, ctx->out, o);
     else head_to_seq(comm, ctx->out.converted(ctx->dtype), o);
     stats.compute_s += t2 - t1;
@@ -69,18 +76,17 @@ class A2aStrategy final : public Strategy {
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     Communicator& comm = group.comm();
     const auto& ctx = static_cast<const UlyssesContext&>(context);
-    const std::array<SeqShard, 1> g{{{dout, 1}}};
+    const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     const double t0 = comm.now();
     const FusedHeads hdout = seq_to_head(comm, g);
     const double t1 = comm.now();
     const FusedHeads& qkv = ctx.qkv;
-    FusedHeads grads(ctx.dtype, qkv.batch(), qkv.seq(), qkv.head_dim(),
+    FusedHeads grads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(),
                      {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
     flash_attention_backward(grads.part(0), grads.part(1), grads.part(2), hdout.part(0), qkv.part(0), qkv.part(1),
                              qkv.part(2), ctx.out.part(0), ctx.lse.view(), ctx.params);
     const double t2 = comm.now();
-    const int r = ctx.kv_replicas;
-    const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+    const std::array<SeqShard, 3> out{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
     head_to_seq(comm, grads, out);
     stats.compute_s += t2 - t1;
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
@@ -88,10 +94,11 @@ class A2aStrategy final : public Strategy {
     stats.score_pairs += visible_pairs({0, s}, {0, s}, ctx.params.causal) * qkv.batch() * qkv.local_heads(0);
   }
 
-  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                     DType dtype) const override {
     CommVolume v;
-    const int replicas = kv_replicas_for(cp, q.h, kv_heads, "cp", "a2a");
-    add_ulysses_volume(v, "", cp, q.b, q.s / cp, q.h, kv_heads * replicas, q.d, std::int64_t(dtype_size(dtype)));
+    add_ulysses_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s, ulysses_heads(cp, rank, q.h, kv_heads),
+                       q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
     return v;
   }
 
@@ -100,10 +107,10 @@ class A2aStrategy final : public Strategy {
     StrategyCost r;
     for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
       for (const char* op : {"seq_to_head", "head_to_seq"}) r.comm_s += all_to_all_seconds(c, in.cp, double(bytes->at(op)));
-    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
-    const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
-    const double kvs = in.kv_heads % in.cp == 0 ? double(in.kv_heads) : double(in.cp);
-    r.memory_bytes = qo + kv + qo + 2 * kvs * local * es;  // + head-sharded copies
+    const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
+    const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
+    const double seq_side = 2 * double(in.heads + in.kv_heads) * double(busiest_tokens(in)) * row;  // q, out, k, v
+    r.memory_bytes = seq_side + 2 * double(most_heads(split.q) + most_heads(split.kv)) * double(in.seq) * row;
     return r;
   }
 };

@@ -4,7 +4,8 @@
 // `outer` groups of strided ranks (one ring per inner position: slow links carry only K/V).
 //
 // forward:  seq_to_head inside the group → ring attention over the outer group on the
-//           group's whole sequence and h/inner heads → head_to_seq inside the group.
+//           group's whole sequence and its inner rank's heads (ulysses_heads over `inner`:
+//           h/inner when they split evenly) → head_to_seq inside the group.
 // backward: the mirror image. The ring computes in float32.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +16,7 @@
 #include "../ring_attention.hpp"
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -25,7 +27,7 @@ namespace {
 struct HierarchicalContext final : StrategyContext {
   FusedHeads qkv, out_heads;  // float32, head-sharded inside the inner group
   RingSaved ring;             // the outer ring's (points into qkv and out_heads)
-  int kv_replicas = 1;
+  HeadSplit heads;            // every inner rank's query and KV heads
   DType dtype = DType::f32;   // storage / wire dtype
   Communicator* inner = nullptr;
   Communicator* outer = nullptr;
@@ -53,16 +55,20 @@ class A2aP2pStrategy final : public Strategy {
   bool hierarchical() const override { return true; }
 
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
-    check_gqa_groups(q.h, kv_heads);
     const auto& hs = config.hierarchical_context_parallel_sizes;
     if (hs.size() != 2 || hs[0] < 1 || hs[1] < 1 || hs[0] * hs[1] != cp)
       throw Error(fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] with "
                               "inner * outer == cp ({}), got [{}]",
                               cp, fmt::join(hs, ", ")));
-    kv_replicas_for(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+    check_ulysses_heads(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+  }
+  RankHeads heads_of(const CpConfig& config, int, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    return ulysses_heads(I, rank % I, heads, kv_heads);
   }
 
-  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
@@ -70,19 +76,18 @@ class A2aP2pStrategy final : public Strategy {
     auto ctx = std::make_unique<HierarchicalContext>();
     ctx->inner = &group.subgroup("inner", comm.rank() / I, comm.rank());  // contiguous inner groups
     ctx->outer = &group.subgroup("outer", comm.rank() % I, comm.rank());  // strided outer groups
-    ctx->kv_replicas = kv_replicas_for(I, q.shape.h, k.shape.h, "the inner (a2a) size", "a2a+p2p");
+    ctx->heads = ulysses_head_split(I, q.shape.h, k.shape.h);
     ctx->dtype = q.dtype;
-    const std::array<SeqShard, 3> in{{{q, 1}, {k, ctx->kv_replicas}, {v, ctx->kv_replicas}}};
+    const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     double t0 = comm.now();
     ctx->qkv = as_float32(seq_to_head(*ctx->inner, in));
     stats.comm_exposed_s += comm.now() - t0;
     const TensorView hq = ctx->qkv.part(0);
-    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, hq.shape.s, hq.shape.d, {hq.shape.h});
+    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
     ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->qkv.part(1), ctx->qkv.part(2),
-                           outer_chunks(all_rank_chunks(config, comm.size(), q.shape.s * comm.size()), I),
-                           {config.causal, config.scale, 0, 0}, q.dtype, stats);
+                           outer_chunks(chunks, I), {config.causal, config.scale, 0, 0}, q.dtype, stats);
     t0 = comm.now();
-    const std::array<SeqShard, 1> o{{{out, 1}}};
+    const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
     if (q.dtype == DType::f32) head_to_seq(*ctx->inner, ctx->out_heads, o);
     else head_to_seq(*ctx->inner, ctx->out_heads.converted(q.dtype), o);
     stats.comm_exposed_s += comm.now() - t0;
@@ -94,30 +99,37 @@ class A2aP2pStrategy final : public Strategy {
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     Communicator& comm = group.comm();
     const auto& ctx = static_cast<const HierarchicalContext&>(context);
-    const std::array<SeqShard, 1> g{{{dout, 1}}};
+    const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     double t0 = comm.now();
     const FusedHeads hdout = as_float32(seq_to_head(*ctx.inner, g));
     stats.comm_exposed_s += comm.now() - t0;
     const FusedHeads& x = ctx.qkv;
-    FusedHeads grads(DType::f32, x.batch(), x.seq(), x.head_dim(), {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
+    FusedHeads grads(DType::f32, x.batch(), x.rank_tokens(), x.head_dim(),
+                     {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
     ring_attention_backward(*ctx.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), ctx.ring, stats);
     t0 = comm.now();
-    const int r = ctx.kv_replicas;
-    const std::array<SeqShard, 3> out{{{dq, 1}, {dk, r}, {dv, r}}};
+    const std::array<SeqShard, 3> out{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
     if (ctx.dtype == DType::f32) head_to_seq(*ctx.inner, grads, out);
     else head_to_seq(*ctx.inner, grads.converted(ctx.dtype), out);
     stats.comm_exposed_s += comm.now() - t0;
     group.absorb();
   }
 
-  CommVolume traffic(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+  // Inner group g = rank / I holds the tokens of ranks [g·I, g·I + I); after the inner
+  // all-to-all, outer member g of this rank's ring holds all of them, on this rank's heads.
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
-    const std::int64_t es = std::int64_t(dtype_size(dtype)), local = q.s / cp;
-    const std::int64_t kvs = kv_heads * kv_replicas_for(I, q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+    const int group = rank / I;
+    const std::int64_t es = std::int64_t(dtype_size(dtype));
+    const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
     CommVolume v;
-    add_ulysses_volume(v, "inner.", I, q.b, local, q.h, kvs, q.d, es);
-    add_ring_volume(v, "outer.", O, 2 * q.b * local * kvs * q.d, es);  // I·local tokens × kvs/I heads
+    add_ulysses_volume(v, "inner.", I, tokens_held(config, cp, rank, 1, q.s),
+                       tokens_held(config, cp, group * I, I, q.s), mine, q.h, ulysses_kv_heads_held(I, kv_heads),
+                       q.b * q.d * es);
+    const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
+    add_ring_volume(v, "outer.", O, per_token * q.s, per_token * tokens_held(config, cp, (group + 1) % O * I, I, q.s),
+                    es);
     return v;
   }
 
@@ -139,9 +151,10 @@ class A2aP2pStrategy final : public Strategy {
     for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
       for (const char* op : {"inner.seq_to_head", "inner.head_to_seq"})
         r.comm_s += all_to_all_seconds(in.cluster, I, double(bytes->at(op)));
-    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
+    const double es = double(dtype_size(in.dtype));
+    const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
-    const double kvs = in.kv_heads % I == 0 ? double(in.kv_heads) : double(I);
+    const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local * es;
     const RingSeconds t = ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
     r.comm_s += t.comm;

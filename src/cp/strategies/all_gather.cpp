@@ -3,6 +3,8 @@
 // prefix of keys; the backward reduce-scatters dK and dV back to their owners. The simplest
 // strategy and the most memory (full K and V on every rank); nothing overlaps. Computes in
 // float32; K/V travel in the storage dtype, dK/dV in float32.
+#include <numeric>
+
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
@@ -20,23 +22,51 @@ struct AllGatherContext final : StrategyContext {
   AttentionParams params;
 };
 
+// Every rank's K|V rows [2b, n_r, h_kv, d] (n_r its tokens) back to back in rank order, as the
+// all-gather and the reduce-scatter move them: exactly each rank's rows, no padding.
+class RankBlocks {
+ public:
+  RankBlocks(const std::vector<std::vector<SeqChunk>>& chunks, const Shape& kv_of_one_token) : row_(kv_of_one_token) {
+    for (const auto& c : chunks) rows_.push_back(total_tokens(c));
+  }
+  // Elements of every rank's block, in rank order.
+  std::vector<std::size_t> all_elements() const {
+    std::vector<std::size_t> n;
+    for (std::size_t r = 0; r < rows_.size(); ++r) n.push_back(elements(int(r)));
+    return n;
+  }
+  std::int64_t total_rows() const { return std::accumulate(rows_.begin(), rows_.end(), std::int64_t(0)); }
+  // Rank r's block in `buffer`, which holds them all.
+  TensorView block(const Tensor& buffer, int r) const {
+    std::size_t offset = 0;
+    for (int i = 0; i < r; ++i) offset += elements(i);
+    void* data = static_cast<std::byte*>(buffer.data()) + offset * dtype_size(buffer.dtype());
+    return TensorView::dense(data, buffer.dtype(), {row_.b, rows_[std::size_t(r)], row_.h, row_.d}, Layout::bshd);
+  }
+
+ private:
+  std::size_t elements(int r) const { return std::size_t(rows_[std::size_t(r)] * row_.b * row_.h * row_.d); }
+  Shape row_;  // [2b, 1, h_kv, d]
+  std::vector<std::int64_t> rows_;
+};
+
 // Every rank's K|V blocks (rank order) into sequence order.
 void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, const TensorView& v) {
-  const int R = comm.size();
   const Shape& ks = k.shape;
-  ctx.kv_full = Tensor::uninitialized({2 * ks.b, ks.s * R, ks.h, ks.d});
+  const RankBlocks blocks(ctx.chunks, {2 * ks.b, 1, ks.h, ks.d});
   Tensor local = Tensor::uninitialized({2 * ks.b, ks.s, ks.h, ks.d}, k.dtype);
   copy(k, kv_half(local.view(), 0));
   copy(v, kv_half(local.view(), 1));
-  Tensor gathered = Tensor::uninitialized({2 * ks.b * R, ks.s, ks.h, ks.d}, k.dtype);
-  comm.allgather(local.data(), gathered.data(), local.nbytes(), "all_gather_kv");
-  for (int r = 0; r < R; ++r) {
-    TensorView block = gathered.view();
-    block.shape.b = 2 * ks.b;
-    block.data = gathered.view().row(2 * ks.b * r, 0, 0);
+  std::vector<std::size_t> bytes = blocks.all_elements();
+  for (std::size_t& b : bytes) b *= dtype_size(k.dtype);
+  const std::int64_t seq = blocks.total_rows();
+  Tensor gathered = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype);  // as many elements as the blocks
+  comm.allgatherv(local.data(), gathered.data(), bytes, "all_gather_kv");
+  ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d});
+  for (int r = 0; r < comm.size(); ++r)
     for (int which = 0; which < 2; ++which)
-      unshard_sequence(kv_half(block, which), kv_half(ctx.kv_full.view(), which), ctx.chunks[std::size_t(r)]);
-  }
+      unshard_sequence(kv_half(blocks.block(gathered, r), which), kv_half(ctx.kv_full.view(), which),
+                       ctx.chunks[std::size_t(r)]);
 }
 
 class AllGatherStrategy final : public Strategy {
@@ -46,12 +76,13 @@ class AllGatherStrategy final : public Strategy {
     return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
   }
 
-  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<AllGatherContext>();
-    ctx->chunks = all_rank_chunks(config, comm.size(), q.shape.s * comm.size());
+    ctx->chunks = chunks;
     ctx->params = {config.causal, config.scale, 0, 0};
     const double t0 = comm.now();
     gather_kv(comm, *ctx, k, v);
@@ -83,7 +114,6 @@ class AllGatherStrategy final : public Strategy {
     const auto& ctx = static_cast<const AllGatherContext&>(context);
     const int R = comm.size();
     const Shape full = ctx.kv_full.shape();  // [2b, s, h_kv, d]
-    const std::int64_t m = full.s / R;
     const std::vector<SeqChunk>& mine = ctx.chunks[std::size_t(comm.rank())];
     const TensorView kf = kv_half(ctx.kv_full.view(), 0), vf = kv_half(ctx.kv_full.view(), 1);
     Float32Backward g(dout, dq, dk, dv);
@@ -104,36 +134,36 @@ class AllGatherStrategy final : public Strategy {
       stats.score_pairs += visible_pairs(a, {0, full.s}, ctx.params.causal) * q32.shape.b * q32.shape.h;
     }
     // Rank r's rows of dK/dV, in its local order, as block r of the reduce-scatter.
-    Tensor blocks = Tensor::uninitialized({full.b * R, m, full.h, full.d});
-    for (int r = 0; r < R; ++r) {
-      TensorView block = blocks.view();
-      block.shape.b = full.b;
-      block.data = blocks.view().row(full.b * r, 0, 0);
+    const RankBlocks layout(ctx.chunks, {full.b, 1, full.h, full.d});
+    Tensor blocks = Tensor::uninitialized(full);  // as many elements as the blocks
+    for (int r = 0; r < R; ++r)
       for (int which = 0; which < 2; ++which)
-        shard_sequence(kv_half(dkv_full.view(), which), kv_half(block, which), ctx.chunks[std::size_t(r)]);
-    }
+        shard_sequence(kv_half(dkv_full.view(), which), kv_half(layout.block(blocks, r), which),
+                       ctx.chunks[std::size_t(r)]);
     const double t1 = comm.now();
     stats.compute_s += t1 - t0;
-    Tensor mine_total = Tensor::uninitialized({full.b, m, full.h, full.d});
-    comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), std::size_t(mine_total.shape().numel()), "all_gather_dkv");
+    Tensor mine_total = Tensor::uninitialized({full.b, g.dk.shape().s, full.h, full.d});
+    comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), layout.all_elements(), "all_gather_dkv");
     stats.comm_exposed_s += comm.now() - t1;
     copy(kv_half(mine_total.view(), 0), g.dk.view());
     copy(kv_half(mine_total.view(), 1), g.dv.view());
     g.store(dq, dk, dv);
   }
 
-  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                     DType dtype) const override {
     CommVolume v;
-    const std::int64_t kv = 2 * q.b * (q.s / cp) * kv_heads * q.d;
-    v.forward_bytes["all_gather_kv"] = (cp - 1) * kv * std::int64_t(dtype_size(dtype));
-    v.backward_bytes["all_gather_dkv"] = (cp - 1) * kv * 4;
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, q.s);
+    v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
+    v.backward_bytes["all_gather_dkv"] = (q.s - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
     v.backward_messages["all_gather_dkv"] = cp - 1;
     return v;
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double, double) const override {
-    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
+    const double es = double(dtype_size(in.dtype));
+    const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
     const Link& l = ring_link(in.cluster, in.cp, 1);
     const double comm = (in.cp - 1) * (message_seconds(l, kv) + message_seconds(l, kv / es * 4));

@@ -22,14 +22,13 @@ class P2pStrategy final : public Strategy {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
   }
 
-  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config, const TensorView& out,
+  std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
+                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    Communicator& comm = group.comm();
     auto ctx = std::make_unique<RingContext>();
     ctx->f32 = Float32Forward(q);
-    ring_attention_forward(comm, ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v,
-                           all_rank_chunks(config, comm.size(), q.shape.s * comm.size()),
+    ring_attention_forward(group.comm(), ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v, chunks,
                            {config.causal, config.scale, 0, 0}, q.dtype, stats);
     copy(ctx->f32.out.view(), out);
     return ctx;
@@ -43,15 +42,19 @@ class P2pStrategy final : public Strategy {
     g.store(dq, dk, dv);
   }
 
-  CommVolume traffic(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+                     DType dtype) const override {
     CommVolume v;
-    add_ring_volume(v, "", cp, 2 * q.b * (q.s / cp) * kv_heads * q.d, std::int64_t(dtype_size(dtype)));
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
+    add_ring_volume(v, "", cp, per_token * q.s, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, q.s),
+                    std::int64_t(dtype_size(dtype)));
     return v;
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double fwd_s,
                     double bwd_s) const override {
-    const double es = double(dtype_size(in.dtype)), local = double(in.batch) * double(in.seq / in.cp) * double(in.head_dim);
+    const double es = double(dtype_size(in.dtype));
+    const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
     const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * double(in.kv_heads) * local * 4,
                                        fwd_s, bwd_s);
