@@ -17,7 +17,6 @@
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
-#include "cp/head_split.hpp"
 
 namespace py = pybind11;
 using namespace ulysses;
@@ -75,11 +74,18 @@ py::array whole_array(const FusedHeads& f, py::handle owner) {
   return py::array(dt, shape, strides, f.whole().data, owner);
 }
 
-std::vector<SeqShard> shards_of(const py::list& views, const std::vector<int>& replicas) {
+// One (first, count) head range per rank for each tensor: which heads every rank gets.
+using HeadLists = std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>;
+
+std::vector<SeqShard> shards_of(const py::list& views, const HeadLists& heads) {
   const std::vector<TensorView> v = views_of(views);
-  if (replicas.size() != v.size()) throw Error("internal: one replica count per tensor");
+  if (heads.size() != v.size()) throw Error("internal: one head list per tensor");
   std::vector<SeqShard> s;
-  for (std::size_t i = 0; i < v.size(); ++i) s.push_back({v[i], replicas[i]});
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    SeqShard shard{v[i], {}};
+    for (const auto& [first, count] : heads[i]) shard.heads.push_back({first, count});
+    s.push_back(std::move(shard));
+  }
   return s;
 }
 
@@ -142,8 +148,8 @@ PYBIND11_MODULE(_ulysses, m) {
   py::class_<HeadBuffer>(m, "HeadBuffer", "The head-sharded side of the fused all-to-all.");
 
   m.def("seq_to_head",
-        [](Communicator& comm, const py::list& views, const std::vector<int>& replicas) {
-          const std::vector<SeqShard> shards = shards_of(views, replicas);
+        [](Communicator& comm, const py::list& views, const HeadLists& heads) {
+          const std::vector<SeqShard> shards = shards_of(views, heads);
           auto buffer = std::make_unique<HeadBuffer>();
           {
             py::gil_scoped_release nogil;
@@ -152,21 +158,22 @@ PYBIND11_MODULE(_ulysses, m) {
           py::object owner = py::cast(std::move(buffer));
           return whole_array(owner.cast<HeadBuffer&>().heads, owner);
         },
-        "Collective: one all-to-all of every tensor [b, s/cp, h, d] (each head sent `replicas` times); "
+        "Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of tensor t; "
         "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back.");
   m.def("head_to_seq",
-        [](Communicator& comm, const py::list& head_views, const py::list& out_views, const std::vector<int>& replicas) {
+        [](Communicator& comm, const py::list& head_views, const py::list& out_views, const HeadLists& heads) {
           const std::vector<TensorView> in = views_of(head_views);
-          const std::vector<SeqShard> out = shards_of(out_views, replicas);
+          const std::vector<SeqShard> out = shards_of(out_views, heads);
           if (in.empty() || in.size() != out.size()) throw Error("head_to_seq: one head-sharded input per output");
-          std::vector<std::int64_t> heads;
-          for (const TensorView& v : in) heads.push_back(v.shape.h);
+          std::vector<std::int64_t> local_heads;
+          for (const TensorView& v : in) local_heads.push_back(v.shape.h);
           py::gil_scoped_release nogil;
-          FusedHeads f(in[0].dtype, in[0].shape.b, in[0].shape.s, in[0].shape.d, heads);
+          const std::vector<std::int64_t> tokens = comm.allgather_value(out[0].view.shape.s, "validate");
+          FusedHeads f(in[0].dtype, in[0].shape.b, tokens, in[0].shape.d, local_heads);
           for (std::size_t t = 0; t < in.size(); ++t) copy(in[t], f.part(int(t)));
           head_to_seq(comm, f, out);
         },
-        "Collective: the adjoint of seq_to_head; writes every output [b, s/cp, h, d] (replicas summed).");
+        "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
 
   m.def("rank_chunks",
         [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq) {
@@ -188,10 +195,17 @@ PYBIND11_MODULE(_ulysses, m) {
     for (const Strategy* s : strategies()) n.emplace_back(s->name());
     return n;
   });
-  m.def("kv_replicas",
+  m.def("head_split",
         [](int group, std::int64_t heads, std::int64_t kv_heads) {
-          return kv_replicas_for(group, heads, kv_heads, "the all-to-all's size", "a2a");
+          const HeadSplit split = ulysses_head_split(group, heads, kv_heads);
+          auto pairs = [](const std::vector<HeadRange>& r) {
+            std::vector<std::pair<std::int64_t, std::int64_t>> out;
+            for (const HeadRange& h : r) out.emplace_back(h.first, h.count);
+            return out;
+          };
+          return py::make_tuple(pairs(split.q), pairs(split.kv));
         },
-        "How many times each KV head travels in an all-to-all over `group` ranks (Ulysses' GQA rule).");
+        "Ulysses' head split over `group` ranks: ((first, count) of query heads per rank, the same for KV heads); "
+        "GQA groups kept whole, KV heads shared when fewer than ranks.");
   m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
 }

@@ -97,12 +97,13 @@ def test_sub_communicators_are_independent_groups():
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() == 1, reason="needs a second rank to disagree with")
 def test_bad_shape_on_one_rank_raises_the_same_error_everywhere(comm):
     attn = ut.ContextParallelAttention(comm, "a2a")
-    s = 8 if comm.rank != comm.size - 1 else 9
-    q = torch.zeros(1, s, 2 * comm.size, 8)
-    with pytest.raises(ulysses.Error) as info:
-        attn(q, q, q)
-    messages = comm.mpi.allgather(str(info.value))
-    assert len(set(messages)) == 1 and "differ between ranks" in messages[0], messages
+    for s, d, says in ((8, 16, "differ between ranks"), (9, 8, "tokens but cp_comm_type a2a")):
+        last = comm.rank == comm.size - 1  # only the last rank's tensor is wrong
+        q = torch.zeros(1, s if last else 8, 2 * comm.size, d if last else 8)
+        with pytest.raises(ulysses.Error) as info:
+            attn(q, q, q)
+        messages = comm.mpi.allgather(str(info.value))
+        assert len(set(messages)) == 1 and says in messages[0], messages
 
 
 def test_bad_python_inputs_are_named(comm):
@@ -125,3 +126,16 @@ def test_shard_unshard_positions(comm, strategy, causal):
     assert torch.equal(ulysses.unshard(mine, comm, strategy, causal), x)
     if strategy == "p2p" and causal and comm.size == 2:  # zigzag: chunks r and 2cp-1-r
         assert pos.tolist() == ([0, 1, 6, 7] if comm.rank == 0 else [2, 3, 4, 5])
+
+
+def test_uneven_sequence_and_heads(comm):
+    # s % cp != 0 and h % cp != 0: shards differ by at most one token, GQA groups stay whole.
+    torch.manual_seed(5)
+    b, s, h, kv, d = 1, 8 * comm.size + 3, 6, 3, 16
+    gq, gdout = torch.randn(b, s, h, d), torch.randn(b, s, h, d)
+    gk, gv = torch.randn(b, s, kv, d), torch.randn(b, s, kv, d)
+    want = reference(gq, gk, gv, gdout, True)
+    for strategy, sizes in configs(comm.size):
+        got = run(comm, strategy, sizes, True, gq, gk, gv, gdout)
+        errs = [agreed_max(comm, rel(x, r)) for x, r in zip(got, want)]
+        assert max(errs) <= 1e-5, (strategy, sizes, errs)

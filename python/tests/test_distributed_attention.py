@@ -51,3 +51,13 @@ def test_refuses_what_it_cannot_do(comm):
     x = torch.zeros(1, 4, comm.size, 8)
     with pytest.raises(ulysses.Error, match="rotary_pos_emb"):
         ut.DistributedAttention(local_attention, comm, 2, 1)(x, x, x, 0, (x, x))
+
+
+def test_uneven_heads_keep_gqa_groups(comm):
+    torch.manual_seed(6)
+    b, s, h, kv, d = 1, 8 * comm.size, 6, 3, 16
+    gq, gk, gv = torch.randn(b, s, h, d), torch.randn(b, s, kv, d), torch.randn(b, s, kv, d)
+    layer = ut.DistributedAttention(local_attention, comm, 2, 1)
+    out = layer(*(ulysses.shard(x, comm) for x in (gq, gk, gv)))
+    ref = textbook_attention(gq, gk, gv, True)
+    assert agreed_max(comm, rel(ulysses.unshard(out.detach(), comm), ref)) < 1e-5

@@ -67,15 +67,14 @@ def _head_parts(whole, heads, dtype):
 
 
 class _SeqToHead(torch.autograd.Function):
-    """One all-to-all for all tensors: [b, s/p, h_t, d] → [b, s, h_t·r_t/p, d]."""
+    """One all-to-all for all tensors: [b, s/p, h_t, d] → [b, s, heads_t[rank], d]."""
 
     @staticmethod
-    def forward(ctx, comm, replicas, *xs):
+    def forward(ctx, comm, heads, *xs):
         xs = [readable(x, "input") for x in xs]
-        whole = _ulysses.seq_to_head(comm._impl, [spec(x) for x in xs], list(replicas))
-        ctx.comm, ctx.replicas, ctx.shapes, ctx.dtype = comm, replicas, [x.shape for x in xs], xs[0].dtype
-        heads = [x.shape[2] * r // comm.size for x, r in zip(xs, replicas)]
-        parts = _head_parts(whole, heads, xs[0].dtype)
+        whole = _ulysses.seq_to_head(comm._impl, [spec(x) for x in xs], heads)
+        ctx.comm, ctx.heads, ctx.shapes, ctx.dtype = comm, heads, [x.shape for x in xs], xs[0].dtype
+        parts = _head_parts(whole, [h[comm.rank][1] for h in heads], xs[0].dtype)
         ctx.part_shapes = [p.shape for p in parts]  # for gradients autograd omits (None)
         return tuple(parts)
 
@@ -84,26 +83,26 @@ class _SeqToHead(torch.autograd.Function):
         grads = [readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
                  for g, shape in zip(grads, ctx.part_shapes)]
         outs = [torch.empty(s, dtype=grads[0].dtype) for s in ctx.shapes]
-        _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], list(ctx.replicas))
+        _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], ctx.heads)
         return (None, None) + tuple(outs)
 
 
 class _HeadToSeq(torch.autograd.Function):
-    """The output's all-to-all: [b, s, h/p, d] → [b, s/p, h, d]."""
+    """The output's all-to-all: [b, s, q_heads[rank], d] → [b, n_rank, h, d]."""
 
     @staticmethod
-    def forward(ctx, comm, x):
+    def forward(ctx, comm, q_heads, local_tokens, x):
         x = readable(x, "attention output")
-        out = torch.empty((x.shape[0], x.shape[1] // comm.size, x.shape[2] * comm.size, x.shape[3]), dtype=x.dtype)
-        _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [1])
-        ctx.comm = comm
+        out = torch.empty((x.shape[0], local_tokens, sum(c for _, c in q_heads), x.shape[3]), dtype=x.dtype)
+        _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [q_heads])
+        ctx.comm, ctx.q_heads = comm, q_heads
         return out
 
     @staticmethod
     def backward(ctx, grad):
         grad = readable(grad, "grad")
-        whole = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [1])
-        return None, _head_parts(whole, [grad.shape[2] // ctx.comm.size], grad.dtype)[0]
+        whole = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [ctx.q_heads])
+        return None, None, None, _head_parts(whole, [ctx.q_heads[ctx.comm.rank][1]], grad.dtype)[0]
 
 
 class DistributedAttention(torch.nn.Module):
@@ -112,8 +111,9 @@ class DistributedAttention(torch.nn.Module):
     seq→head and a head→seq all-to-all. Inputs are this rank's ``[s/p, b, h, d]`` (the default,
     ``gather_idx=0``, or ``batch_dim_idx=1``) or ``[b, s/p, h, d]`` (``gather_idx=1``, or
     ``batch_dim_idx=0``); the local attention gets and returns the same layout with the full
-    sequence and h/p heads. Q, K and V travel in ONE all-to-all (DeepSpeed sends three); fewer KV
-    heads than ranks are replicated and their gradients summed. ``comm`` is a
+    sequence and this rank's heads (h/p; uneven h keeps GQA groups whole). Q, K and V travel in
+    ONE all-to-all (DeepSpeed sends three); fewer KV heads than ranks are shared and their
+    gradients summed. ``comm`` is a
     ``ulysses.Communicator`` (DeepSpeed's ``sequence_process_group``)."""
 
     def __init__(self, local_attention, comm, scatter_idx=2, gather_idx=0, sp_stream=None, num_kv_heads=None):
@@ -134,13 +134,13 @@ class DistributedAttention(torch.nn.Module):
         q, k, v = (x.transpose(0, 1) if seq_first else x for x in (query, key, value))
         if self.num_kv_heads is not None and self.num_kv_heads != k.shape[2]:
             raise _ulysses.Error(f"num_kv_heads={self.num_kv_heads} but key has {k.shape[2]} heads")
-        r = _ulysses.kv_replicas(self.comm.size, q.shape[2], k.shape[2])
-        qh, kh, vh = _SeqToHead.apply(self.comm, (1, r, r), q, k, v)
+        q_heads, kv_heads = _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
+        qh, kh, vh = _SeqToHead.apply(self.comm, [q_heads, kv_heads, kv_heads], q, k, v)
         if seq_first:
             qh, kh, vh = qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1)
         # Local kernels such as SDPA run far slower on strided views of the fused buffer (2.8x at
         # s = 2048, measured): one dense copy per tensor, as DeepSpeed's all-to-all unpack makes.
         qh, kh, vh = qh.contiguous(), kh.contiguous(), vh.contiguous()
         out = self.local_attn(qh, kh, vh, *args, **kwargs)
-        out = _HeadToSeq.apply(self.comm, out.transpose(0, 1) if seq_first else out)
+        out = _HeadToSeq.apply(self.comm, q_heads, q.shape[1], out.transpose(0, 1) if seq_first else out)
         return out.transpose(0, 1) if seq_first else out
