@@ -121,7 +121,8 @@ class Communicator {
   void agree(const std::string& local_error);
   // Collective. Every rank describes what it was given (shapes, settings) as text; if any
   // rank's text differs from rank 0's, every rank throws the same Error:
-  // "<what> differ between ranks: rank 0 has <text 0>, rank k has <text k>".
+  // "<what> differ between ranks: rank 0 has <text 0>, rank k has <text k>". Costs one all-gather
+  // of a 64-bit hash per rank when the texts agree.
   void agree_identical(const std::string& what, const std::string& description);
 
   const std::map<std::string, CommCounter>& counters() const { return counters_; }

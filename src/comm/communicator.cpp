@@ -118,8 +118,20 @@ void Communicator::agree(const std::string& local_error) {
   throw Error(size_ > 1 ? fmt::format("rank {}: {}", first, msg) : msg);
 }
 
+namespace {
+// FNV-1a: the same 64 bits for the same text on every host and build.
+std::int64_t text_hash(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return std::int64_t(h);
+}
+}  // namespace
+
 void Communicator::agree_identical(const std::string& what, const std::string& description) {
-  // Every rank's text, padded to the longest, in one all-gather.
+  // The common case costs one small all-gather (a hash per rank); only when the hashes differ
+  // do the texts travel, padded to the longest, to name what differs.
+  const std::vector<std::int64_t> hashes = allgather_value(text_hash(description), "validate");
+  if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; })) return;
   std::int64_t longest = std::int64_t(description.size());
   allreduce_max(&longest, 1);
   std::string mine = description;
