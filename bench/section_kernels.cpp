@@ -225,7 +225,7 @@ Times time_flash(const Inputs& in, bool causal, int reps) {
   const Shape sh = in.q.shape();
   Tensor out(sh), dq(sh), dk(sh), dv(sh);
   const Tensor lse = lse_tensor(sh);
-  const AttentionParams p{causal, 0.0f, 0, 0};
+  const AttentionParams p{.causal = causal};
   reset_tensor_bytes_peak();
   const i64 base = tensor_bytes_in_use();
   Times t;

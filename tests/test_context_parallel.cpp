@@ -4,6 +4,8 @@
 // by cp; exact byte and message counts of every rank; equal causal work per rank; the same
 // clear error on every rank for every bad input; shards made on each rank and gathered back
 // to one.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "mpi_helpers.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
@@ -87,13 +90,15 @@ struct GlobalProblem {
   Tensor q, k, v, dout;
   RefTensor out, dq, dk, dv;
   bool causal;
-  GlobalProblem(Shape global, std::int64_t kv_heads, DType dtype, bool causal_mask, std::uint64_t seed)
+  GlobalProblem(Shape global, std::int64_t kv_heads, DType dtype, bool causal_mask, std::uint64_t seed,
+                std::vector<std::int64_t> cu_seqlens = {}, void (*edit)(GlobalProblem&) = nullptr)
       : q(global, dtype), k({global.b, global.s, kv_heads, global.d}, dtype), v(k.shape(), dtype),
         dout(global, dtype), causal(causal_mask) {
     for (auto [t, i] : {std::pair{&q, 0}, {&k, 1}, {&v, 2}, {&dout, 3}})
       fill_uniform(t->view(), seed + std::uint64_t(i));
+    if (edit != nullptr) edit(*this);
     const RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
-    const AttentionParams p{causal, 0.0f, 0, 0};
+    const AttentionParams p{causal, 0.0f, 0, 0, std::move(cu_seqlens)};
     std::vector<double> lse;
     reference_attention_forward(out, lse, rq, rk, rv, p);
     reference_attention_backward(dq, dk, dv, RefTensor::from(dout.view()), rq, rk, rv, p);
@@ -210,6 +215,98 @@ TEST(Strategies, UnevenHeadSplitsMatchFloat64Reference) {
         p.expect_matches();
       }
     }
+}
+
+// Packed documents (cu_seqlens) of every awkward kind, every strategy, forward and gradients:
+// lengths 1 and prime, an empty document, one longer than a shard, one inside a shard, and
+// boundaries exactly on every chunk boundary of the strategy's layout; the work counted is
+// exactly the documents' visible pairs.
+std::vector<std::vector<std::int64_t>> document_sets(const CpConfig& cfg, int cp, std::int64_t s) {
+  std::vector<std::int64_t> on_chunks{0};
+  for (const auto& chunks : all_rank_chunks(cfg, cp, s))
+    for (const SeqChunk& c : chunks) on_chunks.push_back(c.begin + c.length);
+  std::sort(on_chunks.begin(), on_chunks.end());
+  const std::int64_t long_doc = s / 2;
+  return {cu_seqlens_of(std::vector<std::int64_t>{1, 0, 5, 13, long_doc, s - 19 - long_doc}), on_chunks,
+          {0, s / 3, s / 3 + 1, s}};
+}
+
+TEST(Documents, EveryStrategyMatchesFloat64Reference) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  const std::int64_t s = 12 * cp + 29, h = 2 * cp;
+  for (bool causal : {true, false})
+    for (const CpConfig& base : strategies(cp, causal))
+      for (const std::vector<std::int64_t>& cu : document_sets(base, cp, s))
+        for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::f32}, {h / 2, DType::bf16}}) {
+          if (hkv < 1) continue;
+          CpConfig cfg = base;
+          cfg.cu_seqlens = cu;
+          SCOPED_TRACE(fmt::format("{} h_kv {} {} cu_seqlens [{}]", describe(cfg), hkv, to_string(dtype),
+                                   fmt::join(cu, ",")));
+          const GlobalProblem global({1, s, h, 16}, hkv, dtype, causal, 7, cu);
+          Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
+          ContextParallelAttention attn(comm, cfg);
+          const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+          attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+          if (dtype == DType::f32) p.expect_matches();
+          else p.expect_matches(1e-2, 2.5e-2);
+          double total = double(ctx.stats().score_pairs);
+          comm.allreduce_sum(&total, 1);
+          EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
+        }
+}
+
+// Changing one document's inputs leaves every other token's output and gradients bit for bit
+// as they were, in every strategy: nothing crosses a boundary, also not through the ring's
+// merges or the all-to-alls.
+TEST(Documents, NothingLeaksAcrossABoundary) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  const std::int64_t s = 10 * cp + 3, h = 2 * cp;
+  const std::vector<std::int64_t> cu{0, 3, s / 2, s / 2 + 4, s};
+  auto perturb = [](GlobalProblem& g) {  // document 1: positions [3, s/2)
+    const std::int64_t row = g.q.shape().h * g.q.shape().d, end = g.q.shape().s / 2;
+    for (Tensor* t : {&g.q, &g.k, &g.v, &g.dout})
+      for (std::int64_t i = 3 * row; i < end * row; ++i) t->f32()[i] = -t->f32()[i] + 0.25f;
+  };
+  const GlobalProblem plain({1, s, h, 8}, h, DType::f32, true, 3, cu), changed({1, s, h, 8}, h, DType::f32, true, 3, cu, perturb);
+  for (const CpConfig& base : strategies(cp, true)) {
+    CpConfig cfg = base;
+    cfg.cu_seqlens = cu;
+    SCOPED_TRACE(describe(cfg));
+    Problem a(plain, cfg, cp, comm.rank(), Layout::bshd), b(changed, cfg, cp, comm.rank(), Layout::bshd);
+    ContextParallelAttention attn(comm, cfg);
+    a.run(attn);
+    b.run(attn);
+    a.expect_matches();
+    b.expect_matches();
+    const std::vector<std::int64_t> pos = token_positions(rank_chunks(cfg, cp, comm.rank(), s));
+    for (std::size_t i = 0; i < pos.size(); ++i) {
+      if (pos[i] >= 3 && pos[i] < s / 2) continue;
+      for (auto [x, y] : {std::pair{&a.out, &b.out}, {&a.dq, &b.dq}, {&a.dk, &b.dk}, {&a.dv, &b.dv}}) {
+        const std::size_t row = std::size_t(x->shape().h * x->shape().d);
+        ASSERT_EQ(0, std::memcmp(x->f32() + i * row, y->f32() + i * row, row * sizeof(float)))
+            << "position " << pos[i] << " changed";
+      }
+    }
+  }
+}
+
+TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  const std::int64_t s = 4 * cp;
+  for (auto [cu, b, needle] : {std::tuple{std::vector<std::int64_t>{1, s}, 1, "must start at 0"},
+                               {std::vector<std::int64_t>{0, 3, 2, s}, 1, "cu_seqlens[2] = 2 after 3"},
+                               {std::vector<std::int64_t>{0, s - 1}, 1, "must end at the sequence length"},
+                               {std::vector<std::int64_t>{0, s}, 2, "needs batch 1"}}) {
+    CpConfig cfg{"p2p", {}, true, 0.0f, cu};
+    Tensor q({b, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), cp, 8}), out(q.shape());
+    ContextParallelAttention attn(comm, cfg);
+    ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
+                                                   needle);
+  }
 }
 
 // Which heads the all-to-all strategies give each rank: the examples at cp = 4.

@@ -182,13 +182,15 @@ struct FlashCase {
   bool causal;
   std::int64_t q_offset = 0, k_offset = 0;
   int threads = 2;
+  std::vector<std::int64_t> cu_seqlens = {};  // packed documents over global positions
 };
 
 std::string name_of(const FlashCase& c) {
   return "b" + std::to_string(c.b) + "_sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" +
          std::to_string(c.h) + "_kv" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
          (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" +
-         std::to_string(c.k_offset) + "_t" + std::to_string(c.threads);
+         std::to_string(c.k_offset) + "_t" + std::to_string(c.threads) +
+         (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1));
 }
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
@@ -203,7 +205,7 @@ void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dt
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
   fill_uniform(dout.view(), 4);
-  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset};
+  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset, c.cu_seqlens};
   RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
   RefTensor rout, rdq, rdk, rdv;
   std::vector<double> rlse;
@@ -276,8 +278,72 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{1, 77, 300, 2, 2, 24, true, 230, 0},          // d = 24: micro-kernel column tail
         FlashCase{2, 13, 40, 3, 1, 32, false, 0, 0, 1},         // rows not a multiple of 6
         FlashCase{1, 100, 100, 2, 1, 40, true, 0, 0, 1},        // d = 40: AVX-512 block + vector tail
-        FlashCase{1, 33, 70, 1, 1, 200, false, 0, 0, 1}),       // d = 200: several column blocks
+        FlashCase{1, 33, 70, 1, 1, 200, false, 0, 0, 1},        // d = 200: several column blocks
+        // Packed documents: lengths 1, 1, 5, 57, an empty one, 136 and 100 (several per block).
+        FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
+        FlashCase{1, 300, 300, 4, 2, 16, false, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
+        // Prime lengths; a document longer than a key tile; tiles before it skipped.
+        FlashCase{1, 620, 620, 2, 1, 64, true, 0, 0, 2, {0, 13, 110, 601, 620}},
+        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 1, {0, 13, 110, 601, 620}},
+        // A query chunk and a key chunk of a larger sequence (as the ring calls it), bf16 dq path.
+        FlashCase{1, 64, 200, 2, 2, 16, true, 100, 0, 2, {0, 50, 130, 170, 300}},
+        FlashCase{1, 64, 200, 2, 2, 16, false, 200, 50, 2, {0, 50, 130, 170, 300}},
+        FlashCase{1, 40, 40, 2, 2, 16, false, 10, 200, 2, {0, 50, 130, 170, 300}}),  // no key visible
     [](const auto& info) { return name_of(info.param); });
+
+// Changing one document's inputs changes nothing outside it, bit for bit: no value and no
+// gradient leaks across a boundary.
+TEST(Flash, DocumentsAreIsolatedBitForBit) {
+  const std::int64_t s = 200, h = 2, d = 16;
+  const std::vector<std::int64_t> cu{0, 37, 90, 91, 200};
+  auto run = [&](std::uint64_t seed_doc1) {
+    Tensor q({1, s, h, d}), k({1, s, h, d}), v({1, s, h, d}), dout({1, s, h, d});
+    fill_uniform(q.view(), 1);
+    fill_uniform(k.view(), 2);
+    fill_uniform(v.view(), 3);
+    fill_uniform(dout.view(), 4);
+    Tensor noise({1, s, h, d});
+    fill_uniform(noise.view(), seed_doc1);
+    for (Tensor* t : {&q, &k, &v, &dout})  // document 1: positions [37, 90)
+      for (std::int64_t i = 37 * h * d; i < 90 * h * d; ++i) t->f32()[i] += noise.f32()[i];
+    std::vector<Tensor> r;
+    for (int i = 0; i < 4; ++i) r.emplace_back(Shape{1, s, h, d});
+    const Tensor lse = lse_tensor(q.shape());
+    const AttentionParams p{true, 0.0f, 0, 0, cu};
+    flash_attention_forward(r[0].view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(r[1].view(), r[2].view(), r[3].view(), dout.view(), q.view(), k.view(), v.view(),
+                             r[0].view(), lse.view(), p);
+    return r;
+  };
+  const std::vector<Tensor> a = run(11), b = run(12);
+  for (std::size_t t = 0; t < a.size(); ++t)
+    for (std::int64_t i = 0; i < s * h * d; ++i) {
+      const bool inside = i >= 37 * h * d && i < 90 * h * d;
+      if (!inside) ASSERT_EQ(a[t].f32()[i], b[t].f32()[i]) << "tensor " << t << " element " << i;
+    }
+  EXPECT_NE(a[0].f32()[50 * h * d], b[0].f32()[50 * h * d]);  // the changed document did change
+}
+
+TEST(Flash, RejectsBadDocuments) {
+  Tensor q({1, 10, 2, 8}), out({1, 10, 2, 8});
+  const Tensor lse = lse_tensor(q.shape());
+  auto error_of = [&](const AttentionParams& p) -> std::string {
+    try {
+      flash_attention_forward(out.view(), lse.view(), q.view(), q.view(), q.view(), p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({false, 0, 0, 0, {1, 10}}).find("must start at 0, got 1"), std::string::npos);
+  EXPECT_NE(error_of({false, 0, 0, 0, {0, 6, 4, 10}}).find("cu_seqlens[2] = 4 after 6"), std::string::npos);
+  EXPECT_NE(error_of({false, 0, 0, 0, {0, 4, 8}}).find("must lie inside"), std::string::npos);
+  Tensor q2({2, 10, 2, 8}), out2({2, 10, 2, 8});
+  const Tensor lse2 = lse_tensor(q2.shape());
+  EXPECT_THROW(flash_attention_forward(out2.view(), lse2.view(), q2.view(), q2.view(), q2.view(),
+                                       {false, 0, 0, 0, {0, 10}}),
+               Error);
+}
 
 TEST(Flash, RejectsBadShapesWithNamedValues) {
   Tensor q({1, 4, 3, 8}), k({1, 4, 2, 8}), v({1, 4, 2, 8}), out({1, 4, 3, 8});

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "ulysses/attention.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -70,6 +71,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
 class ToyAllGatherHalves final : public Strategy {
  public:
   std::string_view name() const override { return "toy_all_gather_halves"; }
+  bool supports_documents() const override { return true; }
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
@@ -79,7 +81,7 @@ class ToyAllGatherHalves final : public Strategy {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<ToyContext>();
     ctx->chunks = chunks;
-    ctx->params = {config.causal, config.scale, 0, 0};
+    ctx->params = attention_params(config);  // its mask, documents included
     std::int64_t seq = 0;
     for (const auto& c : chunks) seq += total_tokens(c);
     const Shape full{k.shape.b, seq, k.shape.h, k.shape.d};
@@ -97,8 +99,7 @@ class ToyAllGatherHalves final : public Strategy {
       ctx->lse.push_back(lse_tensor({q.shape.b, n, q.shape.h, q.shape.d}));
       flash_attention_forward(rows_of(ctx->out.view(), row, n), ctx->lse.back().view(), rows_of(ctx->q.view(), row, n),
                               ctx->k_full.view(), ctx->v_full.view(), p);
-      for (std::int64_t t = 0; t < n; ++t)  // causal: token at position p sees p + 1 keys
-        stats.score_pairs += (config.causal ? mine[i].begin + t + 1 : full.s) * q.shape.b * q.shape.h;
+      stats.score_pairs += visible_pairs(p.cu_seqlens, p.causal, mine[i], {0, full.s}) * q.shape.b * q.shape.h;
     }
     copy(ctx->out.view(), out);
     return ctx;

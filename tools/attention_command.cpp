@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "report.hpp"
 #include "ulysses/context_parallel.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
 #include "ulysses/reference.hpp"
@@ -43,6 +45,9 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
       ->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
+  c->add_option("--cu-seqlens", o.cu_seqlens,
+                "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
+                "or a file of them (.npy or text); no token attends across a document boundary; batch 1");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
   c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(CLI::PositiveNumber);
@@ -161,6 +166,10 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     s.p = load_problem(o);
+    if (!o.cu_seqlens.empty()) {
+      s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
+      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
+    }
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
   });
   return s;
@@ -179,7 +188,7 @@ void print_header(const Setup& s) {
   std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(s.dtype).c_str());
   std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
               to_string(s.dtype), to_string(s.layout), cfg.causal ? ", causal" : "",
-              effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d));
+              effective_scale(attention_params(cfg), p.q.d));
   std::string where;
   for (const SeqChunk& c : s.chunks[0]) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
   std::vector<std::int64_t> tokens;
@@ -192,6 +201,13 @@ void print_header(const Setup& s) {
   std::printf("  tokens per rank: %s; rank 0 holds tokens%s%s\n", fmt::format("{}", fmt::join(tokens, ", ")).c_str(),
               where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
   std::printf("  query/KV heads per rank: %s\n", fmt::format("{}", fmt::join(heads, ", ")).c_str());
+  if (const auto& cu = cfg.cu_seqlens; !cu.empty()) {
+    std::vector<std::int64_t> len;
+    for (std::size_t i = 1; i < cu.size(); ++i) len.push_back(cu[i] - cu[i - 1]);
+    std::sort(len.begin(), len.end());
+    std::printf("  packed documents: %zu (lengths %lld .. %lld, median %lld); none attends across a boundary\n",
+                len.size(), (long long)len.front(), (long long)len.back(), (long long)len[len.size() / 2]);
+  }
   std::fflush(stdout);
 }
 
@@ -233,6 +249,8 @@ double timed(Communicator& comm, const std::function<void()>& fn) {
 // The slowest rank's times: medians over the timed runs, and the last run's split into
 // compute and the communication that compute did not hide.
 struct Timing {
+  std::vector<std::int64_t> work;  // visible (query, key) pairs each rank computed in the forward (this
+                                   // rank's alone until gather_work)
   double forward_s = 0, backward_s = 0;
   double forward_compute_s = 0, forward_exposed_s = 0, backward_compute_s = 0, backward_exposed_s = 0;
 };
@@ -257,7 +275,7 @@ Timing run_timed(Communicator& comm, ContextParallelAttention& attn, const Shard
     }
   }
   const CpStats& fs = ctx.stats();
-  return {median(fwd), median(bwd), max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
+  return {{fs.score_pairs}, median(fwd), median(bwd), max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
           max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
 }
 
@@ -315,9 +333,17 @@ nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
   return ranks;
 }
 
+// FlashAttention's count; with documents, exactly 4·d per visible (query, key) pair.
 double forward_flops(const Setup& s) {
   const Shape& q = s.p.q;
-  return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+  if (s.cfg.cu_seqlens.empty()) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(s.cfg.cu_seqlens, s.cfg.causal, {0, q.s}, {0, q.s}));
+}
+
+// The busiest rank's attention work over the mean: what load imbalance costs in time.
+double work_imbalance(const std::vector<std::int64_t>& work) {
+  const double total = double(std::accumulate(work.begin(), work.end(), std::int64_t(0)));
+  return total > 0 ? double(*std::max_element(work.begin(), work.end())) * double(work.size()) / total : 1.0;
 }
 
 void print_times(const Setup& s, const Timing& t, int repeat) {
@@ -329,6 +355,8 @@ void print_times(const Setup& s, const Timing& t, int repeat) {
     std::printf("  backward %10.3f ms  %8.2f GFLOP/s   compute %.3f ms, exposed communication %.3f ms\n",
                 t.backward_s * 1e3, 2.5 * fflops / t.backward_s * 1e-9, t.backward_compute_s * 1e3,
                 t.backward_exposed_s * 1e3);
+  std::printf("attention work per rank (visible query-key pairs, forward): %s; busiest / mean %.3f\n",
+              fmt::format("{}", fmt::join(t.work, ", ")).c_str(), work_imbalance(t.work));
 }
 
 // Bytes each rank sent, per operation, against its formula (one forward [+ backward]).
@@ -357,12 +385,14 @@ nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timi
                         {"threads_per_rank", s.threads}, {"kernel_isa", kernel_isa()},
                         {"kernel_engine", kernel_engine(s.dtype)}, {"dtype", to_string(s.dtype)},
                         {"layout", to_string(s.layout)},
-                        {"causal", cfg.causal}, {"scale", effective_scale({cfg.causal, cfg.scale, 0, 0}, p.q.d)},
+                        {"causal", cfg.causal}, {"scale", effective_scale(attention_params(cfg), p.q.d)},
                         {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
                         {"repeat", o.repeat}, {"forward_s", t.forward_s}, {"backward_s", p.backward ? t.backward_s : 0.0},
                         {"forward_gflops", fflops / t.forward_s * 1e-9},
                         {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
-                        {"expected_bytes_sent", expected}, {"ranks", ranks}};
+                        {"expected_bytes_sent", expected}, {"ranks", ranks},
+                        {"work_pairs_per_rank", t.work}, {"work_imbalance", work_imbalance(t.work)},
+                        {"cu_seqlens", cfg.cu_seqlens}};
   if (p.backward) {
     report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
     report["backward_compute_s"] = t.backward_compute_s;
@@ -379,7 +409,7 @@ struct Reference {
 Reference reference(const Setup& s, std::uint64_t seed) {
   auto global_ref = [&](int which) { return RefTensor::from(global_input(s.p, which, s.dtype, seed).view()); };
   const RefTensor rq = global_ref(0), rk = global_ref(1), rv = global_ref(2);
-  const AttentionParams ap{s.cfg.causal, s.cfg.scale, 0, 0};
+  const AttentionParams ap = attention_params(s.cfg);
   Reference r;
   std::vector<double> lse;
   reference_attention_forward(r.out, lse, rq, rk, rv, ap);
@@ -395,7 +425,7 @@ Errors float32_compute_errors(const Setup& s, std::uint64_t seed, const Referenc
   const Problem& p = s.p;
   auto input = [&](int which) { return copy_of(global_input(p, which, DType::bf16, seed).view(), DType::f32); };
   const Tensor q = input(0), k = input(1), v = input(2);
-  const AttentionParams ap{s.cfg.causal, s.cfg.scale, 0, 0};
+  const AttentionParams ap = attention_params(s.cfg);
   Tensor out(p.q), out16(p.q, DType::bf16);
   const Tensor lse = lse_tensor(p.q);
   flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), ap);
@@ -463,9 +493,10 @@ int run_attention(const AttentionOptions& o) {
   if (comm.rank() == 0) print_header(s);
   const Shards t = make_shards(s, comm.rank(), o.seed);
   ContextParallelAttention attn(comm, s.cfg);
-  const Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
+  Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
   const std::vector<std::string> ops = counter_names(comm);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
+  timing.work = comm.allgather_value(timing.work[0], "report");  // after the counters were read
   const Results g = gather_results(comm, s, t, o);
   int failed = 0;  // rank 0's verdict, sent to every rank: all of them exit with the same code
   on_root(comm, [&] {

@@ -13,6 +13,7 @@ struct AttentionOptions {
   std::string out, dq, dk, dv, json;         // outputs written by rank 0
   std::string strategy = "a2a";
   std::string cp_sizes;                      // "INNER,OUTER" for a2a+p2p
+  std::string cu_seqlens;                    // packed documents: a list or a file
   std::string dtype = "f32", layout = "bshd";
   bool causal = false, backward = false, check = false;
   float scale = 0.0f;

@@ -56,7 +56,7 @@ double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of 
   Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()), dv(q.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
   const Tensor lse = lse_tensor(q.shape());
-  const AttentionParams p{true, 0.0f, 0, 0};
+  const AttentionParams p{.causal = true};
   auto run = [&] {
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
     flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(), lse.view(), p);

@@ -4,12 +4,16 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iterator>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 
 #include "ulysses/error.hpp"
+#include "ulysses/npy.hpp"
 
 namespace ulysses::cli {
 
@@ -58,6 +62,48 @@ nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::stri
     ranks.push_back(j);
   }
   return ranks;
+}
+
+namespace {
+
+std::vector<std::int64_t> parse_integer_list(const std::string& text, const std::string& where) {
+  std::vector<std::int64_t> out;
+  std::size_t pos = 0;
+  while ((pos = text.find_first_not_of(", \t\r\n", pos)) != std::string::npos) {
+    const std::size_t end = std::min(text.find_first_of(", \t\r\n", pos), text.size());
+    const std::string item = text.substr(pos, end - pos);
+    std::int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || ptr != item.data() + item.size())
+      throw Error(fmt::format("--cu-seqlens: '{}' in {} is not an integer", item.substr(0, 40), where));
+    out.push_back(v);
+    pos = end;
+  }
+  if (out.empty()) throw Error(fmt::format("--cu-seqlens: no numbers in {}", where));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
+  if (!arg.empty() && (std::isdigit(static_cast<unsigned char>(arg[0])) || arg[0] == '-'))
+    return parse_integer_list(arg, "the list");
+  if (arg.ends_with(".npy")) {
+    const NpyArray a = read_npy(arg);
+    if (a.shape.size() != 1) throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
+    std::vector<std::int64_t> out;
+    for (float x : a.data) {
+      // float32 holds every integer up to 2^24 exactly; larger positions would be rounded.
+      if (x != std::floor(x) || std::abs(x) > 16777216.0f)
+        throw Error(fmt::format("--cu-seqlens: {} holds {}, not an exact integer position", arg, x));
+      out.push_back(std::int64_t(x));
+    }
+    return out;
+  }
+  std::ifstream in(arg);
+  if (!in) throw Error(fmt::format("--cu-seqlens: cannot read {}: {}", arg, std::strerror(errno)));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_integer_list(text, arg);
 }
 
 CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks) {

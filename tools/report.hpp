@@ -33,6 +33,11 @@ nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::stri
 // --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.
 CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks);
 
+// Parses --cu-seqlens: "0,1000,5000,8192", or a file holding them: FILE.npy (1-D, integer
+// values) or text (numbers separated by commas, spaces or newlines). Throws Error naming the
+// flag and the bad entry; the library checks the values against the sequence.
+std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg);
+
 // "12.3 MB" style.
 std::string human_bytes(double bytes);
 

@@ -18,14 +18,17 @@
 //
 // Masking: with `causal`, query row i (global position q_offset + i) sees key j (global
 // position k_offset + j) iff k_offset + j <= q_offset + i. The offsets let one kernel serve
-// ring / chunked strategies. A row that sees no key gets out = 0 and lse = -inf, and
-// contributes nothing to any gradient (never NaN).
+// ring / chunked strategies. With `cu_seqlens` (packed documents, documents.hpp; batch 1,
+// FlashAttention's varlen contract), a query also sees only the keys of its own document, and
+// key tiles outside every document of a query block are skipped. A row that sees no key gets
+// out = 0 and lse = -inf, and contributes nothing to any gradient (never NaN).
 //
 // Threads: OpenMP, using the calling thread's omp_get_max_threads().
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ulysses/tensor.hpp"
 
@@ -36,6 +39,7 @@ struct AttentionParams {
   float scale = 0.0f;        // softmax scale; 0 means 1/sqrt(d)
   std::int64_t q_offset = 0;  // global position of query row 0
   std::int64_t k_offset = 0;  // global position of key row 0
+  std::vector<std::int64_t> cu_seqlens = {};  // document boundaries over global positions; empty: one
 };
 
 // The scale actually used: params.scale, or 1/sqrt(d) when it is 0.
@@ -50,6 +54,9 @@ std::string kernel_engine(DType dtype);
 // Checks shapes, dtypes and the head ratio; throws ulysses::Error naming the bad value.
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out);
+// Checks params.cu_seqlens (when given) against the shapes: batch 1, a valid cu_seqlens
+// (documents.hpp) that covers every query and key position.
+void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k);
 
 // out and lse are overwritten.
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
@@ -73,6 +74,10 @@ class Strategy {
   virtual std::string_view summary() const = 0;  // one line, for help texts
   // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
   virtual bool hierarchical() const { return false; }
+  // True when forward and backward honour config.cu_seqlens (packed documents: pass
+  // attention_params(config) to the kernels, chunks' global positions as offsets). Others are
+  // refused documents rather than let tokens attend across a boundary.
+  virtual bool supports_documents() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
@@ -114,6 +119,10 @@ class Strategy {
   virtual StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                             double bwd_s) const = 0;
 };
+
+// The local kernels' settings for `config`: its mask (causal, documents) and scale; offsets 0
+// (chunked strategies set them per call).
+AttentionParams attention_params(const CpConfig& config);
 
 // The registry, in registration order (the built-ins first, in the order listed above).
 const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "ring_attention.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -32,11 +33,11 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   ctx->v = copy_of(v, v.dtype);
   ctx->out32 = Tensor::uninitialized(q.shape);
   ctx->lse = lse_tensor(q.shape);
-  ctx->params = {config.causal, config.scale, 0, 0};
+  ctx->params = attention_params(config);
   flash_attention_forward(ctx->out32.view(), ctx->lse.view(), ctx->q.view(), ctx->k.view(), ctx->v.view(), ctx->params);
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
-  stats.score_pairs += visible_pairs({0, q.shape.s}, {0, q.shape.s}, config.causal) * q.shape.b * q.shape.h;
+  stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, q.shape.s}, {0, q.shape.s}) * q.shape.b * q.shape.h;
   return ctx;
 }
 
@@ -47,7 +48,7 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
                            ctx.params);
   stats.compute_s += comm.now() - t0;
   const std::int64_t s = ctx.q.shape().s;
-  stats.score_pairs += visible_pairs({0, s}, {0, s}, ctx.params.causal) * ctx.q.shape().b * ctx.q.shape().h;
+  stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * ctx.q.shape().b * ctx.q.shape().h;
 }
 
 // Local checks of one rank's tensors: "" or the first problem found.
@@ -89,6 +90,18 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
   rank_chunks(config, cp, 0, q.s);
+  if (config.cu_seqlens.empty()) return;
+  if (!find_strategy(config.cp_comm_type).supports_documents())
+    throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
+  if (q.b != 1)
+    throw Error(fmt::format("cu_seqlens (packed documents) needs batch 1: the documents are packed along the "
+                            "sequence (thd layout), got batch {}",
+                            q.b));
+  if (const std::string e = cu_seqlens_error(config.cu_seqlens, q.s); !e.empty()) throw Error(e);
+}
+
+AttentionParams attention_params(const CpConfig& config) {
+  return {config.causal, config.scale, 0, 0, config.cu_seqlens};
 }
 
 CpContext::CpContext() = default;
@@ -106,9 +119,10 @@ namespace {
 
 // What every rank must agree on: all but the token count, which rank_chunks sets per rank.
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
-  return fmt::format("q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]",
-                     q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type,
-                     config.causal, config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "));
+  return fmt::format(
+      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}] cu_seqlens [{}]",
+      q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
+      config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), fmt::join(config.cu_seqlens, ", "));
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "merge.hpp"
+#include "ulysses/documents.hpp"
 #include "tensor_ops.hpp"
 
 namespace ulysses {
@@ -37,10 +38,6 @@ TensorView member_kv(const Tensor& buffer, std::int64_t rows) {
 
 std::size_t bytes_of(const TensorView& v) { return std::size_t(v.shape.numel()) * dtype_size(v.dtype); }
 
-bool hidden(const SeqChunk& q, const SeqChunk& k, bool causal) {
-  return causal && k.begin > q.begin + q.length - 1;
-}
-
 // The K/V of the current ring step as float32 (converting from the wire dtype if needed).
 TensorView compute_view(const TensorView& wire, const Tensor& scratch) {
   if (wire.dtype == DType::f32) return wire;
@@ -66,13 +63,6 @@ std::int64_t member_rows(const RingSaved& saved, int r) {
 }
 
 }  // namespace
-
-std::int64_t visible_pairs(const SeqChunk& q, const SeqChunk& k, bool causal) {
-  if (!causal) return q.length * k.length;
-  std::int64_t n = 0;
-  for (std::int64_t p = q.begin; p < q.begin + q.length; ++p) n += std::clamp<std::int64_t>(p - k.begin + 1, 0, k.length);
-  return n;
-}
 
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
@@ -110,7 +100,9 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
         const SeqChunk &a = mine[ia], &c = theirs[ic];
-        if (hidden(a, c, params.causal)) continue;
+        // Pairs the mask hides entirely (causal, or no document in common) are skipped.
+        const std::int64_t pairs = visible_pairs(params.cu_seqlens, params.causal, a, c);
+        if (pairs == 0) continue;
         AttentionParams p = params;
         p.q_offset = a.begin;
         p.k_offset = c.begin;
@@ -120,7 +112,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
         flash_attention_forward(op, lp, rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                                 rows(kv_half(kv, 1), rc, c.length), p);
         merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, lse_buffer.f32());
-        stats.score_pairs += visible_pairs(a, c, params.causal) * B * H;
+        stats.score_pairs += pairs * B * H;
         recv.test();  // let MPI progress the transfer between tiles
         send.test();
       }
@@ -167,7 +159,8 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
         const SeqChunk &a = mine[ia], &c = theirs[ic];
-        if (hidden(a, c, saved.params.causal)) continue;
+        const std::int64_t pairs = visible_pairs(saved.params.cu_seqlens, saved.params.causal, a, c);
+        if (pairs == 0) continue;
         AttentionParams p = saved.params;
         p.q_offset = a.begin;
         p.k_offset = c.begin;
@@ -180,7 +173,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
         accumulate(rows(dq, ra, a.length), dqp);
         accumulate(rows(kv_half(acc, 0), rc, c.length), dkp);
         accumulate(rows(kv_half(acc, 1), rc, c.length), dvp);
-        stats.score_pairs += visible_pairs(a, c, saved.params.causal) * B * H;
+        stats.score_pairs += pairs * B * H;
         recv.test();
         send.test();
       }

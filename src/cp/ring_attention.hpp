@@ -6,7 +6,7 @@
 // KV-head count:
 // at step i a rank holds the K/V of member (me − i) mod R, the transfer for step i+1 is
 // posted before step i is computed, and every (Q chunk, KV chunk) pair that the causal mask
-// does not hide entirely runs through the local flash kernel with the chunks' global
+// (and the documents) do not hide entirely runs through the local flash kernel with the chunks' global
 // positions as offsets; partial results are merged by their LSE. With zigzag chunks every
 // rank does the same work at every step.
 //
@@ -45,8 +45,5 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
 // Collective over `ring`. dq, dk, dv, dout: float32 views; dq/dk/dv are overwritten.
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats);
-
-// Visible (query, key) pairs between a query chunk and a key chunk per (batch, head).
-std::int64_t visible_pairs(const SeqChunk& q, const SeqChunk& k, bool causal);
 
 }  // namespace ulysses

@@ -33,6 +33,7 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
                               const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
+  check_documents(params, q, k);
   if (!(dk.shape == k.shape) || !(dv.shape == k.shape) || !(dout.shape == q.shape) || !(dq.shape == q.shape))
     throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
   kernels::flash_backward(kernels::active_level(), dq, dk, dv, dout, q, k, v, out, static_cast<const float*>(lse.data),
@@ -63,17 +64,35 @@ struct BackwardArgs {
   float scale;
 };
 
-// P = exp(scale·S − lse) in place over the n visible keys of each row, 0 past them.
+// P = exp(scale·S − lse) in place over the visible keys of each row, 0 elsewhere.
 void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq,
                    std::int64_t j0, std::int64_t nk) {
   for (std::int64_t i = 0; i < mq; ++i) {
     float* prow = p + i * kBlockKBackward;
-    const std::int64_t n =
-        std::max<std::int64_t>(0, std::min(nk, visible_keys(a.params, i0 + i, a.k.shape.s) - j0));
-    if (lse[i0 + i] == kNegInf) std::fill(prow, prow + n, 0.0f);  // row sees no key at all
-    else a.level.vec.exp_shifted_sum(prow, prow, n, a.scale, lse[i0 + i]);
-    std::fill(prow + n, prow + nk, 0.0f);
+    const KeyRange r = in_block(visible_keys(a.params, i0 + i, a.k.shape.s), j0, nk);
+    std::fill(prow, prow + r.lo, 0.0f);
+    if (lse[i0 + i] == kNegInf) std::fill(prow + r.lo, prow + r.hi, 0.0f);  // row sees no key at all
+    else a.level.vec.exp_shifted_sum(prow + r.lo, prow + r.lo, r.hi - r.lo, a.scale, lse[i0 + i]);
+    std::fill(prow + r.hi, prow + nk, 0.0f);
   }
+}
+
+// The query rows [first, last) that see a key of [j0, j0 + nk): contiguous, because both ends
+// of a row's visible keys never decrease with the row.
+std::pair<std::int64_t, std::int64_t> rows_seeing(const AttentionParams& p, std::int64_t sq, std::int64_t sk,
+                                                  std::int64_t j0, std::int64_t nk) {
+  auto first_row = [&](auto&& pred) {  // first row in [0, sq) with pred true (pred is monotone)
+    std::int64_t lo = 0, hi = sq;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (pred(visible_keys(p, mid, sk))) hi = mid;
+      else lo = mid + 1;
+    }
+    return lo;
+  };
+  const std::int64_t first = first_row([&](KeyRange r) { return r.hi > j0; });
+  const std::int64_t last = first_row([&](KeyRange r) { return r.lo >= j0 + nk; });
+  return {first, std::max(first, last)};
 }
 
 // One task: keys [j0, j0 + nk) of KV head g in batch bb. dq_acc is where dQ accumulates.
@@ -86,13 +105,11 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
   const std::byte* kb = a.kb.at(bb, g, Hkv) + off;
   std::fill(t.dk.begin(), t.dk.end(), 0.0f);
   std::fill(t.dv.begin(), t.dv.end(), 0.0f);
-  // First query row that sees key j0 (all rows when not causal).
-  std::int64_t first = 0;
-  if (a.params.causal) first = std::max<std::int64_t>(0, a.params.k_offset + j0 - a.params.q_offset);
+  const auto [first, last] = rows_seeing(a.params, sq, a.k.shape.s, j0, nk);  // query blocks outside are skipped
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
     const float* lse = a.lse + (bb * H + h) * sq;
     const float* delta = a.delta + (bb * H + h) * sq;
-    for (std::int64_t i0 = first / kBlockQ * kBlockQ; i0 < sq; i0 += kBlockQ) {
+    for (std::int64_t i0 = first / kBlockQ * kBlockQ; i0 < last; i0 += kBlockQ) {
       const std::int64_t mq = std::min(kBlockQ, sq - i0);
       const std::int64_t diag = a.params.causal ? a.params.q_offset + i0 - a.params.k_offset - j0 : kNoDiagonal;
       const void* q = a.q.row(bb, i0, h);

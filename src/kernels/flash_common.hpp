@@ -1,11 +1,13 @@
 // Shared pieces of the flash forward and backward loops.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
 #include "engine.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -22,11 +24,22 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kBlockQ = 64;
 inline std::int64_t block_k(std::int64_t d) { return d <= 128 ? 256 : 128; }
 
-// Number of keys of [0, sk) that query row `i` may see (all of them when not causal).
-inline std::int64_t visible_keys(const AttentionParams& p, std::int64_t i, std::int64_t sk) {
-  if (!p.causal) return sk;
-  std::int64_t n = p.q_offset + i - p.k_offset + 1;
-  return n < 0 ? 0 : (n > sk ? sk : n);
+// The keys [lo, hi) of [0, sk) that query row `i` may see: its document's, and under a causal
+// mask none after it. Both ends never decrease with i, so the rows that see a key block, and
+// the keys a query block sees, are each one contiguous range.
+struct KeyRange {
+  std::int64_t lo = 0, hi = 0;
+};
+inline KeyRange visible_keys(const AttentionParams& p, std::int64_t i, std::int64_t sk) {
+  if (p.cu_seqlens.empty() && !p.causal) return {0, sk};
+  const Document r = ulysses::visible_keys(p.cu_seqlens, p.causal, p.q_offset + i, {p.k_offset, sk});
+  const std::int64_t lo = std::clamp<std::int64_t>(r.begin - p.k_offset, 0, sk);
+  return {lo, std::clamp<std::int64_t>(r.end - p.k_offset, lo, sk)};
+}
+// The part of `r` inside the key block [j0, j0 + nk), relative to j0 (lo == hi: none).
+inline KeyRange in_block(KeyRange r, std::int64_t j0, std::int64_t nk) {
+  const std::int64_t lo = std::clamp<std::int64_t>(r.lo - j0, 0, nk);
+  return {lo, std::clamp<std::int64_t>(r.hi - j0, lo, nk)};
 }
 
 // The per-(batch, KV head) images of one of K or V, made once per call by `pack`.

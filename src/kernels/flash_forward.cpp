@@ -4,10 +4,12 @@
 // row max m and row sum l:  S = scale·Q·Kᵀ;  m' = max(m, rowmax S);  P = exp(S − m');
 // l = e^{m−m'}·l + rowsum P;  O = e^{m−m'}·O + P·V;  finally O /= l, lse = m + log l.
 // The two GEMMs are the level's engine (engine.hpp); the softmax pass is here, with the
-// level's vector ops. Key blocks entirely above the causal diagonal are skipped.
+// level's vector ops. Key blocks no row of the query block sees (above the causal diagonal,
+// outside its documents) are skipped.
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "isa.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/bf16.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -68,11 +71,24 @@ void check_lse(const TensorView& lse, const TensorView& q) {
                             "got {} {}", want.str(), to_string(lse.dtype), lse.shape.str()));
 }
 
+void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k) {
+  if (params.cu_seqlens.empty()) return;
+  const std::int64_t end = params.cu_seqlens.back();
+  if (q.shape.b != 1)
+    throw Error(fmt::format("attention: cu_seqlens (packed documents) needs batch 1, got {}", q.shape.b));
+  if (std::string e = cu_seqlens_error(params.cu_seqlens, end); !e.empty()) throw Error("attention: " + e);
+  if (params.q_offset < 0 || params.k_offset < 0 || params.q_offset + q.shape.s > end || params.k_offset + k.shape.s > end)
+    throw Error(fmt::format("attention: queries [{}, {}) and keys [{}, {}) must lie inside cu_seqlens' [0, {})",
+                            params.q_offset, params.q_offset + q.shape.s, params.k_offset, params.k_offset + k.shape.s,
+                            end));
+}
+
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v,
                              const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
+  check_documents(params, q, k);
   kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 
@@ -107,21 +123,36 @@ struct ForwardArgs {
   float scale;
 };
 
-// One row of a score tile: the online-softmax update of the row's m, l and O (P over the raw
-// scores S; m is in scaled units).
-void softmax_row(const VectorOps& vec, float* srow, std::int64_t n, std::int64_t nk, float scale, float* m, float* l,
+// One row of a score tile: the online-softmax update of the row's m, l and O over its visible
+// keys r (P = 0 elsewhere; S is raw scores; m is in scaled units).
+void softmax_row(const VectorOps& vec, float* srow, KeyRange r, std::int64_t nk, float scale, float* m, float* l,
                  float* o, std::int64_t d) {
-  const float mx = vec.row_max(srow, n, *m, scale);
-  std::fill(srow + n, srow + nk, 0.0f);
+  float* s = srow + r.lo;
+  const std::int64_t n = r.hi - r.lo;
+  const float mx = vec.row_max(s, n, *m, scale);
+  std::fill(srow, s, 0.0f);
+  std::fill(s + n, srow + nk, 0.0f);
   if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
-    std::fill(srow, srow + n, 0.0f);
+    std::fill(s, s + n, 0.0f);
     return;
   }
   const float alpha = std::exp(*m - mx);
-  *l = alpha * *l + vec.exp_shifted_sum(srow, srow, n, scale, mx);
+  *l = alpha * *l + vec.exp_shifted_sum(s, s, n, scale, mx);
   *m = mx;
   if (alpha != 1.0f)
     for (std::int64_t x = 0; x < d; ++x) o[x] *= alpha;
+}
+
+// The keys any row of a query block sees, from a key-aligned start: the tiles to visit.
+KeyRange block_keys(const std::array<KeyRange, kBlockQ>& rows, std::int64_t mq) {
+  KeyRange r{std::numeric_limits<std::int64_t>::max(), 0};
+  for (std::int64_t i = 0; i < mq; ++i)
+    if (rows[std::size_t(i)].hi > rows[std::size_t(i)].lo) {
+      r.lo = std::min(r.lo, rows[std::size_t(i)].lo);
+      r.hi = std::max(r.hi, rows[std::size_t(i)].hi);
+    }
+  if (r.hi == 0) return {0, 0};
+  return {r.lo / kKeyAlign * kKeyAlign, r.hi};
 }
 
 // One query block [i0, i0 + mq) of one (batch, head); pk, pv: the packed K and V of its KV head.
@@ -131,18 +162,17 @@ void forward_block(Tile& t, const ForwardArgs& a, const std::byte* pk, const std
   std::fill(t.o.begin(), t.o.end(), 0.0f);
   std::fill(t.m.begin(), t.m.end(), kNegInf);
   std::fill(t.l.begin(), t.l.end(), 0.0f);
-  const std::int64_t kend = visible_keys(a.p, i0 + mq - 1, a.sk);  // keys any row of the block sees
-  for (std::int64_t j0 = 0; j0 < kend; j0 += bk) {
-    const std::int64_t nk = std::min(bk, kend - j0);
+  std::array<KeyRange, kBlockQ> seen;
+  for (std::int64_t i = 0; i < mq; ++i) seen[std::size_t(i)] = visible_keys(a.p, i0 + i, a.sk);
+  const KeyRange keys = block_keys(seen, mq);  // tiles outside every row's document are skipped
+  for (std::int64_t j0 = keys.lo; j0 < keys.hi; j0 += bk) {
+    const std::int64_t nk = std::min(bk, keys.hi - j0);
     // With a causal mask, row i sees keys up to diag + i of this block.
     const std::int64_t diag = a.p.causal ? a.p.q_offset + i0 - a.p.k_offset - j0 : kNoDiagonal;
     a.e.scores(mq, nk, d, a.q.row(bb, i0, h), a.q.stride_s, pk + a.e.packed_offset(j0, d), t.s.data(), bk, diag);
-    for (std::int64_t i = 0; i < mq; ++i) {
-      // Row i sees the first n keys of this block (n <= 0: none; the causal mask is a prefix).
-      const std::int64_t n = std::max<std::int64_t>(0, std::min(nk, visible_keys(a.p, i0 + i, a.sk) - j0));
-      softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], n, nk, a.scale, &t.m[std::size_t(i)],
-                  &t.l[std::size_t(i)], &t.o[std::size_t(i * d)], d);
-    }
+    for (std::int64_t i = 0; i < mq; ++i)
+      softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], in_block(seen[std::size_t(i)], j0, nk), nk, a.scale,
+                  &t.m[std::size_t(i)], &t.l[std::size_t(i)], &t.o[std::size_t(i * d)], d);
     a.e.pv(mq, d, nk, t.s.data(), bk, pvb + a.e.packed_offset(j0, d), t.o.data(), d, diag);
   }
   for (std::int64_t i = 0; i < mq; ++i) {

@@ -1,4 +1,5 @@
 // The float64 oracle: textbook softmax attention, one query row at a time.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,8 +22,14 @@ RefTensor RefTensor::from(const TensorView& view) {
 
 namespace {
 
+// Written without documents.hpp, to stay independent of what it checks: two positions share a
+// document unless a boundary lies between them.
 bool visible(const AttentionParams& p, std::int64_t i, std::int64_t j) {
-  return !p.causal || p.k_offset + j <= p.q_offset + i;
+  const std::int64_t qi = p.q_offset + i, kj = p.k_offset + j;
+  if (p.causal && kj > qi) return false;
+  for (std::int64_t boundary : p.cu_seqlens)
+    if (std::min(qi, kj) < boundary && boundary <= std::max(qi, kj)) return false;
+  return true;
 }
 
 double scale_of(const AttentionParams& p, std::int64_t d) {

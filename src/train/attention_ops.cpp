@@ -50,7 +50,7 @@ void ReferenceAttention::forward(int layer, double* out, const double* q, const 
   std::copy_n(v, kv_.numel(), s[2].data.begin());
   RefTensor o;
   std::vector<double> lse;
-  reference_attention_forward(o, lse, s[0], s[1], s[2], {true, 0.0f, 0, 0});
+  reference_attention_forward(o, lse, s[0], s[1], s[2], AttentionParams{.causal = true});
   std::copy(o.data.begin(), o.data.end(), out);
 }
 
@@ -58,7 +58,7 @@ void ReferenceAttention::backward(int layer, double* dq, double* dk, double* dv,
   const RefTensor* s = &saved_[std::size_t(3 * layer)];
   RefTensor g(q_), rdq, rdk, rdv;
   std::copy_n(dout, q_.numel(), g.data.begin());
-  reference_attention_backward(rdq, rdk, rdv, g, s[0], s[1], s[2], {true, 0.0f, 0, 0});
+  reference_attention_backward(rdq, rdk, rdv, g, s[0], s[1], s[2], AttentionParams{.causal = true});
   for (std::size_t i = 0; i < rdq.data.size(); ++i) dq[i] += rdq.data[i];
   for (std::size_t i = 0; i < rdk.data.size(); ++i) dk[i] += rdk.data[i];
   for (std::size_t i = 0; i < rdv.data.size(); ++i) dv[i] += rdv.data[i];

@@ -9,11 +9,11 @@
 #include <array>
 
 #include "../head_split.hpp"
-#include "../ring_attention.hpp"
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -32,6 +32,7 @@ struct UlyssesContext final : StrategyContext {
 class A2aStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a"; }
+  bool supports_documents() const override { return true; }
   std::string_view summary() const override {
     return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
   }
@@ -52,7 +53,7 @@ class A2aStrategy final : public Strategy {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<UlyssesContext>();
     ctx->heads = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
-    ctx->params = {config.causal, config.scale, 0, 0};
+    ctx->params = attention_params(config);
     ctx->dtype = q.dtype;
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     const double t0 = comm.now();
@@ -68,7 +69,7 @@ class A2aStrategy final : public Strategy {
     else head_to_seq(comm, ctx->out.converted(ctx->dtype), o);
     stats.compute_s += t2 - t1;
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
-    stats.score_pairs += visible_pairs({0, hq.shape.s}, {0, hq.shape.s}, config.causal) * hq.shape.b * hq.shape.h;
+    stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) * hq.shape.b * hq.shape.h;
     return ctx;
   }
 
@@ -91,7 +92,7 @@ class A2aStrategy final : public Strategy {
     stats.compute_s += t2 - t1;
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
     const std::int64_t s = qkv.seq();
-    stats.score_pairs += visible_pairs({0, s}, {0, s}, ctx.params.causal) * qkv.batch() * qkv.local_heads(0);
+    stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() * qkv.local_heads(0);
   }
 
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,

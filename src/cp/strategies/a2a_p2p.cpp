@@ -48,6 +48,7 @@ FusedHeads as_float32(FusedHeads x) { return x.dtype() == DType::f32 ? std::move
 class A2aP2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a+p2p"; }
+  bool supports_documents() const override { return true; }
   std::string_view summary() const override {
     return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
   }
@@ -85,7 +86,7 @@ class A2aP2pStrategy final : public Strategy {
     const TensorView hq = ctx->qkv.part(0);
     ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
     ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->qkv.part(1), ctx->qkv.part(2),
-                           outer_chunks(chunks, I), {config.causal, config.scale, 0, 0}, q.dtype, stats);
+                           outer_chunks(chunks, I), attention_params(config), q.dtype, stats);
     t0 = comm.now();
     const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
     if (q.dtype == DType::f32) head_to_seq(*ctx->inner, ctx->out_heads, o);

@@ -8,6 +8,7 @@
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -72,6 +73,7 @@ void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, c
 class AllGatherStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "all_gather"; }
+  bool supports_documents() const override { return true; }
   std::string_view summary() const override {
     return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
   }
@@ -83,7 +85,7 @@ class AllGatherStrategy final : public Strategy {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<AllGatherContext>();
     ctx->chunks = chunks;
-    ctx->params = {config.causal, config.scale, 0, 0};
+    ctx->params = attention_params(config);
     const double t0 = comm.now();
     gather_kv(comm, *ctx, k, v);
     const double t1 = comm.now();
@@ -101,7 +103,7 @@ class AllGatherStrategy final : public Strategy {
       const std::int64_t ra = chunk_row(mine, ia);
       ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}));
       flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(q32, ra, a.length), kf, vf, p);
-      stats.score_pairs += visible_pairs(a, {0, S}, config.causal) * q.shape.b * q.shape.h;
+      stats.score_pairs += visible_pairs(p.cu_seqlens, p.causal, a, {0, S}) * q.shape.b * q.shape.h;
     }
     copy(out32, out);
     stats.compute_s += comm.now() - t1;
@@ -131,7 +133,7 @@ class AllGatherStrategy final : public Strategy {
                                rows(out32, ra, a.length), ctx.lse[ia].view(), p);
       accumulate(kv_half(dkv_full.view(), 0), dk_part.view());
       accumulate(kv_half(dkv_full.view(), 1), dv_part.view());
-      stats.score_pairs += visible_pairs(a, {0, full.s}, ctx.params.causal) * q32.shape.b * q32.shape.h;
+      stats.score_pairs += visible_pairs(p.cu_seqlens, p.causal, a, {0, full.s}) * q32.shape.b * q32.shape.h;
     }
     // Rank r's rows of dK/dV, in its local order, as block r of the reduce-scatter.
     const RankBlocks layout(ctx.chunks, {full.b, 1, full.h, full.d});

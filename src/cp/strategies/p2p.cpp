@@ -18,6 +18,7 @@ struct RingContext final : StrategyContext {
 class P2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "p2p"; }
+  bool supports_documents() const override { return true; }
   std::string_view summary() const override {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
   }
@@ -29,7 +30,7 @@ class P2pStrategy final : public Strategy {
     auto ctx = std::make_unique<RingContext>();
     ctx->f32 = Float32Forward(q);
     ring_attention_forward(group.comm(), ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v, chunks,
-                           {config.causal, config.scale, 0, 0}, q.dtype, stats);
+                           attention_params(config), q.dtype, stats);
     copy(ctx->f32.out.view(), out);
     return ctx;
   }
