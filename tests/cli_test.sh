@@ -46,6 +46,21 @@ else
   bad "np=3 zigzag and uneven GQA heads"; cat "$dir/h.log"
 fi
 
+# Packed documents (a list, and a text file) in every strategy against the reference; the
+# work per rank is reported.
+printf '0\n1 100\n333,334\n1001\n' > "$dir/cu.txt"
+for args in "--strategy a2a" "--strategy p2p --causal" "--strategy all_gather" "--strategy a2a+p2p --cp-sizes 3,1 --causal"; do
+  for cu in "0,1,100,333,334,1001" "$dir/cu.txt"; do
+    if run 3 attention --seq 1001 --heads 6 --kv-heads 3 --head-dim 16 --backward --check --cu-seqlens "$cu" $args \
+         > "$dir/d.log" 2>&1 && grep -q "packed documents: 5 (lengths 1 .. 667" "$dir/d.log" &&
+       grep -q "attention work per rank" "$dir/d.log"; then
+      ok "np=3 documents $args"
+    else
+      bad "np=3 documents $args ($cu)"; cat "$dir/d.log"
+    fi
+  done
+done
+
 # Files in, files out: 1 rank and 2 ranks agree with each other and with the reference.
 for n in 1 2; do
   if run $n attention "${files[@]}" --causal --check --out "$dir/out$n.npy" --dq "$dir/dq$n.npy" \
@@ -88,6 +103,10 @@ expect_error "partial GQA groups" 2 "num_heads (6) must be divisible by num_kv_h
 expect_error "seq < cp" 2 "sequence length (1) must be at least cp (2)" --seq 1
 expect_error "unknown strategy" 2 "unknown cp_comm_type 'ring'" --strategy ring
 expect_error "zigzag needs 2*cp" 2 "sequence length (3) must be at least 2*cp (4)" --strategy p2p --causal --seq 3
+expect_error "cu_seqlens decreasing" 2 "cu_seqlens[2] = 3 after 5" --seq 64 --cu-seqlens 0,5,3,64
+expect_error "cu_seqlens short" 2 "must end at the sequence length 64, got 60" --seq 64 --cu-seqlens 0,5,60
+expect_error "cu_seqlens with batch" 2 "needs batch 1" --seq 64 --batch 2 --cu-seqlens 0,64
+expect_error "cu_seqlens not a number" 2 "'5x' in the list is not an integer" --seq 64 --cu-seqlens 0,5x,64
 expect_error "a2a+p2p without sizes" 2 "needs --cp-sizes" --strategy a2a+p2p --seq 64
 expect_error "a2a+p2p sizes product" 4 "inner * outer == cp (4)" --strategy a2a+p2p --cp-sizes 2,1 --seq 64
 expect_error "a2a+p2p heads < inner" 4 "must be at least the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 2 --seq 64

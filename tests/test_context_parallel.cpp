@@ -254,6 +254,8 @@ TEST(Documents, EveryStrategyMatchesFloat64Reference) {
           double total = double(ctx.stats().score_pairs);
           comm.allreduce_sum(&total, 1);
           EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
+          // What the planner predicts for this rank is what it computed.
+          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, hkv));
         }
 }
 

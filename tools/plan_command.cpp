@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "report.hpp"
@@ -43,6 +44,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
               "measure this machine (attention rate, an alpha-beta fit of MPI send/recv), plan for it at cp = the "
               "number of ranks, then run every strategy for real and print measured / predicted");
   c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
+  c->add_option("--docs", o.docs,
+                "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
+                "to --seq; the compute per rank and its balance follow them");
   c->add_option("--json", o.json, "write the plan here");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
 }
@@ -123,7 +127,7 @@ Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B b
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   const int cp = comm.size();
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), in.seq);
-  const std::int64_t n = in.seq / cp;
+  const std::int64_t n = total_tokens(chunks);
   Tensor q({in.batch, n, in.heads, in.head_dim}), k({in.batch, n, in.kv_heads, in.head_dim}), v(k.shape());
   Tensor o(q.shape()), g(q.shape()), dq(q.shape()), dk(k.shape()), dv(k.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
@@ -151,7 +155,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"cp_sizes", r.config.hierarchical_context_parallel_sizes}, {"valid", r.valid}, {"reason", r.reason},
                      {"forward_bytes_per_rank", r.forward_bytes_per_rank}, {"backward_bytes_per_rank", r.backward_bytes_per_rank},
                      {"forward_messages", r.forward_messages}, {"backward_messages", r.backward_messages},
-                     {"head_imbalance", r.head_imbalance}, {"compute_s", r.compute_s}, {"comm_s", r.comm_s},
+                     {"head_imbalance", r.head_imbalance}, {"work_imbalance", r.work_imbalance}, {"compute_s", r.compute_s}, {"comm_s", r.comm_s},
                      {"hidden_comm_s", r.hidden_s},
                      {"memory_bytes_per_rank", r.memory_bytes}, {"predicted_step_s", r.predicted_step_s}};
     if (i < measured.size() && measured[i] > 0) j["measured_step_s"] = measured[i];
@@ -162,7 +166,8 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"dtype", to_string(in.dtype)}, {"ranks_per_node", in.cluster.ranks_per_node},
                      {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
                      {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
-                     {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency}}},
+                     {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
+                     {"documents", in.documents}}},
           {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
           {"recommendation", p.recommendation}};
 }
@@ -170,6 +175,10 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
 void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
   fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq, in.batch,
              in.heads, in.kv_heads, in.head_dim, in.layers, in.cp, to_string(in.dtype), in.causal ? ", causal" : "");
+  if (!in.documents.empty())
+    fmt::print("packed documents: {} (lengths {} .. {}); work = visible (query, key) pairs per rank\n",
+               in.documents.size(), *std::min_element(in.documents.begin(), in.documents.end()),
+               *std::max_element(in.documents.begin(), in.documents.end()));
   fmt::print("  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
              in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
              in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
@@ -186,7 +195,8 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     if (i < measured.size() && measured[i] > 0)
       m = fmt::format("   {:>10.4f} {:>10.2f}", measured[i], measured[i] / r.predicted_step_s);
     // An uneven head split: the busiest rank's compute over an even split's.
-    const std::string uneven = r.head_imbalance > 1 ? fmt::format("  (heads x{:.2f})", r.head_imbalance) : "";
+    std::string uneven = r.head_imbalance > 1 ? fmt::format("  (heads x{:.2f})", r.head_imbalance) : "";
+    if (r.work_imbalance > 1.005) uneven += fmt::format("  (work x{:.2f})", r.work_imbalance);
     fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
                double(r.forward_bytes_per_rank) / 1e6, double(r.backward_bytes_per_rank) / 1e6,
                r.forward_messages + r.backward_messages, r.compute_s * 1e3, r.comm_s * 1e3,
@@ -227,6 +237,7 @@ std::string svg_plot(const PlanInput& in) {
     for (std::int64_t s : seqs) {
       PlanInput x = in;
       x.seq = s;
+      x.documents.clear();  // the sweep changes s: one document each
       const Plan p = make_plan(x);
       if (k >= p.rows.size()) return "";
       name = p.rows[k].name;
@@ -260,6 +271,30 @@ std::string svg_plot(const PlanInput& in) {
   return s + "</svg>\n";
 }
 
+// "1000,5000" or "16x1024,1x512" → document lengths.
+std::vector<std::int64_t> parse_documents(const std::string& text) {
+  std::vector<std::int64_t> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, end - pos);
+    const std::size_t x = item.find('x');
+    std::int64_t count = 1, length = -1;
+    auto number = [](const std::string& t, std::int64_t& v) {
+      const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+      return !t.empty() && ec == std::errc() && ptr == t.data() + t.size();
+    };
+    const bool ok = x == std::string::npos ? number(item, length)
+                                           : number(item.substr(0, x), count) && number(item.substr(x + 1), length);
+    if (!ok) throw Error(fmt::format("--docs: '{}' is neither a length nor COUNTxLENGTH", item.substr(0, 40)));
+    if (count < 1 || count > (1 << 24) || length < 0)
+      throw Error(fmt::format("--docs: '{}' needs a count in [1, 2^24] and a length >= 0", item.substr(0, 40)));
+    out.insert(out.end(), std::size_t(count), length);
+    pos = end + 1;
+  }
+  return out;
+}
+
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
@@ -278,6 +313,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
   in.cluster.peak_flops = o.tflops * 1e12;
   in.cluster.efficiency = o.efficiency;
+  if (!o.docs.empty()) in.documents = parse_documents(o.docs);
   make_plan(in);  // validates the input
   return in;
 }

@@ -15,6 +15,7 @@ struct PlanOptions {
   double tflops = 989, efficiency = 0.5;
   bool calibrate = false, scaling = false, no_causal = false;
   std::string json, svg;
+  std::string docs;  // packed documents: lengths, "1000,5000" or "16x1024"
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);

@@ -5,8 +5,9 @@
 // against real runs). Times use an α–β model per link (latency α per message, bandwidth β):
 // links between ranks of one node are "intra" (NVLink by default), others "inter"
 // (InfiniBand). Ranks are placed contiguously, ranks_per_node per node. Compute is the
-// attention core: FlashAttention's FLOPs (causal halves them; backward 2.5×) at
-// peak × efficiency. The ring (p2p, and the outer ring of a2a+p2p) hides each step's
+// attention core on the busiest rank: 4·d FLOPs per visible (query, key) pair it computes
+// (Strategy::work: its heads and tokens under the causal mask and the documents; backward
+// 2.5×) at peak × efficiency. The ring (p2p, and the outer ring of a2a+p2p) hides each step's
 // transfer behind that step's compute; all-to-all and all-gather are barriers.
 #pragma once
 
@@ -40,6 +41,8 @@ struct PlanInput {
   int cp = 1;
   bool causal = true;
   DType dtype = DType::bf16;
+  // Packed documents: their lengths, summing to seq (batch 1); empty: one document.
+  std::vector<std::int64_t> documents;
   Cluster cluster;
 };
 
@@ -52,6 +55,8 @@ struct PlanRow {
   std::int64_t forward_bytes_per_rank = 0, backward_bytes_per_rank = 0;
   std::int64_t forward_messages = 0, backward_messages = 0;
   double head_imbalance = 1;        // the busiest rank's query heads over the average (uneven Ulysses splits)
+  double work_imbalance = 1;        // the busiest rank's attention work over the average (Strategy::work:
+                                    // heads, tokens, the causal mask, documents)
   double compute_s = 0;             // per layer, forward + backward, on the busiest rank
   double comm_s = 0;                // per layer, all transfers
   double hidden_s = 0;              // of comm_s, hidden behind compute

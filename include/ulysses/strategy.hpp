@@ -92,6 +92,11 @@ class Strategy {
   virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads,
                              std::int64_t kv_heads) const;
 
+  // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
+  // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
+  // planner's compute time and load balance). By default a sequence-sharded strategy's: its
+  // tokens (rank_chunks) against the whole sequence, on every head.
+  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const;
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
   // (context_parallel.hpp has the shapes); chunks[r] are rank r's tokens (rank_chunks, so the
   // ranks' q may differ in length). Writes out; returns what the backward needs.

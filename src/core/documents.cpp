@@ -34,12 +34,33 @@ Document visible_keys(std::span<const std::int64_t> cu, bool causal, std::int64_
   return {lo, std::max(lo, hi)};
 }
 
-std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k) {
-  if (cu.empty() && !causal) return q.length * k.length;
+namespace {
+
+// Queries [a, b) against keys [k0, k1) of one document: all pairs, or under a causal mask
+// Σ_p clamp(p − k0 + 1, 0, k1 − k0), summed in closed form.
+std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, std::int64_t k1, bool causal) {
+  if (a >= b || k0 >= k1) return 0;
+  if (!causal) return (b - a) * (k1 - k0);
   std::int64_t n = 0;
-  for (std::int64_t p = q.begin; p < q.begin + q.length; ++p) {
-    const Document r = visible_keys(cu, causal, p, k);
-    n += r.end - r.begin;
+  const std::int64_t lo = std::max(a, k0), hi = std::min(b, k1);  // rows seeing a growing prefix
+  if (lo < hi) n += (hi - lo) * ((lo - k0 + 1) + (hi - k0)) / 2;
+  const std::int64_t full = std::max(a, k1);  // rows seeing every key
+  if (full < b) n += (b - full) * (k1 - k0);
+  return n;
+}
+
+}  // namespace
+
+std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k) {
+  const std::int64_t q1 = q.begin + q.length, k1 = k.begin + k.length;
+  if (q.length <= 0 || k.length <= 0) return 0;
+  std::int64_t n = 0;
+  // One document at a time, from the one holding the chunk's first query.
+  for (std::int64_t p = q.begin; p < q1;) {
+    const Document doc = document_of(cu, p);
+    const std::int64_t end = std::min(doc.end, q1);
+    n += pairs_in_document(p, end, std::max(doc.begin, k.begin), std::min(doc.end, k1), causal);
+    p = end;
   }
   return n;
 }

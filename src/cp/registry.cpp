@@ -5,6 +5,7 @@
 
 #include "head_split.hpp"
 #include "strategies/builtin.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -64,6 +65,13 @@ RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std:
 
 TokenLayout Strategy::token_layout(const CpConfig& c) const {
   return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
+}
+
+std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {
+  std::int64_t pairs = 0;
+  for (const SeqChunk& c : rank_chunks(config, cp, rank, q.s))
+    pairs += visible_pairs(config.cu_seqlens, config.causal, c, {0, q.s});
+  return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {

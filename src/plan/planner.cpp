@@ -10,6 +10,7 @@
 #include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/error.hpp"
 
@@ -51,7 +52,8 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
   return double(most) * in.cp / double(total);
 }
 
-PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& cfg) {
+PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
+  if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
   PlanRow r;
   r.config = cfg;
   r.name = strategy.config_name(cfg);
@@ -71,8 +73,14 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& 
 
   const double rate = in.cluster.peak_flops * in.cluster.efficiency;
   r.head_imbalance = head_imbalance(in, strategy, cfg);
-  const double fwd = attention_forward_flops(in.batch, in.seq, in.seq, in.heads, in.head_dim, in.causal) / in.cp /
-                     rate * r.head_imbalance;
+  double most = 0, total = 0;
+  for (int rank = 0; rank < in.cp; ++rank) {
+    const double w = double(strategy.work(cfg, in.cp, rank, q, in.kv_heads));
+    most = std::max(most, w);
+    total += w;
+  }
+  r.work_imbalance = total > 0 ? most * in.cp / total : 1.0;
+  const double fwd = 4.0 * double(in.head_dim) * most / rate;
   const double bwd = 2.5 * fwd;
   r.compute_s = fwd + bwd;
   const StrategyCost c = strategy.cost(in, cfg, v, fwd, bwd);
@@ -138,6 +146,14 @@ Plan make_plan(const PlanInput& in) {
     throw Error(fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads));
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
     throw Error("the compute rate must be positive and the efficiency in (0, 1]");
+  if (!in.documents.empty()) {
+    if (in.batch != 1) throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
+    const std::vector<std::int64_t> cu = cu_seqlens_of(in.documents);
+    for (std::int64_t n : in.documents)
+      if (n < 0) throw Error(fmt::format("document lengths must not be negative, got {}", n));
+    if (cu.back() != in.seq)
+      throw Error(fmt::format("the document lengths add up to {}, not the sequence length {}", cu.back(), in.seq));
+  }
   Plan p;
   for (const Strategy* strategy : strategies())
     for (const CpConfig& cfg : strategy->plan_configs(in.cp, in.causal)) p.rows.push_back(evaluate(in, *strategy, cfg));
@@ -172,6 +188,14 @@ Plan make_plan(const PlanInput& in) {
     if (int(i) != p.best && p.rows[i].valid &&
         (second < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(second)].predicted_step_s))
       second = int(i);
+  if (!in.documents.empty()) {  // which strategy's ranks share these documents' work most evenly
+    const PlanRow* even = nullptr;
+    for (const PlanRow& r : p.rows)
+      if (r.valid && (even == nullptr || r.work_imbalance < even->work_imbalance)) even = &r;
+    p.recommendation += fmt::format("; these documents are best balanced by {} (busiest rank {:.2f}x the mean work; "
+                                    "{}: {:.2f}x)",
+                                    even->name, even->work_imbalance, b.name, b.work_imbalance);
+  }
   if (second >= 0) {
     const double diff = 100 * (p.rows[std::size_t(second)].predicted_step_s / b.predicted_step_s - 1);
     p.recommendation += std::abs(diff) < 2.0

@@ -43,6 +43,11 @@ class A2aStrategy final : public Strategy {
   RankHeads heads_of(const CpConfig&, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     return ulysses_heads(cp, rank, heads, kv_heads);
   }
+  // Every token's queries on this rank's heads.
+  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
+    return visible_pairs(config.cu_seqlens, config.causal, {0, q.s}, {0, q.s}) * q.b *
+           ulysses_heads(cp, rank, q.h, kv_heads).q.count;
+  }
   // Balanced by heads, so never zigzag.
   TokenLayout token_layout(const CpConfig&) const override { return TokenLayout::contiguous; }
 

@@ -17,6 +17,7 @@
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/comm_volume.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -114,6 +115,16 @@ class A2aP2pStrategy final : public Strategy {
     else head_to_seq(*ctx.inner, grads.converted(ctx.dtype), out);
     stats.comm_exposed_s += comm.now() - t0;
     group.absorb();
+  }
+
+  // The inner group's tokens (every rank of it) on this rank's heads.
+  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0], first = rank / I * I;
+    std::int64_t pairs = 0;
+    for (int r = first; r < first + I; ++r)
+      for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
+        pairs += visible_pairs(config.cu_seqlens, config.causal, c, {0, q.s});
+    return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
   }
 
   // Inner group g = rank / I holds the tokens of ranks [g·I, g·I + I); after the inner

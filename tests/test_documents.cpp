@@ -1,0 +1,66 @@
+// Packed documents (documents.hpp): the visible-pair count in closed form against a brute-force
+// count, document lookup with empty documents, and the cu_seqlens checks.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ulysses/documents.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+// Independent of documents.cpp: query p sees key j iff no boundary lies between them.
+std::int64_t brute_pairs(const std::vector<std::int64_t>& cu, bool causal, const SeqChunk& q, const SeqChunk& k) {
+  std::int64_t n = 0;
+  for (std::int64_t p = q.begin; p < q.begin + q.length; ++p)
+    for (std::int64_t j = k.begin; j < k.begin + k.length; ++j) {
+      bool same = true;
+      for (std::int64_t b : cu) same &= !(std::min(p, j) < b && b <= std::max(p, j));
+      n += same && (!causal || j <= p);
+    }
+  return n;
+}
+
+TEST(Documents, VisiblePairsEqualABruteForceCount) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::int64_t s = 1 + std::int64_t(rng() % 90);
+    std::vector<std::int64_t> lengths;
+    for (std::int64_t left = s; left > 0;) {
+      const std::int64_t n = std::min<std::int64_t>(left, std::int64_t(rng() % 12));  // 0: an empty document
+      lengths.push_back(n);
+      left -= n;
+    }
+    const std::vector<std::int64_t> cu = trial % 5 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
+    ASSERT_EQ(cu_seqlens_error(cu, s), "");
+    const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
+    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))}, k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    for (bool causal : {false, true})
+      ASSERT_EQ(visible_pairs(cu, causal, q, k), brute_pairs(cu, causal, q, k))
+          << "trial " << trial << " causal " << causal << " q " << q.begin << "+" << q.length << " k " << k.begin
+          << "+" << k.length;
+  }
+}
+
+TEST(Documents, LookupSkipsEmptyDocuments) {
+  const std::vector<std::int64_t> cu{0, 3, 3, 3, 7, 10};
+  EXPECT_EQ(document_of(cu, 0).end, 3);
+  EXPECT_EQ(document_of(cu, 3).begin, 3);
+  EXPECT_EQ(document_of(cu, 3).end, 7);
+  EXPECT_EQ(document_of(cu, 9).begin, 7);
+  EXPECT_EQ(document_of(cu, 9).end, 10);
+  const Document keys = visible_keys(cu, true, 5, {0, 10});  // its document [3, 7), causal: up to 5
+  EXPECT_EQ(keys.begin, 3);
+  EXPECT_EQ(keys.end, 6);
+}
+
+TEST(Documents, BadCuSeqlensAreNamed) {
+  EXPECT_EQ(cu_seqlens_error({}, 10), "");
+  const std::vector<std::int64_t> start{2, 10}, down{0, 6, 4, 10}, end{0, 9};
+  EXPECT_NE(cu_seqlens_error(start, 10).find("must start at 0, got 2"), std::string::npos);
+  EXPECT_NE(cu_seqlens_error(down, 10).find("cu_seqlens[2] = 4 after 6"), std::string::npos);
+  EXPECT_NE(cu_seqlens_error(end, 10).find("must end at the sequence length 10, got 9"), std::string::npos);
+}
+
+}  // namespace
