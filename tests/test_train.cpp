@@ -13,6 +13,7 @@
 #include "train/attention_ops.hpp"
 #include "train/gpt.hpp"
 #include "train/trainer.hpp"
+#include "ulysses/documents.hpp"
 
 using namespace ulysses;
 using namespace ulysses::train;
@@ -134,6 +135,63 @@ TEST(Training, SequencesThatDoNotDivideTrainLikeOneRank) {
     c.cp = cp;
     EXPECT_LT(gradient_distance(world, c, g1), 1e-5) << "weight gradients differ from cp = 1";
   }
+}
+
+// Documents of 1 to 40 bytes, one per line, written once per job (rank 0) and read by all.
+std::string documents_file(Communicator& comm) {
+  std::int64_t pid = getpid();
+  comm.broadcast(&pid, sizeof(pid), 0);
+  const std::string path = "/tmp/ulysses_test_docs_" + std::to_string(pid) + ".txt";
+  if (comm.rank() == 0) {
+    std::ofstream f(path);
+    for (int i = 0; i < 60; ++i) f << std::string(std::size_t(1 + (i * 7) % 40), char('a' + i % 26)) << "bcd\n";
+  }
+  comm.barrier();
+  return path;
+}
+
+TEST(Training, PackedDocumentsMaskEveryBoundary) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  const DataSource d = DataSource::packed_documents(documents_file(self), "\n");
+  for (std::int64_t step = 0; step < 5; ++step) {
+    const Batch b = d.batch(1, 200, 1, step);
+    ASSERT_EQ(cu_seqlens_error(b.cu_seqlens, 200), "");
+    ASSERT_GT(b.cu_seqlens.size(), 3u);  // several documents in each sequence
+    for (std::int64_t i = 0; i < 200; ++i) {
+      const Document doc = document_of(b.cu_seqlens, i);
+      // The last token of a document predicts nothing (the sequence's last one continues its document).
+      const bool ends = i + 1 == doc.end && doc.end < 200;
+      if (i < 199) EXPECT_EQ(b.labels[std::size_t(i)] == kNoLabel, ends) << "token " << i;  // 199: whether a
+                                                                     // document starts at 200 is not in cu
+      if (i > doc.begin) EXPECT_EQ(b.labels[std::size_t(i - 1)], b.tokens[std::size_t(i)]);
+    }
+    EXPECT_EQ(b.targets(), 200 - std::int64_t(b.cu_seqlens.size()) + 2 - (b.labels[199] == kNoLabel));
+  }
+}
+
+TEST(Training, PackedDocumentsTrainLikeOneRank) {
+  // Per-document masks and RoPE positions: every strategy at cp ranks gives the losses of one
+  // rank, step by step, on 20 steps of packed documents (other documents every step).
+  MpiCommunicator world;
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::string path = documents_file(world);
+  TrainConfig c = small_config({});
+  c.batch = 1;
+  c.seq = 160;
+  Trainer one(self, c, DataSource::packed_documents(path, "\n"));
+  std::vector<double> ref;
+  for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
+  for (const CpConfig& cp : strategies(world.size())) {
+    SCOPED_TRACE(cp.cp_comm_type + " on " + std::to_string(world.size()) + " ranks");
+    c.cp = cp;
+    Trainer run(world, c, DataSource::packed_documents(path, "\n"));
+    double worst = 0;
+    for (int i = 0; i < 20; ++i) worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
+  }
+  c.batch = 2;
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer t(world, c, DataSource::packed_documents(path, "\n")); }, "use --batch 1");
 }
 
 std::string scratch_dir(Communicator& comm, const std::string& name) {

@@ -38,6 +38,11 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
   c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task");
+  c->add_flag("--pack", o.pack,
+              "with --data: pack its documents (one per line, or split on --doc-separator) into each sequence, "
+              "with document masking (cu_seqlens), per-document RoPE positions and no loss across a boundary; "
+              "needs --batch 1");
+  c->add_option("--doc-separator", o.doc_separator, "with --pack: the text between documents (default: a newline)");
   c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
   c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
@@ -154,7 +159,9 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     }
     cfg.steps = o.steps;
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
-    if (!o.data.empty()) data = train::DataSource::text_file(o.data);
+    if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
+    if (!o.data.empty())
+      data = o.pack ? train::DataSource::packed_documents(o.data, o.doc_separator) : train::DataSource::text_file(o.data);
   });
   return cfg;
 }

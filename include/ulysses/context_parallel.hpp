@@ -74,6 +74,11 @@ class ContextParallelAttention {
   // Collective. Writes out and returns the context for the backward.
   [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k,
                                   const TensorView& v);
+  // The same with this call's packed documents (documents.hpp) in place of config().cu_seqlens:
+  // packed training data brings other documents with every batch, as FlashAttention's varlen
+  // functions take cu_seqlens per call. The context keeps them for its backward.
+  [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k,
+                                  const TensorView& v, std::vector<std::int64_t> cu_seqlens);
   // Collective. Writes dq, dk, dv for the forward that made `context` (which stays valid:
   // a second backward of the same context gives the same gradients). Returns its stats.
   CpStats backward(const CpContext& context, const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -84,6 +89,9 @@ class ContextParallelAttention {
   Communicator& comm() const { return group_->comm(); }
 
  private:
+  CpContext run_forward(const CpConfig& config, const TensorView& out, const TensorView& q, const TensorView& k,
+                        const TensorView& v);
+
   CpConfig config_;
   const Strategy& strategy_;
   std::unique_ptr<CpGroup> group_;

@@ -141,18 +141,30 @@ std::string token_count_error(const CpConfig& config, const std::vector<std::int
 
 CpContext ContextParallelAttention::forward(const TensorView& out, const TensorView& q, const TensorView& k,
                                             const TensorView& v) {
+  return run_forward(config_, out, q, k, v);
+}
+
+CpContext ContextParallelAttention::forward(const TensorView& out, const TensorView& q, const TensorView& k,
+                                            const TensorView& v, std::vector<std::int64_t> cu_seqlens) {
+  CpConfig config = config_;
+  config.cu_seqlens = std::move(cu_seqlens);
+  return run_forward(config, out, q, k, v);
+}
+
+CpContext ContextParallelAttention::run_forward(const CpConfig& config, const TensorView& out, const TensorView& q,
+                                                const TensorView& k, const TensorView& v) {
   Communicator& comm = group_->comm();
   comm.agree(local_error(out, q, k, v));
-  comm.agree_identical("attention inputs and settings", describe(config_, q, k));
+  comm.agree_identical("attention inputs and settings", describe(config, q, k));
   // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
   const std::vector<std::int64_t> tokens = comm.allgather_value(q.shape.s, "validate");
   const std::int64_t seq = std::accumulate(tokens.begin(), tokens.end(), std::int64_t(0));
   const int cp = comm.size();
-  validate_cp_config(config_, cp, {q.shape.b, seq, q.shape.h, q.shape.d}, k.shape.h);
-  if (const std::string err = token_count_error(config_, tokens, seq); !err.empty()) throw Error(err);
+  validate_cp_config(config, cp, {q.shape.b, seq, q.shape.h, q.shape.d}, k.shape.h);
+  if (const std::string err = token_count_error(config, tokens, seq); !err.empty()) throw Error(err);
   CpContext ctx;
-  ctx.impl_ = cp == 1 ? local_forward(comm, config_, out, q, k, v, ctx.stats_)
-                      : strategy_.forward(*group_, config_, all_rank_chunks(config_, cp, seq), out, q, k, v,
+  ctx.impl_ = cp == 1 ? local_forward(comm, config, out, q, k, v, ctx.stats_)
+                      : strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v,
                                           ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;

@@ -20,7 +20,7 @@ CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig
 
 void CpAttention::forward(int layer, float* out, const float* q, const float* k, const float* v) {
   const std::size_t l = std::size_t(layer);
-  contexts_[l] = attention_.forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_));
+  contexts_[l] = attention_.forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_), documents_);
   stats_[l] = contexts_[l].stats();
 }
 

@@ -18,12 +18,15 @@ class CpAttention : public AttentionOp<float> {
   void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
   void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
   CpStats stats() const;  // summed over layers, last step
+  // The packed documents of the next forwards (cu_seqlens over the global sequence; empty: one).
+  void set_documents(std::vector<std::int64_t> cu_seqlens) { documents_ = std::move(cu_seqlens); }
 
  private:
   Shape q_, kv_;
   ContextParallelAttention attention_;
   std::vector<CpContext> contexts_;       // per layer, from its forward
   std::vector<CpStats> stats_;            // per layer, forward + backward
+  std::vector<std::int64_t> documents_;
 };
 
 // Float64, one process: the reference attention (for the finite-difference check).

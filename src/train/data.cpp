@@ -50,20 +50,56 @@ DataSource DataSource::text_file(const std::string& path) {
   return d;
 }
 
+DataSource DataSource::packed_documents(const std::string& path, const std::string& separator) {
+  if (separator.empty()) throw Error("--doc-separator must not be empty");
+  DataSource d = text_file(path);
+  const std::string_view text(reinterpret_cast<const char*>(d.text_.data()), d.text_.size());
+  for (std::size_t pos = 0; pos <= text.size();) {
+    const std::size_t end = std::min(text.find(separator, pos), text.size());
+    if (end > pos) d.documents_.push_back({std::int64_t(pos), std::int64_t(end)});
+    pos = end + separator.size();
+  }
+  if (d.documents_.empty()) throw Error(fmt::format("--data {}: no documents (only separators)", path));
+  return d;
+}
+
+std::int64_t Batch::targets() const {
+  return std::int64_t(std::count_if(labels.begin(), labels.end(), [](int l) { return l != kNoLabel; }));
+}
+
 std::string DataSource::error_for(std::int64_t seq) const {
   if (synthetic_ && seq < 64)
     return fmt::format("the synthetic task needs --seq >= 64 (a needle and {} queries), got {}", kQueries, seq);
-  if (!synthetic_ && std::int64_t(text_.size()) < seq + 1)
+  if (!synthetic_ && !packed() && std::int64_t(text_.size()) < seq + 1)
     return fmt::format("--data {} has {} bytes; sequences of {} tokens need at least {}", path_, text_.size(), seq,
                        seq + 1);
   return "";
 }
 
 std::string DataSource::describe() const {
+  if (packed())
+    return fmt::format("byte-level documents from {} ({} documents, {} bytes), packed with document masking and "
+                       "per-document positions", path_, documents_.size(), text_.size());
   return synthetic_ ? fmt::format("synthetic needle retrieval: one value token hidden at a random position, {} "
                                   "queries for it at the end", kQueries)
                     : fmt::format("byte-level text from {} ({} bytes)", path_, text_.size());
 }
+
+namespace {
+
+// S + 1 tokens of consecutive documents from `first` on (wrapping around), and where each
+// document starts in them.
+void pack(const std::vector<std::uint8_t>& text, const std::vector<std::pair<std::int64_t, std::int64_t>>& docs,
+          std::size_t first, std::vector<int>& buf, std::vector<std::int64_t>& starts) {
+  starts.clear();
+  std::size_t filled = 0;
+  for (std::size_t d = first; filled < buf.size(); d = (d + 1) % docs.size()) {
+    starts.push_back(std::int64_t(filled));
+    for (std::int64_t i = docs[d].first; i < docs[d].second && filled < buf.size(); ++i) buf[filled++] = text[std::size_t(i)];
+  }
+}
+
+}  // namespace
 
 Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std::int64_t step) const {
   Batch out{B, S, std::vector<int>(std::size_t(B * S)), std::vector<int>(std::size_t(B * S)),
@@ -94,6 +130,14 @@ Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std:
         seqbuf[std::size_t(at + 1)] = kAnswerBase + value[std::size_t(k)];
         is_answer[std::size_t(at + 1)] = 1;
       }
+    } else if (packed()) {
+      std::vector<std::int64_t> starts;
+      pack(text_, documents_, std::size_t(rng.below(std::int64_t(documents_.size()))), seqbuf, starts);
+      out.cu_seqlens.assign(starts.begin(), starts.end());
+      while (!out.cu_seqlens.empty() && out.cu_seqlens.back() >= S) out.cu_seqlens.pop_back();  // starts at token S
+      out.cu_seqlens.push_back(S);
+      for (std::int64_t s : starts)
+        if (s > 0 && s <= S) out.labels[std::size_t(b * S + s - 1)] = kNoLabel;  // marked; kept below
     } else {
       const std::int64_t off = rng.below(std::int64_t(text_.size()) - S);
       for (std::int64_t i = 0; i <= S; ++i) seqbuf[std::size_t(i)] = text_[std::size_t(off + i)];
@@ -101,7 +145,8 @@ Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std:
     // Shift before sharding: input i predicts token i+1, so no label is lost at a boundary.
     for (std::int64_t i = 0; i < S; ++i) {
       out.tokens[std::size_t(b * S + i)] = seqbuf[std::size_t(i)];
-      out.labels[std::size_t(b * S + i)] = seqbuf[std::size_t(i + 1)];
+      int& label = out.labels[std::size_t(b * S + i)];
+      if (label != kNoLabel) label = seqbuf[std::size_t(i + 1)];
       out.scored[std::size_t(b * S + i)] = is_answer[std::size_t(i + 1)];
     }
   }

@@ -18,15 +18,25 @@ namespace ulysses::train {
 
 struct Batch {
   std::int64_t batch = 0, seq = 0;
-  std::vector<int> tokens, labels;    // [batch, seq]; labels[i] = token i+1 of the sequence
+  std::vector<int> tokens, labels;    // [batch, seq]; labels[i] = token i+1 of the sequence, or
+                                      // kNoLabel where i ends a packed document
   std::vector<std::uint8_t> scored;   // [batch, seq]: 1 where the label is a retrieval answer
+  std::vector<std::int64_t> cu_seqlens = {};  // packed documents (batch 1); empty: one document
+  std::int64_t targets() const;       // labels that count in the loss
 };
+
+constexpr int kNoLabel = -1;  // a token whose next token belongs to another document
 
 class DataSource {
  public:
   static DataSource synthetic();
   // Byte-level text. Throws Error if the file cannot be read.
   static DataSource text_file(const std::string& path);
+  // Byte-level documents packed into each sequence: the file split on `separator` (empty
+  // documents dropped), consecutive documents from a random one on, cut at the sequence's end.
+  // The batch carries their cu_seqlens; no label crosses a document boundary.
+  static DataSource packed_documents(const std::string& path, const std::string& separator);
+  bool packed() const { return !documents_.empty(); }
 
   // "" if sequences of `seq` tokens can be drawn, else why not (names the values).
   std::string error_for(std::int64_t seq) const;
@@ -40,6 +50,7 @@ class DataSource {
   bool synthetic_ = true;
   std::string path_;
   std::vector<std::uint8_t> text_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> documents_;  // [begin, end) in text_
 };
 
 }  // namespace ulysses::train

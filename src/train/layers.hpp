@@ -139,7 +139,8 @@ void embedding_backward(T* dwte, const T* dout, const int* tokens, i64 N, i64 C)
 }
 
 // Softmax cross-entropy. Returns Σ losses over the N rows (the caller divides by the global
-// token count); writes dlogits = (softmax − onehot) · grad_scale (overwrites logits' grad).
+// count of labels); writes dlogits = (softmax − onehot) · grad_scale (overwrites logits' grad).
+// A negative label (kNoLabel: the end of a packed document) adds no loss and no gradient.
 template <class T>
 T crossentropy_forward_backward(T* dlogits, const T* logits, const int* labels, i64 N, i64 V, T grad_scale,
                                 int* argmax = nullptr) {
@@ -154,8 +155,12 @@ T crossentropy_forward_backward(T* dlogits, const T* logits, const int* labels, 
     T sum = 0;
     for (i64 v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
     const T lse = mx + std::log(sum);
-    row_loss[std::size_t(n)] = lse - z[labels[n]];
     if (argmax) argmax[n] = int(best);
+    if (labels[n] < 0) {
+      if (dlogits) std::fill_n(dlogits + n * V, V, T(0));
+      continue;
+    }
+    row_loss[std::size_t(n)] = lse - z[labels[n]];
     if (dlogits)
       for (i64 v = 0; v < V; ++v)
         dlogits[n * V + v] = (std::exp(z[v] - lse) - (v == labels[n] ? T(1) : T(0))) * grad_scale;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ulysses/atomic_file.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses::train {
@@ -43,6 +44,9 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
     : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model) {
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.seq);
+  if (err.empty() && data_.packed() && cfg_.batch != 1)
+    err = fmt::format("--pack puts the documents into one sequence per step: use --batch 1 (and a longer --seq), "
+                      "got --batch {}", cfg_.batch);
   comm.agree(err);
   cfg_.cp.causal = true;
   chunks_ = rank_chunks(cfg_.cp, comm.size(), comm.rank(), cfg_.seq);
@@ -63,7 +67,8 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
 Trainer::Local Trainer::shard(const Batch& b) const {
   const std::int64_t n = std::int64_t(positions_.size());
   Local l{std::vector<int>(std::size_t(b.batch * n)), std::vector<int>(std::size_t(b.batch * n)),
-          std::vector<std::uint8_t>(std::size_t(b.batch * n))};
+          std::vector<std::uint8_t>(std::size_t(b.batch * n)), positions_, b.cu_seqlens, b.targets()};
+  for (std::int64_t& p : l.positions) p -= document_of(b.cu_seqlens, p).begin;  // each document from 0
   for (std::int64_t i = 0; i < b.batch; ++i)
     for (std::int64_t t = 0; t < n; ++t) {
       const std::size_t src = std::size_t(i * b.seq + positions_[std::size_t(t)]), dst = std::size_t(i * n + t);
@@ -78,8 +83,9 @@ double Trainer::forward_backward(const Local& d, double* correct_and_count) {
   const std::int64_t n = std::int64_t(positions_.size());
   std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
   std::vector<int> argmax(d.tokens.size());
-  const float scale = 1.0f / float(cfg_.batch * cfg_.seq);
-  double sums[3] = {double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), positions_.data(), cfg_.batch,
+  const float scale = 1.0f / float(d.targets);
+  attention_->set_documents(d.cu_seqlens);
+  double sums[3] = {double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch,
                                           n, scale, argmax.data())),
                     0.0, 0.0};
   for (std::size_t i = 0; i < argmax.size(); ++i)
@@ -94,7 +100,7 @@ double Trainer::forward_backward(const Local& d, double* correct_and_count) {
     correct_and_count[0] = sums[1];
     correct_and_count[1] = sums[2];
   }
-  return sums[0] / double(cfg_.batch * cfg_.seq);
+  return sums[0] / double(d.targets);
 }
 
 double Trainer::compute_gradients(std::int64_t data_step) {
@@ -138,7 +144,8 @@ double Trainer::evaluate(std::int64_t batches) {
   for (std::int64_t i = 0; i < batches; ++i) {
     const Local d = shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed ^ 0xe7a1u, 1000000000 + i));  // held out
     std::vector<int> argmax(d.tokens.size());
-    model_.forward(*attention_, d.tokens.data(), d.labels.data(), positions_.data(), cfg_.batch, n, 1.0f,
+    attention_->set_documents(d.cu_seqlens);
+    model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch, n, 1.0f,
                    argmax.data());
     for (std::size_t j = 0; j < argmax.size(); ++j)
       if (d.scored[j]) {

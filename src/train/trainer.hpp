@@ -66,7 +66,13 @@ class Trainer {
   double flops_per_step() const;
 
  private:
-  struct Local { std::vector<int> tokens, labels; std::vector<std::uint8_t> scored; };
+  struct Local {
+    std::vector<int> tokens, labels;
+    std::vector<std::uint8_t> scored;
+    std::vector<std::int64_t> positions;   // RoPE's: within each packed document
+    std::vector<std::int64_t> cu_seqlens;  // the batch's documents
+    std::int64_t targets = 0;              // labels in the loss, over all ranks
+  };
   Local shard(const Batch& b) const;
   double forward_backward(const Local& data, double* correct_and_count);
 
