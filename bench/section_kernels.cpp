@@ -14,6 +14,7 @@
 //   autograd would, so its memory grows with s²), float32 only; peak working memory.
 // [1c] Every level the CPU supports, forced in turn, at one shape: the gain of each level.
 // [1d] PyTorch SDPA (bench/sdpa_anchor.py, in a Python with torch >= 2.0) on the shape.
+// [1e] Packed documents: 1, 16 and 64 documents in the same s; time against counted work.
 // FLOP rates use FlashAttention's count for everything (backward 2.5× forward, causal halves
 // it), so a ratio of rates is a ratio of times.
 #include <cblas.h>
@@ -36,6 +37,7 @@
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/threads.hpp"
 
 namespace ulysses::bench {
@@ -221,11 +223,10 @@ Rates rates(const Times& t, i64 s, i64 h, i64 d, bool causal) {
 }
 
 // Forward then backward on `in`, outputs float32 whatever the input dtype.
-Times time_flash(const Inputs& in, bool causal, int reps) {
+Times time_flash(const Inputs& in, const AttentionParams& p, int reps) {
   const Shape sh = in.q.shape();
   Tensor out(sh), dq(sh), dk(sh), dv(sh);
   const Tensor lse = lse_tensor(sh);
-  const AttentionParams p{.causal = causal};
   reset_tensor_bytes_peak();
   const i64 base = tensor_bytes_in_use();
   Times t;
@@ -246,7 +247,7 @@ class FlashRuns {
   Times get(i64 s, i64 h, i64 d, DType dtype, bool causal, int reps) {
     const auto key = std::tuple{int(kernels::active_isa()), s, h, d, int(dtype), causal, reps};
     if (auto it = done_.find(key); it != done_.end()) return it->second;
-    return done_[key] = time_flash(make_inputs(s, h, d, dtype), causal, reps);
+    return done_[key] = time_flash(make_inputs(s, h, d, dtype), {.causal = causal}, reps);
   }
 
  private:
@@ -341,7 +342,7 @@ void flash_rows(i64 s, i64 d, i64 h, int T, const Options& o, const Ceilings& c,
   const Inputs f32 = make_inputs(s, h, d, DType::f32), bf16 = make_inputs(s, h, d, DType::bf16);
   double full_fwd_s = 0;
   for (bool causal : {false, true}) {
-    const Times tf = time_flash(f32, causal, reps), tb = time_flash(bf16, causal, reps);
+    const Times tf = time_flash(f32, {.causal = causal}, reps), tb = time_flash(bf16, {.causal = causal}, reps);
     const Times tn = time_naive(f32, causal, T, reps);
     const Rates rf = rates(tf, s, h, d, causal), rb = rates(tb, s, h, d, causal), rn = rates(tn, s, h, d, causal);
     if (!causal) full_fwd_s = tf.fwd;
@@ -533,6 +534,34 @@ json anchor_table(FlashRuns& runs, int T, const Options& o) {
   return {{"skipped", why}, {"cases", out["cases"]}};
 }
 
+// [1e] Packed documents: the same s split into more and shorter documents, causal. The work
+// is counted exactly (visible pairs, documents.hpp); the kernel skips the tiles outside every
+// document, so its time should follow the work, not s².
+json documents_table(int T, const Options& o) {
+  const i64 s = o.quick ? 2048 : 16384, h = 2 * T, d = 64;
+  const int reps = reps_for(s, o);
+  fmt::print("\n[1e] packed documents (cu_seqlens), s = {}, h = {}, d = {}, causal, f32: time follows the counted work\n",
+             s, h, d);
+  fmt::print("{:>14} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "documents", "work (pairs)", "work/1doc",
+             "fwd ms", "bwd ms", "time/1doc", "fwd GF/s", "bwd GF/s");
+  const Inputs in = make_inputs(s, h, d, DType::f32);
+  json rows = json::array();
+  double work1 = 0, time1 = 0;
+  for (const i64 n : {i64(1), i64(16), i64(64)}) {
+    const std::vector<i64> cu = cu_seqlens_of(std::vector<i64>(std::size_t(n), s / n));
+    const Times t = time_flash(in, {.causal = true, .cu_seqlens = cu}, reps);
+    const double work = double(visible_pairs(cu, true, {0, s}, {0, s})), flops = 4.0 * double(h * d) * work;
+    if (n == 1) work1 = work, time1 = t.fwd + t.bwd;
+    fmt::print("{:>9} x {:<4} {:>12.4g} {:>10.4f} {:>10.2f} {:>10.2f} {:>10.4f} {:>9.2f} {:>9.2f}\n", n, s / n, work,
+               work / work1, t.fwd * 1e3, t.bwd * 1e3, (t.fwd + t.bwd) / time1, flops / t.fwd * 1e-9,
+               2.5 * flops / t.bwd * 1e-9);
+    rows.push_back({{"documents", n}, {"length", s / n}, {"work_pairs", work}, {"forward_s", t.fwd}, {"backward_s", t.bwd},
+                    {"work_ratio", work / work1}, {"time_ratio", (t.fwd + t.bwd) / time1}});
+  }
+  fmt::print("GF/s by the exact count (4·d per visible pair); time/1doc should track work/1doc\n");
+  return rows;
+}
+
 void print_header(int T) {
   fmt::print("\n[1] local attention kernels: level {} (f32 on {}, bf16 on {}), {} threads; GFLOP/s by FlashAttention's "
              "count (bwd 2.5× fwd, causal half), medians\n",
@@ -558,6 +587,7 @@ nlohmann::json kernels_section(MpiCommunicator& world, const Options& o) {
     result["rows"] = flash_table(seqs, dims, h, T, o, ceilings);
     result["levels"] = levels_table(runs, T, o);
     result["anchor"] = anchor_table(runs, T, o);
+    result["documents"] = documents_table(T, o);
     set_threads(o.threads_per_rank);
   }
   idle_barrier(world.native());
