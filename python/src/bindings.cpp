@@ -127,13 +127,15 @@ PYBIND11_MODULE(_ulysses, m) {
            }),
            py::arg("comm"), py::arg("cp_comm_type"), py::arg("causal"), py::arg("scale"), py::arg("cp_sizes"),
            py::keep_alive<1, 2>())
-      .def("forward",
-           [](ContextParallelAttention& a, const py::tuple& out, const py::tuple& q, const py::tuple& k,
-              const py::tuple& v) {
-             const TensorView o = view_of(out), qv = view_of(q), kv = view_of(k), vv = view_of(v);
-             py::gil_scoped_release nogil;
-             return a.forward(o, qv, kv, vv);
-           })
+      .def(
+          "forward",
+          [](ContextParallelAttention& a, const py::tuple& out, const py::tuple& q, const py::tuple& k,
+             const py::tuple& v, std::vector<std::int64_t> cu_seqlens) {
+            const TensorView o = view_of(out), qv = view_of(q), kv = view_of(k), vv = view_of(v);
+            py::gil_scoped_release nogil;
+            return cu_seqlens.empty() ? a.forward(o, qv, kv, vv) : a.forward(o, qv, kv, vv, std::move(cu_seqlens));
+          },
+          py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens") = std::vector<std::int64_t>{})
       .def("backward", [](ContextParallelAttention& a, const CpContext& ctx, const py::tuple& dq, const py::tuple& dk,
                           const py::tuple& dv, const py::tuple& dout) {
         const TensorView a1 = view_of(dq), a2 = view_of(dk), a3 = view_of(dv), g = view_of(dout);

@@ -17,8 +17,9 @@ def agreed_max(comm, x):
     return comm.mpi.allreduce(float(x), op=MPI.MAX)
 
 
-def textbook_attention(q, k, v, causal, scale=None):
-    """float64 attention on [b, s, h, d] tensors (GQA by repeating K/V heads)."""
+def textbook_attention(q, k, v, causal, scale=None, cu_seqlens=None):
+    """float64 attention on [b, s, h, d] tensors (GQA by repeating K/V heads); with
+    cu_seqlens, a block-diagonal mask of the documents."""
     q, k, v = q.double(), k.double(), v.double()
     rep = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
@@ -26,6 +27,9 @@ def textbook_attention(q, k, v, causal, scale=None):
     if causal:
         s = q.shape[1]
         scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
+    if cu_seqlens is not None:
+        doc = torch.bucketize(torch.arange(q.shape[1]), torch.tensor(cu_seqlens[1:]), right=True)
+        scores = scores.masked_fill(doc[:, None] != doc[None, :], float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
 
 

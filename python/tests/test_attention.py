@@ -128,6 +128,30 @@ def test_shard_unshard_positions(comm, strategy, causal):
         assert pos.tolist() == ([0, 1, 6, 7] if comm.rank == 0 else [2, 3, 4, 5])
 
 
+def test_packed_documents(comm):
+    # cu_seqlens per call: a 1-token document, an empty one, one across the rank boundaries.
+    torch.manual_seed(6)
+    s, h, kv, d = 10 * comm.size + 5, 4, 2, 16
+    cu = [0, 1, 1, 7, s // 2, s]
+    gq, gdout = torch.randn(1, s, h, d), torch.randn(1, s, h, d)
+    gk, gv = torch.randn(1, s, kv, d), torch.randn(1, s, kv, d)
+    for causal in (False, True):
+        q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
+        out = textbook_attention(q, k, v, causal, cu_seqlens=cu)
+        out.backward(gdout.double())
+        want = out.detach(), q.grad, k.grad, v.grad
+        for strategy, sizes in configs(comm.size):
+            attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=sizes)
+            sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=sizes)
+            lq, lk, lv = (sh(x).requires_grad_() for x in (gq, gk, gv))
+            o = attn(lq, lk, lv, cu_seqlens=torch.tensor(cu))
+            o.backward(sh(gdout))
+            un = lambda x: ulysses.unshard(x, comm, strategy, causal, cp_sizes=sizes)
+            got = un(o.detach()), un(lq.grad), un(lk.grad), un(lv.grad)
+            errs = [agreed_max(comm, rel(x, r)) for x, r in zip(got, want)]
+            assert max(errs) <= 1e-5, (strategy, sizes, causal, errs)
+
+
 def test_uneven_sequence_and_heads(comm):
     # s % cp != 0 and h % cp != 0: shards differ by at most one token, GQA groups stay whole.
     torch.manual_seed(5)

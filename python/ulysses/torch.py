@@ -14,11 +14,11 @@ class _CpAttention(torch.autograd.Function):
     any number of forwards may be in flight and activation checkpointing recomputes freely."""
 
     @staticmethod
-    def forward(ctx, impl, q, k, v):
+    def forward(ctx, impl, q, k, v, cu_seqlens):
         q, k, v = readable(q, "q"), readable(k, "k"), readable(v, "v")
         out = torch.empty(q.shape, dtype=q.dtype)
         ctx.impl = impl
-        ctx.context = impl.forward(spec(out), spec(q), spec(k), spec(v))
+        ctx.context = impl.forward(spec(out), spec(q), spec(k), spec(v), cu_seqlens)
         ctx.kv_shape = k.shape
         return out
 
@@ -29,7 +29,7 @@ class _CpAttention(torch.autograd.Function):
         dk = torch.empty(ctx.kv_shape, dtype=dout.dtype)
         dv = torch.empty(ctx.kv_shape, dtype=dout.dtype)
         ctx.impl.backward(ctx.context, spec(dq), spec(dk), spec(dv), spec(dout))
-        return None, dq, dk, dv
+        return None, dq, dk, dv, None
 
 
 class ContextParallelAttention(torch.nn.Module):
@@ -41,6 +41,10 @@ class ContextParallelAttention(torch.nn.Module):
     ``strategy`` is Megatron's cp_comm_type (``ulysses.strategy_names()``); ``cp_sizes`` is
     ``[inner, outer]`` for ``a2a+p2p``; ``scale`` defaults to 1/sqrt(d). Errors are raised
     as ``ulysses.Error`` with the same message on every rank.
+
+    ``forward(q, k, v, cu_seqlens=...)``: packed documents, FlashAttention's varlen contract
+    (batch 1): cumulative document lengths over the *global* sequence, the same on every
+    rank (a list or an integer tensor); no token attends across a document boundary.
     """
 
     def __init__(self, comm, strategy="a2a", causal=False, cp_sizes=None, scale=None):
@@ -49,8 +53,9 @@ class ContextParallelAttention(torch.nn.Module):
         self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), float(scale or 0.0),
                                                        list(cp_sizes or []))
 
-    def forward(self, q, k, v):
-        return _CpAttention.apply(self._impl, q, k, v)
+    def forward(self, q, k, v, cu_seqlens=None):
+        cu = [] if cu_seqlens is None else [int(x) for x in cu_seqlens]
+        return _CpAttention.apply(self._impl, q, k, v, cu)
 
     def extra_repr(self):
         return f"strategy={self.strategy!r}, causal={self.causal}, cp={self.comm.size}"
