@@ -91,6 +91,27 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   return r;
 }
 
+// Throws unless the document lengths (if any) are non-negative and add up to seq, at batch 1.
+void check_documents(const PlanInput& in) {
+  if (in.documents.empty()) return;
+  if (in.batch != 1) throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
+  for (std::int64_t n : in.documents)
+    if (n < 0) throw Error(fmt::format("document lengths must not be negative, got {}", n));
+  const std::int64_t total = cu_seqlens_of(in.documents).back();
+  if (total != in.seq)
+    throw Error(fmt::format("the document lengths add up to {}, not the sequence length {}", total, in.seq));
+}
+
+// Which strategy's ranks share the documents' work most evenly, and how the recommended one does.
+std::string balance_note(const Plan& p) {
+  const PlanRow* even = nullptr;
+  for (const PlanRow& r : p.rows)
+    if (r.valid && (even == nullptr || r.work_imbalance < even->work_imbalance)) even = &r;
+  const PlanRow& b = p.rows[std::size_t(p.best)];
+  return fmt::format("; these documents are best balanced by {} (busiest rank {:.2f}x the mean work; {}: {:.2f}x)",
+                     even->name, even->work_imbalance, b.name, b.work_imbalance);
+}
+
 const PlanRow* row_named(const Plan& p, const std::string& name) {
   for (const PlanRow& r : p.rows)
     if (r.name == name) return &r;
@@ -146,14 +167,7 @@ Plan make_plan(const PlanInput& in) {
     throw Error(fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads));
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
     throw Error("the compute rate must be positive and the efficiency in (0, 1]");
-  if (!in.documents.empty()) {
-    if (in.batch != 1) throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
-    const std::vector<std::int64_t> cu = cu_seqlens_of(in.documents);
-    for (std::int64_t n : in.documents)
-      if (n < 0) throw Error(fmt::format("document lengths must not be negative, got {}", n));
-    if (cu.back() != in.seq)
-      throw Error(fmt::format("the document lengths add up to {}, not the sequence length {}", cu.back(), in.seq));
-  }
+  check_documents(in);
   Plan p;
   for (const Strategy* strategy : strategies())
     for (const CpConfig& cfg : strategy->plan_configs(in.cp, in.causal)) p.rows.push_back(evaluate(in, *strategy, cfg));
@@ -188,14 +202,7 @@ Plan make_plan(const PlanInput& in) {
     if (int(i) != p.best && p.rows[i].valid &&
         (second < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(second)].predicted_step_s))
       second = int(i);
-  if (!in.documents.empty()) {  // which strategy's ranks share these documents' work most evenly
-    const PlanRow* even = nullptr;
-    for (const PlanRow& r : p.rows)
-      if (r.valid && (even == nullptr || r.work_imbalance < even->work_imbalance)) even = &r;
-    p.recommendation += fmt::format("; these documents are best balanced by {} (busiest rank {:.2f}x the mean work; "
-                                    "{}: {:.2f}x)",
-                                    even->name, even->work_imbalance, b.name, b.work_imbalance);
-  }
+  if (!in.documents.empty()) p.recommendation += balance_note(p);
   if (second >= 0) {
     const double diff = 100 * (p.rows[std::size_t(second)].predicted_step_s / b.predicted_step_s - 1);
     p.recommendation += std::abs(diff) < 2.0

@@ -87,16 +87,20 @@ std::string DataSource::describe() const {
 
 namespace {
 
-// S + 1 tokens of consecutive documents from `first` on (wrapping around), and where each
-// document starts in them.
+// Fills buf (S + 1 tokens) with consecutive documents from `first` on (wrapping around); sets
+// out.cu_seqlens and marks the label of each document's last token (of sequence b) kNoLabel.
 void pack(const std::vector<std::uint8_t>& text, const std::vector<std::pair<std::int64_t, std::int64_t>>& docs,
-          std::size_t first, std::vector<int>& buf, std::vector<std::int64_t>& starts) {
-  starts.clear();
+          std::size_t first, std::vector<int>& buf, Batch& out, std::int64_t b) {
+  const std::int64_t S = out.seq;
+  out.cu_seqlens.clear();
   std::size_t filled = 0;
   for (std::size_t d = first; filled < buf.size(); d = (d + 1) % docs.size()) {
-    starts.push_back(std::int64_t(filled));
+    const std::int64_t start = std::int64_t(filled);
+    if (start < S) out.cu_seqlens.push_back(start);
+    if (start > 0) out.labels[std::size_t(b * S + start - 1)] = kNoLabel;  // kept by the shift in batch()
     for (std::int64_t i = docs[d].first; i < docs[d].second && filled < buf.size(); ++i) buf[filled++] = text[std::size_t(i)];
   }
+  out.cu_seqlens.push_back(S);
 }
 
 }  // namespace
@@ -131,13 +135,7 @@ Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std:
         is_answer[std::size_t(at + 1)] = 1;
       }
     } else if (packed()) {
-      std::vector<std::int64_t> starts;
-      pack(text_, documents_, std::size_t(rng.below(std::int64_t(documents_.size()))), seqbuf, starts);
-      out.cu_seqlens.assign(starts.begin(), starts.end());
-      while (!out.cu_seqlens.empty() && out.cu_seqlens.back() >= S) out.cu_seqlens.pop_back();  // starts at token S
-      out.cu_seqlens.push_back(S);
-      for (std::int64_t s : starts)
-        if (s > 0 && s <= S) out.labels[std::size_t(b * S + s - 1)] = kNoLabel;  // marked; kept below
+      pack(text_, documents_, std::size_t(rng.below(std::int64_t(documents_.size()))), seqbuf, out, b);
     } else {
       const std::int64_t off = rng.below(std::int64_t(text_.size()) - S);
       for (std::int64_t i = 0; i <= S; ++i) seqbuf[std::size_t(i)] = text_[std::size_t(off + i)];
