@@ -9,7 +9,7 @@
 namespace ulysses::cli {
 
 struct TrainOptions {
-  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg;
+  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg, trace;
   std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,
                hidden = 172, warmup = 20, save_every = 0, eval_batches = 8;
   float lr = 3e-3f;

@@ -16,6 +16,9 @@ struct CpConfig {
   std::vector<int> hierarchical_context_parallel_sizes;  // a2a+p2p: {inner, outer}
   bool causal = false;
   float scale = 0.0f;  // 0 means 1/sqrt(d)
+  // Sequence-sharded strategies under a causal mask: false keeps contiguous chunks instead of
+  // zigzag, to measure the imbalance zigzag fixes (the seed's claim 4); Ulysses ignores it.
+  bool zigzag = true;
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.
