@@ -16,15 +16,15 @@ struct BalanceRow {
   std::vector<double> seconds;       // per rank: its forward + backward kernels, replayed alone
   std::vector<std::int64_t> pairs;   // per rank: (query, key) pairs inside the mask it computes
 };
-// Causal global q = k = v of shape s (MHA) at each cp, median of reps per rank.
-std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& cps, int reps);
+// Causal global q = k = v of shape s (MHA) at each cp; per rank the best of `rounds`.
+std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& cps, int rounds);
 
 struct KernelRow {
   int cp = 0;
   double ulysses_gflops = 0, ring_gflops = 0, zigzag_gflops = 0;  // 0: the shape does not exist
 };
 // Non-causal forward GFLOP/s of the one call shape each strategy makes at cp, for the global
-// shape s; each timed over at least min_seconds.
+// shape s; the best of three timings of at least min_seconds each.
 std::vector<KernelRow> measure_kernel_efficiency(const Shape& s, const std::vector<int>& cps, double min_seconds);
 
 }  // namespace ulysses::seed
