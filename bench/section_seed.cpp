@@ -65,7 +65,9 @@ json counted_run(Communicator& comm, const CpConfig& cfg, const seed::PlotShape&
   attn.backward(ctx, l.dq.view(), l.dk.view(), l.dv.view(), l.dout.view());
   const seed::Traffic bwd = seed::counted_traffic(comm.counters());
   std::int64_t peak = tensor_bytes_peak() - base;
-  const auto formula = [&](bool b) { return seed::formula_traffic(cfg, cp, comm.rank(), shape.q, shape.kv_heads, DType::f32, b); };
+  const auto formula = [&](bool backward) {
+    return seed::formula_traffic(cfg, cp, comm.rank(), shape.q, shape.kv_heads, DType::f32, backward);
+  };
   std::int64_t match = fwd == formula(false) && bwd == formula(true);
   comm.allreduce_min(&match, 1);
   comm.allreduce_max(&peak, 1);
@@ -141,7 +143,8 @@ json overlap_run(Communicator& comm, const CpConfig& cfg, const std::string& nam
   // best run is the communication no skew explains.
   std::int64_t least = std::int64_t(*std::min_element(exposed.begin(), exposed.end()) * 1e6);
   comm.allreduce_min(&least, 1);
-  return {{"strategy", name}, {"fwd_bwd_s", median(total)}, {"ranks", ranks}, {"least_exposed_s", double(least) * 1e-6}};
+  return {{"strategy", name}, {"fwd_bwd_s", median(total)}, {"ranks", ranks},
+          {"least_exposed_s", double(least) * 1e-6}};
 }
 
 std::vector<std::pair<std::string, CpConfig>> overlap_configs() {
@@ -159,12 +162,14 @@ json overlap_runs(MpiCommunicator& world, const Options& o, std::string& trace) 
   const Shape g{1, overlap_seq(o), 8, 64};
   on_first_ranks(world, 2, [&](Communicator& sub) {
     for (const auto& [name, cfg] : overlap_configs()) rows.push_back(overlap_run(sub, cfg, name, g, o.reps));
-    const Layer a(overlap_configs()[0].second, 2, sub.rank(), g, g.h), p(overlap_configs()[1].second, 2, sub.rank(), g, g.h);
-    ContextParallelAttention a2a(sub, overlap_configs()[0].second), ring(sub, overlap_configs()[1].second);
+    const CpConfig& ulysses = overlap_configs()[0].second;
+    const CpConfig& zigzag = overlap_configs()[1].second;
+    const Layer a(ulysses, 2, sub.rank(), g, g.h), p(zigzag, 2, sub.rank(), g, g.h);
+    ContextParallelAttention a2a(sub, ulysses), ring(sub, zigzag);
     Tracer tracer(sub);
     a.run(a2a);
     p.run(ring);
-    trace = chrome_trace_json(sub, tracer);
+    trace = chrome_trace_json(sub, tracer.events());
   });
   return rows;
 }
@@ -186,8 +191,8 @@ json cp_table() {
 void print_counted(const json& rows) {
   fmt::print("\n[seed 1, 2] operations, messages and bytes per rank per layer, counted vs formula (f32; {})\n",
              "causal; s = 512, d = 16");
-  fmt::print("{:<11} {:<22} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>7} {:>9}\n", "strategy", "shape", "cp",
-             "seed fwd", "fwd ops", "fwd msgs", "fwd KB", "bwd ops", "bwd msgs", "bwd KB", "=form", "peak/qkv");
+  fmt::print("{:<11} {:<22} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>7} {:>9}\n", "strategy", "shape",
+             "cp", "seed fwd", "fwd ops", "fwd msgs", "fwd KB", "bwd ops", "bwd msgs", "bwd KB", "=form", "peak/qkv");
   for (const json& r : rows)
     fmt::print("{:<11} {:<22} {:>3} {:>10} {:>9} {:>9} {:>10.1f} {:>9} {:>9} {:>10.1f} {:>7} {:>9.2f}\n",
                std::string(r["strategy"]), std::string(r["shape"]), int(r["cp"]), int(r["seed_forward_calls"]),

@@ -88,7 +88,8 @@ std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& 
       const CpConfig cfg{layout[0] == 'a' ? "a2a" : "p2p", {}, true, 0.0f, std::string(layout) != "p2p contiguous"};
       const bool ring = cfg.cp_comm_type == "p2p";
       const auto chunks = all_rank_chunks(cfg, cp, s.s);
-      BalanceRow row{layout, cp, best_of_rounds(cp, rounds, [&](int r) { ring ? ring_rank(g, chunks, r) : ulysses_rank(s, cp, r); }), {}};
+      const auto rank_work = [&](int r) { ring ? ring_rank(g, chunks, r) : ulysses_rank(s, cp, r); };
+      BalanceRow row{layout, cp, best_of_rounds(cp, rounds, rank_work), {}};
       for (int r = 0; r < cp; ++r)
         row.pairs.push_back(ring ? ring_pairs(chunks, r) * s.h
                                  : visible_pairs({0, s.s}, {0, s.s}, true) * ulysses_heads(cp, r, s.h, s.h).q.count);

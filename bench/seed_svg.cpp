@@ -53,8 +53,9 @@ std::string svg_lines(const std::string& title, const std::string& x_label, cons
     std::string pts;
     for (std::size_t i = 0; i < series[k].x.size(); ++i)
       if (series[k].y[i] > 0) pts += fmt::format("{:.1f},{:.1f} ", X(series[k].x[i]), Y(series[k].y[i]));
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" points=\"{}\"/>\n", kColors[k % 7], pts);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), kColors[k % 7],
+    const char* color = kColors[k % 7];
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" points=\"{}\"/>\n", color, pts);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), color,
                        series[k].name);
   }
   return svg + "</svg>\n";
@@ -79,8 +80,9 @@ std::string svg_bars(const std::string& title, const std::string& y_label, const
     for (std::size_t r = 0; r < g.values.size(); ++r, x += bw)
       svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x,
                          Y(g.values[r]), bw * 0.9, H - B - Y(g.values[r]), kColors[r % 7]);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"10\" transform=\"rotate(30 {:.1f} {})\">{}</text>\n",
-                       x - bw * double(g.values.size()), H - B + 14, x - bw * double(g.values.size()), H - B + 14, g.name);
+    const double left = x - bw * double(g.values.size());
+    svg += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" font-size=\"10\" transform=\"rotate(30 {0:.1f} {1})\">{2}</text>\n",
+                       left, H - B + 14, g.name);
     x += bw;
   }
   return svg + "</svg>\n";
@@ -90,7 +92,10 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& trace) 
   double end = 0;
   int tracks = 0;
   for (const auto& e : trace["traceEvents"])
-    if (e["ph"] == "X") end = std::max(end, double(e["ts"]) + double(e["dur"])), tracks = std::max(tracks, int(e["pid"]) + 1);
+    if (e["ph"] == "X") {
+      end = std::max(end, double(e["ts"]) + double(e["dur"]));
+      tracks = std::max(tracks, int(e["pid"]) + 1);
+    }
   const std::map<std::string, const char*> colors{{"compute", "#2ca02c"}, {"comm", "#1f77b4"}, {"wait", "#d62728"},
                                                   {"phase", "#bbbbbb"}};
   const double W = 1000, row = 46, L = 60, T = 40, H = T + row * tracks + 40;

@@ -108,7 +108,7 @@ TEST(Trace, OneTrackPerRankNestedIntervalsCarryingTheCountedBytes) {
     world.reset_counters();
     for (const CpConfig& c : configs) run_layer(world, c, {1, 8 * world.size(), 8, 8}, 2);
     for (const auto& [op, c] : world.counters()) counted += c.bytes_sent;
-    text = chrome_trace_json(world, tracer);
+    text = chrome_trace_json(world, tracer.events());
   }
   const std::vector<std::int64_t> all = world.allgather_value(counted);
   if (world.rank() != 0) {
@@ -216,7 +216,8 @@ TEST(SeedTables, ValidCpRowsOfQwen2AndLlama70B) {
   EXPECT_EQ(cps_where(28, 4, &seed::CpValidity::library_a2a), (std::vector<int>{2, 4, 7, 8, 14, 16, 28}));
   EXPECT_EQ(cps_where(64, 8, &seed::CpValidity::seed_kv_rule), (std::vector<int>{2, 4, 8}));
   EXPECT_EQ(cps_where(64, 8, &seed::CpValidity::library_a2a), (std::vector<int>{2, 4, 7, 8, 14, 16, 28, 32, 64}));
-  EXPECT_EQ(seed::cp_validity(28, 4, 64).hierarchical, (std::vector<std::array<int, 2>>{{2, 32}, {4, 16}, {8, 8}, {16, 4}}));
+  EXPECT_EQ(seed::cp_validity(28, 4, 64).hierarchical,
+            (std::vector<std::array<int, 2>>{{2, 32}, {4, 16}, {8, 8}, {16, 4}}));
 }
 
 }  // namespace

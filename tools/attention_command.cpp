@@ -61,8 +61,8 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(CLI::NonNegativeNumber);
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::NonNegativeNumber);
   c->add_option("--json", o.json, "write a JSON report here (rank 0)");
-  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here (rank 0): "
-                "one track per rank, compute and every communication operation with its bytes");
+  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
+                "(rank 0): one track per rank, compute and every communication operation with its bytes");
   c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
               "(shows the imbalance zigzag fixes)");
 }
@@ -472,7 +472,8 @@ int run_attention(const AttentionOptions& o) {
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
   const Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
-  if (tracer) write_chrome_trace(comm, *tracer, o.trace);  // before the reports' own traffic
+  const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
+  tracer.reset();  // the runs only, not the reports' traffic
   const std::vector<std::string> ops = counter_names(comm);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
   const Results g = gather_results(comm, s, t, o);
@@ -486,6 +487,7 @@ int run_attention(const AttentionOptions& o) {
     if (o.check) failed = check_against_reference(s, g, o.seed, report);
     write_outputs(o, s, g, report);
   });
+  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);  // after the reports: not in their bytes
   comm.broadcast(&failed, sizeof(failed), 0);
   return failed ? 1 : 0;
 }

@@ -216,8 +216,9 @@ int run_train(const TrainOptions& o) {
   }
   if (log) std::fclose(log);
   if (tracer) {
-    write_chrome_trace(comm, *tracer, o.trace);
+    const std::vector<TraceEvent> events = tracer->events();
     tracer.reset();  // the steps only
+    write_chrome_trace(comm, events, o.trace);
   }
   if (!o.save.empty()) trainer.save(o.save);
 

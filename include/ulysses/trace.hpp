@@ -51,13 +51,13 @@ class Tracer {
 // {bytes, messages} where recorded; a process_name "rank r" metadata event first.
 std::string chrome_trace_events(const std::vector<TraceEvent>& events, int rank);
 
-// Collective over the tracer's communicator: every rank's events as one Chrome trace JSON
-// document {"traceEvents": [...], "displayTimeUnit": "ms"} on rank 0, "" on the others. The
-// gathering counts under "trace"; its own events are not in the document.
-std::string chrome_trace_json(Communicator& comm, const Tracer& tracer);
+// Collective: every rank's events (a Tracer's, taken before or after it detached) as one
+// Chrome trace JSON document {"traceEvents": [...], "displayTimeUnit": "ms"} on rank 0, "" on
+// the others. The gathering counts under "trace" on comm.
+std::string chrome_trace_json(Communicator& comm, const std::vector<TraceEvent>& events);
 
 // Collective. Writes chrome_trace_json to `path` on rank 0 (atomically); throws Error on
 // every rank when rank 0 cannot write it.
-void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::string& path);
+void write_chrome_trace(Communicator& comm, const std::vector<TraceEvent>& events, const std::string& path);
 
 }  // namespace ulysses

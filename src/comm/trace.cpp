@@ -59,8 +59,8 @@ std::string chrome_trace_events(const std::vector<TraceEvent>& events, int rank)
   return out;
 }
 
-std::string chrome_trace_json(Communicator& comm, const Tracer& tracer) {
-  const std::string mine = chrome_trace_events(tracer.events(), comm.rank());  // before the gather adds its own
+std::string chrome_trace_json(Communicator& comm, const std::vector<TraceEvent>& events) {
+  const std::string mine = chrome_trace_events(events, comm.rank());  // before the gather adds its own
   const std::vector<std::int64_t> lengths = comm.allgather_value(std::int64_t(mine.size()), "trace");
   constexpr int kTag = 0x7ace;
   if (comm.rank() != 0) {
@@ -76,8 +76,8 @@ std::string chrome_trace_json(Communicator& comm, const Tracer& tracer) {
   return all + "\n],\n\"displayTimeUnit\": \"ms\"}\n";
 }
 
-void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::string& path) {
-  const std::string json = chrome_trace_json(comm, tracer);
+void write_chrome_trace(Communicator& comm, const std::vector<TraceEvent>& events, const std::string& path) {
+  const std::string json = chrome_trace_json(comm, events);
   std::string error;
   if (comm.rank() == 0) try {
       write_file_atomic(path, json);
