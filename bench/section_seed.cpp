@@ -347,7 +347,7 @@ nlohmann::json seed_section(MpiCommunicator& world, const Options& o) {
   const Shape bs{1, o.quick ? 256 : 2048, 8, 64}, ks{1, o.quick ? 256 : 1024, 32, 64};
   if (root) {  // alone, one thread: a thread held up by other work would stall its kernel's others
     set_threads(1);
-    balance = seed::measure_balance(bs, seed::run_cps(), std::max(3, o.reps));
+    balance = seed::measure_balance(bs, seed::run_cps(), std::max(o.quick ? 1 : 5, o.reps));
     report["balance"] = print_balance(balance);
     std::fflush(stdout);
     kernels = seed::measure_kernel_efficiency(ks, {1, 2, 4, 8, 16, 32}, o.quick ? 0.005 : 0.05);

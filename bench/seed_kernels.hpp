@@ -24,7 +24,7 @@ struct KernelRow {
   double ulysses_gflops = 0, ring_gflops = 0, zigzag_gflops = 0;  // 0: the shape does not exist
 };
 // Non-causal forward GFLOP/s of the one call shape each strategy makes at cp, for the global
-// shape s; the best of three timings of at least min_seconds each.
+// shape s; the best of five rounds over every call shape, each timing at least min_seconds.
 std::vector<KernelRow> measure_kernel_efficiency(const Shape& s, const std::vector<int>& cps, double min_seconds);
 
 }  // namespace ulysses::seed
