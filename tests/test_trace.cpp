@@ -182,6 +182,15 @@ TEST(SeedTables, CountedTrafficEqualsTheFormulas) {
     }
 }
 
+// Claim 4's experiment: CpConfig::zigzag = false keeps a causal ring's chunks contiguous.
+TEST(SeedTables, RingWithoutZigzagHoldsContiguousChunks) {
+  const CpConfig contiguous{"p2p", {}, true, 0.0f, false}, zigzag{"p2p", {}, true};
+  EXPECT_FALSE(uses_zigzag(contiguous));
+  EXPECT_TRUE(uses_zigzag(zigzag));
+  EXPECT_EQ(rank_chunks(contiguous, 4, 3, 16), (std::vector<SeqChunk>{{12, 4}}));
+  EXPECT_EQ(rank_chunks(zigzag, 4, 3, 16), (std::vector<SeqChunk>{{6, 2}, {8, 2}}));
+}
+
 // Claim 7 at cp = this job's size: a real a2a forward runs exactly where the table says the
 // library accepts it (the other cps through validate_cp_config, the same rule).
 TEST(SeedTables, ValidCpTableEqualsTheLibrary) {
