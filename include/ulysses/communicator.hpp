@@ -107,7 +107,8 @@ class Communicator {
   void broadcast(void* data, std::size_t bytes, int root);
   void barrier();
 
-  // Not collective. Nonblocking point-to-point, counted under `op` (irecv: traced as "wait <op>").
+  // Not collective. Nonblocking point-to-point; isend is counted under `op`. While a tracer is
+  // attached, a wait that blocks on either shows on the timeline as "wait <op>".
   Request isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op = "p2p");
   Request irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op = "recv");
 
