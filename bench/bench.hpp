@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ulysses/mpi_communicator.hpp"
@@ -20,6 +21,7 @@ struct Options {
   std::int64_t seq = 16384;  // end-to-end sections
   int cores = 1;             // threads one rank may use alone
   int threads_per_rank = 1;  // threads when every rank runs
+  std::string plots;         // seed section: write its SVG plots and trace into this directory
 };
 
 inline double median(std::vector<double> v) {
@@ -38,6 +40,21 @@ double time_median(int reps, Fn&& fn) {
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(t);
+}
+
+// Seconds per call of fn, after one untimed call, calling it until min_seconds have passed.
+template <class Fn>
+double time_per_call(double min_seconds, Fn&& fn) {
+  fn();
+  int calls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < min_seconds);
+  return elapsed / calls;
 }
 
 inline double slowest(Communicator& comm, double x) {
@@ -63,5 +80,6 @@ inline void idle_barrier(MPI_Comm comm) {
 nlohmann::json kernels_section(MpiCommunicator& world, const Options& o);     // rank 0 alone, all cores
 nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o);    // all ranks
 nlohmann::json strategies_section(MpiCommunicator& world, const Options& o);  // all ranks (+ rank 0 alone)
+nlohmann::json seed_section(MpiCommunicator& world, const Options& o);        // all ranks (+ rank 0 alone)
 
 }  // namespace ulysses::bench

@@ -10,6 +10,8 @@
 //   3. strategies  attention fwd+bwd: 1 rank × all cores vs every strategy on all ranks, with
 //                  compute, communication and exposed communication, bytes vs formula, and
 //                  peak memory per rank vs each strategy's memory model
+//   4. seed        the seed's ring-vs-Ulysses claims, each measured (docs/seed_claims.md):
+//                  mpirun -n 8 --oversubscribe ... --only seed --plots DIR
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -29,8 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
   app.add_option("--seq", o.seq, "sequence length of the end-to-end sections")->capture_default_str();
   app.add_option("--json", json, "write every section's results here (rank 0)");
-  app.add_option("--only", only, "run one section: kernels | alltoall | strategies")
-      ->check(CLI::IsMember({"kernels", "alltoall", "strategies"}));
+  app.add_option("--only", only, "run one section: kernels | alltoall | strategies | seed")
+      ->check(CLI::IsMember({"kernels", "alltoall", "strategies", "seed"}));
+  app.add_option("--plots", o.plots, "seed section: write its SVG plots and Chrome trace into this directory (rank 0)");
   CLI11_PARSE(app, argc, argv);
   if (o.quick) {
     o.reps = 1;
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "kernels") report["kernels"] = bench::kernels_section(world, o);
     if (only.empty() || only == "alltoall") report["alltoall"] = bench::alltoall_section(world, o);
     if (only.empty() || only == "strategies") report["strategies"] = bench::strategies_section(world, o);
+    if (only.empty() || only == "seed") report["seed"] = bench::seed_section(world, o);
     if (world.rank() == 0 && !json.empty()) std::ofstream(json) << report.dump(2) << "\n";
   }
   MPI_Finalize();

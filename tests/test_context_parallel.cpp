@@ -303,7 +303,7 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
                                {std::vector<std::int64_t>{0, 3, 2, s}, 1, "cu_seqlens[2] = 2 after 3"},
                                {std::vector<std::int64_t>{0, s - 1}, 1, "must end at the sequence length"},
                                {std::vector<std::int64_t>{0, s}, 2, "needs batch 1"}}) {
-    CpConfig cfg{"p2p", {}, true, 0.0f, cu};
+    CpConfig cfg{"p2p", {}, true, 0.0f, true, cu};
     Tensor q({b, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), cp, 8}), out(q.shape());
     ContextParallelAttention attn(comm, cfg);
     ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },

@@ -24,6 +24,7 @@
 #include "ulysses/sharding.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -65,6 +66,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(CLI::NonNegativeNumber);
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::NonNegativeNumber);
   c->add_option("--json", o.json, "write a JSON report here (rank 0)");
+  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
+                "(rank 0): one track per rank, compute and every communication operation with its bytes");
+  c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
+              "(shows the imbalance zigzag fixes)");
 }
 
 namespace {
@@ -163,6 +168,7 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.layout = parse_layout(o.layout);
     s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
     s.cfg.causal = o.causal;
+    s.cfg.zigzag = !o.no_zigzag;
     s.cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     s.p = load_problem(o);
@@ -493,7 +499,11 @@ int run_attention(const AttentionOptions& o) {
   if (comm.rank() == 0) print_header(s);
   const Shards t = make_shards(s, comm.rank(), o.seed);
   ContextParallelAttention attn(comm, s.cfg);
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) tracer.emplace(comm);
   Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
+  const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
+  tracer.reset();  // the runs only, not the reports' traffic
   const std::vector<std::string> ops = counter_names(comm);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
   timing.work = comm.allgather_value(timing.work[0], "report");  // after the counters were read
@@ -508,6 +518,7 @@ int run_attention(const AttentionOptions& o) {
     if (o.check) failed = check_against_reference(s, g, o.seed, report);
     write_outputs(o, s, g, report);
   });
+  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);  // after the reports: not in their bytes
   comm.broadcast(&failed, sizeof(failed), 0);
   return failed ? 1 : 0;
 }

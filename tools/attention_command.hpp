@@ -10,12 +10,12 @@ namespace ulysses::cli {
 
 struct AttentionOptions {
   std::string q, k, v, dout;                 // global inputs (.npy); empty = random
-  std::string out, dq, dk, dv, json;         // outputs written by rank 0
+  std::string out, dq, dk, dv, json, trace;  // outputs written by rank 0
   std::string strategy = "a2a";
   std::string cp_sizes;                      // "INNER,OUTER" for a2a+p2p
   std::string cu_seqlens;                    // packed documents: a list or a file
   std::string dtype = "f32", layout = "bshd";
-  bool causal = false, backward = false, check = false;
+  bool causal = false, backward = false, check = false, no_zigzag = false;
   float scale = 0.0f;
   std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
   std::uint64_t seed = 0;

@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "report.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -48,6 +50,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
   c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
+  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
+                "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
 }
@@ -204,6 +208,8 @@ int run_train(const TrainOptions& o) {
   if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
 
   std::FILE* log = open_log(comm, o);
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) tracer.emplace(comm);
   std::vector<double> losses, step_seconds;
   double acc_recent = -1;
   const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now()};
@@ -216,6 +222,11 @@ int run_train(const TrainOptions& o) {
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
   }
   if (log) std::fclose(log);
+  if (tracer) {
+    const std::vector<TraceEvent> events = tracer->events();
+    tracer.reset();  // the steps only
+    write_chrome_trace(comm, events, o.trace);
+  }
   if (!o.save.empty()) trainer.save(o.save);
 
   // ---- summary ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 namespace ulysses::cli {
 
 struct TrainOptions {
-  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg;
+  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg, trace;
   bool pack = false;              // --data as documents packed into each sequence
   std::string doc_separator = "\n";
   std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,

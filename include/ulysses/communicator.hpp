@@ -21,6 +21,8 @@
 
 namespace ulysses {
 
+class Tracer;
+
 struct CommCounter {
   std::int64_t calls = 0;
   std::int64_t bytes_sent = 0;  // payload bytes this rank sent to other ranks (not to itself)
@@ -99,15 +101,16 @@ class Communicator {
   // Collective. In-place reductions over ranks (sums are counted, min/max are bookkeeping).
   void allreduce_sum(double* data, std::size_t n, const std::string& op = "allreduce");
   void allreduce_sum(float* data, std::size_t n, const std::string& op = "allreduce");
-  void allreduce_min(std::int64_t* data, std::size_t n) { do_allreduce(data, n, ScalarType::i64, ReduceOp::min); }
-  void allreduce_max(std::int64_t* data, std::size_t n) { do_allreduce(data, n, ScalarType::i64, ReduceOp::max); }
-  void allreduce_max(double* data, std::size_t n) { do_allreduce(data, n, ScalarType::f64, ReduceOp::max); }
-  void broadcast(void* data, std::size_t bytes, int root) { do_broadcast(data, bytes, root); }
-  void barrier() { do_barrier(); }
+  void allreduce_min(std::int64_t* data, std::size_t n);
+  void allreduce_max(std::int64_t* data, std::size_t n);
+  void allreduce_max(double* data, std::size_t n);
+  void broadcast(void* data, std::size_t bytes, int root);
+  void barrier();
 
-  // Not collective. Nonblocking point-to-point, counted under `op`.
+  // Not collective. Nonblocking point-to-point; isend is counted under `op`. While a tracer is
+  // attached, a wait that blocks on either shows on the timeline as "wait <op>".
   Request isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op = "p2p");
-  Request irecv(void* data, std::size_t bytes, int src, int tag) { return Request(do_irecv(data, bytes, src, tag)); }
+  Request irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op = "recv");
 
   // Collective over this communicator: a new communicator of the ranks with the same color,
   // ordered by key (MPI_Comm_split), on the same backend.
@@ -131,6 +134,18 @@ class Communicator {
   void absorb_counters(Communicator& sub, const std::string& prefix);
   void reset_counters() { counters_.clear(); }
 
+  // Not collective. The Tracer recording this communicator's timeline (trace.hpp), or null:
+  // its own, else the one of the communicator it was split from by trace_through.
+  Tracer* tracer() const;
+  // Not collective. Records [begin_s, end_s] (now()'s clock) as `name` when a tracer is
+  // attached: how strategies put their compute on the timeline.
+  void trace(const std::string& name, double begin_s, double end_s, const char* category = "compute",
+             std::int64_t bytes = -1) const;
+  // Not collective. Traces this sub-communicator into `parent`'s tracer (whenever one is
+  // attached there), its operations named "<prefix>.<op>" like absorb_counters'. `parent`
+  // must outlive this communicator.
+  void trace_through(const Communicator& parent, const std::string& prefix);
+
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   // The backend. Arguments are as in the public methods; sizes are already checked.
@@ -150,11 +165,17 @@ class Communicator {
   virtual std::unique_ptr<Request::Impl> do_irecv(void* data, std::size_t bytes, int src, int tag) = 0;
 
  private:
-  void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages);
+  friend class Tracer;  // attaches itself
+  // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
+  void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
+  void trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const;
   // Throws Error unless every list has size() entries.
   void check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const;
   int rank_ = 0, size_ = 1;
   std::map<std::string, CommCounter> counters_;
+  Tracer* tracer_ = nullptr;
+  const Communicator* trace_parent_ = nullptr;
+  std::string trace_prefix_;  // "" or "<group>."
 };
 
 }  // namespace ulysses

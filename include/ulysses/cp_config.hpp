@@ -16,6 +16,9 @@ struct CpConfig {
   std::vector<int> hierarchical_context_parallel_sizes;  // a2a+p2p: {inner, outer}
   bool causal = false;
   float scale = 0.0f;  // 0 means 1/sqrt(d)
+  // Sequence-sharded strategies under a causal mask: false keeps contiguous chunks instead of
+  // zigzag, to measure the imbalance zigzag fixes (the seed's claim 4); Ulysses ignores it.
+  bool zigzag = true;
   // Packed documents (FlashAttention's varlen contract, documents.hpp): boundaries over the
   // global sequence, the same on every rank; batch 1. Empty: one document.
   std::vector<std::int64_t> cu_seqlens = {};

@@ -84,7 +84,7 @@ class Strategy {
   // is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
-  // work per rank), contiguous otherwise.
+  // work per rank) unless config.zigzag is false, contiguous otherwise.
   virtual TokenLayout token_layout(const CpConfig& config) const;
 
   // The query and KV heads rank `rank` computes attention on. By default all of them

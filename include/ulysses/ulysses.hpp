@@ -15,3 +15,4 @@
 #include "ulysses/sharding.hpp"
 #include "ulysses/tensor.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/trace.hpp"

@@ -7,19 +7,64 @@
 #include <vector>
 
 #include "ulysses/error.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses {
 
-void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int64_t messages) {
+namespace {
+
+// A traced request: its first blocking wait goes on the timeline as "wait <op>".
+class TracedRequest final : public Request::Impl {
+ public:
+  TracedRequest(std::unique_ptr<Request::Impl> inner, const Communicator& comm, std::string op, std::int64_t bytes)
+      : inner_(std::move(inner)), comm_(comm), op_(std::move(op)), bytes_(bytes) {}
+  void wait() override {
+    if (done_) return;
+    const double t0 = comm_.now();
+    inner_->wait();
+    done_ = true;
+    comm_.trace("wait " + op_, t0, comm_.now(), "wait", bytes_);
+  }
+  bool test() override { return done_ = done_ || inner_->test(); }
+
+ private:
+  std::unique_ptr<Request::Impl> inner_;
+  const Communicator& comm_;
+  std::string op_;
+  std::int64_t bytes_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+Tracer* Communicator::tracer() const { return tracer_ ? tracer_ : trace_parent_ ? trace_parent_->tracer() : nullptr; }
+
+void Communicator::trace(const std::string& name, double begin_s, double end_s, const char* category,
+                         std::int64_t bytes) const {
+  if (Tracer* t = tracer()) t->record(trace_prefix_ + name, category, begin_s, end_s, bytes);
+}
+
+void Communicator::trace_through(const Communicator& parent, const std::string& prefix) {
+  trace_parent_ = &parent;
+  trace_prefix_ = prefix + ".";
+}
+
+void Communicator::trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const {
+  if (Tracer* t = tracer()) t->record(trace_prefix_ + op, "comm", begin_s, now(), bytes, messages);
+}
+
+void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s) {
   CommCounter& c = counters_[op];
   c.calls += 1;
   c.bytes_sent += bytes;
   c.messages += messages;
+  trace_op(op, begin_s, bytes, messages);
 }
 
 void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+  const double t0 = now();
   do_alltoall(send, recv, bytes_per_rank);
-  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1, t0);
 }
 
 void Communicator::check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const {
@@ -32,6 +77,7 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
                              std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                              const std::string& op) {
   check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  const double t0 = now();
   do_alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
   std::int64_t bytes = 0, messages = 0;
   for (int j = 0; j < size_; ++j)
@@ -39,18 +85,20 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
       bytes += std::int64_t(send_bytes[std::size_t(j)]);
       ++messages;
     }
-  count_op(op, bytes, messages);
+  count_op(op, bytes, messages, t0);
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
+  const double t0 = now();
   do_allgather(send, recv, bytes);
-  count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1, t0);
 }
 
 void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
   check_per_rank("allgatherv", {bytes.size()});
+  const double t0 = now();
   do_allgatherv(send, recv, bytes);
-  count_op(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1, t0);
 }
 
 std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, const std::string& op) {
@@ -60,39 +108,83 @@ std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, cons
 }
 
 void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
+  const double t0 = now();
   do_gather(send, recv, bytes, root);
-  count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1);
+  count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1, t0);
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
+  const double t0 = now();
   do_reduce_scatter_sum(send, recv, count);
-  count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1);
+  count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1, t0);
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
                                       const std::string& op) {
   check_per_rank("reduce_scatter_sum", {counts.size()});
+  const double t0 = now();
   do_reduce_scatter_sum_v(send, recv, counts);
   std::size_t others = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) others += counts[std::size_t(j)];
-  count_op(op, std::int64_t(others * sizeof(float)), size_ - 1);
+  count_op(op, std::int64_t(others * sizeof(float)), size_ - 1, t0);
 }
 
 void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {
+  const double t0 = now();
   do_allreduce(data, n, ScalarType::f64, ReduceOp::sum);
-  count_op(op, std::int64_t(n * sizeof(double)), 0);
+  count_op(op, std::int64_t(n * sizeof(double)), 0, t0);
 }
 
 void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& op) {
+  const double t0 = now();
   do_allreduce(data, n, ScalarType::f32, ReduceOp::sum);
-  count_op(op, std::int64_t(n * sizeof(float)), 0);
+  count_op(op, std::int64_t(n * sizeof(float)), 0, t0);
 }
 
 Request Communicator::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
-  Request r(do_isend(data, bytes, dest, tag));
-  if (dest != rank_) count_op(op, std::int64_t(bytes), 1);
-  return r;
+  const double t0 = now();
+  std::unique_ptr<Request::Impl> impl = do_isend(data, bytes, dest, tag);
+  if (dest != rank_) count_op(op, std::int64_t(bytes), 1, t0);
+  if (!tracer()) return Request(std::move(impl));
+  return Request(std::make_unique<TracedRequest>(std::move(impl), *this, op, std::int64_t(bytes)));
+}
+
+Request Communicator::irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op) {
+  std::unique_ptr<Request::Impl> impl = do_irecv(data, bytes, src, tag);
+  if (!tracer()) return Request(std::move(impl));
+  return Request(std::make_unique<TracedRequest>(std::move(impl), *this, op, std::int64_t(bytes)));
+}
+
+// The uncounted operations, traced all the same: they synchronise the ranks.
+void Communicator::allreduce_min(std::int64_t* data, std::size_t n) {
+  const double t0 = now();
+  do_allreduce(data, n, ScalarType::i64, ReduceOp::min);
+  trace_op("allreduce_min", t0, -1, -1);
+}
+
+void Communicator::allreduce_max(std::int64_t* data, std::size_t n) {
+  const double t0 = now();
+  do_allreduce(data, n, ScalarType::i64, ReduceOp::max);
+  trace_op("allreduce_max", t0, -1, -1);
+}
+
+void Communicator::allreduce_max(double* data, std::size_t n) {
+  const double t0 = now();
+  do_allreduce(data, n, ScalarType::f64, ReduceOp::max);
+  trace_op("allreduce_max", t0, -1, -1);
+}
+
+void Communicator::broadcast(void* data, std::size_t bytes, int root) {
+  const double t0 = now();
+  do_broadcast(data, bytes, root);
+  trace_op("broadcast", t0, -1, -1);
+}
+
+void Communicator::barrier() {
+  const double t0 = now();
+  do_barrier();
+  trace_op("barrier", t0, -1, -1);
 }
 
 void Communicator::absorb_counters(Communicator& sub, const std::string& prefix) {

@@ -37,6 +37,7 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   flash_attention_forward(ctx->out32.view(), ctx->lse.view(), ctx->q.view(), ctx->k.view(), ctx->v.view(), ctx->params);
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
+  comm.trace("flash forward", t0, comm.now());
   stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, q.shape.s}, {0, q.shape.s}) * q.shape.b * q.shape.h;
   return ctx;
 }
@@ -47,6 +48,7 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
   flash_attention_backward(dq, dk, dv, dout, ctx.q.view(), ctx.k.view(), ctx.v.view(), ctx.out32.view(), ctx.lse.view(),
                            ctx.params);
   stats.compute_s += comm.now() - t0;
+  comm.trace("flash backward", t0, comm.now());
   const std::int64_t s = ctx.q.shape().s;
   stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * ctx.q.shape().b * ctx.q.shape().h;
 }
@@ -120,9 +122,10 @@ namespace {
 // What every rank must agree on: all but the token count, which rank_chunks sets per rank.
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}] cu_seqlens [{}]",
+      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-      config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), fmt::join(config.cu_seqlens, ", "));
+      config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+      fmt::join(config.cu_seqlens, ", "));
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.
@@ -154,6 +157,7 @@ CpContext ContextParallelAttention::forward(const TensorView& out, const TensorV
 CpContext ContextParallelAttention::run_forward(const CpConfig& config, const TensorView& out, const TensorView& q,
                                                 const TensorView& k, const TensorView& v) {
   Communicator& comm = group_->comm();
+  const double t0 = comm.now();
   comm.agree(local_error(out, q, k, v));
   comm.agree_identical("attention inputs and settings", describe(config, q, k));
   // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
@@ -169,16 +173,19 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;
+  comm.trace("forward " + config_.cp_comm_type, t0, comm.now(), "phase");
   return ctx;
 }
 
 CpStats ContextParallelAttention::backward(const CpContext& ctx, const TensorView& dq, const TensorView& dk,
                                            const TensorView& dv, const TensorView& dout) {
   Communicator& comm = group_->comm();
+  const double t0 = comm.now();
   comm.agree(backward_error(ctx, ctx.q_shape_, ctx.kv_shape_, ctx.dtype_, dq, dk, dv, dout));
   CpStats stats;
   if (comm.size() == 1) local_backward(comm, static_cast<const LocalContext&>(*ctx.impl_), dq, dk, dv, dout, stats);
   else strategy_.backward(*group_, *ctx.impl_, dq, dk, dv, dout, stats);
+  comm.trace("backward " + config_.cp_comm_type, t0, comm.now(), "phase");
   return stats;
 }
 

@@ -64,7 +64,7 @@ RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std:
 }
 
 TokenLayout Strategy::token_layout(const CpConfig& c) const {
-  return c.causal ? TokenLayout::zigzag : TokenLayout::contiguous;
+  return c.causal && c.zigzag ? TokenLayout::zigzag : TokenLayout::contiguous;
 }
 
 std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {
@@ -84,6 +84,7 @@ Communicator& CpGroup::subgroup(const std::string& name, int color, int key) {
   for (auto& [n, c] : subgroups_)
     if (n == name) return *c;
   subgroups_.emplace_back(name, comm_.split(color, key));
+  subgroups_.back().second->trace_through(comm_, name);  // on comm()'s timeline, as "<name>.<op>"
   return *subgroups_.back().second;
 }
 

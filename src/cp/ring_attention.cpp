@@ -1,5 +1,7 @@
 #include "ring_attention.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -118,6 +120,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
       }
     const double t1 = ring.now();
     stats.compute_s += t1 - t0;
+    ring.trace(fmt::format("fwd step {}/{}", step + 1, R), t0, t1);
     send.wait();
     recv.wait();
     stats.comm_exposed_s += ring.now() - t1;
@@ -179,6 +182,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
       }
     const double t1 = ring.now();
     stats.compute_s += t1 - t0;
+    ring.trace(fmt::format("bwd step {}/{}", step + 1, R), t0, t1);
     if (step > 0) {
       dkv_recv.wait();
       accumulate(acc, acc_in);

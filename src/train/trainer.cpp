@@ -131,6 +131,7 @@ StepResult Trainer::step() {
   step_ = t;
   r.step = t;
   r.attention = attention_->stats();
+  comm_.trace(fmt::format("train step {}", t), t0, comm_.now(), "phase");
   double dt = comm_.now() - t0;
   comm_.allreduce_max(&dt, 1);
   r.seconds = dt;

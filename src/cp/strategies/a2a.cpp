@@ -73,6 +73,7 @@ class A2aStrategy final : public Strategy {
     if (ctx->dtype == DType::f32) head_to_seq(comm, ctx->out, o);
     else head_to_seq(comm, ctx->out.converted(ctx->dtype), o);
     stats.compute_s += t2 - t1;
+    comm.trace("flash forward", t1, t2);
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
     stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) * hq.shape.b * hq.shape.h;
     return ctx;
@@ -95,6 +96,7 @@ class A2aStrategy final : public Strategy {
     const std::array<SeqShard, 3> out{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
     head_to_seq(comm, grads, out);
     stats.compute_s += t2 - t1;
+    comm.trace("flash backward", t1, t2);
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
     const std::int64_t s = qkv.seq();
     stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() * qkv.local_heads(0);

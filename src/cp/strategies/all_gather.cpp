@@ -107,6 +107,7 @@ class AllGatherStrategy final : public Strategy {
     }
     copy(out32, out);
     stats.compute_s += comm.now() - t1;
+    comm.trace("attention forward", t1, comm.now());
     return ctx;
   }
 
@@ -144,6 +145,7 @@ class AllGatherStrategy final : public Strategy {
                        ctx.chunks[std::size_t(r)]);
     const double t1 = comm.now();
     stats.compute_s += t1 - t0;
+    comm.trace("attention backward", t0, t1);
     Tensor mine_total = Tensor::uninitialized({full.b, g.dk.shape().s, full.h, full.d});
     comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), layout.all_elements(), "all_gather_dkv");
     stats.comm_exposed_s += comm.now() - t1;
