@@ -60,6 +60,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(CLI::NonNegativeNumber);
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::NonNegativeNumber);
   c->add_option("--json", o.json, "write a JSON report here (rank 0)");
+  add_timeout_option(c, o.timeout);
 }
 
 namespace {
@@ -459,6 +460,7 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
 
 int run_attention(const AttentionOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(o.timeout);
   const Setup s = setup(comm, o);
   if (comm.rank() == 0) print_header(s);
   const Shards t = make_shards(s, comm.rank(), o.seed);

@@ -29,6 +29,14 @@ void on_root(Communicator& comm, const std::function<void()>& fn) {
   });
 }
 
+void add_timeout_option(CLI::App* command, double& seconds) {
+  command->add_option("--timeout", seconds,
+                      "seconds any rank may wait for a collective or a message before the job ends with a message "
+                      "naming the operation, the rank and its peer or group (0 = wait forever)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
 std::int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

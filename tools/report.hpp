@@ -2,6 +2,7 @@
 // agreed across ranks.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -21,6 +22,9 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn);
 // Collective. The same for work only rank 0 does (printing, writing files): its error stops
 // every rank, with the same message and exit code.
 void on_root(Communicator& comm, const std::function<void()>& fn);
+
+// Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
+void add_timeout_option(CLI::App* command, double& seconds);
 
 // Peak resident set size of this process, in bytes.
 std::int64_t peak_rss_bytes();

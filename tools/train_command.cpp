@@ -45,6 +45,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
+  add_timeout_option(c, o.timeout);
 }
 
 namespace {
@@ -187,6 +188,7 @@ std::FILE* open_log(Communicator& comm, const TrainOptions& o) {
 
 int run_train(const TrainOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(o.timeout);
   const int rank = comm.rank(), cp = comm.size();
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
@@ -201,6 +203,7 @@ int run_train(const TrainOptions& o) {
   double acc_recent = -1;
   const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now()};
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
+    const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);

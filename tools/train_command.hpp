@@ -15,6 +15,7 @@ struct TrainOptions {
   float lr = 3e-3f;
   std::uint64_t seed = 0;
   int threads = 0;
+  double timeout = 300;  // seconds (Watchdog::kDefaultTimeout)
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opt);
