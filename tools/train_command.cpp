@@ -112,6 +112,7 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
                  "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
                  (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
                  r.attention.comm_exposed_s);
+  if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
