@@ -7,6 +7,7 @@
 #          kill-forward  SIGKILL of one rank in the middle of an attention forward
 #          kill-train    SIGKILL of one rank mid-training; --resume from the last checkpoint
 #                        then reproduces the uninterrupted run bit for bit (losses, checkpoint)
+#          disk-full     a checkpoint that does not fit: error naming the file, old one intact
 #          link-down     (cluster) host h2's link goes down mid-run: mpirun's keepalive ends the job
 #          link-down-watchdog  the same with the keepalive off: the ranks' watchdogs end it
 set -u
@@ -126,6 +127,30 @@ kill_train() {
   else fail "kill-train: resumed run differs"; diff <(losses "$dir/a.log") <(losses "$dir/b.log"); fi
 }
 
+# A disk that holds one checkpoint and a half (a tmpfs in a private mount namespace): the
+# step-4 checkpoint fits, the step-8 one cannot be written beside it. The run must stop
+# non-zero naming the file, and the step-4 checkpoint must survive intact (it resumes).
+disk_full() {
+  "${MPIRUN[@]}" -n 2 "$bin" "${train_args[@]}" --steps 4 --save "$dir/probe" > "$dir/p.out" 2>&1 \
+    || { fail "disk-full: probe run failed"; cat "$dir/p.out"; return; }
+  local kb=$(( $(stat -c %s "$dir/probe/checkpoint.bin") * 3 / 2 / 1024 + 4 ))
+  mkdir -p "$dir/disk"
+  unshare -m bash -c '
+    set -u; mount -t tmpfs -o size='"$kb"'k tmpfs "$1" || exit 99; shift
+    d=$1; shift
+    "$@" --steps 8 --save-every 4 --save "$d/ck" > "$d/../full.out" 2>&1; echo "rc=$?" >> "$d/../full.out"
+    "$@" --steps 4 --resume "$d/ck" > "$d/../resume.out" 2>&1; echo "rc=$?" >> "$d/../resume.out"
+  ' sh "$dir/disk" "$dir/disk" "${MPIRUN[@]}" -n 2 "$bin" "${train_args[@]}"
+  [ $? -ne 99 ] || { echo "SKIPPED: disk-full: cannot mount a tmpfs here"; return; }
+  cat "$dir/full.out" | grep -i "error"
+  if grep -q "rc=0" "$dir/full.out" || ! grep -q "checkpoint" "$dir/full.out" || ! grep -qi "error" "$dir/full.out"; then
+    fail "disk-full: the run did not stop with an error naming the checkpoint"; cat "$dir/full.out"
+  else pass "disk-full: the step-8 save failed with an error naming the file, exit non-zero"; fi
+  if grep -q "nothing to do: the run is already at step 4" "$dir/resume.out" && grep -q "rc=0" "$dir/resume.out"; then
+    pass "disk-full: the step-4 checkpoint survived intact (it resumes)"
+  else fail "disk-full: the step-4 checkpoint did not survive"; cat "$dir/resume.out"; fi
+}
+
 # link_down KEEPALIVE LIMIT REGEX: h2's link goes down mid-run; the job must end within LIMIT
 # seconds, its output matching REGEX, and write nothing. With the runtime's keepalive on
 # (2 s), mpirun notices the lost daemon first; with it off, the ranks' watchdogs fire.
@@ -152,6 +177,7 @@ case "$case" in
   strategies) strategies ;;
   kill-forward) kill_forward ;;
   kill-train) kill_train ;;
+  disk-full) disk_full ;;
   link-down) export CLUSTER_KEEPALIVE=2; link_down 2 20 "ORTE has lost communication with a remote daemon" ;;
   link-down-watchdog) export CLUSTER_KEEPALIVE=0; link_down 0 30 "ulysses watchdog: rank . of 4 .* waited 8 s \(the timeout\) for" ;;
   *) echo "unknown case $case"; exit 2 ;;
