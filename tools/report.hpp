@@ -23,9 +23,6 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn);
 // every rank, with the same message and exit code.
 void on_root(Communicator& comm, const std::function<void()>& fn);
 
-// Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
-void add_timeout_option(CLI::App* command, double& seconds);
-
 // Peak resident set size of this process, in bytes.
 std::int64_t peak_rss_bytes();
 
@@ -42,5 +39,8 @@ std::string human_bytes(double bytes);
 
 // Median of a non-empty list.
 double median(std::vector<double> values);
+
+// Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
+void add_timeout_option(CLI::App* command, double& seconds);
 
 }  // namespace ulysses::cli

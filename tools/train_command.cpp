@@ -43,9 +43,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
   c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
+  add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
-  add_timeout_option(c, o.timeout);
 }
 
 namespace {
