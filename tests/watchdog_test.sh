@@ -15,7 +15,7 @@ check() {
   local name=$1 np=$2 mode=$3; shift 3
   local t0=$(date +%s.%N)
   timeout 60 "$mpiexec" -n "$np" $flags "$bin" "$timeout_s" "$mode" > "$log" 2>&1
-  local rc=$? t=$(echo "$(date +%s.%N) - $t0" | bc)
+  local rc=$? t=$(echo "$(date +%s.%N) - $t0" | bc | xargs printf "%.1f")
   local ok=1
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { echo "FAIL $name: exit $rc (want non-zero, not the test's timeout)"; ok=0; }
   (( $(echo "$t < $limit_s" | bc) )) || { echo "FAIL $name: took $t s (limit $limit_s s)"; ok=0; }
