@@ -16,7 +16,15 @@ comm=$(basename "$(readlink -f "$bin")" | cut -c1-15)  # the ranks' process name
 cluster="$src/scripts/cluster"
 dir=$(mktemp -d)
 fails=0
+job=
+# A launcher still running is stopped with SIGTERM (mpirun then ends its ranks; SIGKILL would
+# orphan them); the cluster's namespaces, and all that runs inside, are deleted.
+stop_job() {
+  [ -n "$job" ] && kill -0 "$job" 2> /dev/null || return 0
+  kill "$job"; sleep 3; kill -9 "$job" 2> /dev/null || true
+}
 cleanup() {
+  stop_job
   [ "$where" = cluster ] && "$cluster" down
   rm -rf "$dir"
 }
@@ -69,7 +77,7 @@ ends_within() {
   local t0=$(now) rc=0 n=0
   while kill -0 "$job" 2> /dev/null; do
     sleep 0.1; n=$((n + 1))
-    if [ $n -gt $(($2 * 10)) ]; then fail "$1: still running after $2 s"; kill -9 "$job"; return 1; fi
+    if [ $n -gt $(($2 * 10)) ]; then fail "$1: still running after $2 s"; stop_job; return 1; fi
   done
   wait "$job" || rc=$?
   echo "teardown: $1: exit $rc after $(since "$t0") s"

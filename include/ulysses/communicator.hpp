@@ -135,9 +135,10 @@ class Communicator {
   void reset_counters() { counters_.clear(); }
 
   // Not collective. The deadline of every blocking wait on this communicator (collectives,
-  // Request::wait, a Request's destructor), in seconds; 0 = wait forever. Shared with the
-  // communicators split from this one. When it passes, the waiting rank prints one line on
-  // stderr (the operation, this rank, the peer or group, the step) and the whole job ends.
+  // Request::wait, a Request's destructor), in seconds; 0 = wait forever; 1800 unless set
+  // (Watchdog::kDefaultTimeout). Shared with the communicators split from this one. When it
+  // passes, the waiting rank prints one line on stderr (the operation, this rank, the peer or
+  // group, the step) and the whole job ends.
   void set_timeout(double seconds) { watchdog_->set_timeout(seconds); }
   double timeout() const { return watchdog_->timeout(); }
   Watchdog& watchdog() { return *watchdog_; }

@@ -21,10 +21,10 @@ class Communicator;
 
 class Watchdog {
  public:
-  // Seconds a wait may take before the watchdog fires (0 = forever). The default is long
-  // enough for any step this library runs on a CPU and short enough that a hung job is
-  // noticed the same hour.
-  static constexpr double kDefaultTimeout = 300;
+  // Seconds a wait may take before the watchdog fires (0 = forever). The library's default is
+  // c10d's (default_pg_timeout, 30 min): a program may keep one rank busy alone for minutes
+  // (evaluation, I/O) while the others wait. The CLI, which knows its phases, uses 300 s.
+  static constexpr double kDefaultTimeout = 1800;
   // The exit code a watchdog abort hands to the launcher: sysexits' EX_TEMPFAIL, as a rerun
   // (from the last checkpoint) may well succeed; not 124, which timeout(1) uses.
   static constexpr int kExitCode = 75;
