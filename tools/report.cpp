@@ -13,16 +13,6 @@
 
 namespace ulysses::cli {
 
-void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const Error& e) {
-    err = e.what();
-  }
-  comm.agree(err);
-}
-
 namespace {
 // Suspends a communicator's watchdog while in scope (restored on any exit, exceptions too).
 class NoDeadline {
@@ -37,6 +27,16 @@ class NoDeadline {
   double timeout_;
 };
 }  // namespace
+
+void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  comm.agree(err);
+}
 
 void on_root(Communicator& comm, const std::function<void()>& fn) {
   // The other ranks wait for rank 0 alone, whose work may outlast any timeout by design (the
