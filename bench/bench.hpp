@@ -16,6 +16,7 @@
 namespace ulysses::bench {
 
 struct Options {
+  double timeout = 300;  // seconds any wait may take (Communicator::set_timeout)
   bool quick = false;
   int reps = 3;
   std::int64_t seq = 16384;  // end-to-end sections

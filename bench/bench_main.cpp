@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
   app.add_option("--seq", o.seq, "sequence length of the end-to-end sections")->capture_default_str();
   app.add_option("--json", json, "write every section's results here (rank 0)");
+  app.add_option("--timeout", o.timeout, "seconds any rank may wait for another before the job ends (0 = forever)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--only", only, "run one section: kernels | alltoall | strategies | seed")
       ->check(CLI::IsMember({"kernels", "alltoall", "strategies", "seed"}));
   app.add_option("--plots", o.plots, "seed section: write its SVG plots and Chrome trace into this directory (rank 0)");
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
   }
   {
     MpiCommunicator world, self(MPI_COMM_SELF);
+    world.set_timeout(o.timeout);
     o.cores = default_threads(self);
     o.threads_per_rank = default_threads(world);
     nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},

@@ -70,6 +70,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "(rank 0): one track per rank, compute and every communication operation with its bytes");
   c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
               "(shows the imbalance zigzag fixes)");
+  add_timeout_option(c, o.timeout);
 }
 
 namespace {
@@ -495,6 +496,7 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
 
 int run_attention(const AttentionOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(o.timeout);
   const Setup s = setup(comm, o);
   if (comm.rank() == 0) print_header(s);
   const Shards t = make_shards(s, comm.rank(), o.seed);

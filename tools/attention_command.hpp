@@ -20,6 +20,7 @@ struct AttentionOptions {
   std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
   std::uint64_t seed = 0;
   int repeat = 0, threads = 0;
+  double timeout = 300;  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
 };
 
 void add_attention_command(CLI::App& app, AttentionOptions& opt);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <memory>
 
 #include "report.hpp"
 #include "ulysses/attention.hpp"
@@ -75,9 +76,10 @@ double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of 
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / median(t);
 }
 
-Link fit_link(Communicator& comm) {  // ping-pong between ranks 0 and 1: α from 8 B, β from 16 MB
+// Ping-pong between rank 0 and `peer`: α from 8 B, β from 16 MB. Collective (the others wait).
+Link fit_link(Communicator& comm, int peer) {
   Link l;
-  if (comm.size() < 2) return l;
+  if (peer <= 0 || peer >= comm.size()) return l;
   auto one_way = [&](std::size_t bytes) {
     std::vector<char> buf(bytes, 1);
     std::vector<double> t;
@@ -85,9 +87,9 @@ Link fit_link(Communicator& comm) {  // ping-pong between ranks 0 and 1: α from
       comm.barrier();
       const double t0 = comm.now();
       if (comm.rank() == 0) {
-        comm.isend(buf.data(), bytes, 1, 9, "calibrate").wait();
-        comm.irecv(buf.data(), bytes, 1, 9).wait();
-      } else if (comm.rank() == 1) {
+        comm.isend(buf.data(), bytes, peer, 9, "calibrate").wait();
+        comm.irecv(buf.data(), bytes, peer, 9).wait();
+      } else if (comm.rank() == peer) {
         comm.irecv(buf.data(), bytes, 0, 9).wait();
         comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
       }
@@ -121,6 +123,32 @@ Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B b
   const std::size_t large = 4 << 20;
   const double small = timed(8), big = timed(large);
   return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
+}
+
+// Collective. Ranks per node, when every node holds as many contiguous ranks (mpirun's
+// --map-by slot), as the planner's model assumes; else Error.
+int contiguous_ranks_per_node(Communicator& comm) {
+  std::int64_t n = comm.ranks_on_this_node(), lo = n, hi = n;
+  comm.allreduce_min(&lo, 1);
+  comm.allreduce_max(&hi, 1);
+  std::unique_ptr<Communicator> node = comm.split(int(comm.rank() / n), comm.rank());
+  std::int64_t split_ok = node->ranks_on_this_node() == node->size() ? 1 : 0;  // my slot group is my node
+  comm.allreduce_min(&split_ok, 1);
+  if (lo != hi || !split_ok)
+    throw Error(fmt::format("--calibrate needs the same number of ranks on every node, placed contiguously "
+                            "(mpirun --map-by slot); nodes hold {} to {} ranks", lo, hi));
+  return int(n);
+}
+
+// Collective. Fits the links inside a node (ranks 0 and 1) and between nodes (rank 0 and the
+// first rank of the next node), and the all-to-all inside a node, into in.cluster.
+void calibrate_links(Communicator& comm, int per_node, PlanInput& in) {
+  in.cluster.ranks_per_node = per_node;
+  in.cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
+  in.cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : in.cluster.intra;
+  if (per_node == 1) in.cluster.intra = in.cluster.inter;
+  std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
+  in.cluster.alltoall_intra = fit_alltoall(*node);
 }
 
 // Runs one strategy for real on every rank: median seconds of forward + backward.
@@ -331,17 +359,19 @@ int run_plan(const PlanOptions& o) {
     comm.allreduce_max(&rate, 1);
     in.cluster.peak_flops = rate;
     in.cluster.efficiency = 1.0;
-    in.cluster.intra = in.cluster.inter = fit_link(comm);
-    in.cluster.alltoall_intra = fit_alltoall(comm);
+    int per_node = 1;
+    on_every_rank(comm, [&] { per_node = contiguous_ranks_per_node(comm); });
+    calibrate_links(comm, per_node, in);
   }
   const Plan plan = make_plan(in);
   if (o.calibrate) {
     if (comm.rank() == 0)
-      fmt::print("calibrated on {} ranks: attention {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us; "
-                 "all-to-all {:.2f} GB/s, {:.1f} us per peer\n",
-                 comm.size(), in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
-                 in.cluster.intra.latency * 1e6, in.cluster.alltoall_intra.bandwidth / 1e9,
-                 in.cluster.alltoall_intra.latency * 1e6);
+      fmt::print("calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
+                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us; all-to-all inside a node {:.2f} GB/s, "
+                 "{:.1f} us per peer\n",
+                 comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+                 in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
+                 in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6);
     for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
   on_root(comm, [&] {

@@ -17,6 +17,21 @@
 
 namespace ulysses::cli {
 
+namespace {
+// Suspends a communicator's watchdog while in scope (restored on any exit, exceptions too).
+class NoDeadline {
+ public:
+  explicit NoDeadline(Communicator& comm) : comm_(comm), timeout_(comm.timeout()) { comm.set_timeout(0); }
+  ~NoDeadline() { comm_.set_timeout(timeout_); }
+  NoDeadline(const NoDeadline&) = delete;
+  NoDeadline& operator=(const NoDeadline&) = delete;
+
+ private:
+  Communicator& comm_;
+  double timeout_;
+};
+}  // namespace
+
 void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
   std::string err;
   try {
@@ -28,9 +43,21 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
 }
 
 void on_root(Communicator& comm, const std::function<void()>& fn) {
+  // The other ranks wait for rank 0 alone, whose work may outlast any timeout by design (the
+  // float64 reference of a large --check): no deadline on that one wait. A rank 0 that dies
+  // meanwhile still ends the job through the launcher.
+  const NoDeadline unbounded(comm);
   on_every_rank(comm, [&] {
     if (comm.rank() == 0) fn();
   });
+}
+
+void add_timeout_option(CLI::App* command, double& seconds) {
+  command->add_option("--timeout", seconds,
+                      "seconds any rank may wait for a collective or a message before the job ends with a message "
+                      "naming the operation, the rank and its peer or group (0 = wait forever)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 std::int64_t peak_rss_bytes() {

@@ -2,6 +2,7 @@
 // agreed across ranks.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -19,7 +20,8 @@ namespace ulysses::cli {
 // every rank stops with the same message (an input file may be unreadable on one rank only).
 void on_every_rank(Communicator& comm, const std::function<void()>& fn);
 // Collective. The same for work only rank 0 does (printing, writing files): its error stops
-// every rank, with the same message and exit code.
+// every rank, with the same message and exit code. The others wait for it with no deadline
+// (the watchdog is suspended: rank 0's work may be long by design).
 void on_root(Communicator& comm, const std::function<void()>& fn);
 
 // Peak resident set size of this process, in bytes.
@@ -43,5 +45,8 @@ std::string human_bytes(double bytes);
 
 // Median of a non-empty list.
 double median(std::vector<double> values);
+
+// Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
+void add_timeout_option(CLI::App* command, double& seconds);
 
 }  // namespace ulysses::cli

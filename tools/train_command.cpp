@@ -52,6 +52,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
+  add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
 }
@@ -120,6 +121,7 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
                  "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
                  (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
                  r.attention.comm_exposed_s);
+  if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
@@ -198,6 +200,7 @@ std::FILE* open_log(Communicator& comm, const TrainOptions& o) {
 
 int run_train(const TrainOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(o.timeout);
   const int rank = comm.rank(), cp = comm.size();
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
@@ -214,6 +217,7 @@ int run_train(const TrainOptions& o) {
   double acc_recent = -1;
   const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now()};
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
+    const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);

@@ -17,6 +17,7 @@ struct TrainOptions {
   float lr = 3e-3f;
   std::uint64_t seed = 0;
   int threads = 0;
+  double timeout = 300;  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opt);

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/watchdog.hpp"
+
 namespace ulysses {
 
 class Tracer;
@@ -33,7 +35,8 @@ enum class ReduceOp { sum, min, max };
 enum class ScalarType { f32, f64, i64 };  // what an all-reduce adds up
 
 // A pending nonblocking send or receive (c10d's Work). wait() is idempotent; the destructor
-// waits, so a request can never be forgotten while the backend still owns its buffer.
+// waits, so a request can never be forgotten while the backend still owns its buffer. Both
+// wait under the communicator's watchdog (Communicator::set_timeout).
 class Request {
  public:
   // The backend's handle. Its destructor must wait for (or cancel) the transfer.
@@ -145,6 +148,15 @@ class Communicator {
   // attached there), its operations named "<prefix>.<op>" like absorb_counters'. `parent`
   // must outlive this communicator.
   void trace_through(const Communicator& parent, const std::string& prefix);
+  // Not collective. The deadline of every blocking wait on this communicator (collectives,
+  // Request::wait, a Request's destructor), in seconds; 0 = wait forever; 1800 unless set
+  // (Watchdog::kDefaultTimeout). Shared with the communicators split from this one. When it
+  // passes, the waiting rank prints one line on stderr (the operation, this rank, the peer or
+  // group, the step) and the whole job ends.
+  void set_timeout(double seconds) { watchdog_->set_timeout(seconds); }
+  double timeout() const { return watchdog_->timeout(); }
+  Watchdog& watchdog() { return *watchdog_; }
+  const Watchdog& watchdog() const { return *watchdog_; }
 
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
@@ -164,11 +176,20 @@ class Communicator {
   virtual std::unique_ptr<Request::Impl> do_isend(const void* data, std::size_t bytes, int dest, int tag) = 0;
   virtual std::unique_ptr<Request::Impl> do_irecv(void* data, std::size_t bytes, int src, int tag) = 0;
 
+  // For split(): the new communicator obeys this one's watchdog.
+  void share_watchdog(Communicator& child) const { child.watchdog_ = watchdog_; }
+  // For requests, which may outlive their communicator.
+  std::shared_ptr<const Watchdog> shared_watchdog() const { return watchdog_; }
+  // The caller's name for the collective in progress ("seq_to_head"), or "" (for the watchdog).
+  const std::string& current_op() const;
+
  private:
   friend class Tracer;  // attaches itself
   // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
   void trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const;
+  // Records the caller's operation name for the duration of one public call.
+  class OpScope;
   // Throws Error unless every list has size() entries.
   void check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const;
   int rank_ = 0, size_ = 1;
@@ -176,6 +197,8 @@ class Communicator {
   Tracer* tracer_ = nullptr;
   const Communicator* trace_parent_ = nullptr;
   std::string trace_prefix_;  // "" or "<group>."
+  std::shared_ptr<Watchdog> watchdog_ = std::make_shared<Watchdog>();
+  const std::string* op_ = nullptr;
 };
 
 }  // namespace ulysses

@@ -2,15 +2,36 @@
 // MPI_Init/MPI_Finalize of a program. The only public header that includes <mpi.h>.
 //
 // Construction duplicates the parent MPI_Comm (collective over the parent); destruction frees
-// it. MPI errors become ulysses::Error carrying MPI's error string; messages above MPI's int
+// it. Every blocking wait runs under the communicator's watchdog (set_timeout): collectives
+// are MPI-3's nonblocking ones completed by polling. Not under it: MPI_Comm_dup and
+// MPI_Comm_split (construction and split(), which MPI offers only blocking), MPI_Finalize.
+// MPI errors become ulysses::Error carrying MPI's error string; messages above MPI's int
 // count limit are refused with an Error, never truncated.
 #pragma once
 
 #include <mpi.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "ulysses/communicator.hpp"
 
 namespace ulysses {
+
+// Who is who on an MPI communicator, for the watchdog's messages: its ranks' world ranks, and
+// this process's rank and host. Local (no communication).
+class MpiNames {
+ public:
+  explicit MpiNames(MPI_Comm c);
+  std::string me() const;         // "rank 1 of 4 (world rank 3, host h2)"
+  std::string rank(int r) const;  // "1 (world rank 3)"
+  std::string group() const;      // "the group of 4 ranks (world ranks 0,1,2,3)"
+
+ private:
+  int rank_;
+  std::vector<int> world_;  // world rank of each rank
+};
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -42,7 +63,11 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MpiCommunicator(MPI_Comm owned, int rank, int size);
+  // Waits for the nonblocking collective `call` under the watchdog (which ends the job if it
+  // fires).
+  void complete(MPI_Request& r, const char* call);
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<const MpiNames> names_;
 };
 
 // MPI_Init on construction (unless MPI is already initialised), MPI_Finalize on destruction.

@@ -53,6 +53,22 @@ void Communicator::trace_op(const std::string& op, double begin_s, std::int64_t 
   if (Tracer* t = tracer()) t->record(trace_prefix_ + op, "comm", begin_s, now(), bytes, messages);
 }
 
+class Communicator::OpScope {
+ public:
+  OpScope(Communicator& c, const std::string& op) : c_(c) { c_.op_ = &op; }
+  ~OpScope() { c_.op_ = nullptr; }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  Communicator& c_;
+};
+
+const std::string& Communicator::current_op() const {
+  static const std::string none;
+  return op_ ? *op_ : none;
+}
+
 void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s) {
   CommCounter& c = counters_[op];
   c.calls += 1;
@@ -62,6 +78,7 @@ void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int6
 }
 
 void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_alltoall(send, recv, bytes_per_rank);
   count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1, t0);
@@ -77,6 +94,7 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
                              std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                              const std::string& op) {
   check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
   std::int64_t bytes = 0, messages = 0;
@@ -89,6 +107,7 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_allgather(send, recv, bytes);
   count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1, t0);
@@ -96,6 +115,7 @@ void Communicator::allgather(const void* send, void* recv, std::size_t bytes, co
 
 void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
   check_per_rank("allgatherv", {bytes.size()});
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_allgatherv(send, recv, bytes);
   count_op(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1, t0);
@@ -108,12 +128,14 @@ std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, cons
 }
 
 void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_gather(send, recv, bytes, root);
   count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1, t0);
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_reduce_scatter_sum(send, recv, count);
   count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1, t0);
@@ -122,6 +144,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
                                       const std::string& op) {
   check_per_rank("reduce_scatter_sum", {counts.size()});
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_reduce_scatter_sum_v(send, recv, counts);
   std::size_t others = 0;
@@ -131,18 +154,21 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<
 }
 
 void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_allreduce(data, n, ScalarType::f64, ReduceOp::sum);
   count_op(op, std::int64_t(n * sizeof(double)), 0, t0);
 }
 
 void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   do_allreduce(data, n, ScalarType::f32, ReduceOp::sum);
   count_op(op, std::int64_t(n * sizeof(float)), 0, t0);
 }
 
 Request Communicator::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
+  const OpScope scope(*this, op);
   const double t0 = now();
   std::unique_ptr<Request::Impl> impl = do_isend(data, bytes, dest, tag);
   if (dest != rank_) count_op(op, std::int64_t(bytes), 1, t0);

@@ -1,9 +1,12 @@
-// The MPI backend of Communicator: one MPI call per hook.
+// The MPI backend of Communicator: one MPI call per hook. Collectives are the nonblocking
+// MPI-3 ones, completed by polling under the communicator's watchdog (a blocking MPI call
+// cannot be given a deadline).
 #include "ulysses/mpi_communicator.hpp"
 
 #include <fmt/format.h>
 
 #include <climits>
+#include <cstdio>
 #include <numeric>
 #include <span>
 #include <utility>
@@ -70,24 +73,51 @@ std::vector<std::size_t> block_offsets(std::span<const std::size_t> bytes) {
   return offsets;
 }
 
+bool test_request(MPI_Request& r) {
+  int done = 0;
+  check_mpi(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+  return done != 0;
+}
+
+// Completes `r` under the watchdog; when it fires, prints its line (what() names the operation)
+// and ends every rank: the others may be waiting for this one.
+template <class What>
+void wait_or_abort(MPI_Request& r, const Watchdog& dog, const MpiNames& names, const What& what) {
+  if (r == MPI_REQUEST_NULL || dog.wait([&] { return test_request(r); })) return;
+  std::fprintf(stderr, "%s\n", dog.message(names.me(), what()).c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, Watchdog::kExitCode);
+}
+
+// A send or receive; what the watchdog says about it is composed only when it fires.
 class MpiRequest final : public Request::Impl {
  public:
-  explicit MpiRequest(MPI_Request r) : req_(r) {}
+  MpiRequest(MPI_Request r, std::shared_ptr<const Watchdog> dog, std::shared_ptr<const MpiNames> names,
+             std::string op, int peer, int tag, std::size_t bytes)
+      : req_(r), dog_(std::move(dog)), names_(std::move(names)), op_(std::move(op)), peer_(peer), tag_(tag),
+        bytes_(bytes) {}
   ~MpiRequest() override {
-    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    try {
+      wait();
+    } catch (const Error&) {  // an MPI error while unwinding: the error in flight says more
+    }
   }
   void wait() override {
-    if (req_ != MPI_REQUEST_NULL) check_mpi(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_or_abort(req_, *dog_, *names_, [this] { return what(); });
   }
-  bool test() override {
-    if (req_ == MPI_REQUEST_NULL) return true;
-    int done = 0;
-    check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    return done != 0;
-  }
+  bool test() override { return req_ == MPI_REQUEST_NULL || test_request(req_); }
 
  private:
+  std::string what() const {
+    if (op_.empty()) return fmt::format("the receive from rank {} (tag {}, {} bytes)", names_->rank(peer_), tag_, bytes_);
+    return fmt::format("the send '{}' to rank {} (tag {}, {} bytes)", op_, names_->rank(peer_), tag_, bytes_);
+  }
   MPI_Request req_;
+  std::shared_ptr<const Watchdog> dog_;
+  std::shared_ptr<const MpiNames> names_;
+  std::string op_;  // "" for a receive
+  int peer_, tag_;
+  std::size_t bytes_;
 };
 
 MPI_Datatype mpi_type(ScalarType t) {
@@ -129,10 +159,47 @@ int size_of(MPI_Comm c) {
 
 }  // namespace
 
+MpiNames::MpiNames(MPI_Comm c) : rank_(rank_in(c)), world_(std::size_t(size_of(c))) {
+  MPI_Group mine, world;
+  MPI_Comm_group(c, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(world_.size());
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = int(i);
+  MPI_Group_translate_ranks(mine, int(ranks.size()), ranks.data(), world, world_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+}
+
+std::string MpiNames::me() const {
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  return fmt::format("rank {} of {} (world rank {}, host {})", rank_, world_.size(), world_[std::size_t(rank_)],
+                     std::string(host, std::size_t(len)));
+}
+
+std::string MpiNames::rank(int r) const { return fmt::format("{} (world rank {})", r, world_[std::size_t(r)]); }
+
+std::string MpiNames::group() const {
+  constexpr std::size_t kListed = 16;  // a message, not a dump
+  std::string list;
+  for (std::size_t i = 0; i < world_.size() && i < kListed; ++i) list += fmt::format("{}{}", i ? "," : "", world_[i]);
+  if (world_.size() > kListed) list += ",...";
+  return fmt::format("the group of {} ranks (world ranks {})", world_.size(), list);
+}
+
 MpiCommunicator::MpiCommunicator(MPI_Comm parent) : MpiCommunicator(dup_of(parent), 0, 0) {}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, int, int)
-    : Communicator(rank_in(owned), size_of(owned)), comm_(owned) {}
+    : Communicator(rank_in(owned), size_of(owned)), comm_(owned), names_(std::make_shared<MpiNames>(owned)) {}
+
+void MpiCommunicator::complete(MPI_Request& r, const char* call) {
+  wait_or_abort(r, watchdog(), *names_, [&] {
+    const std::string& op = current_op();
+    if (op.empty()) return fmt::format("{} on {}", call, names_->group());
+    return fmt::format("{} '{}' on {}", call, op, names_->group());
+  });
+}
 
 MpiCommunicator::~MpiCommunicator() {
   // A garbage-collected owner (Python) may outlive MPI_Finalize; MPI then freed the handle.
@@ -143,7 +210,9 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) {
   const int n = as_count(bytes_per_rank, "alltoall");
-  check_mpi(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Alltoall");
+  MPI_Request r;
+  check_mpi(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r), "MPI_Ialltoall");
+  complete(r, "alltoall");
 }
 
 void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
@@ -152,68 +221,91 @@ void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t
   const ByteUnit su({send_bytes, send_offsets}), ru({recv_bytes, recv_offsets});
   const std::vector<int> sc = su.count(send_bytes, "alltoallv"), sd = su.count(send_offsets, "alltoallv"),
                          rc = ru.count(recv_bytes, "alltoallv"), rd = ru.count(recv_offsets, "alltoallv");
-  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), su.type(), recv, rc.data(), rd.data(), ru.type(), comm_),
-            "MPI_Alltoallv");
+  MPI_Request r;
+  check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), su.type(), recv, rc.data(), rd.data(), ru.type(), comm_, &r),
+            "MPI_Ialltoallv");
+  complete(r, "alltoallv");
 }
 
 void MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {
   const int n = as_count(bytes, "allgather");
-  check_mpi(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather");
+  MPI_Request r;
+  check_mpi(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r), "MPI_Iallgather");
+  complete(r, "allgather");
 }
 
 void MpiCommunicator::do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) {
   const std::vector<std::size_t> offsets = block_offsets(bytes);
   const ByteUnit u({bytes, offsets});
   const std::vector<int> counts = u.count(bytes, "allgatherv"), displs = u.count(offsets, "allgatherv");
-  check_mpi(MPI_Allgatherv(send, counts[std::size_t(rank())], u.type(), recv, counts.data(), displs.data(), u.type(),
-                           comm_),
-            "MPI_Allgatherv");
+  MPI_Request r;
+  check_mpi(MPI_Iallgatherv(send, counts[std::size_t(rank())], u.type(), recv, counts.data(), displs.data(), u.type(),
+                            comm_, &r),
+            "MPI_Iallgatherv");
+  complete(r, "allgatherv");
 }
 
 void MpiCommunicator::do_gather(const void* send, void* recv, std::size_t bytes, int root) {
   const int n = as_count(bytes, "gather");
-  check_mpi(MPI_Gather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_), "MPI_Gather");
+  MPI_Request r;
+  check_mpi(MPI_Igather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &r), "MPI_Igather");
+  complete(r, "gather");
 }
 
 void MpiCommunicator::do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
-  check_mpi(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM, comm_),
-            "MPI_Reduce_scatter_block");
+  MPI_Request r;
+  check_mpi(MPI_Ireduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM, comm_, &r),
+            "MPI_Ireduce_scatter_block");
+  complete(r, "reduce_scatter_block");
 }
 
 void MpiCommunicator::do_reduce_scatter_sum_v(const float* send, float* recv, std::span<const std::size_t> counts) {
   std::vector<int> n;
   for (std::size_t c : counts) n.push_back(as_count(c, "reduce_scatter"));
-  check_mpi(MPI_Reduce_scatter(send, recv, n.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter");
+  MPI_Request r;
+  check_mpi(MPI_Ireduce_scatter(send, recv, n.data(), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Ireduce_scatter");
+  complete(r, "reduce_scatter");
 }
 
 void MpiCommunicator::do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) {
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, as_count(n, "allreduce"), mpi_type(type), mpi_op(op), comm_),
-            "MPI_Allreduce");
+  MPI_Request r;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n, "allreduce"), mpi_type(type), mpi_op(op), comm_, &r),
+            "MPI_Iallreduce");
+  complete(r, "allreduce");
 }
 
 void MpiCommunicator::do_broadcast(void* data, std::size_t bytes, int root) {
-  check_mpi(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");
+  MPI_Request r;
+  check_mpi(MPI_Ibcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+  complete(r, "bcast");
 }
 
-void MpiCommunicator::do_barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiCommunicator::do_barrier() {
+  MPI_Request r;
+  check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+  complete(r, "barrier");
+}
 
 std::unique_ptr<Request::Impl> MpiCommunicator::do_isend(const void* data, std::size_t bytes, int dest, int tag) {
   MPI_Request r;
   check_mpi(MPI_Isend(data, as_count(bytes, "isend"), MPI_BYTE, dest, tag, comm_, &r), "MPI_Isend");
-  return std::make_unique<MpiRequest>(r);
+  return std::make_unique<MpiRequest>(r, shared_watchdog(), names_, current_op().empty() ? "isend" : current_op(), dest,
+                                      tag, bytes);
 }
 
 std::unique_ptr<Request::Impl> MpiCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
   MPI_Request r;
   check_mpi(MPI_Irecv(data, as_count(bytes, "irecv"), MPI_BYTE, src, tag, comm_, &r), "MPI_Irecv");
-  return std::make_unique<MpiRequest>(r);
+  return std::make_unique<MpiRequest>(r, shared_watchdog(), names_, "", src, tag, bytes);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm sub;
   check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
   MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
-  return std::unique_ptr<Communicator>(new MpiCommunicator(sub, 0, 0));
+  std::unique_ptr<Communicator> child(new MpiCommunicator(sub, 0, 0));
+  share_watchdog(*child);
+  return child;
 }
 
 int MpiCommunicator::ranks_on_this_node() {

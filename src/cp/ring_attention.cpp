@@ -59,6 +59,11 @@ void post_kv_step(Communicator& ring, int step, const RingSaved& saved, const Te
   send = ring.isend(held.data, bytes_of(held), (me + 1) % R, kTagKv, "p2p_kv");
 }
 
+// What the watchdog says this rank was doing.
+std::string ring_step_name(const char* pass, int step, int R) {
+  return std::string("ring ") + pass + " step " + std::to_string(step + 1) + " of " + std::to_string(R);
+}
+
 // Rows of ring member r.
 std::int64_t member_rows(const RingSaved& saved, int r) {
   return total_tokens(saved.chunks[std::size_t(r)]);
@@ -92,6 +97,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   }
 
   for (int step = 0; step < R; ++step) {
+    const WatchdogStep named(ring, ring_step_name("forward", step, R));
     const int src = (me - step + R) % R, cur = step % 2;
     const TensorView held = member_kv(buf[cur], member_rows(saved, src));
     Request send, recv;
@@ -146,6 +152,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   Request dkv_send[2];
 
   for (int step = 0; step < R; ++step) {
+    const WatchdogStep named(ring, ring_step_name("backward", step, R));
     const int src = (me - step + R) % R, cur = step % 2;
     const std::int64_t src_rows = member_rows(saved, src);
     const TensorView held = member_kv(buf[cur], src_rows), acc_in = member_kv(dkv_in, src_rows);
