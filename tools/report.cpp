@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mpi.h>
+#include <new>
 
 #include "ulysses/error.hpp"
 
@@ -17,10 +20,19 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
   std::string err;
   try {
     fn();
-  } catch (const Error& e) {
+  } catch (const std::bad_alloc&) {
+    err = "out of memory";
+  } catch (const std::exception& e) {  // ulysses::Error, and std::ios_base::failure & co.
     err = e.what();
   }
   comm.agree(err);
+}
+
+void abort_job(int rank, const std::string& why) {
+  std::fprintf(stderr, "ulysses: error on rank %d: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
 }
 
 void on_root(Communicator& comm, const std::function<void()>& fn) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "guard.hpp"
 #include "report.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/error.hpp"
@@ -25,15 +26,15 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
-  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(non_negative_number());
+  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(positive_number());
+  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
+  c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive_number());
+  c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(positive_number());
+  c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(positive_number());
+  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
+  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(positive_number());
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
@@ -44,7 +45,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
-  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
 }
 
 namespace {

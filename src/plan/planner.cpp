@@ -129,15 +129,28 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
   return t;
 }
 
-Plan make_plan(const PlanInput& in) {
+std::string plan_input_error(const PlanInput& in) {
   for (auto [name, v] : {std::pair{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
                          {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", std::int64_t(in.cp)},
                          {"ranks_per_node", std::int64_t(in.cluster.ranks_per_node)}})
-    if (v <= 0) throw Error(fmt::format("{} must be positive, got {}", name, v));
+    if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
+  if (in.cp > kMaxPlanRanks) return fmt::format("cp must be at most {}, got {}", kMaxPlanRanks, in.cp);
+  std::int64_t n = 0;
+  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, in.seq, &n) ||
+      __builtin_mul_overflow(n, std::max(in.heads, in.kv_heads), &n) || __builtin_mul_overflow(n, in.head_dim, &n) ||
+      __builtin_mul_overflow(n, in.layers, &n))
+    return fmt::format("the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
+                       "does not fit 64 bits with room for byte counts", in.batch, in.seq, in.heads, in.head_dim,
+                       in.layers);
   if (in.heads % in.kv_heads != 0)
-    throw Error(fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads));
+    return fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads);
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
-    throw Error("the compute rate must be positive and the efficiency in (0, 1]");
+    return "the compute rate must be positive and the efficiency in (0, 1]";
+  return "";
+}
+
+Plan make_plan(const PlanInput& in) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   Plan p;
   for (const Strategy* strategy : strategies())
     for (const CpConfig& cfg : strategy->plan_configs(in.cp, in.causal)) p.rows.push_back(evaluate(in, *strategy, cfg));
