@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -78,9 +79,12 @@ CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes
   cfg.cp_comm_type = chosen.name();
   if (!cp_sizes.empty()) {
     int inner = 0, outer = 0;
-    char tail = 0;
-    if (std::sscanf(cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
-      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes));
+    const char* end = cp_sizes.data() + cp_sizes.size();
+    const auto [comma, e1] = std::from_chars(cp_sizes.data(), end, inner);
+    const auto [last, e2] = comma < end && *comma == ',' ? std::from_chars(comma + 1, end, outer)
+                                                          : std::from_chars_result{comma, std::errc::invalid_argument};
+    if (e1 != std::errc() || e2 != std::errc() || last != end || inner < 1 || outer < 1)
+      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes.substr(0, 40)));
     if (!chosen.hierarchical()) {
       std::string takers;
       for (const Strategy* t : strategies())

@@ -19,12 +19,13 @@ namespace {
 
 // Parses "<number><unit>" (spaces allowed) against a unit table.
 double parse_quantity(const std::string& text, const std::map<std::string, double>& units, const char* what) {
+  const std::string shown = text.size() <= 40 ? text : text.substr(0, 37) + "...";
   std::size_t pos = 0;
   double value = 0;
   try {
     value = std::stod(text, &pos);
   } catch (...) {
-    throw Error(fmt::format("{} '{}' does not start with a number", what, text));
+    throw Error(fmt::format("{} '{}' does not start with a number", what, shown));
   }
   std::string unit = text.substr(pos);
   unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
@@ -33,10 +34,12 @@ double parse_quantity(const std::string& text, const std::map<std::string, doubl
   if (it == units.end()) {
     std::string known;
     for (const auto& [u, f] : units) known += (known.empty() ? "" : ", ") + u;
-    throw Error(fmt::format("{} '{}': unknown unit '{}' (use one of {})", what, text, unit, known));
+    throw Error(fmt::format("{} '{}': unknown unit '{}' (use one of {})", what, shown, unit.substr(0, 40), known));
   }
-  if (!(value > 0) || !std::isfinite(value)) throw Error(fmt::format("{} '{}' must be positive", what, text));
-  return value * it->second;
+  const double scaled = value * it->second;
+  if (!(scaled > 0) || !std::isfinite(scaled))
+    throw Error(fmt::format("{} '{}' must be positive and finite", what, shown));
+  return scaled;
 }
 
 // The busiest rank's query heads over the average: an uneven Ulysses head split makes one
