@@ -97,6 +97,8 @@ expect "plan cp 2e9" 1 "cp must be at most 65536, got 2000000000" plan --seq 102
 run 1 plan --seq 1024 --heads 8 --cp 8 --svg "$dir/ok.svg" > /dev/null 2>&1 && grep -q "<polyline" "$dir/ok.svg" &&
   ok "plan --svg" || bad "plan --svg"
 expect "threads 100000" 2 "--threads: Value 100000 not in range 0 to 1024" attention --threads 100000 --seq 64
+expect "cp-sizes past int" 2 "--cp-sizes must be INNER,OUTER (two positive integers), got '99999999999,1'" attention \
+  --strategy a2a+p2p --cp-sizes 99999999999,1
 expect "negative seq" 2 "--seq: must be positive, got '-5'" attention --seq -5
 [ "$(grep -F -- "--seq:" "$dir/err.log" | wc -c)" -lt 100 ] && ok "short range error" || bad "range error: $(grep -F -- "--seq:" "$dir/err.log")"
 

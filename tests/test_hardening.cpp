@@ -182,6 +182,14 @@ TEST(PlannerBounds, HugeSizesAndRankCountsAreRefused) {
     if (r.valid) EXPECT_GT(r.forward_bytes_per_rank, 0) << r.name;
 }
 
+TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
+  EXPECT_EQ(parse_bandwidth("450GB/s"), 450e9);
+  EXPECT_NE(error_of([] { parse_bandwidth("1e308TB/s"); }).find("must be positive and finite"), std::string::npos);
+  EXPECT_THROW(parse_latency("1e-320ns"), Error);  // underflows
+  const std::string e = error_of([] { parse_latency(std::string(5000, '9') + "parsecs"); });
+  EXPECT_LT(e.size(), 300u) << e;  // the text is clipped, not echoed whole
+}
+
 TEST(ShardingBounds, ZigzagAtTwoBillionRanksDoesNotWrap) {
   const CpConfig ring{"p2p", {}, true, 0.0f};
   const int cp = 1500000000;  // 2 * cp overflows int
