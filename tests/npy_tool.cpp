@@ -1,6 +1,7 @@
 // Test helper for the CLI tests (no Python needed):
 //   npy_tool make DIR B S H HKV D   writes DIR/{q,k,v,dout}.npy with uniform random values
 //   npy_tool diff A.npy B.npy TOL   exits 1 unless the shapes match and |a-b|/|b| <= TOL
+//   npy_tool set A.npy I VALUE      sets flat element I to VALUE ("nan", "inf", "3e38")
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,7 +44,13 @@ int main(int argc, char** argv) {
       std::printf("relative difference %.3e\n", rel);
       return rel <= std::atof(argv[4]) ? 0 : 1;
     }
-    std::fprintf(stderr, "usage: npy_tool make DIR B S H HKV D | npy_tool diff A B TOL\n");
+    if (cmd == "set" && argc == 5) {
+      NpyArray a = read_npy(argv[2]);
+      a.data.at(std::size_t(std::atoll(argv[3]))) = std::strtof(argv[4], nullptr);
+      write_npy(argv[2], a.data.data(), a.shape);
+      return 0;
+    }
+    std::fprintf(stderr, "usage: npy_tool make DIR B S H HKV D | npy_tool diff A B TOL | npy_tool set A I VALUE\n");
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "npy_tool: %s\n", e.what());

@@ -82,7 +82,7 @@ TEST(Planner, FollowsTheSeedsJudgement) {
   EXPECT_LT(u16, 0.6 * u8);
   EXPECT_LT(u16, ag16);
   // A long sequence across nodes: the ring hides most of its traffic behind compute.
-  const PlanRow& ring = row(make_plan(gpt(1 << 20, 32, 8, 32)), "p2p");
+  const PlanRow ring = row(make_plan(gpt(1 << 20, 32, 8, 32)), "p2p");  // a copy: the Plan is a temporary
   EXPECT_GT(ring.hidden_s, 0.8 * ring.comm_s);
   // Ulysses never hides its all-to-alls.
   EXPECT_EQ(row(make_plan(gpt(1 << 20, 32, 8, 32)), "a2a").hidden_s, 0.0);

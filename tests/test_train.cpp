@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "mpi_helpers.hpp"
 #include "train/attention_ops.hpp"
@@ -259,6 +261,94 @@ TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
   ulysses::testing::expect_same_error_everywhere(world, [&] { u.load(dir); }, "belongs to another run");
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The checkpoint at `path` with its header passed through `edit_header` and its floats through
+// `edit_floats`, re-signed (FNV-1a is no protection against a crafted file).
+void resign(const std::string& path, const std::function<std::string(std::string)>& edit_header,
+            const std::function<void(std::vector<float>&)>& edit_floats) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::uint64_t hl = 0, n = 0;
+  std::memcpy(&hl, s.data() + 8, 8);
+  std::memcpy(&n, s.data() + 16 + hl, 8);
+  std::vector<float> floats(3 * n);
+  std::memcpy(floats.data(), s.data() + 24 + hl, 12 * n);
+  edit_floats(floats);
+  const std::string header = edit_header(s.substr(16, hl));
+  std::string out = s.substr(0, 8);
+  const std::uint64_t new_hl = header.size();
+  out.append(reinterpret_cast<const char*>(&new_hl), 8);
+  out += header;
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(reinterpret_cast<const char*>(floats.data()), 12 * n);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : out) h = (h ^ std::uint8_t(c)) * 0x100000001b3ull;
+  out.append(reinterpret_cast<const char*>(&h), 8);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+}
+
+// `header` with the value of `key` replaced by `value`.
+std::string with_field(std::string header, const std::string& key, const std::string& value) {
+  const std::size_t at = header.find("\n" + key + " ") + key.size() + 2;
+  return header.replace(at, header.find('\n', at) - at, value);
+}
+
+TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
+  MpiCommunicator world;
+  const std::string dir = scratch_dir(world, "crafted");
+  const CpConfig ring{"p2p", {}, true, 0.0f};
+  Trainer t(world, small_config(ring), DataSource::synthetic());
+  t.step();
+  t.save(dir);
+  const std::string path = dir + "/checkpoint.bin";
+  std::string good;
+  if (world.rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto keep = [](std::vector<float>&) {};
+  auto header_case = [&](const std::string& key, const std::string& value, const std::string& needle) {
+    if (world.rank() == 0) {
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+      resign(path, [&](std::string h) { return with_field(h, key, value); }, keep);
+    }
+    world.barrier();
+    ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "corrupt checkpoint " + path + ": " + needle);
+    EXPECT_THROW(Trainer::checkpoint_config(dir), Error);
+    world.barrier();
+  };
+  header_case("width", "abc", "field width 'abc' is not an integer in [1, 1048576]");
+  header_case("step", "99999999999999999999", "field step '99999999999999999999' is not an integer");
+  header_case("layers", "1000000000000", "field layers '1000000000000' is not an integer in [1, 4096]");
+  header_case("step", "-5", "field step '-5' is not an integer");
+  header_case("lr", "nan", "field lr 'nan' is not a number");
+  header_case("layers", "3", "parameter count does not match its model header");
+  header_case("kv_heads", "3", "heads (4) must be divisible by kv_heads (3)");
+  if (world.rank() == 0) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+    resign(path, [](std::string h) { return h; }, [](std::vector<float>& f) { f[5] = std::nanf(""); });
+  }
+  world.barrier();
+  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "parameter 5 or its optimizer state is not finite");
+  if (world.rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+  world.barrier();
+  EXPECT_NO_THROW(t.load(dir));
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(Training, DivergenceStopsBeforeTheUpdateOnEveryRank) {
+  MpiCommunicator world;
+  TrainConfig c = small_config({"p2p", {}, true, 0.0f});
+  c.lr = 1e30f;
+  c.warmup = 0;
+  Trainer t(world, c, DataSource::synthetic());
+  ulysses::testing::expect_same_error_everywhere(world, [&] { for (int i = 0; i < 6; ++i) t.step(); }, "training diverged at step");
+  EXPECT_LT(t.current_step(), 6);
+  c.lr = std::numeric_limits<float>::infinity();
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer u(world, c, DataSource::synthetic()); }, "must be positive and finite");
 }
 
 TEST(Training, BadConfigurationIsRefusedBeforeAnyWork) {

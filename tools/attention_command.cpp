@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "guard.hpp"
 #include "report.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/documents.hpp"
@@ -23,6 +24,8 @@
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/comm_volume.hpp"
+#include "ulysses/planner.hpp"
+#include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
 
@@ -50,10 +53,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
                 "or a file of them (.npy or text); no token attends across a document boundary; batch 1");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
-  c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--heads", o.heads, "random inputs: query heads")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")->check(CLI::PositiveNumber);
+  c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
+  c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(positive_number());
+  c->add_option("--heads", o.heads, "random inputs: query heads")->capture_default_str()->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "random inputs: head dim")->capture_default_str()->check(CLI::Range(1, 1024));
   c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
   c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
@@ -62,9 +65,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
       ->capture_default_str()->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--layout", o.layout, "per-rank tensor layout: bshd | sbhd")
       ->capture_default_str()->check(CLI::IsMember({"bshd", "sbhd"}));
+  c->add_flag("--allow-nonfinite", o.allow_nonfinite, "compute with NaN/Inf in the input files instead of refusing them");
   c->add_flag("--check", o.check, "compare with a float64 single-process reference; exit 1 above tolerance");
-  c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(CLI::NonNegativeNumber);
-  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::NonNegativeNumber);
+  c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(non_negative_number());
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
   c->add_option("--json", o.json, "write a JSON report here (rank 0)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
                 "(rank 0): one track per rank, compute and every communication operation with its bytes");
@@ -90,6 +94,12 @@ Shape shape_of(const NpyArray& a, const std::string& path, const char* name) {
   return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
 }
 
+// Throws Error unless `a` is 4-D and (unless allowed) finite.
+void check_shape_and_finite(const NpyArray& a, const std::string& path, const char* name, bool allow_nonfinite) {
+  shape_of(a, path, name);
+  if (!allow_nonfinite) check_finite(a, name, path);
+}
+
 // Reads and checks the global inputs. Throws Error; the caller agrees it across ranks.
 Problem load_problem(const AttentionOptions& o) {
   Problem p;
@@ -100,6 +110,9 @@ Problem load_problem(const AttentionOptions& o) {
     p.fk = read_npy(o.k);
     p.fv = read_npy(o.v);
     p.q = shape_of(*p.fq, o.q, "q");
+    check_shape_and_finite(*p.fk, o.k, "k", o.allow_nonfinite);
+    check_shape_and_finite(*p.fv, o.v, "v", o.allow_nonfinite);
+    check_shape_and_finite(*p.fq, o.q, "q", o.allow_nonfinite);
     p.kv = shape_of(*p.fk, o.k, "k");
     if (p.kv.b != p.q.b || p.kv.s != p.q.s || p.kv.d != p.q.d)
       throw Error(fmt::format("k {} must be [b, s, h_kv, d] with q's b, s and d; q is {}", p.kv.str(), p.q.str()));
@@ -108,6 +121,7 @@ Problem load_problem(const AttentionOptions& o) {
     if (!o.dout.empty()) {
       p.fdout = read_npy(o.dout);
       const Shape g = shape_of(*p.fdout, o.dout, "dout");
+      check_shape_and_finite(*p.fdout, o.dout, "dout", o.allow_nonfinite);
       if (!(g == p.q)) throw Error(fmt::format("dout {} must have q's shape {}", g.str(), p.q.str()));
     }
     p.backward = p.fdout.has_value();
@@ -157,6 +171,23 @@ struct Setup {
   int cp = 1, threads = 1;
 };
 
+// Bytes per rank (input files, shards, the strategy's working set) and on rank 0 besides
+// (gathered outputs, --check's float64 reference): what the memory check compares.
+std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o) {
+  const Problem& p = s.p;
+  const double q = double(p.q.numel()), kv = double(p.kv.numel()), grads = p.backward ? 2 : 1;
+  const double files = p.fq ? 4 * (q * grads + 2 * kv) : 0;
+  const double shards = double(dtype_size(s.dtype)) * grads * (2 * q + 2 * kv) / s.cp;
+  PlanInput in;
+  in.seq = p.q.s, in.batch = p.q.b, in.heads = p.q.h, in.kv_heads = p.kv.h, in.head_dim = p.q.d, in.cp = s.cp;
+  in.causal = s.cfg.causal, in.dtype = s.dtype, in.cluster.ranks_per_node = s.cp;
+  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, p.q, p.kv.h, s.dtype);
+  const double working = find_strategy(s.cfg.cp_comm_type).cost(in, s.cfg, volume, 1, 1).memory_bytes;
+  const bool outputs = !o.out.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty();
+  const double gathered = o.check || outputs ? 4 * grads * (q + kv) : 0;
+  return {files + shards + grads * working, gathered + (o.check ? 12 * grads * (2 * q + 2 * kv) : 0)};
+}
+
 // Collective. Parses the options and reads the inputs on every rank, then agrees: a file may be
 // unreadable on one rank only.
 Setup setup(Communicator& comm, const AttentionOptions& o) {
@@ -164,7 +195,9 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
   const int cp = s.cp = comm.size();
   s.threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(s.threads);
+  const int node_ranks = comm.ranks_on_this_node();
   on_every_rank(comm, [&] {
+    if (comm.rank() == 0) check_outputs({o.out, o.dq, o.dk, o.dv, o.json});
     s.dtype = parse_dtype(o.dtype);
     s.layout = parse_layout(o.layout);
     s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
@@ -178,7 +211,10 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
     }
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
+    const auto [per_rank, root] = memory_need(s, o);
+    check_memory("ulysses attention", per_rank, root, node_ranks);
   });
+  if (s.p.fq) agree_same_inputs(comm, {&*s.p.fq, &*s.p.fk, &*s.p.fv, s.p.fdout ? &*s.p.fdout : &*s.p.fq});
   return s;
 }
 
@@ -482,14 +518,17 @@ bool check_against_reference(const Setup& s, const Results& g, std::uint64_t see
   return failed;
 }
 
+// Every output asked for, all or none (write_files_atomic).
 void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, const nlohmann::json& report) {
   const Shape& q = s.p.q;
   const Shape& kv = s.p.kv;
-  if (!o.out.empty()) write_npy(o.out, g.out.f32(), {q.b, q.s, q.h, q.d});
-  if (!o.dq.empty()) write_npy(o.dq, g.dq.f32(), {q.b, q.s, q.h, q.d});
-  if (!o.dk.empty()) write_npy(o.dk, g.dk.f32(), {kv.b, kv.s, kv.h, kv.d});
-  if (!o.dv.empty()) write_npy(o.dv, g.dv.f32(), {kv.b, kv.s, kv.h, kv.d});
-  if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!o.out.empty()) files.emplace_back(o.out, npy_bytes(g.out.f32(), {q.b, q.s, q.h, q.d}));
+  if (!o.dq.empty()) files.emplace_back(o.dq, npy_bytes(g.dq.f32(), {q.b, q.s, q.h, q.d}));
+  if (!o.dk.empty()) files.emplace_back(o.dk, npy_bytes(g.dk.f32(), {kv.b, kv.s, kv.h, kv.d}));
+  if (!o.dv.empty()) files.emplace_back(o.dv, npy_bytes(g.dv.f32(), {kv.b, kv.s, kv.h, kv.d}));
+  if (!o.json.empty()) files.emplace_back(o.json, report.dump(2) + "\n");
+  write_files_atomic(files);
 }
 
 }  // namespace
@@ -518,7 +557,7 @@ int run_attention(const AttentionOptions& o) {
     print_times(s, timing, o.repeat);
     print_traffic(checked, ops);
     if (o.check) failed = check_against_reference(s, g, o.seed, report);
-    write_outputs(o, s, g, report);
+    if (!failed) write_outputs(o, s, g, report);  // a failed --check writes nothing
   });
   if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);  // after the reports: not in their bytes
   comm.broadcast(&failed, sizeof(failed), 0);

@@ -16,6 +16,7 @@ struct AttentionOptions {
   std::string cu_seqlens;                    // packed documents: a list or a file
   std::string dtype = "f32", layout = "bshd";
   bool causal = false, backward = false, check = false, no_zigzag = false;
+  bool allow_nonfinite = false;              // compute with NaN/Inf inputs instead of refusing them
   float scale = 0.0f;
   std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
   std::uint64_t seed = 0;

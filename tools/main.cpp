@@ -2,9 +2,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "attention_command.hpp"
 #include "plan_command.hpp"
+#include "report.hpp"
 #include "train_command.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
@@ -33,9 +36,13 @@ int main(int argc, char** argv) {
     // Every rank parses the same argv, so every rank stops here; one prints.
     if (rank == 0) code = app.exit(e);
     else code = e.get_exit_code();
-  } catch (const ulysses::Error& e) {
+  } catch (const ulysses::Error& e) {  // agreed: every rank throws it, rank 0 says it
     if (rank == 0) std::fprintf(stderr, "ulysses: error: %s\n", e.what());
     code = 2;
+  } catch (const std::bad_alloc&) {  // this rank alone, maybe: end every rank, never hang
+    ulysses::cli::abort_job(rank, "out of memory");
+  } catch (const std::exception& e) {
+    ulysses::cli::abort_job(rank, e.what());
   }
   return code;
 }

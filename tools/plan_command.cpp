@@ -9,6 +9,7 @@
 #include <cmath>
 #include <memory>
 
+#include "guard.hpp"
 #include "report.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/communicator.hpp"
@@ -25,14 +26,14 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
               "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
               "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  c->add_option("--seq", o.seq, "sequence length (global)")->required()->check(CLI::PositiveNumber);
-  c->add_option("--heads", o.heads, "query heads")->required()->check(CLI::PositiveNumber);
-  c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(CLI::PositiveNumber);
-  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--layers", o.layers, "attention layers")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--cp", o.cp, "context-parallel size (ranks)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (NVLink domain)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--seq", o.seq, "sequence length (global)")->required()->check(positive_number());
+  c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(positive_number());
+  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
+  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
+  c->add_option("--layers", o.layers, "attention layers")->capture_default_str()->check(positive_number());
+  c->add_option("--cp", o.cp, "context-parallel size (ranks)")->capture_default_str()->check(positive_number());
+  c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (NVLink domain)")->capture_default_str()->check(positive_number());
   c->add_option("--intra-bw", o.intra_bw, "bandwidth inside a node, per rank per direction (GB/s, Gb/s, TB/s, MB/s)")->capture_default_str();
   c->add_option("--intra-lat", o.intra_lat, "latency inside a node (us, ms, ns)")->capture_default_str();
   c->add_option("--inter-bw", o.inter_bw, "bandwidth between nodes, per rank per direction")->capture_default_str();
@@ -252,9 +253,20 @@ nlohmann::json scaling_table(const PlanInput& in) {
   return rows;
 }
 
-std::string svg_plot(const PlanInput& in) {
+// Powers of two from in.seq / 16 to in.seq * 16, as far as the planner accepts them.
+std::vector<std::int64_t> plot_seqs(const PlanInput& in) {
   std::vector<std::int64_t> seqs;
-  for (std::int64_t s = std::max<std::int64_t>(in.cp * 2, in.seq / 16); s <= in.seq * 16; s *= 2) seqs.push_back(s);
+  for (std::int64_t s = std::max<std::int64_t>(2 * std::int64_t(in.cp), in.seq / 16); s / 16 <= in.seq; s *= 2) {
+    PlanInput x = in;
+    x.seq = s;
+    if (!plan_input_error(x).empty()) break;
+    seqs.push_back(s);
+  }
+  return seqs;
+}
+
+std::string svg_plot(const PlanInput& in) {
+  const std::vector<std::int64_t> seqs = plot_seqs(in);
   std::vector<std::vector<double>> series;
   std::vector<std::string> names;
   double lo = 1e300, hi = 0;

@@ -9,8 +9,11 @@
 #include <iterator>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mpi.h>
+#include <new>
 
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
@@ -36,10 +39,19 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
   std::string err;
   try {
     fn();
-  } catch (const Error& e) {
+  } catch (const std::bad_alloc&) {
+    err = "out of memory";
+  } catch (const std::exception& e) {  // ulysses::Error, and std::ios_base::failure & co.
     err = e.what();
   }
   comm.agree(err);
+}
+
+void abort_job(int rank, const std::string& why) {
+  std::fprintf(stderr, "ulysses: error on rank %d: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
 }
 
 void on_root(Communicator& comm, const std::function<void()>& fn) {
@@ -139,9 +151,12 @@ CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes
   cfg.cp_comm_type = chosen.name();
   if (!cp_sizes.empty()) {
     int inner = 0, outer = 0;
-    char tail = 0;
-    if (std::sscanf(cp_sizes.c_str(), "%d,%d%c", &inner, &outer, &tail) != 2 || inner < 1 || outer < 1)
-      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes));
+    const char* end = cp_sizes.data() + cp_sizes.size();
+    const auto [comma, e1] = std::from_chars(cp_sizes.data(), end, inner);
+    const auto [last, e2] = comma < end && *comma == ',' ? std::from_chars(comma + 1, end, outer)
+                                                          : std::from_chars_result{comma, std::errc::invalid_argument};
+    if (e1 != std::errc() || e2 != std::errc() || last != end || inner < 1 || outer < 1)
+      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes.substr(0, 40)));
     if (!chosen.hierarchical()) {
       std::string takers;
       for (const Strategy* t : strategies())

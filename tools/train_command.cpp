@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 
+#include "guard.hpp"
 #include "report.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/error.hpp"
@@ -27,15 +28,15 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
-  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(non_negative_number());
+  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(positive_number());
+  c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
+  c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive_number());
+  c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(positive_number());
+  c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(positive_number());
+  c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
+  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(positive_number());
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
@@ -54,7 +55,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
   add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
-  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)");
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
 }
 
 namespace {

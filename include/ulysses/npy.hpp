@@ -19,5 +19,7 @@ struct NpyArray {
 
 NpyArray read_npy(const std::string& path);
 void write_npy(const std::string& path, const float* data, const std::vector<std::int64_t>& shape);
+// The bytes write_npy writes (for writing several files all-or-none: write_files_atomic).
+std::string npy_bytes(const float* data, const std::vector<std::int64_t>& shape);
 
 }  // namespace ulysses

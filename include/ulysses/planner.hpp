@@ -87,7 +87,12 @@ struct RingSeconds {
 };
 RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s);
 
-// Throws Error for impossible inputs (non-positive sizes, heads % kv_heads != 0, ...).
+// The most ranks the planner models (its per-rank formulas run once per rank).
+inline constexpr int kMaxPlanRanks = 1 << 16;
+// "" when make_plan accepts `in`, else why not: non-positive sizes, heads % kv_heads != 0, cp
+// above kMaxPlanRanks, or sizes whose byte counts would not fit 64 bits.
+std::string plan_input_error(const PlanInput& in);
+// Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
 
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.

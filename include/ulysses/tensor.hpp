@@ -31,7 +31,8 @@ Layout parse_layout(std::string_view name);   // "bshd" | "sbhd" | "bhsd"
 
 struct Shape {
   std::int64_t b = 0, s = 0, h = 0, d = 0;
-  std::int64_t numel() const { return b * s * h * d; }
+  // b·s·h·d, checked: throws Error for a negative size or more than kMaxElements (checked.hpp).
+  std::int64_t numel() const;
   bool operator==(const Shape&) const = default;
   std::string str() const;  // "[b, s, h, d]" with the numbers
 };
@@ -70,6 +71,10 @@ void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int6
 
 // "" when `view` has `expected` shape, else "<name> must be <expected>, got <actual>".
 std::string shape_error(const char* name, const TensorView& view, const Shape& expected);
+
+// "" when every element of `view` is finite, else "<name> has a non-finite value (nan) at
+// [b, s, h, d]" naming the first one in [b, s, h, d] order. Not collective.
+std::string nonfinite_error(const char* name, const TensorView& view);
 
 // Copy every element of src into dst (same shape; dtypes and strides may differ).
 void copy(const TensorView& src, const TensorView& dst);

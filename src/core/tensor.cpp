@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ulysses/bf16.hpp"
+#include "ulysses/checked.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -44,6 +46,15 @@ Layout parse_layout(std::string_view name) {
 }
 
 std::string Shape::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
+
+std::int64_t Shape::numel() const {
+  if (b < 0 || s < 0 || h < 0 || d < 0) throw Error(fmt::format("tensor shape {} has a negative size", str()));
+  std::int64_t n = 0;
+  if (__builtin_mul_overflow(b, s, &n) || __builtin_mul_overflow(n, h, &n) || __builtin_mul_overflow(n, d, &n) ||
+      n > kMaxElements)
+    throw Error(fmt::format("tensor shape {} is too large: more than 2^56 elements", str()));
+  return n;
+}
 
 TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout) {
   TensorView v{data, dtype, shape, 0, 0, 0};
@@ -140,6 +151,20 @@ void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_off
           store_row(view, b, s, h, row.data());
         }
   }
+}
+
+std::string nonfinite_error(const char* name, const TensorView& v) {
+  const Shape& sh = v.shape;
+  std::vector<float> row(static_cast<std::size_t>(sh.d));
+  for (std::int64_t b = 0; b < sh.b; ++b)
+    for (std::int64_t s = 0; s < sh.s; ++s)
+      for (std::int64_t h = 0; h < sh.h; ++h) {
+        load_row(v, b, s, h, row.data());
+        for (std::int64_t d = 0; d < sh.d; ++d)
+          if (!std::isfinite(row[std::size_t(d)]))
+            return fmt::format("{} has a non-finite value ({}) at [{}, {}, {}, {}]", name, row[std::size_t(d)], b, s, h, d);
+      }
+  return "";
 }
 
 std::string shape_error(const char* name, const TensorView& view, const Shape& expected) {
@@ -250,8 +275,6 @@ TensorView Tensor::view() const {
 
 Tensor::Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator, bool zero)
     : shape_(shape), dtype_(dtype), layout_(layout) {
-  if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
-    throw Error(fmt::format("tensor shape {} has a negative size", shape.str()));
   const std::size_t bytes = std::max<std::size_t>(nbytes(), 1);
   void* p = allocator.allocate(bytes);
   if (zero) allocator.fill_zero(p, bytes);

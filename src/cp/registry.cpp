@@ -44,7 +44,7 @@ const Strategy& find_strategy(std::string_view name) {
     if (s->name() == name) return *s;
   std::string known = strategy_names(", ");
   if (const std::size_t last = known.rfind(", "); last != std::string::npos) known.replace(last, 2, " or ");
-  throw Error(fmt::format("unknown cp_comm_type '{}': expected {}", name, known));
+  throw Error(fmt::format("unknown cp_comm_type '{}': expected {}", name.substr(0, 40), known));
 }
 
 void register_strategy(std::unique_ptr<Strategy> strategy) {

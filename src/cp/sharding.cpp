@@ -39,7 +39,7 @@ bool zigzag_layout(const CpConfig& config, int cp, std::int64_t seq) {
   if (zigzag && seq < 2 * std::int64_t(cp))
     throw Error(fmt::format("sequence length ({}) must be at least 2*cp ({}) for cp_comm_type {} with a causal "
                             "mask: the zigzag layout cuts it into 2*cp chunks of at least one token",
-                            seq, 2 * cp, config.cp_comm_type));
+                            seq, 2 * std::int64_t(cp), config.cp_comm_type));
   return zigzag;
 }
 
@@ -55,16 +55,17 @@ std::int64_t items_in_parts(std::int64_t n, std::int64_t parts, std::int64_t fir
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
   if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
   if (!zigzag_layout(config, cp, seq)) return {chunk(even_part(seq, cp, rank))};
-  return {chunk(even_part(seq, 2 * cp, rank)), chunk(even_part(seq, 2 * cp, 2 * cp - 1 - rank))};
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  return {chunk(even_part(seq, parts, rank)), chunk(even_part(seq, parts, parts - 1 - rank))};
 }
 
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
-  if (first_rank < 0 || ranks < 0 || first_rank + ranks > cp)
+  if (first_rank < 0 || ranks < 0 || first_rank > cp - ranks)
     throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));
   if (!zigzag_layout(config, cp, seq)) return items_in_parts(seq, cp, first_rank, ranks);
   // Chunks [first, first + ranks) and their mirror images [2cp − first − ranks, 2cp − first).
-  return items_in_parts(seq, 2 * cp, first_rank, ranks) +
-         items_in_parts(seq, 2 * cp, 2 * cp - first_rank - ranks, ranks);
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  return items_in_parts(seq, parts, first_rank, ranks) + items_in_parts(seq, parts, parts - first_rank - ranks, ranks);
 }
 
 RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv_heads) {

@@ -20,12 +20,13 @@ namespace {
 
 // Parses "<number><unit>" (spaces allowed) against a unit table.
 double parse_quantity(const std::string& text, const std::map<std::string, double>& units, const char* what) {
+  const std::string shown = text.size() <= 40 ? text : text.substr(0, 37) + "...";
   std::size_t pos = 0;
   double value = 0;
   try {
     value = std::stod(text, &pos);
   } catch (...) {
-    throw Error(fmt::format("{} '{}' does not start with a number", what, text));
+    throw Error(fmt::format("{} '{}' does not start with a number", what, shown));
   }
   std::string unit = text.substr(pos);
   unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
@@ -34,10 +35,12 @@ double parse_quantity(const std::string& text, const std::map<std::string, doubl
   if (it == units.end()) {
     std::string known;
     for (const auto& [u, f] : units) known += (known.empty() ? "" : ", ") + u;
-    throw Error(fmt::format("{} '{}': unknown unit '{}' (use one of {})", what, text, unit, known));
+    throw Error(fmt::format("{} '{}': unknown unit '{}' (use one of {})", what, shown, unit.substr(0, 40), known));
   }
-  if (!(value > 0) || !std::isfinite(value)) throw Error(fmt::format("{} '{}' must be positive", what, text));
-  return value * it->second;
+  const double scaled = value * it->second;
+  if (!(scaled > 0) || !std::isfinite(scaled))
+    throw Error(fmt::format("{} '{}' must be positive and finite", what, shown));
+  return scaled;
 }
 
 // The busiest rank's query heads over the average: an uneven Ulysses head split makes one
@@ -158,15 +161,28 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
   return t;
 }
 
-Plan make_plan(const PlanInput& in) {
+std::string plan_input_error(const PlanInput& in) {
   for (auto [name, v] : {std::pair{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
                          {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", std::int64_t(in.cp)},
                          {"ranks_per_node", std::int64_t(in.cluster.ranks_per_node)}})
-    if (v <= 0) throw Error(fmt::format("{} must be positive, got {}", name, v));
+    if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
+  if (in.cp > kMaxPlanRanks) return fmt::format("cp must be at most {}, got {}", kMaxPlanRanks, in.cp);
+  std::int64_t n = 0;
+  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, in.seq, &n) ||
+      __builtin_mul_overflow(n, std::max(in.heads, in.kv_heads), &n) || __builtin_mul_overflow(n, in.head_dim, &n) ||
+      __builtin_mul_overflow(n, in.layers, &n))
+    return fmt::format("the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
+                       "does not fit 64 bits with room for byte counts", in.batch, in.seq, in.heads, in.head_dim,
+                       in.layers);
   if (in.heads % in.kv_heads != 0)
-    throw Error(fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads));
+    return fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads);
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
-    throw Error("the compute rate must be positive and the efficiency in (0, 1]");
+    return "the compute rate must be positive and the efficiency in (0, 1]";
+  return "";
+}
+
+Plan make_plan(const PlanInput& in) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   check_documents(in);
   Plan p;
   for (const Strategy* strategy : strategies())

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <numeric>
@@ -43,6 +44,7 @@ DataSource DataSource::synthetic() { return DataSource(); }
 DataSource DataSource::text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("--data {}: cannot open: {}", path, std::strerror(errno)));
+  if (std::filesystem::is_directory(path)) throw Error(fmt::format("--data {}: is a directory, not a text file", path));
   DataSource d;
   d.synthetic_ = false;
   d.path_ = path;

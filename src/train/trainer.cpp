@@ -2,15 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include "ulysses/atomic_file.hpp"
+#include "ulysses/checked.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 
@@ -29,7 +33,8 @@ std::string config_error(const TrainConfig& c, int cp) {
   if (!e.empty()) return e;
   if (c.batch <= 0 || c.seq <= 0) return fmt::format("batch ({}) and seq ({}) must be positive", c.batch, c.seq);
   if (c.steps < 0) return fmt::format("steps must not be negative, got {}", c.steps);
-  if (!(c.lr > 0) || !(c.clip > 0)) return fmt::format("lr ({}) and clip ({}) must be positive", c.lr, c.clip);
+  if (!(c.lr > 0) || !(c.clip > 0) || !std::isfinite(c.lr) || !std::isfinite(c.clip))
+    return fmt::format("lr ({}) and clip ({}) must be positive and finite", c.lr, c.clip);
   try {
     validate_cp_config(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.model.kv_heads);
   } catch (const Error& err) {
@@ -117,6 +122,9 @@ StepResult Trainer::step() {
   double norm2 = 0;
   for (float g : model_.grads) norm2 += double(g) * double(g);
   r.grad_norm = std::sqrt(norm2);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))  // the same on every rank: both are all-reduced
+    throw Error(fmt::format("training diverged at step {}: loss {}, gradient norm {}; stopped before the update "
+                            "(the last checkpoint is kept; try a smaller --lr)", step_ + 1, r.loss, r.grad_norm));
   const float clip = r.grad_norm > cfg_.clip ? float(cfg_.clip / r.grad_norm) : 1.0f;
   const std::int64_t t = step_ + 1;
   const float lr = cfg_.lr * std::min(1.0f, float(t) / float(std::max<std::int64_t>(1, cfg_.warmup)));
@@ -128,6 +136,9 @@ StepResult Trainer::step() {
     const float update = (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + cfg_.eps);
     model_.params[i] -= lr * (update + (decay_[i] ? cfg_.weight_decay * model_.params[i] : 0.0f));
   }
+  if (!std::all_of(model_.params.begin(), model_.params.end(), [](float p) { return std::isfinite(p); }))
+    throw Error(fmt::format("training diverged at step {}: the update made weights non-finite (the last checkpoint "
+                            "is kept; try a smaller --lr)", t));
   step_ = t;
   r.step = t;
   r.attention = attention_->stats();
@@ -203,55 +214,121 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
   return x;
 }
 
+// Each header field and the range a checkpoint may hold in it; anything else is corruption.
+struct Field {
+  const char* key;
+  double lo, hi;
+};
+constexpr Field kFields[] = {
+    {"vocab", 1, 256},        {"layers", 1, 4096},      {"width", 1, 1 << 20},   {"heads", 1, 1 << 16},
+    {"kv_heads", 1, 1 << 16}, {"head_dim", 1, 1 << 16}, {"hidden", 1, 1 << 22},  {"batch", 1, 1 << 30},
+    {"seq", 1, 1ll << 40},    {"steps", 0, 1ll << 62},  {"warmup", 0, 1ll << 62}, {"lr", 0, 1e6},
+    {"beta1", 0, 1},          {"beta2", 0, 1},          {"eps", 0, 1},           {"weight_decay", 0, 1e6},
+    {"clip", 0, 1e30},        {"seed", 0, 1.9e19},      {"step", 0, 1ll << 62}};
+
+// The header's fields by name, each parsed and checked against kFields; `bad` makes the Error.
+template <class Bad>
+std::map<std::string, std::string> header_fields(const std::string& text, const Bad& bad) {
+  std::map<std::string, std::string> fields;
+  std::istringstream hdr(text);
+  std::string key, val;
+  while (hdr >> key >> val) {
+    const auto f = std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return key == x.key; });
+    if (f == std::end(kFields)) throw bad(fmt::format("unknown header field '{}'", key.substr(0, 40)));
+    if (!fields.emplace(key, val).second) throw bad(fmt::format("field {} appears twice", key));
+  }
+  for (const Field& f : kFields)
+    if (!fields.count(f.key)) throw bad(fmt::format("field {} is missing", f.key));
+  return fields;
+}
+
+// Field `key` as an integer in its range.
+template <class T, class Bad>
+T int_field(const std::map<std::string, std::string>& fields, const char* key, const Bad& bad) {
+  const Field& f = *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
+  const std::string& val = fields.at(key);
+  T x{};
+  const auto [end, ec] = std::from_chars(val.data(), val.data() + val.size(), x);
+  if (ec != std::errc() || end != val.data() + val.size() || double(x) < f.lo || double(x) > f.hi)
+    throw bad(fmt::format("field {} '{}' is not an integer in [{}, {}]", key, val.substr(0, 40), f.lo, f.hi));
+  return x;
+}
+
+// Field `key` as a finite float in its range (the writer uses hex floats, "{:a}").
+template <class Bad>
+float float_field(const std::map<std::string, std::string>& fields, const char* key, const Bad& bad) {
+  const Field& f = *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
+  const std::string& val = fields.at(key);
+  char* end = nullptr;
+  const float x = std::strtof(val.c_str(), &end);
+  if (end != val.c_str() + val.size() || !std::isfinite(x) || x < f.lo || x > f.hi)
+    throw bad(fmt::format("field {} '{}' is not a number in [{}, {}]", key, val.substr(0, 40), f.lo, f.hi));
+  return x;
+}
+
+// The configuration and step a checkpoint header declares, every field checked.
+template <class Bad>
+void parse_header(const std::string& text, Checkpoint& c, const Bad& bad) {
+  const auto fields = header_fields(text, bad);
+  auto i = [&](const char* key) { return int_field<std::int64_t>(fields, key, bad); };
+  auto f = [&](const char* key) { return float_field(fields, key, bad); };
+  GptConfig& m = c.config.model;
+  m = {i("vocab"), i("layers"), i("width"), i("heads"), i("kv_heads"), i("head_dim"), i("hidden")};
+  TrainConfig& t = c.config;
+  t.batch = i("batch");
+  t.seq = i("seq");
+  t.steps = i("steps");
+  t.warmup = i("warmup");
+  t.lr = f("lr");
+  t.beta1 = f("beta1");
+  t.beta2 = f("beta2");
+  t.eps = f("eps");
+  t.weight_decay = f("weight_decay");
+  t.clip = f("clip");
+  t.seed = int_field<std::uint64_t>(fields, "seed", bad);
+  c.step = i("step");
+  if (const std::string e = m.error(); !e.empty()) throw bad(e);
+}
+
+// The parameter count of `m`, overflow-checked (ParamLayout would allocate per layer first).
+std::int64_t param_count(const GptConfig& m) {
+  const std::int64_t C = m.width, QD = checked_mul(m.heads, m.head_dim, "params"), F = m.hidden;
+  const std::int64_t KD = checked_mul(m.kv_heads, m.head_dim, "params");
+  const std::int64_t per_layer = checked_product({C, 2 * QD + 2 * KD + 3 * F}, "params") + 2 * C;
+  return checked_mul(m.layers, per_layer, "params") + checked_product({2, m.vocab, C}, "params") + C;
+}
+
 Checkpoint read_checkpoint(const std::string& dir) {
   const std::string path = dir + "/checkpoint.bin";
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("cannot open checkpoint {}: {}", path, std::strerror(errno)));
   const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto bad = [&](const std::string& why) { return Error(fmt::format("refusing checkpoint {}: {}", path, why)); };
+  auto bad = [&](const std::string& why) { return Error(fmt::format("corrupt checkpoint {}: {}", path, why)); };
   if (s.size() < 24 || std::memcmp(s.data(), kMagic, 8) != 0) throw bad("not a ulysses checkpoint (bad magic or too short)");
   const std::uint64_t hl = get_u64(s, 8);
   if (hl > 1 << 16 || 16 + hl + 8 > s.size()) throw bad(fmt::format("truncated ({} bytes)", s.size()));
   const std::uint64_t n = get_u64(s, 16 + hl);
-  const std::uint64_t expect = 16 + hl + 8 + 12 * n + 8;
-  if (n > (std::uint64_t(1) << 36) || s.size() != expect)
-    throw bad(fmt::format("truncated or padded: {} bytes, expected {}", s.size(), expect));
+  if (n > (std::uint64_t(1) << 36) || s.size() != 16 + hl + 8 + 12 * n + 8)
+    throw bad(fmt::format("truncated or padded: {} bytes, expected {}", s.size(), 16 + hl + 8 + 12 * std::min<std::uint64_t>(n, 1ull << 36) + 8));
   if (fnv1a(s.data(), s.size() - 8) != get_u64(s, s.size() - 8)) throw bad("checksum mismatch: the file is corrupted");
   Checkpoint c;
-  std::istringstream hdr(s.substr(16, hl));
-  std::string key, val;
-  GptConfig& m = c.config.model;
-  while (hdr >> key >> val) {
-    auto i = [&] { return std::stoll(val); };
-    auto f = [&] { return std::strtof(val.c_str(), nullptr); };
-    if (key == "vocab") m.vocab = i();
-    else if (key == "layers") m.layers = i();
-    else if (key == "width") m.width = i();
-    else if (key == "heads") m.heads = i();
-    else if (key == "kv_heads") m.kv_heads = i();
-    else if (key == "head_dim") m.head_dim = i();
-    else if (key == "hidden") m.hidden = i();
-    else if (key == "batch") c.config.batch = i();
-    else if (key == "seq") c.config.seq = i();
-    else if (key == "steps") c.config.steps = i();
-    else if (key == "warmup") c.config.warmup = i();
-    else if (key == "lr") c.config.lr = f();
-    else if (key == "beta1") c.config.beta1 = f();
-    else if (key == "beta2") c.config.beta2 = f();
-    else if (key == "eps") c.config.eps = f();
-    else if (key == "weight_decay") c.config.weight_decay = f();
-    else if (key == "clip") c.config.clip = f();
-    else if (key == "seed") c.config.seed = std::stoull(val);
-    else if (key == "step") c.step = i();
-    else throw bad(fmt::format("unknown header field '{}'", key));
+  try {
+    parse_header(s.substr(16, hl), c, bad);
+    if (std::uint64_t(param_count(c.config.model)) != n) throw bad("parameter count does not match its model header");
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with("corrupt checkpoint")) throw;
+    throw bad(e.what());
   }
-  if (std::uint64_t(ParamLayout(m).total) != n) throw bad("parameter count does not match its model header");
   const char* data = s.data() + 16 + hl + 8;
   for (auto* vec : {&c.params, &c.m, &c.v}) {
     vec->resize(n);
     std::memcpy(vec->data(), data, n * 4);
     data += n * 4;
   }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(c.params[i]) || !std::isfinite(c.m[i]) || !(c.v[i] >= 0) || !std::isfinite(c.v[i]))
+      throw bad(fmt::format("parameter {} or its optimizer state is not finite (param {}, m {}, v {})", i, c.params[i],
+                            c.m[i], c.v[i]));
   return c;
 }
 

@@ -1,0 +1,42 @@
+// Checks the commands make before they compute: outputs writable, memory enough, inputs finite
+// and identical on every rank.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ulysses/communicator.hpp"
+#include "ulysses/npy.hpp"
+
+namespace ulysses::cli {
+
+// CLI11's PositiveNumber and NonNegativeNumber, but with short messages ("--seq: must be
+// positive, got -5"; CLI11's print the largest double in full).
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
+
+// Not collective. Throws Error for the first of `paths` (empty ones skipped) that cannot be
+// written, or that is named twice.
+void check_outputs(const std::vector<std::string>& paths);
+
+// MemAvailable from /proc/meminfo in bytes, or -1 when it cannot be read. ULYSSES_MEM_AVAILABLE
+// (bytes) overrides it, for tests.
+std::int64_t available_memory_bytes();
+
+// Not collective. Throws Error when `ranks_on_node` ranks of `per_rank` bytes each, plus
+// `root_extra` bytes (rank 0's gathers and checks, counted on every node), need more than this
+// node has available: "<what> needs about X ..., only Y available".
+void check_memory(const std::string& what, double per_rank, double root_extra, int ranks_on_node);
+
+// Not collective. Throws Error "<name> (<path>) has a non-finite value ..." for the first NaN or
+// Inf in `a` (a 4-D float32 array), with how to allow it.
+void check_finite(const NpyArray& a, const char* name, const std::string& path);
+
+// Collective. Every rank hashes the arrays it read (contents and shapes, not paths); unless all
+// ranks hold the same, every rank throws the same Error naming the first rank that differs.
+void agree_same_inputs(Communicator& comm, const std::vector<const NpyArray*>& arrays);
+
+}  // namespace ulysses::cli
