@@ -2,14 +2,8 @@
 # The CLI end to end: .npy inputs and outputs at 1 and 2 ranks, and every bad input giving a
 # clear error, a non-zero exit within seconds, and no output file.
 # usage: cli_test.sh ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
-set -u
-bin=$1 mpiexec=$2 flags=$3 tool=$4
-dir=$(mktemp -d)
+source "$(dirname "$0")/cli_lib.sh" "$@"
 trap 'rm -rf "$dir"' EXIT
-fails=0
-run() { local n=$1; shift; timeout 60 "$mpiexec" -n "$n" $flags "$bin" "$@"; }
-ok() { echo "PASS: $1"; }
-bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
 
 "$tool" make "$dir" 2 64 4 2 16 || { echo "cannot make inputs"; exit 1; }
 mkdir -p "$dir/corrupt"

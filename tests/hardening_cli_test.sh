@@ -2,14 +2,8 @@
 # Issue 11's probes of the CLI as a hostile user: every one ends on every rank within seconds
 # with a clear message and a non-zero exit, and leaves no output behind.
 # usage: hardening_cli_test.sh ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
-set -u
-bin=$1 mpiexec=$2 flags=$3 tool=$4
-dir=$(mktemp -d)
+source "$(dirname "$0")/cli_lib.sh" "$@"
 trap 'umount "$dir/full" 2> /dev/null; rm -rf "$dir"' EXIT
-fails=0
-run() { local n=$1; shift; timeout 60 "$mpiexec" -n "$n" $flags "$bin" "$@"; }
-ok() { echo "PASS: $1"; }
-bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
 
 # expect NAME NP MESSAGE ARGS...: a non-zero exit (not a timeout) within 30 s, MESSAGE in the output.
 expect() {

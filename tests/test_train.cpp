@@ -223,18 +223,25 @@ TEST(Training, ResumeIsBitForBit) {
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// One training step, saved into dir; rank 0 gets the checkpoint file's bytes ("" elsewhere).
+std::string step_and_save(Communicator& world, Trainer& t, const std::string& dir) {
+  t.step();
+  t.save(dir);
+  std::string bytes;
+  if (world.rank() == 0) {
+    std::ifstream in(dir + "/checkpoint.bin", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return bytes;
+}
+
 TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
   MpiCommunicator world;
   const std::string dir = scratch_dir(world, "damaged");
   const CpConfig ring{"p2p", {}, true, 0.0f};  // valid at every rank count
   Trainer t(world, small_config(ring), DataSource::synthetic());
-  t.step();
-  t.save(dir);
-  const std::string path = dir + "/checkpoint.bin";
-  std::string good;
+  const std::string path = dir + "/checkpoint.bin", good = step_and_save(world, t, dir);
   if (world.rank() == 0) {
-    std::ifstream in(path, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     std::string bad = good;
     bad[bad.size() / 2] ^= 0x10;
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
@@ -299,14 +306,7 @@ TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
   const std::string dir = scratch_dir(world, "crafted");
   const CpConfig ring{"p2p", {}, true, 0.0f};
   Trainer t(world, small_config(ring), DataSource::synthetic());
-  t.step();
-  t.save(dir);
-  const std::string path = dir + "/checkpoint.bin";
-  std::string good;
-  if (world.rank() == 0) {
-    std::ifstream in(path, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::string path = dir + "/checkpoint.bin", good = step_and_save(world, t, dir);
   auto keep = [](std::vector<float>&) {};
   auto header_case = [&](const std::string& key, const std::string& value, const std::string& needle) {
     if (world.rank() == 0) {

@@ -293,7 +293,7 @@ double timed(Communicator& comm, const std::function<void()>& fn) {
 // compute and the communication that compute did not hide.
 struct Timing {
   std::vector<std::int64_t> work;  // visible (query, key) pairs each rank computed in the forward (this
-                                   // rank's alone until gather_work)
+                                   // rank's alone until run_attention gathers them)
   double forward_s = 0, backward_s = 0;
   double forward_compute_s = 0, forward_exposed_s = 0, backward_compute_s = 0, backward_exposed_s = 0;
 };

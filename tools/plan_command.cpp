@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <memory>
 
@@ -320,12 +319,8 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
     const std::string item = text.substr(pos, end - pos);
     const std::size_t x = item.find('x');
     std::int64_t count = 1, length = -1;
-    auto number = [](const std::string& t, std::int64_t& v) {
-      const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-      return !t.empty() && ec == std::errc() && ptr == t.data() + t.size();
-    };
-    const bool ok = x == std::string::npos ? number(item, length)
-                                           : number(item.substr(0, x), count) && number(item.substr(x + 1), length);
+    const bool ok = x == std::string::npos ? parse_int64(item, length)
+                                           : parse_int64(item.substr(0, x), count) && parse_int64(item.substr(x + 1), length);
     if (!ok) throw Error(fmt::format("--docs: '{}' is neither a length nor COUNTxLENGTH", item.substr(0, 40)));
     if (count < 1 || count > (1 << 24) || length < 0)
       throw Error(fmt::format("--docs: '{}' needs a count in [1, 2^24] and a length >= 0", item.substr(0, 40)));

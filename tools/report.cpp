@@ -103,6 +103,11 @@ nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::stri
   return ranks;
 }
 
+bool parse_int64(std::string_view text, std::int64_t& value) {
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return !text.empty() && ec == std::errc() && ptr == text.data() + text.size();
+}
+
 namespace {
 
 std::vector<std::int64_t> parse_integer_list(const std::string& text, const std::string& where) {
@@ -112,8 +117,7 @@ std::vector<std::int64_t> parse_integer_list(const std::string& text, const std:
     const std::size_t end = std::min(text.find_first_of(", \t\r\n", pos), text.size());
     const std::string item = text.substr(pos, end - pos);
     std::int64_t v = 0;
-    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (ec != std::errc() || ptr != item.data() + item.size())
+    if (!parse_int64(item, v))
       throw Error(fmt::format("--cu-seqlens: '{}' in {} is not an integer", item.substr(0, 40), where));
     out.push_back(v);
     pos = end;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ulysses/atomic_file.hpp"
@@ -40,6 +41,9 @@ nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::stri
 // Parses --strategy and --cp-sizes into a CpConfig (throws Error with the flag's name):
 // --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.
 CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks);
+
+// True when all of `text` is one integer (no sign but '-', no spaces), stored in `value`.
+bool parse_int64(std::string_view text, std::int64_t& value);
 
 // Parses --cu-seqlens: "0,1000,5000,8192", or a file holding them: FILE.npy (1-D, integer
 // values) or text (numbers separated by commas, spaces or newlines). Throws Error naming the
