@@ -672,3 +672,83 @@ TEST(Errors, GatheringShardsThatDoNotFitIsRefusedEverywhere) {
 }
 
 }  // namespace
+
+// Overlapped Ulysses (overlap_chunks): the heads cut into chunks of whole GQA groups and
+// pipelined; the same answers as plain a2a, the same bytes in chunks × the messages.
+TEST(Overlap, ChunkedUlyssesMatchesFloat64ReferenceAndCountsItsMessages) {
+  MpiCommunicator comm;
+  const int cp = comm.size(), me = comm.rank();
+  struct S { std::int64_t b, s, h, hkv, d; bool causal; DType dtype; };
+  for (const S& sh : {S{2, 8 * cp, 4 * cp, 4 * cp, 16, true, DType::f32},    // MHA, 4 heads per rank
+                      S{1, 9 * cp + 1, 8 * cp, 2 * cp, 8, false, DType::f32},  // GQA, 2 KV heads per rank
+                      S{2, 6 * cp, 6 * cp, 3 * cp, 16, true, DType::bf16},   // GQA, bf16
+                      S{1, 5 * cp + 2, 2 * (2 * cp + 1), 2 * cp + 1, 8, true, DType::f32}}) {  // uneven heads
+    const Shape q{sh.b, sh.s, sh.h, sh.d};
+    const GlobalProblem global(q, sh.hkv, sh.dtype, sh.causal, 5);
+    const double tol_out = sh.dtype == DType::f32 ? 1e-5 : 1e-2, tol_grad = sh.dtype == DType::f32 ? 1e-4 : 2.5e-2;
+    for (int chunks : {1, 2, 3}) {
+      CpConfig cfg{"a2a", {}, sh.causal, 0.0f};
+      cfg.overlap_chunks = chunks;
+      SCOPED_TRACE(fmt::format("{} chunks, q {} h_kv {} {}", chunks, q.str(), sh.hkv, to_string(sh.dtype)));
+      Problem p(global, cfg, cp, me, Layout::bshd);
+      ContextParallelAttention attn(comm, cfg);
+      comm.reset_counters();
+      const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+      const auto fwd = comm.counters();
+      comm.reset_counters();
+      attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+      const auto bwd = comm.counters();
+      p.expect_matches(tol_out, tol_grad);
+      if (cp == 1) continue;
+      // Every rank holds at least 2 KV heads here, 3 only when h_kv >= 3cp.
+      const int used = ulysses_overlap_chunks(chunks, cp, sh.hkv);
+      EXPECT_EQ(used, std::min<std::int64_t>(chunks, sh.hkv / cp));
+      const CommVolume predicted = predicted_comm_volume(cfg, cp, me, q, sh.hkv, sh.dtype);
+      CpConfig plain = cfg;
+      plain.overlap_chunks = 1;
+      const CommVolume once = predicted_comm_volume(plain, cp, me, q, sh.hkv, sh.dtype);
+      for (const char* op : {"seq_to_head", "head_to_seq"}) {
+        EXPECT_EQ(bytes(fwd, op), predicted.forward_bytes.at(op)) << op;
+        EXPECT_EQ(bytes(bwd, op), predicted.backward_bytes.at(op)) << op;
+        EXPECT_EQ(msgs(fwd, op), predicted.forward_messages.at(op)) << op;
+        EXPECT_EQ(msgs(bwd, op), predicted.backward_messages.at(op)) << op;
+        EXPECT_EQ(predicted.forward_bytes.at(op), once.forward_bytes.at(op)) << op;
+        EXPECT_EQ(msgs(fwd, op), used * (cp - 1)) << op;
+        EXPECT_EQ(fwd.at(op).calls, used) << op;
+      }
+    }
+  }
+}
+
+TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
+  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 8), 2);   // 2 KV heads per rank: 2 chunks
+  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 2), 1);   // KV heads shared by ranks: no chunks
+  EXPECT_EQ(ulysses_overlap_chunks(3, 2, 7), 3);   // 4 and 3 KV heads: 3 chunks
+  EXPECT_EQ(ulysses_overlap_chunks(4, 2, 7), 3);
+  const HeadSplit split = ulysses_head_split(2, 14, 7);  // rank 0: KV 0..3, rank 1: KV 4..6; 2 q heads each
+  const HeadSplit last = ulysses_head_chunk(split, 3, 2);
+  EXPECT_EQ(last.kv[0], (HeadRange{3, 1}));
+  EXPECT_EQ(last.q[0], (HeadRange{6, 2}));
+  EXPECT_EQ(last.kv[1], (HeadRange{6, 1}));
+  EXPECT_EQ(last.q[1], (HeadRange{12, 2}));
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  const Shape q{1, 4 * cp, 2 * cp, 8};
+  for (auto [type, chunks] : {std::pair{"a2a", 0}, {"p2p", 2}, {"all_gather", 3}}) {
+    CpConfig cfg{type, {}, false, 0.0f};
+    cfg.overlap_chunks = chunks;
+    EXPECT_NE(config_error(cfg, cp, q, cp).find("overlap_chunks must be 1, or more for cp_comm_type a2a"),
+              std::string::npos) << type;
+  }
+  PlanInput in;
+  in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
+  const int c = planned_overlap_chunks(in);
+  EXPECT_GE(c, 1);
+  EXPECT_LE(c, 2);
+}
+
+TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide) {
+  EXPECT_DOUBLE_EQ(pipeline_exposed(1, 2, 3, 10), 5);
+  EXPECT_DOUBLE_EQ(pipeline_exposed(4, 1, 1, 10), 2);        // all hidden but the ends
+  EXPECT_DOUBLE_EQ(pipeline_exposed(3, 4, 4, 5), 4 + 4 + 0 + 3 + 0);  // middle step: 8 in flight, 5 of compute
+}

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -85,5 +86,37 @@ FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs);
 // [b, n_r, h, d]; heads held by several ranks are summed. `in` must match the outputs: its
 // local heads are the outputs' heads[rank], its rank_tokens()[rank] their n_r.
 void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs);
+
+// The nonblocking halves, for pipelines that compute while a transpose travels (Ulysses with
+// overlap_chunks, one transpose per chunk of heads). They skip the checks and the all-gather
+// of n_r: the caller ran them once, for the whole tensors (check_transpose). Counted as
+// seq_to_head / head_to_seq like the blocking ones (bytes and messages at posting).
+class PendingTranspose {
+ public:
+  PendingTranspose() = default;
+  PendingTranspose(Request request, std::function<void()> finish)
+      : request_(std::move(request)), finish_(std::move(finish)) {}
+  // Completes the transfer (under the watchdog) and, for head_to_seq, unpacks. Idempotent.
+  void wait();
+  // Drives the transfer's progress; call it between pieces of compute.
+  void test() { request_.test(); }
+
+ private:
+  Request request_;
+  std::function<void()> finish_;  // owns the buffers in flight
+};
+
+// Collective. seq_to_head's and head_to_seq's checks and agreement: `shards` as the inputs of
+// seq_to_head (or the outputs of head_to_seq).
+void check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op);
+
+// Collective. Posts seq_to_head of `inputs` (rank_tokens: every rank's n_r); `out` is valid
+// after the returned transfer's wait(). The inputs may change once this returns (they are packed).
+PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> inputs,
+                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out);
+// Collective. Posts head_to_seq: `in` must stay alive and unchanged, and the outputs are
+// written, until the returned transfer's wait(). Heads that no rank's range names (another
+// chunk's) are left as they are.
+PendingTranspose post_head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs);
 
 }  // namespace ulysses

@@ -83,6 +83,13 @@ class Communicator {
   void alltoallv(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
                  void* recv, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                  const std::string& op = "alltoallv");
+  // Collective, nonblocking: alltoallv posted now (and counted now), complete when the Request
+  // is (its wait is under the watchdog like every other). The buffers must stay untouched until
+  // then; several may be in flight, posted in the same order on every rank. Pipelines call the
+  // Request's test() between pieces of compute so the transfer progresses.
+  Request ialltoallv(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
+                     void* recv, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                     const std::string& op = "alltoallv");
   // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
   void allgather(const void* send, void* recv, std::size_t bytes, const std::string& op = "allgather");
   // Collective. Every rank contributes bytes[rank()] bytes; recv holds every rank's block back
@@ -165,6 +172,10 @@ class Communicator {
   virtual void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                             std::span<const std::size_t> send_offsets, void* recv,
                             std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) = 0;
+  virtual std::unique_ptr<Request::Impl> do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                                       std::span<const std::size_t> send_offsets, void* recv,
+                                                       std::span<const std::size_t> recv_bytes,
+                                                       std::span<const std::size_t> recv_offsets) = 0;
   virtual void do_allgather(const void* send, void* recv, std::size_t bytes) = 0;
   virtual void do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) = 0;
   virtual void do_gather(const void* send, void* recv, std::size_t bytes, int root) = 0;
@@ -187,6 +198,8 @@ class Communicator {
   friend class Tracer;  // attaches itself
   // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
+  // Counts an all-to-all(v): the bytes and non-empty blocks sent to other ranks.
+  void count_alltoallv(const std::string& op, std::span<const std::size_t> send_bytes, double begin_s);
   void trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const;
   // Records the caller's operation name for the duration of one public call.
   class OpScope;

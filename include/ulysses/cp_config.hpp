@@ -22,6 +22,11 @@ struct CpConfig {
   // Packed documents (FlashAttention's varlen contract, documents.hpp): boundaries over the
   // global sequence, the same on every rank; batch 1. Empty: one document.
   std::vector<std::int64_t> cu_seqlens = {};
+  // a2a only: split each rank's heads into this many chunks (whole GQA groups) and pipeline,
+  // the all-to-alls of one chunk travelling while another computes. Same bytes, ×chunks
+  // messages. 1 = plain Ulysses. Clamped to the fewest KV heads a rank holds
+  // (a2a_overlap_chunks in strategy.hpp); below 1, or above 1 on another strategy, is an Error.
+  int overlap_chunks = 1;
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.

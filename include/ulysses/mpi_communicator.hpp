@@ -50,6 +50,10 @@ class MpiCommunicator final : public Communicator {
   void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                     std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
                     std::span<const std::size_t> recv_offsets) override;
+  std::unique_ptr<Request::Impl> do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                               std::span<const std::size_t> send_offsets, void* recv,
+                                               std::span<const std::size_t> recv_bytes,
+                                               std::span<const std::size_t> recv_offsets) override;
   void do_allgather(const void* send, void* recv, std::size_t bytes) override;
   void do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) override;
   void do_gather(const void* send, void* recv, std::size_t bytes, int root) override;

@@ -87,6 +87,11 @@ struct RingSeconds {
 };
 RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s);
 
+// A pipeline of `chunks` steps (overlapped Ulysses): step i computes for `compute_s` while the
+// next chunk's input (`in_s`) and the previous chunk's output (`out_s`) travel; what does not
+// fit behind the compute is exposed, and so are the first input and the last output.
+double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s);
+
 // The most ranks the planner models (its per-rank formulas run once per rank).
 inline constexpr int kMaxPlanRanks = 1 << 16;
 // "" when make_plan accepts `in`, else why not: non-positive sizes, heads % kv_heads != 0, cp
@@ -94,6 +99,10 @@ inline constexpr int kMaxPlanRanks = 1 << 16;
 std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
+
+// CpConfig::overlap_chunks for a2a on `in`: the count (1 to 8, clamped by
+// ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie.
+int planned_overlap_chunks(const PlanInput& in);
 
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
 // Throws Error naming the text and the accepted units.

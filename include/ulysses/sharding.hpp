@@ -77,6 +77,14 @@ HeadSplit ulysses_head_split(int group, std::int64_t heads, std::int64_t kv_head
 // The most heads any rank gets in `ranges` (the busiest rank's share).
 std::int64_t most_heads(const std::vector<HeadRange>& ranges);
 
+// Overlapped Ulysses (CpConfig::overlap_chunks): how many chunks the pipeline cuts every
+// rank's heads into. A chunk is whole GQA groups (it needs its KV head), so `requested` is
+// clamped to the fewest KV heads a rank holds: 1 when KV heads are shared (kv_heads < group).
+int ulysses_overlap_chunks(int requested, int group, std::int64_t kv_heads);
+// Chunk i of `chunks` of every rank's heads in `split` (ulysses_head_split; chunks no more than
+// ulysses_overlap_chunks): each rank's KV heads cut like tokens, with their query heads.
+HeadSplit ulysses_head_chunk(const HeadSplit& split, int chunks, int i);
+
 // Global position of every local token, in local order.
 std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
 

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <numeric>
 #include <vector>
 
@@ -75,13 +77,23 @@ std::string shard_error(std::span<const SeqShard> shards, std::size_t t, int cp,
   return "";
 }
 
+
+}  // namespace
+
 // Local checks, then agreement across ranks.
-void check_shards(Communicator& comm, std::span<const SeqShard> shards, const char* op) {
+void check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op) {
   std::string err = shards.empty() ? fmt::format("{}: no tensors given", op) : "";
   for (std::size_t t = 0; t < shards.size() && err.empty(); ++t) err = shard_error(shards, t, comm.size(), op);
   comm.agree(err);
   comm.agree_identical(fmt::format("{} inputs", op), describe_shards(shards));
 }
+
+void PendingTranspose::wait() {
+  request_.wait();
+  if (finish_) std::exchange(finish_, nullptr)();
+}
+
+namespace {
 
 // This rank's blocks on both sides of the transpose, rank j's block being:
 //   sequence-sharded side  [n_me, b, H_j, d], the other ranks' back to back in rank order
@@ -139,8 +151,8 @@ Holders holders_of(std::span<const SeqShard> shards, const Blocks& k) {
 
 }  // namespace
 
-FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
-  check_shards(comm, inputs, "seq_to_head");
+PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> inputs,
+                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out) {
   const Shape& sh0 = inputs[0].view.shape;
   const std::int64_t b = sh0.b, n = sh0.s;
   const DType dtype = inputs[0].view.dtype;
@@ -148,28 +160,36 @@ FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
   const int me = comm.rank(), cp = comm.size();
   std::vector<std::int64_t> local_heads;
   for (const SeqShard& t : inputs) local_heads.push_back(t.heads[std::size_t(me)].count);
-  FusedHeads out(dtype, b, comm.allgather_value(n, "validate"), sh0.d, local_heads);
-  const Blocks k = blocks_of(inputs, out.rank_tokens(), me, row_bytes);
+  out = FusedHeads(dtype, b, rank_tokens, sh0.d, local_heads);
+  auto k = std::make_shared<const Blocks>(blocks_of(inputs, out.rank_tokens(), me, row_bytes));
 
   // Rank j's block [n, b, H_j, d]: ours packed straight into place in the output, the others
   // into the send buffer.
-  Tensor send = Tensor::uninitialized({1, std::int64_t(k.seq_side_bytes / row_bytes), 1, sh0.d}, dtype);
-  std::byte* sbuf = static_cast<std::byte*>(send.data());
+  auto send = std::make_shared<Tensor>(
+      Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d}, dtype));
+  std::byte* sbuf = static_cast<std::byte*>(send->data());
   std::byte* obuf = static_cast<std::byte*>(out.whole().data);
 #pragma omp parallel for collapse(2) schedule(static)
   for (std::int64_t j = 0; j < cp; ++j)
     for (std::int64_t s = 0; s < n; ++s) {
       const std::size_t J = std::size_t(j);
-      std::byte* base = j == me ? obuf + k.own_offset : sbuf + k.seq_offsets[J];
+      std::byte* base = j == me ? obuf + k->own_offset : sbuf + k->seq_offsets[J];
       for (std::int64_t bb = 0; bb < b; ++bb) {
-        std::byte* dst = base + std::size_t((s * b + bb) * k.heads[J]) * row_bytes;
+        std::byte* dst = base + std::size_t((s * b + bb) * k->heads[J]) * row_bytes;
         for (const SeqShard& t : inputs)
           for (std::int64_t i = 0; i < t.heads[J].count; ++i, dst += row_bytes)
             std::memcpy(dst, t.view.row(bb, s, t.heads[J].first + i), row_bytes);
       }
     }
   // The other ranks' blocks land in place too.
-  comm.alltoallv(sbuf, k.seq_bytes, k.seq_offsets, obuf, k.head_bytes, k.head_offsets, "seq_to_head");
+  Request r = comm.ialltoallv(sbuf, k->seq_bytes, k->seq_offsets, obuf, k->head_bytes, k->head_offsets, "seq_to_head");
+  return PendingTranspose(std::move(r), [send, k] {});
+}
+
+FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
+  check_transpose(comm, inputs, "seq_to_head");
+  FusedHeads out;
+  post_seq_to_head(comm, inputs, comm.allgather_value(inputs[0].view.shape.s, "validate"), out).wait();
   return out;
 }
 
@@ -191,28 +211,17 @@ std::string head_side_error(const Communicator& comm, const FusedHeads& in, std:
                      outputs.size());
 }
 
-}  // namespace
-
-void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
-  check_shards(comm, outputs, "head_to_seq");
-  comm.agree(head_side_error(comm, in, outputs));
+// head_to_seq's second half: a head one rank holds is copied back; one that several ranks hold
+// (a shared KV head) is the sum of their gradients (in float32).
+void unpack_seq_side(const FusedHeads& in, std::span<const SeqShard> outputs, const Blocks& k, const Tensor& recv,
+                     int me) {
   const Shape& sh0 = outputs[0].view.shape;
   const std::int64_t b = sh0.b, n = sh0.s, d = sh0.d;
   const DType dtype = in.dtype();
   const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
-  const int me = comm.rank();
-  const Blocks k = blocks_of(outputs, in.rank_tokens(), me, row_bytes);
-  // The head-sharded buffer already is the send buffer; our own block is unpacked straight
-  // from it, the others arrive back to back.
-  Tensor recv = Tensor::uninitialized({1, std::int64_t(k.seq_side_bytes / row_bytes), 1, d}, dtype);
-  comm.alltoallv(in.whole().data, k.head_bytes, k.head_offsets, recv.data(), k.seq_bytes, k.seq_offsets,
-                 "head_to_seq");
   const std::byte* rbuf = static_cast<const std::byte*>(recv.data());
   const std::byte* own = static_cast<const std::byte*>(in.whole().data) + k.own_offset;
   const Holders holders = holders_of(outputs, k);
-
-  // A head one rank holds is copied back; one that several ranks hold (a shared KV head) is
-  // the sum of their gradients (in float32).
 #pragma omp parallel
   {
     std::vector<float> acc(static_cast<std::size_t>(d)), row(static_cast<std::size_t>(d));
@@ -228,6 +237,7 @@ void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqSh
           };
           for (std::int64_t head = 0; head < o.shape.h; ++head) {
             const auto& copies = holders[t][std::size_t(head)];
+            if (copies.empty()) continue;  // another chunk's head (post_head_to_seq of some heads)
             if (copies.size() == 1) {
               std::memcpy(o.row(bb, s, head), src_row(copies[0]), row_bytes);
               continue;
@@ -242,6 +252,31 @@ void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqSh
           }
         }
   }
+}
+
+}  // namespace
+
+PendingTranspose post_head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
+  const Shape& sh0 = outputs[0].view.shape;
+  const DType dtype = in.dtype();
+  const std::size_t row_bytes = std::size_t(sh0.d) * dtype_size(dtype);
+  auto k = std::make_shared<const Blocks>(blocks_of(outputs, in.rank_tokens(), comm.rank(), row_bytes));
+  // The head-sharded buffer already is the send buffer; our own block is unpacked straight
+  // from it, the others arrive back to back.
+  auto recv = std::make_shared<Tensor>(
+      Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d}, dtype));
+  Request r = comm.ialltoallv(in.whole().data, k->head_bytes, k->head_offsets, recv->data(), k->seq_bytes,
+                              k->seq_offsets, "head_to_seq");
+  std::vector<SeqShard> outs(outputs.begin(), outputs.end());
+  return PendingTranspose(std::move(r), [&in, outs = std::move(outs), k, recv, me = comm.rank()] {
+    unpack_seq_side(in, outs, *k, *recv, me);
+  });
+}
+
+void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
+  check_transpose(comm, outputs, "head_to_seq");
+  comm.agree(head_side_error(comm, in, outputs));
+  post_head_to_seq(comm, in, outputs).wait();
 }
 
 }  // namespace ulysses

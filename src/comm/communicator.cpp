@@ -97,13 +97,32 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
   const OpScope scope(*this, op);
   const double t0 = now();
   do_alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  count_alltoallv(op, send_bytes, t0);
+}
+
+void Communicator::count_alltoallv(const std::string& op, std::span<const std::size_t> send_bytes, double begin_s) {
   std::int64_t bytes = 0, messages = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_ && send_bytes[std::size_t(j)] > 0) {
       bytes += std::int64_t(send_bytes[std::size_t(j)]);
       ++messages;
     }
-  count_op(op, bytes, messages, t0);
+  count_op(op, bytes, messages, begin_s);
+}
+
+Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                 std::span<const std::size_t> send_offsets, void* recv,
+                                 std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                                 const std::string& op) {
+  check_per_rank("ialltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  const OpScope scope(*this, op);
+  const double t0 = now();
+  std::unique_ptr<Request::Impl> impl = do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  count_alltoallv(op, send_bytes, t0);
+  if (!tracer()) return Request(std::move(impl));
+  std::int64_t bytes = 0;
+  for (std::size_t b : send_bytes) bytes += std::int64_t(b);
+  return Request(std::make_unique<TracedRequest>(std::move(impl), *this, op, bytes));
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <numeric>
@@ -120,6 +121,31 @@ class MpiRequest final : public Request::Impl {
   std::size_t bytes_;
 };
 
+// A nonblocking collective; it owns the count arrays MPI reads until completion.
+class MpiCollectiveRequest final : public Request::Impl {
+ public:
+  MpiCollectiveRequest(MPI_Request r, std::unique_ptr<std::array<std::vector<int>, 4>> counts,
+                       std::shared_ptr<const Watchdog> dog, std::shared_ptr<const MpiNames> names, std::string call)
+      : req_(r), counts_(std::move(counts)), dog_(std::move(dog)), names_(std::move(names)), call_(std::move(call)) {}
+  ~MpiCollectiveRequest() override {
+    try {
+      wait();
+    } catch (const Error&) {  // an MPI error while unwinding: the error in flight says more
+    }
+  }
+  void wait() override {
+    wait_or_abort(req_, *dog_, *names_, [this] { return fmt::format("{} on {}", call_, names_->group()); });
+  }
+  bool test() override { return req_ == MPI_REQUEST_NULL || test_request(req_); }
+
+ private:
+  MPI_Request req_;
+  std::unique_ptr<std::array<std::vector<int>, 4>> counts_;
+  std::shared_ptr<const Watchdog> dog_;
+  std::shared_ptr<const MpiNames> names_;
+  std::string call_;
+};
+
 MPI_Datatype mpi_type(ScalarType t) {
   switch (t) {
     case ScalarType::f32: return MPI_FLOAT;
@@ -218,13 +244,25 @@ void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t byte
 void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
                                    std::span<const std::size_t> send_offsets, void* recv,
                                    std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) {
-  const ByteUnit su({send_bytes, send_offsets}), ru({recv_bytes, recv_offsets});
-  const std::vector<int> sc = su.count(send_bytes, "alltoallv"), sd = su.count(send_offsets, "alltoallv"),
-                         rc = ru.count(recv_bytes, "alltoallv"), rd = ru.count(recv_offsets, "alltoallv");
+  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
+}
+
+std::unique_ptr<Request::Impl> MpiCommunicator::do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                                              std::span<const std::size_t> send_offsets, void* recv,
+                                                              std::span<const std::size_t> recv_bytes,
+                                                              std::span<const std::size_t> recv_offsets) {
+  const ByteUnit su({send_bytes, send_offsets}), ru({recv_bytes, recv_offsets});  // freed types stay valid in flight
+  auto counts = std::make_unique<std::array<std::vector<int>, 4>>(std::array<std::vector<int>, 4>{
+      su.count(send_bytes, "alltoallv"), su.count(send_offsets, "alltoallv"), ru.count(recv_bytes, "alltoallv"),
+      ru.count(recv_offsets, "alltoallv")});
+  auto& [sc, sd, rc, rd] = *counts;
   MPI_Request r;
   check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), su.type(), recv, rc.data(), rd.data(), ru.type(), comm_, &r),
             "MPI_Ialltoallv");
-  complete(r, "alltoallv");
+  const std::string op = current_op();
+  return std::make_unique<MpiCollectiveRequest>(
+      r, std::move(counts), shared_watchdog(), names_,
+      op.empty() ? "alltoallv" : fmt::format("alltoallv '{}'", op));
 }
 
 void MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {

@@ -91,6 +91,9 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
+  if (config.overlap_chunks < 1 || (config.overlap_chunks > 1 && config.cp_comm_type != "a2a"))
+    throw Error(fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for {}",
+                            config.overlap_chunks, config.cp_comm_type));
   rank_chunks(config, cp, 0, q.s);
   if (config.cu_seqlens.empty()) return;
   if (!find_strategy(config.cp_comm_type).supports_documents())

@@ -100,6 +100,23 @@ HeadSplit ulysses_head_split(int group, std::int64_t heads, std::int64_t kv_head
   return s;
 }
 
+int ulysses_overlap_chunks(int requested, int group, std::int64_t kv_heads) {
+  const std::int64_t fewest_kv = kv_heads >= group ? kv_heads / group : 1;
+  return int(std::clamp<std::int64_t>(requested, 1, fewest_kv));
+}
+
+HeadSplit ulysses_head_chunk(const HeadSplit& split, int chunks, int i) {
+  if (chunks == 1) return split;
+  HeadSplit c;
+  for (std::size_t r = 0; r < split.kv.size(); ++r) {
+    const HeadRange kv = split.kv[r], part = even_part(kv.count, chunks, i);
+    const std::int64_t g = split.q[r].count / kv.count;  // whole groups when chunks > 1
+    c.kv.push_back({kv.first + part.first, part.count});
+    c.q.push_back({split.q[r].first + part.first * g, part.count * g});
+  }
+  return c;
+}
+
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
   std::vector<std::vector<SeqChunk>> c;
   for (int r = 0; r < cp; ++r) c.push_back(rank_chunks(config, cp, r, seq));

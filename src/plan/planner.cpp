@@ -161,6 +161,29 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
   return t;
 }
 
+double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s) {
+  double exposed = in_s + out_s;
+  for (int i = 0; i < chunks; ++i) {
+    const double travelling = (i + 1 < chunks ? in_s : 0) + (i > 0 ? out_s : 0);
+    exposed += std::max(0.0, travelling - compute_s);
+  }
+  return exposed;
+}
+
+int planned_overlap_chunks(const PlanInput& in) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  int best = 1;
+  double best_s = 0;
+  for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, in.cp, in.kv_heads) == c; ++c) {
+    CpConfig cfg{"a2a", {}, in.causal, 0.0f};
+    cfg.overlap_chunks = c;
+    const PlanRow r = evaluate(in, find_strategy("a2a"), cfg);
+    if (!r.valid) return 1;
+    if (c == 1 || r.predicted_step_s < best_s) best = c, best_s = r.predicted_step_s;
+  }
+  return best;
+}
+
 std::string plan_input_error(const PlanInput& in) {
   for (auto [name, v] : {std::pair{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
                          {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", std::int64_t(in.cp)},

@@ -6,7 +6,15 @@
 // evenly); ranks may hold different token counts. The backward is composed from the
 // primitives' adjoints; nothing is hand-fused. bf16 inputs stay bf16 on the wire and in the
 // kernels (the level's bf16 engine).
+//
+// With overlap_chunks = c > 1 the heads are independent work, so each rank's heads are cut into
+// c chunks of whole GQA groups (ulysses_head_chunk) and pipelined: chunk i computes while chunk
+// i+1's seq→head and chunk i−1's head→seq transposes travel (nonblocking all-to-alls, their
+// progress driven between the chunk's KV groups). The same bytes in c× the messages; c = 1 is
+// the plain algorithm, one transpose each way.
+#include <algorithm>
 #include <array>
+#include <utility>
 
 #include "../head_split.hpp"
 #include "builtin.hpp"
@@ -14,20 +22,65 @@
 #include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
 
 namespace {
 
+// One chunk of every rank's heads (all of them without overlap) on this rank.
+struct HeadChunk {
+  HeadSplit heads;          // every rank's query and KV heads of this chunk
+  FusedHeads qkv;           // head-sharded q | k | v in the wire dtype, [s, b, h_c + 2·h_kv_c, d]
+  FusedHeads out;           // float32 head-sharded output
+  std::vector<Tensor> lse;  // [b, h, s] of each piece (pieces_of)
+};
+
 struct UlyssesContext final : StrategyContext {
-  FusedHeads qkv;          // head-sharded q | k | v in the wire dtype, [s, b, h_r + 2·h_kv_r, d]
-  FusedHeads out;          // float32 head-sharded output
-  Tensor lse;              // [b, h_r, s]
-  HeadSplit heads;         // every rank's query and KV heads
+  std::vector<HeadChunk> chunks;
+  HeadSplit heads;                  // every rank's query and KV heads
+  std::vector<std::int64_t> tokens;  // every rank's n_r
   AttentionParams params;
   DType dtype = DType::f32;  // storage / wire dtype
 };
+
+// A chunk's kernel calls: one per KV head while transposes travel (progress is driven between
+// them), else one for the whole chunk.
+std::int64_t pieces_of(const FusedHeads& qkv, bool overlapping) { return overlapping ? qkv.local_heads(1) : 1; }
+
+// Heads [i·h/n, (i+1)·h/n) of a [b, s, h, d] view: piece i of n (query heads in whole groups).
+TensorView piece(TensorView v, std::int64_t i, std::int64_t n) {
+  const std::int64_t h = v.shape.h / n;
+  v.data = v.row(0, 0, i * h);
+  v.shape.h = h;
+  return v;
+}
+
+// Runs compute(i, progress) for chunks i = 0..c−1 while chunk i+1's input transpose (post_in)
+// and chunk i−1's output transpose (post_out) travel; `progress` drives them. Returns the
+// seconds compute took.
+template <class PostIn, class Compute, class PostOut>
+double pipeline(const Communicator& comm, int chunks, PostIn post_in, Compute compute, PostOut post_out) {
+  std::vector<PendingTranspose> outs(static_cast<std::size_t>(chunks));
+  PendingTranspose next = post_in(0);
+  double compute_s = 0;
+  for (int i = 0; i < chunks; ++i) {
+    PendingTranspose current = std::exchange(next, PendingTranspose{});
+    current.wait();
+    if (i + 1 < chunks) next = post_in(i + 1);
+    auto progress = [&] {
+      next.test();
+      if (i > 0) outs[std::size_t(i - 1)].test();
+    };
+    const double t0 = comm.now();
+    compute(i, progress);
+    compute_s += comm.now() - t0;
+    outs[std::size_t(i)] = post_out(i);
+  }
+  for (PendingTranspose& o : outs) o.wait();
+  return compute_s;
+}
 
 class A2aStrategy final : public Strategy {
  public:
@@ -56,65 +109,122 @@ class A2aStrategy final : public Strategy {
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
+    const double t0 = comm.now();
     auto ctx = std::make_unique<UlyssesContext>();
     ctx->heads = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
     ctx->params = attention_params(config);
     ctx->dtype = q.dtype;
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
-    const double t0 = comm.now();
-    ctx->qkv = seq_to_head(comm, in);  // in the wire dtype: the kernels take bf16 as it is
-    const double t1 = comm.now();
-    const TensorView hq = ctx->qkv.part(0);
-    ctx->out = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
-    ctx->lse = lse_tensor(hq.shape);
-    flash_attention_forward(ctx->out.part(0), ctx->lse.view(), hq, ctx->qkv.part(1), ctx->qkv.part(2), ctx->params);
-    const double t2 = comm.now();
     const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
-    if (ctx->dtype == DType::f32) head_to_seq(comm, ctx->out, o);
-    else head_to_seq(comm, ctx->out.converted(ctx->dtype), o);
-    stats.compute_s += t2 - t1;
-    comm.trace("flash forward", t1, t2);
-    stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
-    stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) * hq.shape.b * hq.shape.h;
+    check_transpose(comm, in, "seq_to_head");
+    check_transpose(comm, o, "head_to_seq");
+    ctx->tokens = comm.allgather_value(q.shape.s, "validate");
+    const int c = ulysses_overlap_chunks(config.overlap_chunks, comm.size(), k.shape.h);
+    ctx->chunks.resize(std::size_t(c));  // never reallocated: transposes in flight point into them
+    std::vector<FusedHeads> wire(static_cast<std::size_t>(c));  // the output in a bf16 wire dtype, while it travels
+    auto post_in = [&](int i) {
+      HeadChunk& ch = ctx->chunks[std::size_t(i)];
+      ch.heads = ulysses_head_chunk(ctx->heads, c, i);
+      const std::array<SeqShard, 3> part{{{q, ch.heads.q}, {k, ch.heads.kv}, {v, ch.heads.kv}}};
+      return post_seq_to_head(comm, part, ctx->tokens, ch.qkv);  // in the wire dtype: the kernels take bf16 as it is
+    };
+    auto compute = [&](int i, auto progress) {
+      HeadChunk& ch = ctx->chunks[std::size_t(i)];
+      const TensorView hq = ch.qkv.part(0);
+      ch.out = FusedHeads(DType::f32, hq.shape.b, ch.qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
+      const std::int64_t n = pieces_of(ch.qkv, c > 1);
+      for (std::int64_t p = 0; p < n; ++p) {
+        ch.lse.push_back(lse_tensor(piece(hq, p, n).shape));
+        flash_attention_forward(piece(ch.out.part(0), p, n), ch.lse.back().view(), piece(hq, p, n),
+                                piece(ch.qkv.part(1), p, n), piece(ch.qkv.part(2), p, n), ctx->params);
+        progress();
+      }
+      stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) *
+                           hq.shape.b * hq.shape.h;
+    };
+    auto post_out = [&](int i) {
+      const HeadChunk& ch = ctx->chunks[std::size_t(i)];
+      const std::array<SeqShard, 1> part{{{out, ch.heads.q}}};
+      if (ctx->dtype == DType::f32) return post_head_to_seq(comm, ch.out, part);
+      wire[std::size_t(i)] = ch.out.converted(ctx->dtype);
+      return post_head_to_seq(comm, wire[std::size_t(i)], part);
+    };
+    const double compute_s = pipeline(comm, c, post_in, compute, post_out);
+    stats.compute_s += compute_s;
+    stats.comm_exposed_s += comm.now() - t0 - compute_s;
     return ctx;
   }
 
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     Communicator& comm = group.comm();
+    const double t0 = comm.now();
     const auto& ctx = static_cast<const UlyssesContext&>(context);
     const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
-    const double t0 = comm.now();
-    const FusedHeads hdout = seq_to_head(comm, g);
-    const double t1 = comm.now();
-    const FusedHeads& qkv = ctx.qkv;
-    FusedHeads grads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(),
-                     {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
-    flash_attention_backward(grads.part(0), grads.part(1), grads.part(2), hdout.part(0), qkv.part(0), qkv.part(1),
-                             qkv.part(2), ctx.out.part(0), ctx.lse.view(), ctx.params);
-    const double t2 = comm.now();
-    const std::array<SeqShard, 3> out{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
-    head_to_seq(comm, grads, out);
-    stats.compute_s += t2 - t1;
-    comm.trace("flash backward", t1, t2);
-    stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
-    const std::int64_t s = qkv.seq();
-    stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() * qkv.local_heads(0);
+    const std::array<SeqShard, 3> d{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
+    check_transpose(comm, g, "seq_to_head");
+    check_transpose(comm, d, "head_to_seq");
+    const int c = int(ctx.chunks.size());
+    std::vector<FusedHeads> hdout(static_cast<std::size_t>(c)), grads(static_cast<std::size_t>(c));
+    auto post_in = [&](int i) {
+      const std::array<SeqShard, 1> part{{{dout, ctx.chunks[std::size_t(i)].heads.q}}};
+      return post_seq_to_head(comm, part, ctx.tokens, hdout[std::size_t(i)]);
+    };
+    auto compute = [&](int i, auto progress) {
+      const HeadChunk& ch = ctx.chunks[std::size_t(i)];
+      const FusedHeads& qkv = ch.qkv;
+      FusedHeads& gr = grads[std::size_t(i)];
+      gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(),
+                      {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
+      const std::int64_t n = std::int64_t(ch.lse.size());
+      for (std::int64_t p = 0; p < n; ++p) {
+        auto at = [&](const TensorView& t) { return piece(t, p, n); };
+        flash_attention_backward(at(gr.part(0)), at(gr.part(1)), at(gr.part(2)), at(hdout[std::size_t(i)].part(0)),
+                                 at(qkv.part(0)), at(qkv.part(1)), at(qkv.part(2)), at(ch.out.part(0)),
+                                 ch.lse[std::size_t(p)].view(), ctx.params);
+        progress();
+      }
+      const std::int64_t s = qkv.seq();
+      stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() *
+                           qkv.local_heads(0);
+    };
+    auto post_out = [&](int i) {
+      const HeadSplit& h = ctx.chunks[std::size_t(i)].heads;
+      const std::array<SeqShard, 3> part{{{dq, h.q}, {dk, h.kv}, {dv, h.kv}}};
+      return post_head_to_seq(comm, grads[std::size_t(i)], part);
+    };
+    const double compute_s = pipeline(comm, c, post_in, compute, post_out);
+    stats.compute_s += compute_s;
+    stats.comm_exposed_s += comm.now() - t0 - compute_s;
   }
 
+  // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
     CommVolume v;
     add_ulysses_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s, ulysses_heads(cp, rank, q.h, kv_heads),
                        q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
+    const int c = ulysses_overlap_chunks(config.overlap_chunks, cp, kv_heads);
+    for (auto* m : {&v.forward_messages, &v.backward_messages})
+      for (auto& [op, n] : *m) n *= c;
     return v;
   }
 
-  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {
-    const Cluster& c = in.cluster;
+  // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
+  // a chunk computes (pipeline_exposed).
+  StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,
+                    double bwd_s) const override {
+    const Cluster& cl = in.cluster;
+    const int c = ulysses_overlap_chunks(config.overlap_chunks, in.cp, in.kv_heads);
     StrategyCost r;
-    for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
-      for (const char* op : {"seq_to_head", "head_to_seq"}) r.comm_s += all_to_all_seconds(c, in.cp, double(bytes->at(op)));
+    double exposed = 0;
+    for (const auto& [bytes, compute_s] : {std::pair{&v.forward_bytes, fwd_s}, std::pair{&v.backward_bytes, bwd_s}}) {
+      const double in_s = all_to_all_seconds(cl, in.cp, double(bytes->at("seq_to_head")) / c);
+      const double out_s = all_to_all_seconds(cl, in.cp, double(bytes->at("head_to_seq")) / c);
+      r.comm_s += c * (in_s + out_s);
+      exposed += pipeline_exposed(c, in_s, out_s, compute_s / c);
+    }
+    r.hidden_s = r.comm_s - exposed;
     const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
     const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
     const double seq_side = 2 * double(in.heads + in.kv_heads) * double(busiest_tokens(in)) * row;  // q, out, k, v
