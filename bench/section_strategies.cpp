@@ -7,6 +7,7 @@
 // and the library's peak working memory per rank against local Q+K+V.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "bench.hpp"
@@ -28,7 +29,8 @@ struct Result {
 };
 
 // The same communication as one forward + backward, without the compute: what it costs alone.
-double replay(Communicator& comm, Communicator* inner, Communicator* outer, const CommVolume& v) {
+// An overlapped a2a's transposes go as `chunks` all-to-alls of 1/chunks of the bytes each.
+double replay(Communicator& comm, Communicator* inner, Communicator* outer, const CommVolume& v, int chunks) {
   std::vector<char> a, b;
   auto buffers = [&](std::size_t n) {
     if (a.size() < n) {
@@ -44,9 +46,9 @@ double replay(Communicator& comm, Communicator* inner, Communicator* outer, cons
       const int R = c.size();
       if (R == 1 || n == 0) continue;
       if (op.ends_with("seq_to_head") || op.ends_with("head_to_seq")) {
-        const std::size_t block = std::size_t(n / (R - 1));
+        const std::size_t block = std::size_t(n / (R - 1) / chunks);
         buffers(block * std::size_t(R));
-        c.alltoall(a.data(), b.data(), block, "replay");
+        for (int i = 0; i < chunks; ++i) c.alltoall(a.data(), b.data(), block, "replay");
       } else if (op.ends_with("p2p_kv") || op.ends_with("p2p_dkv")) {
         const int steps = op.ends_with("p2p_kv") ? R - 1 : R;
         const std::size_t block = std::size_t(n / steps);
@@ -132,7 +134,8 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
     outer = comm.split(comm.rank() % I, comm.rank());
   }
   std::vector<double> alone;
-  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol));
+  const int chunks = ulysses_overlap_chunks(cfg.overlap_chunks, cp, kvh);
+  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol, chunks));
   r.alone = median(alone);
   return r;
 }
@@ -153,6 +156,12 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   std::vector<std::pair<std::string, CpConfig>> configs;
   for (const Strategy* strategy : strategies())
     for (const CpConfig& cfg : strategy->plan_configs(cp, true)) configs.emplace_back(strategy->config_name(cfg), cfg);
+  for (int chunks : {2, 4})  // overlapped Ulysses, beside plain a2a
+    if (ulysses_overlap_chunks(chunks, cp, kKvHeads) == chunks) {
+      CpConfig cfg{"a2a", {}, true, 0.0f};
+      cfg.overlap_chunks = chunks;
+      configs.emplace_back(fmt::format("a2a overlap {}", chunks), cfg);
+    }
   for (const auto& [name, cfg] : configs) {
     try {
       results.push_back(run(world, cfg, o, name, o.threads_per_rank));
@@ -185,6 +194,12 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
                     {"peak_tensor_bytes", r.peak}, {"peak_over_local_qkv", ratio},
                     {"throughput_vs_one_rank", base / (r.fwd + r.bwd)}});
   }
+  const auto plain = std::find_if(results.begin(), results.end(), [](const Result& r) { return r.name == "a2a"; });
+  for (const Result& r : results)
+    if (r.name.starts_with("a2a overlap") && plain != results.end())
+      fmt::print("{}: exposed communication {:.1f} ms vs plain a2a {:.1f} ms ({:.2f}x), fwd+bwd {:.2f}x plain a2a's\n",
+                 r.name, r.exposed * 1e3, plain->exposed * 1e3, r.exposed / plain->exposed,
+                 (r.fwd + r.bwd) / (plain->fwd + plain->bwd));
   fmt::print("compute/exposed/comm: ms per fwd+bwd (slowest rank); comm = the same transfers replayed alone;\n"
              "hidden = 1 - exposed/comm; peak MB = library working memory per rank; /qkv = peak / local q+k+v;\n"
              "model = that ratio's model; vs 1rk = throughput relative to one rank using every core.\n");

@@ -74,6 +74,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "(rank 0): one track per rank, compute and every communication operation with its bytes");
   c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
               "(shows the imbalance zigzag fixes)");
+  c->add_option("--overlap-chunks", o.overlap_chunks,
+                "a2a: cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain "
+                "Ulysses; at most the KV heads a rank holds; default: the planner's choice)")
+      ->check(CLI::Range(1, 1024));
   add_timeout_option(c, o.timeout);
 }
 
@@ -171,6 +175,15 @@ struct Setup {
   int cp = 1, threads = 1;
 };
 
+// The planner's view of this run: one node of cp ranks, the default cluster's links.
+PlanInput plan_input_of(const Setup& s) {
+  const Problem& p = s.p;
+  PlanInput in;
+  in.seq = p.q.s, in.batch = p.q.b, in.heads = p.q.h, in.kv_heads = p.kv.h, in.head_dim = p.q.d, in.cp = s.cp;
+  in.causal = s.cfg.causal, in.dtype = s.dtype, in.cluster.ranks_per_node = s.cp;
+  return in;
+}
+
 // Bytes per rank (input files, shards, the strategy's working set) and on rank 0 besides
 // (gathered outputs, --check's float64 reference): what the memory check compares.
 std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o) {
@@ -178,9 +191,7 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
   const double q = double(p.q.numel()), kv = double(p.kv.numel()), grads = p.backward ? 2 : 1;
   const double files = p.fq ? 4 * (q * grads + 2 * kv) : 0;
   const double shards = double(dtype_size(s.dtype)) * grads * (2 * q + 2 * kv) / s.cp;
-  PlanInput in;
-  in.seq = p.q.s, in.batch = p.q.b, in.heads = p.q.h, in.kv_heads = p.kv.h, in.head_dim = p.q.d, in.cp = s.cp;
-  in.causal = s.cfg.causal, in.dtype = s.dtype, in.cluster.ranks_per_node = s.cp;
+  const PlanInput in = plan_input_of(s);
   const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, p.q, p.kv.h, s.dtype);
   const double working = find_strategy(s.cfg.cp_comm_type).cost(in, s.cfg, volume, 1, 1).memory_bytes;
   const bool outputs = !o.out.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty();
@@ -210,6 +221,8 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
       s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
     }
+    if (o.overlap_chunks > 0) s.cfg.overlap_chunks = o.overlap_chunks;
+    else if (s.cfg.cp_comm_type == "a2a" && cp > 1) s.cfg.overlap_chunks = planned_overlap_chunks(plan_input_of(s));
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
     const auto [per_rank, root] = memory_need(s, o);
     check_memory("ulysses attention", per_rank, root, node_ranks);
@@ -228,6 +241,9 @@ void print_header(const Setup& s) {
     std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
                 hs[0], hs[1], hs[0], hs[1],
                 hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
+  if (cfg.cp_comm_type == "a2a" && s.cp > 1)
+    std::printf("  overlap_chunks %d: %s\n", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h),
+                cfg.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute" : "plain all-to-alls");
   std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(s.dtype).c_str());
   std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
               to_string(s.dtype), to_string(s.layout), cfg.causal ? ", causal" : "",
@@ -435,7 +451,8 @@ nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timi
                         {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
                         {"expected_bytes_sent", expected}, {"ranks", ranks},
                         {"work_pairs_per_rank", t.work}, {"work_imbalance", work_imbalance(t.work)},
-                        {"cu_seqlens", cfg.cu_seqlens}};
+                        {"cu_seqlens", cfg.cu_seqlens},
+                        {"overlap_chunks", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h)}};
   if (p.backward) {
     report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
     report["backward_compute_s"] = t.backward_compute_s;

@@ -22,6 +22,7 @@ struct AttentionOptions {
   std::uint64_t seed = 0;
   int repeat = 0, threads = 0;
   double timeout = 300;  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
+  int overlap_chunks = 0;  // a2a: chunks of heads pipelined with compute; 0 = the planner's choice
 };
 
 void add_attention_command(CLI::App& app, AttentionOptions& opt);
