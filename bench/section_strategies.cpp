@@ -134,8 +134,8 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
     outer = comm.split(comm.rank() % I, comm.rank());
   }
   std::vector<double> alone;
-  const int chunks = ulysses_overlap_chunks(cfg.overlap_chunks, cp, kvh);
-  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol, chunks));
+  const int pieces = ulysses_overlap_chunks(cfg.overlap_chunks, cp, kvh);
+  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol, pieces));
   r.alone = median(alone);
   return r;
 }
