@@ -742,9 +742,12 @@ TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
   }
   PlanInput in;
   in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
-  const int c = planned_overlap_chunks(in);
-  EXPECT_GE(c, 1);
-  EXPECT_LE(c, 2);
+  const OverlapPlan o = plan_overlap(in);
+  EXPECT_GE(o.chunks, 1);
+  EXPECT_LE(o.chunks, 2);
+  EXPECT_LE(o.exposed_s, o.plain_exposed_s);
+  in.cluster.intra.latency = 1;  // a second per message: chunks only cost
+  EXPECT_EQ(plan_overlap(in).chunks, 1);
 }
 
 TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide) {

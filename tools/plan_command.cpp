@@ -232,6 +232,10 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
                int(i) == p.best ? "  <- recommended" : "");
   }
   fmt::print("recommendation: {}\n", p.recommendation);
+  if (const OverlapPlan o = plan_overlap(in); o.plain_exposed_s > 0)
+    fmt::print("a2a overlap: {} chunk(s) of heads (--overlap-chunks): {:.3g} ms exposed communication per layer "
+               "against {:.3g} ms plain\n",
+               o.chunks, o.exposed_s * 1e3, o.plain_exposed_s * 1e3);
 }
 
 // Per-GPU communication of one layer as GPUs and sequence grow together (the paper's claim).

@@ -25,7 +25,7 @@ struct CpConfig {
   // a2a only: split each rank's heads into this many chunks (whole GQA groups) and pipeline,
   // the all-to-alls of one chunk travelling while another computes. Same bytes, ×chunks
   // messages. 1 = plain Ulysses. Clamped to the fewest KV heads a rank holds
-  // (a2a_overlap_chunks in strategy.hpp); below 1, or above 1 on another strategy, is an Error.
+  // (ulysses_overlap_chunks in sharding.hpp); below 1, or above 1 on another strategy, is an Error.
   int overlap_chunks = 1;
 };
 

@@ -101,8 +101,14 @@ std::string plan_input_error(const PlanInput& in);
 Plan make_plan(const PlanInput& in);
 
 // CpConfig::overlap_chunks for a2a on `in`: the count (1 to 8, clamped by
-// ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie.
-int planned_overlap_chunks(const PlanInput& in);
+// ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie, and
+// the exposed communication per layer (forward + backward) it predicts against plain a2a's.
+// chunks is 1 when a2a is invalid for `in`.
+struct OverlapPlan {
+  int chunks = 1;
+  double exposed_s = 0, plain_exposed_s = 0;
+};
+OverlapPlan plan_overlap(const PlanInput& in);
 
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
 // Throws Error naming the text and the accepted units.

@@ -170,16 +170,18 @@ double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s)
   return exposed;
 }
 
-int planned_overlap_chunks(const PlanInput& in) {
+OverlapPlan plan_overlap(const PlanInput& in) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
-  int best = 1;
+  OverlapPlan best;
   double best_s = 0;
   for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, in.cp, in.kv_heads) == c; ++c) {
     CpConfig cfg{"a2a", {}, in.causal, 0.0f};
     cfg.overlap_chunks = c;
     const PlanRow r = evaluate(in, find_strategy("a2a"), cfg);
-    if (!r.valid) return 1;
-    if (c == 1 || r.predicted_step_s < best_s) best = c, best_s = r.predicted_step_s;
+    if (!r.valid) return {};
+    const double exposed = r.comm_s - r.hidden_s;
+    if (c == 1) best.plain_exposed_s = exposed;
+    if (c == 1 || r.predicted_step_s < best_s) best.chunks = c, best.exposed_s = exposed, best_s = r.predicted_step_s;
   }
   return best;
 }
