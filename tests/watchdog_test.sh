@@ -30,4 +30,6 @@ check "skipped all-reduce, 3 ranks" 3 collective \
   "ulysses watchdog: rank [01] of 3 \(world rank [01], host [^)]+\) waited 2 s \(the timeout\) for allreduce 'loss_sum' on the group of 3 ranks \(world ranks 0,1,2\), during test step 3; ending the job"
 check "missing message, 2 ranks" 2 recv \
   "ulysses watchdog: rank 0 of 2 \(world rank 0, host [^)]+\) waited 2 s \(the timeout\) for the receive from rank 1 \(world rank 1\) \(tag 5, 64 bytes\), during test step 3"
+check "skipped nonblocking all-to-all, 3 ranks" 3 ialltoallv \
+  "ulysses watchdog: rank [01] of 3 \(world rank [01], host [^)]+\) waited 2 s \(the timeout\) for alltoallv 'seq_to_head' on the group of 3 ranks \(world ranks 0,1,2\), during test step 3"
 exit $fails

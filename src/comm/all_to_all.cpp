@@ -6,8 +6,8 @@
 
 #include <cstring>
 #include <memory>
-#include <utility>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "ulysses/error.hpp"
@@ -76,7 +76,6 @@ std::string shard_error(std::span<const SeqShard> shards, std::size_t t, int cp,
                          v.shape.h);
   return "";
 }
-
 
 }  // namespace
 
