@@ -222,7 +222,10 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
     }
     if (o.overlap_chunks > 0) s.cfg.overlap_chunks = o.overlap_chunks;
-    else if (s.cfg.cp_comm_type == "a2a" && cp > 1) s.cfg.overlap_chunks = plan_overlap(plan_input_of(s)).chunks;
+    else if (s.cfg.cp_comm_type == "a2a" && cp > 1) {
+      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);  // the strategy's own message before the planner's
+      s.cfg.overlap_chunks = plan_overlap(plan_input_of(s)).chunks;
+    }
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
     const auto [per_rank, root] = memory_need(s, o);
     check_memory("ulysses attention", per_rank, root, node_ranks);

@@ -103,7 +103,7 @@ Plan make_plan(const PlanInput& in);
 // CpConfig::overlap_chunks for a2a on `in`: the count (1 to 8, clamped by
 // ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie, and
 // the exposed communication per layer (forward + backward) it predicts against plain a2a's.
-// chunks is 1 when a2a is invalid for `in`.
+// chunks is 1 when a2a is invalid for `in`; impossible inputs throw as make_plan does.
 struct OverlapPlan {
   int chunks = 1;
   double exposed_s = 0, plain_exposed_s = 0;
