@@ -15,6 +15,7 @@
 #include "mpi_helpers.hpp"
 #include "train/attention_ops.hpp"
 #include "train/gpt.hpp"
+#include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/documents.hpp"
 
@@ -166,6 +167,18 @@ TEST(Training, MemoryTechniquesGiveTheSameLossAndGradients) {
     }
     EXPECT_LT(std::sqrt(num / den), 1e-6) << "weight gradients differ";
   }
+}
+
+TEST(Training, MaxMemoryRefusesWhatThePredictionSaysWillNotFit) {
+  MpiCommunicator world;
+  TrainConfig c = small_config({"p2p", {}, true, 0.0f});
+  const double need = predict_memory(c, world.size()).total();
+  c.max_memory = need * 1.01;
+  EXPECT_NO_THROW(Trainer(world, c, DataSource::synthetic()));
+  c.max_memory = need * 0.99;
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer t(world, c, DataSource::synthetic()); },
+      "needs a predicted " + format_bytes(need) + " (weights");
 }
 
 // Documents of 1 to 40 bytes, one per line, written once per job (rank 0) and read by all.

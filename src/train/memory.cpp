@@ -17,8 +17,8 @@ namespace {
 
 constexpr double kFloat = 4;
 // Measured: a rank of `ulysses train` before its model (MPI with shared-memory transport,
-// OpenBLAS, the program), VmHWM of a width-8 run.
-constexpr double kBaselineBytes = 40.0 * (1 << 20);
+// OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
+constexpr double kBaselineBytes = 20.0 * (1 << 20);
 
 // One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps.
 double context_bytes(const TrainConfig& c, int cp, double N) {
