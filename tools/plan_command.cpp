@@ -55,6 +55,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
   c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default 8/3 width, rounded up to 32)");
   c->add_option("--max-memory", o.max_memory, "with --train: memory per rank")->capture_default_str();
+  c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")->capture_default_str()->check(positive_number());
 }
 
 namespace {

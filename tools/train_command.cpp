@@ -297,7 +297,7 @@ int run_plan_train(const PlanOptions& o) {
       cfg.cp.cp_comm_type = cfg.model.heads >= cp ? "a2a" : "p2p";
       cfg.memory = {};
       const std::int64_t plain = train::longest_sequence(cfg, cp, cap);
-      cfg.memory = {true, true, true, 1024};
+      cfg.memory = {true, true, true, o.tile_rows};
       const std::int64_t saved = train::longest_sequence(cfg, cp, cap);
       fmt::print("{:>5} {:>12} {:>18} {:>28} {:>9.2f}x\n", cp, cfg.cp.cp_comm_type, plain, saved,
                  plain > 0 ? double(saved) / double(plain) : 0.0);

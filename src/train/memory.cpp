@@ -27,7 +27,8 @@ double context_bytes(const TrainConfig& c, int cp, double N) {
   const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
   const std::string& type = c.cp.cp_comm_type;
   if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
-    const double h = double((m.heads + cp - 1) / cp), kv = double(ulysses_kv_heads_held(cp, m.kv_heads));
+    const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
+    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
     return kFloat * B * s * ((2 * h + 2 * kv) * D + h);
   }
   if (type == "all_gather" && cp > 1) return kFloat * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
@@ -65,8 +66,11 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
                      (o.tiled_mlp ? 3 * tm * F : 0.0);
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
-  // the backward: about one more context.
-  e.attention = context_bytes(c, cp, N) * ((ckpt ? 1 : L) + 1);
+  // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
+  // flight), in contexts: fitted to the measured peaks, a2a on three shapes, p2p and one rank
+  // (plain flash attention, no communication buffers) on one each.
+  const double transient = cp == 1 ? 0.5 : c.cp.cp_comm_type == "a2a" ? 1.7 : 3.5;
+  e.attention = context_bytes(c, cp, N) * ((ckpt ? 1 : L) + transient);
   return e;
 }
 
