@@ -293,7 +293,7 @@ int run_plan_train(const PlanOptions& o) {
                o.batch, train::format_bytes(cap));
     fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)",
                "longest s (ckpt+tiled)", "gain");
-    for (int cp = 1; cp <= o.cp; cp *= 2) {
+    for (int cp = 1; cp <= std::min(o.cp, 65536); cp *= 2) {
       cfg.cp.cp_comm_type = cfg.model.heads >= cp ? "a2a" : "p2p";
       cfg.memory = {};
       const std::int64_t plain = train::longest_sequence(cfg, cp, cap);
