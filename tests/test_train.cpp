@@ -1,6 +1,7 @@
 // The training demo: the whole model's gradient against finite differences (float64), the
 // loss of every step and the gradients at cp > 1 for every strategy equal to cp = 1, and
 // bit-for-bit resume from checkpoints that refuse corruption.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "mpi_helpers.hpp"
 #include "train/attention_ops.hpp"
 #include "train/gpt.hpp"
+#include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/documents.hpp"
 
@@ -137,6 +139,46 @@ TEST(Training, SequencesThatDoNotDivideTrainLikeOneRank) {
     c.cp = cp;
     EXPECT_LT(gradient_distance(world, c, g1), 1e-5) << "weight gradients differ from cp = 1";
   }
+}
+
+// Issue 15: each memory technique, and all of them together, gives the loss and weight
+// gradients of keeping everything, at this job's cp (tiles of 40 rows: several, the last partial).
+TEST(Training, MemoryTechniquesGiveTheSameLossAndGradients) {
+  MpiCommunicator world;
+  TrainConfig c = small_config({"a2a", {}, true, 0.0f});
+  if (world.size() > 2) c.cp = {"p2p", {}, true, 0.0f};  // a2a needs heads >= cp
+  auto run = [&](MemoryOptions m) {
+    c.memory = m;
+    Trainer t(world, c, DataSource::synthetic());
+    const double loss = t.compute_gradients(0);
+    return std::pair{loss, t.gradients()};
+  };
+  const auto [loss0, g0] = run({});
+  for (const MemoryOptions m : {MemoryOptions{true, false, false, 40}, MemoryOptions{false, true, false, 40},
+                                MemoryOptions{false, false, true, 40}, MemoryOptions{true, true, true, 40}}) {
+    SCOPED_TRACE(fmt::format("checkpoint {} tiled_mlp {} tiled_loss {} on {} ranks", m.checkpoint_activations,
+                             m.tiled_mlp, m.tiled_loss, world.size()));
+    const auto [loss, g] = run(m);
+    EXPECT_LT(std::abs(loss - loss0) / loss0, 1e-6);
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < g0.size(); ++i) {
+      num += std::pow(double(g[i]) - g0[i], 2);
+      den += double(g0[i]) * g0[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-6) << "weight gradients differ";
+  }
+}
+
+TEST(Training, MaxMemoryRefusesWhatThePredictionSaysWillNotFit) {
+  MpiCommunicator world;
+  TrainConfig c = small_config({"p2p", {}, true, 0.0f});
+  const double need = predict_memory(c, world.size()).total();
+  c.max_memory = need * 1.01;
+  EXPECT_NO_THROW(Trainer(world, c, DataSource::synthetic()));
+  c.max_memory = need * 0.99;
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { Trainer t(world, c, DataSource::synthetic()); },
+      "needs a predicted " + format_bytes(need) + " (weights");
 }
 
 // Documents of 1 to 40 bytes, one per line, written once per job (rank 0) and read by all.

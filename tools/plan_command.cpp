@@ -25,7 +25,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
               "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
               "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  c->add_option("--seq", o.seq, "sequence length (global)")->required()->check(positive_number());
+  c->add_option("--seq", o.seq, "sequence length (global; required unless --train)")->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
@@ -50,6 +50,12 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
                 "to --seq; the compute per rank and its balance follow them");
   c->add_option("--json", o.json, "write the plan here");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
+  c->add_flag("--train", o.train, "for `ulysses train` (f32, a2a): the longest sequence whose predicted memory per "
+              "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
+  c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
+  c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default 8/3 width, rounded up to 32)");
+  c->add_option("--max-memory", o.max_memory, "with --train: memory per rank")->capture_default_str();
+  c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")->capture_default_str()->check(positive_number());
 }
 
 namespace {
@@ -337,6 +343,7 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
+  if (o.seq <= 0) throw Error("--seq is required (or --train)");
   PlanInput in;
   in.seq = o.seq;
   in.batch = o.batch;
@@ -360,6 +367,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
+  if (o.train) return run_plan_train(o);
   MpiCommunicator comm(MPI_COMM_WORLD);
   PlanInput in;
   on_every_rank(comm, [&] { in = plan_input(o, comm.size()); });

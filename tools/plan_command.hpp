@@ -16,11 +16,18 @@ struct PlanOptions {
   bool calibrate = false, scaling = false, no_causal = false;
   std::string json, svg;
   std::string docs;  // packed documents: lengths, "1000,5000" or "16x1024"
+  // --train: the longest sequence `ulysses train` fits per rank in --max-memory, per cp.
+  bool train = false;
+  std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and 8/3 width rounded up to 32
+  std::int64_t tile_rows = 1024;
+  std::string max_memory = "2GiB";
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
 
 // Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
 int run_plan(const PlanOptions& opt);
+// Rank 0 alone: the table of `ulysses plan --train`.
+int run_plan_train(const PlanOptions& opt);
 
 }  // namespace ulysses::cli

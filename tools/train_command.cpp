@@ -13,7 +13,9 @@
 #include <optional>
 
 #include "guard.hpp"
+#include "plan_command.hpp"
 #include "report.hpp"
+#include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/threads.hpp"
@@ -53,6 +55,15 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
+  c->add_flag("--checkpoint-activations", o.checkpoint_activations,
+              "keep only each layer's input; recompute the layer (its attention too) in the backward");
+  c->add_flag("--tiled-mlp", o.tiled_mlp, "run the SwiGLU MLP a tile of --tile-rows at a time (ALST's TiledMLP): "
+              "the [s/cp, hidden] intermediates never exist whole");
+  c->add_flag("--tiled-loss", o.tiled_loss, "compute the logits and the loss a tile of --tile-rows at a time: the "
+              "[s/cp, vocab] logits never exist whole");
+  c->add_option("--tile-rows", o.tile_rows, "rows of a tile")->capture_default_str()->check(positive_number());
+  c->add_option("--max-memory", o.max_memory, "refuse at start-up a run predicted to need more than this per rank "
+                "(e.g. 2GiB, 512MiB)");
   add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
@@ -111,6 +122,7 @@ struct Progress {
   std::int64_t first = 0, steps = 0;  // steps taken when the run started, and the total to reach
   double tokens_per_step = 0;
   std::chrono::steady_clock::time_point start;
+  double predicted_bytes = 0;  // memory.hpp's prediction per rank
 };
 
 // Rank 0, after step `s`: its JSON line in the log, and a progress line about 20 times a run.
@@ -119,9 +131,10 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
   if (log)
     std::fprintf(log,
                  "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
-                 "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f}\n",
+                 "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f, \"peak_rss_bytes\": %.0f, "
+                 "\"predicted_bytes\": %.0f}\n",
                  (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                 r.attention.comm_exposed_s);
+                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes);
   if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
@@ -136,7 +149,7 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
 
 // Rank 0's summary of a run that took at least one step.
 void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds, double accuracy,
-                   double ceiling, double flops_per_step, const train::TrainConfig& cfg) {
+                   double ceiling, double flops_per_step, const train::TrainConfig& cfg, double peak_rss, int cp) {
   const double med = median(step_seconds);
   const double tps = double(cfg.batch * cfg.seq) / med, gflops = flops_per_step / med * 1e-9;
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
@@ -148,6 +161,9 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
                "away, on other ranks' shards\n", accuracy * 100, cfg.seq);
   fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
              "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
+  const train::MemoryEstimate need = train::predict_memory(cfg, cp);
+  fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
+             need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
 }
 
 // Collective. The run's settings: a checkpoint's, or the options'; errors agreed.
@@ -165,6 +181,8 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
+    cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
+    if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
     if (!o.data.empty())
@@ -182,6 +200,10 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
              "sequence per rank{}\n",
              cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+  const train::MemoryOptions& mo = cfg.memory;
+  fmt::print("  memory per rank (predicted): {}{}{}{}\n", train::predict_memory(cfg, cp).describe(),
+             mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
+             mo.tiled_loss ? "; tiled loss" : "");
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
   std::fflush(stdout);
 }
@@ -216,12 +238,15 @@ int run_train(const TrainOptions& o) {
   if (!o.trace.empty()) tracer.emplace(comm);
   std::vector<double> losses, step_seconds;
   double acc_recent = -1;
-  const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now()};
+  const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now(),
+                          train::predict_memory(cfg, cp).total()};
+  double peak_rss = 0;
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);
+    peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     if (rank == 0) report_step(log, progress, s, r, acc_recent);
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
@@ -242,10 +267,41 @@ int run_train(const TrainOptions& o) {
     if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, accuracy, ceiling, trainer.flops_per_step(), cfg);
+      print_summary(losses, step_seconds, accuracy, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
     if (!o.svg.empty() && !losses.empty())
       write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
                                                              cfg.cp.cp_comm_type, cp)));
+  });
+  return 0;
+}
+
+// ---- ulysses plan --train --------------------------------------------------------------------
+
+int run_plan_train(const PlanOptions& o) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  on_root(comm, [&] {
+    train::TrainConfig cfg;
+    const std::int64_t width = o.width > 0 ? o.width : o.heads * o.head_dim;
+    const std::int64_t hidden = o.hidden > 0 ? o.hidden : (8 * width / 3 + 31) / 32 * 32;
+    cfg.model = {256, o.layers, width, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, hidden};
+    if (const std::string e = cfg.model.error(); !e.empty()) throw Error(e);
+    cfg.batch = o.batch;
+    const double cap = train::parse_bytes(o.max_memory);
+    fmt::print("ulysses plan --train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {}), "
+               "batch {}, f32, at most {} per rank\n",
+               cfg.model.num_params(), cfg.model.layers, width, cfg.model.heads, cfg.model.kv_heads, o.head_dim, hidden,
+               o.batch, train::format_bytes(cap));
+    fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)",
+               "longest s (ckpt+tiled)", "gain");
+    for (int cp = 1; cp <= std::min(o.cp, 65536); cp *= 2) {
+      cfg.cp.cp_comm_type = cfg.model.heads >= cp ? "a2a" : "p2p";
+      cfg.memory = {};
+      const std::int64_t plain = train::longest_sequence(cfg, cp, cap);
+      cfg.memory = {true, true, true, o.tile_rows};
+      const std::int64_t saved = train::longest_sequence(cfg, cp, cap);
+      fmt::print("{:>5} {:>12} {:>18} {:>28} {:>9.2f}x\n", cp, cfg.cp.cp_comm_type, plain, saved,
+                 plain > 0 ? double(saved) / double(plain) : 0.0);
+    }
   });
   return 0;
 }

@@ -11,6 +11,9 @@ namespace ulysses::cli {
 struct TrainOptions {
   std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg, trace;
   bool pack = false;              // --data as documents packed into each sequence
+  bool checkpoint_activations = false, tiled_mlp = false, tiled_loss = false;  // memory techniques
+  std::int64_t tile_rows = 1024;
+  std::string max_memory;         // per rank, e.g. "2GiB"; empty: no cap
   std::string doc_separator = "\n";
   std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,
                hidden = 172, warmup = 20, save_every = 0, eval_batches = 8;

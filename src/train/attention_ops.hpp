@@ -17,6 +17,7 @@ class CpAttention : public AttentionOp<float> {
   CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
   void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
   void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
+  void release(int layer) override { contexts_[std::size_t(layer)] = CpContext(); }
   CpStats stats() const;  // summed over layers, last step
   // The packed documents of the next forwards (cu_seqlens over the global sequence; empty: one).
   void set_documents(std::vector<std::int64_t> cu_seqlens) { documents_ = std::move(cu_seqlens); }

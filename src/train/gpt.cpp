@@ -43,8 +43,8 @@ ParamLayout::ParamLayout(const GptConfig& c) {
 }
 
 template <class T>
-Gpt<T>::Gpt(const GptConfig& c)
-    : config(c), layout(c), params(std::size_t(layout.total)), grads(std::size_t(layout.total)),
+Gpt<T>::Gpt(const GptConfig& c, MemoryOptions m)
+    : config(c), memory(m), layout(c), params(std::size_t(layout.total)), grads(std::size_t(layout.total)),
       acts_(std::size_t(c.layers)) {}
 
 template <class T>
@@ -80,96 +80,209 @@ void Gpt<T>::init_params(std::uint64_t seed) {
   fill(layout.lm_head, c.width * c.vocab, s_in);
 }
 
+namespace {
+template <class T>
+void zeroed(std::vector<T>& v, i64 n) {
+  v.assign(std::size_t(n), T(0));
+}
+// fn(first row, rows) over [0, N) in tiles of `tile` rows.
+template <class Fn>
+void for_tiles(i64 N, i64 tile, Fn&& fn) {
+  for (i64 r0 = 0; r0 < N; r0 += tile) fn(r0, std::min(tile, N - r0));
+}
+}  // namespace
+
 template <class T>
 T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, const i64* pos, i64 B, i64 n,
                   T grad_scale, int* argmax) {
   const GptConfig& c = config;
-  const i64 N = B * n, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim, F = c.hidden;
+  const i64 N = B * n, C = c.width;
   N_ = N;
   B_ = B;
   n_ = n;
   tokens_.assign(tokens, tokens + N);
+  labels_.assign(labels, labels + N);
+  grad_scale_ = grad_scale;
   pos_rows_.resize(std::size_t(N));
   for (i64 r = 0; r < N; ++r) pos_rows_[std::size_t(r)] = pos[r % n];
-  const T* P = params.data();
-  std::vector<T> x(std::size_t(N * C)), tmp(std::size_t(N * C));
-  embedding_forward(x.data(), tokens, P + layout.wte, N, C);
+  std::vector<T> x(std::size_t(N * C));
+  embedding_forward(x.data(), tokens, params.data() + layout.wte, N, C);
   for (i64 l = 0; l < c.layers; ++l) {
-    LayerActs& A = acts_[std::size_t(l)];
-    const auto& L = layout.layer[std::size_t(l)];
-    A.x = x;
-    A.xn1.resize(std::size_t(N * C));
-    A.rstd1.resize(std::size_t(N));
-    A.q.resize(std::size_t(N * QD));
-    A.k.resize(std::size_t(N * KD));
-    A.v.resize(std::size_t(N * KD));
-    A.att.resize(std::size_t(N * QD));
-    A.xn2.resize(std::size_t(N * C));
-    A.rstd2.resize(std::size_t(N));
-    A.a.resize(std::size_t(N * F));
-    A.g.resize(std::size_t(N * F));
-    A.h.resize(std::size_t(N * F));
-    rmsnorm_forward(A.xn1.data(), A.rstd1.data(), x.data(), P + L.rms1, N, C);
-    matmul_forward(A.q.data(), A.xn1.data(), P + L.wq, N, C, QD);
-    matmul_forward(A.k.data(), A.xn1.data(), P + L.wk, N, C, KD);
-    matmul_forward(A.v.data(), A.xn1.data(), P + L.wv, N, C, KD);
-    rope_forward(A.q.data(), pos_rows_.data(), N, c.heads, c.head_dim);
-    rope_forward(A.k.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
-    att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
-    matmul_forward(tmp.data(), A.att.data(), P + L.wo, N, QD, C);
-    A.x2.resize(std::size_t(N * C));
-    for (i64 i = 0; i < N * C; ++i) A.x2[std::size_t(i)] = x[std::size_t(i)] + tmp[std::size_t(i)];
-    rmsnorm_forward(A.xn2.data(), A.rstd2.data(), A.x2.data(), P + L.rms2, N, C);
-    matmul_forward(A.a.data(), A.xn2.data(), P + L.w1, N, C, F);
-    matmul_forward(A.g.data(), A.xn2.data(), P + L.w3, N, C, F);
-    swiglu_forward(A.h.data(), A.a.data(), A.g.data(), N * F);
-    matmul_forward(tmp.data(), A.h.data(), P + L.w2, N, F, C);
-    for (i64 i = 0; i < N * C; ++i) x[std::size_t(i)] = A.x2[std::size_t(i)] + tmp[std::size_t(i)];
+    LayerActs& kept = acts_[std::size_t(l)];
+    kept.x = x;
+    layer_forward(att, l, kept.x.data(), memory.checkpoint_activations ? work_ : kept, x.data());
+    if (memory.checkpoint_activations) att.release(int(l));
   }
-  x_final_ = x;
+  x_final_ = std::move(x);
   xf_.resize(std::size_t(N * C));
   rstdf_.resize(std::size_t(N));
-  rmsnorm_forward(xf_.data(), rstdf_.data(), x.data(), P + layout.rmsf, N, C);
-  std::vector<T> logits(std::size_t(N * c.vocab));
-  matmul_forward(logits.data(), xf_.data(), P + layout.lm_head, N, C, c.vocab);
-  dlogits_.resize(logits.size());
-  return crossentropy_forward_backward(dlogits_.data(), logits.data(), labels, N, c.vocab, grad_scale, argmax);
+  rmsnorm_forward(xf_.data(), rstdf_.data(), x_final_.data(), params.data() + layout.rmsf, N, C);
+  return loss_forward(labels, grad_scale, argmax);
+}
+
+// x_out = the layer of x; A gets what its backward reads. x_out may not alias x.
+template <class T>
+void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A, T* x_out) {
+  const GptConfig& c = config;
+  const i64 N = N_, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim;
+  const auto& L = layout.layer[std::size_t(l)];
+  const T* P = params.data();
+  for (auto [v, cols] : {std::pair{&A.xn1, C}, {&A.rstd1, 1}, {&A.q, QD}, {&A.k, KD}, {&A.v, KD}, {&A.att, QD},
+                         {&A.x2, C}, {&A.xn2, C}, {&A.rstd2, 1}})
+    v->resize(std::size_t(N * cols));
+  rmsnorm_forward(A.xn1.data(), A.rstd1.data(), x, P + L.rms1, N, C);
+  matmul_forward(A.q.data(), A.xn1.data(), P + L.wq, N, C, QD);
+  matmul_forward(A.k.data(), A.xn1.data(), P + L.wk, N, C, KD);
+  matmul_forward(A.v.data(), A.xn1.data(), P + L.wv, N, C, KD);
+  rope_forward(A.q.data(), pos_rows_.data(), N, c.heads, c.head_dim);
+  rope_forward(A.k.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
+  att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
+  matmul_forward(x_out, A.att.data(), P + L.wo, N, QD, C);
+  for (i64 i = 0; i < N * C; ++i) A.x2[std::size_t(i)] = x[i] + x_out[i];
+  rmsnorm_forward(A.xn2.data(), A.rstd2.data(), A.x2.data(), P + L.rms2, N, C);
+  mlp_forward(A, L, x_out);
+  for (i64 i = 0; i < N * C; ++i) x_out[i] += A.x2[std::size_t(i)];
+}
+
+// out = w2 · swiglu(w1 · xn2, w3 · xn2), whole or a tile of rows at a time (nothing kept).
+template <class T>
+void Gpt<T>::mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out) {
+  const i64 N = N_, C = config.width, F = config.hidden;
+  const T* P = params.data();
+  auto rows = [&](i64 r0, i64 n, T* a, T* g, T* h) {
+    matmul_forward(a, A.xn2.data() + r0 * C, P + L.w1, n, C, F);
+    matmul_forward(g, A.xn2.data() + r0 * C, P + L.w3, n, C, F);
+    swiglu_forward(h, a, g, n * F);
+    matmul_forward(out + r0 * C, h, P + L.w2, n, F, C);
+  };
+  if (!memory.tiled_mlp) {
+    for (auto* v : {&A.a, &A.g, &A.h}) v->resize(std::size_t(N * F));
+    rows(0, N, A.a.data(), A.g.data(), A.h.data());
+    return;
+  }
+  const i64 tile = std::min(memory.tile_rows, N);
+  std::vector<T> a(std::size_t(tile * F)), g(a.size());
+  for_tiles(N, tile, [&](i64 r0, i64 n) { rows(r0, n, a.data(), g.data(), a.data()); });
+}
+
+// The summed loss of the rows (and dlogits_ for the backward unless tiled).
+template <class T>
+T Gpt<T>::loss_forward(const int* labels, T grad_scale, int* argmax) {
+  const i64 N = N_, C = config.width, V = config.vocab;
+  const T* head = params.data() + layout.lm_head;
+  if (!memory.tiled_loss) {
+    std::vector<T> logits(std::size_t(N * V));
+    matmul_forward(logits.data(), xf_.data(), head, N, C, V);
+    dlogits_.resize(logits.size());
+    return crossentropy_forward_backward(dlogits_.data(), logits.data(), labels, N, V, grad_scale, argmax);
+  }
+  const i64 tile = std::min(memory.tile_rows, N);
+  std::vector<T> logits(std::size_t(tile * V));
+  T total = 0;
+  for_tiles(N, tile, [&](i64 r0, i64 n) {
+    matmul_forward(logits.data(), xf_.data() + r0 * C, head, n, C, V);
+    total += crossentropy_forward_backward<T>(nullptr, logits.data(), labels + r0, n, V, grad_scale,
+                                              argmax ? argmax + r0 : nullptr);
+  });
+  return total;
+}
+
+// dxf += d(loss)/d(xf), and the LM head's gradient; the logits recomputed per tile if tiled.
+template <class T>
+void Gpt<T>::loss_backward(T* dxf) {
+  const i64 N = N_, C = config.width, V = config.vocab;
+  const T* head = params.data() + layout.lm_head;
+  T* dhead = grads.data() + layout.lm_head;
+  if (!memory.tiled_loss) {
+    matmul_backward(dxf, dhead, dlogits_.data(), xf_.data(), head, N, C, V);
+    std::vector<T>().swap(dlogits_);  // not needed any more: below the layers' backward peak
+    return;
+  }
+  const i64 tile = std::min(memory.tile_rows, N);
+  std::vector<T> logits(std::size_t(tile * V)), dlogits(logits.size());
+  for_tiles(N, tile, [&](i64 r0, i64 n) {
+    matmul_forward(logits.data(), xf_.data() + r0 * C, head, n, C, V);
+    crossentropy_forward_backward(dlogits.data(), logits.data(), labels_.data() + r0, n, V, grad_scale_);
+    matmul_backward(dxf + r0 * C, dhead, dlogits.data(), xf_.data() + r0 * C, head, n, C, V);
+  });
 }
 
 template <class T>
 void Gpt<T>::backward(AttentionOp<T>& att) {
   const GptConfig& c = config;
-  const i64 N = N_, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim, F = c.hidden;
-  const T* P = params.data();
-  T* G = grads.data();
-  auto zeros = [](i64 n) { return std::vector<T>(std::size_t(n), T(0)); };
-  std::vector<T> dxf = zeros(N * C), dx = zeros(N * C);
-  matmul_backward(dxf.data(), G + layout.lm_head, dlogits_.data(), xf_.data(), P + layout.lm_head, N, C, c.vocab);
-  rmsnorm_backward(dx.data(), G + layout.rmsf, dxf.data(), x_final_.data(), P + layout.rmsf, rstdf_.data(), N, C);
-  for (i64 l = c.layers - 1; l >= 0; --l) {
-    LayerActs& A = acts_[std::size_t(l)];
-    const auto& L = layout.layer[std::size_t(l)];
-    // MLP branch: x3 = x2 + w2·swiglu(w1·xn2, w3·xn2); the residual passes dx through.
-    std::vector<T> dx2 = dx, dh = zeros(N * F), da = zeros(N * F), dg = zeros(N * F), dxn2 = zeros(N * C);
-    matmul_backward(dh.data(), G + L.w2, dx.data(), A.h.data(), P + L.w2, N, F, C);
-    swiglu_backward(da.data(), dg.data(), dh.data(), A.a.data(), A.g.data(), N * F);
-    matmul_backward(dxn2.data(), G + L.w1, da.data(), A.xn2.data(), P + L.w1, N, C, F);
-    matmul_backward(dxn2.data(), G + L.w3, dg.data(), A.xn2.data(), P + L.w3, N, C, F);
-    rmsnorm_backward(dx2.data(), G + L.rms2, dxn2.data(), A.x2.data(), P + L.rms2, A.rstd2.data(), N, C);
-    // Attention branch: x2 = x + wo·attention(rope(wq·xn1), rope(wk·xn1), wv·xn1).
-    std::vector<T> datt = zeros(N * QD), dq = zeros(N * QD), dk = zeros(N * KD), dv = zeros(N * KD);
-    std::vector<T> dxn1 = zeros(N * C);
-    matmul_backward(datt.data(), G + L.wo, dx2.data(), A.att.data(), P + L.wo, N, QD, C);
-    att.backward(int(l), dq.data(), dk.data(), dv.data(), datt.data());
-    rope_backward(dq.data(), pos_rows_.data(), N, c.heads, c.head_dim);
-    rope_backward(dk.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
-    matmul_backward(dxn1.data(), G + L.wq, dq.data(), A.xn1.data(), P + L.wq, N, C, QD);
-    matmul_backward(dxn1.data(), G + L.wk, dk.data(), A.xn1.data(), P + L.wk, N, C, KD);
-    matmul_backward(dxn1.data(), G + L.wv, dv.data(), A.xn1.data(), P + L.wv, N, C, KD);
-    dx = dx2;
-    rmsnorm_backward(dx.data(), G + L.rms1, dxn1.data(), A.x.data(), P + L.rms1, A.rstd1.data(), N, C);
+  const i64 N = N_, C = c.width;
+  std::vector<T> dx(std::size_t(N * C), T(0));
+  {
+    std::vector<T> dxf(std::size_t(N * C), T(0));
+    loss_backward(dxf.data());
+    rmsnorm_backward(dx.data(), grads.data() + layout.rmsf, dxf.data(), x_final_.data(), params.data() + layout.rmsf,
+                     rstdf_.data(), N, C);
   }
-  embedding_backward(G + layout.wte, dx.data(), tokens_.data(), N, C);
+  LayerGrads G;
+  std::vector<T> scratch(memory.checkpoint_activations ? std::size_t(N * C) : 0);  // the recompute's output
+  for (i64 l = c.layers - 1; l >= 0; --l) {
+    const LayerActs& kept = acts_[std::size_t(l)];
+    if (memory.checkpoint_activations) layer_forward(att, l, kept.x.data(), work_, scratch.data());
+    layer_backward(att, l, kept.x.data(), memory.checkpoint_activations ? work_ : kept, G, dx);
+  }
+  embedding_backward(grads.data() + layout.wte, dx.data(), tokens_.data(), N, C);
+}
+
+// dx: the gradient of the layer's output in, of its input x out.
+template <class T>
+void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G,
+                            std::vector<T>& dx) {
+  const GptConfig& c = config;
+  const i64 N = N_, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim;
+  const auto& L = layout.layer[std::size_t(l)];
+  const T* P = params.data();
+  T* W = grads.data();
+  // MLP branch: out = x2 + w2·swiglu(w1·xn2, w3·xn2); the residual passes dx through.
+  G.dx2 = dx;
+  mlp_backward(A, L, G, dx.data());
+  rmsnorm_backward(G.dx2.data(), W + L.rms2, G.dxn2.data(), A.x2.data(), P + L.rms2, A.rstd2.data(), N, C);
+  // Attention branch: x2 = x + wo·attention(rope(wq·xn1), rope(wk·xn1), wv·xn1).
+  for (auto [v, cols] : {std::pair{&G.datt, QD}, {&G.dq, QD}, {&G.dk, KD}, {&G.dv, KD}, {&G.dxn1, C}}) zeroed(*v, N * cols);
+  matmul_backward(G.datt.data(), W + L.wo, G.dx2.data(), A.att.data(), P + L.wo, N, QD, C);
+  att.backward(int(l), G.dq.data(), G.dk.data(), G.dv.data(), G.datt.data());
+  rope_backward(G.dq.data(), pos_rows_.data(), N, c.heads, c.head_dim);
+  rope_backward(G.dk.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
+  matmul_backward(G.dxn1.data(), W + L.wq, G.dq.data(), A.xn1.data(), P + L.wq, N, C, QD);
+  matmul_backward(G.dxn1.data(), W + L.wk, G.dk.data(), A.xn1.data(), P + L.wk, N, C, KD);
+  matmul_backward(G.dxn1.data(), W + L.wv, G.dv.data(), A.xn1.data(), P + L.wv, N, C, KD);
+  dx = G.dx2;
+  rmsnorm_backward(dx.data(), W + L.rms1, G.dxn1.data(), x, P + L.rms1, A.rstd1.data(), N, C);
+}
+
+// G.dxn2 = d/d(xn2) of the MLP for output gradient dout, and the MLP's weight gradients; under
+// tiled_mlp the intermediates are recomputed a tile at a time.
+template <class T>
+void Gpt<T>::mlp_backward(const LayerActs& A, const typename ParamLayout::Layer& L, LayerGrads& G, const T* dout) {
+  const i64 N = N_, C = config.width, F = config.hidden;
+  const T* P = params.data();
+  T* W = grads.data();
+  zeroed(G.dxn2, N * C);
+  const i64 tile = memory.tiled_mlp ? std::min(memory.tile_rows, N) : N;
+  for (auto* v : {&G.dh, &G.da, &G.dg}) v->resize(std::size_t(tile * F));
+  auto rows = [&](i64 r0, i64 n, const T* a, const T* g, const T* h) {
+    for (auto* v : {&G.dh, &G.da, &G.dg}) std::fill_n(v->begin(), n * F, T(0));
+    const T* xn2 = A.xn2.data() + r0 * C;
+    matmul_backward(G.dh.data(), W + L.w2, dout + r0 * C, h, P + L.w2, n, F, C);
+    swiglu_backward(G.da.data(), G.dg.data(), G.dh.data(), a, g, n * F);
+    matmul_backward(G.dxn2.data() + r0 * C, W + L.w1, G.da.data(), xn2, P + L.w1, n, C, F);
+    matmul_backward(G.dxn2.data() + r0 * C, W + L.w3, G.dg.data(), xn2, P + L.w3, n, C, F);
+  };
+  if (!memory.tiled_mlp) {
+    rows(0, N, A.a.data(), A.g.data(), A.h.data());
+    return;
+  }
+  std::vector<T> a(std::size_t(tile * F)), g(a.size()), h(a.size());
+  for_tiles(N, tile, [&](i64 r0, i64 n) {
+    matmul_forward(a.data(), A.xn2.data() + r0 * C, P + L.w1, n, C, F);
+    matmul_forward(g.data(), A.xn2.data() + r0 * C, P + L.w3, n, C, F);
+    swiglu_forward(h.data(), a.data(), g.data(), n * F);
+    rows(r0, n, a.data(), g.data(), h.data());
+  });
 }
 
 template class Gpt<float>;

@@ -23,6 +23,17 @@ struct GptConfig {
   bool operator==(const GptConfig&) const = default;
 };
 
+// How the activations are kept (issue 15); each technique gives the same loss and gradients
+// as none, to rounding (the tiles sum in another order).
+struct MemoryOptions {
+  bool checkpoint_activations = false;  // keep each layer's input only; recompute the layer (its
+                                        // attention forward included) in the backward
+  bool tiled_mlp = false;               // the [rows, hidden] SwiGLU intermediates exist one tile at a time
+  bool tiled_loss = false;              // the [rows, vocab] logits exist one tile at a time
+  i64 tile_rows = 1024;                 // rows of a tile
+  bool operator==(const MemoryOptions&) const = default;
+};
+
 // Offsets of every weight in the one parameter slab (and the same for gradients).
 struct ParamLayout {
   struct Layer { i64 rms1, wq, wk, wv, wo, rms2, w1, w3, w2; };
@@ -38,12 +49,14 @@ class AttentionOp {
   virtual ~AttentionOp() = default;
   virtual void forward(int layer, T* out, const T* q, const T* k, const T* v) = 0;
   virtual void backward(int layer, T* dq, T* dk, T* dv, const T* dout) = 0;
+  // The layer's forward state is not needed (it will be recomputed): drop it.
+  virtual void release(int /*layer*/) {}
 };
 
 template <class T>
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& c);
+  explicit Gpt(const GptConfig& c, MemoryOptions memory = {});
   void init_params(std::uint64_t seed);  // deterministic, identical on every rank
 
   // tokens, labels: [B·n] for this rank's rows; pos: [n] global positions of those rows.
@@ -55,13 +68,27 @@ class Gpt {
   void backward(AttentionOp<T>& att);
 
   GptConfig config;
+  MemoryOptions memory;
   ParamLayout layout;
   std::vector<T> params, grads;
 
  private:
+  // One layer's forward state: its input x and what its backward reads (a, g, h stay empty
+  // under tiled_mlp).
   struct LayerActs { std::vector<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h; };
-  std::vector<LayerActs> acts_;
+  // The layer's gradient temporaries, allocated once per backward.
+  struct LayerGrads { std::vector<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1; };
+  void layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A, T* x_out);
+  void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, std::vector<T>& dx);
+  void mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out);
+  void mlp_backward(const LayerActs& A, const typename ParamLayout::Layer& L, LayerGrads& G, const T* dout);
+  T loss_forward(const int* labels, T grad_scale, int* argmax);
+  void loss_backward(T* dxf);
+  std::vector<LayerActs> acts_;  // per layer (only x under checkpoint_activations)
+  LayerActs work_;               // the recomputed layer under checkpoint_activations
   std::vector<T> x_final_, xf_, rstdf_, dlogits_;
+  std::vector<int> labels_;
+  T grad_scale_ = 1;
   std::vector<int> tokens_;
   std::vector<i64> pos_rows_;
   i64 N_ = 0, B_ = 0, n_ = 0;

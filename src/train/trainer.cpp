@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "train/memory.hpp"
 #include "ulysses/atomic_file.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/documents.hpp"
@@ -32,6 +33,7 @@ std::string config_error(const TrainConfig& c, int cp) {
   std::string e = c.model.error();
   if (!e.empty()) return e;
   if (c.batch <= 0 || c.seq <= 0) return fmt::format("batch ({}) and seq ({}) must be positive", c.batch, c.seq);
+  if (c.memory.tile_rows <= 0) return fmt::format("tile rows must be positive, got {}", c.memory.tile_rows);
   if (c.steps < 0) return fmt::format("steps must not be negative, got {}", c.steps);
   if (!(c.lr > 0) || !(c.clip > 0) || !std::isfinite(c.lr) || !std::isfinite(c.clip))
     return fmt::format("lr ({}) and clip ({}) must be positive and finite", c.lr, c.clip);
@@ -40,13 +42,19 @@ std::string config_error(const TrainConfig& c, int cp) {
   } catch (const Error& err) {
     return err.what();
   }
+  const MemoryEstimate need = predict_memory(c, cp);
+  if (c.max_memory > 0 && need.total() > c.max_memory)
+    return fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: turn on "
+                       "--checkpoint-activations --tiled-mlp --tiled-loss, use more ranks, or a shorter --seq "
+                       "(`ulysses plan --train` gives the longest that fits)",
+                       need.describe(), format_bytes(c.max_memory));
   return "";
 }
 
 }  // namespace
 
 Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
-    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model) {
+    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model, cfg_.memory) {
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.seq);
   if (err.empty() && data_.packed() && cfg_.batch != 1)
@@ -143,9 +151,10 @@ StepResult Trainer::step() {
   r.step = t;
   r.attention = attention_->stats();
   comm_.trace(fmt::format("train step {}", t), t0, comm_.now(), "phase");
-  double dt = comm_.now() - t0;
-  comm_.allreduce_max(&dt, 1);
-  r.seconds = dt;
+  double dt_rss[2] = {comm_.now() - t0, peak_rss_bytes()};
+  comm_.allreduce_max(dt_rss, 2);
+  r.seconds = dt_rss[0];
+  r.peak_rss = dt_rss[1];
   return r;
 }
 

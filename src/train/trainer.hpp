@@ -21,6 +21,8 @@ namespace ulysses::train {
 struct TrainConfig {
   GptConfig model;
   CpConfig cp;  // cp_comm_type and sizes; the mask is always causal
+  MemoryOptions memory;  // how activations are kept (no effect on the numbers, to rounding)
+  double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   std::uint64_t seed = 0;
@@ -34,6 +36,7 @@ struct StepResult {
   double accuracy = -1;           // retrieval answers right (synthetic task), else -1
   double grad_norm = 0;           // before clipping
   double seconds = 0;             // wall time of the step (slowest rank)
+  double peak_rss = 0;            // the RSS high-water mark so far, bytes (the largest over ranks)
   CpStats attention;              // this rank's attention time split, summed over layers
 };
 

@@ -1,0 +1,128 @@
+#include "train/memory.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+
+#include "ulysses/error.hpp"
+#include "ulysses/sharding.hpp"
+
+namespace ulysses::train {
+
+namespace {
+
+constexpr double kFloat = 4;
+// Measured: a rank of `ulysses train` before its model (MPI with shared-memory transport,
+// OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
+constexpr double kBaselineBytes = 20.0 * (1 << 20);
+
+// One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps.
+double context_bytes(const TrainConfig& c, int cp, double N) {
+  const GptConfig& m = c.model;
+  const double B = double(c.batch), s = double(c.seq), D = double(m.head_dim);
+  const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
+  const std::string& type = c.cp.cp_comm_type;
+  if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
+    const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
+    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
+    return kFloat * B * s * ((2 * h + 2 * kv) * D + h);
+  }
+  if (type == "all_gather" && cp > 1) return kFloat * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
+  return kFloat * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
+}
+
+}  // namespace
+
+std::string MemoryEstimate::describe() const {
+  return fmt::format("{} (weights {}, activations {}, attention {}, baseline {})", format_bytes(total()),
+                     format_bytes(weights), format_bytes(activations), format_bytes(attention), format_bytes(baseline));
+}
+
+MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
+  const GptConfig& m = c.model;
+  const MemoryOptions& o = c.memory;
+  const double n = double((c.seq + cp - 1) / cp), N = double(c.batch) * n;
+  const double C = double(m.width), F = double(m.hidden), V = double(m.vocab), L = double(m.layers);
+  const double QD = double(m.heads * m.head_dim), KD = double(m.kv_heads * m.head_dim);
+  const double tm = o.tiled_mlp ? std::min(double(o.tile_rows), N) : N, tl = std::min(double(o.tile_rows), N);
+  const bool ckpt = o.checkpoint_activations;
+  MemoryEstimate e;
+  const double P = double(m.num_params());
+  e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0);  // + the all-reduce's receive buffer
+  e.baseline = kBaselineBytes;
+  // One layer's forward state besides its input (gpt.hpp LayerActs), floats.
+  const double layer = N * (3 * C + 2 + 2 * QD + 2 * KD) + (o.tiled_mlp ? 0.0 : 3 * N * F);
+  const double kept = L * N * C + (ckpt ? 1 : L) * layer + N * (2 * C + 1);  // + x_final, xf, rstdf
+  const double data = double(c.batch * c.seq) * 9 + N * (13 + 8 + 16) + n * 8;  // bytes: batch, shard, copies
+  // Forward's end: the logits (and their gradient unless tiled) on top of what is kept.
+  const double fwd_end = kept + (o.tiled_loss ? tl * V : 2 * N * V);
+  // The top layer's backward: dx and the layer's gradient temporaries (gpt.hpp LayerGrads),
+  // the recompute's output, the MLP's recomputed tile.
+  const double bwd = kept + N * C + N * (3 * C + 2 * QD + 2 * KD) + 3 * tm * F + (ckpt ? N * C : 0.0) +
+                     (o.tiled_mlp ? 3 * tm * F : 0.0);
+  e.activations = kFloat * std::max(fwd_end, bwd) + data;
+  // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
+  // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
+  // flight), in contexts: fitted to the measured peaks, a2a on three shapes, p2p and one rank
+  // (plain flash attention, no communication buffers) on one each.
+  const double transient = cp == 1 ? 0.5 : c.cp.cp_comm_type == "a2a" ? 1.7 : 3.5;
+  e.attention = context_bytes(c, cp, N) * ((ckpt ? 1 : L) + transient);
+  return e;
+}
+
+std::int64_t longest_sequence(TrainConfig c, int cp, double cap) {
+  const std::int64_t unit = 2 * cp;
+  auto fits = [&](std::int64_t units) {
+    c.seq = units * unit;
+    return predict_memory(c, cp).total() <= cap;
+  };
+  if (!fits(1)) return 0;
+  std::int64_t lo = 1, hi = 2;
+  while (fits(hi) && hi < (std::int64_t(1) << 40)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * unit;
+}
+
+double peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      double kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) * 1024;
+}
+
+double parse_bytes(const std::string& text) {
+  const char* p = text.c_str();
+  char* end = nullptr;
+  const double x = std::strtod(p, &end);
+  std::string unit(end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},       {"B", 1},       {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},   {"kB", 1e3},    {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
+  for (const auto& [name, scale] : units)
+    if (end != p && unit == name && x > 0 && std::isfinite(x)) return x * scale;
+  throw Error(fmt::format("'{}' is not a memory size (like 2GiB, 512MiB, 1.5GB)", text));
+}
+
+std::string format_bytes(double b) {
+  if (b >= 1073741824.0) return fmt::format("{:.2f} GiB", b / 1073741824.0);
+  return fmt::format("{:.1f} MiB", b / 1048576.0);
+}
+
+}  // namespace ulysses::train
