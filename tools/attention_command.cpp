@@ -376,11 +376,11 @@ nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
   return ranks;
 }
 
-// FlashAttention's count; with documents, exactly 4·d per visible (query, key) pair.
+// FlashAttention's count; with documents or a window, exactly 4·d per visible (query, key) pair.
 double forward_flops(const Setup& s) {
   const Shape& q = s.p.q;
-  if (s.cfg.cu_seqlens.empty()) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
-  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(s.cfg.cu_seqlens, s.cfg.causal, {0, q.s}, {0, q.s}));
+  if (s.cfg.cu_seqlens.empty() && s.cfg.window_left < 0 && s.cfg.window_right < 0) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(attention_params(s.cfg), {0, q.s}, {0, q.s}));
 }
 
 // The busiest rank's attention work over the mean: what load imbalance costs in time.

@@ -22,6 +22,10 @@ struct CpConfig {
   // Packed documents (FlashAttention's varlen contract, documents.hpp): boundaries over the
   // global sequence, the same on every rank; batch 1. Empty: one document.
   std::vector<std::int64_t> cu_seqlens = {};
+  // Sliding window (FlashAttention's window_size = (left, right)) over global positions: query
+  // i sees key j only if i − window_left <= j <= i + window_right; -1: that side unbounded.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.

@@ -109,7 +109,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
         const SeqChunk &a = mine[ia], &c = theirs[ic];
         // Pairs the mask hides entirely (causal, or no document in common) are skipped.
-        const std::int64_t pairs = visible_pairs(params.cu_seqlens, params.causal, a, c);
+        const std::int64_t pairs = visible_pairs(params, a, c);
         if (pairs == 0) continue;
         AttentionParams p = params;
         p.q_offset = a.begin;
@@ -169,7 +169,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     for (std::size_t ia = 0; ia < mine.size(); ++ia)
       for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
         const SeqChunk &a = mine[ia], &c = theirs[ic];
-        const std::int64_t pairs = visible_pairs(saved.params.cu_seqlens, saved.params.causal, a, c);
+        const std::int64_t pairs = visible_pairs(saved.params, a, c);
         if (pairs == 0) continue;
         AttentionParams p = saved.params;
         p.q_offset = a.begin;

@@ -45,7 +45,7 @@ class A2aStrategy final : public Strategy {
   }
   // Every token's queries on this rank's heads.
   std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
-    return visible_pairs(config.cu_seqlens, config.causal, {0, q.s}, {0, q.s}) * q.b *
+    return visible_pairs(attention_params(config), {0, q.s}, {0, q.s}) * q.b *
            ulysses_heads(cp, rank, q.h, kv_heads).q.count;
   }
   // Balanced by heads, so never zigzag.
@@ -75,7 +75,7 @@ class A2aStrategy final : public Strategy {
     stats.compute_s += t2 - t1;
     comm.trace("flash forward", t1, t2);
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
-    stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) * hq.shape.b * hq.shape.h;
+    stats.score_pairs += visible_pairs(ctx->params, {0, hq.shape.s}, {0, hq.shape.s}) * hq.shape.b * hq.shape.h;
     return ctx;
   }
 
@@ -99,7 +99,7 @@ class A2aStrategy final : public Strategy {
     comm.trace("flash backward", t1, t2);
     stats.comm_exposed_s += (t1 - t0) + (comm.now() - t2);
     const std::int64_t s = qkv.seq();
-    stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() * qkv.local_heads(0);
+    stats.score_pairs += visible_pairs(ctx.params, {0, s}, {0, s}) * qkv.batch() * qkv.local_heads(0);
   }
 
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,

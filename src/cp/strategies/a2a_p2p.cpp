@@ -123,7 +123,7 @@ class A2aP2pStrategy final : public Strategy {
     std::int64_t pairs = 0;
     for (int r = first; r < first + I; ++r)
       for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
-        pairs += visible_pairs(config.cu_seqlens, config.causal, c, {0, q.s});
+        pairs += visible_pairs(attention_params(config), c, {0, q.s});
     return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
   }
 
