@@ -93,6 +93,8 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
   rank_chunks(config, cp, 0, q.s);
   check_window(attention_params(config));
+  if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
+    throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (config.cu_seqlens.empty()) return;
   if (!find_strategy(config.cp_comm_type).supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));

@@ -33,6 +33,7 @@ class A2aStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
     return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
   }

@@ -50,6 +50,7 @@ class A2aP2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a+p2p"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
     return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
   }
@@ -140,6 +141,10 @@ class A2aP2pStrategy final : public Strategy {
                        tokens_held(config, cp, group * I, I, q.s), mine, q.h, ulysses_kv_heads_held(I, kv_heads),
                        q.b * q.d * es);
     const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
+    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
+      add_halo_volume(v, "outer.", outer_chunks(all_rank_chunks(config, cp, q.s), I), group, p, per_token, es);
+      return v;
+    }
     add_ring_volume(v, "outer.", O, per_token * q.s, per_token * tokens_held(config, cp, (group + 1) % O * I, I, q.s),
                     es);
     return v;

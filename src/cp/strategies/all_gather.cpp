@@ -74,6 +74,7 @@ class AllGatherStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "all_gather"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
     return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
   }

@@ -19,8 +19,10 @@ class P2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "p2p"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
-    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
+    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
+           "(with a sliding window: only the halo the band reaches)";
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
@@ -47,6 +49,10 @@ class P2pStrategy final : public Strategy {
                      DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
+    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
+      add_halo_volume(v, "", all_rank_chunks(config, cp, q.s), rank, p, per_token, std::int64_t(dtype_size(dtype)));
+      return v;
+    }
     add_ring_volume(v, "", cp, per_token * q.s, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, q.s),
                     std::int64_t(dtype_size(dtype)));
     return v;
