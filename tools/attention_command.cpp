@@ -12,6 +12,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,9 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--cu-seqlens", o.cu_seqlens,
                 "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
                 "or a file of them (.npy or text); no token attends across a document boundary; batch 1");
+  c->add_option("--window", o.window,
+                "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): query i sees "
+                "keys i-L..i+R; p2p and a2a+p2p then send only the halo the band reaches");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
   c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
   c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(positive_number());
@@ -206,10 +210,9 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     s.p = load_problem(o);
-    if (!o.cu_seqlens.empty()) {
-      s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
-      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
-    }
+    if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
+    if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
+    if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
     const auto [per_rank, root] = memory_need(s, o);
     check_memory("ulysses attention", per_rank, root, node_ranks);
@@ -244,6 +247,10 @@ void print_header(const Setup& s) {
   std::printf("  tokens per rank: %s; rank 0 holds tokens%s%s\n", fmt::format("{}", fmt::join(tokens, ", ")).c_str(),
               where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
   std::printf("  query/KV heads per rank: %s\n", fmt::format("{}", fmt::join(heads, ", ")).c_str());
+  if (cfg.window_left >= 0 || cfg.window_right >= 0)
+    std::printf("  sliding window (%lld, %lld): query i sees keys i-%lld..i+%lld%s\n", (long long)cfg.window_left,
+                (long long)cfg.window_right, (long long)cfg.window_left, (long long)cfg.window_right,
+                cfg.window_left < 0 || cfg.window_right < 0 ? " (-1: unbounded)" : "");
   if (const auto& cu = cfg.cu_seqlens; !cu.empty()) {
     std::vector<std::int64_t> len;
     for (std::size_t i = 1; i < cu.size(); ++i) len.push_back(cu[i] - cu[i - 1]);
@@ -435,7 +442,7 @@ nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timi
                         {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
                         {"expected_bytes_sent", expected}, {"ranks", ranks},
                         {"work_pairs_per_rank", t.work}, {"work_imbalance", work_imbalance(t.work)},
-                        {"cu_seqlens", cfg.cu_seqlens}};
+                        {"cu_seqlens", cfg.cu_seqlens}, {"window", {cfg.window_left, cfg.window_right}}};
   if (p.backward) {
     report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
     report["backward_compute_s"] = t.backward_compute_s;

@@ -16,6 +16,7 @@ struct PlanOptions {
   bool calibrate = false, scaling = false, no_causal = false;
   std::string json, svg;
   std::string docs;  // packed documents: lengths, "1000,5000" or "16x1024"
+  std::string window;  // sliding window "L" or "L,R"
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "ring_attention.hpp"
 #include "tensor_ops.hpp"
@@ -67,6 +68,17 @@ void add_halo_volume(CommVolume& v, const std::string& prefix, const std::vector
   v.backward_bytes[prefix + "p2p_dkv"] = held * per_token * 4;
   v.forward_messages[prefix + "p2p_kv"] = to;
   v.backward_messages[prefix + "p2p_dkv"] = back;
+}
+
+RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s) {
+  auto seconds = [&](const std::map<std::string, std::int64_t>& bytes, const std::map<std::string, std::int64_t>& msgs,
+                     const std::string& op) {
+    const auto b = bytes.find(prefix + op), m = msgs.find(prefix + op);
+    return (b == bytes.end() ? 0.0 : double(b->second) / link.bandwidth) +
+           (m == msgs.end() ? 0.0 : double(m->second) * link.latency);
+  };
+  const double fwd = seconds(v.forward_bytes, v.forward_messages, "p2p_kv");
+  return {fwd + seconds(v.backward_bytes, v.backward_messages, "p2p_dkv"), std::min(fwd, fwd_s)};
 }
 
 void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, CpStats& stats) {

@@ -33,6 +33,7 @@
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
+#include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -72,6 +73,10 @@ std::vector<SeqChunk> halo_rows(const std::vector<std::vector<SeqChunk>>& chunks
 // "<prefix>p2p_dkv" backward (the dK/dV of the halos it holds, a message to each owner).
 void add_halo_volume(CommVolume& v, const std::string& prefix, const std::vector<std::vector<SeqChunk>>& chunks,
                      int me, const AttentionParams& params, std::int64_t per_token, std::int64_t es);
+
+// The planner's seconds of the halo exchange's "<prefix>" counters in `v` over `link`: every
+// message's latency and bytes, the forward's hidden behind the own chunks' compute.
+RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s);
 
 // Shared by the ring and the halo exchange: every (own query chunk, key chunk) pair the mask
 // does not hide entirely, against float32 K|V rows `kv` [2b, rows, h_kv, d] holding `keys`

@@ -173,7 +173,9 @@ class A2aP2pStrategy final : public Strategy {
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local * es;
-    const RingSeconds t = ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
+    const RingSeconds t = uses_halo(attention_params(config))
+                              ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
+                              : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
     r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);

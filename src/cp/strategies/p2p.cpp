@@ -58,11 +58,15 @@ class P2pStrategy final : public Strategy {
     return v;
   }
 
-  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double fwd_s,
+  StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                     double bwd_s) const override {
     const double es = double(dtype_size(in.dtype));
     const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    if (uses_halo(attention_params(config))) {  // + the halos received (the busiest rank's)
+      const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
+      return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
+    }
     const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * double(in.kv_heads) * local * 4,
                                        fwd_s, bwd_s);
     return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
