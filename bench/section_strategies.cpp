@@ -48,7 +48,11 @@ double replay(Communicator& comm, Communicator* inner, Communicator* outer, cons
         buffers(block * std::size_t(R));
         c.alltoall(a.data(), b.data(), block, "replay");
       } else if (op.ends_with("p2p_kv") || op.ends_with("p2p_dkv")) {
-        const int steps = op.ends_with("p2p_kv") ? R - 1 : R;
+        // The busiest rank's messages (ring: R − 1 K/V steps, R dK/dV steps; a window's halo
+        // exchange: one per neighbour), each rank to the next: the same count on every rank.
+        const auto& messages = bytes == &v.forward_bytes ? v.forward_messages : v.backward_messages;
+        const int steps = int(messages.at(op));
+        if (steps == 0) continue;
         const std::size_t block = std::size_t(n / steps);
         buffers(block);
         for (int s = 0; s < steps; ++s) {
@@ -153,6 +157,11 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   std::vector<std::pair<std::string, CpConfig>> configs;
   for (const Strategy* strategy : strategies())
     for (const CpConfig& cfg : strategy->plan_configs(cp, true)) configs.emplace_back(strategy->config_name(cfg), cfg);
+  // Issue 14: the ring under a causal sliding window of s/16 (its halo exchange), zigzag and
+  // contiguous ("c"), beside the plain ring above.
+  for (bool zigzag : {true, false})
+    configs.emplace_back(fmt::format("p2p W={}{}", o.seq / 16, zigzag ? "" : " c"),
+                         CpConfig{"p2p", {}, true, 0.0f, zigzag, {}, o.seq / 16, -1});
   for (const auto& [name, cfg] : configs) {
     try {
       results.push_back(run(world, cfg, o, name, o.threads_per_rank));

@@ -123,6 +123,31 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
   EXPECT_THROW(make_plan(in), Error);  // documents need batch 1
 }
 
+TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
+  // The example: ring with W = 4k at s = 128k, cp = 16 (bf16, 8 KV heads, d = 128).
+  // Zigzag chunks of s/32 = 4k tokens each need the last W rows of one neighbour chunk: two
+  // halos of W rows forward, their float32 dK/dV back; doubling s changes nothing.
+  PlanInput in = gpt(131072, 32, 8, 16);
+  in.window_left = 4096;
+  const std::int64_t halo = 2 * 4096 * 2 * 8 * 128;  // two halos of K and V, elements
+  for (std::int64_t s : {131072, 262144}) {
+    in.seq = s;
+    const Plan p = make_plan(in);
+    const PlanRow& r = row(p, "p2p");
+    EXPECT_EQ(r.forward_bytes_per_rank, halo * 2) << s;
+    EXPECT_EQ(r.backward_bytes_per_rank, halo * 4) << s;
+    EXPECT_EQ(r.forward_messages + r.backward_messages, 4) << s;
+  }
+  in.seq = 131072;
+  const Plan full = make_plan(gpt(131072, 32, 8, 16)), band = make_plan(in);
+  const PlanRow &plain = row(full, "p2p"), &windowed = row(band, "p2p");
+  EXPECT_EQ(plain.forward_bytes_per_rank, std::int64_t(15) * 8192 * (2 * 8 * 128) * 2);  // 15 shards of 8k tokens
+
+  EXPECT_LT(windowed.compute_s * 10, plain.compute_s);  // the band's work, not the triangle's
+  in.window_left = -2;
+  EXPECT_THROW(make_plan(in), Error);
+}
+
 TEST(Planner, UlyssesPerGpuVolumeIsConstantWhenSequenceAndGpusGrowTogether) {
   // The paper's claim: N and P grow together, Ulysses' bytes per GPU stay (nearly) constant.
   double first = 0;
