@@ -127,8 +127,12 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
   r.bwd = median(b);
   r.compute = median(comp);
   r.exposed = median(exp);
+  // The busiest rank's formula total (the busiest of each counter may be different ranks: a
+  // window's halo goes forward from one end of the ring, its dK/dV back from the other).
+  const CommVolume mine = predicted_comm_volume(cfg, cp, comm.rank(), {1, s, kHeads, kHeadDim}, kvh, DType::f32);
+  r.expected = mine.total_forward_bytes() + mine.total_backward_bytes();
+  comm.allreduce_max(&r.expected, 1);
   const CommVolume vol = predicted_comm_volume(cfg, cp, {1, s, kHeads, kHeadDim}, kvh, DType::f32);
-  r.expected = vol.total_forward_bytes() + vol.total_backward_bytes();
   std::unique_ptr<Communicator> inner, outer;
   if (find_strategy(cfg.cp_comm_type).hierarchical()) {
     const int I = cfg.hierarchical_context_parallel_sizes[0];

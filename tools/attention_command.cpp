@@ -329,8 +329,9 @@ Timing run_timed(Communicator& comm, ContextParallelAttention& attn, const Shard
           max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
 }
 
-// Collective: the counter names of rank 0 (every rank runs the same operations).
-std::vector<std::string> counter_names(Communicator& comm) {
+// Collective: the counter names of rank 0 and those of the formula (a window's halo exchange
+// has ranks that never use some operation: rank 0 of a contiguous ring gets no halo).
+std::vector<std::string> counter_names(Communicator& comm, const Setup& s) {
   std::string joined;
   for (const auto& [op, c] : comm.counters())
     if (!op.ends_with("validate")) joined += op + "\n";
@@ -344,6 +345,11 @@ std::vector<std::string> counter_names(Communicator& comm) {
     names.push_back(joined.substr(pos, end - pos));
     pos = end + 1;
   }
+  const CommVolume v = predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype);
+  for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
+    for (const auto& [op, n] : *bytes)
+      if (std::find(names.begin(), names.end(), op) == names.end()) names.push_back(op);
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -552,7 +558,7 @@ int run_attention(const AttentionOptions& o) {
   Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
-  const std::vector<std::string> ops = counter_names(comm);
+  const std::vector<std::string> ops = counter_names(comm, s);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
   timing.work = comm.allgather_value(timing.work[0], "report");  // after the counters were read
   const Results g = gather_results(comm, s, t, o);
