@@ -2,9 +2,11 @@
 // paper's scaling claim; its byte counts against real runs are in test_context_parallel.
 #include <gtest/gtest.h>
 
+#include "cp/ring_attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/strategy.hpp"
 
 using namespace ulysses;
 
@@ -146,6 +148,31 @@ TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
   EXPECT_LT(windowed.compute_s * 10, plain.compute_s);  // the band's work, not the triangle's
   in.window_left = -2;
   EXPECT_THROW(make_plan(in), Error);
+}
+
+// traffic() asks only the members near a rank; against asking all of them, at cp the MPI tests
+// do not reach: zigzag and contiguous, uneven chunks, windows within a chunk and across many.
+TEST(Planner, HaloVolumeEqualsAskingEveryMember) {
+  for (int cp : {16, 37})
+    for (bool zigzag : {true, false})
+      for (auto [left, right, causal] : {std::tuple{0, -1, true}, {3, -1, true}, {40, -1, true}, {300, -1, true},
+                                         {5, 9, false}, {0, 0, false}, {70, 2, false}}) {
+        const std::int64_t s = 20 * cp + 7, per_token = 2 * 8;
+        const CpConfig cfg{"p2p", {}, causal, 0.0f, zigzag, {}, left, right};
+        SCOPED_TRACE(::testing::Message() << "cp " << cp << " zigzag " << zigzag << " window " << left << "," << right);
+        const auto chunks = all_rank_chunks(cfg, cp, s);
+        for (int me = 0; me < cp; ++me) {
+          std::int64_t given = 0, held = 0;
+          for (int r = 0; r < cp; ++r)
+            if (r != me) {
+              given += total_tokens(halo_rows(chunks[std::size_t(r)], chunks[std::size_t(me)], attention_params(cfg)));
+              held += total_tokens(halo_rows(chunks[std::size_t(me)], chunks[std::size_t(r)], attention_params(cfg)));
+            }
+          const CommVolume v = predicted_comm_volume(cfg, cp, me, {1, s, 8, 1}, 8, DType::f32);
+          ASSERT_EQ(v.forward_bytes.at("p2p_kv"), given * per_token * 4) << "rank " << me;
+          ASSERT_EQ(v.backward_bytes.at("p2p_dkv"), held * per_token * 4) << "rank " << me;
+        }
+      }
 }
 
 TEST(Planner, UlyssesPerGpuVolumeIsConstantWhenSequenceAndGpusGrowTogether) {

@@ -38,32 +38,46 @@ void for_each_piece(const std::vector<SeqChunk>& mine, const std::vector<SeqChun
 
 bool uses_halo(const AttentionParams& p) { return p.window_left >= 0 && (p.causal || p.window_right >= 0); }
 
-std::vector<SeqChunk> halo_rows(const std::vector<std::vector<SeqChunk>>& chunks, int dst, int src,
+std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std::vector<SeqChunk>& keys,
                                 const AttentionParams& p) {
   const std::int64_t left = p.window_left, right = p.causal ? 0 : p.window_right;
+  // Query chunk a sees keys [a.begin − left, a.end + right). The chunks are disjoint, so in
+  // position order those reaching a key chunk are one run: its first has the lowest band start,
+  // its last the highest band end (O((n + m) log n) for the planner's thousands of chunks).
+  std::vector<SeqChunk> q = queries;
+  std::sort(q.begin(), q.end(), [](const SeqChunk& x, const SeqChunk& y) { return x.begin < y.begin; });
   std::vector<SeqChunk> out;
-  for (const SeqChunk& c : chunks[std::size_t(src)]) {
-    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
-    for (const SeqChunk& a : chunks[std::size_t(dst)]) {  // a's queries see keys [a.begin − left, a.end + right)
-      const std::int64_t b0 = std::max(c.begin, a.begin - left), b1 = std::min(c.begin + c.length, a.begin + a.length + right);
-      if (b0 < b1) lo = std::min(lo, b0), hi = std::max(hi, b1);
-    }
+  for (const SeqChunk& c : keys) {
+    const std::int64_t c_end = c.begin + c.length;
+    const auto first = std::partition_point(q.begin(), q.end(),
+                                            [&](const SeqChunk& a) { return a.begin + a.length + right <= c.begin; });
+    const auto last = std::partition_point(first, q.end(), [&](const SeqChunk& a) { return a.begin - left < c_end; });
+    if (first == last) continue;
+    const std::int64_t lo = std::max(c.begin, first->begin - left);
+    const std::int64_t hi = std::min(c_end, (last - 1)->begin + (last - 1)->length + right);
     if (lo < hi) out.push_back({lo, hi - lo});
   }
   return out;
 }
 
-void add_halo_volume(CommVolume& v, const std::string& prefix, const std::vector<std::vector<SeqChunk>>& chunks,
-                     int me, const AttentionParams& params, std::int64_t per_token, std::int64_t es) {
+void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int me,
+                     const std::function<std::vector<SeqChunk>(int)>& chunks_of, const AttentionParams& params,
+                     std::int64_t per_token, std::int64_t es) {
+  // Neighbouring chunks belong to neighbouring members (contiguous and zigzag alike; a zigzag
+  // member's mirror chunk is further away than its first one), so the gap to a member's chunks
+  // grows with the distance to it: walk outwards on each side until a member exchanges nothing.
+  const std::vector<SeqChunk> mine = chunks_of(me);
   std::int64_t given = 0, held = 0, to = 0, back = 0;  // rows sent forward; halo rows whose dK/dV go home
-  for (int r = 0; r < int(chunks.size()); ++r) {
-    if (r == me) continue;
-    const std::int64_t out = total_tokens(halo_rows(chunks, r, me, params)), in = total_tokens(halo_rows(chunks, me, r, params));
-    given += out;
-    held += in;
-    to += out > 0;
-    back += in > 0;
-  }
+  for (int step : {-1, 1})
+    for (int r = me + step; r >= 0 && r < members; r += step) {
+      const std::vector<SeqChunk> theirs = chunks_of(r);
+      const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)), in = total_tokens(halo_rows(mine, theirs, params));
+      if (out == 0 && in == 0) break;
+      given += out;
+      held += in;
+      to += out > 0;
+      back += in > 0;
+    }
   v.forward_bytes[prefix + "p2p_kv"] = given * per_token * es;
   v.backward_bytes[prefix + "p2p_dkv"] = held * per_token * 4;
   v.forward_messages[prefix + "p2p_kv"] = to;
@@ -94,12 +108,12 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   std::vector<Request> recvs(static_cast<std::size_t>(R)), sends(static_cast<std::size_t>(R));
   for (int r = 0; r < R; ++r) {
     if (r == me) continue;
-    saved.halo_rows[std::size_t(r)] = halo_rows(saved.chunks, me, r, saved.params);
+    saved.halo_rows[std::size_t(r)] = halo_rows(mine, saved.chunks[std::size_t(r)], saved.params);
     if (const std::int64_t n = total_tokens(saved.halo_rows[std::size_t(r)]); n > 0) {
       in[std::size_t(r)] = Tensor::uninitialized({ks.b, n, ks.h, ks.d}, saved.wire);
       recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHalo);
     }
-    const std::vector<SeqChunk> theirs = halo_rows(saved.chunks, r, me, saved.params);
+    const std::vector<SeqChunk> theirs = halo_rows(saved.chunks[std::size_t(r)], mine, saved.params);
     if (theirs.empty()) continue;
     Tensor& t = give[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs), ks.h, ks.d}, saved.wire);
     for_each_piece(mine, theirs, [&](std::int64_t own, std::int64_t at, std::int64_t n) {
@@ -107,7 +121,7 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     });
     sends[std::size_t(r)] = ring.isend(t.data(), bytes_of(t), r, kTagHalo, "p2p_kv");
   }
-  PairScratch pair(saved);
+  PairScratch pair(saved, false);
   auto progress = [&] {
     for (Request& x : recvs) x.test();
     for (Request& x : sends) x.test();
@@ -144,13 +158,13 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   std::vector<Request> recvs(static_cast<std::size_t>(R)), sends(static_cast<std::size_t>(R));
   for (int r = 0; r < R; ++r) {  // the dK/dV of what we gave each member comes back
     if (r == me) continue;
-    theirs[std::size_t(r)] = halo_rows(saved.chunks, r, me, saved.params);
+    theirs[std::size_t(r)] = halo_rows(saved.chunks[std::size_t(r)], mine, saved.params);
     if (theirs[std::size_t(r)].empty()) continue;
     const Shape ks = saved.kv.shape();
     in[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs[std::size_t(r)]), ks.h, ks.d});
     recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHaloGrad);
   }
-  PairScratch pair(saved);
+  PairScratch pair(saved, true);
   auto progress = [&] {
     for (Request& x : recvs) x.test();
     for (Request& x : sends) x.test();

@@ -71,12 +71,15 @@ std::int64_t member_rows(const RingSaved& saved, int r) {
 
 }  // namespace
 
-PairScratch::PairScratch(const RingSaved& saved) {
+PairScratch::PairScratch(const RingSaved& saved, bool backward) {
   const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h, n = max_length(saved.chunks);
   const Shape kvs = saved.kv.shape();
-  o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
-  lse = lse_tensor({B, n, H, 1});
-  dq = Tensor::uninitialized(o.shape());
+  if (!backward) {
+    o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
+    lse = lse_tensor({B, n, H, 1});
+    return;
+  }
+  dq = Tensor::uninitialized({B, n, H, saved.q.shape.d});
   dk = Tensor::uninitialized({kvs.b / 2, n, kvs.h, kvs.d});
   dv = Tensor::uninitialized(dk.shape());
 }
@@ -159,7 +162,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   Tensor buf[2] = {Tensor::uninitialized(cap, wire), Tensor::uninitialized(cap, wire)};
   Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
   copy(saved.kv.view(), member_kv(buf[0], ks.s));
-  PairScratch pair(saved);
+  PairScratch pair(saved, false);
   for (int step = 0; step < R; ++step) {
     const WatchdogStep named(ring, ring_step_name("forward", step, R));
     const int src = (me - step + R) % R, cur = step % 2;
@@ -191,7 +194,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
   copy(saved.kv.view(), member_kv(buf[0], kvs.s));
   Tensor dkv[2] = {Tensor(cap), Tensor(cap)}, dkv_in(cap);
-  PairScratch pair(saved);
+  PairScratch pair(saved, true);
   zero(dq);
   Request dkv_send[2];
 

@@ -63,16 +63,18 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
 // True when `params`' window bounds the keys on both sides: the halo exchange replaces the ring.
 bool uses_halo(const AttentionParams& params);
 
-// The rows of member `src` that member `dst`'s queries can see under a bounded window (per
-// chunk of src, the hull of the bands of dst's chunks inside it), in src's chunk order.
-std::vector<SeqChunk> halo_rows(const std::vector<std::vector<SeqChunk>>& chunks, int dst, int src,
+// The rows of `keys` (a member's chunks) that the chunks `queries` can see under a bounded
+// window: per key chunk, the hull of the queries' bands inside it, in the keys' order.
+std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std::vector<SeqChunk>& keys,
                                 const AttentionParams& params);
 
-// The halo exchange's volume for member `me` (per_token elements a row): "<prefix>p2p_kv"
-// forward (its rows the others need, `es` bytes per element, a message to each), float32
-// "<prefix>p2p_dkv" backward (the dK/dV of the halos it holds, a message to each owner).
-void add_halo_volume(CommVolume& v, const std::string& prefix, const std::vector<std::vector<SeqChunk>>& chunks,
-                     int me, const AttentionParams& params, std::int64_t per_token, std::int64_t es);
+// The halo exchange's volume for member `me` of `members` (chunks_of(r): member r's chunks;
+// per_token elements a row): "<prefix>p2p_kv" forward (its rows the others need, `es` bytes per
+// element, a message to each), float32 "<prefix>p2p_dkv" backward (the dK/dV of the halos it
+// holds, a message to each owner). Asks only the members the band reaches, and one more per side.
+void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int me,
+                     const std::function<std::vector<SeqChunk>(int)>& chunks_of, const AttentionParams& params,
+                     std::int64_t per_token, std::int64_t es);
 
 // The planner's seconds of the halo exchange's "<prefix>" counters in `v` over `link`: every
 // message's latency and bytes, the forward's hidden behind the own chunks' compute.
@@ -82,8 +84,9 @@ RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::strin
 // does not hide entirely, against float32 K|V rows `kv` [2b, rows, h_kv, d] holding `keys`
 // (global positions) one after another; `progress` runs between pairs.
 struct PairScratch {
-  Tensor o, lse, dq, dk, dv;
-  explicit PairScratch(const RingSaved& saved);
+  Tensor o, lse;      // forward
+  Tensor dq, dk, dv;  // backward
+  PairScratch(const RingSaved& saved, bool backward);
 };
 // Partial results merged into out (and saved.lse) by their LSE.
 void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,

@@ -142,7 +142,13 @@ class A2aP2pStrategy final : public Strategy {
                        q.b * q.d * es);
     const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
-      add_halo_volume(v, "outer.", outer_chunks(all_rank_chunks(config, cp, q.s), I), group, p, per_token, es);
+      auto group_chunks = [&](int g) {  // outer member g: the chunks of its inner group's ranks
+        std::vector<SeqChunk> c;
+        for (int r = g * I; r < g * I + I; ++r)
+          for (const SeqChunk& x : rank_chunks(config, cp, r, q.s)) c.push_back(x);
+        return c;
+      };
+      add_halo_volume(v, "outer.", O, group, group_chunks, p, per_token, es);
       return v;
     }
     add_ring_volume(v, "outer.", O, per_token * q.s, per_token * tokens_held(config, cp, (group + 1) % O * I, I, q.s),

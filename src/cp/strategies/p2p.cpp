@@ -50,7 +50,8 @@ class P2pStrategy final : public Strategy {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
-      add_halo_volume(v, "", all_rank_chunks(config, cp, q.s), rank, p, per_token, std::int64_t(dtype_size(dtype)));
+      add_halo_volume(v, "", cp, rank, [&](int r) { return rank_chunks(config, cp, r, q.s); }, p, per_token,
+                      std::int64_t(dtype_size(dtype)));
       return v;
     }
     add_ring_volume(v, "", cp, per_token * q.s, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, q.s),
