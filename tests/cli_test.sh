@@ -55,6 +55,17 @@ for args in "--strategy a2a" "--strategy p2p --causal" "--strategy all_gather" "
   done
 done
 
+# Sliding windows: the ring's halo exchange and Ulysses' kernel mask against the reference.
+for args in "--strategy p2p --causal --window 40" "--strategy p2p --window 30,7" "--strategy a2a --causal --window 5" \
+            "--strategy a2a+p2p --cp-sizes 1,3 --causal --window 100"; do
+  if run 3 attention --seq 601 --heads 6 --kv-heads 3 --head-dim 16 --backward --check $args > "$dir/w.log" 2>&1 &&
+     grep -q "sliding window (" "$dir/w.log"; then
+    ok "np=3 window $args"
+  else
+    bad "np=3 window $args"; cat "$dir/w.log"
+  fi
+done
+
 # Files in, files out: 1 rank and 2 ranks agree with each other and with the reference.
 for n in 1 2; do
   if run $n attention "${files[@]}" --causal --check --out "$dir/out$n.npy" --dq "$dir/dq$n.npy" \
@@ -101,6 +112,8 @@ expect_error "cu_seqlens decreasing" 2 "cu_seqlens[2] = 3 after 5" --seq 64 --cu
 expect_error "cu_seqlens short" 2 "must end at the sequence length 64, got 60" --seq 64 --cu-seqlens 0,5,60
 expect_error "cu_seqlens with batch" 2 "needs batch 1" --seq 64 --batch 2 --cu-seqlens 0,64
 expect_error "cu_seqlens not a number" 2 "'5x' in the list is not an integer" --seq 64 --cu-seqlens 0,5x,64
+expect_error "negative window" 2 "window_left must be -1 (unbounded) or >= 0, got -3" --seq 64 --window -3
+expect_error "window not a number" 2 "--window: '3,x' is neither LEFT nor LEFT,RIGHT" --seq 64 --window 3,x
 expect_error "a2a+p2p without sizes" 2 "needs --cp-sizes" --strategy a2a+p2p --seq 64
 expect_error "a2a+p2p sizes product" 4 "inner * outer == cp (4)" --strategy a2a+p2p --cp-sizes 2,1 --seq 64
 expect_error "a2a+p2p heads < inner" 4 "must be at least the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 2 --seq 64

@@ -91,14 +91,15 @@ struct GlobalProblem {
   RefTensor out, dq, dk, dv;
   bool causal;
   GlobalProblem(Shape global, std::int64_t kv_heads, DType dtype, bool causal_mask, std::uint64_t seed,
-                std::vector<std::int64_t> cu_seqlens = {}, void (*edit)(GlobalProblem&) = nullptr)
+                std::vector<std::int64_t> cu_seqlens = {}, void (*edit)(GlobalProblem&) = nullptr,
+                Window window = {})
       : q(global, dtype), k({global.b, global.s, kv_heads, global.d}, dtype), v(k.shape(), dtype),
         dout(global, dtype), causal(causal_mask) {
     for (auto [t, i] : {std::pair{&q, 0}, {&k, 1}, {&v, 2}, {&dout, 3}})
       fill_uniform(t->view(), seed + std::uint64_t(i));
     if (edit != nullptr) edit(*this);
     const RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
-    const AttentionParams p{causal, 0.0f, 0, 0, std::move(cu_seqlens)};
+    const AttentionParams p{causal, 0.0f, 0, 0, std::move(cu_seqlens), window.left, window.right};
     std::vector<double> lse;
     reference_attention_forward(out, lse, rq, rk, rv, p);
     reference_attention_backward(dq, dk, dv, RefTensor::from(dout.view()), rq, rk, rv, p);
@@ -308,6 +309,111 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
     ContextParallelAttention attn(comm, cfg);
     ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
                                                    needle);
+  }
+}
+
+// Sliding windows (FlashAttention's window_size) in every strategy, both layouts, GQA/MQA, f32
+// and bf16: forward and gradients against the float64 reference, the work counted exactly (the
+// planner's Strategy::work), and the bytes and messages of every counter equal to traffic():
+// the ring's halo exchange included. Windows 0, 1, around a chunk, wider than s, right windows,
+// and one side unbounded (the ring with a kernel mask).
+TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
+  MpiCommunicator comm;
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8;
+  const std::vector<std::pair<bool, Window>> masks{
+      {true, {0, -1}}, {true, {1, -1}},     {true, {5, -1}},  {true, {12, -1}},  {true, {30, -1}},
+      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}}};
+  for (const auto& [causal, window] : masks)
+    for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::bf16}}) {
+      const GlobalProblem global({1, s, h, d}, hkv, dtype, causal, 9, {}, nullptr, window);
+      const AttentionParams whole{causal, 0.0f, 0, 0, {}, window.left, window.right};
+      for (const CpConfig& base : strategies(cp, causal))
+        for (bool zigzag : {true, false}) {
+          if (!causal && !zigzag) continue;  // contiguous either way
+          CpConfig cfg = base;
+          cfg.zigzag = zigzag;
+          cfg.window_left = window.left;
+          cfg.window_right = window.right;
+          SCOPED_TRACE(fmt::format("{}{} causal {} window ({}, {}) h_kv {} {}", describe(cfg), zigzag ? "" : " contiguous",
+                                   causal, window.left, window.right, hkv, to_string(dtype)));
+          Problem p(global, cfg, cp, me, Layout::bshd);
+          ContextParallelAttention attn(comm, cfg);
+          if (const std::string err = config_error(cfg, cp, global.q.shape(), hkv); !err.empty()) {
+            EXPECT_NE(err.find("does not support a sliding window"), std::string::npos) << err;
+            ulysses::testing::expect_same_error_everywhere(comm, [&] { p.run(attn); }, err);
+            continue;
+          }
+          p.run(attn);  // creates sub-communicators first
+          comm.reset_counters();
+          const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+          const auto fwd = comm.counters();
+          comm.reset_counters();
+          attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+          const auto bwd = comm.counters();
+          if (dtype == DType::f32) p.expect_matches();
+          else p.expect_matches(1e-2, 2.5e-2);
+          double total = double(ctx.stats().score_pairs);
+          comm.allreduce_sum(&total, 1);
+          EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
+          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, hkv));
+          const CommVolume predicted = predicted_comm_volume(cfg, cp, me, {1, s, h, d}, hkv, dtype);
+          for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op), n) << op;
+          for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op), n) << op;
+          for (const auto& [op, n] : predicted.forward_messages) EXPECT_EQ(msgs(fwd, op), n) << op;
+          for (const auto& [op, n] : predicted.backward_messages) EXPECT_EQ(msgs(bwd, op), n) << op;
+          for (const auto& [op, c] : fwd) EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
+          for (const auto& [op, c] : bwd) EXPECT_TRUE(op.ends_with("validate") || predicted.backward_bytes.count(op)) << op;
+        }
+    }
+}
+
+// The halo written out: contiguous chunks of 16 tokens under a causal window of 5, so rank r
+// sends its last 5 rows of K/V to rank r + 1 (one message), which sends their float32 dK/dV
+// back, instead of cp − 1 ring steps; a window of 20 reaches two ranks back.
+TEST(Windows, RingSendsOnlyTheHalo) {
+  MpiCommunicator comm;
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t sl = 16, s = sl * cp, h = 2, hkv = 1, d = 8, kv_row = 2 * hkv * d;
+  for (std::int64_t w : {5, 20}) {
+    const CpConfig cfg{"p2p", {}, true, 0.0f, false, {}, w, -1};
+    SCOPED_TRACE("window " + std::to_string(w));
+    const GlobalProblem global({1, s, h, d}, hkv, DType::bf16, true, 4, {}, nullptr, {w, -1});
+    Problem p(global, cfg, cp, me, Layout::bshd);
+    ContextParallelAttention attn(comm, cfg);
+    comm.reset_counters();
+    const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+    const auto fwd = comm.counters();
+    comm.reset_counters();
+    attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+    const auto bwd = comm.counters();
+    p.expect_matches(1e-2, 2.5e-2);
+    // Rows to rank me + k (k = 1, 2): min(w, sl) and the rest; the same from rank me − k.
+    std::int64_t given = 0, to = 0, held = 0, from = 0;
+    for (int k = 1; k <= 2; ++k)
+      if (const std::int64_t n = std::clamp<std::int64_t>(w - (k - 1) * sl, 0, sl); n > 0) {
+        if (me + k < cp) given += n, ++to;
+        if (me - k >= 0) held += n, ++from;
+      }
+    EXPECT_EQ(bytes(fwd, "p2p_kv"), given * kv_row * 2);
+    EXPECT_EQ(msgs(fwd, "p2p_kv"), to);
+    EXPECT_EQ(bytes(bwd, "p2p_kv"), 0);
+    EXPECT_EQ(bytes(bwd, "p2p_dkv"), held * kv_row * 4);
+    EXPECT_EQ(msgs(bwd, "p2p_dkv"), from);
+  }
+}
+
+TEST(Errors, NegativeWindowsAreRefusedEverywhere) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  for (const CpConfig& base : strategies(cp, true)) {
+    CpConfig cfg = base;
+    cfg.window_left = -3;
+    Tensor q({1, total_tokens(rank_chunks(cfg, cp, comm.rank(), 4 * cp)), 2 * cp, 8}), out(q.shape());
+    ContextParallelAttention attn(comm, cfg);
+    ulysses::testing::expect_same_error_everywhere(
+        comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
+        "window_left must be -1 (unbounded) or >= 0, got -3");
   }
 }
 

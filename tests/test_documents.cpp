@@ -11,12 +11,14 @@ using namespace ulysses;
 namespace {
 
 // Independent of documents.cpp: query p sees key j iff no boundary lies between them.
-std::int64_t brute_pairs(const std::vector<std::int64_t>& cu, bool causal, const SeqChunk& q, const SeqChunk& k) {
+std::int64_t brute_pairs(const std::vector<std::int64_t>& cu, bool causal, const SeqChunk& q, const SeqChunk& k,
+                         Window w = {}) {
   std::int64_t n = 0;
   for (std::int64_t p = q.begin; p < q.begin + q.length; ++p)
     for (std::int64_t j = k.begin; j < k.begin + k.length; ++j) {
       bool same = true;
       for (std::int64_t b : cu) same &= !(std::min(p, j) < b && b <= std::max(p, j));
+      same &= (w.left < 0 || j >= p - w.left) && (w.right < 0 || j <= p + w.right);
       n += same && (!causal || j <= p);
     }
   return n;
@@ -40,6 +42,33 @@ TEST(Documents, VisiblePairsEqualABruteForceCount) {
       ASSERT_EQ(visible_pairs(cu, causal, q, k), brute_pairs(cu, causal, q, k))
           << "trial " << trial << " causal " << causal << " q " << q.begin << "+" << q.length << " k " << k.begin
           << "+" << k.length;
+  }
+}
+
+TEST(Documents, WindowedVisiblePairsEqualABruteForceCount) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::int64_t s = 1 + std::int64_t(rng() % 90);
+    std::vector<std::int64_t> lengths;
+    for (std::int64_t left = s; left > 0;) {
+      const std::int64_t n = std::min<std::int64_t>(left, std::int64_t(rng() % 40));
+      lengths.push_back(n);
+      left -= n;
+    }
+    const std::vector<std::int64_t> cu = trial % 3 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
+    const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
+    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))}, k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    auto side = [&] { return rng() % 4 == 0 ? std::int64_t(-1) : std::int64_t(rng() % 3 == 0 ? rng() % 3 : rng() % 100); };
+    const Window w{side(), side()};
+    for (bool causal : {false, true}) {
+      ASSERT_EQ(visible_pairs(cu, causal, q, k, w), brute_pairs(cu, causal, q, k, w))
+          << "trial " << trial << " causal " << causal << " window " << w.left << "," << w.right << " q " << q.begin
+          << "+" << q.length << " k " << k.begin << "+" << k.length;
+      for (std::int64_t p = q.begin; p < q.begin + q.length; ++p) {  // the per-row interval agrees too
+        const Document r = visible_keys(cu, causal, p, k, w);
+        ASSERT_EQ(r.end - r.begin, brute_pairs(cu, causal, {p, 1}, k, w)) << "trial " << trial << " row " << p;
+      }
+    }
   }
 }
 

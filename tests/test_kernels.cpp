@@ -183,6 +183,7 @@ struct FlashCase {
   std::int64_t q_offset = 0, k_offset = 0;
   int threads = 2;
   std::vector<std::int64_t> cu_seqlens = {};  // packed documents over global positions
+  std::int64_t window_left = -1, window_right = -1;  // sliding window over global positions
 };
 
 std::string name_of(const FlashCase& c) {
@@ -190,7 +191,10 @@ std::string name_of(const FlashCase& c) {
          std::to_string(c.h) + "_kv" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
          (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" +
          std::to_string(c.k_offset) + "_t" + std::to_string(c.threads) +
-         (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1));
+         (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1)) +
+         (c.window_left < 0 && c.window_right < 0
+              ? ""
+              : "_win" + std::to_string(c.window_left + 1) + "_" + std::to_string(c.window_right + 1));
 }
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
@@ -205,7 +209,7 @@ void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dt
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
   fill_uniform(dout.view(), 4);
-  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset, c.cu_seqlens};
+  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset, c.cu_seqlens, c.window_left, c.window_right};
   RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
   RefTensor rout, rdq, rdk, rdv;
   std::vector<double> rlse;
@@ -288,7 +292,20 @@ INSTANTIATE_TEST_SUITE_P(
         // A query chunk and a key chunk of a larger sequence (as the ring calls it), bf16 dq path.
         FlashCase{1, 64, 200, 2, 2, 16, true, 100, 0, 2, {0, 50, 130, 170, 300}},
         FlashCase{1, 64, 200, 2, 2, 16, false, 200, 50, 2, {0, 50, 130, 170, 300}},
-        FlashCase{1, 40, 40, 2, 2, 16, false, 10, 200, 2, {0, 50, 130, 170, 300}}),  // no key visible
+        FlashCase{1, 40, 40, 2, 2, 16, false, 10, 200, 2, {0, 50, 130, 170, 300}},  // no key visible
+        // Sliding windows (name: _win<left+1>_<right+1>): 0 (the diagonal only), 1, a band
+        // across several key tiles, wider than s, a right window alone, with offsets, documents.
+        FlashCase{1, 300, 300, 2, 1, 16, true, 0, 0, 2, {}, 0, -1},
+        FlashCase{1, 300, 300, 2, 1, 16, false, 0, 0, 2, {}, 1, 1},
+        FlashCase{2, 620, 620, 4, 2, 32, true, 0, 0, 2, {}, 100, -1},
+        FlashCase{1, 620, 620, 2, 2, 64, false, 0, 0, 1, {}, 130, 70},
+        FlashCase{1, 130, 130, 2, 1, 16, true, 0, 0, 2, {}, 500, -1},
+        FlashCase{1, 130, 130, 2, 1, 16, false, 0, 0, 2, {}, -1, 3},
+        FlashCase{1, 64, 300, 2, 2, 16, true, 400, 100, 2, {}, 150, -1},  // chunks of a larger sequence
+        FlashCase{1, 64, 300, 2, 2, 16, false, 100, 300, 2, {}, 20, 40},  // band ends inside the keys
+        FlashCase{1, 64, 64, 2, 2, 16, true, 500, 0, 2, {}, 100, -1},     // keys left of the band: none seen
+        FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}, 40, -1},
+        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5}),
     [](const auto& info) { return name_of(info.param); });
 
 // Changing one document's inputs changes nothing outside it, bit for bit: no value and no
@@ -322,6 +339,23 @@ TEST(Flash, DocumentsAreIsolatedBitForBit) {
       if (!inside) ASSERT_EQ(a[t].f32()[i], b[t].f32()[i]) << "tensor " << t << " element " << i;
     }
   EXPECT_NE(a[0].f32()[50 * h * d], b[0].f32()[50 * h * d]);  // the changed document did change
+}
+
+TEST(Flash, RejectsBadWindows) {
+  Tensor q({1, 10, 2, 8}), out({1, 10, 2, 8});
+  const Tensor lse = lse_tensor(q.shape());
+  for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{-2, 0}, {0, -5}}) {
+    try {
+      flash_attention_forward(out.view(), lse.view(), q.view(), q.view(), q.view(),
+                              {.causal = true, .window_left = left, .window_right = right});
+      FAIL() << "accepted window " << left << "," << right;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(left < -1 ? "window_left must be -1 (unbounded) or >= 0, got -2"
+                                                     : "window_right must be -1 (unbounded) or >= 0, got -5"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Flash, RejectsBadDocuments) {

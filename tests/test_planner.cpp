@@ -2,9 +2,11 @@
 // paper's scaling claim; its byte counts against real runs are in test_context_parallel.
 #include <gtest/gtest.h>
 
+#include "cp/ring_attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/strategy.hpp"
 
 using namespace ulysses;
 
@@ -121,6 +123,56 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
   in.documents.back() += 1;
   in.batch = 2;
   EXPECT_THROW(make_plan(in), Error);  // documents need batch 1
+}
+
+TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
+  // The example: ring with W = 4k at s = 128k, cp = 16 (bf16, 8 KV heads, d = 128).
+  // Zigzag chunks of s/32 = 4k tokens each need the last W rows of one neighbour chunk: two
+  // halos of W rows forward, their float32 dK/dV back; doubling s changes nothing.
+  PlanInput in = gpt(131072, 32, 8, 16);
+  in.window_left = 4096;
+  const std::int64_t halo = 2 * 4096 * 2 * 8 * 128;  // two halos of K and V, elements
+  for (std::int64_t s : {131072, 262144}) {
+    in.seq = s;
+    const Plan p = make_plan(in);
+    const PlanRow& r = row(p, "p2p");
+    EXPECT_EQ(r.forward_bytes_per_rank, halo * 2) << s;
+    EXPECT_EQ(r.backward_bytes_per_rank, halo * 4) << s;
+    EXPECT_EQ(r.forward_messages + r.backward_messages, 4) << s;
+  }
+  in.seq = 131072;
+  const Plan full = make_plan(gpt(131072, 32, 8, 16)), band = make_plan(in);
+  const PlanRow &plain = row(full, "p2p"), &windowed = row(band, "p2p");
+  EXPECT_EQ(plain.forward_bytes_per_rank, std::int64_t(15) * 8192 * (2 * 8 * 128) * 2);  // 15 shards of 8k tokens
+
+  EXPECT_LT(windowed.compute_s * 10, plain.compute_s);  // the band's work, not the triangle's
+  in.window_left = -2;
+  EXPECT_THROW(make_plan(in), Error);
+}
+
+// traffic() asks only the members near a rank; against asking all of them, at cp the MPI tests
+// do not reach: zigzag and contiguous, uneven chunks, windows within a chunk and across many.
+TEST(Planner, HaloVolumeEqualsAskingEveryMember) {
+  for (int cp : {16, 37})
+    for (bool zigzag : {true, false})
+      for (auto [left, right, causal] : {std::tuple{0, -1, true}, {3, -1, true}, {40, -1, true}, {300, -1, true},
+                                         {5, 9, false}, {0, 0, false}, {70, 2, false}}) {
+        const std::int64_t s = 20 * cp + 7, per_token = 2 * 8;
+        const CpConfig cfg{"p2p", {}, causal, 0.0f, zigzag, {}, left, right};
+        SCOPED_TRACE(::testing::Message() << "cp " << cp << " zigzag " << zigzag << " window " << left << "," << right);
+        const auto chunks = all_rank_chunks(cfg, cp, s);
+        for (int me = 0; me < cp; ++me) {
+          std::int64_t given = 0, held = 0;
+          for (int r = 0; r < cp; ++r)
+            if (r != me) {
+              given += total_tokens(halo_rows(chunks[std::size_t(r)], chunks[std::size_t(me)], attention_params(cfg)));
+              held += total_tokens(halo_rows(chunks[std::size_t(me)], chunks[std::size_t(r)], attention_params(cfg)));
+            }
+          const CommVolume v = predicted_comm_volume(cfg, cp, me, {1, s, 8, 1}, 8, DType::f32);
+          ASSERT_EQ(v.forward_bytes.at("p2p_kv"), given * per_token * 4) << "rank " << me;
+          ASSERT_EQ(v.backward_bytes.at("p2p_dkv"), held * per_token * 4) << "rank " << me;
+        }
+      }
 }
 
 TEST(Planner, UlyssesPerGpuVolumeIsConstantWhenSequenceAndGpusGrowTogether) {

@@ -99,7 +99,7 @@ class ToyAllGatherHalves final : public Strategy {
       ctx->lse.push_back(lse_tensor({q.shape.b, n, q.shape.h, q.shape.d}));
       flash_attention_forward(rows_of(ctx->out.view(), row, n), ctx->lse.back().view(), rows_of(ctx->q.view(), row, n),
                               ctx->k_full.view(), ctx->v_full.view(), p);
-      stats.score_pairs += visible_pairs(p.cu_seqlens, p.causal, mine[i], {0, full.s}) * q.shape.b * q.shape.h;
+      stats.score_pairs += visible_pairs(p, mine[i], {0, full.s}) * q.shape.b * q.shape.h;
     }
     copy(ctx->out.view(), out);
     return ctx;

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,9 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--cu-seqlens", o.cu_seqlens,
                 "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
                 "or a file of them (.npy or text); no token attends across a document boundary; batch 1");
+  c->add_option("--window", o.window,
+                "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): query i sees "
+                "keys i-L..i+R; p2p and a2a+p2p then send only the halo the band reaches");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
   c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
   c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(positive_number());
@@ -217,10 +221,9 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     s.p = load_problem(o);
-    if (!o.cu_seqlens.empty()) {
-      s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
-      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
-    }
+    if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
+    if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
+    if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
     if (o.overlap_chunks > 0) s.cfg.overlap_chunks = o.overlap_chunks;
     else if (s.cfg.cp_comm_type == "a2a" && cp > 1) {
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);  // the strategy's own message before the planner's
@@ -263,6 +266,10 @@ void print_header(const Setup& s) {
   std::printf("  tokens per rank: %s; rank 0 holds tokens%s%s\n", fmt::format("{}", fmt::join(tokens, ", ")).c_str(),
               where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
   std::printf("  query/KV heads per rank: %s\n", fmt::format("{}", fmt::join(heads, ", ")).c_str());
+  if (cfg.window_left >= 0 || cfg.window_right >= 0)
+    std::printf("  sliding window (%lld, %lld): query i sees keys i-%lld..i+%lld%s\n", (long long)cfg.window_left,
+                (long long)cfg.window_right, (long long)cfg.window_left, (long long)cfg.window_right,
+                cfg.window_left < 0 || cfg.window_right < 0 ? " (-1: unbounded)" : "");
   if (const auto& cu = cfg.cu_seqlens; !cu.empty()) {
     std::vector<std::int64_t> len;
     for (std::size_t i = 1; i < cu.size(); ++i) len.push_back(cu[i] - cu[i - 1]);
@@ -341,8 +348,9 @@ Timing run_timed(Communicator& comm, ContextParallelAttention& attn, const Shard
           max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
 }
 
-// Collective: the counter names of rank 0 (every rank runs the same operations).
-std::vector<std::string> counter_names(Communicator& comm) {
+// Collective: the counter names of rank 0 and those of the formula (a window's halo exchange
+// has ranks that never use some operation: rank 0 of a contiguous ring gets no halo).
+std::vector<std::string> counter_names(Communicator& comm, const Setup& s) {
   std::string joined;
   for (const auto& [op, c] : comm.counters())
     if (!op.ends_with("validate")) joined += op + "\n";
@@ -356,6 +364,11 @@ std::vector<std::string> counter_names(Communicator& comm) {
     names.push_back(joined.substr(pos, end - pos));
     pos = end + 1;
   }
+  const CommVolume v = predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype);
+  for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
+    for (const auto& [op, n] : *bytes)
+      if (std::find(names.begin(), names.end(), op) == names.end()) names.push_back(op);
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -395,11 +408,11 @@ nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
   return ranks;
 }
 
-// FlashAttention's count; with documents, exactly 4·d per visible (query, key) pair.
+// FlashAttention's count; with documents or a window, exactly 4·d per visible (query, key) pair.
 double forward_flops(const Setup& s) {
   const Shape& q = s.p.q;
-  if (s.cfg.cu_seqlens.empty()) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
-  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(s.cfg.cu_seqlens, s.cfg.causal, {0, q.s}, {0, q.s}));
+  if (s.cfg.cu_seqlens.empty() && s.cfg.window_left < 0 && s.cfg.window_right < 0) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(attention_params(s.cfg), {0, q.s}, {0, q.s}));
 }
 
 // The busiest rank's attention work over the mean: what load imbalance costs in time.
@@ -454,7 +467,7 @@ nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timi
                         {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
                         {"expected_bytes_sent", expected}, {"ranks", ranks},
                         {"work_pairs_per_rank", t.work}, {"work_imbalance", work_imbalance(t.work)},
-                        {"cu_seqlens", cfg.cu_seqlens},
+                        {"cu_seqlens", cfg.cu_seqlens}, {"window", {cfg.window_left, cfg.window_right}},
                         {"overlap_chunks", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h)}};
   if (p.backward) {
     report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
@@ -565,7 +578,7 @@ int run_attention(const AttentionOptions& o) {
   Timing timing = run_timed(comm, attn, t, s.p.backward, o.repeat);
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
-  const std::vector<std::string> ops = counter_names(comm);
+  const std::vector<std::string> ops = counter_names(comm, s);
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
   timing.work = comm.allgather_value(timing.work[0], "report");  // after the counters were read
   const Results g = gather_results(comm, s, t, o);

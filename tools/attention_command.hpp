@@ -14,6 +14,7 @@ struct AttentionOptions {
   std::string strategy = "a2a";
   std::string cp_sizes;                      // "INNER,OUTER" for a2a+p2p
   std::string cu_seqlens;                    // packed documents: a list or a file
+  std::string window;                        // sliding window "L" or "L,R"
   std::string dtype = "f32", layout = "bshd";
   bool causal = false, backward = false, check = false, no_zigzag = false;
   bool allow_nonfinite = false;              // compute with NaN/Inf inputs instead of refusing them

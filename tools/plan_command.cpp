@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <tuple>
 
 #include "guard.hpp"
 #include "report.hpp"
@@ -48,6 +49,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--docs", o.docs,
                 "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
                 "to --seq; the compute per rank and its balance follow them");
+  c->add_option("--window", o.window,
+                "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): work per rank "
+                "follows the band, p2p and a2a+p2p move only the halo it reaches");
   c->add_option("--json", o.json, "write the plan here");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
   c->add_flag("--train", o.train, "for `ulysses train` (f32, a2a): the longest sequence whose predicted memory per "
@@ -201,7 +205,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
                      {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
                      {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
-                     {"documents", in.documents}}},
+                     {"documents", in.documents}, {"window", {in.window_left, in.window_right}}}},
           {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
           {"recommendation", p.recommendation}};
 }
@@ -213,6 +217,8 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     fmt::print("packed documents: {} (lengths {} .. {}); work = visible (query, key) pairs per rank\n",
                in.documents.size(), *std::min_element(in.documents.begin(), in.documents.end()),
                *std::max_element(in.documents.begin(), in.documents.end()));
+  if (in.window_left >= 0 || in.window_right >= 0)
+    fmt::print("sliding window ({}, {}); work = visible (query, key) pairs per rank\n", in.window_left, in.window_right);
   fmt::print("  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
              in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
              in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
@@ -360,6 +366,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.peak_flops = o.tflops * 1e12;
   in.cluster.efficiency = o.efficiency;
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
+  if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
   make_plan(in);  // validates the input
   return in;
 }

@@ -21,6 +21,7 @@ struct PlanOptions {
   std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and 8/3 width rounded up to 32
   std::int64_t tile_rows = 1024;
   std::string max_memory = "2GiB";
+  std::string window;  // sliding window "L" or "L,R"
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);

@@ -108,6 +108,17 @@ bool parse_int64(std::string_view text, std::int64_t& value) {
   return !text.empty() && ec == std::errc() && ptr == text.data() + text.size();
 }
 
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg) {
+  const std::size_t comma = arg.find(',');
+  std::pair<std::int64_t, std::int64_t> w{0, 0};
+  const bool ok = comma == std::string::npos
+                      ? parse_int64(arg, w.first)
+                      : parse_int64(std::string_view(arg).substr(0, comma), w.first) &&
+                            parse_int64(std::string_view(arg).substr(comma + 1), w.second);
+  if (!ok) throw Error(fmt::format("--window: '{}' is neither LEFT nor LEFT,RIGHT (integers, -1: unbounded)", arg.substr(0, 40)));
+  return w;
+}
+
 namespace {
 
 std::vector<std::int64_t> parse_integer_list(const std::string& text, const std::string& where) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -49,6 +50,10 @@ bool parse_int64(std::string_view text, std::int64_t& value);
 // values) or text (numbers separated by commas, spaces or newlines). Throws Error naming the
 // flag and the bad entry; the library checks the values against the sequence.
 std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg);
+
+// Parses --window "L" or "L,R" (FlashAttention's window_size: L alone means (L, 0); -1 leaves a
+// side unbounded) into {left, right}. Throws Error naming the flag; the library checks the values.
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg);
 
 // "12.3 MB" style.
 std::string human_bytes(double bytes);

@@ -20,7 +20,10 @@
 // position k_offset + j) iff k_offset + j <= q_offset + i. The offsets let one kernel serve
 // ring / chunked strategies. With `cu_seqlens` (packed documents, documents.hpp; batch 1,
 // FlashAttention's varlen contract), a query also sees only the keys of its own document, and
-// key tiles outside every document of a query block are skipped. A row that sees no key gets
+// key tiles outside every document of a query block are skipped. With a sliding window
+// (window_left, window_right: FlashAttention's window_size over the same global positions), a
+// query also sees only keys j with q − window_left <= j <= q + window_right (-1: unbounded
+// side); key tiles outside the band are skipped the same way. A row that sees no key gets
 // out = 0 and lse = -inf, and contributes nothing to any gradient (never NaN).
 //
 // Threads: OpenMP, using the calling thread's omp_get_max_threads().
@@ -40,6 +43,8 @@ struct AttentionParams {
   std::int64_t q_offset = 0;  // global position of query row 0
   std::int64_t k_offset = 0;  // global position of key row 0
   std::vector<std::int64_t> cu_seqlens = {};  // document boundaries over global positions; empty: one
+  std::int64_t window_left = -1;   // sliding window (left, right) over global positions; -1: unbounded
+  std::int64_t window_right = -1;
 };
 
 // The scale actually used: params.scale, or 1/sqrt(d) when it is 0.
@@ -57,6 +62,9 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
 // Checks params.cu_seqlens (when given) against the shapes: batch 1, a valid cu_seqlens
 // (documents.hpp) that covers every query and key position.
 void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k);
+
+// Throws ulysses::Error unless window_left and window_right are each -1 or >= 0.
+void check_window(const AttentionParams& params);
 
 // out and lse are overwritten.
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,

@@ -22,6 +22,10 @@ struct CpConfig {
   // Packed documents (FlashAttention's varlen contract, documents.hpp): boundaries over the
   // global sequence, the same on every rank; batch 1. Empty: one document.
   std::vector<std::int64_t> cu_seqlens = {};
+  // Sliding window (FlashAttention's window_size = (left, right)) over global positions: query
+  // i sees key j only if i − window_left <= j <= i + window_right; -1: that side unbounded.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
   // a2a only: split each rank's heads into this many chunks (whole GQA groups) and pipeline,
   // the all-to-alls of one chunk travelling while another computes. Same bytes, ×chunks
   // messages. 1 = plain Ulysses. Clamped to the fewest KV heads a rank holds

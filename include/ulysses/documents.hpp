@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/attention.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -30,13 +31,27 @@ std::string cu_seqlens_error(std::span<const std::int64_t> cu_seqlens, std::int6
 // cu_seqlens, [0, INT64_MAX).
 Document document_of(std::span<const std::int64_t> cu_seqlens, std::int64_t pos);
 
+// A sliding window over global positions, FlashAttention's window_size = (left, right): query
+// position p sees key j only if p − left <= j <= p + right; -1 leaves that side unbounded.
+struct Window {
+  std::int64_t left = -1, right = -1;
+  bool bounded() const { return left >= 0 || right >= 0; }
+};
+
 // The keys [lo, hi) of a chunk that query position `pos` sees, as global positions clipped to
-// the chunk `keys`: its document's, and with `causal` none after it (hi <= lo: none).
-Document visible_keys(std::span<const std::int64_t> cu_seqlens, bool causal, std::int64_t pos, const SeqChunk& keys);
+// the chunk `keys`: its document's, inside its window, and with `causal` none after it
+// (hi <= lo: none). Both ends never decrease with `pos`.
+Document visible_keys(std::span<const std::int64_t> cu_seqlens, bool causal, std::int64_t pos, const SeqChunk& keys,
+                      Window window = {});
 
 // Visible (query, key) pairs between a query chunk and a key chunk, per (batch, head): the
-// attention work they cost, exactly.
-std::int64_t visible_pairs(std::span<const std::int64_t> cu_seqlens, bool causal, const SeqChunk& q, const SeqChunk& k);
+// attention work they cost, exactly (closed form per document).
+std::int64_t visible_pairs(std::span<const std::int64_t> cu_seqlens, bool causal, const SeqChunk& q, const SeqChunk& k,
+                           Window window = {});
+
+// The same under the whole mask `params` describes (causal, cu_seqlens, window; its offsets
+// are ignored: q and k are global positions).
+std::int64_t visible_pairs(const AttentionParams& params, const SeqChunk& q, const SeqChunk& k);
 
 // Document lengths → cu_seqlens ({3, 5} → {0, 3, 8}).
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths);

@@ -44,6 +44,8 @@ struct PlanInput {
   // Packed documents: their lengths, summing to seq (batch 1); empty: one document.
   std::vector<std::int64_t> documents;
   Cluster cluster;
+  // Sliding window (FlashAttention's window_size); -1: unbounded side.
+  std::int64_t window_left = -1, window_right = -1;
 };
 
 struct PlanRow {

@@ -78,6 +78,8 @@ class Strategy {
   // attention_params(config) to the kernels, chunks' global positions as offsets). Others are
   // refused documents rather than let tokens attend across a boundary.
   virtual bool supports_documents() const { return false; }
+  // The same for config.window_left / window_right (a sliding window over global positions).
+  virtual bool supports_window() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length

@@ -26,32 +26,58 @@ Document document_of(std::span<const std::int64_t> cu, std::int64_t pos) {
   return {*(next - 1), end};
 }
 
-Document visible_keys(std::span<const std::int64_t> cu, bool causal, std::int64_t pos, const SeqChunk& keys) {
+Document visible_keys(std::span<const std::int64_t> cu, bool causal, std::int64_t pos, const SeqChunk& keys,
+                      Window window) {
   const Document doc = document_of(cu, pos);
-  const std::int64_t lo = std::max(doc.begin, keys.begin);
+  std::int64_t lo = std::max(doc.begin, keys.begin);
   std::int64_t hi = std::min(doc.end, keys.begin + keys.length);
   if (causal) hi = std::min(hi, pos + 1);
+  if (window.left >= 0) lo = std::max(lo, pos - window.left);
+  if (window.right >= 0) hi = std::min(hi, pos + window.right + 1);
   return {lo, std::max(lo, hi)};
 }
 
 namespace {
 
-// Queries [a, b) against keys [k0, k1) of one document: all pairs, or under a causal mask
-// Σ_p clamp(p − k0 + 1, 0, k1 − k0), summed in closed form.
-std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, std::int64_t k1, bool causal) {
+// Σ_{t=0}^{n-1} max(0, c + slope·t) for slope in {-1, 0, 1}, in closed form.
+std::int64_t positive_sum(std::int64_t n, std::int64_t c, int slope) {
+  if (n <= 0) return 0;
+  if (slope == 0) return n * std::max<std::int64_t>(c, 0);
+  if (slope > 0) {  // terms t < -c are not positive
+    const std::int64_t t0 = std::clamp<std::int64_t>(-c, 0, n);
+    return (n - t0) * c + (t0 + n - 1) * (n - t0) / 2;
+  }
+  const std::int64_t t1 = std::clamp<std::int64_t>(c, 0, n);  // terms t >= c are not positive
+  return t1 * c - t1 * (t1 - 1) / 2;
+}
+
+// Queries [a, b) against keys [k0, k1) of one document: Σ_p max(0, hi(p) − lo(p)) with
+// hi(p) = min(k1, p + right + 1) and lo(p) = max(k0, p − left), where causal means right = 0
+// and an unbounded side is one wide enough never to bind. hi − lo is linear between the two
+// points where hi stops and lo starts moving, so each piece is summed in closed form.
+std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, std::int64_t k1, bool causal,
+                               Window w) {
   if (a >= b || k0 >= k1) return 0;
-  if (!causal) return (b - a) * (k1 - k0);
+  const std::int64_t left = w.left >= 0 ? w.left : std::max<std::int64_t>(0, b - k0);
+  const std::int64_t right = causal ? 0 : w.right >= 0 ? w.right : std::max<std::int64_t>(0, k1 - a);
+  const std::int64_t hi_stops = k1 - right - 1, lo_starts = k0 + left;  // hi = k1 from here; lo = p − left
+  std::int64_t cuts[] = {a, std::clamp(hi_stops, a, b), std::clamp(lo_starts, a, b), b};
+  std::sort(cuts + 1, cuts + 3);
   std::int64_t n = 0;
-  const std::int64_t lo = std::max(a, k0), hi = std::min(b, k1);  // rows seeing a growing prefix
-  if (lo < hi) n += (hi - lo) * ((lo - k0 + 1) + (hi - k0)) / 2;
-  const std::int64_t full = std::max(a, k1);  // rows seeing every key
-  if (full < b) n += (b - full) * (k1 - k0);
+  for (int i = 0; i < 3; ++i) {
+    const std::int64_t p = cuts[i];
+    if (p >= cuts[i + 1]) continue;
+    const std::int64_t hi = std::min(k1, p + right + 1), lo = std::max(k0, p - left);
+    const int slope = (p < hi_stops ? 1 : 0) - (p >= lo_starts ? 1 : 0);
+    n += positive_sum(cuts[i + 1] - p, hi - lo, slope);
+  }
   return n;
 }
 
 }  // namespace
 
-std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k) {
+std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k,
+                           Window window) {
   const std::int64_t q1 = q.begin + q.length, k1 = k.begin + k.length;
   if (q.length <= 0 || k.length <= 0) return 0;
   std::int64_t n = 0;
@@ -59,10 +85,14 @@ std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const 
   for (std::int64_t p = q.begin; p < q1;) {
     const Document doc = document_of(cu, p);
     const std::int64_t end = std::min(doc.end, q1);
-    n += pairs_in_document(p, end, std::max(doc.begin, k.begin), std::min(doc.end, k1), causal);
+    n += pairs_in_document(p, end, std::max(doc.begin, k.begin), std::min(doc.end, k1), causal, window);
     p = end;
   }
   return n;
+}
+
+std::int64_t visible_pairs(const AttentionParams& p, const SeqChunk& q, const SeqChunk& k) {
+  return visible_pairs(p.cu_seqlens, p.causal, q, k, {p.window_left, p.window_right});
 }
 
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths) {

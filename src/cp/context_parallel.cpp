@@ -38,7 +38,7 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
   comm.trace("flash forward", t0, comm.now());
-  stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, q.shape.s}, {0, q.shape.s}) * q.shape.b * q.shape.h;
+  stats.score_pairs += visible_pairs(ctx->params, {0, q.shape.s}, {0, q.shape.s}) * q.shape.b * q.shape.h;
   return ctx;
 }
 
@@ -50,7 +50,7 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
   stats.compute_s += comm.now() - t0;
   comm.trace("flash backward", t0, comm.now());
   const std::int64_t s = ctx.q.shape().s;
-  stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * ctx.q.shape().b * ctx.q.shape().h;
+  stats.score_pairs += visible_pairs(ctx.params, {0, s}, {0, s}) * ctx.q.shape().b * ctx.q.shape().h;
 }
 
 // Local checks of one rank's tensors: "" or the first problem found.
@@ -95,6 +95,9 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
     throw Error(fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for {}",
                             config.overlap_chunks, config.cp_comm_type));
   rank_chunks(config, cp, 0, q.s);
+  check_window(attention_params(config));
+  if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
+    throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (config.cu_seqlens.empty()) return;
   if (!find_strategy(config.cp_comm_type).supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
@@ -106,7 +109,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
 }
 
 AttentionParams attention_params(const CpConfig& config) {
-  return {config.causal, config.scale, 0, 0, config.cu_seqlens};
+  return {config.causal, config.scale, 0, 0, config.cu_seqlens, config.window_left, config.window_right};
 }
 
 CpContext::CpContext() = default;
@@ -125,10 +128,10 @@ namespace {
 // What every rank must agree on: all but the token count, which rank_chunks sets per rank.
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]",
+      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}] window ({}, {})",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
       config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
-      fmt::join(config.cu_seqlens, ", "));
+      fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right);
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.

@@ -70,7 +70,7 @@ TokenLayout Strategy::token_layout(const CpConfig& c) const {
 std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {
   std::int64_t pairs = 0;
   for (const SeqChunk& c : rank_chunks(config, cp, rank, q.s))
-    pairs += visible_pairs(config.cu_seqlens, config.causal, c, {0, q.s});
+    pairs += visible_pairs(attention_params(config), c, {0, q.s});
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 

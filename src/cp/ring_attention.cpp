@@ -71,6 +71,76 @@ std::int64_t member_rows(const RingSaved& saved, int r) {
 
 }  // namespace
 
+PairScratch::PairScratch(const RingSaved& saved, bool backward) {
+  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h, n = max_length(saved.chunks);
+  const Shape kvs = saved.kv.shape();
+  if (!backward) {
+    o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
+    lse = lse_tensor({B, n, H, 1});
+    return;
+  }
+  dq = Tensor::uninitialized({B, n, H, saved.q.shape.d});
+  dk = Tensor::uninitialized({kvs.b / 2, n, kvs.h, kvs.d});
+  dv = Tensor::uninitialized(dk.shape());
+}
+
+namespace {
+
+// Calls f(ia, ic, p) for every (own query chunk ia, key chunk ic) pair the mask does not hide
+// entirely, p: the kernel's params with the chunks' global positions as offsets.
+template <typename F>
+void for_each_visible_pair(const RingSaved& saved, const std::vector<SeqChunk>& keys, CpStats& stats, F&& f) {
+  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  for (std::size_t ia = 0; ia < mine.size(); ++ia)
+    for (std::size_t ic = 0; ic < keys.size(); ++ic) {
+      const std::int64_t pairs = visible_pairs(saved.params, mine[ia], keys[ic]);
+      if (pairs == 0) continue;  // hidden entirely (causal, window, no document in common)
+      AttentionParams p = saved.params;
+      p.q_offset = mine[ia].begin;
+      p.k_offset = keys[ic].begin;
+      f(ia, ic, p);
+      stats.score_pairs += pairs * saved.q.shape.b * saved.q.shape.h;
+    }
+}
+
+}  // namespace
+
+void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,
+                   const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
+                   const std::function<void()>& progress) {
+  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
+  for_each_visible_pair(saved, keys, stats, [&](std::size_t ia, std::size_t ic, const AttentionParams& p) {
+    const SeqChunk &a = mine[ia], &c = keys[ic];
+    const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(keys, ic);
+    const TensorView op = rows(scratch.o.view(), 0, a.length);
+    const TensorView lp = TensorView::dense(scratch.lse.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd);
+    flash_attention_forward(op, lp, rows(saved.q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
+                            rows(kv_half(kv, 1), rc, c.length), p);
+    merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, scratch.lse.f32());
+    progress();
+  });
+}
+
+void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorView& dkv, const TensorView& dout,
+                    const TensorView& kv, const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
+                    const std::function<void()>& progress) {
+  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  for_each_visible_pair(saved, keys, stats, [&](std::size_t ia, std::size_t ic, const AttentionParams& p) {
+    const SeqChunk &a = mine[ia], &c = keys[ic];
+    const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(keys, ic);
+    const TensorView dqp = rows(scratch.dq.view(), 0, a.length), dkp = rows(scratch.dk.view(), 0, c.length),
+                     dvp = rows(scratch.dv.view(), 0, c.length);
+    flash_attention_backward(dqp, dkp, dvp, rows(dout, ra, a.length), rows(saved.q, ra, a.length),
+                             rows(kv_half(kv, 0), rc, c.length), rows(kv_half(kv, 1), rc, c.length),
+                             rows(saved.out, ra, a.length), saved.lse[ia].view(), p);
+    accumulate(rows(dq, ra, a.length), dqp);
+    accumulate(rows(kv_half(dkv, 0), rc, c.length), dkp);
+    accumulate(rows(kv_half(dkv, 1), rc, c.length), dvp);
+    progress();
+  });
+}
+
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
                             const std::vector<std::vector<SeqChunk>>& chunks, const AttentionParams& params,
@@ -78,24 +148,21 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
-  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, params, wire};
+  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, params, wire, me, {}, {}};
   copy(k, kv_half(saved.kv.view(), 0));
   copy(v, kv_half(saved.kv.view(), 1));
-  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(me)];
+  zero(out);
+  for (const SeqChunk& a : saved.chunks[std::size_t(me)]) {
+    saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
+    std::fill_n(saved.lse.back().f32(), B * H * a.length, kNegInf);
+  }
+  if (uses_halo(params)) return halo_attention_forward(ring, out, saved, stats);
 
   const Shape cap{2 * ks.b, max_rows(saved.chunks), ks.h, ks.d};
   Tensor buf[2] = {Tensor::uninitialized(cap, wire), Tensor::uninitialized(cap, wire)};
   Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
   copy(saved.kv.view(), member_kv(buf[0], ks.s));
-  const std::int64_t maxlen = max_length(saved.chunks);
-  Tensor o_part = Tensor::uninitialized({B, maxlen, H, q.shape.d});
-  Tensor lse_buffer = lse_tensor({B, maxlen, H, 1});
-  zero(out);
-  for (const SeqChunk& a : mine) {
-    saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
-    std::fill_n(saved.lse.back().f32(), B * H * a.length, kNegInf);
-  }
-
+  PairScratch pair(saved, false);
   for (int step = 0; step < R; ++step) {
     const WatchdogStep named(ring, ring_step_name("forward", step, R));
     const int src = (me - step + R) % R, cur = step % 2;
@@ -103,27 +170,10 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     Request send, recv;
     post_kv_step(ring, step, saved, held, buf[1 - cur], send, recv);  // before computing this step
     double t0 = ring.now();
-    const TensorView kv = compute_view(held, scratch);
-    const std::vector<SeqChunk>& theirs = saved.chunks[std::size_t(src)];
-    for (std::size_t ia = 0; ia < mine.size(); ++ia)
-      for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
-        const SeqChunk &a = mine[ia], &c = theirs[ic];
-        // Pairs the mask hides entirely (causal, or no document in common) are skipped.
-        const std::int64_t pairs = visible_pairs(params.cu_seqlens, params.causal, a, c);
-        if (pairs == 0) continue;
-        AttentionParams p = params;
-        p.q_offset = a.begin;
-        p.k_offset = c.begin;
-        const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(theirs, ic);
-        const TensorView op = rows(o_part.view(), 0, a.length);
-        const TensorView lp = TensorView::dense(lse_buffer.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd);
-        flash_attention_forward(op, lp, rows(q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
-                                rows(kv_half(kv, 1), rc, c.length), p);
-        merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, lse_buffer.f32());
-        stats.score_pairs += pairs * B * H;
-        recv.test();  // let MPI progress the transfer between tiles
-        send.test();
-      }
+    forward_pairs(saved, out, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats, [&] {
+      recv.test();  // let MPI progress the transfer between tiles
+      send.test();
+    });
     const double t1 = ring.now();
     stats.compute_s += t1 - t0;
     ring.trace(fmt::format("fwd step {}/{}", step + 1, R), t0, t1);
@@ -135,19 +185,16 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
 
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats) {
+  if (uses_halo(saved.params)) return halo_attention_backward(ring, dq, dk, dv, dout, saved, stats);
   const int R = ring.size(), me = ring.rank();
   const Shape kvs = saved.kv.shape();
-  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
-  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(me)];
 
   const Shape cap{kvs.b, max_rows(saved.chunks), kvs.h, kvs.d};
   Tensor buf[2] = {Tensor::uninitialized(cap, saved.wire), Tensor::uninitialized(cap, saved.wire)};
   Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
   copy(saved.kv.view(), member_kv(buf[0], kvs.s));
   Tensor dkv[2] = {Tensor(cap), Tensor(cap)}, dkv_in(cap);
-  const std::int64_t maxlen = max_length(saved.chunks);
-  Tensor dq_part = Tensor::uninitialized({B, maxlen, H, saved.q.shape.d});
-  Tensor dk_part = Tensor::uninitialized({B, maxlen, kvs.h, kvs.d}), dv_part(dk_part.shape());
+  PairScratch pair(saved, true);
   zero(dq);
   Request dkv_send[2];
 
@@ -164,29 +211,11 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     dkv_send[cur].wait();  // the buffer's send from two steps ago
     const TensorView acc = member_kv(dkv[cur], src_rows);
     zero(acc);
-    const TensorView kv = compute_view(held, scratch);
-    const std::vector<SeqChunk>& theirs = saved.chunks[std::size_t(src)];
-    for (std::size_t ia = 0; ia < mine.size(); ++ia)
-      for (std::size_t ic = 0; ic < theirs.size(); ++ic) {
-        const SeqChunk &a = mine[ia], &c = theirs[ic];
-        const std::int64_t pairs = visible_pairs(saved.params.cu_seqlens, saved.params.causal, a, c);
-        if (pairs == 0) continue;
-        AttentionParams p = saved.params;
-        p.q_offset = a.begin;
-        p.k_offset = c.begin;
-        const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(theirs, ic);
-        const TensorView dqp = rows(dq_part.view(), 0, a.length), dkp = rows(dk_part.view(), 0, c.length),
-                         dvp = rows(dv_part.view(), 0, c.length);
-        flash_attention_backward(dqp, dkp, dvp, rows(dout, ra, a.length), rows(saved.q, ra, a.length),
-                                 rows(kv_half(kv, 0), rc, c.length), rows(kv_half(kv, 1), rc, c.length),
-                                 rows(saved.out, ra, a.length), saved.lse[ia].view(), p);
-        accumulate(rows(dq, ra, a.length), dqp);
-        accumulate(rows(kv_half(acc, 0), rc, c.length), dkp);
-        accumulate(rows(kv_half(acc, 1), rc, c.length), dvp);
-        stats.score_pairs += pairs * B * H;
-        recv.test();
-        send.test();
-      }
+    backward_pairs(saved, dq, acc, dout, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats,
+                   [&] {
+                     recv.test();
+                     send.test();
+                   });
     const double t1 = ring.now();
     stats.compute_s += t1 - t0;
     ring.trace(fmt::format("bwd step {}/{}", step + 1, R), t0, t1);

@@ -16,13 +16,24 @@
 //
 // The same code serves the outer ring of a2a+p2p, where a member's chunks are those of its
 // whole inner group.
+//
+// Sliding windows (halo_attention.cpp): when the window bounds the band of keys on both sides
+// (window_left >= 0, and causal or window_right >= 0), there is no ring. Each member sends
+// every other member exactly the rows of its K/V that the other's query chunks can see (per
+// chunk, the hull of their bands: with contiguous chunks and W <= s/cp, the last W rows to the
+// next member, one message), while the own chunks are computed; the float32 dK/dV of those
+// rows go back to their owner in the backward. Bytes ∝ W, not s.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "ulysses/attention.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
+#include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses {
@@ -34,6 +45,9 @@ struct RingSaved {
   std::vector<std::vector<SeqChunk>> chunks;  // per ring member
   AttentionParams params;      // causal and scale; offsets are per chunk
   DType wire = DType::f32;
+  int me = 0;                                    // this member
+  std::vector<std::vector<SeqChunk>> halo_rows;  // halo exchange: the rows of each member held
+  std::vector<Tensor> halos;                     // their float32 K then V, [2b, rows, h_kv, d]
 };
 
 // Collective over `ring`. q, k, v, out: float32 views; chunks[r] are the rows of member r.
@@ -44,6 +58,49 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
 
 // Collective over `ring`. dq, dk, dv, dout: float32 views; dq/dk/dv are overwritten.
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                             const TensorView& dout, const RingSaved& saved, CpStats& stats);
+
+// True when `params`' window bounds the keys on both sides: the halo exchange replaces the ring.
+bool uses_halo(const AttentionParams& params);
+
+// The rows of `keys` (a member's chunks) that the chunks `queries` can see under a bounded
+// window: per key chunk, the hull of the queries' bands inside it, in the keys' order.
+std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std::vector<SeqChunk>& keys,
+                                const AttentionParams& params);
+
+// The halo exchange's volume for member `me` of `members` (chunks_of(r): member r's chunks;
+// per_token elements a row): "<prefix>p2p_kv" forward (its rows the others need, `es` bytes per
+// element, a message to each), float32 "<prefix>p2p_dkv" backward (the dK/dV of the halos it
+// holds, a message to each owner). Asks only the members the band reaches, and one more per side.
+void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int me,
+                     const std::function<std::vector<SeqChunk>(int)>& chunks_of, const AttentionParams& params,
+                     std::int64_t per_token, std::int64_t es);
+
+// The planner's seconds of the halo exchange's "<prefix>" counters in `v` over `link`: every
+// message's latency and bytes, the forward's hidden behind the own chunks' compute.
+RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s);
+
+// Shared by the ring and the halo exchange: every (own query chunk, key chunk) pair the mask
+// does not hide entirely, against float32 K|V rows `kv` [2b, rows, h_kv, d] holding `keys`
+// (global positions) one after another; `progress` runs between pairs.
+struct PairScratch {
+  Tensor o, lse;      // forward
+  Tensor dq, dk, dv;  // backward
+  PairScratch(const RingSaved& saved, bool backward);
+};
+// Partial results merged into out (and saved.lse) by their LSE.
+void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,
+                   const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
+                   const std::function<void()>& progress);
+// dQ accumulated into dq, dK|dV of `keys` into dkv (float32 [2b, rows, h_kv, d]).
+void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorView& dkv, const TensorView& dout,
+                    const TensorView& kv, const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
+                    const std::function<void()>& progress);
+
+// The halo exchange (called by the ring entry points when uses_halo; saved already holds q,
+// out, the own K/V and the chunks).
+void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, CpStats& stats);
+void halo_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats);
 
 }  // namespace ulysses

@@ -24,15 +24,16 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kBlockQ = 64;
 inline std::int64_t block_k(std::int64_t d) { return d <= 128 ? 256 : 128; }
 
-// The keys [lo, hi) of [0, sk) that query row `i` may see: its document's, and under a causal
-// mask none after it. Both ends never decrease with i, so the rows that see a key block, and
+// The keys [lo, hi) of [0, sk) that query row `i` may see: its document's, inside its window,
+// and under a causal mask none after it. Both ends never decrease with i, so the rows that see a key block, and
 // the keys a query block sees, are each one contiguous range.
 struct KeyRange {
   std::int64_t lo = 0, hi = 0;
 };
 inline KeyRange visible_keys(const AttentionParams& p, std::int64_t i, std::int64_t sk) {
-  if (p.cu_seqlens.empty() && !p.causal) return {0, sk};
-  const Document r = ulysses::visible_keys(p.cu_seqlens, p.causal, p.q_offset + i, {p.k_offset, sk});
+  const Window window{p.window_left, p.window_right};
+  if (p.cu_seqlens.empty() && !p.causal && !window.bounded()) return {0, sk};
+  const Document r = ulysses::visible_keys(p.cu_seqlens, p.causal, p.q_offset + i, {p.k_offset, sk}, window);
   const std::int64_t lo = std::clamp<std::int64_t>(r.begin - p.k_offset, 0, sk);
   return {lo, std::clamp<std::int64_t>(r.end - p.k_offset, lo, sk)};
 }

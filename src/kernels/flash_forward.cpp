@@ -5,13 +5,14 @@
 // l = e^{m−m'}·l + rowsum P;  O = e^{m−m'}·O + P·V;  finally O /= l, lse = m + log l.
 // The two GEMMs are the level's engine (engine.hpp); the softmax pass is here, with the
 // level's vector ops. Key blocks no row of the query block sees (above the causal diagonal,
-// outside its documents) are skipped.
+// outside its documents or its sliding window) are skipped.
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "flash_common.hpp"
@@ -83,12 +84,19 @@ void check_documents(const AttentionParams& params, const TensorView& q, const T
                             end));
 }
 
+void check_window(const AttentionParams& params) {
+  for (const auto& [name, value] : {std::pair{"left", params.window_left}, std::pair{"right", params.window_right}})
+    if (value < -1)
+      throw Error(fmt::format("attention: window_{} must be -1 (unbounded) or >= 0, got {}", name, value));
+}
+
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v,
                              const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
   check_documents(params, q, k);
+  check_window(params);
   kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 
@@ -164,7 +172,7 @@ void forward_block(Tile& t, const ForwardArgs& a, const std::byte* pk, const std
   std::fill(t.l.begin(), t.l.end(), 0.0f);
   std::array<KeyRange, kBlockQ> seen;
   for (std::int64_t i = 0; i < mq; ++i) seen[std::size_t(i)] = visible_keys(a.p, i0 + i, a.sk);
-  const KeyRange keys = block_keys(seen, mq);  // tiles outside every row's document are skipped
+  const KeyRange keys = block_keys(seen, mq);  // tiles outside every row's document and window are skipped
   for (std::int64_t j0 = keys.lo; j0 < keys.hi; j0 += bk) {
     const std::int64_t nk = std::min(bk, keys.hi - j0);
     // With a causal mask, row i sees keys up to diag + i of this block.

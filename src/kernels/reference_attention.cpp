@@ -27,6 +27,8 @@ namespace {
 bool visible(const AttentionParams& p, std::int64_t i, std::int64_t j) {
   const std::int64_t qi = p.q_offset + i, kj = p.k_offset + j;
   if (p.causal && kj > qi) return false;
+  if (p.window_left >= 0 && kj < qi - p.window_left) return false;
+  if (p.window_right >= 0 && kj > qi + p.window_right) return false;
   for (std::int64_t boundary : p.cu_seqlens)
     if (std::min(qi, kj) < boundary && boundary <= std::max(qi, kj)) return false;
   return true;

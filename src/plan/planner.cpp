@@ -57,6 +57,8 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
 
 PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
+  cfg.window_left = in.window_left;
+  cfg.window_right = in.window_right;
   PlanRow r;
   r.config = cfg;
   r.name = strategy.config_name(cfg);
@@ -192,6 +194,8 @@ std::string plan_input_error(const PlanInput& in) {
                          {"ranks_per_node", std::int64_t(in.cluster.ranks_per_node)}})
     if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
   if (in.cp > kMaxPlanRanks) return fmt::format("cp must be at most {}, got {}", kMaxPlanRanks, in.cp);
+  for (auto [side, w] : {std::pair{"left", in.window_left}, {"right", in.window_right}})
+    if (w < -1) return fmt::format("window_{} must be -1 (unbounded) or >= 0, got {}", side, w);
   std::int64_t n = 0;
   if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, in.seq, &n) ||
       __builtin_mul_overflow(n, std::max(in.heads, in.kv_heads), &n) || __builtin_mul_overflow(n, in.head_dim, &n) ||

@@ -61,7 +61,8 @@ TensorView piece(TensorView v, std::int64_t i, std::int64_t n) {
 // and chunk i−1's output transpose (post_out) travel; `progress` drives them. Returns the
 // seconds compute took.
 template <class PostIn, class Compute, class PostOut>
-double pipeline(const Communicator& comm, int chunks, PostIn post_in, Compute compute, PostOut post_out) {
+double pipeline(const Communicator& comm, const char* what, int chunks, PostIn post_in, Compute compute,
+                PostOut post_out) {
   std::vector<PendingTranspose> outs(static_cast<std::size_t>(chunks));
   PendingTranspose next = post_in(0);
   double compute_s = 0;
@@ -75,7 +76,9 @@ double pipeline(const Communicator& comm, int chunks, PostIn post_in, Compute co
     };
     const double t0 = comm.now();
     compute(i, progress);
-    compute_s += comm.now() - t0;
+    const double t1 = comm.now();
+    comm.trace(what, t0, t1);
+    compute_s += t1 - t0;
     outs[std::size_t(i)] = post_out(i);
   }
   for (PendingTranspose& o : outs) o.wait();
@@ -86,6 +89,7 @@ class A2aStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
     return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
   }
@@ -98,7 +102,7 @@ class A2aStrategy final : public Strategy {
   }
   // Every token's queries on this rank's heads.
   std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
-    return visible_pairs(config.cu_seqlens, config.causal, {0, q.s}, {0, q.s}) * q.b *
+    return visible_pairs(attention_params(config), {0, q.s}, {0, q.s}) * q.b *
            ulysses_heads(cp, rank, q.h, kv_heads).q.count;
   }
   // Balanced by heads, so never zigzag.
@@ -139,7 +143,7 @@ class A2aStrategy final : public Strategy {
                                 piece(ch.qkv.part(1), p, n), piece(ch.qkv.part(2), p, n), ctx->params);
         progress();
       }
-      stats.score_pairs += visible_pairs(ctx->params.cu_seqlens, config.causal, {0, hq.shape.s}, {0, hq.shape.s}) *
+      stats.score_pairs += visible_pairs(ctx->params, {0, hq.shape.s}, {0, hq.shape.s}) *
                            hq.shape.b * hq.shape.h;
     };
     auto post_out = [&](int i) {
@@ -149,7 +153,7 @@ class A2aStrategy final : public Strategy {
       wire[std::size_t(i)] = ch.out.converted(ctx->dtype);
       return post_head_to_seq(comm, wire[std::size_t(i)], part);
     };
-    const double compute_s = pipeline(comm, c, post_in, compute, post_out);
+    const double compute_s = pipeline(comm, "flash forward", c, post_in, compute, post_out);
     stats.compute_s += compute_s;
     stats.comm_exposed_s += comm.now() - t0 - compute_s;
     return ctx;
@@ -185,7 +189,7 @@ class A2aStrategy final : public Strategy {
         progress();
       }
       const std::int64_t s = qkv.seq();
-      stats.score_pairs += visible_pairs(ctx.params.cu_seqlens, ctx.params.causal, {0, s}, {0, s}) * qkv.batch() *
+      stats.score_pairs += visible_pairs(ctx.params, {0, s}, {0, s}) * qkv.batch() *
                            qkv.local_heads(0);
     };
     auto post_out = [&](int i) {
@@ -193,7 +197,7 @@ class A2aStrategy final : public Strategy {
       const std::array<SeqShard, 3> part{{{dq, h.q}, {dk, h.kv}, {dv, h.kv}}};
       return post_head_to_seq(comm, grads[std::size_t(i)], part);
     };
-    const double compute_s = pipeline(comm, c, post_in, compute, post_out);
+    const double compute_s = pipeline(comm, "flash backward", c, post_in, compute, post_out);
     stats.compute_s += compute_s;
     stats.comm_exposed_s += comm.now() - t0 - compute_s;
   }

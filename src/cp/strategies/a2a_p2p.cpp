@@ -50,6 +50,7 @@ class A2aP2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a+p2p"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
     return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
   }
@@ -123,7 +124,7 @@ class A2aP2pStrategy final : public Strategy {
     std::int64_t pairs = 0;
     for (int r = first; r < first + I; ++r)
       for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
-        pairs += visible_pairs(config.cu_seqlens, config.causal, c, {0, q.s});
+        pairs += visible_pairs(attention_params(config), c, {0, q.s});
     return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
   }
 
@@ -140,6 +141,16 @@ class A2aP2pStrategy final : public Strategy {
                        tokens_held(config, cp, group * I, I, q.s), mine, q.h, ulysses_kv_heads_held(I, kv_heads),
                        q.b * q.d * es);
     const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
+    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
+      auto group_chunks = [&](int g) {  // outer member g: the chunks of its inner group's ranks
+        std::vector<SeqChunk> c;
+        for (int r = g * I; r < g * I + I; ++r)
+          for (const SeqChunk& x : rank_chunks(config, cp, r, q.s)) c.push_back(x);
+        return c;
+      };
+      add_halo_volume(v, "outer.", O, group, group_chunks, p, per_token, es);
+      return v;
+    }
     add_ring_volume(v, "outer.", O, per_token * q.s, per_token * tokens_held(config, cp, (group + 1) % O * I, I, q.s),
                     es);
     return v;
@@ -168,7 +179,9 @@ class A2aP2pStrategy final : public Strategy {
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local * es;
-    const RingSeconds t = ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
+    const RingSeconds t = uses_halo(attention_params(config))
+                              ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
+                              : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
     r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);

@@ -19,8 +19,10 @@ class P2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "p2p"; }
   bool supports_documents() const override { return true; }
+  bool supports_window() const override { return true; }
   std::string_view summary() const override {
-    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute";
+    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
+           "(with a sliding window: only the halo the band reaches)";
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
@@ -47,16 +49,25 @@ class P2pStrategy final : public Strategy {
                      DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
+    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
+      add_halo_volume(v, "", cp, rank, [&](int r) { return rank_chunks(config, cp, r, q.s); }, p, per_token,
+                      std::int64_t(dtype_size(dtype)));
+      return v;
+    }
     add_ring_volume(v, "", cp, per_token * q.s, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, q.s),
                     std::int64_t(dtype_size(dtype)));
     return v;
   }
 
-  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double fwd_s,
+  StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                     double bwd_s) const override {
     const double es = double(dtype_size(in.dtype));
     const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    if (uses_halo(attention_params(config))) {  // + the halos received (the busiest rank's)
+      const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
+      return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
+    }
     const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * double(in.kv_heads) * local * 4,
                                        fwd_s, bwd_s);
     return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
