@@ -105,6 +105,31 @@ Link fit_link(Communicator& comm, int peer) {
   return l;
 }
 
+// Every rank exchanges with the same slot on the next node and the previous one at once, so
+// each node's inter-node link carries all its ranks' flows both ways: α from 8 B, β per rank
+// from 16 MB (the slowest rank). Collective; needs 2 nodes or more.
+Link fit_concurrent(Communicator& comm, int per_node) {
+  const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
+  auto timed = [&](std::size_t bytes) {
+    std::vector<char> send(bytes, 1), recv(bytes);
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      comm.barrier();
+      const double t0 = comm.now();
+      Request r = comm.irecv(recv.data(), bytes, from, 10);
+      comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
+      r.wait();
+      double dt = comm.now() - t0;
+      comm.allreduce_max(&dt, 1);
+      t.push_back(dt);
+    }
+    return median(t);
+  };
+  const std::size_t large = 16 << 20;
+  const double small = timed(8), big = timed(large);
+  return {double(large) / std::max(1e-9, big - small), small};
+}
+
 Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
@@ -141,11 +166,13 @@ int contiguous_ranks_per_node(Communicator& comm) {
 }
 
 // Collective. Fits the links inside a node (ranks 0 and 1) and between nodes (rank 0 and the
-// first rank of the next node), and the all-to-all inside a node, into in.cluster.
+// first rank of the next node; then every rank across at once), and the all-to-all inside a
+// node, into in.cluster.
 void calibrate_links(Communicator& comm, int per_node, PlanInput& in) {
   in.cluster.ranks_per_node = per_node;
   in.cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
   in.cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : in.cluster.intra;
+  if (per_node < comm.size()) in.cluster.inter_concurrent = fit_concurrent(comm, per_node);
   if (per_node == 1) in.cluster.intra = in.cluster.inter;
   std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
   in.cluster.alltoall_intra = fit_alltoall(*node);
@@ -194,6 +221,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"dtype", to_string(in.dtype)}, {"ranks_per_node", in.cluster.ranks_per_node},
                      {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
                      {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
+                     {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
                      {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
                      {"documents", in.documents}}},
           {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
@@ -374,10 +402,11 @@ int run_plan(const PlanOptions& o) {
   if (o.calibrate) {
     if (comm.rank() == 0)
       fmt::print("calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
-                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us; all-to-all inside a node {:.2f} GB/s, "
-                 "{:.1f} us per peer\n",
+                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending across); all-to-all "
+                 "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
                  comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
                  in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
+                 in.cluster.inter_concurrent.bandwidth / 1e9,
                  in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6);
     for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
