@@ -42,8 +42,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   c->add_flag("--no-causal", o.no_causal, "full (non-causal) attention");
   c->add_flag("--calibrate", o.calibrate,
-              "measure this machine (attention rate, an alpha-beta fit of MPI send/recv), plan for it at cp = the "
-              "number of ranks, then run every strategy for real and print measured / predicted");
+              "measure this machine (attention rate, an alpha-beta fit of MPI send/recv; across hosts also with every "
+              "rank sending at once), plan for it at cp = the number of ranks, then run every strategy for real and "
+              "print measured / predicted");
   c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
   c->add_option("--docs", o.docs,
                 "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
@@ -105,25 +106,33 @@ Link fit_link(Communicator& comm, int peer) {
   return l;
 }
 
+// Median over 5 runs of `op` (each after a barrier) of the slowest rank's seconds. Collective.
+template <class Op>
+double slowest_median(Communicator& comm, Op&& op) {
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    comm.barrier();
+    const double t0 = comm.now();
+    op();
+    double dt = comm.now() - t0;
+    comm.allreduce_max(&dt, 1);
+    t.push_back(dt);
+  }
+  return median(t);
+}
+
 // Every rank exchanges with the same slot on the next node and the previous one at once, so
 // each node's inter-node link carries all its ranks' flows both ways: α from 8 B, β per rank
-// from 16 MB (the slowest rank). Collective; needs 2 nodes or more.
+// from 16 MB. Collective; needs 2 nodes or more.
 Link fit_concurrent(Communicator& comm, int per_node) {
   const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
   auto timed = [&](std::size_t bytes) {
     std::vector<char> send(bytes, 1), recv(bytes);
-    std::vector<double> t;
-    for (int i = 0; i < 5; ++i) {
-      comm.barrier();
-      const double t0 = comm.now();
+    return slowest_median(comm, [&] {
       Request r = comm.irecv(recv.data(), bytes, from, 10);
       comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
       r.wait();
-      double dt = comm.now() - t0;
-      comm.allreduce_max(&dt, 1);
-      t.push_back(dt);
-    }
-    return median(t);
+    });
   };
   const std::size_t large = 16 << 20;
   const double small = timed(8), big = timed(large);
@@ -134,16 +143,7 @@ Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B b
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
     std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
-    std::vector<double> t;
-    for (int i = 0; i < 5; ++i) {
-      comm.barrier();
-      const double t0 = comm.now();
-      comm.alltoall(send.data(), recv.data(), block, "calibrate");
-      double dt = comm.now() - t0;
-      comm.allreduce_max(&dt, 1);
-      t.push_back(dt);
-    }
-    return median(t);
+    return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
   };
   const std::size_t large = 4 << 20;
   const double small = timed(8), big = timed(large);
