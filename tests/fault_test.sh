@@ -10,6 +10,8 @@
 #          disk-full     a checkpoint that does not fit: error naming the file, old one intact
 #          link-down     (cluster) host h2's link goes down mid-run: mpirun's keepalive ends the job
 #          link-down-watchdog  the same with the keepalive off: the ranks' watchdogs end it
+#          calibrate     (cluster) plan --calibrate fits 2 ranks per host, the inter-host link point
+#                        to point and with every rank sending across, and measures every strategy
 set -u
 src=$1 bin=$2 where=$3 case=$4
 comm=$(basename "$(readlink -f "$bin")" | cut -c1-15)  # the ranks' process name
@@ -101,6 +103,16 @@ strategies() {
   map=()
 }
 
+calibrate() {
+  launch "$dir/c.log" plan --calibrate --seq 512 --heads 4 --head-dim 16 --json "$dir/c.json"
+  if wait "$job" && python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); i = j["input"]
+ok = i["ranks_per_node"] == 2 and 0 < i["inter_concurrent_bandwidth"] <= 1.5 * i["inter_bandwidth"]
+sys.exit(0 if ok and all(r["measured_step_s"] > 0 for r in j["strategies"] if r["valid"]) else 1)' "$dir/c.json"; then
+    pass "$where: plan --calibrate: 2 ranks per host, inter-host link fitted alone and shared, every strategy measured"
+  else fail "$where: plan --calibrate"; cat "$dir/c.log"; fi
+}
+
 kill_forward() {
   launch "$dir/f.log" attention --seq 2048 --heads 8 --head-dim 64 --repeat 500 --out "$dir/out.npy"
   wait_for "$dir/f.log" "^ulysses attention" 60 || { fail "kill-forward: never started"; cat "$dir/f.log"; return; }
@@ -183,6 +195,7 @@ if [ "$where" = cluster ]; then
 fi
 case "$case" in
   strategies) strategies ;;
+  calibrate) calibrate ;;
   kill-forward) kill_forward ;;
   kill-train) kill_train ;;
   disk-full) disk_full ;;

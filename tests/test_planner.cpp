@@ -186,4 +186,31 @@ TEST(Planner, UlyssesPerGpuVolumeIsConstantWhenSequenceAndGpusGrowTogether) {
   }
 }
 
+// Two hosts of two ranks whose ranks share one slow link (the namespace cluster's shaped veth):
+// flows that cross at once split it, so the ring across hosts at stride 2 ([2,2]'s outer ring)
+// and the all-to-all cost more, the stride-1 ring (one flow per host) does not.
+TEST(Planner, RanksSendingAcrossAtOnceShareTheNodesLink) {
+  PlanInput in = gpt(8192, 8, 8, 4);
+  in.cluster.ranks_per_node = 2;
+  in.cluster.intra = {1e9, 0};
+  in.cluster.inter = {25e6, 0};
+  const Plan own = make_plan(in);  // inter_concurrent unset: a link per rank
+  in.cluster.inter_concurrent = {12.5e6, 0};
+  const Cluster& c = in.cluster;
+  EXPECT_DOUBLE_EQ(inter_link(c, 1).bandwidth, 25e6);
+  EXPECT_DOUBLE_EQ(inter_link(c, 2).bandwidth, 12.5e6);
+  EXPECT_DOUBLE_EQ(ring_link(c, 2, 1).bandwidth, 1e9);    // inside a host
+  EXPECT_DOUBLE_EQ(ring_link(c, 4, 1).bandwidth, 25e6);   // one rank per host crosses
+  EXPECT_DOUBLE_EQ(ring_link(c, 2, 2).bandwidth, 12.5e6); // both ranks of a host cross
+  // 3 MB per rank to 3 peers: 1 MB inside the host, 2 MB across on a link shared by 2 ranks.
+  EXPECT_DOUBLE_EQ(all_to_all_seconds(c, 4, 3e6), 2e6 / 12.5e6);
+  const Plan shared = make_plan(in);
+  EXPECT_DOUBLE_EQ(row(shared, "p2p").comm_s, row(own, "p2p").comm_s);
+  EXPECT_GT(row(shared, "a2a").comm_s, 1.9 * row(own, "a2a").comm_s);
+  EXPECT_GT(row(shared, "a2a+p2p [2,2]").comm_s, 1.5 * row(own, "a2a+p2p [2,2]").comm_s);
+  // One NIC per rank (inter_concurrent = inter): nothing changes.
+  in.cluster.inter_concurrent = in.cluster.inter;
+  EXPECT_DOUBLE_EQ(row(make_plan(in), "a2a+p2p [2,2]").comm_s, row(own, "a2a+p2p [2,2]").comm_s);
+}
+
 }  // namespace

@@ -43,8 +43,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   c->add_flag("--no-causal", o.no_causal, "full (non-causal) attention");
   c->add_flag("--calibrate", o.calibrate,
-              "measure this machine (attention rate, an alpha-beta fit of MPI send/recv), plan for it at cp = the "
-              "number of ranks, then run every strategy for real and print measured / predicted");
+              "measure this machine (attention rate, an alpha-beta fit of MPI send/recv; across hosts also with every "
+              "rank sending at once), plan for it at cp = the number of ranks, then run every strategy for real and "
+              "print measured / predicted");
   c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
   c->add_option("--docs", o.docs,
                 "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
@@ -115,20 +116,44 @@ Link fit_link(Communicator& comm, int peer) {
   return l;
 }
 
+// Median over 5 runs of `op` (each after a barrier) of the slowest rank's seconds. Collective.
+template <class Op>
+double slowest_median(Communicator& comm, Op&& op) {
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    comm.barrier();
+    const double t0 = comm.now();
+    op();
+    double dt = comm.now() - t0;
+    comm.allreduce_max(&dt, 1);
+    t.push_back(dt);
+  }
+  return median(t);
+}
+
+// Every rank exchanges with the same slot on the next node and the previous one at once, so
+// each node's inter-node link carries all its ranks' flows both ways: α from 8 B, β per rank
+// from 16 MB. Collective; needs 2 nodes or more.
+Link fit_concurrent(Communicator& comm, int per_node) {
+  const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
+  auto timed = [&](std::size_t bytes) {
+    std::vector<char> send(bytes, 1), recv(bytes);
+    return slowest_median(comm, [&] {
+      Request r = comm.irecv(recv.data(), bytes, from, 10);
+      comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
+      r.wait();
+    });
+  };
+  const std::size_t large = 16 << 20;
+  const double small = timed(8), big = timed(large);
+  return {double(large) / std::max(1e-9, big - small), small};
+}
+
 Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
     std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
-    std::vector<double> t;
-    for (int i = 0; i < 5; ++i) {
-      comm.barrier();
-      const double t0 = comm.now();
-      comm.alltoall(send.data(), recv.data(), block, "calibrate");
-      double dt = comm.now() - t0;
-      comm.allreduce_max(&dt, 1);
-      t.push_back(dt);
-    }
-    return median(t);
+    return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
   };
   const std::size_t large = 4 << 20;
   const double small = timed(8), big = timed(large);
@@ -151,11 +176,13 @@ int contiguous_ranks_per_node(Communicator& comm) {
 }
 
 // Collective. Fits the links inside a node (ranks 0 and 1) and between nodes (rank 0 and the
-// first rank of the next node), and the all-to-all inside a node, into in.cluster.
+// first rank of the next node; then every rank across at once), and the all-to-all inside a
+// node, into in.cluster.
 void calibrate_links(Communicator& comm, int per_node, PlanInput& in) {
   in.cluster.ranks_per_node = per_node;
   in.cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
   in.cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : in.cluster.intra;
+  if (per_node < comm.size()) in.cluster.inter_concurrent = fit_concurrent(comm, per_node);
   if (per_node == 1) in.cluster.intra = in.cluster.inter;
   std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
   in.cluster.alltoall_intra = fit_alltoall(*node);
@@ -204,6 +231,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"dtype", to_string(in.dtype)}, {"ranks_per_node", in.cluster.ranks_per_node},
                      {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
                      {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
+                     {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
                      {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
                      {"documents", in.documents}, {"window", {in.window_left, in.window_right}}}},
           {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
@@ -393,10 +421,11 @@ int run_plan(const PlanOptions& o) {
   if (o.calibrate) {
     if (comm.rank() == 0)
       fmt::print("calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
-                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us; all-to-all inside a node {:.2f} GB/s, "
-                 "{:.1f} us per peer\n",
+                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending across); all-to-all "
+                 "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
                  comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
                  in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
+                 in.cluster.inter_concurrent.bandwidth / 1e9,
                  in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6);
     for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }

@@ -32,6 +32,10 @@ struct Cluster {
   // All-to-all inside a node, when it behaves unlike point-to-point (a calibrated fit);
   // a bandwidth of 0 means "use intra".
   Link alltoall_intra{0, 0};
+  // The inter-node link per rank when every rank of a node sends across at once (a calibrated
+  // fit): ranks that share one NIC (or one shaped link) split it. A bandwidth of 0 means "a
+  // link per rank" (one NIC per GPU): concurrent flows cost what one does.
+  Link inter_concurrent{0, 0};
   double peak_flops = 989e12;  // H100 dense bf16
   double efficiency = 0.5;     // achieved fraction of peak in attention
 };
@@ -78,10 +82,16 @@ std::int64_t busiest_tokens(const PlanInput& in);
 // One message of `bytes` on a link: latency + bytes / bandwidth.
 double message_seconds(const Link& link, double bytes);
 // An all-to-all over `group` contiguous ranks, `bytes` sent per rank: intra- and inter-node
-// peers send in parallel; each peer costs one latency.
+// peers send in parallel, and the group's ranks on one node share its inter-node link
+// (inter_link); each peer costs one latency.
 double all_to_all_seconds(const Cluster& cluster, int group, double bytes);
-// The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement).
-const Link& ring_link(const Cluster& cluster, int members, int stride);
+// The inter-node link each of `flows` ranks of one node gets while they all send across at
+// once: the point-to-point fit, or the node's share (inter_concurrent × ranks_per_node) split
+// `flows` ways when that is less.
+Link inter_link(const Cluster& cluster, int flows);
+// The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement): when it
+// leaves the node, min(stride, ranks_per_node) ranks of each node send across at once.
+Link ring_link(const Cluster& cluster, int members, int stride);
 // A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
 // backward K/V steps plus dK/dV steps, the last dK/dV hop exposed.
 struct RingSeconds {

@@ -144,13 +144,20 @@ double all_to_all_seconds(const Cluster& c, int g, double bytes) {
   if (g <= 1 || bytes == 0) return 0;
   const int intra_peers = std::min(g, c.ranks_per_node) - 1, inter_peers = g - 1 - intra_peers;
   const Link& intra = c.alltoall_intra.bandwidth > 0 ? c.alltoall_intra : c.intra;
+  const Link inter = inter_link(c, std::min(g, c.ranks_per_node));
   const double per_peer = bytes / (g - 1);
-  return double(g - 1) * std::max(intra.latency, inter_peers ? c.inter.latency : 0.0) +
-         std::max(intra_peers * per_peer / intra.bandwidth, inter_peers * per_peer / c.inter.bandwidth);
+  return double(g - 1) * std::max(intra.latency, inter_peers ? inter.latency : 0.0) +
+         std::max(intra_peers * per_peer / intra.bandwidth, inter_peers * per_peer / inter.bandwidth);
 }
 
-const Link& ring_link(const Cluster& c, int members, int stride) {
-  return members * stride <= c.ranks_per_node ? c.intra : c.inter;
+Link inter_link(const Cluster& c, int flows) {
+  if (c.inter_concurrent.bandwidth <= 0 || flows <= 1) return c.inter;
+  const double node = c.inter_concurrent.bandwidth * c.ranks_per_node;
+  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency};
+}
+
+Link ring_link(const Cluster& c, int members, int stride) {
+  return members * stride <= c.ranks_per_node ? c.intra : inter_link(c, std::min(stride, c.ranks_per_node));
 }
 
 RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s) {
