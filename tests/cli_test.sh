@@ -101,7 +101,7 @@ head -c 200 "$dir/q.npy" > "$dir/truncated.npy"
 expect_error "missing file" 2 "cannot open" --q "$dir/nope.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "malformed file" 2 "not a usable .npy file" --q "$dir/garbage.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "truncated file" 2 "truncated data" --q "$dir/truncated.npy" --k "$dir/k.npy" --v "$dir/v.npy"
-expect_error "k shorter than q" 2 "must be [b, s, h_kv, d] with q's b, s and d" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
+expect_error "k shorter than v (k/v may differ from q: cross-attention)" 2 "must have k's shape" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
 expect_error "heads < cp" 4 "num_heads (3) must be at least cp (4)" --heads 3 --seq 64
 expect_error "heads < cp names p2p" 4 "cp_comm_type p2p" --heads 2 --seq 64
 expect_error "partial GQA groups" 2 "num_heads (6) must be divisible by num_kv_heads (4)" --heads 6 --kv-heads 4 --seq 64

@@ -82,6 +82,11 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "a2a: cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain "
                 "Ulysses; at most the KV heads a rank holds; default: the planner's choice)")
       ->check(CLI::Range(1, 1024));
+  c->add_option("--kv-seq", o.kv_seq, "random inputs: cross-attention, k/v of this many tokens (default: --seq; "
+                "--k/--v files may have another length than --q too); a2a and all_gather")
+      ->check(positive_number());
+  c->add_option("--q-offset", o.q_offset, "cross-attention with --causal: query i sees keys j <= q_offset + i "
+                "(required when the k/v length differs from q's)");
   add_timeout_option(c, o.timeout);
 }
 
@@ -122,8 +127,8 @@ Problem load_problem(const AttentionOptions& o) {
     check_shape_and_finite(*p.fv, o.v, "v", o.allow_nonfinite);
     check_shape_and_finite(*p.fq, o.q, "q", o.allow_nonfinite);
     p.kv = shape_of(*p.fk, o.k, "k");
-    if (p.kv.b != p.q.b || p.kv.s != p.q.s || p.kv.d != p.q.d)
-      throw Error(fmt::format("k {} must be [b, s, h_kv, d] with q's b, s and d; q is {}", p.kv.str(), p.q.str()));
+    if (p.kv.b != p.q.b || p.kv.d != p.q.d)
+      throw Error(fmt::format("k {} must be [b, s_k, h_kv, d] with q's b and d; q is {}", p.kv.str(), p.q.str()));
     const Shape v = shape_of(*p.fv, o.v, "v");
     if (!(v == p.kv)) throw Error(fmt::format("v {} must have k's shape {}", v.str(), p.kv.str()));
     if (!o.dout.empty()) {
@@ -137,7 +142,7 @@ Problem load_problem(const AttentionOptions& o) {
     if (!o.dout.empty()) throw Error("--dout needs --q, --k and --v (or use --backward with random inputs)");
     const std::int64_t kvh = o.kv_heads > 0 ? o.kv_heads : o.heads;
     p.q = {o.batch, o.seq, o.heads, o.head_dim};
-    p.kv = {o.batch, o.seq, kvh, o.head_dim};
+    p.kv = {o.batch, o.kv_seq > 0 ? o.kv_seq : o.seq, kvh, o.head_dim};
     p.backward = o.backward;
   }
   if (p.q.numel() == 0 || p.kv.numel() == 0) throw Error(fmt::format("empty inputs: q {} k {}", p.q.str(), p.kv.str()));
@@ -176,6 +181,7 @@ struct Setup {
   DType dtype = DType::f32;
   Layout layout = Layout::bshd;
   std::vector<std::vector<SeqChunk>> chunks;  // the tokens of each rank
+  std::vector<std::vector<SeqChunk>> kv_chunks;  // the k/v tokens of each rank (cross-attention: its own)
   int cp = 1, threads = 1;
 };
 
@@ -196,7 +202,7 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
   const double files = p.fq ? 4 * (q * grads + 2 * kv) : 0;
   const double shards = double(dtype_size(s.dtype)) * grads * (2 * q + 2 * kv) / s.cp;
   const PlanInput in = plan_input_of(s);
-  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, p.q, p.kv.h, s.dtype);
+  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, p.q, p.kv.h, s.dtype, p.kv.s);
   const double working = find_strategy(s.cfg.cp_comm_type).cost(in, s.cfg, volume, 1, 1).memory_bytes;
   const bool outputs = !o.out.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty();
   const double gathered = o.check || outputs ? 4 * grads * (q + kv) : 0;
@@ -220,16 +226,20 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.cfg.zigzag = !o.no_zigzag;
     s.cfg.scale = o.scale;
     if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
+    s.cfg.q_offset = o.q_offset;
     s.p = load_problem(o);
+    const bool cross = is_cross(s.cfg, s.p.q.s, s.p.kv.s);
+    if (cross) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);  // its rules before the planner's
     if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
     if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
-    if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);
+    if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);
     if (o.overlap_chunks > 0) s.cfg.overlap_chunks = o.overlap_chunks;
-    else if (s.cfg.cp_comm_type == "a2a" && cp > 1) {
+    else if (s.cfg.cp_comm_type == "a2a" && cp > 1 && !cross) {
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);  // the strategy's own message before the planner's
       s.cfg.overlap_chunks = plan_overlap(plan_input_of(s)).chunks;
     }
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
+    s.kv_chunks = all_rank_chunks(s.cfg, cp, s.p.kv.s);
     const auto [per_rank, root] = memory_need(s, o);
     check_memory("ulysses attention", per_rank, root, node_ranks);
   });
@@ -287,7 +297,10 @@ struct Shards {
 };
 
 Shards make_shards(const Setup& s, int rank, std::uint64_t seed) {
-  auto input = [&](int which) { return make_input(s.p, which, s.chunks[std::size_t(rank)], s.dtype, s.layout, seed); };
+  auto input = [&](int which) {
+    const auto& chunks = which == 1 || which == 2 ? s.kv_chunks : s.chunks;
+    return make_input(s.p, which, chunks[std::size_t(rank)], s.dtype, s.layout, seed);
+  };
   Shards t;
   t.q = input(0);
   t.k = input(1);
@@ -385,8 +398,8 @@ Results gather_results(Communicator& comm, const Setup& s, const Shards& t, cons
   if (need_out) g.out = gather_global(comm, t.out.view(), s.chunks);
   if (need_grads) {
     g.dq = gather_global(comm, t.dq.view(), s.chunks);
-    g.dk = gather_global(comm, t.dk.view(), s.chunks);
-    g.dv = gather_global(comm, t.dv.view(), s.chunks);
+    g.dk = gather_global(comm, t.dk.view(), s.kv_chunks);
+    g.dv = gather_global(comm, t.dv.view(), s.kv_chunks);
   }
   return g;
 }
@@ -404,15 +417,19 @@ std::map<std::string, std::int64_t> expected_bytes(const Setup& s, const CommVol
 nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
   for (auto& r : ranks)
     r["expected_bytes_sent"] = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, int(r["rank"]), s.p.q, s.p.kv.h,
-                                                                         s.dtype));
+                                                                         s.dtype, s.p.kv.s));
   return ranks;
 }
 
-// FlashAttention's count; with documents or a window, exactly 4·d per visible (query, key) pair.
+// FlashAttention's count; with documents, a window or cross-attention, exactly 4·d per visible
+// (query, key) pair.
 double forward_flops(const Setup& s) {
   const Shape& q = s.p.q;
-  if (s.cfg.cu_seqlens.empty() && s.cfg.window_left < 0 && s.cfg.window_right < 0) return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
-  return 4.0 * double(q.b * q.h * q.d) * double(visible_pairs(attention_params(s.cfg), {0, q.s}, {0, q.s}));
+  const std::int64_t sk = s.p.kv.s;
+  if (s.cfg.cu_seqlens.empty() && s.cfg.window_left < 0 && s.cfg.window_right < 0 && !is_cross(s.cfg, q.s, sk))
+    return attention_forward_flops(q.b, q.s, q.s, q.h, q.d, s.cfg.causal);
+  return 4.0 * double(q.b * q.h * q.d) *
+         double(visible_pairs(attention_params(s.cfg), {s.cfg.q_offset.value_or(0), q.s}, {0, sk}));
 }
 
 // The busiest rank's attention work over the mean: what load imbalance costs in time.
@@ -585,7 +602,7 @@ int run_attention(const AttentionOptions& o) {
   int failed = 0;  // rank 0's verdict, sent to every rank: all of them exit with the same code
   on_root(comm, [&] {
     const nlohmann::json checked = with_expected_bytes(s, ranks);
-    const auto busiest = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype));
+    const auto busiest = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, s.p.q, s.p.kv.h, s.dtype, s.p.kv.s));
     nlohmann::json report = make_report(s, o, timing, checked, busiest);
     print_times(s, timing, o.repeat);
     print_traffic(checked, ops);

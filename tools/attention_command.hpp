@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ulysses::cli {
@@ -24,6 +25,8 @@ struct AttentionOptions {
   int repeat = 0, threads = 0;
   double timeout = 300;  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
   int overlap_chunks = 0;  // a2a: chunks of heads pipelined with compute; 0 = the planner's choice
+  std::int64_t kv_seq = 0;                 // random inputs: cross-attention's k/v length; 0 = --seq
+  std::optional<std::int64_t> q_offset;    // cross-attention, causal: key position of query 0
 };
 
 void add_attention_command(CLI::App& app, AttentionOptions& opt);

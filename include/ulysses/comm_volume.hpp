@@ -26,13 +26,14 @@ struct CommVolume {
 
 // For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks: what rank `rank` sends, the
 // strategy's own formula (Strategy::traffic). Throws Error if the configuration is invalid
-// (the same rules as ContextParallelAttention).
+// (the same rules as ContextParallelAttention). kv_seq: the k/v length s_k (cross-attention,
+// Strategy::traffic_cross); 0 means q.s.
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                                 DType dtype);
+                                 DType dtype, std::int64_t kv_seq = 0);
 // The same for the busiest rank of each counter: every rank's volume when the tokens and heads
 // split evenly, an upper bound per counter otherwise (the planner's input).
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
-                                 DType dtype);
+                                 DType dtype, std::int64_t kv_seq = 0);
 
 // Building blocks of the strategies' formulas for one rank, O(1) whatever the group size (the
 // planner asks every rank).

@@ -9,7 +9,7 @@
 // need not divide by cp: rank r holds s_r tokens, the first ranks (chunks) one more, and s is
 // the sum over the ranks (s >= cp; s >= 2·cp under zigzag).
 //   q, out, dout, dq : [b, s_r, h,    d]
-//   k, v, dk, dv     : [b, s_r, h_kv, d]
+//   k, v, dk, dv     : [b, s_r, h_kv, d]   (cross-attention: [b, sk_r, h_kv, d], below)
 // b, h, h_kv, d, dtype and settings are the same on every rank; s_r is each rank's own.
 // float32 or bfloat16 storage (all the same dtype), any layout/strides with d contiguous.
 // Heads (a2a, and the inner all-to-all of a2a+p2p over a group of g ranks): ulysses_heads()
@@ -17,6 +17,11 @@
 // each KV head shared by some ranks that split its query heads (gradients of the copies are
 // summed); h need not divide by g. p2p and all_gather compute every head on their tokens and
 // move K/V at their native head count.
+//
+// Cross-attention (is_cross in strategy.hpp; a2a and all_gather, Strategy::supports_cross): k/v
+// hold s_k tokens in total, sharded by rank_chunks over s_k on their own (sk_r per rank); q
+// holds s. Masks: none, or causal with config.q_offset (query i at key position q_offset + i);
+// causal without q_offset is an Error when s_k != s. Every strategy uses contiguous chunks then.
 //
 // Autograd: forward() returns a CpContext that owns what the backward needs; any number of
 // forwards may be in flight (layers, micro-batches, activation checkpointing), each context
@@ -43,7 +48,9 @@ namespace ulysses {
 // Not collective: throws the Error a forward would throw for this configuration on `cp`
 // ranks with global q [b, s, h, d] and `kv_heads` KV heads (unknown strategy, head rules,
 // hierarchical sizes, too short a sequence), so a program can refuse bad settings early.
-void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, std::int64_t kv_heads);
+// kv_seq: the global k/v length s_k; 0 means q_global.s (self-attention).
+void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, std::int64_t kv_heads,
+                        std::int64_t kv_seq = 0);
 
 // What one forward keeps for its backward (about 2× the head-sharded q+k+v for a2a).
 class CpContext {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct CpConfig {
   // messages. 1 = plain Ulysses. Clamped to the fewest KV heads a rank holds
   // (ulysses_overlap_chunks in sharding.hpp); below 1, or above 1 on another strategy, is an Error.
   int overlap_chunks = 1;
+  // Cross-attention (k/v of s_k tokens, q of s): the global key position of query 0, so query i
+  // sees keys j <= q_offset + i under a causal mask. Required with a causal mask when s_k != s
+  // (there is no natural alignment); when set, every strategy keeps contiguous chunks. Unset
+  // with s_k == s: self-attention.
+  std::optional<std::int64_t> q_offset = std::nullopt;
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.

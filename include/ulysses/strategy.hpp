@@ -80,6 +80,10 @@ class Strategy {
   virtual bool supports_documents() const { return false; }
   // The same for config.window_left / window_right (a sliding window over global positions).
   virtual bool supports_window() const { return false; }
+  // True when the strategy runs cross-attention (is_cross): q of s tokens against k/v of s_k
+  // tokens, each sharded by rank_chunks over its own length, with forward_cross and
+  // traffic_cross. Others are refused cross-attention before any data moves.
+  virtual bool supports_cross() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
@@ -106,6 +110,14 @@ class Strategy {
                                                    const std::vector<std::vector<SeqChunk>>& chunks,
                                                    const TensorView& out, const TensorView& q, const TensorView& k,
                                                    const TensorView& v, CpStats& stats) const = 0;
+  // Collective. forward for cross-attention: kv_chunks[r] are rank r's K/V tokens (rank_chunks
+  // over s_k). By default throws Error (supports_cross() false).
+  virtual std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
+                                                         const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                         const std::vector<std::vector<SeqChunk>>& kv_chunks,
+                                                         const TensorView& out, const TensorView& q,
+                                                         const TensorView& k, const TensorView& v,
+                                                         CpStats& stats) const;
   // Collective. Writes dq, dk, dv for the forward that made `context`.
   virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
@@ -114,6 +126,9 @@ class Strategy {
   // config; ranks differ when the tokens or heads do not split evenly).
   virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                              DType dtype) const = 0;
+  // traffic() with k/v of kv_seq tokens (cross-attention). By default throws Error.
+  virtual CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                                   std::int64_t kv_heads, DType dtype) const;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
   // one per factorisation of cp.
@@ -127,9 +142,12 @@ class Strategy {
                             double bwd_s) const = 0;
 };
 
-// The local kernels' settings for `config`: its mask (causal, documents) and scale; offsets 0
-// (chunked strategies set them per call).
+// The local kernels' settings for `config`: its mask (causal, documents), scale and q_offset
+// (0 when unset); k_offset 0 (chunked strategies set the offsets per call).
 AttentionParams attention_params(const CpConfig& config);
+
+// Cross-attention: k/v hold another length than q (kv_seq != q_seq) or config.q_offset is set.
+bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq);
 
 // The registry, in registration order (the built-ins first, in the order listed above).
 const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones

@@ -38,7 +38,7 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
   comm.trace("flash forward", t0, comm.now());
-  stats.score_pairs += visible_pairs(ctx->params, {0, q.shape.s}, {0, q.shape.s}) * q.shape.b * q.shape.h;
+  stats.score_pairs += visible_pairs(ctx->params, {ctx->params.q_offset, q.shape.s}, {0, k.shape.s}) * q.shape.b * q.shape.h;
   return ctx;
 }
 
@@ -49,8 +49,8 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
                            ctx.params);
   stats.compute_s += comm.now() - t0;
   comm.trace("flash backward", t0, comm.now());
-  const std::int64_t s = ctx.q.shape().s;
-  stats.score_pairs += visible_pairs(ctx.params, {0, s}, {0, s}) * ctx.q.shape().b * ctx.q.shape().h;
+  const std::int64_t s = ctx.q.shape().s, sk = ctx.k.shape().s;
+  stats.score_pairs += visible_pairs(ctx.params, {ctx.params.q_offset, s}, {0, sk}) * ctx.q.shape().b * ctx.q.shape().h;
 }
 
 // Local checks of one rank's tensors: "" or the first problem found.
@@ -58,8 +58,9 @@ std::string local_error(const TensorView& out, const TensorView& q, const Tensor
   const Shape& s = q.shape;
   if (s.b <= 0 || s.s <= 0 || s.h <= 0 || s.d <= 0)
     return fmt::format("q must have positive sizes [b, s_r, h, d], got {}", s.str());
-  if (k.shape.h <= 0) return fmt::format("k must have at least one head, got {}", k.shape.str());
-  Shape kv{s.b, s.s, k.shape.h, s.d};
+  if (k.shape.h <= 0 || k.shape.s <= 0)
+    return fmt::format("k must have at least one head and one token, got {}", k.shape.str());
+  Shape kv{s.b, k.shape.s, k.shape.h, s.d};  // k/v may hold another length (cross-attention)
   for (auto [name, view, want] : {std::tuple{"k", &k, kv}, {"v", &v, kv}, {"out", &out, s}}) {
     std::string e = shape_error(name, *view, want);
     if (!e.empty()) return e + fmt::format(" (q is {})", s.str());
@@ -87,7 +88,29 @@ std::string backward_error(const CpContext& ctx, const Shape& q, const Shape& kv
 
 }  // namespace
 
-void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) {
+namespace {
+
+// Cross-attention's rules (is_cross), after the strategy's own.
+void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq) {
+  if (config.causal && !config.q_offset)
+    throw Error(fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): "
+                            "k/v hold s_k = {} tokens, q holds s = {}",
+                            kv_seq, q.s));
+  if (!find_strategy(config.cp_comm_type).supports_cross())
+    throw Error(fmt::format("cp_comm_type {} does not support cross-attention (s_k = {}, s = {}{}); use {}",
+                            config.cp_comm_type, kv_seq, q.s, config.q_offset ? ", q_offset set" : "",
+                            "a2a or all_gather"));
+  if (config.overlap_chunks != 1)
+    throw Error(fmt::format("overlap_chunks must be 1 with cross-attention, got {}", config.overlap_chunks));
+  if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");
+  if (config.window_left >= 0 || config.window_right >= 0)
+    throw Error("cross-attention does not take a sliding window (window_size)");
+  rank_chunks(config, cp, 0, kv_seq);
+}
+
+}  // namespace
+
+void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, std::int64_t kv_seq) {
   if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
@@ -98,6 +121,8 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   check_window(attention_params(config));
   if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
     throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
+  if (kv_seq == 0) kv_seq = q.s;
+  if (is_cross(config, q.s, kv_seq)) validate_cross(config, cp, q, kv_seq);
   if (config.cu_seqlens.empty()) return;
   if (!find_strategy(config.cp_comm_type).supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
@@ -109,7 +134,8 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
 }
 
 AttentionParams attention_params(const CpConfig& config) {
-  return {config.causal, config.scale, 0, 0, config.cu_seqlens, config.window_left, config.window_right};
+  return {config.causal, config.scale, config.q_offset.value_or(0), 0, config.cu_seqlens, config.window_left,
+          config.window_right};
 }
 
 CpContext::CpContext() = default;
@@ -128,20 +154,23 @@ namespace {
 // What every rank must agree on: all but the token count, which rank_chunks sets per rank.
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}] window ({}, {})",
+      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]"
+      " window ({}, {}) q_offset {}",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
       config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
-      fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right);
+      fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
+      config.q_offset ? std::to_string(*config.q_offset) : "unset");
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.
-std::string token_count_error(const CpConfig& config, const std::vector<std::int64_t>& tokens, std::int64_t seq) {
+std::string token_count_error(const CpConfig& config, const std::vector<std::int64_t>& tokens, std::int64_t seq,
+                              const char* what) {
   const int cp = int(tokens.size());
   for (int r = 0; r < cp; ++r) {
     const std::int64_t want = tokens_held(config, cp, r, 1, seq);
     if (tokens[std::size_t(r)] != want)
-      return fmt::format("rank {} holds {} tokens but cp_comm_type {} with s = {} gives it {} (rank_chunks)", r,
-                         tokens[std::size_t(r)], config.cp_comm_type, seq, want);
+      return fmt::format("rank {} holds {} {}tokens but cp_comm_type {} with s = {} gives it {} (rank_chunks)", r,
+                         tokens[std::size_t(r)], what, config.cp_comm_type, seq, want);
   }
   return "";
 }
@@ -168,14 +197,19 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   comm.agree_identical("attention inputs and settings", describe(config, q, k));
   // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
   const std::vector<std::int64_t> tokens = comm.allgather_value(q.shape.s, "validate");
+  const std::vector<std::int64_t> kv_tokens = comm.allgather_value(k.shape.s, "validate");
   const std::int64_t seq = std::accumulate(tokens.begin(), tokens.end(), std::int64_t(0));
+  const std::int64_t kv_seq = std::accumulate(kv_tokens.begin(), kv_tokens.end(), std::int64_t(0));
   const int cp = comm.size();
-  validate_cp_config(config, cp, {q.shape.b, seq, q.shape.h, q.shape.d}, k.shape.h);
-  if (const std::string err = token_count_error(config, tokens, seq); !err.empty()) throw Error(err);
+  validate_cp_config(config, cp, {q.shape.b, seq, q.shape.h, q.shape.d}, k.shape.h, kv_seq);
+  if (const std::string err = token_count_error(config, tokens, seq, ""); !err.empty()) throw Error(err);
+  if (const std::string err = token_count_error(config, kv_tokens, kv_seq, "k/v "); !err.empty()) throw Error(err);
   CpContext ctx;
-  ctx.impl_ = cp == 1 ? local_forward(comm, config, out, q, k, v, ctx.stats_)
-                      : strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v,
-                                          ctx.stats_);
+  if (cp == 1) ctx.impl_ = local_forward(comm, config, out, q, k, v, ctx.stats_);
+  else if (is_cross(config, seq, kv_seq))
+    ctx.impl_ = strategy_.forward_cross(*group_, config, all_rank_chunks(config, cp, seq),
+                                        all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
+  else ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v, ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;

@@ -64,7 +64,23 @@ RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std:
 }
 
 TokenLayout Strategy::token_layout(const CpConfig& c) const {
-  return c.causal && c.zigzag ? TokenLayout::zigzag : TokenLayout::contiguous;
+  return c.causal && c.zigzag && !c.q_offset ? TokenLayout::zigzag : TokenLayout::contiguous;
+}
+
+bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq) {
+  return kv_seq != q_seq || config.q_offset.has_value();
+}
+
+std::unique_ptr<StrategyContext> Strategy::forward_cross(CpGroup&, const CpConfig&,
+                                                         const std::vector<std::vector<SeqChunk>>&,
+                                                         const std::vector<std::vector<SeqChunk>>&,
+                                                         const TensorView&, const TensorView&, const TensorView&,
+                                                         const TensorView&, CpStats&) const {
+  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
+}
+
+CommVolume Strategy::traffic_cross(const CpConfig&, int, int, const Shape&, std::int64_t, std::int64_t, DType) const {
+  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
 }
 
 std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {

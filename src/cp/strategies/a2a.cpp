@@ -12,8 +12,12 @@
 // i+1's seq→head and chunk i−1's head→seq transposes travel (nonblocking all-to-alls, their
 // progress driven between the chunk's KV groups). The same bytes in c× the messages; c = 1 is
 // the plain algorithm, one transpose each way.
+//
+// Cross-attention (k/v of s_k tokens): q and k|v travel in separate transposes, their token
+// counts differing; no overlap (validate_cp_config refuses overlap_chunks > 1 with it).
 #include <algorithm>
 #include <array>
+#include <span>
 #include <utility>
 
 #include "../head_split.hpp"
@@ -33,6 +37,9 @@ namespace {
 struct HeadChunk {
   HeadSplit heads;          // every rank's query and KV heads of this chunk
   FusedHeads qkv;           // head-sharded q | k | v in the wire dtype, [s, b, h_c + 2·h_kv_c, d]
+  FusedHeads kv;            // cross-attention: k | v apart ([s_k, b, 2·h_kv_c, d]); qkv holds q only
+  TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
+  TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
   FusedHeads out;           // float32 head-sharded output
   std::vector<Tensor> lse;  // [b, h, s] of each piece (pieces_of)
 };
@@ -41,6 +48,7 @@ struct UlyssesContext final : StrategyContext {
   std::vector<HeadChunk> chunks;
   HeadSplit heads;                  // every rank's query and KV heads
   std::vector<std::int64_t> tokens;  // every rank's n_r
+  std::vector<std::int64_t> kv_tokens;  // cross-attention: every rank's k/v tokens; else empty
   AttentionParams params;
   DType dtype = DType::f32;  // storage / wire dtype
 };
@@ -108,10 +116,26 @@ class A2aStrategy final : public Strategy {
   // Balanced by heads, so never zigzag.
   TokenLayout token_layout(const CpConfig&) const override { return TokenLayout::contiguous; }
 
+  bool supports_cross() const override { return true; }
+
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
+    return run_forward(group, config, false, out, q, k, v, stats);
+  }
+  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
+                                                 const std::vector<std::vector<SeqChunk>>&,
+                                                 const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
+                                                 const TensorView& q, const TensorView& k, const TensorView& v,
+                                                 CpStats& stats) const override {
+    return run_forward(group, config, true, out, q, k, v, stats);
+  }
+
+ private:
+  std::unique_ptr<StrategyContext> run_forward(CpGroup& group, const CpConfig& config, bool cross,
+                                               const TensorView& out, const TensorView& q, const TensorView& k,
+                                               const TensorView& v, CpStats& stats) const {
     Communicator& comm = group.comm();
     const double t0 = comm.now();
     auto ctx = std::make_unique<UlyssesContext>();
@@ -120,9 +144,12 @@ class A2aStrategy final : public Strategy {
     ctx->dtype = q.dtype;
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
-    check_transpose(comm, in, "seq_to_head");
+    check_transpose(comm, cross ? std::span<const SeqShard>(in).first(1) : std::span<const SeqShard>(in),
+                    "seq_to_head");
+    if (cross) check_transpose(comm, std::span<const SeqShard>(in).last(2), "seq_to_head");
     check_transpose(comm, o, "head_to_seq");
     ctx->tokens = comm.allgather_value(q.shape.s, "validate");
+    if (cross) ctx->kv_tokens = comm.allgather_value(k.shape.s, "validate");
     const int c = ulysses_overlap_chunks(config.overlap_chunks, comm.size(), k.shape.h);
     ctx->chunks.resize(std::size_t(c));  // never reallocated: transposes in flight point into them
     std::vector<FusedHeads> wire(static_cast<std::size_t>(c));  // the output in a bf16 wire dtype, while it travels
@@ -130,7 +157,9 @@ class A2aStrategy final : public Strategy {
       HeadChunk& ch = ctx->chunks[std::size_t(i)];
       ch.heads = ulysses_head_chunk(ctx->heads, c, i);
       const std::array<SeqShard, 3> part{{{q, ch.heads.q}, {k, ch.heads.kv}, {v, ch.heads.kv}}};
-      return post_seq_to_head(comm, part, ctx->tokens, ch.qkv);  // in the wire dtype: the kernels take bf16 as it is
+      if (!cross) return post_seq_to_head(comm, part, ctx->tokens, ch.qkv);  // in the wire dtype: the kernels take bf16
+      post_seq_to_head(comm, std::span<const SeqShard>(part).last(2), ctx->kv_tokens, ch.kv).wait();
+      return post_seq_to_head(comm, std::span<const SeqShard>(part).first(1), ctx->tokens, ch.qkv);
     };
     auto compute = [&](int i, auto progress) {
       HeadChunk& ch = ctx->chunks[std::size_t(i)];
@@ -140,10 +169,10 @@ class A2aStrategy final : public Strategy {
       for (std::int64_t p = 0; p < n; ++p) {
         ch.lse.push_back(lse_tensor(piece(hq, p, n).shape));
         flash_attention_forward(piece(ch.out.part(0), p, n), ch.lse.back().view(), piece(hq, p, n),
-                                piece(ch.qkv.part(1), p, n), piece(ch.qkv.part(2), p, n), ctx->params);
+                                piece(ch.k(), p, n), piece(ch.v(), p, n), ctx->params);
         progress();
       }
-      stats.score_pairs += visible_pairs(ctx->params, {0, hq.shape.s}, {0, hq.shape.s}) *
+      stats.score_pairs += visible_pairs(ctx->params, {ctx->params.q_offset, hq.shape.s}, {0, ch.k().shape.s}) *
                            hq.shape.b * hq.shape.h;
     };
     auto post_out = [&](int i) {
@@ -159,6 +188,7 @@ class A2aStrategy final : public Strategy {
     return ctx;
   }
 
+ public:
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     Communicator& comm = group.comm();
@@ -166,10 +196,13 @@ class A2aStrategy final : public Strategy {
     const auto& ctx = static_cast<const UlyssesContext&>(context);
     const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     const std::array<SeqShard, 3> d{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
+    const bool cross = !ctx.kv_tokens.empty();
     check_transpose(comm, g, "seq_to_head");
-    check_transpose(comm, d, "head_to_seq");
+    check_transpose(comm, cross ? std::span<const SeqShard>(d).first(1) : std::span<const SeqShard>(d), "head_to_seq");
+    if (cross) check_transpose(comm, std::span<const SeqShard>(d).last(2), "head_to_seq");
     const int c = int(ctx.chunks.size());
     std::vector<FusedHeads> hdout(static_cast<std::size_t>(c)), grads(static_cast<std::size_t>(c));
+    FusedHeads kv_grads;  // cross-attention (one chunk): dk | dv apart
     auto post_in = [&](int i) {
       const std::array<SeqShard, 1> part{{{dout, ctx.chunks[std::size_t(i)].heads.q}}};
       return post_seq_to_head(comm, part, ctx.tokens, hdout[std::size_t(i)]);
@@ -178,24 +211,32 @@ class A2aStrategy final : public Strategy {
       const HeadChunk& ch = ctx.chunks[std::size_t(i)];
       const FusedHeads& qkv = ch.qkv;
       FusedHeads& gr = grads[std::size_t(i)];
-      gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(),
-                      {qkv.local_heads(0), qkv.local_heads(1), qkv.local_heads(2)});
+      const std::int64_t hkv = ch.k().shape.h;
+      if (cross) {
+        gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0)});
+        kv_grads = FusedHeads(ctx.dtype, qkv.batch(), ctx.kv_tokens, qkv.head_dim(), {hkv, hkv});
+      } else {
+        gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0), hkv, hkv});
+      }
+      const FusedHeads& gkv = cross ? kv_grads : gr;
+      const int first_kv = cross ? 0 : 1;
       const std::int64_t n = std::int64_t(ch.lse.size());
       for (std::int64_t p = 0; p < n; ++p) {
         auto at = [&](const TensorView& t) { return piece(t, p, n); };
-        flash_attention_backward(at(gr.part(0)), at(gr.part(1)), at(gr.part(2)), at(hdout[std::size_t(i)].part(0)),
-                                 at(qkv.part(0)), at(qkv.part(1)), at(qkv.part(2)), at(ch.out.part(0)),
-                                 ch.lse[std::size_t(p)].view(), ctx.params);
+        flash_attention_backward(at(gr.part(0)), at(gkv.part(first_kv)), at(gkv.part(first_kv + 1)),
+                                 at(hdout[std::size_t(i)].part(0)), at(qkv.part(0)), at(ch.k()), at(ch.v()),
+                                 at(ch.out.part(0)), ch.lse[std::size_t(p)].view(), ctx.params);
         progress();
       }
-      const std::int64_t s = qkv.seq();
-      stats.score_pairs += visible_pairs(ctx.params, {0, s}, {0, s}) * qkv.batch() *
-                           qkv.local_heads(0);
+      stats.score_pairs += visible_pairs(ctx.params, {ctx.params.q_offset, qkv.seq()}, {0, ch.k().shape.s}) *
+                           qkv.batch() * qkv.local_heads(0);
     };
     auto post_out = [&](int i) {
       const HeadSplit& h = ctx.chunks[std::size_t(i)].heads;
       const std::array<SeqShard, 3> part{{{dq, h.q}, {dk, h.kv}, {dv, h.kv}}};
-      return post_head_to_seq(comm, grads[std::size_t(i)], part);
+      if (!cross) return post_head_to_seq(comm, grads[std::size_t(i)], part);
+      post_head_to_seq(comm, kv_grads, std::span<const SeqShard>(part).last(2)).wait();
+      return post_head_to_seq(comm, grads[std::size_t(i)], std::span<const SeqShard>(part).first(1));
     };
     const double compute_s = pipeline(comm, "flash backward", c, post_in, compute, post_out);
     stats.compute_s += compute_s;
@@ -205,6 +246,13 @@ class A2aStrategy final : public Strategy {
   // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
+    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
+  }
+  // Cross-attention: q and k|v each transposed on their own token counts, so the q-only
+  // directions keep one message per peer and the k|v ones add one.
+  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                           std::int64_t kv_heads, DType dtype) const override {
+    if (is_cross(config, q.s, kv_seq)) return cross_traffic(config, cp, rank, q, kv_seq, kv_heads, dtype);
     CommVolume v;
     add_ulysses_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s, ulysses_heads(cp, rank, q.h, kv_heads),
                        q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
@@ -214,6 +262,24 @@ class A2aStrategy final : public Strategy {
     return v;
   }
 
+ private:
+  static CommVolume cross_traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                                  std::int64_t kv_heads, DType dtype) {
+    const RankHeads mine = ulysses_heads(cp, rank, q.h, kv_heads);
+    const std::int64_t row = q.b * q.d * std::int64_t(dtype_size(dtype));
+    const std::int64_t tq = tokens_held(config, cp, rank, 1, q.s), tkv = tokens_held(config, cp, rank, 1, kv_seq);
+    const std::int64_t out_q = tq * (q.h - mine.q.count) * row;
+    const std::int64_t out_kv = 2 * tkv * (ulysses_kv_heads_held(cp, kv_heads) - mine.kv.count) * row;
+    const std::int64_t in_q = (q.s - tq) * mine.q.count * row, in_kv = 2 * (kv_seq - tkv) * mine.kv.count * row;
+    CommVolume v;
+    v.forward_bytes = {{"seq_to_head", out_q + out_kv}, {"head_to_seq", in_q}};
+    v.backward_bytes = {{"seq_to_head", out_q}, {"head_to_seq", in_q + in_kv}};
+    v.forward_messages = {{"seq_to_head", 2 * (cp - 1)}, {"head_to_seq", cp - 1}};
+    v.backward_messages = {{"seq_to_head", cp - 1}, {"head_to_seq", 2 * (cp - 1)}};
+    return v;
+  }
+
+ public:
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
   // a chunk computes (pipeline_exposed).
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,

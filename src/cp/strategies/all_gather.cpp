@@ -2,7 +2,8 @@
 // once, reorder them into sequence order, and run every local query chunk against its causal
 // prefix of keys; the backward reduce-scatters dK and dV back to their owners. The simplest
 // strategy and the most memory (full K and V on every rank); nothing overlaps. Computes in
-// float32; K/V travel in the storage dtype, dK/dV in float32.
+// float32; K/V travel in the storage dtype, dK/dV in float32. Cross-attention (k/v of s_k
+// tokens) gathers K/V by their own chunks; the queries keep theirs, shifted by q_offset.
 #include <numeric>
 
 #include "../ring_attention.hpp"
@@ -19,7 +20,8 @@ struct AllGatherContext final : StrategyContext {
   Float32Forward f32;                         // q and out in float32
   Tensor kv_full;                             // float32 [2b, s, h_kv, d] in sequence order
   std::vector<Tensor> lse;                    // per local chunk
-  std::vector<std::vector<SeqChunk>> chunks;  // per rank
+  std::vector<std::vector<SeqChunk>> chunks;  // per rank: its K/V tokens
+  std::vector<SeqChunk> mine;                 // this rank's query tokens
   AttentionParams params;
 };
 
@@ -79,13 +81,24 @@ class AllGatherStrategy final : public Strategy {
     return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
   }
 
+  bool supports_cross() const override { return true; }
+
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
+    return forward_cross(group, config, chunks, chunks, out, q, k, v, stats);
+  }
+
+  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
+                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
+                                                 const TensorView& out, const TensorView& q, const TensorView& k,
+                                                 const TensorView& v, CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<AllGatherContext>();
-    ctx->chunks = chunks;
+    ctx->chunks = kv_chunks;
+    ctx->mine = q_chunks[std::size_t(comm.rank())];
     ctx->params = attention_params(config);
     const double t0 = comm.now();
     gather_kv(comm, *ctx, k, v);
@@ -94,17 +107,17 @@ class AllGatherStrategy final : public Strategy {
 
     ctx->f32 = Float32Forward(q);
     const TensorView q32 = ctx->f32.q.view(), out32 = ctx->f32.out.view();
-    const std::vector<SeqChunk>& mine = ctx->chunks[std::size_t(comm.rank())];
+    const std::vector<SeqChunk>& mine = ctx->mine;
     const TensorView kf = kv_half(ctx->kv_full.view(), 0), vf = kv_half(ctx->kv_full.view(), 1);
     const std::int64_t S = kf.shape.s;
     for (std::size_t ia = 0; ia < mine.size(); ++ia) {
       const SeqChunk& a = mine[ia];
       AttentionParams p = ctx->params;
-      p.q_offset = a.begin;
+      p.q_offset += a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
       ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}));
       flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(q32, ra, a.length), kf, vf, p);
-      stats.score_pairs += visible_pairs(p, a, {0, S}) * q.shape.b * q.shape.h;
+      stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, S}) * q.shape.b * q.shape.h;
     }
     copy(out32, out);
     stats.compute_s += comm.now() - t1;
@@ -118,7 +131,7 @@ class AllGatherStrategy final : public Strategy {
     const auto& ctx = static_cast<const AllGatherContext&>(context);
     const int R = comm.size();
     const Shape full = ctx.kv_full.shape();  // [2b, s, h_kv, d]
-    const std::vector<SeqChunk>& mine = ctx.chunks[std::size_t(comm.rank())];
+    const std::vector<SeqChunk>& mine = ctx.mine;
     const TensorView kf = kv_half(ctx.kv_full.view(), 0), vf = kv_half(ctx.kv_full.view(), 1);
     Float32Backward g(dout, dq, dk, dv);
     const TensorView q32 = ctx.f32.q.view(), out32 = ctx.f32.out.view();
@@ -128,14 +141,14 @@ class AllGatherStrategy final : public Strategy {
     for (std::size_t ia = 0; ia < mine.size(); ++ia) {
       const SeqChunk& a = mine[ia];
       AttentionParams p = ctx.params;
-      p.q_offset = a.begin;
+      p.q_offset += a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
       flash_attention_backward(rows(g.dq.view(), ra, a.length), dk_part.view(), dv_part.view(),
                                rows(g.dout.view(), ra, a.length), rows(q32, ra, a.length), kf, vf,
                                rows(out32, ra, a.length), ctx.lse[ia].view(), p);
       accumulate(kv_half(dkv_full.view(), 0), dk_part.view());
       accumulate(kv_half(dkv_full.view(), 1), dv_part.view());
-      stats.score_pairs += visible_pairs(p, a, {0, full.s}) * q32.shape.b * q32.shape.h;
+      stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, full.s}) * q32.shape.b * q32.shape.h;
     }
     // Rank r's rows of dK/dV, in its local order, as block r of the reduce-scatter.
     const RankBlocks layout(ctx.chunks, {full.b, 1, full.h, full.d});
@@ -157,10 +170,14 @@ class AllGatherStrategy final : public Strategy {
 
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
+    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
+  }
+  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                           std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
-    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, q.s);
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, kv_seq);
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
-    v.backward_bytes["all_gather_dkv"] = (q.s - mine) * per_token * 4;  // the others' rows
+    v.backward_bytes["all_gather_dkv"] = (kv_seq - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
     v.backward_messages["all_gather_dkv"] = cp - 1;
     return v;
