@@ -17,6 +17,7 @@
 #include "report.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
@@ -205,7 +206,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              "sequence per rank{}\n",
              cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
   const train::MemoryOptions& mo = cfg.memory;
-  fmt::print("  attention dtype {}{}\n", to_string(cfg.dtype),
+  fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
              cfg.dtype == DType::bf16 ? " (mixed precision: weights, AdamW and the GEMMs float32)" : "");
   fmt::print("  memory per rank (predicted): {}{}{}{}\n", train::predict_memory(cfg, cp).describe(),
              mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
