@@ -17,6 +17,7 @@
 #include "report.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
@@ -64,6 +65,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--tile-rows", o.tile_rows, "rows of a tile")->capture_default_str()->check(positive_number());
   c->add_option("--max-memory", o.max_memory, "refuse at start-up a run predicted to need more than this per rank "
                 "(e.g. 2GiB, 512MiB)");
+  c->add_option("--dtype", o.dtype, "attention dtype: f32 (default) or bf16 (mixed precision: q, k, v and the "
+                "attention in bfloat16 on the bf16 kernels; weights, AdamW and the GEMMs float32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
@@ -181,6 +185,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
+    if (!o.dtype.empty()) cfg.dtype = parse_dtype(o.dtype);  // a mismatch with a checkpoint is refused by load()
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
     if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
@@ -201,6 +206,8 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              "sequence per rank{}\n",
              cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
   const train::MemoryOptions& mo = cfg.memory;
+  fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
+             cfg.dtype == DType::bf16 ? " (mixed precision: weights, AdamW and the GEMMs float32)" : "");
   fmt::print("  memory per rank (predicted): {}{}{}{}\n", train::predict_memory(cfg, cp).describe(),
              mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
              mo.tiled_loss ? "; tiled loss" : "");

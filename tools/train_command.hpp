@@ -14,6 +14,7 @@ struct TrainOptions {
   bool checkpoint_activations = false, tiled_mlp = false, tiled_loss = false;  // memory techniques
   std::int64_t tile_rows = 1024;
   std::string max_memory;         // per rank, e.g. "2GiB"; empty: no cap
+  std::string dtype;              // "f32" | "bf16"; empty: f32, or the checkpoint's when resuming
   std::string doc_separator = "\n";
   std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,
                hidden = 172, warmup = 20, save_every = 0, eval_batches = 8;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ulysses/bf16.hpp"
+
 namespace ulysses::train {
 
 namespace {
@@ -12,21 +14,53 @@ CpConfig causal(CpConfig c) {
 TensorView view(const float* p, const Shape& s) {
   return TensorView::dense(const_cast<float*>(p), DType::f32, s, Layout::bshd);
 }
+TensorView view(std::vector<std::uint16_t>& p, const Shape& s) {
+  return TensorView::dense(p.data(), DType::bf16, s, Layout::bshd);
+}
+void to_bf16(std::vector<std::uint16_t>& dst, const float* src) {
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = float_to_bf16(src[i]);
+}
+void to_f32(float* dst, const std::vector<std::uint16_t>& src) {
+  for (std::size_t i = 0; i < src.size(); ++i) dst[i] = bf16_to_float(src[i]);
+}
 }  // namespace
 
-CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens)
-    : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim},
-      attention_(comm, causal(cp)), contexts_(std::size_t(m.layers)), stats_(std::size_t(m.layers)) {}
+CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& m, i64 batch, i64 local_tokens,
+                         DType dtype)
+    : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim}, dtype_(dtype),
+      attention_(comm, causal(cp)), contexts_(std::size_t(m.layers)), stats_(std::size_t(m.layers)) {
+  if (dtype_ != DType::bf16) return;
+  q16_.resize(std::size_t(q_.numel()));
+  o16_.resize(std::size_t(q_.numel()));
+  k16_.resize(std::size_t(kv_.numel()));
+  v16_.resize(std::size_t(kv_.numel()));
+}
 
 void CpAttention::forward(int layer, float* out, const float* q, const float* k, const float* v) {
   const std::size_t l = std::size_t(layer);
-  contexts_[l] = attention_.forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_), documents_);
+  if (dtype_ == DType::bf16) {
+    to_bf16(q16_, q);
+    to_bf16(k16_, k);
+    to_bf16(v16_, v);
+    contexts_[l] = attention_.forward(view(o16_, q_), view(q16_, q_), view(k16_, kv_), view(v16_, kv_), documents_);
+    to_f32(out, o16_);
+  } else {
+    contexts_[l] = attention_.forward(view(out, q_), view(q, q_), view(k, kv_), view(v, kv_), documents_);
+  }
   stats_[l] = contexts_[l].stats();
 }
 
 void CpAttention::backward(int layer, float* dq, float* dk, float* dv, const float* dout) {
   const std::size_t l = std::size_t(layer);
-  stats_[l] += attention_.backward(contexts_[l], view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
+  if (dtype_ == DType::bf16) {
+    to_bf16(o16_, dout);
+    stats_[l] += attention_.backward(contexts_[l], view(q16_, q_), view(k16_, kv_), view(v16_, kv_), view(o16_, q_));
+    to_f32(dq, q16_);
+    to_f32(dk, k16_);
+    to_f32(dv, v16_);
+  } else {
+    stats_[l] += attention_.backward(contexts_[l], view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
+  }
   contexts_[l] = CpContext();  // its memory is not needed any more
 }
 

@@ -10,11 +10,15 @@
 
 namespace ulysses::train {
 
-// Float32, distributed, causal: one ContextParallelAttention; each layer's forward context
-// is kept until that layer's backward (all layers are in flight at once).
+// Distributed, causal: one ContextParallelAttention; each layer's forward context is kept
+// until that layer's backward (all layers are in flight at once). The model is float32; with
+// dtype bf16 (--dtype bf16) q, k, v and dout are rounded to bfloat16 on the way in, so the
+// attention runs on the bf16 kernels and its contexts are kept in bf16 (half the bytes), and
+// out, dq, dk, dv come back as float32.
 class CpAttention : public AttentionOp<float> {
  public:
-  CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens);
+  CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens,
+              DType dtype = DType::f32);
   void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
   void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
   void release(int layer) override { contexts_[std::size_t(layer)] = CpContext(); }
@@ -24,6 +28,9 @@ class CpAttention : public AttentionOp<float> {
 
  private:
   Shape q_, kv_;
+  DType dtype_;
+  // bf16 only: one layer's q | k | v | out in the forward, dq | dk | dv | dout in the backward.
+  std::vector<std::uint16_t> q16_, k16_, v16_, o16_;
   ContextParallelAttention attention_;
   std::vector<CpContext> contexts_;       // per layer, from its forward
   std::vector<CpStats> stats_;            // per layer, forward + backward

@@ -20,19 +20,21 @@ constexpr double kFloat = 4;
 // OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
 constexpr double kBaselineBytes = 20.0 * (1 << 20);
 
-// One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps.
+// One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps
+// (q, k, v and out in the attention's dtype; lse float32, counted at that width too).
 double context_bytes(const TrainConfig& c, int cp, double N) {
   const GptConfig& m = c.model;
+  const double E = double(dtype_size(c.dtype));
   const double B = double(c.batch), s = double(c.seq), D = double(m.head_dim);
   const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
   const std::string& type = c.cp.cp_comm_type;
   if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
     const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
     const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
-    return kFloat * B * s * ((2 * h + 2 * kv) * D + h);
+    return E * B * s * ((2 * h + 2 * kv) * D + h);
   }
-  if (type == "all_gather" && cp > 1) return kFloat * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
-  return kFloat * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
+  if (type == "all_gather" && cp > 1) return E * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
+  return E * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
 }
 
 }  // namespace
@@ -71,6 +73,7 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   // (plain flash attention, no communication buffers) on one each.
   const double transient = cp == 1 ? 0.5 : c.cp.cp_comm_type == "a2a" ? 1.7 : 3.5;
   e.attention = context_bytes(c, cp, N) * ((ckpt ? 1 : L) + transient);
+  if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }
 

@@ -24,7 +24,7 @@ namespace ulysses::train {
 bool TrainConfig::same_run(const TrainConfig& o) const {
   return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr &&
          beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip &&
-         seed == o.seed;
+         seed == o.seed && dtype == o.dtype;
 }
 
 namespace {
@@ -64,7 +64,8 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
   cfg_.cp.causal = true;
   chunks_ = rank_chunks(cfg_.cp, comm.size(), comm.rank(), cfg_.seq);
   positions_ = token_positions(chunks_);
-  attention_ = std::make_unique<CpAttention>(comm, cfg_.cp, cfg_.model, cfg_.batch, std::int64_t(positions_.size()));
+  attention_ = std::make_unique<CpAttention>(comm, cfg_.cp, cfg_.model, cfg_.batch, std::int64_t(positions_.size()),
+                                             cfg_.dtype);
   model_.init_params(cfg_.seed);
   m_.assign(model_.params.size(), 0.0f);
   v_.assign(model_.params.size(), 0.0f);
@@ -204,9 +205,10 @@ std::string header_of(const TrainConfig& c, std::int64_t step) {
   const GptConfig& m = c.model;
   return fmt::format(
       "vocab {}\nlayers {}\nwidth {}\nheads {}\nkv_heads {}\nhead_dim {}\nhidden {}\nbatch {}\nseq {}\nsteps {}\n"
-      "warmup {}\nlr {:a}\nbeta1 {:a}\nbeta2 {:a}\neps {:a}\nweight_decay {:a}\nclip {:a}\nseed {}\nstep {}\n",
+      "warmup {}\nlr {:a}\nbeta1 {:a}\nbeta2 {:a}\neps {:a}\nweight_decay {:a}\nclip {:a}\nseed {}\nstep {}\n"
+      "dtype {}\n",
       m.vocab, m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden, c.batch, c.seq, c.steps, c.warmup, c.lr,
-      c.beta1, c.beta2, c.eps, c.weight_decay, c.clip, c.seed, step);
+      c.beta1, c.beta2, c.eps, c.weight_decay, c.clip, c.seed, step, to_string(c.dtype));
 }
 
 struct Checkpoint {
@@ -242,8 +244,9 @@ std::map<std::string, std::string> header_fields(const std::string& text, const 
   std::istringstream hdr(text);
   std::string key, val;
   while (hdr >> key >> val) {
+    const bool optional = key == "dtype";  // older checkpoints have none: f32
     const auto f = std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return key == x.key; });
-    if (f == std::end(kFields)) throw bad(fmt::format("unknown header field '{}'", key.substr(0, 40)));
+    if (f == std::end(kFields) && !optional) throw bad(fmt::format("unknown header field '{}'", key.substr(0, 40)));
     if (!fields.emplace(key, val).second) throw bad(fmt::format("field {} appears twice", key));
   }
   for (const Field& f : kFields)
@@ -296,6 +299,10 @@ void parse_header(const std::string& text, Checkpoint& c, const Bad& bad) {
   t.clip = f("clip");
   t.seed = int_field<std::uint64_t>(fields, "seed", bad);
   c.step = i("step");
+  if (const auto d = fields.find("dtype"); d != fields.end()) {
+    if (d->second != "f32" && d->second != "bf16") throw bad(fmt::format("field dtype '{}' is not f32 or bf16", d->second.substr(0, 40)));
+    t.dtype = parse_dtype(d->second);
+  }
   if (const std::string e = m.error(); !e.empty()) throw bad(e);
 }
 
@@ -370,6 +377,9 @@ void Trainer::load(const std::string& dir) {
   Checkpoint c;
   try {
     c = read_checkpoint(dir);
+    if (c.config.dtype != cfg_.dtype)
+      throw Error(fmt::format("checkpoint {} was trained with --dtype {}; this run has --dtype {} (resume with --dtype {})",
+                              dir, to_string(c.config.dtype), to_string(cfg_.dtype), to_string(c.config.dtype)));
     if (!c.config.same_run(cfg_))
       throw Error(fmt::format("checkpoint {} belongs to another run (model, batch, seq, optimizer or seed differ)", dir));
   } catch (const Error& e) {

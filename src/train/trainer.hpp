@@ -23,6 +23,9 @@ struct TrainConfig {
   CpConfig cp;  // cp_comm_type and sizes; the mask is always causal
   MemoryOptions memory;  // how activations are kept (no effect on the numbers, to rounding)
   double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
+  // The attention's dtype (--dtype): bf16 runs it on the bf16 kernels; weights, gradients,
+  // AdamW and every GEMM stay float32 (mixed precision).
+  DType dtype = DType::f32;
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   std::uint64_t seed = 0;
