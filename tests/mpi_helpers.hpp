@@ -3,10 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/reference.hpp"
 
 namespace ulysses::testing {
 
@@ -27,6 +31,32 @@ void expect_same_error_everywhere(Communicator& comm, Fn&& fn, const std::string
   comm.allreduce_max(hi, 2);
   EXPECT_TRUE(lo[0] == hi[0] && lo[1] == hi[1]) << "ranks disagree on the error; rank "
                                                 << comm.rank() << " has: " << msg;
+}
+
+// What one forward and then one backward of `attn` sent, each counted from zero. `p` holds the
+// rank's out, q, k, v, dout and gradient tensors.
+struct SentCounters {
+  std::map<std::string, CommCounter> fwd, bwd;
+};
+template <class P>
+SentCounters forward_backward_counted(Communicator& comm, ContextParallelAttention& attn, P& p) {
+  comm.reset_counters();
+  const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+  SentCounters sent{comm.counters(), {}};
+  comm.reset_counters();
+  attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+  sent.bwd = comm.counters();
+  return sent;
+}
+
+// The rows of t [b, s, h, d] at `positions`, in that order (a rank's tokens of a global tensor).
+inline RefTensor select_rows(const RefTensor& t, const std::vector<std::int64_t>& positions) {
+  RefTensor r({t.shape.b, std::int64_t(positions.size()), t.shape.h, t.shape.d});
+  for (std::int64_t b = 0; b < t.shape.b; ++b)
+    for (std::size_t s = 0; s < positions.size(); ++s)
+      for (std::int64_t h = 0; h < t.shape.h; ++h)
+        for (std::int64_t x = 0; x < t.shape.d; ++x) r.at(b, std::int64_t(s), h, x) = t.at(b, positions[s], h, x);
+  return r;
 }
 
 }  // namespace ulysses::testing

@@ -22,6 +22,8 @@
 #include "ulysses/sharding.hpp"
 
 using namespace ulysses;
+using ulysses::testing::forward_backward_counted;
+using ulysses::testing::select_rows;
 
 namespace {
 
@@ -54,15 +56,6 @@ std::vector<CpConfig> strategies(int cp, bool causal) {
 }
 
 std::string describe(const CpConfig& c) { return find_strategy(c.cp_comm_type).config_name(c); }
-
-RefTensor select_rows(const RefTensor& t, const std::vector<std::int64_t>& positions) {
-  RefTensor r({t.shape.b, std::int64_t(positions.size()), t.shape.h, t.shape.d});
-  for (std::int64_t b = 0; b < t.shape.b; ++b)
-    for (std::size_t s = 0; s < positions.size(); ++s)
-      for (std::int64_t h = 0; h < t.shape.h; ++h)
-        for (std::int64_t x = 0; x < t.shape.d; ++x) r.at(b, std::int64_t(s), h, x) = t.at(b, positions[s], h, x);
-  return r;
-}
 
 // Bytes or messages of counter `op` (0 when this rank never used it).
 std::int64_t bytes(const std::map<std::string, CommCounter>& m, const std::string& op) {
@@ -381,12 +374,7 @@ TEST(Windows, RingSendsOnlyTheHalo) {
     const GlobalProblem global({1, s, h, d}, hkv, DType::bf16, true, 4, {}, nullptr, {w, -1});
     Problem p(global, cfg, cp, me, Layout::bshd);
     ContextParallelAttention attn(comm, cfg);
-    comm.reset_counters();
-    const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
-    const auto fwd = comm.counters();
-    comm.reset_counters();
-    attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-    const auto bwd = comm.counters();
+    const auto [fwd, bwd] = forward_backward_counted(comm, attn, p);
     p.expect_matches(1e-2, 2.5e-2);
     // Rows to rank me + k (k = 1, 2): min(w, sl) and the rest; the same from rank me − k.
     std::int64_t given = 0, to = 0, held = 0, from = 0;
@@ -570,12 +558,7 @@ TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
       Problem p(global, cfg, cp, me, Layout::bshd);
       ContextParallelAttention attn(comm, cfg);
       p.run(attn);  // creates sub-communicators first
-      comm.reset_counters();
-      const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
-      const auto fwd = comm.counters();
-      comm.reset_counters();
-      attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-      const auto bwd = comm.counters();
+      const auto [fwd, bwd] = forward_backward_counted(comm, attn, p);
       const CommVolume predicted = predicted_comm_volume(cfg, cp, me, q, sh.hkv, sh.dtype);
       for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op), n) << op;
       for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op), n) << op;
@@ -798,12 +781,7 @@ TEST(Overlap, ChunkedUlyssesMatchesFloat64ReferenceAndCountsItsMessages) {
       SCOPED_TRACE(fmt::format("{} chunks, q {} h_kv {} {}", chunks, q.str(), sh.hkv, to_string(sh.dtype)));
       Problem p(global, cfg, cp, me, Layout::bshd);
       ContextParallelAttention attn(comm, cfg);
-      comm.reset_counters();
-      const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
-      const auto fwd = comm.counters();
-      comm.reset_counters();
-      attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-      const auto bwd = comm.counters();
+      const auto [fwd, bwd] = forward_backward_counted(comm, attn, p);
       p.expect_matches(tol_out, tol_grad);
       if (cp == 1) continue;
       // Every rank holds at least 2 KV heads here, 3 only when h_kv >= 3cp.

@@ -14,17 +14,10 @@
 #include "ulysses/sharding.hpp"
 
 using namespace ulysses;
+using ulysses::testing::forward_backward_counted;
+using ulysses::testing::select_rows;
 
 namespace {
-
-RefTensor select_rows(const RefTensor& t, const std::vector<std::int64_t>& positions) {
-  RefTensor r({t.shape.b, std::int64_t(positions.size()), t.shape.h, t.shape.d});
-  for (std::int64_t b = 0; b < t.shape.b; ++b)
-    for (std::size_t s = 0; s < positions.size(); ++s)
-      for (std::int64_t h = 0; h < t.shape.h; ++h)
-        for (std::int64_t x = 0; x < t.shape.d; ++x) r.at(b, std::int64_t(s), h, x) = t.at(b, positions[s], h, x);
-  return r;
-}
 
 std::int64_t counted(const std::map<std::string, CommCounter>& m, const std::string& op, bool messages) {
   auto it = m.find(op);
@@ -88,12 +81,7 @@ TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
                                c.q_offset.value_or(-1), to_string(c.dtype)));
       CrossProblem p(c, cfg, cp, me);
       ContextParallelAttention attn(comm, cfg);
-      comm.reset_counters();
-      const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
-      const auto fwd = comm.counters();
-      comm.reset_counters();
-      attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-      const auto bwd = comm.counters();
+      const auto [fwd, bwd] = forward_backward_counted(comm, attn, p);
       const double tol_out = c.dtype == DType::f32 ? 1e-5 : 1e-2, tol_grad = c.dtype == DType::f32 ? 1e-4 : 2.5e-2;
       EXPECT_LT(relative_error(p.out.view(), p.rout), tol_out);
       EXPECT_LT(relative_error(p.dq.view(), p.rdq), tol_grad);
