@@ -70,7 +70,11 @@ std::int64_t cross_work(const Strategy& strategy, const CpConfig& cfg, int cp, i
   const std::int64_t n = heads > 0 ? strategy.work(probe, cp, rank, q, kv_heads) / (heads * q.s) : 0;
   if (n == 0) return 0;
   probe.causal = true;
-  const std::int64_t a = (strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2) / n;
+  const std::int64_t below = strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2;  // n·a
+  const std::int64_t a = below / n;
+  if (below % n != 0 || a < 0 || a + n > q.s)
+    throw Error(fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
+                            "planner's cross-attention work assumes", strategy.name(), rank));
   return heads * visible_pairs(attention_params(cfg), {a + cfg.q_offset.value_or(0), n}, {0, kv_seq});
 }
 
