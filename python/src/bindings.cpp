@@ -8,9 +8,9 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
-#include <string>
 #include <vector>
 
 #include "ulysses/all_to_all.hpp"
