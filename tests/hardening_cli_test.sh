@@ -90,6 +90,15 @@ no_file "$dir/p.svg" "plan seq 2^58"
 expect "plan cp 2e9" 1 "cp must be at most 65536, got 2000000000" plan --seq 1024 --heads 8 --cp 2000000000
 run 1 plan --seq 1024 --heads 8 --cp 8 --svg "$dir/ok.svg" > /dev/null 2>&1 && grep -q "<polyline" "$dir/ok.svg" &&
   ok "plan --svg" || bad "plan --svg"
+expect "plan cross, causal, no q_offset" 1 "cross-attention with a causal mask needs q_offset" plan --seq 1024 \
+  --kv-seq 4096 --heads 8
+run 1 plan --seq 1024 --kv-seq 4096 --q-offset 3072 --heads 8 --cp 4 --json "$dir/x.json" > "$dir/x.log" 2>&1 &&
+  grep -q "cross-attention: k/v of 4096 tokens, q_offset 3072" "$dir/x.log" && python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["input"]["kv_seq"] == 4096 and p["input"]["q_offset"] == 3072 and p["best"]
+assert all(r["valid"] or "does not support cross-attention" in r["reason"] for r in p["strategies"])' "$dir/x.json" &&
+  ok "plan --kv-seq --q-offset: valid rows or refused with the reason" || { bad "plan --kv-seq"; cat "$dir/x.log"; }
 expect "threads 100000" 2 "--threads: Value 100000 not in range 0 to 1024" attention --threads 100000 --seq 64
 expect "cp-sizes past int" 2 "--cp-sizes must be INNER,OUTER (two positive integers), got '99999999999,1'" attention \
   --strategy a2a+p2p --cp-sizes 99999999999,1

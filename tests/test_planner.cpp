@@ -2,10 +2,15 @@
 // paper's scaling claim; its byte counts against real runs are in test_context_parallel.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <tuple>
+
 #include "cp/ring_attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 
 using namespace ulysses;
@@ -214,3 +219,130 @@ TEST(Planner, RanksSendingAcrossAtOnceShareTheNodesLink) {
 }
 
 }  // namespace
+
+// ---- cross-attention (k/v of s_k tokens, queries at q_offset) -------------------------------
+
+namespace {
+
+PlanInput cross(std::int64_t seq, std::int64_t kv_seq, std::optional<std::int64_t> q_offset, bool causal, int cp) {
+  PlanInput in = gpt(seq, 8, 2, cp);
+  in.head_dim = 16;
+  in.kv_seq = kv_seq;
+  in.q_offset = q_offset;
+  in.causal = causal;
+  return in;
+}
+
+// The global query positions whose attention `rank` computes: all of them for Ulysses, the
+// inner group's tokens for a2a+p2p, its own tokens otherwise.
+std::vector<std::int64_t> query_positions(const CpConfig& cfg, int cp, int rank, std::int64_t seq) {
+  int first = rank, count = 1;
+  if (cfg.cp_comm_type == "a2a") first = 0, count = cp;
+  if (cfg.cp_comm_type == "a2a+p2p") count = cfg.hierarchical_context_parallel_sizes[0], first = rank / count * count;
+  std::vector<std::int64_t> out;
+  for (int r = first; r < first + count; ++r)
+    for (const SeqChunk& c : rank_chunks(cfg, cp, r, seq))
+      for (std::int64_t i = c.begin; i < c.begin + c.length; ++i) out.push_back(i);
+  return out;
+}
+
+// Brute force: query i sees key j in [0, s_k) unless causal and j > q_offset + i.
+std::int64_t brute_pairs(const std::vector<std::int64_t>& queries, std::int64_t kv_seq, bool causal, std::int64_t offset) {
+  std::int64_t n = 0;
+  for (std::int64_t i : queries)
+    for (std::int64_t j = 0; j < kv_seq; ++j) n += !causal || j <= offset + i;
+  return n;
+}
+
+}  // namespace
+
+TEST(PlannerCross, WorkIsTheVisiblePairsAgainstTheKv) {
+  for (int cp : {1, 2, 3, 4})
+    for (auto [seq, kv_seq, offset, causal] :
+         {std::tuple{12, 29, std::optional<std::int64_t>{}, false}, {12, 29, 17, true}, {12, 29, 0, true},
+          {13, 7, 3, true}, {10, 6, -3, true}, {16, 16, 5, true}, {10, 40, 35, true}, {9, 5, std::optional<std::int64_t>{}, false}}) {
+      const PlanInput in = cross(seq, kv_seq, offset, causal, cp);
+      const Plan p = make_plan(in);
+      for (const PlanRow& r : p.rows) {
+        const Strategy& st = find_strategy(r.config.cp_comm_type);
+        if (!st.supports_cross()) continue;
+        ASSERT_TRUE(r.valid) << r.name << ": " << r.reason;
+        std::int64_t total = 0;
+        for (int rank = 0; rank < cp; ++rank) {
+          const std::int64_t heads = in.batch * st.heads_of(r.config, cp, rank, in.heads, in.kv_heads).q.count;
+          const std::int64_t want =
+              heads * brute_pairs(query_positions(r.config, cp, rank, seq), kv_seq, causal, offset.value_or(0));
+          EXPECT_EQ(rank_work(in, st, r.config, rank), want)
+              << r.name << " cp " << cp << " rank " << rank << " s " << seq << " s_k " << kv_seq << " causal " << causal;
+          total += want;
+        }
+        std::vector<std::int64_t> all(std::size_t(seq), 0);
+        for (std::int64_t i = 0; i < seq; ++i) all[std::size_t(i)] = i;
+        EXPECT_EQ(total, in.batch * in.heads * brute_pairs(all, kv_seq, causal, offset.value_or(0))) << r.name;
+      }
+    }
+}
+
+TEST(PlannerCross, BytesAreTrafficCrossAndTheOthersAreRefused) {
+  const PlanInput in = [] {
+    PlanInput x = cross(4096, 12288, 8192, true, 8);
+    x.heads = 32, x.kv_heads = 8, x.head_dim = 128;
+    return x;
+  }();
+  const Shape q{1, 4096, 32, 128};
+  const Plan p = make_plan(in);
+  int cross_rows = 0;
+  for (const PlanRow& r : p.rows) {
+    const Strategy& st = find_strategy(r.config.cp_comm_type);
+    if (!st.supports_cross()) {
+      EXPECT_FALSE(r.valid) << r.name;
+      EXPECT_NE(r.reason.find("does not support cross-attention"), std::string::npos) << r.name << ": " << r.reason;
+      continue;
+    }
+    ++cross_rows;
+    ASSERT_TRUE(r.valid) << r.name << ": " << r.reason;
+    ASSERT_EQ(r.config.q_offset, std::optional<std::int64_t>(8192));
+    // Each counter's busiest rank, from the strategy's own formula.
+    std::map<std::string, std::int64_t> fwd, bwd;
+    for (int rank = 0; rank < 8; ++rank) {
+      const CommVolume v = st.traffic_cross(r.config, 8, rank, q, 12288, 8, DType::bf16);
+      for (const auto& [op, b] : v.forward_bytes) fwd[op] = std::max(fwd[op], b);
+      for (const auto& [op, b] : v.backward_bytes) bwd[op] = std::max(bwd[op], b);
+    }
+    std::int64_t f = 0, b = 0;
+    for (const auto& [op, n] : fwd) f += n;
+    for (const auto& [op, n] : bwd) b += n;
+    EXPECT_EQ(r.forward_bytes_per_rank, f) << r.name;
+    EXPECT_EQ(r.backward_bytes_per_rank, b) << r.name;
+  }
+  EXPECT_GE(cross_rows, 2);  // a2a and all_gather at least
+  EXPECT_GE(p.best, 0);
+}
+
+TEST(PlannerCross, KvBytesAndTimeFollowTheKvLength) {
+  // all_gather moves only K/V: doubling s_k doubles its bytes and (latency aside) its
+  // communication time; a2a's q and out parts stay.
+  PlanInput a = cross(8192, 16384, std::optional<std::int64_t>{}, false, 8);
+  a.cluster.intra.latency = 1e-15;
+  PlanInput b = a;
+  b.kv_seq = 32768;
+  const Plan pa = make_plan(a), pb = make_plan(b);
+  const PlanRow &ga = row(pa, "all_gather"), &gb = row(pb, "all_gather");
+  EXPECT_EQ(gb.forward_bytes_per_rank, 2 * ga.forward_bytes_per_rank);
+  EXPECT_EQ(gb.backward_bytes_per_rank, 2 * ga.backward_bytes_per_rank);
+  EXPECT_NEAR(gb.comm_s / ga.comm_s, 2.0, 1e-6);
+  const PlanRow &ua = row(pa, "a2a"), &ub = row(pb, "a2a");
+  EXPECT_GT(ub.forward_bytes_per_rank, ua.forward_bytes_per_rank);
+  EXPECT_LT(ub.forward_bytes_per_rank, 2 * ua.forward_bytes_per_rank);
+  EXPECT_DOUBLE_EQ(ub.compute_s, 2 * ua.compute_s);  // no mask: pairs ∝ s_k
+}
+
+TEST(PlannerCross, CausalWithoutAnOffsetIsAnInputError) {
+  try {
+    make_plan(cross(4096, 8192, std::optional<std::int64_t>{}, true, 4));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs q_offset"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_plan(cross(4096, -1, 0, true, 4)), Error);
+}

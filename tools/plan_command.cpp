@@ -53,6 +53,11 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--window", o.window,
                 "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): work per rank "
                 "follows the band, p2p and a2a+p2p move only the halo it reaches");
+  c->add_option("--kv-seq", o.kv_seq, "cross-attention: k/v of this many tokens (default: --seq); bytes and work "
+                "follow it, strategies without cross-attention are listed as invalid")
+      ->check(positive_number());
+  c->add_option("--q-offset", o.q_offset, "cross-attention, causal: query i sees keys j <= q_offset + i "
+                "(required when --kv-seq differs from --seq)");
   c->add_option("--json", o.json, "write the plan here");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
   c->add_flag("--train", o.train, "for `ulysses train` (f32, a2a): the longest sequence whose predicted memory per "
@@ -191,9 +196,9 @@ void calibrate_links(Communicator& comm, int per_node, PlanInput& in) {
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   const int cp = comm.size();
-  const auto chunks = rank_chunks(cfg, cp, comm.rank(), in.seq);
-  const std::int64_t n = total_tokens(chunks);
-  Tensor q({in.batch, n, in.heads, in.head_dim}), k({in.batch, n, in.kv_heads, in.head_dim}), v(k.shape());
+  const std::int64_t n = total_tokens(rank_chunks(cfg, cp, comm.rank(), in.seq));
+  const std::int64_t nk = total_tokens(rank_chunks(cfg, cp, comm.rank(), kv_seq_of(in)));
+  Tensor q({in.batch, n, in.heads, in.head_dim}), k({in.batch, nk, in.kv_heads, in.head_dim}), v(k.shape());
   Tensor o(q.shape()), g(q.shape()), dq(q.shape()), dk(k.shape()), dv(k.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
   ContextParallelAttention attn(comm, cfg);
@@ -233,7 +238,8 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
                      {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
                      {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
                      {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
-                     {"documents", in.documents}, {"window", {in.window_left, in.window_right}}}},
+                     {"documents", in.documents}, {"window", {in.window_left, in.window_right}},
+                     {"kv_seq", kv_seq_of(in)}, {"q_offset", in.q_offset ? nlohmann::json(*in.q_offset) : nlohmann::json()}}},
           {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
           {"recommendation", p.recommendation}};
 }
@@ -247,6 +253,9 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
                *std::max_element(in.documents.begin(), in.documents.end()));
   if (in.window_left >= 0 || in.window_right >= 0)
     fmt::print("sliding window ({}, {}); work = visible (query, key) pairs per rank\n", in.window_left, in.window_right);
+  if (kv_seq_of(in) != in.seq || in.q_offset)
+    fmt::print("cross-attention: k/v of {} tokens, q_offset {}; work = visible (query, key) pairs per rank\n",
+               kv_seq_of(in), in.q_offset ? std::to_string(*in.q_offset) : "unset");
   fmt::print("  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
              in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
              in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
@@ -395,6 +404,8 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.efficiency = o.efficiency;
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
   if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
+  in.kv_seq = o.kv_seq;
+  in.q_offset = o.q_offset;
   make_plan(in);  // validates the input
   return in;
 }

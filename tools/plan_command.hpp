@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ulysses::cli {
@@ -22,6 +23,8 @@ struct PlanOptions {
   std::int64_t tile_rows = 1024;
   std::string max_memory = "2GiB";
   std::string window;  // sliding window "L" or "L,R"
+  std::int64_t kv_seq = 0;               // cross-attention: k/v length; 0 = --seq
+  std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
+
+class Strategy;
 
 struct Link {
   double bandwidth = 450e9;  // bytes per second, one direction, per rank
@@ -50,6 +53,11 @@ struct PlanInput {
   Cluster cluster;
   // Sliding window (FlashAttention's window_size); -1: unbounded side.
   std::int64_t window_left = -1, window_right = -1;
+  // Cross-attention (is_cross in strategy.hpp): k/v of kv_seq tokens (0: seq) and queries at key
+  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic_cross, work the
+  // visible pairs against the k/v; strategies without Strategy::supports_cross are refused.
+  std::int64_t kv_seq = 0;
+  std::optional<std::int64_t> q_offset;
 };
 
 struct PlanRow {
@@ -79,6 +87,10 @@ struct Plan {
 // Cost-model building blocks, shared by the strategies' Strategy::cost.
 // The most tokens a rank holds: ceil(seq / cp), whatever the token layout.
 std::int64_t busiest_tokens(const PlanInput& in);
+// The most k/v tokens a rank holds: ceil(s_k / cp) (busiest_tokens without cross-attention).
+std::int64_t busiest_kv_tokens(const PlanInput& in);
+// The k/v length s_k: in.kv_seq, or in.seq when it is 0.
+std::int64_t kv_seq_of(const PlanInput& in);
 // One message of `bytes` on a link: latency + bytes / bandwidth.
 double message_seconds(const Link& link, double bytes);
 // An all-to-all over `group` contiguous ranks, `bytes` sent per rank: intra- and inter-node
@@ -103,6 +115,11 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
 // next chunk's input (`in_s`) and the previous chunk's output (`out_s`) travel; what does not
 // fit behind the compute is exposed, and so are the first input and the last output.
 double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s);
+
+// The attention work the planner counts for rank `rank` of `strategy` under `config` (a row's
+// config): Strategy::work, or under cross-attention (in.kv_seq, in.q_offset) the same rank's
+// queries counted against the k/v under the mask at q_offset.
+std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank);
 
 // The most ranks the planner models (its per-rank formulas run once per rank).
 inline constexpr int kMaxPlanRanks = 1 << 16;

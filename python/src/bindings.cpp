@@ -7,7 +7,10 @@
 #include <pybind11/numpy.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ulysses/all_to_all.hpp"
@@ -54,8 +57,15 @@ py::dict stats_dict(const CpStats& s) {
   return d;
 }
 
-CpConfig make_config(const std::string& type, bool causal, float scale, const std::vector<int>& cp_sizes) {
-  return CpConfig{std::string(find_strategy(type).name()), cp_sizes, causal, scale};
+// window (left, right): FlashAttention's window_size, -1 unbounded; q_offset: cross-attention.
+CpConfig make_config(const std::string& type, bool causal, float scale, const std::vector<int>& cp_sizes,
+                     std::pair<std::int64_t, std::int64_t> window = {-1, -1}, int overlap_chunks = 1,
+                     std::optional<std::int64_t> q_offset = std::nullopt) {
+  CpConfig c{std::string(find_strategy(type).name()), cp_sizes, causal, scale};
+  std::tie(c.window_left, c.window_right) = window;
+  c.overlap_chunks = overlap_chunks;
+  c.q_offset = q_offset;
+  return c;
 }
 
 // The head-sharded side of the fused all-to-all, kept alive by the numpy array viewing it.
@@ -122,11 +132,14 @@ PYBIND11_MODULE(_ulysses, m) {
 
   py::class_<ContextParallelAttention>(m, "ContextParallelAttention")
       .def(py::init([](Communicator& comm, const std::string& type, bool causal, float scale,
-                       const std::vector<int>& cp_sizes) {
-             return std::make_unique<ContextParallelAttention>(comm, make_config(type, causal, scale, cp_sizes));
+                       const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window,
+                       int overlap_chunks, std::optional<std::int64_t> q_offset) {
+             return std::make_unique<ContextParallelAttention>(
+                 comm, make_config(type, causal, scale, cp_sizes, window, overlap_chunks, q_offset));
            }),
            py::arg("comm"), py::arg("cp_comm_type"), py::arg("causal"), py::arg("scale"), py::arg("cp_sizes"),
-           py::keep_alive<1, 2>())
+           py::arg("window") = std::pair<std::int64_t, std::int64_t>{-1, -1}, py::arg("overlap_chunks") = 1,
+           py::arg("q_offset") = std::nullopt, py::keep_alive<1, 2>())
       .def(
           "forward",
           [](ContextParallelAttention& a, const py::tuple& out, const py::tuple& q, const py::tuple& k,
@@ -178,13 +191,17 @@ PYBIND11_MODULE(_ulysses, m) {
         "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
 
   m.def("rank_chunks",
-        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq) {
+        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq,
+           std::optional<std::int64_t> q_offset) {
           std::vector<std::pair<std::int64_t, std::int64_t>> out;
-          for (const SeqChunk& c : rank_chunks(make_config(type, causal, 0.0f, cp_sizes), cp, rank, seq))
-            out.emplace_back(c.begin, c.length);
+          const CpConfig config = make_config(type, causal, 0.0f, cp_sizes, {-1, -1}, 1, q_offset);
+          for (const SeqChunk& c : rank_chunks(config, cp, rank, seq)) out.emplace_back(c.begin, c.length);
           return out;
         },
-        "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order.");
+        py::arg("cp_comm_type"), py::arg("causal"), py::arg("cp_sizes"), py::arg("cp"), py::arg("rank"), py::arg("seq"),
+        py::arg("q_offset") = std::nullopt,
+        "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order (contiguous "
+        "under cross-attention: q_offset set).");
   m.def("validate",
         [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp,
            const std::vector<std::int64_t>& q_global, std::int64_t kv_heads) {

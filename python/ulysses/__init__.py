@@ -9,6 +9,10 @@
 
 ``shard`` / ``unshard`` / ``positions`` move between global tensors and the tokens each rank
 holds for a strategy (zigzag for the ring under a causal mask).
+
+``ContextParallelAttention`` also takes ``window_size=(left, right)`` (FlashAttention's sliding
+window, -1 unbounded), ``overlap_chunks`` (``a2a``: pipelined all-to-alls) and ``q_offset`` with
+k/v of another length than q (cross-attention; shard them with the same ``q_offset``).
 """
 from ._ulysses import Error, strategy_names
 from ._comm import Communicator

@@ -45,20 +45,57 @@ class ContextParallelAttention(torch.nn.Module):
     ``forward(q, k, v, cu_seqlens=...)``: packed documents, FlashAttention's varlen contract
     (batch 1): cumulative document lengths over the *global* sequence, the same on every
     rank (a list or an integer tensor); no token attends across a document boundary.
+
+    ``window_size=(left, right)``: FlashAttention's sliding window over global positions, query
+    i sees key j only if ``i - left <= j <= i + right`` (and ``j <= i`` when causal); -1 leaves
+    that side unbounded; ``(-1, -1)`` (the default) is no window. Strategies without a window
+    (``ulysses.Error`` names them) refuse it.
+
+    ``overlap_chunks``: ``a2a`` only; cut each rank's heads into this many chunks and pipeline
+    their all-to-alls with the attention of the others (same bytes, more messages); 1 is plain
+    Ulysses, more than the KV heads a rank holds is clamped; below 1, or above 1 with another
+    strategy, is an error.
+
+    Cross-attention: k and v may hold another global length ``s_k`` than q (each sharded over
+    the ranks by its own length: ``ulysses.shard(k, comm, strategy, causal, q_offset=...)``);
+    strategies that support it are ``a2a`` and ``all_gather`` (others raise). ``q_offset`` is
+    the key position of query 0: under ``causal`` query i sees keys ``j <= q_offset + i``,
+    required when ``s_k != s``. With ``q_offset`` set every strategy keeps contiguous chunks.
+    No window and no documents with cross-attention.
+
+    Bad values give the C++ library's error (``ulysses.Error``), the same on every rank, at the
+    first call.
     """
 
-    def __init__(self, comm, strategy="a2a", causal=False, cp_sizes=None, scale=None):
+    def __init__(self, comm, strategy="a2a", causal=False, cp_sizes=None, scale=None, window_size=(-1, -1),
+                 overlap_chunks=1, q_offset=None):
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
+        self.window_size, self.overlap_chunks, self.q_offset = _window(window_size), int(overlap_chunks), q_offset
         self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), float(scale or 0.0),
-                                                       list(cp_sizes or []))
+                                                       list(cp_sizes or []), self.window_size, self.overlap_chunks,
+                                                       None if q_offset is None else int(q_offset))
 
     def forward(self, q, k, v, cu_seqlens=None):
         cu = [] if cu_seqlens is None else [int(x) for x in cu_seqlens]
         return _CpAttention.apply(self._impl, q, k, v, cu)
 
     def extra_repr(self):
-        return f"strategy={self.strategy!r}, causal={self.causal}, cp={self.comm.size}"
+        extra = "" if self.window_size == (-1, -1) else f", window_size={self.window_size}"
+        extra += "" if self.overlap_chunks == 1 else f", overlap_chunks={self.overlap_chunks}"
+        extra += "" if self.q_offset is None else f", q_offset={self.q_offset}"
+        return f"strategy={self.strategy!r}, causal={self.causal}, cp={self.comm.size}{extra}"
+
+
+def _window(window_size):
+    """FlashAttention's window_size as a pair of ints; the library checks the values."""
+    try:
+        left, right = window_size
+        if int(left) == left and int(right) == right:
+            return int(left), int(right)
+    except (TypeError, ValueError):
+        pass
+    raise _ulysses.Error(f"window_size must be (left, right), two integers (-1: unbounded), got {window_size!r}")
 
 
 def _head_parts(whole, heads, dtype):

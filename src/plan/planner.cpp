@@ -55,22 +55,46 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
   return double(most) * in.cp / double(total);
 }
 
+// Rank `rank`'s work (Strategy::work) when k/v hold s_k tokens and the queries sit at q_offset
+// (cross-attention: no documents, no window, contiguous chunks). Every strategy computes, on its
+// query heads, one contiguous range [a, a + n) of the queries then; its own work() without a mask
+// (n·s pairs per head) and with a causal one (Σ (t + 1) over the range per head) give n and a,
+// which are then counted against the k/v under the mask at q_offset.
+std::int64_t cross_work(const Strategy& strategy, const CpConfig& cfg, int cp, int rank, const Shape& q,
+                        std::int64_t kv_seq, std::int64_t kv_heads) {
+  const std::int64_t heads = q.b * strategy.heads_of(cfg, cp, rank, q.h, kv_heads).q.count;
+  CpConfig probe = cfg;
+  probe.q_offset.reset();
+  probe.zigzag = false;
+  probe.causal = false;
+  const std::int64_t n = heads > 0 ? strategy.work(probe, cp, rank, q, kv_heads) / (heads * q.s) : 0;
+  if (n == 0) return 0;
+  probe.causal = true;
+  const std::int64_t below = strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2;  // n·a
+  const std::int64_t a = below / n;
+  if (below % n != 0 || a < 0 || a + n > q.s)
+    throw Error(fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
+                            "planner's cross-attention work assumes", strategy.name(), rank));
+  return heads * visible_pairs(attention_params(cfg), {a + cfg.q_offset.value_or(0), n}, {0, kv_seq});
+}
+
 PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
   cfg.window_left = in.window_left;
   cfg.window_right = in.window_right;
+  cfg.q_offset = in.q_offset;
   PlanRow r;
   r.config = cfg;
   r.name = strategy.config_name(cfg);
   const Shape q{in.batch, in.seq, in.heads, in.head_dim};
   try {
-    validate_cp_config(cfg, in.cp, q, in.kv_heads);
+    validate_cp_config(cfg, in.cp, q, in.kv_heads, kv_seq_of(in));
   } catch (const Error& e) {
     r.reason = e.what();
     return r;
   }
   r.valid = true;
-  const CommVolume v = predicted_comm_volume(cfg, in.cp, q, in.kv_heads, in.dtype);
+  const CommVolume v = predicted_comm_volume(cfg, in.cp, q, in.kv_heads, in.dtype, kv_seq_of(in));
   r.forward_bytes_per_rank = v.total_forward_bytes();
   r.backward_bytes_per_rank = v.total_backward_bytes();
   for (const auto& [op, n] : v.forward_messages) r.forward_messages += n;
@@ -80,7 +104,7 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   r.head_imbalance = head_imbalance(in, strategy, cfg);
   double most = 0, total = 0;
   for (int rank = 0; rank < in.cp; ++rank) {
-    const double w = double(strategy.work(cfg, in.cp, rank, q, in.kv_heads));
+    const double w = double(rank_work(in, strategy, cfg, rank));
     most = std::max(most, w);
     total += w;
   }
@@ -136,7 +160,17 @@ double parse_latency(const std::string& text) {
   return parse_quantity(text, units, "latency");
 }
 
+std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank) {
+  const Shape q{in.batch, in.seq, in.heads, in.head_dim};
+  if (!is_cross(config, in.seq, kv_seq_of(in))) return strategy.work(config, in.cp, rank, q, in.kv_heads);
+  return cross_work(strategy, config, in.cp, rank, q, kv_seq_of(in), in.kv_heads);
+}
+
 std::int64_t busiest_tokens(const PlanInput& in) { return (in.seq + in.cp - 1) / in.cp; }
+
+std::int64_t kv_seq_of(const PlanInput& in) { return in.kv_seq > 0 ? in.kv_seq : in.seq; }
+
+std::int64_t busiest_kv_tokens(const PlanInput& in) { return (kv_seq_of(in) + in.cp - 1) / in.cp; }
 
 double message_seconds(const Link& l, double bytes) { return l.latency + bytes / l.bandwidth; }
 
@@ -200,16 +234,20 @@ std::string plan_input_error(const PlanInput& in) {
                          {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", std::int64_t(in.cp)},
                          {"ranks_per_node", std::int64_t(in.cluster.ranks_per_node)}})
     if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
+  if (in.kv_seq < 0) return fmt::format("kv_seq must be positive (or 0: seq), got {}", in.kv_seq);
   if (in.cp > kMaxPlanRanks) return fmt::format("cp must be at most {}, got {}", kMaxPlanRanks, in.cp);
   for (auto [side, w] : {std::pair{"left", in.window_left}, {"right", in.window_right}})
     if (w < -1) return fmt::format("window_{} must be -1 (unbounded) or >= 0, got {}", side, w);
   std::int64_t n = 0;
-  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, in.seq, &n) ||
+  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, std::max(in.seq, in.kv_seq), &n) ||
       __builtin_mul_overflow(n, std::max(in.heads, in.kv_heads), &n) || __builtin_mul_overflow(n, in.head_dim, &n) ||
       __builtin_mul_overflow(n, in.layers, &n))
     return fmt::format("the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
                        "does not fit 64 bits with room for byte counts", in.batch, in.seq, in.heads, in.head_dim,
                        in.layers);
+  if (in.causal && kv_seq_of(in) != in.seq && !in.q_offset)
+    return fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): k/v hold "
+                       "s_k = {} tokens, q holds s = {}", kv_seq_of(in), in.seq);
   if (in.heads % in.kv_heads != 0)
     return fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads);
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
