@@ -141,6 +141,11 @@ TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
   CpConfig overlap{"a2a", {}, false, 0.0f};
   overlap.overlap_chunks = 2;
   if (cp > 1) expect(overlap, "overlap_chunks must be 1 with cross-attention");
+  for (const char* ring : {"p2p", "a2a+p2p"}) {  // the ring's halo exchange is self-attention only
+    CpConfig window = find_strategy(ring).plan_configs(cp, false).front();
+    window.window_left = 2;
+    expect(window, "cross-attention does not take a sliding window");
+  }
   for (const Strategy* s : strategies())
     if (!s->supports_cross() && cp > 1) {
       CpConfig cfg = s->plan_configs(cp, false).front();

@@ -72,7 +72,8 @@ std::int64_t member_rows(const RingSaved& saved, int r) {
 }  // namespace
 
 PairScratch::PairScratch(const RingSaved& saved, bool backward) {
-  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h, n = std::max(max_length(saved.chunks), max_length({saved.queries}));
+  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
+  const std::int64_t n = std::max(max_length(saved.chunks), max_length({saved.queries}));  // keys', queries' rows
   const Shape kvs = saved.kv.shape();
   if (!backward) {
     o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
