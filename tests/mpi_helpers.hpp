@@ -34,18 +34,20 @@ void expect_same_error_everywhere(Communicator& comm, Fn&& fn, const std::string
 }
 
 // What one forward and then one backward of `attn` sent, each counted from zero. `p` holds the
-// rank's out, q, k, v, dout and gradient tensors.
+// rank's out, q, k, v, dout and gradient tensors; `stats` (if given) gets the two calls' CpStats.
 struct SentCounters {
   std::map<std::string, CommCounter> fwd, bwd;
 };
 template <class P>
-SentCounters forward_backward_counted(Communicator& comm, ContextParallelAttention& attn, P& p) {
+SentCounters forward_backward_counted(Communicator& comm, ContextParallelAttention& attn, P& p,
+                                      std::pair<CpStats, CpStats>* stats = nullptr) {
   comm.reset_counters();
   const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
   SentCounters sent{comm.counters(), {}};
   comm.reset_counters();
-  attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+  const CpStats bwd = attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
   sent.bwd = comm.counters();
+  if (stats) *stats = {ctx.stats(), bwd};
   return sent;
 }
 

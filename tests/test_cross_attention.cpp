@@ -1,15 +1,18 @@
 // Cross-attention (q of s tokens, k/v of s_k, each sharded over cp by its own rank_chunks):
-// every strategy that supports it against the float64 reference, forward and all gradients,
-// with and without a causal mask at an explicit q_offset, GQA/MQA, bf16 and f32, token counts
-// that do not divide by cp; exact bytes and messages against traffic_cross; the same clear
-// error on every rank for what is refused.
+// every strategy that supports it (all four built-ins; a2a+p2p at every [inner, outer]) against
+// the float64 reference, forward and all gradients, with and without a causal mask at an
+// explicit q_offset, GQA/MQA, bf16 and f32, token counts that do not divide by cp; exact bytes
+// and messages against traffic_cross; the visible pairs computed (the ring skips fully masked
+// chunks, no pair counted twice); the same clear error on every rank for what is refused.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <optional>
 
 #include "mpi_helpers.hpp"
 #include "ulysses/context_parallel.hpp"
+#include "ulysses/documents.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -67,34 +70,59 @@ std::vector<Case> cases(int cp) {
           Case{1, 70, 90, 2 * cp, cp, 32, 20, DType::f32}};                      // crosses a kernel block
 }
 
+// The (query, key) pairs rank `rank` computes: its query tokens (the ring's own; a2a+p2p's
+// inner group's) against all of s_k, on its heads. Only for the ring strategies here; every
+// strategy's ranks together compute each visible pair on each head once (checked below).
+std::int64_t ring_work(const Strategy& s, const CpConfig& cfg, int cp, int rank, const Case& c) {
+  const int group = s.hierarchical() ? cfg.hierarchical_context_parallel_sizes[0] : 1, first = rank / group * group;
+  const AttentionParams p{cfg.causal, 0.0f, 0, 0};
+  std::int64_t pairs = 0;
+  for (int r = first; r < first + group; ++r)
+    for (const SeqChunk& q : rank_chunks(cfg, cp, r, c.sq))
+      pairs += visible_pairs(p, {q.begin + c.q_offset.value_or(0), q.length}, {0, c.sk});
+  return pairs * c.b * s.heads_of(cfg, cp, rank, c.h, c.hkv).q.count;
+}
+
 }  // namespace
 
+// Every strategy, and a2a+p2p at every [inner, outer] with inner · outer = cp.
 TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
   for (const Case& c : cases(cp))
     for (const Strategy* s : strategies()) {
-      if (!s->supports_cross() || s->hierarchical()) continue;
-      CpConfig cfg{std::string(s->name()), {}, c.q_offset.has_value(), 0.0f};
-      cfg.q_offset = c.q_offset;
-      SCOPED_TRACE(fmt::format("{} sq {} sk {} h {} h_kv {} q_offset {} {}", s->name(), c.sq, c.sk, c.h, c.hkv,
-                               c.q_offset.value_or(-1), to_string(c.dtype)));
-      CrossProblem p(c, cfg, cp, me);
-      ContextParallelAttention attn(comm, cfg);
-      const auto [fwd, bwd] = forward_backward_counted(comm, attn, p);
-      const double tol_out = c.dtype == DType::f32 ? 1e-5 : 1e-2, tol_grad = c.dtype == DType::f32 ? 1e-4 : 2.5e-2;
-      EXPECT_LT(relative_error(p.out.view(), p.rout), tol_out);
-      EXPECT_LT(relative_error(p.dq.view(), p.rdq), tol_grad);
-      EXPECT_LT(relative_error(p.dk.view(), p.rdk), tol_grad);
-      EXPECT_LT(relative_error(p.dv.view(), p.rdv), tol_grad);
-      if (cp == 1) continue;
-      const CommVolume want = s->traffic_cross(cfg, cp, me, {c.b, c.sq, c.h, c.d}, c.sk, c.hkv, c.dtype);
-      for (bool m : {false, true}) {
-        for (const auto& [op, n] : m ? want.forward_messages : want.forward_bytes) EXPECT_EQ(counted(fwd, op, m), n) << op;
-        for (const auto& [op, n] : m ? want.backward_messages : want.backward_bytes) EXPECT_EQ(counted(bwd, op, m), n) << op;
+      if (!s->supports_cross()) continue;
+      for (CpConfig cfg : s->plan_configs(cp, c.q_offset.has_value())) {
+        cfg.q_offset = c.q_offset;
+        SCOPED_TRACE(fmt::format("{} sq {} sk {} h {} h_kv {} q_offset {} {}", s->config_name(cfg), c.sq, c.sk, c.h,
+                                 c.hkv, c.q_offset.value_or(-1), to_string(c.dtype)));
+        CrossProblem p(c, cfg, cp, me);
+        ContextParallelAttention attn(comm, cfg);
+        std::pair<CpStats, CpStats> stats;
+        const auto [fwd, bwd] = forward_backward_counted(comm, attn, p, &stats);
+        const double tol_out = c.dtype == DType::f32 ? 1e-5 : 1e-2, tol_grad = c.dtype == DType::f32 ? 1e-4 : 2.5e-2;
+        EXPECT_LT(relative_error(p.out.view(), p.rout), tol_out);
+        EXPECT_LT(relative_error(p.dq.view(), p.rdq), tol_grad);
+        EXPECT_LT(relative_error(p.dk.view(), p.rdk), tol_grad);
+        EXPECT_LT(relative_error(p.dv.view(), p.rdv), tol_grad);
+        const std::int64_t all_pairs =
+            visible_pairs(AttentionParams{cfg.causal, 0.0f, 0, 0}, {c.q_offset.value_or(0), c.sq}, {0, c.sk}) * c.b * c.h;
+        for (const std::int64_t pairs : {stats.first.score_pairs, stats.second.score_pairs}) {
+          const std::vector<std::int64_t> every = comm.allgather_value(pairs, "test");
+          EXPECT_EQ(std::accumulate(every.begin(), every.end(), std::int64_t(0)), all_pairs);
+          if (s->name() == "p2p" || s->hierarchical()) EXPECT_EQ(pairs, ring_work(*s, cfg, cp, me, c));
+        }
+        if (cp == 1) continue;
+        const CommVolume want = s->traffic_cross(cfg, cp, me, {c.b, c.sq, c.h, c.d}, c.sk, c.hkv, c.dtype);
+        for (bool m : {false, true}) {
+          for (const auto& [op, n] : m ? want.forward_messages : want.forward_bytes)
+            EXPECT_EQ(counted(fwd, op, m), n) << op;
+          for (const auto& [op, n] : m ? want.backward_messages : want.backward_bytes)
+            EXPECT_EQ(counted(bwd, op, m), n) << op;
+        }
+        for (const auto& [op, n] : fwd) EXPECT_TRUE(op.ends_with("validate") || want.forward_bytes.count(op)) << op;
+        for (const auto& [op, n] : bwd) EXPECT_TRUE(op.ends_with("validate") || want.backward_bytes.count(op)) << op;
       }
-      for (const auto& [op, n] : fwd) EXPECT_TRUE(op.ends_with("validate") || want.forward_bytes.count(op)) << op;
-      for (const auto& [op, n] : bwd) EXPECT_TRUE(op.ends_with("validate") || want.backward_bytes.count(op)) << op;
     }
 }
 
@@ -113,6 +141,11 @@ TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
   CpConfig overlap{"a2a", {}, false, 0.0f};
   overlap.overlap_chunks = 2;
   if (cp > 1) expect(overlap, "overlap_chunks must be 1 with cross-attention");
+  for (const char* ring : {"p2p", "a2a+p2p"}) {  // the ring's halo exchange is self-attention only
+    CpConfig window = find_strategy(ring).plan_configs(cp, false).front();
+    window.window_left = 2;
+    expect(window, "cross-attention does not take a sliding window");
+  }
   for (const Strategy* s : strategies())
     if (!s->supports_cross() && cp > 1) {
       CpConfig cfg = s->plan_configs(cp, false).front();

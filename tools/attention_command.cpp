@@ -83,7 +83,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "Ulysses; at most the KV heads a rank holds; default: the planner's choice)")
       ->check(CLI::Range(1, 1024));
   c->add_option("--kv-seq", o.kv_seq, "random inputs: cross-attention, k/v of this many tokens (default: --seq; "
-                "--k/--v files may have another length than --q too); a2a and all_gather")
+                "--k/--v files may have another length than --q too); every built-in strategy")
       ->check(positive_number());
   c->add_option("--q-offset", o.q_offset, "cross-attention with --causal: query i sees keys j <= q_offset + i "
                 "(required when the k/v length differs from q's)");

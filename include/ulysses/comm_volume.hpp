@@ -45,6 +45,13 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
 void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
                         std::int64_t group_tokens, const RankHeads& mine, std::int64_t heads,
                         std::int64_t kv_heads_held, std::int64_t row_bytes);
+// The same for cross-attention: k|v hold `kv_tokens` of the group's `group_kv_tokens` and are
+// transposed apart from q (another token count): the forward's seq_to_head and the backward's
+// head_to_seq are two all-to-alls each (k|v, then q).
+void add_ulysses_cross_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
+                              std::int64_t group_tokens, std::int64_t kv_tokens, std::int64_t group_kv_tokens,
+                              const RankHeads& mine, std::int64_t heads, std::int64_t kv_heads_held,
+                              std::int64_t row_bytes);
 // A ring of `members` ranks holding K and V of `total_elems` elements together, of which the
 // next member holds `next_elems`: K/V once around ("<prefix>p2p_kv": every member's but the
 // next one's, `es` bytes per element), float32 dK/dV all the way home ("<prefix>p2p_dkv":

@@ -18,7 +18,7 @@
 // summed); h need not divide by g. p2p and all_gather compute every head on their tokens and
 // move K/V at their native head count.
 //
-// Cross-attention (is_cross in strategy.hpp; a2a and all_gather, Strategy::supports_cross): k/v
+// Cross-attention (is_cross in strategy.hpp; every built-in, Strategy::supports_cross): k/v
 // hold s_k tokens in total, sharded by rank_chunks over s_k on their own (sk_r per rank); q
 // holds s. Masks: none, or causal with config.q_offset (query i at key position q_offset + i);
 // causal without q_offset is an Error when s_k != s. Every strategy uses contiguous chunks then.

@@ -26,6 +26,25 @@ void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std
   }
 }
 
+void add_ulysses_cross_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
+                              std::int64_t group_tokens, std::int64_t kv_tokens, std::int64_t group_kv_tokens,
+                              const RankHeads& mine, std::int64_t heads, std::int64_t kv_heads_held,
+                              std::int64_t row_bytes) {
+  const std::int64_t out_q = tokens * (heads - mine.q.count) * row_bytes;
+  const std::int64_t out_kv = 2 * kv_tokens * (kv_heads_held - mine.kv.count) * row_bytes;
+  const std::int64_t in_q = (group_tokens - tokens) * mine.q.count * row_bytes;
+  const std::int64_t in_kv = 2 * (group_kv_tokens - kv_tokens) * mine.kv.count * row_bytes;
+  const std::string s2h = prefix + "seq_to_head", h2s = prefix + "head_to_seq";
+  v.forward_bytes[s2h] = out_q + out_kv;
+  v.forward_bytes[h2s] = in_q;
+  v.backward_bytes[s2h] = out_q;
+  v.backward_bytes[h2s] = in_q + in_kv;
+  v.forward_messages[s2h] = 2 * (group - 1);
+  v.forward_messages[h2s] = group - 1;
+  v.backward_messages[s2h] = group - 1;
+  v.backward_messages[h2s] = 2 * (group - 1);
+}
+
 void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t total_elems,
                      std::int64_t next_elems, std::int64_t es) {
   const std::int64_t kv = (total_elems - next_elems) * es;  // the next member's own K/V never travels to it

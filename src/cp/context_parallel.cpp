@@ -96,10 +96,14 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
     throw Error(fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): "
                             "k/v hold s_k = {} tokens, q holds s = {}",
                             kv_seq, q.s));
-  if (!find_strategy(config.cp_comm_type).supports_cross())
+  if (!find_strategy(config.cp_comm_type).supports_cross()) {
+    std::vector<std::string_view> cross;
+    for (const Strategy* s : strategies())
+      if (s->supports_cross()) cross.push_back(s->name());
     throw Error(fmt::format("cp_comm_type {} does not support cross-attention (s_k = {}, s = {}{}); use {}",
                             config.cp_comm_type, kv_seq, q.s, config.q_offset ? ", q_offset set" : "",
-                            "a2a or all_gather"));
+                            fmt::join(cross, " or ")));
+  }
   if (config.overlap_chunks != 1)
     throw Error(fmt::format("overlap_chunks must be 1 with cross-attention, got {}", config.overlap_chunks));
   if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");

@@ -72,7 +72,8 @@ std::int64_t member_rows(const RingSaved& saved, int r) {
 }  // namespace
 
 PairScratch::PairScratch(const RingSaved& saved, bool backward) {
-  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h, n = max_length(saved.chunks);
+  const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
+  const std::int64_t n = std::max(max_length(saved.chunks), max_length({saved.queries}));  // keys', queries' rows
   const Shape kvs = saved.kv.shape();
   if (!backward) {
     o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
@@ -90,7 +91,7 @@ namespace {
 // entirely, p: the kernel's params with the chunks' global positions as offsets.
 template <typename F>
 void for_each_visible_pair(const RingSaved& saved, const std::vector<SeqChunk>& keys, CpStats& stats, F&& f) {
-  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  const std::vector<SeqChunk>& mine = saved.queries;
   for (std::size_t ia = 0; ia < mine.size(); ++ia)
     for (std::size_t ic = 0; ic < keys.size(); ++ic) {
       const std::int64_t pairs = visible_pairs(saved.params, mine[ia], keys[ic]);
@@ -108,7 +109,7 @@ void for_each_visible_pair(const RingSaved& saved, const std::vector<SeqChunk>& 
 void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,
                    const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
                    const std::function<void()>& progress) {
-  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  const std::vector<SeqChunk>& mine = saved.queries;
   const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
   for_each_visible_pair(saved, keys, stats, [&](std::size_t ia, std::size_t ic, const AttentionParams& p) {
     const SeqChunk &a = mine[ia], &c = keys[ic];
@@ -125,7 +126,7 @@ void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv
 void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorView& dkv, const TensorView& dout,
                     const TensorView& kv, const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
                     const std::function<void()>& progress) {
-  const std::vector<SeqChunk>& mine = saved.chunks[std::size_t(saved.me)];
+  const std::vector<SeqChunk>& mine = saved.queries;
   for_each_visible_pair(saved, keys, stats, [&](std::size_t ia, std::size_t ic, const AttentionParams& p) {
     const SeqChunk &a = mine[ia], &c = keys[ic];
     const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(keys, ic);
@@ -143,16 +144,16 @@ void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorVi
 
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
-                            const std::vector<std::vector<SeqChunk>>& chunks, const AttentionParams& params,
-                            DType wire, CpStats& stats) {
+                            const std::vector<std::vector<SeqChunk>>& chunks, const std::vector<SeqChunk>& queries,
+                            const AttentionParams& params, DType wire, CpStats& stats) {
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
-  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, params, wire, me, {}, {}};
+  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, queries, params, wire, me, {}, {}};
   copy(k, kv_half(saved.kv.view(), 0));
   copy(v, kv_half(saved.kv.view(), 1));
   zero(out);
-  for (const SeqChunk& a : saved.chunks[std::size_t(me)]) {
+  for (const SeqChunk& a : saved.queries) {
     saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
     std::fill_n(saved.lse.back().f32(), B * H * a.length, kNegInf);
   }
@@ -181,6 +182,11 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     recv.wait();
     stats.comm_exposed_s += ring.now() - t1;
   }
+}
+
+std::vector<SeqChunk> shifted(std::vector<SeqChunk> chunks, std::int64_t offset) {
+  for (SeqChunk& c : chunks) c.begin += offset;
+  return chunks;
 }
 
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -2,7 +2,8 @@
 //
 // Every ring member holds some chunks of the global sequence (SeqChunk: positions), the same
 // rows for Q and for K/V; members may hold different numbers of rows (buffers are sized for
-// the largest, each message for its member). K and V travel around the ring at their native
+// the largest, each message for its member). Cross-attention: the K/V chunks are over s_k and
+// each member's query chunks its own (over s, shifted by q_offset to their key positions). K and V travel around the ring at their native
 // KV-head count:
 // at step i a rank holds the K/V of member (me − i) mod R, the transfer for step i+1 is
 // posted before step i is computed, and every (Q chunk, KV chunk) pair that the causal mask
@@ -42,7 +43,8 @@ struct RingSaved {
   TensorView q, out;           // float32 [b, n, h, d]; storage owned by the caller
   Tensor kv;                   // float32 own K then V: [2b, own rows, h_kv, d]
   std::vector<Tensor> lse;     // per local chunk (lse_tensor)
-  std::vector<std::vector<SeqChunk>> chunks;  // per ring member
+  std::vector<std::vector<SeqChunk>> chunks;  // per ring member: its K/V rows
+  std::vector<SeqChunk> queries;              // this member's query rows at their key positions
   AttentionParams params;      // causal and scale; offsets are per chunk
   DType wire = DType::f32;
   int me = 0;                                    // this member
@@ -50,11 +52,16 @@ struct RingSaved {
   std::vector<Tensor> halos;                     // their float32 K then V, [2b, rows, h_kv, d]
 };
 
-// Collective over `ring`. q, k, v, out: float32 views; chunks[r] are the rows of member r.
+// Collective over `ring`. q, k, v, out: float32 views; chunks[r] are the K/V rows of member r,
+// `queries` this member's query rows at their global key positions (chunks[me] for
+// self-attention; cross-attention: shifted by q_offset, and no window).
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v,
-                            const std::vector<std::vector<SeqChunk>>& chunks, const AttentionParams& params,
-                            DType wire, CpStats& stats);
+                            const std::vector<std::vector<SeqChunk>>& chunks, const std::vector<SeqChunk>& queries,
+                            const AttentionParams& params, DType wire, CpStats& stats);
+
+// `chunks` moved by `offset` positions (a cross-attention's queries to their key positions).
+std::vector<SeqChunk> shifted(std::vector<SeqChunk> chunks, std::int64_t offset);
 
 // Collective over `ring`. dq, dk, dv, dout: float32 views; dq/dk/dv are overwritten.
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -252,8 +252,13 @@ class A2aStrategy final : public Strategy {
   // directions keep one message per peer and the k|v ones add one.
   CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                            std::int64_t kv_heads, DType dtype) const override {
-    if (is_cross(config, q.s, kv_seq)) return cross_traffic(config, cp, rank, q, kv_seq, kv_heads, dtype);
     CommVolume v;
+    if (is_cross(config, q.s, kv_seq)) {
+      add_ulysses_cross_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s,
+                               tokens_held(config, cp, rank, 1, kv_seq), kv_seq, ulysses_heads(cp, rank, q.h, kv_heads),
+                               q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
+      return v;
+    }
     add_ulysses_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s, ulysses_heads(cp, rank, q.h, kv_heads),
                        q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
     const int c = ulysses_overlap_chunks(config.overlap_chunks, cp, kv_heads);
@@ -262,24 +267,6 @@ class A2aStrategy final : public Strategy {
     return v;
   }
 
- private:
-  static CommVolume cross_traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                                  std::int64_t kv_heads, DType dtype) {
-    const RankHeads mine = ulysses_heads(cp, rank, q.h, kv_heads);
-    const std::int64_t row = q.b * q.d * std::int64_t(dtype_size(dtype));
-    const std::int64_t tq = tokens_held(config, cp, rank, 1, q.s), tkv = tokens_held(config, cp, rank, 1, kv_seq);
-    const std::int64_t out_q = tq * (q.h - mine.q.count) * row;
-    const std::int64_t out_kv = 2 * tkv * (ulysses_kv_heads_held(cp, kv_heads) - mine.kv.count) * row;
-    const std::int64_t in_q = (q.s - tq) * mine.q.count * row, in_kv = 2 * (kv_seq - tkv) * mine.kv.count * row;
-    CommVolume v;
-    v.forward_bytes = {{"seq_to_head", out_q + out_kv}, {"head_to_seq", in_q}};
-    v.backward_bytes = {{"seq_to_head", out_q}, {"head_to_seq", in_q + in_kv}};
-    v.forward_messages = {{"seq_to_head", 2 * (cp - 1)}, {"head_to_seq", cp - 1}};
-    v.backward_messages = {{"seq_to_head", cp - 1}, {"head_to_seq", 2 * (cp - 1)}};
-    return v;
-  }
-
- public:
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
   // a chunk computes (pipeline_exposed).
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,

@@ -7,10 +7,14 @@
 //           group's whole sequence and its inner rank's heads (ulysses_heads over `inner`:
 //           h/inner when they split evenly) → head_to_seq inside the group.
 // backward: the mirror image. The ring computes in float32.
+// Cross-attention (k/v of s_k tokens): q and k|v in separate inner all-to-alls (their token
+// counts differ, as in a2a); the outer ring moves the groups' K/V chunks over s_k, the queries
+// at q_offset + their positions.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <array>
+#include <span>
 
 #include "../head_split.hpp"
 #include "../ring_attention.hpp"
@@ -27,6 +31,9 @@ namespace {
 
 struct HierarchicalContext final : StrategyContext {
   FusedHeads qkv, out_heads;  // float32, head-sharded inside the inner group
+  FusedHeads kv;              // cross-attention: k | v apart (float32); qkv holds q only
+  TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
+  TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
   RingSaved ring;             // the outer ring's (points into qkv and out_heads)
   HeadSplit heads;            // every inner rank's query and KV heads
   DType dtype = DType::f32;   // storage / wire dtype
@@ -74,28 +81,15 @@ class A2aP2pStrategy final : public Strategy {
                                            const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    Communicator& comm = group.comm();
-    const int I = config.hierarchical_context_parallel_sizes[0];
-    auto ctx = std::make_unique<HierarchicalContext>();
-    ctx->inner = &group.subgroup("inner", comm.rank() / I, comm.rank());  // contiguous inner groups
-    ctx->outer = &group.subgroup("outer", comm.rank() % I, comm.rank());  // strided outer groups
-    ctx->heads = ulysses_head_split(I, q.shape.h, k.shape.h);
-    ctx->dtype = q.dtype;
-    const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
-    double t0 = comm.now();
-    ctx->qkv = as_float32(seq_to_head(*ctx->inner, in));
-    stats.comm_exposed_s += comm.now() - t0;
-    const TensorView hq = ctx->qkv.part(0);
-    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
-    ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->qkv.part(1), ctx->qkv.part(2),
-                           outer_chunks(chunks, I), attention_params(config), q.dtype, stats);
-    t0 = comm.now();
-    const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
-    if (q.dtype == DType::f32) head_to_seq(*ctx->inner, ctx->out_heads, o);
-    else head_to_seq(*ctx->inner, ctx->out_heads.converted(q.dtype), o);
-    stats.comm_exposed_s += comm.now() - t0;
-    group.absorb();
-    return ctx;
+    return run_forward(group, config, false, chunks, chunks, out, q, k, v, stats);
+  }
+  bool supports_cross() const override { return true; }
+  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
+                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
+                                                 const TensorView& out, const TensorView& q, const TensorView& k,
+                                                 const TensorView& v, CpStats& stats) const override {
+    return run_forward(group, config, true, q_chunks, kv_chunks, out, q, k, v, stats);
   }
 
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
@@ -107,13 +101,22 @@ class A2aP2pStrategy final : public Strategy {
     const FusedHeads hdout = as_float32(seq_to_head(*ctx.inner, g));
     stats.comm_exposed_s += comm.now() - t0;
     const FusedHeads& x = ctx.qkv;
+    const bool cross = ctx.kv.num_parts() > 0;
+    const std::int64_t hkv = ctx.k().shape.h;
     FusedHeads grads(DType::f32, x.batch(), x.rank_tokens(), x.head_dim(),
-                     {x.local_heads(0), x.local_heads(1), x.local_heads(2)});
-    ring_attention_backward(*ctx.outer, grads.part(0), grads.part(1), grads.part(2), hdout.part(0), ctx.ring, stats);
+                     cross ? std::vector<std::int64_t>{x.local_heads(0)}
+                           : std::vector<std::int64_t>{x.local_heads(0), hkv, hkv});
+    FusedHeads kv_grads = cross ? FusedHeads(DType::f32, x.batch(), ctx.kv.rank_tokens(), x.head_dim(), {hkv, hkv})
+                                : FusedHeads();
+    const FusedHeads& gkv = cross ? kv_grads : grads;
+    const int first_kv = cross ? 0 : 1;
+    ring_attention_backward(*ctx.outer, grads.part(0), gkv.part(first_kv), gkv.part(first_kv + 1), hdout.part(0),
+                            ctx.ring, stats);
     t0 = comm.now();
     const std::array<SeqShard, 3> out{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
-    if (ctx.dtype == DType::f32) head_to_seq(*ctx.inner, grads, out);
-    else head_to_seq(*ctx.inner, grads.converted(ctx.dtype), out);
+    const std::span<const SeqShard> all(out);
+    if (cross) head_to_seq_in(*ctx.inner, kv_grads, all.last(2), ctx.dtype);
+    head_to_seq_in(*ctx.inner, grads, cross ? all.first(1) : all, ctx.dtype);
     stats.comm_exposed_s += comm.now() - t0;
     group.absorb();
   }
@@ -132,14 +135,23 @@ class A2aP2pStrategy final : public Strategy {
   // all-to-all, outer member g of this rank's ring holds all of them, on this rank's heads.
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
+    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
+  }
+  // Cross-attention: the inner transposes of q and k|v apart, the ring's K/V over s_k.
+  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                           std::int64_t kv_heads, DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
     const int group = rank / I;
     const std::int64_t es = std::int64_t(dtype_size(dtype));
     const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
     CommVolume v;
-    add_ulysses_volume(v, "inner.", I, tokens_held(config, cp, rank, 1, q.s),
-                       tokens_held(config, cp, group * I, I, q.s), mine, q.h, ulysses_kv_heads_held(I, kv_heads),
-                       q.b * q.d * es);
+    const std::int64_t tq = tokens_held(config, cp, rank, 1, q.s), gq = tokens_held(config, cp, group * I, I, q.s);
+    if (is_cross(config, q.s, kv_seq))
+      add_ulysses_cross_volume(v, "inner.", I, tq, gq, tokens_held(config, cp, rank, 1, kv_seq),
+                               tokens_held(config, cp, group * I, I, kv_seq), mine, q.h,
+                               ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
+    else
+      add_ulysses_volume(v, "inner.", I, tq, gq, mine, q.h, ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
     const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
       auto group_chunks = [&](int g) {  // outer member g: the chunks of its inner group's ranks
@@ -151,8 +163,8 @@ class A2aP2pStrategy final : public Strategy {
       add_halo_volume(v, "outer.", O, group, group_chunks, p, per_token, es);
       return v;
     }
-    add_ring_volume(v, "outer.", O, per_token * q.s, per_token * tokens_held(config, cp, (group + 1) % O * I, I, q.s),
-                    es);
+    add_ring_volume(v, "outer.", O, per_token * kv_seq,
+                    per_token * tokens_held(config, cp, (group + 1) % O * I, I, kv_seq), es);
     return v;
   }
 
@@ -186,6 +198,46 @@ class A2aP2pStrategy final : public Strategy {
     r.hidden_s = t.hidden;
     r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);
     return r;
+  }
+
+ private:
+  std::unique_ptr<StrategyContext> run_forward(CpGroup& group, const CpConfig& config, bool cross,
+                                               const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                               const std::vector<std::vector<SeqChunk>>& kv_chunks,
+                                               const TensorView& out, const TensorView& q, const TensorView& k,
+                                               const TensorView& v, CpStats& stats) const {
+    Communicator& comm = group.comm();
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    auto ctx = std::make_unique<HierarchicalContext>();
+    ctx->inner = &group.subgroup("inner", comm.rank() / I, comm.rank());  // contiguous inner groups
+    ctx->outer = &group.subgroup("outer", comm.rank() % I, comm.rank());  // strided outer groups
+    ctx->heads = ulysses_head_split(I, q.shape.h, k.shape.h);
+    ctx->dtype = q.dtype;
+    const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
+    const std::span<const SeqShard> all(in);
+    double t0 = comm.now();
+    if (cross) ctx->kv = as_float32(seq_to_head(*ctx->inner, all.last(2)));
+    ctx->qkv = as_float32(seq_to_head(*ctx->inner, cross ? all.first(1) : all));
+    stats.comm_exposed_s += comm.now() - t0;
+    const TensorView hq = ctx->qkv.part(0);
+    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
+    const AttentionParams params = attention_params(config);
+    const std::vector<SeqChunk> queries = outer_chunks(q_chunks, I)[std::size_t(ctx->outer->rank())];
+    ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->k(), ctx->v(),
+                           outer_chunks(kv_chunks, I), shifted(queries, params.q_offset), params, q.dtype, stats);
+    t0 = comm.now();
+    const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
+    head_to_seq_in(*ctx->inner, ctx->out_heads, o, q.dtype);
+    stats.comm_exposed_s += comm.now() - t0;
+    group.absorb();
+    return ctx;
+  }
+
+  // head_to_seq of the float32 `x` in the storage dtype.
+  static void head_to_seq_in(Communicator& inner, const FusedHeads& x, std::span<const SeqShard> outputs,
+                             DType dtype) {
+    if (dtype == DType::f32) head_to_seq(inner, x, outputs);
+    else head_to_seq(inner, x.converted(dtype), outputs);
   }
 };
 

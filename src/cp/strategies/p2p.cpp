@@ -1,6 +1,7 @@
 // cp_comm_type "p2p": ring attention over the whole communicator (ring_attention.hpp has the
 // algorithm, which the outer ring of a2a+p2p shares). Computes in float32 whatever the
-// storage dtype; K/V travel in the storage dtype.
+// storage dtype; K/V travel in the storage dtype. Cross-attention (k/v of s_k tokens): the
+// K/V chunks over s_k travel, the queries stay at q_offset + their positions over s.
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
@@ -20,6 +21,7 @@ class P2pStrategy final : public Strategy {
   std::string_view name() const override { return "p2p"; }
   bool supports_documents() const override { return true; }
   bool supports_window() const override { return true; }
+  bool supports_cross() const override { return true; }
   std::string_view summary() const override {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
            "(with a sliding window: only the halo the band reaches)";
@@ -29,10 +31,20 @@ class P2pStrategy final : public Strategy {
                                            const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
+    return forward_cross(group, config, chunks, chunks, out, q, k, v, stats);
+  }
+
+  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
+                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
+                                                 const TensorView& out, const TensorView& q, const TensorView& k,
+                                                 const TensorView& v, CpStats& stats) const override {
     auto ctx = std::make_unique<RingContext>();
     ctx->f32 = Float32Forward(q);
-    ring_attention_forward(group.comm(), ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v, chunks,
-                           attention_params(config), q.dtype, stats);
+    const AttentionParams params = attention_params(config);
+    ring_attention_forward(group.comm(), ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v, kv_chunks,
+                           shifted(q_chunks[std::size_t(group.comm().rank())], params.q_offset), params, q.dtype,
+                           stats);
     copy(ctx->f32.out.view(), out);
     return ctx;
   }
@@ -47,6 +59,11 @@ class P2pStrategy final : public Strategy {
 
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
+    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
+  }
+  // Every K/V row over s_k goes around the ring whatever the mask (no window with cross-attention).
+  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                           std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
@@ -54,8 +71,8 @@ class P2pStrategy final : public Strategy {
                       std::int64_t(dtype_size(dtype)));
       return v;
     }
-    add_ring_volume(v, "", cp, per_token * q.s, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, q.s),
-                    std::int64_t(dtype_size(dtype)));
+    add_ring_volume(v, "", cp, per_token * kv_seq,
+                    per_token * tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq), std::int64_t(dtype_size(dtype)));
     return v;
   }
 
