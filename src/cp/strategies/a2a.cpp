@@ -284,8 +284,10 @@ class A2aStrategy final : public Strategy {
     r.hidden_s = r.comm_s - exposed;
     const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
     const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
-    const double seq_side = 2 * double(in.heads + in.kv_heads) * double(busiest_tokens(in)) * row;  // q, out, k, v
-    r.memory_bytes = seq_side + 2 * double(most_heads(split.q) + most_heads(split.kv)) * double(in.seq) * row;
+    // q, out (s tokens) and k, v (s_k under cross-attention), sequence-sharded then head-sharded
+    const double seq_side = 2 * (double(in.heads) * double(busiest_tokens(in)) + double(in.kv_heads) * double(busiest_kv_tokens(in))) * row;
+    r.memory_bytes = seq_side + 2 * (double(most_heads(split.q)) * double(in.seq) +
+                                     double(most_heads(split.kv)) * double(kv_seq_of(in))) * row;
     return r;
   }
 };

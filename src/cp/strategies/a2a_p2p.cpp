@@ -187,10 +187,11 @@ class A2aP2pStrategy final : public Strategy {
       for (const char* op : {"inner.seq_to_head", "inner.head_to_seq"})
         r.comm_s += all_to_all_seconds(in.cluster, I, double(bytes->at(op)));
     const double es = double(dtype_size(in.dtype));
-    const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
-    const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    const double row = double(in.batch) * double(in.head_dim) * es;
+    const double local_q = double(busiest_tokens(in)) * row, local_kv = double(busiest_kv_tokens(in)) * row;
+    const double qo = 2 * double(in.heads) * local_q, kv = 2 * double(in.kv_heads) * local_kv;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
-    const double ring_kv = 2 * kvs * local * es;
+    const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
     const RingSeconds t = uses_halo(attention_params(config))
                               ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
                               : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);

@@ -79,13 +79,15 @@ class P2pStrategy final : public Strategy {
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                     double bwd_s) const override {
     const double es = double(dtype_size(in.dtype));
-    const double local = double(in.batch) * double(busiest_tokens(in)) * double(in.head_dim);
-    const double qo = 2 * double(in.heads) * local * es, kv = 2 * double(in.kv_heads) * local * es;
+    const double row = double(in.batch) * double(in.head_dim);
+    const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row * es;
+    const double kv_rows = double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k under cross-attention
+    const double kv = 2 * kv_rows * es;
     if (uses_halo(attention_params(config))) {  // + the halos received (the busiest rank's)
       const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
       return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
     }
-    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * double(in.kv_heads) * local * 4,
+    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * kv_rows * 4,
                                        fwd_s, bwd_s);
     return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
   }
