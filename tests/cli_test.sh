@@ -141,5 +141,20 @@ cp "$dir/ckpt/checkpoint.bin" "$dir/corrupt/checkpoint.bin"
 printf '\x5a' | dd of="$dir/corrupt/checkpoint.bin" bs=1 seek=1000 conv=notrunc status=none
 expect_train_error "train corrupted checkpoint" 2 "checksum mismatch" --resume "$dir/corrupt"
 
+# --data: the held-out tail's loss every --eval-every steps and at the end, in the log and the summary.
+for i in $(seq 300); do echo "the cat sees the moon $((i % 7)) times."; done > "$dir/text.txt"
+run 2 train "${tiny[@]}" --data "$dir/text.txt" --eval-every 3 --log "$dir/text.jsonl" > "$dir/t5.log" 2>&1 || { bad "train --data"; cat "$dir/t5.log"; }
+[ "$(grep -c '"held_out_loss": [0-9]' "$dir/text.jsonl")" = 2 ] && grep -q '"held_out_bpb": [0-9]' "$dir/text.jsonl" \
+  && ok "train --data: held-out loss at steps 3 and 6 in the log" || { bad "train --data: held-out loss in the log"; cat "$dir/text.jsonl"; }
+grep -qE 'held-out loss [0-9.]+ \([0-9.]+ bits per byte\) on the last [0-9]+ bytes' "$dir/t5.log" \
+  && ok "train --data: held-out loss in the summary" || { bad "train --data: summary"; cat "$dir/t5.log"; }
+expect_train_error "train --holdout too short for --seq" 2 "held-out sequences of 64 tokens need at least 65" "${tiny[@]}" --data "$dir/text.txt" --holdout 0.002
+# The dtype in the log and the summary; the default --hidden follows --width; plan --train --dtype.
+grep -q '"dtype": "f32"' "$dir/full.jsonl" && grep -q 'attention dtype f32' "$dir/t1.log" && ok "train: dtype in log and summary" || bad "train: dtype in log and summary"
+run 1 train --steps 0 --width 128 --seq 64 > "$dir/t6.log" 2>&1 && grep -q 'width 128, .* SwiGLU 344)' "$dir/t6.log" \
+  && ok "train: default --hidden 8/3 width" || { bad "train: default --hidden"; cat "$dir/t6.log"; }
+run 1 plan --train --heads 4 --head-dim 32 --dtype bf16 --max-memory 64MiB --cp 2 > "$dir/p1.log" 2>&1 && grep -q 'SwiGLU 344), batch 1, bf16' "$dir/p1.log" \
+  && ok "plan --train --dtype bf16" || { bad "plan --train --dtype bf16"; cat "$dir/p1.log"; }
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -457,13 +458,23 @@ TEST(TrainingBf16, LossCurveFollowsFloat32) {
 }
 
 TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
-  const TrainConfig f32 = small_config({"p2p", {}, true, 0.0f}), bf16 = bf16_config({"p2p", {}, true, 0.0f});
-  for (int cp : {1, 2}) {
-    const MemoryEstimate a = predict_memory(f32, cp), b = predict_memory(bf16, cp);
-    EXPECT_LT(b.attention, 0.75 * a.attention) << "cp " << cp;
-    EXPECT_EQ(b.weights, a.weights) << "master weights and AdamW stay float32";
-    EXPECT_EQ(b.activations, a.activations) << "the model's own activations stay float32";
-  }
+  // The contexts kept per layer are bf16 (a2a's head-sharded out stays float32); the backward's
+  // transients follow the CPU (float32 copies where it has no bf16 engine), so the layers'
+  // share is what shrinks on every CPU.
+  for (const char* type : {"p2p", "a2a"})
+    for (int cp : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} at cp {}", type, cp));
+      const TrainConfig f32 = small_config({type, {}, true, 0.0f}), bf16 = bf16_config({type, {}, true, 0.0f});
+      auto kept = [&](TrainConfig c) {  // the attention bytes two more layers add
+        const double two = predict_memory(c, cp).attention;
+        c.model.layers = 4;
+        return predict_memory(c, cp).attention - two;
+      };
+      EXPECT_LT(kept(bf16), 0.75 * kept(f32));
+      const MemoryEstimate a = predict_memory(f32, cp), b = predict_memory(bf16, cp);
+      EXPECT_EQ(b.weights, a.weights) << "master weights and AdamW stay float32";
+      EXPECT_EQ(b.activations, a.activations) << "the model's own activations stay float32";
+    }
 }
 
 TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {
@@ -487,6 +498,99 @@ TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {
       world, [&] { other.load(dir); }, "was trained with --dtype bf16; this run has --dtype f32 (resume with --dtype bf16)");
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+
+// ---- --data with a held-out tail ----------------------------------------------------------
+
+// A file every rank can read: rank 0 writes `text` under a name the whole job shares.
+std::string shared_file(Communicator& comm, const std::string& name, const std::string& text) {
+  const std::string path = scratch_dir(comm, name);
+  if (comm.rank() == 0) std::ofstream(path, std::ios::binary) << text;
+  comm.barrier();
+  return path;
+}
+
+// 4096 bytes in lines of 32: the first 3840 bytes lower case, the last 256 upper case.
+std::string two_case_text() {
+  std::string s;
+  for (int line = 0; line < 128; ++line)
+    for (int i = 0; i < 32; ++i) s += i == 31 ? '\n' : char((line < 120 ? 'a' : 'A') + (line * 7 + i) % 26);
+  return s;
+}
+
+TEST(TrainingText, HeldOutBytesNeverReachTraining) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::string path = shared_file(self, "two_case.txt", two_case_text());
+  auto check = [](const DataSource& d, std::int64_t B, std::int64_t S) {
+    ASSERT_EQ(d.error_for(S), "");
+    EXPECT_EQ(d.held_out_bytes(), 256);
+    for (std::int64_t step = 0; step < 200; ++step) {  // training: the lower-case head only
+      const Batch b = d.batch(B, S, 7, step);
+      for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+        ASSERT_FALSE(std::isupper(b.tokens[i])) << "step " << step << " token " << i;
+        ASSERT_TRUE(b.labels[i] == kNoLabel || !std::isupper(b.labels[i])) << "step " << step << " label " << i;
+      }
+    }
+    for (std::int64_t index = 0; index < 8; ++index) {  // evaluation: the upper-case tail only
+      const Batch b = d.held_out_batch(B, S, 7, index);
+      for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+        ASSERT_FALSE(std::islower(b.tokens[i])) << "held-out batch " << index << " token " << i;
+        ASSERT_TRUE(b.labels[i] == kNoLabel || !std::islower(b.labels[i])) << "held-out batch " << index;
+      }
+    }
+  };
+  {
+    SCOPED_TRACE("plain text, --holdout 1/16: the cut falls on the first upper-case byte");
+    check(DataSource::text_file(path, 0.0625), 2, 48);
+  }
+  {
+    SCOPED_TRACE("packed lines, --holdout 0.066: the cut falls inside the last lower-case line, trained on whole");
+    check(DataSource::packed_documents(path, "\n", 0.066), 1, 100);
+  }
+  EXPECT_NE(DataSource::text_file(path, 0.0625).error_for(300).find("holds out 256 bytes"), std::string::npos);
+  EXPECT_EQ(DataSource::text_file(path, 0).held_out_bytes(), 0);
+  try {
+    DataSource::text_file(path, 1.0);
+    ADD_FAILURE() << "--holdout 1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--holdout must be in [0, 1), got 1"), std::string::npos);
+  }
+}
+
+// ~24 KB of sentences from a small grammar: learnable in a few steps, the tail like the head.
+std::string sentences() {
+  const char* subjects[] = {"the cat", "a dog", "my friend", "the old man", "our teacher"};
+  const char* verbs[] = {"sees", "likes", "finds", "paints", "follows"};
+  const char* objects[] = {"the river", "a red ball", "the moon", "an apple", "the garden"};
+  std::string s;
+  std::uint64_t x = 12345;
+  auto pick = [&](int n) { return int((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 60) % n; };
+  while (s.size() < 24000) s += fmt::format("{} {} {}.\n", subjects[pick(5)], verbs[pick(5)], objects[pick(5)]);
+  return s;
+}
+
+TEST(TrainingText, HeldOutLossFallsTheSameOnEveryRankCount) {
+  // The held-out loss is measured collectively: cp ranks report the loss of one rank.
+  MpiCommunicator world;
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::string path = shared_file(world, "sentences.txt", sentences());
+  TrainConfig c = small_config({});
+  Trainer one(self, c, DataSource::text_file(path, 0.05));
+  const Evaluation before = one.evaluate(4);
+  for (int i = 0; i < 30; ++i) one.step();
+  const Evaluation after = one.evaluate(4);
+  ASSERT_TRUE(std::isfinite(before.loss) && std::isfinite(after.loss));
+  EXPECT_GT(before.loss, 4.0) << "an untrained byte model is near uniform (ln 256 = 5.5)";
+  EXPECT_LT(after.loss, 0.6 * before.loss) << "held-out loss did not fall";
+  EXPECT_NEAR(after.bits_per_byte(), after.loss / std::log(2.0), 1e-12);
+  EXPECT_EQ(after.accuracy, -1.0) << "accuracy is the synthetic task's";
+  c.cp = {"a2a", {}, true, 0.0f};
+  Trainer run(world, c, DataSource::text_file(path, 0.05));
+  EXPECT_NEAR(run.evaluate(4).loss, before.loss, 1e-5 * before.loss);
+  for (int i = 0; i < 30; ++i) run.step();
+  EXPECT_NEAR(run.evaluate(4).loss, after.loss, 1e-4 * after.loss) << "cp = " << world.size();
+  EXPECT_EQ(Trainer(self, c, DataSource::text_file(path, 0)).evaluate(4).loss, -1.0) << "nothing held out";
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: `ulysses train`'s memory model against the measured peak RSS per rank (each shape
+# Issue 15: `ulysses train`'s memory model against the measured peak RSS per rank, f32 and bf16 (each shape
 # its own job: peak RSS is per process and only grows), within 15 %; --max-memory refuses a run
 # the model says will not fit, with both numbers (on every rank: test_train); `plan --train` answers.
 # arguments: ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
@@ -18,6 +18,8 @@ check_shape() {  # name, then train flags
 }
 check_shape "plain, s 1024 x 8" --seq 1024 --batch 8
 check_shape "checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss
+check_shape "bf16, plain, s 1024 x 8" --seq 1024 --batch 8 --dtype bf16
+check_shape "bf16, checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss --dtype bf16
 
 run 2 train "${model[@]}" --seq 4096 --batch 8 --max-memory 100MiB > "$dir/cap.log" 2>&1
 if grep -q 'needs a predicted .* per rank, more than --max-memory 100.0 MiB' "$dir/cap.log"; then

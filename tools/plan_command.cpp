@@ -60,12 +60,14 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
                 "(required when --kv-seq differs from --seq)");
   c->add_option("--json", o.json, "write the plan here");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
-  c->add_flag("--train", o.train, "for `ulysses train` (f32, a2a): the longest sequence whose predicted memory per "
+  c->add_flag("--train", o.train, "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
   c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
-  c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default 8/3 width, rounded up to 32)");
+  c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
   c->add_option("--max-memory", o.max_memory, "with --train: memory per rank")->capture_default_str();
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")->capture_default_str()->check(positive_number());
+  // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
+  c->parse_complete_callback([&o, c] { if (o.train && c->count("--dtype") == 0) o.dtype = "f32"; });
 }
 
 namespace {

@@ -19,7 +19,7 @@ struct PlanOptions {
   std::string docs;  // packed documents: lengths, "1000,5000" or "16x1024"
   // --train: the longest sequence `ulysses train` fits per rank in --max-memory, per cp.
   bool train = false;
-  std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and 8/3 width rounded up to 32
+  std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and train's (8/3 width, to a multiple of 4)
   std::int64_t tile_rows = 1024;
   std::string max_memory = "2GiB";
   std::string window;  // sliding window "L" or "L,R"

@@ -39,11 +39,16 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
-  c->add_option("--hidden", o.hidden, "SwiGLU hidden size")->capture_default_str()->check(positive_number());
+  c->add_option("--hidden", o.hidden, "SwiGLU hidden size (default: 8/3 x width rounded up to a multiple of 4, "
+                "LLaMA's sizing: 172 at width 64)")->check(positive_number());
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
   c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task");
+  c->add_option("--holdout", o.holdout, "with --data: the fraction of its bytes, from the end, that training never "
+                "sees; its loss is reported (0: none)")->capture_default_str();
+  c->add_option("--eval-every", o.eval_every, "with --data: the held-out loss and bits per byte every K steps and at "
+                "the end (default: a tenth of --steps; 0: at the end only)")->check(CLI::NonNegativeNumber);
   c->add_flag("--pack", o.pack,
               "with --data: pack its documents (one per line, or split on --doc-separator) into each sequence, "
               "with document masking (cu_seqlens), per-document RoPE positions and no loss across a boundary; "
@@ -69,7 +74,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "attention in bfloat16 on the bf16 kernels; weights, AdamW and the GEMMs float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
-  c->add_option("--eval-batches", o.eval_batches, "held-out batches for the final accuracy")->capture_default_str();
+  c->add_option("--eval-batches", o.eval_batches, "held-out batches of each evaluation (the final accuracy; "
+                "with --data, the held-out loss)")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
 }
 
@@ -127,42 +133,58 @@ struct Progress {
   double tokens_per_step = 0;
   std::chrono::steady_clock::time_point start;
   double predicted_bytes = 0;  // memory.hpp's prediction per rank
+  std::string dtype;           // the attention's
 };
 
-// Rank 0, after step `s`: its JSON line in the log, and a progress line about 20 times a run.
-void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent) {
+// Rank 0, after step `s` (and the held-out evaluation after it, if one ran): its JSON line in
+// the log, and a progress line about 20 times a run and at every evaluation.
+void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent,
+                 const train::Evaluation* held_out) {
   const double tps = p.tokens_per_step / r.seconds;
+  const std::string held = held_out ? fmt::format(", \"held_out_loss\": {:.6f}, \"held_out_bpb\": {:.6f}",
+                                                  held_out->loss, held_out->bits_per_byte())
+                                    : "";
   if (log)
     std::fprintf(log,
                  "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
                  "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f, \"peak_rss_bytes\": %.0f, "
-                 "\"predicted_bytes\": %.0f}\n",
+                 "\"predicted_bytes\": %.0f, \"dtype\": \"%s\"%s}\n",
                  (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes);
+                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype.c_str(), held.c_str());
   if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
-  const std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
-                                       std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
-                                       r.step, p.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
+  std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
+                                 std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
+                                 r.step, p.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
+  if (held_out) line += fmt::format("  held-out {:.4f} ({:.3f} bits/byte)", held_out->loss, held_out->bits_per_byte());
   const std::int64_t every = std::max<std::int64_t>(1, (p.steps - p.first) / 20);
-  if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first) fmt::print("{}\n", line);
+  if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first || held_out) fmt::print("{}\n", line);
   std::fflush(stdout);
 }
 
 // Rank 0's summary of a run that took at least one step.
-void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds, double accuracy,
-                   double ceiling, double flops_per_step, const train::TrainConfig& cfg, double peak_rss, int cp) {
+void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
+                   const train::Evaluation& final_eval, const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals,
+                   const train::DataSource& data, double ceiling, double flops_per_step, const train::TrainConfig& cfg,
+                   double peak_rss, int cp) {
   const double med = median(step_seconds);
   const double tps = double(cfg.batch * cfg.seq) / med, gflops = flops_per_step / med * 1e-9;
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
   double last = 0;
   for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
-  fmt::print("done: {} steps; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(), losses.front(), last, tail);
-  if (accuracy >= 0)
+  fmt::print("done: {} steps, attention dtype {}; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(),
+             to_string(cfg.dtype), losses.front(), last, tail);
+  if (final_eval.accuracy >= 0)
     fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
-               "away, on other ranks' shards\n", accuracy * 100, cfg.seq);
+               "away, on other ranks' shards\n", final_eval.accuracy * 100, cfg.seq);
+  if (!data.synthetic_task() && final_eval.loss >= 0)
+    fmt::print("held-out loss {:.4f} ({:.3f} bits per byte) on the last {} bytes of the data, never trained on{}\n",
+               final_eval.loss, final_eval.bits_per_byte(), data.held_out_bytes(),
+               evals.size() > 1 ? fmt::format(" (step {}: {:.4f}, {:.3f} bits per byte)", evals.front().first,
+                                              evals.front().second.loss, evals.front().second.bits_per_byte())
+                                : std::string());
   fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
              "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
   const train::MemoryEstimate need = train::predict_memory(cfg, cp);
@@ -177,7 +199,8 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     if (!o.resume.empty()) {
       cfg = train::Trainer::checkpoint_config(o.resume);
     } else {
-      cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim, o.hidden};
+      cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim,
+                   o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width)};
       cfg.batch = o.batch;
       cfg.seq = o.seq;
       cfg.lr = o.lr;
@@ -191,7 +214,8 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
     if (!o.data.empty())
-      data = o.pack ? train::DataSource::packed_documents(o.data, o.doc_separator) : train::DataSource::text_file(o.data);
+      data = o.pack ? train::DataSource::packed_documents(o.data, o.doc_separator, o.holdout)
+                    : train::DataSource::text_file(o.data, o.holdout);
   });
   return cfg;
 }
@@ -246,7 +270,11 @@ int run_train(const TrainOptions& o) {
   std::vector<double> losses, step_seconds;
   double acc_recent = -1;
   const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now(),
-                          train::predict_memory(cfg, cp).total()};
+                          train::predict_memory(cfg, cp).total(), to_string(cfg.dtype)};
+  // Text with a held-out tail: its loss every eval_every steps and after the last.
+  const bool held_out = !data.synthetic_task() && data.held_out_bytes() > 0 && o.eval_batches > 0;
+  const std::int64_t eval_every = o.eval_every >= 0 ? o.eval_every : std::max<std::int64_t>(1, cfg.steps / 10);
+  std::vector<std::pair<std::int64_t, train::Evaluation>> evals;  // (step, held-out)
   double peak_rss = 0;
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
@@ -255,7 +283,9 @@ int run_train(const TrainOptions& o) {
     step_seconds.push_back(r.seconds);
     peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
-    if (rank == 0) report_step(log, progress, s, r, acc_recent);
+    const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
+    if (eval) evals.emplace_back(r.step, trainer.evaluate(o.eval_batches));
+    if (rank == 0) report_step(log, progress, s, r, acc_recent, eval ? &evals.back().second : nullptr);
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
   }
   if (log) std::fclose(log);
@@ -267,14 +297,16 @@ int run_train(const TrainOptions& o) {
   if (!o.save.empty()) trainer.save(o.save);
 
   // ---- summary ------------------------------------------------------------------------------
-  const double accuracy = trainer.evaluate(o.eval_batches);
+  const train::Evaluation final_eval = !evals.empty() && evals.back().first == trainer.current_step()
+                                           ? evals.back().second
+                                           : trainer.evaluate(o.eval_batches);
   double ceiling = sgemm_ceiling_gflops();
   comm.allreduce_sum(&ceiling, 1);  // all ranks together
   on_root(comm, [&] {
     if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, accuracy, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
+      print_summary(losses, step_seconds, final_eval, evals, data, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
     if (!o.svg.empty() && !losses.empty())
       write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
                                                              cfg.cp.cp_comm_type, cp)));
@@ -289,15 +321,16 @@ int run_plan_train(const PlanOptions& o) {
   on_root(comm, [&] {
     train::TrainConfig cfg;
     const std::int64_t width = o.width > 0 ? o.width : o.heads * o.head_dim;
-    const std::int64_t hidden = o.hidden > 0 ? o.hidden : (8 * width / 3 + 31) / 32 * 32;
+    const std::int64_t hidden = o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(width);
     cfg.model = {256, o.layers, width, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, hidden};
     if (const std::string e = cfg.model.error(); !e.empty()) throw Error(e);
     cfg.batch = o.batch;
+    cfg.dtype = parse_dtype(o.dtype);
     const double cap = train::parse_bytes(o.max_memory);
     fmt::print("ulysses plan --train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {}), "
-               "batch {}, f32, at most {} per rank\n",
+               "batch {}, {}, at most {} per rank\n",
                cfg.model.num_params(), cfg.model.layers, width, cfg.model.heads, cfg.model.kv_heads, o.head_dim, hidden,
-               o.batch, train::format_bytes(cap));
+               o.batch, to_string(cfg.dtype), train::format_bytes(cap));
     fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)",
                "longest s (ckpt+tiled)", "gain");
     for (int cp = 1; cp <= std::min(o.cp, 65536); cp *= 2) {

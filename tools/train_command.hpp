@@ -17,7 +17,10 @@ struct TrainOptions {
   std::string dtype;              // "f32" | "bf16"; empty: f32, or the checkpoint's when resuming
   std::string doc_separator = "\n";
   std::int64_t steps = 400, seq = 1024, batch = 4, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16,
-               hidden = 172, warmup = 20, save_every = 0, eval_batches = 8;
+               hidden = 0, warmup = 20, save_every = 0, eval_batches = 8;
+  // hidden 0: GptConfig::swiglu_hidden(width)
+  std::int64_t eval_every = -1;   // held-out loss every K steps (with --data); -1: a tenth of the run
+  double holdout = 0.05;          // with --data: the fraction of its bytes, from the end, never trained on
   float lr = 3e-3f;
   std::uint64_t seed = 0;
   int threads = 0;

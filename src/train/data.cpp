@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -41,27 +42,33 @@ constexpr int kAnswerBase = '0';                    // '0' + value
 
 DataSource DataSource::synthetic() { return DataSource(); }
 
-DataSource DataSource::text_file(const std::string& path) {
+DataSource DataSource::text_file(const std::string& path, double holdout) {
+  if (!(holdout >= 0 && holdout < 1)) throw Error(fmt::format("--holdout must be in [0, 1), got {}", holdout));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("--data {}: cannot open: {}", path, std::strerror(errno)));
   if (std::filesystem::is_directory(path)) throw Error(fmt::format("--data {}: is a directory, not a text file", path));
   DataSource d;
   d.synthetic_ = false;
   d.path_ = path;
+  d.holdout_ = holdout;
   d.text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  d.cut_ = std::int64_t(d.text_.size()) - std::int64_t(std::ceil(holdout * double(d.text_.size())));
   return d;
 }
 
-DataSource DataSource::packed_documents(const std::string& path, const std::string& separator) {
+DataSource DataSource::packed_documents(const std::string& path, const std::string& separator, double holdout) {
   if (separator.empty()) throw Error("--doc-separator must not be empty");
-  DataSource d = text_file(path);
+  DataSource d = text_file(path, holdout);
   const std::string_view text(reinterpret_cast<const char*>(d.text_.data()), d.text_.size());
   for (std::size_t pos = 0; pos <= text.size();) {
     const std::size_t end = std::min(text.find(separator, pos), text.size());
-    if (end > pos) d.documents_.push_back({std::int64_t(pos), std::int64_t(end)});
+    if (end > pos) (std::int64_t(pos) < d.cut_ ? d.documents_ : d.held_documents_).push_back({std::int64_t(pos), std::int64_t(end)});
     pos = end + separator.size();
   }
-  if (d.documents_.empty()) throw Error(fmt::format("--data {}: no documents (only separators)", path));
+  if (d.documents_.empty() && d.held_documents_.empty())
+    throw Error(fmt::format("--data {}: no documents (only separators)", path));
+  // A document that starts before the cut is trained on whole: the held-out text starts after it.
+  d.cut_ = d.held_documents_.empty() ? std::int64_t(d.text_.size()) : d.held_documents_.front().first;
   return d;
 }
 
@@ -72,19 +79,35 @@ std::int64_t Batch::targets() const {
 std::string DataSource::error_for(std::int64_t seq) const {
   if (synthetic_ && seq < 64)
     return fmt::format("the synthetic task needs --seq >= 64 (a needle and {} queries), got {}", kQueries, seq);
-  if (!synthetic_ && !packed() && std::int64_t(text_.size()) < seq + 1)
-    return fmt::format("--data {} has {} bytes; sequences of {} tokens need at least {}", path_, text_.size(), seq,
-                       seq + 1);
+  if (synthetic_) return "";
+  const std::string held = holdout_ > 0 ? fmt::format(" (--holdout {} holds out {} of its {} bytes)", holdout_,
+                                                      held_out_bytes(), text_.size())
+                                        : "";
+  if (packed()) {
+    if (documents_.empty()) return fmt::format("--data {} leaves no document to train on{}", path_, held);
+    if (holdout_ > 0 && held_documents_.empty())
+      return fmt::format("--data {}: --holdout {} holds out no whole document (the last one starts before the cut); "
+                         "use a larger --holdout", path_, holdout_);
+    return "";
+  }
+  if (cut_ < seq + 1)
+    return fmt::format("--data {} has {} bytes to train on{}; sequences of {} tokens need at least {}", path_, cut_, held,
+                       seq, seq + 1);
+  if (holdout_ > 0 && held_out_bytes() < seq + 1)
+    return fmt::format("--data {}: --holdout {} holds out {} bytes; held-out sequences of {} tokens need at least {} "
+                       "(a larger --holdout or a shorter --seq)", path_, holdout_, held_out_bytes(), seq, seq + 1);
   return "";
 }
 
 std::string DataSource::describe() const {
+  const std::string held =
+      held_out_bytes() > 0 ? fmt::format("; the last {} bytes held out (--holdout {})", held_out_bytes(), holdout_) : "";
   if (packed())
     return fmt::format("byte-level documents from {} ({} documents, {} bytes), packed with document masking and "
-                       "per-document positions", path_, documents_.size(), text_.size());
+                       "per-document positions{}", path_, documents_.size() + held_documents_.size(), text_.size(), held);
   return synthetic_ ? fmt::format("synthetic needle retrieval: one value token hidden at a random position, {} "
                                   "queries for it at the end", kQueries)
-                    : fmt::format("byte-level text from {} ({} bytes)", path_, text_.size());
+                    : fmt::format("byte-level text from {} ({} bytes){}", path_, text_.size(), held);
 }
 
 namespace {
@@ -108,6 +131,15 @@ void pack(const std::vector<std::uint8_t>& text, const std::vector<std::pair<std
 }  // namespace
 
 Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std::int64_t step) const {
+  return make(B, S, seed, step, false);
+}
+
+Batch DataSource::held_out_batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std::int64_t index) const {
+  if (synthetic_) return make(B, S, seed ^ 0xe7a1u, 1000000000 + index, false);
+  return make(B, S, seed, index, true);
+}
+
+Batch DataSource::make(std::int64_t B, std::int64_t S, std::uint64_t seed, std::int64_t step, bool held_out) const {
   Batch out{B, S, std::vector<int>(std::size_t(B * S)), std::vector<int>(std::size_t(B * S)),
             std::vector<std::uint8_t>(std::size_t(B * S), 0)};
   std::vector<int> seqbuf(std::size_t(S + 1));
@@ -137,9 +169,12 @@ Batch DataSource::batch(std::int64_t B, std::int64_t S, std::uint64_t seed, std:
         is_answer[std::size_t(at + 1)] = 1;
       }
     } else if (packed()) {
-      pack(text_, documents_, std::size_t(rng.below(std::int64_t(documents_.size()))), seqbuf, out, b);
+      const std::size_t window = std::size_t(step * B + b);
+      pack(text_, held_out ? held_documents_ : documents_,
+           held_out ? window % held_documents_.size() : std::size_t(rng.below(std::int64_t(documents_.size()))), seqbuf,
+           out, b);
     } else {
-      const std::int64_t off = rng.below(std::int64_t(text_.size()) - S);
+      const std::int64_t off = held_out ? cut_ + (step * B + b) * (S + 1) % (held_out_bytes() - S) : rng.below(cut_ - S);
       for (std::int64_t i = 0; i <= S; ++i) seqbuf[std::size_t(i)] = text_[std::size_t(off + i)];
     }
     // Shift before sharding: input i predicts token i+1, so no label is lost at a boundary.

@@ -17,6 +17,8 @@ std::string GptConfig::error() const {
   return "";
 }
 
+i64 GptConfig::swiglu_hidden(i64 width) { return ((8 * width + 2) / 3 + 3) / 4 * 4; }
+
 i64 GptConfig::num_params() const { return ParamLayout(*this).total; }
 
 ParamLayout::ParamLayout(const GptConfig& c) {

@@ -21,6 +21,9 @@ struct GptConfig {
   std::string error() const;
   i64 num_params() const;
   bool operator==(const GptConfig&) const = default;
+  // The default SwiGLU hidden size for `width` (LLaMA's sizing): 8/3 · width, rounded up to a
+  // multiple of 4 (172 at width 64, 344 at 128, 1368 at 512).
+  static i64 swiglu_hidden(i64 width);
 };
 
 // How the activations are kept (issue 15); each technique gives the same loss and gradients

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -21,17 +22,18 @@ constexpr double kFloat = 4;
 constexpr double kBaselineBytes = 20.0 * (1 << 20);
 
 // One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps
-// (q, k, v and out in the attention's dtype; lse float32, counted at that width too).
-double context_bytes(const TrainConfig& c, int cp, double N) {
+// (q, k, v and out in `dtype`; lse float32, counted at that width too; a2a keeps its
+// head-sharded out in float32 whatever the dtype).
+double context_bytes(const TrainConfig& c, int cp, double N, DType dtype) {
   const GptConfig& m = c.model;
-  const double E = double(dtype_size(c.dtype));
+  const double E = double(dtype_size(dtype));
   const double B = double(c.batch), s = double(c.seq), D = double(m.head_dim);
   const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
   const std::string& type = c.cp.cp_comm_type;
   if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
     const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
     const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
-    return E * B * s * ((2 * h + 2 * kv) * D + h);
+    return E * B * s * ((h + 2 * kv) * D) + kFloat * B * s * (h * D + h);
   }
   if (type == "all_gather" && cp > 1) return E * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
   return E * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
@@ -71,8 +73,17 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
   // flight), in contexts: fitted to the measured peaks, a2a on three shapes, p2p and one rank
   // (plain flash attention, no communication buffers) on one each.
+  // bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
+  // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
+  // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. Fitted:
+  // 1 and 2.4 float32 contexts (the a2a, p2p and all_gather shapes of train_memory_test.sh at
+  // bf16 within 4 %).
   const double transient = cp == 1 ? 0.5 : c.cp.cp_comm_type == "a2a" ? 1.7 : 3.5;
-  e.attention = context_bytes(c, cp, N) * ((ckpt ? 1 : L) + transient);
+  const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
+  const double f32_context = context_bytes(c, cp, N, DType::f32);
+  e.attention = context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
+                (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0))
+                           : context_bytes(c, cp, N, c.dtype) * transient);
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }

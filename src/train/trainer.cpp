@@ -159,25 +159,29 @@ StepResult Trainer::step() {
   return r;
 }
 
-double Trainer::evaluate(std::int64_t batches) {
-  if (!data_.synthetic_task()) return -1.0;
-  double correct = 0, count = 0;
+double Evaluation::bits_per_byte() const { return loss < 0 ? -1.0 : loss / std::log(2.0); }
+
+Evaluation Trainer::evaluate(std::int64_t batches) {
+  if (batches <= 0 || (!data_.synthetic_task() && data_.held_out_bytes() == 0)) return {};
+  double sums[4] = {0, 0, 0, 0};  // loss, labels, answers right, answers
   const std::int64_t n = std::int64_t(positions_.size());
   for (std::int64_t i = 0; i < batches; ++i) {
-    const Local d = shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed ^ 0xe7a1u, 1000000000 + i));  // held out
+    const Batch b = data_.held_out_batch(cfg_.batch, cfg_.seq, cfg_.seed, i);
+    const Local d = shard(b);
     std::vector<int> argmax(d.tokens.size());
     attention_->set_documents(d.cu_seqlens);
-    model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch, n, 1.0f,
-                   argmax.data());
+    sums[0] += double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch, n,
+                                     1.0f, argmax.data()));
+    sums[1] += comm_.rank() == 0 ? double(d.targets) : 0.0;  // a global count: once
     for (std::size_t j = 0; j < argmax.size(); ++j)
       if (d.scored[j]) {
-        correct += argmax[j] == d.labels[j];
-        count += 1;
+        sums[2] += argmax[j] == d.labels[j];
+        sums[3] += 1;
       }
   }
-  double s[2] = {correct, count};
-  comm_.allreduce_sum(s, 2, "eval_allreduce");
-  return s[1] > 0 ? s[0] / s[1] : -1.0;
+  for (int l = 0; l < cfg_.model.layers; ++l) attention_->release(l);  // no backward follows
+  comm_.allreduce_sum(sums, 4, "eval_allreduce");
+  return {sums[0] / sums[1], data_.synthetic_task() && sums[3] > 0 ? sums[2] / sums[3] : -1.0};
 }
 
 double Trainer::flops_per_step() const {

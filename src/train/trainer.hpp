@@ -43,6 +43,13 @@ struct StepResult {
   CpStats attention;              // this rank's attention time split, summed over layers
 };
 
+// What evaluate() measured on held-out batches.
+struct Evaluation {
+  double loss = -1;      // mean over the held-out labels, nats per byte; -1: nothing held out
+  double accuracy = -1;  // retrieval answers right (synthetic task), else -1
+  double bits_per_byte() const;
+};
+
 class Trainer {
  public:
   // Collective. Validates everything first; every rank throws the same Error on bad input.
@@ -52,8 +59,10 @@ class Trainer {
   // Collective: forward + backward + gradient all-reduce on the batch of `data_step`, no
   // update. Returns the mean loss; gradients() then holds the global gradient.
   double compute_gradients(std::int64_t data_step);
-  // Collective: retrieval accuracy on `batches` held-out batches (synthetic task; else -1).
-  double evaluate(std::int64_t batches);
+  // Collective, no update: the loss (and the retrieval accuracy of the synthetic task) on
+  // `batches` held-out batches (DataSource::held_out_batch); text without a held-out tail, or
+  // batches 0: nothing measured.
+  Evaluation evaluate(std::int64_t batches);
 
   // Collective. Rank 0 writes <dir>/checkpoint.bin atomically (temp file, then rename) with
   // a checksum; the previous checkpoint stays intact until the new one is complete.
