@@ -24,7 +24,7 @@ AdamW stay float32); f32 runs everything in float32.
 
 Timing: per step, a barrier, then data, forward, backward, all-reduce, clipping and AdamW; the
 slowest rank's time. tokens/s = batch*seq / median step time over the steps after the first
-(the first is the warm-up). Peak memory: VmHWM of /proc/self/status at the end, the largest over
+(the first is the warm-up; --warmup-seq runs it shorter). Peak memory: VmHWM of /proc/self/status at the end, the largest over
 ranks. FLOPs per step as Trainer::flops_per_step: 6 * (params - vocab*width) * tokens +
 layers * 3.5 * 2 * b * s^2 * heads * head_dim (causal attention forward + backward).
 
@@ -227,6 +227,9 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps; the first is the warm-up (default 3)")
+    p.add_argument("--warmup-seq", type=int, default=None,
+                   help="run the warm-up step (the first) on sequences of this length instead of --seq: saves "
+                        "its time where a step takes minutes (default: --seq)")
     for name, default in (("layers", 2), ("width", 64), ("heads", 4), ("kv-heads", 2), ("head-dim", 16),
                           ("hidden", 172)):
         p.add_argument(f"--{name}", type=int, default=default)
@@ -239,8 +242,9 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.threads is None:
         a.threads = 2 if a.mode == "single" else 1
-    if a.steps < 1 or a.seq < 64:
-        p.error("--steps >= 1 and --seq >= 64 (the synthetic task)")
+    a.warmup_seq = a.warmup_seq or a.seq
+    if a.steps < 1 or min(a.seq, a.warmup_seq) < 64:
+        p.error("--steps >= 1 and --seq, --warmup-seq >= 64 (the synthetic task)")
     return a
 
 
@@ -262,8 +266,9 @@ def main():
         attention = lambda q, k, v: dattn(q, k, v, 0)  # noqa: E731 - batch_dim_idx 0
     else:
         launcher, rank, world, attention = "single", 0, 1, sdpa_bshd
-    if a.seq % world or a.kv_heads % world or a.heads % a.kv_heads:
-        _die(f"--seq {a.seq} and --kv-heads {a.kv_heads} must divide by {world} ranks, --heads by --kv-heads")
+    if a.seq % world or a.warmup_seq % world or a.kv_heads % world or a.heads % a.kv_heads:
+        _die(f"--seq {a.seq}, --warmup-seq {a.warmup_seq} and --kv-heads {a.kv_heads} must divide by {world} ranks, "
+             "--heads by --kv-heads")
     rss_imported = proc_status_mib("VmRSS")
 
     model = Gpt(a, attention)
@@ -272,9 +277,6 @@ def main():
     groups = [{"params": [p for p in model.parameters() if id(p) not in gains], "weight_decay": 0.1},
               {"params": [p for p in model.parameters() if id(p) in gains], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    n = a.seq // world
-    lo = rank * n
-    pos = torch.arange(lo, lo + n)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
 
     losses, seconds = [], []
@@ -282,10 +284,13 @@ def main():
         if world > 1:
             tdist.barrier()
         t0 = time.perf_counter()
-        tokens, labels = synthetic_batch(a.batch, a.seq, a.seed, step)
+        seq = a.warmup_seq if step == 0 else a.seq
+        n = seq // world
+        lo = rank * n
+        tokens, labels = synthetic_batch(a.batch, seq, a.seed, step)
         opt.zero_grad(set_to_none=False)
         with autocast:
-            loss = model(tokens[:, lo:lo + n], labels[:, lo:lo + n], pos, 1.0 / (a.batch * a.seq))
+            loss = model(tokens[:, lo:lo + n], labels[:, lo:lo + n], torch.arange(lo, lo + n), 1.0 / (a.batch * seq))
         loss.backward()
         loss_sum = loss.detach().double().reshape(1)
         if world > 1:  # one flat all-reduce of the gradients, as the trainer's
@@ -321,7 +326,7 @@ def main():
             "dtype": a.dtype, "torch_version": torch.__version__, "deepspeed_version": ds_version,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "model": {k: getattr(a, k) for k in ("vocab", "layers", "width", "heads", "kv_heads", "head_dim", "hidden")},
-            "params": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+            "params": params, "batch": a.batch, "seq": a.seq, "warmup_seq": a.warmup_seq, "steps": a.steps,
             "losses": [round(x, 6) for x in losses], "step_s": [round(x, 4) for x in seconds],
             "median_step_s": round(med, 4), "tokens_per_s": round(a.batch * a.seq / med, 1),
             "flops_per_step": fl, "gflops": round(fl / med * 1e-9, 2),
