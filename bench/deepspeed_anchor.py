@@ -105,6 +105,33 @@ def _import_deepspeed():
     return deepspeed, ds_comm, DistributedAttention
 
 
+def init_deepspeed_comm(ds_comm, build_shm_op):
+    """deepspeed.comm over the torch.distributed gloo group already up; returns whether its
+    shared-memory op was "built" or "skipped".
+
+    DistributedAttention's all-to-alls go through deepspeed.comm; with torch.distributed
+    already up this only wraps it (TorchBackend over the same gloo group). Its TorchBackend
+    would also JIT-compile a shared-memory op (minutes, needs a C++ compiler) that only
+    inference_all_reduce uses; all_to_all_single is plain torch.distributed, so skip the build
+    unless asked.
+    """
+    shm_op = "built"
+    if not build_shm_op:
+        try:
+            # Not "import deepspeed.comm.torch as ...": the package re-exports the real torch
+            # under that attribute name.
+            ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
+            ds_comm_torch = sys.modules.get("deepspeed.comm.torch", ds_comm_torch)
+            if hasattr(ds_comm_torch, "build_shm_op"):
+                ds_comm_torch.build_shm_op = lambda: None
+                shm_op = "skipped"
+        except ImportError:
+            pass
+    with contextlib.redirect_stdout(sys.stderr):
+        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    return shm_op
+
+
 def split_list(values, allowed, what):
     out = []
     for v in values or []:
@@ -286,25 +313,7 @@ def main():
 
     tdist.init_process_group("gloo")
     rank, world = tdist.get_rank(), tdist.get_world_size()
-    # DistributedAttention's all-to-alls go through deepspeed.comm; with torch.distributed
-    # already up this only wraps it (TorchBackend over the same gloo group).
-    # Its TorchBackend would also JIT-compile a shared-memory op (minutes, needs a C++
-    # compiler) that only inference_all_reduce uses; all_to_all_single is plain
-    # torch.distributed, so skip the build unless asked.
-    shm_op = "built"
-    if not a.build_shm_op:
-        try:
-            # Not "import deepspeed.comm.torch as ...": the package re-exports the real torch
-            # under that attribute name.
-            ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
-            ds_comm_torch = sys.modules.get("deepspeed.comm.torch", ds_comm_torch)
-            if hasattr(ds_comm_torch, "build_shm_op"):
-                ds_comm_torch.build_shm_op = lambda: None
-                shm_op = "skipped"
-        except ImportError:
-            pass
-    with contextlib.redirect_stdout(sys.stderr):
-        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    shm_op = init_deepspeed_comm(ds_comm, a.build_shm_op)
 
     def fail(msg):
         if rank == 0:
