@@ -245,23 +245,30 @@ std::string scratch_dir(Communicator& comm, const std::string& name) {
   return "/tmp/ulysses_test_" + std::to_string(pid) + "_" + name;
 }
 
-TEST(Training, ResumeIsBitForBit) {
-  MpiCommunicator world;
-  const CpConfig cp{"p2p", {}, true, 0.0f};
-  const std::string dir = scratch_dir(world, "resume");
-  Trainer straight(world, small_config(cp), DataSource::synthetic());
+// Trains `total` steps straight and, beside it, `saved_at` steps saved into dir then resumed
+// from there: the resumed run's losses and final weights must equal the straight run's bit for
+// bit. Leaves the checkpoint in dir.
+void expect_resume_bit_for_bit(Communicator& world, const TrainConfig& config, const std::string& dir,
+                               int saved_at, int total) {
+  Trainer straight(world, config, DataSource::synthetic());
   std::vector<double> losses;
-  for (int i = 0; i < 10; ++i) losses.push_back(straight.step().loss);
+  for (int i = 0; i < total; ++i) losses.push_back(straight.step().loss);
   {
-    Trainer first(world, small_config(cp), DataSource::synthetic());
-    for (int i = 0; i < 5; ++i) first.step();
+    Trainer first(world, config, DataSource::synthetic());
+    for (int i = 0; i < saved_at; ++i) first.step();
     first.save(dir);
   }
-  Trainer resumed(world, small_config(cp), DataSource::synthetic());
+  Trainer resumed(world, config, DataSource::synthetic());
   resumed.load(dir);
-  EXPECT_EQ(resumed.current_step(), 5);
-  for (int i = 5; i < 10; ++i) EXPECT_EQ(resumed.step().loss, losses[std::size_t(i)]) << "step " << i + 1;
+  EXPECT_EQ(resumed.current_step(), saved_at);
+  for (int i = saved_at; i < total; ++i) EXPECT_EQ(resumed.step().loss, losses[std::size_t(i)]) << "step " << i + 1;
   EXPECT_EQ(std::memcmp(resumed.parameters().data(), straight.parameters().data(), straight.parameters().size() * 4), 0);
+}
+
+TEST(Training, ResumeIsBitForBit) {
+  MpiCommunicator world;
+  const std::string dir = scratch_dir(world, "resume");
+  expect_resume_bit_for_bit(world, small_config({"p2p", {}, true, 0.0f}), dir, 5, 10);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -481,18 +488,8 @@ TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {
   MpiCommunicator world;
   const CpConfig cp{"a2a", {}, true, 0.0f};
   const std::string dir = scratch_dir(world, "resume_bf16");
-  Trainer straight(world, bf16_config(cp), DataSource::synthetic());
-  std::vector<double> losses;
-  for (int i = 0; i < 4; ++i) losses.push_back(straight.step().loss);
-  {
-    Trainer first(world, bf16_config(cp), DataSource::synthetic());
-    for (int i = 0; i < 2; ++i) first.step();
-    first.save(dir);
-  }
+  expect_resume_bit_for_bit(world, bf16_config(cp), dir, 2, 4);
   EXPECT_EQ(Trainer::checkpoint_config(dir).dtype, DType::bf16);
-  Trainer resumed(world, bf16_config(cp), DataSource::synthetic());
-  resumed.load(dir);
-  for (int i = 2; i < 4; ++i) EXPECT_EQ(resumed.step().loss, losses[std::size_t(i)]) << "step " << i + 1;
   Trainer other(world, small_config(cp), DataSource::synthetic());
   ulysses::testing::expect_same_error_everywhere(
       world, [&] { other.load(dir); }, "was trained with --dtype bf16; this run has --dtype f32 (resume with --dtype bf16)");
