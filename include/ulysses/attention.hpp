@@ -72,6 +72,10 @@ void flash_attention_forward(const TensorView& out, const TensorView& lse, const
                              const AttentionParams& params);
 
 // dq, dk, dv are overwritten. out and lse are the forward's results for these inputs.
+// In place is allowed: dk and dv may be k and v themselves, and dq may be out when they share
+// a dtype (k and v are read only through packed copies made first, out only for
+// D = rowsum(dout ∘ out) before any gradient is written): a caller that needs neither
+// afterwards saves their size (the a2a strategy's consuming backward).
 void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,

@@ -90,6 +90,11 @@ class ContextParallelAttention {
   // a second backward of the same context gives the same gradients). Returns its stats.
   CpStats backward(const CpContext& context, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                    const TensorView& dout);
+  // Collective. The same for the last backward of a context (training): the strategy may
+  // compute in the context's buffers (a2a: the head-sharded gradients over its k, v and out, so
+  // no second head-sharded q|k|v-sized buffer lives at the peak). `context` is empty afterwards.
+  CpStats backward(CpContext&& context, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                   const TensorView& dout);
 
   const CpConfig& config() const { return config_; }
   const Strategy& strategy() const { return strategy_; }
@@ -98,6 +103,8 @@ class ContextParallelAttention {
  private:
   CpContext run_forward(const CpConfig& config, const TensorView& out, const TensorView& q, const TensorView& k,
                         const TensorView& v);
+  CpStats run_backward(const CpContext& context, StrategyContext* consumed, const TensorView& dq, const TensorView& dk,
+                       const TensorView& dv, const TensorView& dout);
 
   CpConfig config_;
   const Strategy& strategy_;

@@ -121,6 +121,13 @@ class Strategy {
   // Collective. Writes dq, dk, dv for the forward that made `context`.
   virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
+  // Collective. The same for a context that is not needed afterwards (ContextParallelAttention's
+  // backward of a CpContext&&): a strategy may compute in the context's own buffers to save a
+  // second copy of their size. By default the plain backward.
+  virtual void backward_consuming(CpGroup& group, StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv, const TensorView& dout, CpStats& stats) const {
+    backward(group, context, dq, dk, dv, dout, stats);
+  }
 
   // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
   // config; ranks differ when the tokens or heads do not split evenly).

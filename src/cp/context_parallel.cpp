@@ -223,11 +223,26 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
 
 CpStats ContextParallelAttention::backward(const CpContext& ctx, const TensorView& dq, const TensorView& dk,
                                            const TensorView& dv, const TensorView& dout) {
+  return run_backward(ctx, nullptr, dq, dk, dv, dout);
+}
+
+CpStats ContextParallelAttention::backward(CpContext&& ctx, const TensorView& dq, const TensorView& dk,
+                                           const TensorView& dv, const TensorView& dout) {
+  const CpStats stats = run_backward(ctx, ctx.impl_.get(), dq, dk, dv, dout);
+  ctx = CpContext();
+  return stats;
+}
+
+// consumed: the context's own state when it is not needed afterwards (Strategy::backward_consuming),
+// else null.
+CpStats ContextParallelAttention::run_backward(const CpContext& ctx, StrategyContext* consumed, const TensorView& dq,
+                                               const TensorView& dk, const TensorView& dv, const TensorView& dout) {
   Communicator& comm = group_->comm();
   const double t0 = comm.now();
   comm.agree(backward_error(ctx, ctx.q_shape_, ctx.kv_shape_, ctx.dtype_, dq, dk, dv, dout));
   CpStats stats;
   if (comm.size() == 1) local_backward(comm, static_cast<const LocalContext&>(*ctx.impl_), dq, dk, dv, dout, stats);
+  else if (consumed) strategy_.backward_consuming(*group_, *consumed, dq, dk, dv, dout, stats);
   else strategy_.backward(*group_, *ctx.impl_, dq, dk, dv, dout, stats);
   comm.trace("backward " + config_.cp_comm_type, t0, comm.now(), "phase");
   return stats;

@@ -191,9 +191,22 @@ class A2aStrategy final : public Strategy {
  public:
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
+    run_backward(group, static_cast<const UlyssesContext&>(context), false, dq, dk, dv, dout, stats);
+  }
+  // A float32 self-attention context computes its gradients in place: dk, dv over its k, v and dq
+  // over its out (flash_attention_backward allows it), then dq over q, so each chunk's q|k|v
+  // buffer becomes the q|k|v gradients that travel back; no second head-sharded buffer.
+  void backward_consuming(CpGroup& group, StrategyContext& context, const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
+    const auto& ctx = static_cast<const UlyssesContext&>(context);
+    run_backward(group, ctx, ctx.dtype == DType::f32 && ctx.kv_tokens.empty(), dq, dk, dv, dout, stats);
+  }
+
+ private:
+  void run_backward(CpGroup& group, const UlyssesContext& ctx, bool in_place, const TensorView& dq,
+                    const TensorView& dk, const TensorView& dv, const TensorView& dout, CpStats& stats) const {
     Communicator& comm = group.comm();
     const double t0 = comm.now();
-    const auto& ctx = static_cast<const UlyssesContext&>(context);
     const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     const std::array<SeqShard, 3> d{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
     const bool cross = !ctx.kv_tokens.empty();
@@ -210,31 +223,24 @@ class A2aStrategy final : public Strategy {
     auto compute = [&](int i, auto progress) {
       const HeadChunk& ch = ctx.chunks[std::size_t(i)];
       const FusedHeads& qkv = ch.qkv;
-      FusedHeads& gr = grads[std::size_t(i)];
-      const std::int64_t hkv = ch.k().shape.h;
-      if (cross) {
-        gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0)});
-        kv_grads = FusedHeads(ctx.dtype, qkv.batch(), ctx.kv_tokens, qkv.head_dim(), {hkv, hkv});
-      } else {
-        gr = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0), hkv, hkv});
-      }
-      const FusedHeads& gkv = cross ? kv_grads : gr;
-      const int first_kv = cross ? 0 : 1;
+      const std::array<TensorView, 3> grad = in_place ? std::array{ch.out.part(0), ch.k(), ch.v()}
+                                                      : allocate_grads(ctx, ch, grads[std::size_t(i)], kv_grads);
       const std::int64_t n = std::int64_t(ch.lse.size());
       for (std::int64_t p = 0; p < n; ++p) {
         auto at = [&](const TensorView& t) { return piece(t, p, n); };
-        flash_attention_backward(at(gr.part(0)), at(gkv.part(first_kv)), at(gkv.part(first_kv + 1)),
-                                 at(hdout[std::size_t(i)].part(0)), at(qkv.part(0)), at(ch.k()), at(ch.v()),
-                                 at(ch.out.part(0)), ch.lse[std::size_t(p)].view(), ctx.params);
+        flash_attention_backward(at(grad[0]), at(grad[1]), at(grad[2]), at(hdout[std::size_t(i)].part(0)),
+                                 at(qkv.part(0)), at(ch.k()), at(ch.v()), at(ch.out.part(0)),
+                                 ch.lse[std::size_t(p)].view(), ctx.params);
         progress();
       }
+      if (in_place) copy(grad[0], qkv.part(0));
       stats.score_pairs += visible_pairs(ctx.params, {ctx.params.q_offset, qkv.seq()}, {0, ch.k().shape.s}) *
                            qkv.batch() * qkv.local_heads(0);
     };
     auto post_out = [&](int i) {
       const HeadSplit& h = ctx.chunks[std::size_t(i)].heads;
       const std::array<SeqShard, 3> part{{{dq, h.q}, {dk, h.kv}, {dv, h.kv}}};
-      if (!cross) return post_head_to_seq(comm, grads[std::size_t(i)], part);
+      if (!cross) return post_head_to_seq(comm, in_place ? ctx.chunks[std::size_t(i)].qkv : grads[std::size_t(i)], part);
       post_head_to_seq(comm, kv_grads, std::span<const SeqShard>(part).last(2)).wait();
       return post_head_to_seq(comm, grads[std::size_t(i)], std::span<const SeqShard>(part).first(1));
     };
@@ -243,6 +249,22 @@ class A2aStrategy final : public Strategy {
     stats.comm_exposed_s += comm.now() - t0 - compute_s;
   }
 
+  // A chunk's head-sharded dq, dk, dv in new buffers: grads (dq | dk | dv, or dq alone under
+  // cross-attention, with dk | dv in kv_grads).
+  static std::array<TensorView, 3> allocate_grads(const UlyssesContext& ctx, const HeadChunk& ch, FusedHeads& grads,
+                                                  FusedHeads& kv_grads) {
+    const FusedHeads& qkv = ch.qkv;
+    const std::int64_t hkv = ch.k().shape.h;
+    if (ctx.kv_tokens.empty()) {
+      grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0), hkv, hkv});
+      return {grads.part(0), grads.part(1), grads.part(2)};
+    }
+    grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0)});
+    kv_grads = FusedHeads(ctx.dtype, qkv.batch(), ctx.kv_tokens, qkv.head_dim(), {hkv, hkv});
+    return {grads.part(0), kv_grads.part(0), kv_grads.part(1)};
+  }
+
+ public:
   // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                      DType dtype) const override {
