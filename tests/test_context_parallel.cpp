@@ -617,6 +617,37 @@ TEST(Strategies, SeveralForwardsInFlightBeforeTheirBackwards) {
   }
 }
 
+// The last backward of a context (CpContext&&, as training runs it) may compute in the
+// context's buffers (a2a: the head-sharded gradients over its k, v and out): the same gradients
+// bit for bit as the backward that keeps the context, for every strategy, with shared KV heads,
+// uneven heads, overlapped chunks and bf16 (which keeps its own buffers); the context is empty after.
+TEST(Strategies, ConsumingBackwardGivesTheSameGradientsBitForBit) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  struct S { Shape q; std::int64_t hkv; DType dtype; int overlap; };
+  for (const S& sh : {S{{2, 8 * cp + 3, 2 * cp, 16}, 2 * cp, DType::f32, 1},
+                      S{{1, 8 * cp, 2 * cp, 8}, 1, DType::f32, 1},                          // KV head shared by the ranks
+                      S{{1, 5 * cp + 2, 2 * (2 * cp + 1), 8}, 2 * cp + 1, DType::f32, 2},  // uneven heads, 2 chunks
+                      S{{2, 6 * cp, 2 * cp, 16}, cp, DType::bf16, 1}}) {
+    const GlobalProblem global(sh.q, sh.hkv, sh.dtype, true, 30);
+    std::vector<CpConfig> configs = strategies(cp, true);
+    if (sh.overlap > 1) configs = {CpConfig{"a2a", {}, true, 0.0f}}, configs[0].overlap_chunks = sh.overlap;
+    for (const CpConfig& cfg : configs) {
+      if (!config_error(cfg, cp, sh.q, sh.hkv).empty()) continue;
+      SCOPED_TRACE(fmt::format("{}, q {} h_kv {} {}", describe(cfg), sh.q.str(), sh.hkv, to_string(sh.dtype)));
+      ContextParallelAttention attn(comm, cfg);
+      Problem kept(global, cfg, cp, comm.rank(), Layout::bshd), consumed(global, cfg, cp, comm.rank(), Layout::bshd);
+      CpContext ctx = attn.forward(kept.out.view(), kept.q.view(), kept.k.view(), kept.v.view());
+      attn.backward(ctx, kept.dq.view(), kept.dk.view(), kept.dv.view(), kept.dout.view());
+      attn.backward(std::move(ctx), consumed.dq.view(), consumed.dk.view(), consumed.dv.view(), consumed.dout.view());
+      EXPECT_FALSE(ctx.valid());
+      for (auto [a, b] : {std::pair{&kept.dq, &consumed.dq}, {&kept.dk, &consumed.dk}, {&kept.dv, &consumed.dv}})
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->nbytes()), 0);
+      kept.expect_matches(sh.dtype == DType::f32 ? 1e-5 : 1e-2, sh.dtype == DType::f32 ? 1e-4 : 2.5e-2);
+    }
+  }
+}
+
 TEST(Registry, AStrategyFromItsOwnFileIsEverywhere) {
   // tests/toy_strategy.cpp registers itself; nothing else in the tests or the library names it.
   const Strategy& toy = find_strategy("toy_all_gather_halves");

@@ -1,5 +1,6 @@
 // Local kernels against independent references: the vector exp against std::exp, bf16
 // rounding against hand-computed values, flash attention against the float64 oracle.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -339,6 +340,28 @@ TEST(Flash, DocumentsAreIsolatedBitForBit) {
       if (!inside) ASSERT_EQ(a[t].f32()[i], b[t].f32()[i]) << "tensor " << t << " element " << i;
     }
   EXPECT_NE(a[0].f32()[50 * h * d], b[0].f32()[50 * h * d]);  // the changed document did change
+}
+
+// In place (dk over k, dv over v, dq over out) gives the gradients bit for bit, on both
+// schedules (KV pairs per thread; key blocks with private dQ copies) and in bf16.
+TEST(Flash, BackwardInPlaceGivesTheSameGradientsBitForBit) {
+  struct S { std::int64_t b, s, h, hkv; DType dtype; };
+  for (const S& c : {S{4, 300, 4, 2, DType::f32}, S{1, 300, 4, 1, DType::f32}, S{2, 200, 4, 2, DType::bf16}}) {
+    SCOPED_TRACE(fmt::format("b {} h {} h_kv {} {}", c.b, c.h, c.hkv, to_string(c.dtype)));
+    const Shape qs{c.b, c.s, c.h, 16}, ks{c.b, c.s, c.hkv, 16};
+    Tensor q(qs, c.dtype), k(ks, c.dtype), v(ks, c.dtype), dout(qs, c.dtype), out(qs, c.dtype);
+    Tensor dq(qs, c.dtype), dk(ks, c.dtype), dv(ks, c.dtype);
+    for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&dout, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+    const Tensor lse = lse_tensor(qs);
+    const AttentionParams p{.causal = true};
+    flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
+                             lse.view(), p);
+    flash_attention_backward(out.view(), k.view(), v.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
+                             lse.view(), p);
+    for (auto [a, b] : {std::pair{&dq, &out}, {&dk, &k}, {&dv, &v}})
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->nbytes()), 0);
+  }
 }
 
 TEST(Flash, RejectsBadWindows) {
