@@ -49,9 +49,12 @@ class FusedHeads {
  public:
   FusedHeads() = default;
   // local_heads[t] heads of tensor t on this rank; rank_tokens[r] rows came from rank r
-  // (the full sequence is their sum).
+  // (the full sequence is their sum). storage: null for a buffer of its own, else caller
+  // memory of at least bytes_for(...) that outlives this object's use (scratch the caller lends).
   FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
-             std::vector<std::int64_t> local_heads);
+             std::vector<std::int64_t> local_heads, void* storage = nullptr);
+  static std::size_t bytes_for(DType dtype, std::int64_t batch, const std::vector<std::int64_t>& rank_tokens,
+                               std::int64_t head_dim, const std::vector<std::int64_t>& local_heads);
 
   // [b, s, local_heads(t), d] strided view of tensor t.
   TensorView part(int t) const;
@@ -63,15 +66,16 @@ class FusedHeads {
   std::int64_t seq() const { return seq_; }
   const std::vector<std::int64_t>& rank_tokens() const { return rank_tokens_; }
   std::int64_t head_dim() const { return head_dim_; }
-  DType dtype() const { return buffer_.dtype(); }
+  DType dtype() const { return whole_.dtype; }
   // The whole buffer as a dense [s, b, H, d] (sbhd) view.
-  TensorView whole() const { return buffer_.view(); }
-  std::size_t nbytes() const { return buffer_.nbytes(); }
+  TensorView whole() const { return whole_; }
+  std::size_t nbytes() const { return std::size_t(whole_.shape.numel()) * dtype_size(whole_.dtype); }
   // A copy with the same parts in another dtype (bf16 wire data → float32 compute, and back).
   FusedHeads converted(DType dtype) const;
 
  private:
-  Tensor buffer_;
+  Tensor buffer_;      // empty when the storage is the caller's
+  TensorView whole_;
   std::vector<std::int64_t> local_heads_, rank_tokens_;
   std::int64_t total_heads_ = 0, batch_ = 0, seq_ = 0, head_dim_ = 0;
 };
@@ -112,8 +116,10 @@ void check_transpose(Communicator& comm, std::span<const SeqShard> shards, const
 
 // Collective. Posts seq_to_head of `inputs` (rank_tokens: every rank's n_r); `out` is valid
 // after the returned transfer's wait(). The inputs may change once this returns (they are packed).
+// storage: null, or caller memory `out` is placed in (FusedHeads' constructor).
 PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> inputs,
-                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out);
+                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out,
+                                  void* storage = nullptr);
 // Collective. Posts head_to_seq: `in` must stay alive and unchanged, and the outputs are
 // written, until the returned transfer's wait(). Heads that no rank's range names (another
 // chunk's) are left as they are.

@@ -15,11 +15,23 @@
 namespace ulysses {
 
 FusedHeads::FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
-                       std::vector<std::int64_t> local_heads)
+                       std::vector<std::int64_t> local_heads, void* storage)
     : local_heads_(std::move(local_heads)), rank_tokens_(std::move(rank_tokens)), batch_(batch), head_dim_(head_dim) {
   total_heads_ = std::accumulate(local_heads_.begin(), local_heads_.end(), std::int64_t(0));
   seq_ = std::accumulate(rank_tokens_.begin(), rank_tokens_.end(), std::int64_t(0));
-  buffer_ = Tensor::uninitialized({batch, seq_, total_heads_, head_dim}, dtype, Layout::sbhd);
+  const Shape shape{batch, seq_, total_heads_, head_dim};
+  if (storage == nullptr) {
+    buffer_ = Tensor::uninitialized(shape, dtype, Layout::sbhd);
+    storage = buffer_.data();
+  }
+  whole_ = TensorView::dense(storage, dtype, shape, Layout::sbhd);
+}
+
+std::size_t FusedHeads::bytes_for(DType dtype, std::int64_t batch, const std::vector<std::int64_t>& rank_tokens,
+                                  std::int64_t head_dim, const std::vector<std::int64_t>& local_heads) {
+  const std::int64_t s = std::accumulate(rank_tokens.begin(), rank_tokens.end(), std::int64_t(0));
+  const std::int64_t h = std::accumulate(local_heads.begin(), local_heads.end(), std::int64_t(0));
+  return std::size_t(batch * s * h * head_dim) * dtype_size(dtype);
 }
 
 std::int64_t FusedHeads::head_offset(int t) const {
@@ -27,7 +39,7 @@ std::int64_t FusedHeads::head_offset(int t) const {
 }
 
 TensorView FusedHeads::part(int t) const {
-  TensorView v = buffer_.view();
+  TensorView v = whole_;
   v.data = static_cast<std::byte*>(v.data) + head_offset(t) * head_dim_ * std::int64_t(dtype_size(dtype()));
   v.shape.h = local_heads_[t];
   return v;
@@ -151,7 +163,7 @@ Holders holders_of(std::span<const SeqShard> shards, const Blocks& k) {
 }  // namespace
 
 PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> inputs,
-                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out) {
+                                  const std::vector<std::int64_t>& rank_tokens, FusedHeads& out, void* storage) {
   const Shape& sh0 = inputs[0].view.shape;
   const std::int64_t b = sh0.b, n = sh0.s;
   const DType dtype = inputs[0].view.dtype;
@@ -159,7 +171,7 @@ PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> 
   const int me = comm.rank(), cp = comm.size();
   std::vector<std::int64_t> local_heads;
   for (const SeqShard& t : inputs) local_heads.push_back(t.heads[std::size_t(me)].count);
-  out = FusedHeads(dtype, b, rank_tokens, sh0.d, local_heads);
+  out = FusedHeads(dtype, b, rank_tokens, sh0.d, local_heads, storage);
   auto k = std::make_shared<const Blocks>(blocks_of(inputs, out.rank_tokens(), me, row_bytes));
 
   // Rank j's block [n, b, H_j, d]: ours packed straight into place in the output, the others

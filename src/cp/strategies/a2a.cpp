@@ -195,7 +195,8 @@ class A2aStrategy final : public Strategy {
   }
   // A float32 self-attention context computes its gradients in place: dk, dv over its k, v and dq
   // over its out (flash_attention_backward allows it), then dq over q, so each chunk's q|k|v
-  // buffer becomes the q|k|v gradients that travel back; no second head-sharded buffer.
+  // buffer becomes the q|k|v gradients that travel back; no second head-sharded buffer. The
+  // head-sharded dout lands in dq's memory where it fits (dout_storage).
   void backward_consuming(CpGroup& group, StrategyContext& context, const TensorView& dq, const TensorView& dk,
                           const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     const auto& ctx = static_cast<const UlyssesContext&>(context);
@@ -216,9 +217,10 @@ class A2aStrategy final : public Strategy {
     const int c = int(ctx.chunks.size());
     std::vector<FusedHeads> hdout(static_cast<std::size_t>(c)), grads(static_cast<std::size_t>(c));
     FusedHeads kv_grads;  // cross-attention (one chunk): dk | dv apart
+    const std::vector<void*> hdout_at = in_place ? dout_storage(ctx, dq, dout) : std::vector<void*>(std::size_t(c));
     auto post_in = [&](int i) {
       const std::array<SeqShard, 1> part{{{dout, ctx.chunks[std::size_t(i)].heads.q}}};
-      return post_seq_to_head(comm, part, ctx.tokens, hdout[std::size_t(i)]);
+      return post_seq_to_head(comm, part, ctx.tokens, hdout[std::size_t(i)], hdout_at[std::size_t(i)]);
     };
     auto compute = [&](int i, auto progress) {
       const HeadChunk& ch = ctx.chunks[std::size_t(i)];
@@ -247,6 +249,27 @@ class A2aStrategy final : public Strategy {
     const double compute_s = pipeline(comm, "flash backward", c, post_in, compute, post_out);
     stats.compute_s += compute_s;
     stats.comm_exposed_s += comm.now() - t0 - compute_s;
+  }
+
+  // Where each chunk's head-sharded dout goes: back to back in dq's memory when dq is dense,
+  // holds them all and does not overlap dout (dq is written only by the head→seq unpacks,
+  // after every chunk's kernel: scratch until then); else null, buffers of their own.
+  static std::vector<void*> dout_storage(const UlyssesContext& ctx, const TensorView& dq, const TensorView& dout) {
+    std::vector<void*> at(ctx.chunks.size(), nullptr);
+    auto dense = [](const TensorView& t) { return t.is_dense(Layout::bshd) || t.is_dense(Layout::bhsd); };
+    const std::size_t have = std::size_t(dq.shape.numel()) * dtype_size(dq.dtype);
+    std::byte* const lo = static_cast<std::byte*>(dq.data);
+    const std::byte* g = static_cast<const std::byte*>(dout.data);
+    if (!dense(dq) || !dense(dout) || dq.dtype != ctx.dtype || (g < lo + have && lo < g + have)) return at;
+    std::size_t used = 0;
+    for (std::size_t i = 0; i < at.size(); ++i) {
+      const std::size_t bytes = FusedHeads::bytes_for(ctx.dtype, dq.shape.b, ctx.tokens, dq.shape.d,
+                                                      {ctx.chunks[i].qkv.local_heads(0)});
+      if (used + bytes > have) return std::vector<void*>(ctx.chunks.size(), nullptr);
+      at[i] = lo + used;
+      used += bytes;
+    }
+    return at;
   }
 
   // A chunk's head-sharded dq, dk, dv in new buffers: grads (dq | dk | dv, or dq alone under
