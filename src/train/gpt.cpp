@@ -139,6 +139,7 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
   rope_forward(A.q.data(), pos_rows_.data(), N, c.heads, c.head_dim);
   rope_forward(A.k.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
   att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
+  for (auto* v : {&A.q, &A.k, &A.v}) std::vector<T>().swap(*v);  // the op keeps what its backward needs
   matmul_forward(x_out, A.att.data(), P + L.wo, N, QD, C);
   for (i64 i = 0; i < N * C; ++i) A.x2[std::size_t(i)] = x[i] + x_out[i];
   rmsnorm_forward(A.xn2.data(), A.rstd2.data(), A.x2.data(), P + L.rms2, N, C);
@@ -220,11 +221,11 @@ void Gpt<T>::backward(AttentionOp<T>& att) {
     rmsnorm_backward(dx.data(), grads.data() + layout.rmsf, dxf.data(), x_final_.data(), params.data() + layout.rmsf,
                      rstdf_.data(), N, C);
   }
-  LayerGrads G;
   std::vector<T> scratch(memory.checkpoint_activations ? std::size_t(N * C) : 0);  // the recompute's output
   for (i64 l = c.layers - 1; l >= 0; --l) {
     const LayerActs& kept = acts_[std::size_t(l)];
     if (memory.checkpoint_activations) layer_forward(att, l, kept.x.data(), work_, scratch.data());
+    LayerGrads G;  // freed before the next layer's recompute runs
     layer_backward(att, l, kept.x.data(), memory.checkpoint_activations ? work_ : kept, G, dx);
   }
   embedding_backward(grads.data() + layout.wte, dx.data(), tokens_.data(), N, C);

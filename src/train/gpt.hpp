@@ -50,6 +50,7 @@ template <class T>
 class AttentionOp {
  public:
   virtual ~AttentionOp() = default;
+  // Keeps what its backward needs (the model drops q, k, v once this returns).
   virtual void forward(int layer, T* out, const T* q, const T* k, const T* v) = 0;
   virtual void backward(int layer, T* dq, T* dk, T* dv, const T* dout) = 0;
   // The layer's forward state is not needed (it will be recomputed): drop it.
@@ -77,9 +78,10 @@ class Gpt {
 
  private:
   // One layer's forward state: its input x and what its backward reads (a, g, h stay empty
-  // under tiled_mlp).
+  // under tiled_mlp; q, k, v only live until the attention forward, whose op keeps its own
+  // copies: the backward needs xn1 and dq, dk, dv only).
   struct LayerActs { std::vector<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h; };
-  // The layer's gradient temporaries, allocated once per backward.
+  // The layer's gradient temporaries, allocated per layer of the backward.
   struct LayerGrads { std::vector<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1; };
   void layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A, T* x_out);
   void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, std::vector<T>& dx);
