@@ -252,8 +252,9 @@ class A2aStrategy final : public Strategy {
   }
 
   // Where each chunk's head-sharded dout goes: back to back in dq's memory when dq is dense,
-  // holds them all and does not overlap dout (dq is written only by the head→seq unpacks,
-  // after every chunk's kernel: scratch until then); else null, buffers of their own.
+  // holds them all and does not overlap dout (which has dq's shape; dq is written only by the
+  // head→seq unpacks, after every chunk's kernel: scratch until then); else null, buffers of
+  // their own.
   static std::vector<void*> dout_storage(const UlyssesContext& ctx, const TensorView& dq, const TensorView& dout) {
     std::vector<void*> at(ctx.chunks.size(), nullptr);
     auto dense = [](const TensorView& t) { return t.is_dense(Layout::bshd) || t.is_dense(Layout::bhsd); };
