@@ -18,10 +18,11 @@
 #include "isa.hpp"
 #include "ulysses/attention.hpp"
 
+// Weak: an OpenBLAS built for one core (no DYNAMIC_ARCH) has no re-selection to offer.
 extern "C" {
 char* openblas_get_corename(void);
-void gotoblas_dynamic_init(void);
-void gotoblas_dynamic_quit(void);
+__attribute__((weak)) void gotoblas_dynamic_init(void);
+__attribute__((weak)) void gotoblas_dynamic_quit(void);
 }
 
 namespace ulysses {
@@ -50,7 +51,8 @@ Core select_core() {
   const kernels::Isa isa = kernels::best_supported_isa();
   const char* want = isa >= kernels::Isa::avx512 ? "SkylakeX" : isa == kernels::Isa::avx2 ? "Haswell" : nullptr;
   const int have = rank(chose.c_str());
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || want == nullptr || have == 0 || have >= rank(want))
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || want == nullptr || have == 0 || have >= rank(want) ||
+      gotoblas_dynamic_init == nullptr)
     return {chose, ""};
   return {kernels::reselect_blas_core(want), chose};
 }
@@ -68,6 +70,7 @@ const bool g_selected_at_load = (core(), true);
 namespace kernels {
 
 std::string reselect_blas_core(const char* name) {
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) return openblas_get_corename();
   setenv("OPENBLAS_CORETYPE", name, 1);
   gotoblas_dynamic_quit();
   gotoblas_dynamic_init();
