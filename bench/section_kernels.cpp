@@ -564,8 +564,8 @@ json documents_table(int T, const Options& o) {
 
 void print_header(int T) {
   fmt::print("\n[1] local attention kernels: level {} (f32 on {}, bf16 on {}), {} threads; GFLOP/s by FlashAttention's "
-             "count (bwd 2.5× fwd, causal half), medians\n",
-             kernel_isa(), kernel_engine(DType::f32), kernel_engine(DType::bf16), T);
+             "count (bwd 2.5× fwd, causal half), medians; OpenBLAS core {}\n",
+             kernel_isa(), kernel_engine(DType::f32), kernel_engine(DType::bf16), T, blas_core());
 }
 
 }  // namespace

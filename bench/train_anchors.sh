@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 15, "against the anchors": `ulysses train` (mpirun -n 2, 1 thread per rank) beside the
-# same model in PyTorch (bench/train_anchor.py: one process x 2 threads) and in DeepSpeed-Ulysses
-# (DistributedAttention around SDPA, mpirun -n 2 over gloo, 1 thread per rank), interleaved in
-# one run (ulysses, torch, deepspeed for each case, ROUNDS times), on
+# Issue 15, "against the anchors": `ulysses train` (mpirun -n 2, CORES/2 threads per rank) beside
+# the same model in PyTorch (bench/train_anchor.py: one process x CORES threads) and in
+# DeepSpeed-Ulysses (DistributedAttention around SDPA, mpirun -n 2 over gloo, CORES/2 threads per
+# rank), interleaved in one run (ulysses, torch, deepspeed for each case, ROUNDS times), on
 #   --width 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 4 --hidden 1376, batch 1.
 # First a correctness check at s = 256: the parameter count of `ulysses train`'s header and the
 # losses of 3 steps must agree (same init, data and AdamW), and the first loss be near ln(256).
@@ -11,8 +11,9 @@
 # VmHWM per rank, the largest over ranks. Prints a markdown table; with ROUNDS > 1 each cell is
 # the median over rounds. The JSON lines are appended to $OUT/train_anchors.jsonl as each run
 # ends (OUT: a temporary folder unless set); `--table FILE` prints the table of such a file
-# (also of an interrupted run). Needs torch >= 2.5 and deepspeed in ULYSSES_ANCHOR_PYTHON
-# (default /tmp/anchors/bin/python); says so and exits 3 otherwise. Not part of the tests.
+# (also of an interrupted run). CORES: the environment variable, else nproc. Needs torch >= 2.5
+# in ULYSSES_ANCHOR_PYTHON (default /tmp/anchors/bin/python), says so and exits 3 otherwise;
+# without deepspeed there it says so and runs ulysses and torch only. Not part of the tests.
 # usage: bench/train_anchors.sh [BUILD_DIR] [SEQ:DTYPE:STEPS list] [ROUNDS=1]
 #        (default list "8192:f32:3 8192:bf16:2 16384:f32:2 16384:bf16:2")
 #        bench/train_anchors.sh --table FILE
@@ -58,24 +59,31 @@ cases=${2:-8192:f32:3 8192:bf16:2 16384:f32:2 16384:bf16:2}
 rounds=${3:-1}
 py=${ULYSSES_ANCHOR_PYTHON:-/tmp/anchors/bin/python}
 source "$root/scripts/mpi_env"
-if ! "$py" -c 'import torch, deepspeed, sys; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5))' \
+if ! "$py" -c 'import torch, sys; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5))' \
     > /dev/null 2>&1; then
-  echo "train_anchors: needs torch >= 2.5 and deepspeed importable by $py (set ULYSSES_ANCHOR_PYTHON); skipped" >&2
+  echo "train_anchors: needs torch >= 2.5 importable by $py (set ULYSSES_ANCHOR_PYTHON); skipped" >&2
   exit 3
 fi
+runners=(ulysses torch deepspeed)
+if ! "$py" -c 'import deepspeed' > /dev/null 2>&1; then
+  echo "train_anchors: no deepspeed in $py: DeepSpeed's column stays empty" >&2
+  runners=(ulysses torch)
+fi
+cores=${CORES:-$(nproc)}
+half=$(( cores / 2 > 0 ? cores / 2 : 1 ))
 model=(--width 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 4 --hidden 1376 --batch 1)
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 results=$out/train_anchors.jsonl
 : > "$results"
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=$half
 
 # run RUNNER SEQ DTYPE STEPS WARMUP_SEQ: appends one JSON line {runner, seq, dtype, ...} to $results.
 run() {
   local runner=$1 seq=$2 dtype=$3 steps=$4 warm=$5 json
   case $runner in
     ulysses)
-      "${MPIRUN[@]}" -n 2 "$bin" train "${model[@]}" --seq "$seq" --dtype "$dtype" --steps "$steps" --threads 1 \
+      "${MPIRUN[@]}" -n 2 "$bin" train "${model[@]}" --seq "$seq" --dtype "$dtype" --steps "$steps" --threads "$half" \
         --eval-batches 0 --log "$out/ulysses.log" > "$out/ulysses.out"
       json=$(python3 - "$out/ulysses.log" "$out/ulysses.out" <<'PY'
 import json, re, statistics, sys
@@ -90,11 +98,11 @@ PY
       ;;
     torch)
       json=$("$py" "$root/bench/train_anchor.py" --mode single "${model[@]}" --seq "$seq" --dtype "$dtype" \
-               --steps "$steps" --warmup-seq "$warm" --threads 2 2> "$out/torch.err")
+               --steps "$steps" --warmup-seq "$warm" --threads "$cores" 2> "$out/torch.err")
       ;;
     deepspeed)
       json=$("${MPIRUN[@]}" -n 2 -x OMP_NUM_THREADS "$py" "$root/bench/train_anchor.py" --mode deepspeed "${model[@]}" \
-               --seq "$seq" --dtype "$dtype" --steps "$steps" --warmup-seq "$warm" --threads 1 2> "$out/deepspeed.err")
+               --seq "$seq" --dtype "$dtype" --steps "$steps" --warmup-seq "$warm" --threads "$half" 2> "$out/deepspeed.err")
       ;;
   esac
   python3 -c 'import json,sys; r=json.loads(sys.argv[4]); r.update(runner=sys.argv[1], seq=int(sys.argv[2]), dtype=sys.argv[3]); print(json.dumps(r))' \
@@ -102,7 +110,7 @@ PY
 }
 
 echo "correctness at s = 256 (3 steps, f32):" >&2
-for r in ulysses torch deepspeed; do run "$r" 256 f32 3 256; done
+for r in "${runners[@]}"; do run "$r" 256 f32 3 256; done
 python3 - "$results" <<'PY'
 import json, math, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
@@ -119,7 +127,7 @@ PY
 for ((round = 1; round <= rounds; round++)); do
   for c in $cases; do
     IFS=: read -r seq dt steps <<< "$c"
-    for r in ulysses torch deepspeed; do run "$r" "$seq" "$dt" "$steps" "$((seq < 1024 ? seq : 1024))"; done
+    for r in "${runners[@]}"; do run "$r" "$seq" "$dt" "$steps" "$((seq < 1024 ? seq : 1024))"; done
   done
 done
 table "$results"

@@ -1,5 +1,6 @@
 // Local kernels against independent references: the vector exp against std::exp, bf16
 // rounding against hand-computed values, flash attention against the float64 oracle.
+#include <cblas.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/blas_core.hpp"
 #include "kernels/engines.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
@@ -163,6 +165,33 @@ TEST(Isa, DispatchFollowsForceAndNamesTheLevel) {
   kernels::force_isa(kernels::Isa::portable);
   EXPECT_EQ(kernel_engine(DType::bf16), "blas-f32 (bf16 converted)");
   kernels::force_isa(before);
+}
+
+// OpenBLAS's core can be re-selected inside the process (how blas_core.cpp corrects, at load,
+// a core chosen by an OpenBLAS that does not know the CPU), and each core the CPU runs computes
+// the same product: integers small enough that every sum is exact in float32.
+TEST(Isa, OpenBlasCoreIsReselectedAndEveryCoreComputesTheSameProduct) {
+  const std::string original = openblas_get_corename();
+  EXPECT_EQ(blas_core().rfind(original, 0), 0u) << blas_core();  // the core in use leads the description
+  const int m = 67, n = 45, k = 53;
+  std::vector<float> a(m * k), b(k * n);
+  for (int i = 0; i < m * k; ++i) a[i] = float((i * 7) % 13 - 6);
+  for (int i = 0; i < k * n; ++i) b[i] = float((i * 5) % 11 - 5);
+  std::vector<float> want(m * n, 0.0f);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j)
+      for (int p = 0; p < k; ++p) want[i * n + j] += a[i * k + p] * b[p * n + j];
+  std::vector<const char*> cores = {"Prescott"};
+  if (kernels::best_supported_isa() >= kernels::Isa::avx2) cores.push_back("Haswell");
+  if (kernels::best_supported_isa() >= kernels::Isa::avx512) cores.push_back("SkylakeX");
+  cores.push_back(original.c_str());
+  for (const char* core : cores) {
+    EXPECT_STRCASEEQ(kernels::reselect_blas_core(core).c_str(), core);
+    std::vector<float> c(m * n, -1.0f);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    EXPECT_EQ(c, want) << "core " << core;
+  }
+  EXPECT_EQ(std::getenv("OPENBLAS_CORETYPE"), nullptr);  // child processes choose for themselves
 }
 
 TEST(Bf16, RoundsToNearestEven) {

@@ -260,7 +260,8 @@ void print_header(const Setup& s) {
   if (cfg.cp_comm_type == "a2a" && s.cp > 1)
     std::printf("  overlap_chunks %d: %s\n", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h),
                 cfg.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute" : "plain all-to-alls");
-  std::printf("  kernels: isa %s, engine %s\n", kernel_isa(), kernel_engine(s.dtype).c_str());
+  std::printf("  kernels: isa %s, engine %s; OpenBLAS core %s\n", kernel_isa(), kernel_engine(s.dtype).c_str(),
+              blas_core().c_str());
   std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
               to_string(s.dtype), to_string(s.layout), cfg.causal ? ", causal" : "",
               effective_scale(attention_params(cfg), p.q.d));

@@ -232,6 +232,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   const train::MemoryOptions& mo = cfg.memory;
   fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
              cfg.dtype == DType::bf16 ? " (mixed precision: weights, AdamW and the GEMMs float32)" : "");
+  fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
   fmt::print("  memory per rank (predicted): {}{}{}{}\n", train::predict_memory(cfg, cp).describe(),
              mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
              mo.tiled_loss ? "; tiled loss" : "");

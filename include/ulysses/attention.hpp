@@ -55,6 +55,11 @@ float effective_scale(const AttentionParams& params, std::int64_t head_dim);
 const char* kernel_isa();
 // The engine inputs of `dtype` run on, e.g. "amx-bf16", "avx512-f32", "avx2-f32 (bf16 converted)".
 std::string kernel_engine(DType dtype);
+// OpenBLAS's kernel core, which runs every GEMM outside the attention (and the portable
+// level's), e.g. "SkylakeX", or "SkylakeX (re-selected at load; OpenBLAS chose Prescott)".
+// An OpenBLAS older than the CPU does not know its model and falls back to slow generic
+// kernels; unless OPENBLAS_CORETYPE is set, ulysses then selects the core the CPU runs.
+std::string blas_core();
 
 // Checks shapes, dtypes and the head ratio; throws ulysses::Error naming the bad value.
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,

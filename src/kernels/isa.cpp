@@ -74,8 +74,12 @@ Isa capped(Isa best) {
   return env && parse_isa(env, &cap) && cap < best ? cap : best;
 }
 
-const Isa g_best = detect();
-Isa g_active = capped(g_best);
+// Function-local so that other static initialisers (blas_core.cpp) may ask for it.
+Isa best() {
+  static const Isa b = detect();
+  return b;
+}
+Isa g_active = capped(best());
 
 }  // namespace
 
@@ -87,23 +91,23 @@ bool parse_isa(const char* name, Isa* out) {
   return false;
 }
 
-Isa best_supported_isa() { return g_best; }
+Isa best_supported_isa() { return best(); }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v;
-  for (int i = 0; i <= int(g_best); ++i) v.push_back(Isa(i));
+  for (int i = 0; i <= int(best()); ++i) v.push_back(Isa(i));
   return v;
 }
 
 Isa active_isa() { return g_active; }
-Isa force_isa(Isa isa) { return g_active = isa < g_best ? isa : g_best; }
+Isa force_isa(Isa isa) { return g_active = isa < best() ? isa : best(); }
 
 const KernelLevel& level(Isa isa) {
   using namespace native;
   static const KernelLevel levels[] = {
       {"portable", &blas_f32, nullptr, scalar_vec},
       {"avx2", &avx2_f32, nullptr, avx2_vec},
-      {"avx512", &avx512_f32, g_best >= Isa::avx512 && has_avx512_bf16() ? &avx512_bf16 : nullptr, avx512_vec},
+      {"avx512", &avx512_f32, best() >= Isa::avx512 && has_avx512_bf16() ? &avx512_bf16 : nullptr, avx512_vec},
             {"amx", &avx512_f32, &amx_bf16, avx512_vec},
   };
   return levels[int(isa)];
