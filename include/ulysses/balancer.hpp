@@ -1,0 +1,78 @@
+// The balancer: which ranks compute which sequence of a variable-length step.
+//
+// A step is a list of sequences of their own lengths (no padding). The balancer gives every
+// sequence a CP group — a contiguous range of ranks [first_rank, first_rank + size), any size
+// >= 1 the strategy supports — and so every rank a list of sequences, run one after another.
+// Contiguous groups keep a group on as few nodes as possible (ranks are placed contiguously,
+// ranks_per_node per node, as in the planner) and make every group a cacheable split.
+//
+// Deadlock freedom: every rank runs its sequences in increasing sequence index. The lowest
+// unfinished index then always has all its group's ranks at it (each finished everything
+// lower), so the collectives of a step always make progress, whatever the groups.
+//
+// Deterministic: a pure function of its input, so every rank computes the same plan; callers
+// agree on the input (Communicator::agree_identical) before acting on the plan.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ulysses/planner.hpp"
+
+namespace ulysses {
+
+enum class BalancePolicy {
+  static_,  // every sequence over groups of world/dp ranks, dealt round-robin (i % dp)
+  pow2,     // Megatron's hybrid CP: cp = next power of two of len / max_tokens_per_rank
+  dynamic,  // ours: minimise the predicted step time of the slowest rank (balancer.cpp says how)
+};
+// "static" | "pow2" | "dynamic"; parse throws Error naming the text and the choices.
+const char* policy_name(BalancePolicy p);
+BalancePolicy parse_policy(const std::string& text);
+
+struct BalanceInput {
+  std::vector<std::int64_t> lengths;  // the step's sequences, in loader order (each >= 1)
+  int world = 1;                      // ranks in all
+  int dp = 1;                         // static: groups of world / dp ranks (dp must divide world)
+  // The per-sequence model the cost is computed for: heads, kv_heads, head_dim, layers,
+  // causal, window, dtype, cluster and the strategy (cp_comm_type); seq, cp and documents
+  // are set per sequence by the balancer.
+  PlanInput model;
+  std::string cp_comm_type = "a2a";
+  // Projections and MLP: FLOPs per token, forward + backward, all layers (6 · weights for a
+  // dense model); they run sequence-sharded, so a group of c ranks does 1/c of them each.
+  double gemm_flops_per_token = 0;
+  // Bytes per rank a sequence of `len` tokens needs at CP size `cp` (the training memory
+  // model); empty: no memory model. max_memory: the cap per rank (0: none).
+  std::function<double(std::int64_t len, int cp)> memory_per_rank;
+  double max_memory = 0;
+  // pow2 only: the most tokens one rank may hold (Megatron's max_seqlen_per_dp_cp_rank); 0: the
+  // longest sequence's tokens over world (so the longest gets every rank).
+  std::int64_t max_tokens_per_rank = 0;
+};
+
+struct BalanceGroup {
+  int first_rank = 0;
+  int size = 1;
+  bool contains(int rank) const { return rank >= first_rank && rank < first_rank + size; }
+  bool operator==(const BalanceGroup& o) const { return first_rank == o.first_rank && size == o.size; }
+};
+
+struct BalancePlan {
+  BalancePolicy policy = BalancePolicy::static_;
+  std::vector<BalanceGroup> groups;  // groups[i]: the ranks of sequence i
+  std::vector<double> rank_seconds;  // predicted busy time of each rank (world entries)
+  std::vector<double> rank_memory;   // predicted peak bytes of each rank (0 without a model)
+  double step_seconds = 0;           // the slowest rank's
+  // The sequences rank `rank` computes, in the order it must run them (increasing index).
+  std::vector<int> sequences_of(int rank) const;
+};
+
+// Not collective. Throws Error (the same on every rank, as the input is) for an empty step, a
+// length < 1, dp not dividing world, or a sequence that fits no group under the memory cap
+// (naming the sequence, its length and the bytes the smallest-footprint group would need).
+BalancePlan balance(const BalanceInput& in, BalancePolicy policy);
+
+}  // namespace ulysses
