@@ -16,6 +16,8 @@ from mpi4py import MPI
 import torch, ulysses, ulysses.torch as ut
 comm = ulysses.Communicator(MPI.COMM_WORLD)
 assert "site-packages" in ulysses.__file__, ulysses.__file__
+import importlib.metadata
+assert ulysses.__version__ == importlib.metadata.version("ulysses"), (ulysses.__version__, importlib.metadata.version("ulysses"))
 torch.manual_seed(0)
 x = torch.randn(1, 8 * comm.size, 2 * comm.size, 16)
 out = ulysses.unshard(ut.ContextParallelAttention(comm, "a2a")(*(ulysses.shard(x, comm),) * 3), comm)

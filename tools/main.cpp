@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "attention_command.hpp"
 #include "plan_command.hpp"
@@ -11,13 +12,14 @@
 #include "train_command.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
+#include "ulysses/version.hpp"
 
 int main(int argc, char** argv) {
   const ulysses::MpiSession mpi(argc, argv);
   const int rank = mpi.world_rank();
   CLI::App app{"ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
                "Run under mpirun; every rank holds s/cp tokens of every sequence."};
-  app.set_version_flag("--version", "ulysses 0.1.0");
+  app.set_version_flag("--version", std::string("ulysses ") + ulysses::version());
   app.require_subcommand(1);
   ulysses::cli::AttentionOptions attention;
   ulysses::cli::add_attention_command(app, attention);

@@ -20,6 +20,7 @@
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/version.hpp"
 
 namespace py = pybind11;
 using namespace ulysses;
@@ -103,6 +104,7 @@ std::vector<SeqShard> shards_of(const py::list& views, const HeadLists& heads) {
 
 PYBIND11_MODULE(_ulysses, m) {
   m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
+  m.attr("__version__") = ulysses::version();
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
 
   py::class_<Communicator>(m, "Communicator")

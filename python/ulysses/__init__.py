@@ -14,9 +14,8 @@ holds for a strategy (zigzag for the ring under a causal mask).
 window, -1 unbounded), ``overlap_chunks`` (``a2a``: pipelined all-to-alls) and ``q_offset`` with
 k/v of another length than q (cross-attention; shard them with the same ``q_offset``).
 """
-from ._ulysses import Error, strategy_names
+from ._ulysses import Error, __version__, strategy_names
 from ._comm import Communicator
 from ._sharding import positions, shard, unshard
 
-__all__ = ["Communicator", "Error", "positions", "shard", "strategy_names", "unshard"]
-__version__ = "0.1.0"
+__all__ = ["Communicator", "Error", "__version__", "positions", "shard", "strategy_names", "unshard"]

@@ -1,0 +1,7 @@
+#include "ulysses/version.hpp"
+
+namespace ulysses {
+
+const char* version() { return ULYSSES_VERSION_STRING; }
+
+}  // namespace ulysses
