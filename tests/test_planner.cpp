@@ -163,7 +163,7 @@ TEST(Planner, HaloVolumeEqualsAskingEveryMember) {
       for (auto [left, right, causal] : {std::tuple{0, -1, true}, {3, -1, true}, {40, -1, true}, {300, -1, true},
                                          {5, 9, false}, {0, 0, false}, {70, 2, false}}) {
         const std::int64_t s = 20 * cp + 7, per_token = 2 * 8;
-        const CpConfig cfg{"p2p", {}, causal, 0.0f, zigzag, {}, left, right};
+        const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
         SCOPED_TRACE(::testing::Message() << "cp " << cp << " zigzag " << zigzag << " window " << left << "," << right);
         const auto chunks = all_rank_chunks(cfg, cp, s);
         for (int me = 0; me < cp; ++me) {
