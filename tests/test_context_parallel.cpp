@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "mpi_helpers.hpp"
@@ -309,14 +310,15 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
 // and bf16: forward and gradients against the float64 reference, the work counted exactly (the
 // planner's Strategy::work), and the bytes and messages of every counter equal to traffic():
 // the ring's halo exchange included. Windows 0, 1, around a chunk, wider than s, right windows,
-// and one side unbounded (the ring with a kernel mask).
+// one side unbounded (the ring with a kernel mask), and sides near INT64_MAX (saturated).
 TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
-  const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8;
+  const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8, max = std::numeric_limits<std::int64_t>::max();
   const std::vector<std::pair<bool, Window>> masks{
       {true, {0, -1}}, {true, {1, -1}},     {true, {5, -1}},  {true, {12, -1}},  {true, {30, -1}},
-      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}}};
+      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}},
+      {true, {max, -1}}, {false, {max - 1, max}}, {false, {2, max}}};
   for (const auto& [causal, window] : masks)
     for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::bf16}}) {
       const GlobalProblem global({1, s, h, d}, hkv, dtype, causal, 9, {}, nullptr, window);
@@ -403,6 +405,21 @@ TEST(Errors, NegativeWindowsAreRefusedEverywhere) {
         comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
         "window_left must be -1 (unbounded) or >= 0, got -3");
   }
+}
+
+TEST(Errors, NonFiniteAndNonPositiveScalesAreRefusedEverywhere) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  for (const CpConfig& base : strategies(cp, true))
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -1.0f, 0.0f}) {
+      CpConfig cfg = base;
+      cfg.scale = bad;
+      Tensor q({1, total_tokens(rank_chunks(cfg, cp, comm.rank(), 4 * cp)), 2 * cp, 8}), out(q.shape());
+      ContextParallelAttention attn(comm, cfg);
+      ulysses::testing::expect_same_error_everywhere(
+          comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
+          fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad));
+    }
 }
 
 // Which heads the all-to-all strategies give each rank: the examples at cp = 4.

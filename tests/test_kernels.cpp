@@ -235,6 +235,8 @@ TEST(Bf16, RoundsToNearestEven) {
             std::numeric_limits<float>::infinity());
 }
 
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
 struct FlashCase {
   std::int64_t b, sq, sk, h, hkv, d;
   bool causal;
@@ -244,15 +246,15 @@ struct FlashCase {
   std::int64_t window_left = -1, window_right = -1;  // sliding window over global positions
 };
 
+std::string plus_one(std::int64_t w) { return w == std::numeric_limits<std::int64_t>::max() ? "max" : std::to_string(w + 1); }
+
 std::string name_of(const FlashCase& c) {
   return "b" + std::to_string(c.b) + "_sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" +
          std::to_string(c.h) + "_kv" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
          (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" +
          std::to_string(c.k_offset) + "_t" + std::to_string(c.threads) +
          (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1)) +
-         (c.window_left < 0 && c.window_right < 0
-              ? ""
-              : "_win" + std::to_string(c.window_left + 1) + "_" + std::to_string(c.window_right + 1));
+         (c.window_left < 0 && c.window_right < 0 ? "" : "_win" + plus_one(c.window_left) + "_" + plus_one(c.window_right));
 }
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
@@ -447,7 +449,15 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{1, 64, 300, 2, 2, 16, false, 100, 300, 2, {}, 20, 40},  // band ends inside the keys
         FlashCase{1, 64, 64, 2, 2, 16, true, 500, 0, 2, {}, 100, -1},     // keys left of the band: none seen
         FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}, 40, -1},
-        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5}),
+        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5},
+        // Windows and offsets near INT64_MAX (saturated bounds, exact; UBSan checks no overflow):
+        // unbounded in effect; the band's left edge inside the keys; keys just before the queries.
+        FlashCase{1, 64, 64, 2, 2, 16, true, 0, 0, 2, {}, kMax, -1},
+        FlashCase{1, 64, 64, 2, 2, 16, false, 0, 0, 2, {}, kMax - 1, kMax},
+        FlashCase{1, 64, 100, 2, 2, 16, true, kMax - 64, 0, 2, {}, kMax - 120, -1},
+        FlashCase{1, 64, 100, 2, 2, 16, false, kMax - 64, 0, 2, {}, kMax - 120, kMax},
+        FlashCase{1, 64, 64, 2, 1, 16, true, kMax - 64, kMax - 100, 2, {}, 50, -1},
+        FlashCase{1, 70, 64, 2, 1, 16, false, kMax - 70, kMax - 64, 2, {}, 5, kMax}),
     [](const auto& info) { return name_of(info.param); });
 
 // Changing one document's inputs changes nothing outside it, bit for bit: no value and no
@@ -520,6 +530,40 @@ TEST(Flash, RejectsBadWindows) {
           << e.what();
     }
   }
+}
+
+// scale: unset is 1/sqrt(d); NaN, ±inf, 0 and negatives are refused by value, forward and
+// backward. Positions past int64 (q_offset + sq) are refused too.
+TEST(Flash, RejectsBadScalesAndOffsets) {
+  Tensor q({1, 10, 2, 8}), out({1, 10, 2, 8});
+  const Tensor lse = lse_tensor(q.shape());
+  auto error_of = [&](const AttentionParams& p) -> std::string {
+    try {
+      flash_attention_forward(out.view(), lse.view(), q.view(), q.view(), q.view(), p);
+    } catch (const Error& e) {
+      const std::string forward = e.what();
+      try {
+        flash_attention_backward(out.view(), q.view(), q.view(), q.view(), q.view(), q.view(), q.view(), out.view(),
+                                 lse.view(), p);
+      } catch (const Error& b) {
+        EXPECT_EQ(forward, b.what());
+        return forward;
+      }
+      ADD_FAILURE() << "the backward accepted what the forward refused: " << forward;
+    }
+    return "";
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::nanf(""), inf, -inf, 0.0f, -0.0f, -1.0f})
+    EXPECT_NE(error_of({.scale = bad}).find(fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad)),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(error_of({.scale = std::numeric_limits<float>::denorm_min()}), "");
+  EXPECT_EQ(error_of({.scale = std::nullopt}), "");
+  EXPECT_EQ(error_of({.q_offset = kMax - 10}), "");
+  EXPECT_NE(error_of({.q_offset = kMax - 9}).find("q_offset 9223372036854775798 + 10 rows passes the largest position"),
+            std::string::npos);
+  EXPECT_NE(error_of({.k_offset = kMax}).find("k_offset"), std::string::npos);
 }
 
 TEST(Flash, RejectsBadDocuments) {
