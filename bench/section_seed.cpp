@@ -150,7 +150,7 @@ json overlap_run(Communicator& comm, const CpConfig& cfg, const std::string& nam
 std::vector<std::pair<std::string, CpConfig>> overlap_configs() {
   return {{"a2a", {"a2a", {}, true}},
           {"p2p zigzag", {"p2p", {}, true}},
-          {"p2p contiguous", {"p2p", {}, true, 0.0f, false}},
+          {"p2p contiguous", {"p2p", {}, true, std::nullopt, false}},
           {"all_gather", {"all_gather", {}, true}}};
 }
 

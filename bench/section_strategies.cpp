@@ -157,7 +157,7 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   if (world.rank() == 0) {
     MpiCommunicator self(MPI_COMM_SELF);
     set_threads(o.cores);
-    results.push_back(run(self, CpConfig{"a2a", {}, true, 0.0f}, o, "1 rank (no CP)", o.cores));
+    results.push_back(run(self, CpConfig{"a2a", {}, true, std::nullopt}, o, "1 rank (no CP)", o.cores));
   }
   idle_barrier(world.native());
   set_threads(o.threads_per_rank);
@@ -166,7 +166,7 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
     for (const CpConfig& cfg : strategy->plan_configs(cp, true)) configs.emplace_back(strategy->config_name(cfg), cfg);
   for (int chunks : {2, 4})  // overlapped Ulysses, beside plain a2a
     if (ulysses_overlap_chunks(chunks, cp, kKvHeads) == chunks) {
-      CpConfig cfg{"a2a", {}, true, 0.0f};
+      CpConfig cfg{"a2a", {}, true, std::nullopt};
       cfg.overlap_chunks = chunks;
       configs.emplace_back(fmt::format("a2a overlap {}", chunks), cfg);
     }
@@ -174,7 +174,7 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
   // contiguous ("c"), beside the plain ring above.
   for (bool zigzag : {true, false})
     configs.emplace_back(fmt::format("p2p W={}{}", o.seq / 16, zigzag ? "" : " c"),
-                         CpConfig{"p2p", {}, true, 0.0f, zigzag, {}, o.seq / 16, -1});
+                         CpConfig{"p2p", {}, true, std::nullopt, zigzag, {}, o.seq / 16, -1});
   for (const auto& [name, cfg] : configs) {
     try {
       results.push_back(run(world, cfg, o, name, o.threads_per_rank));

@@ -32,7 +32,7 @@ struct Global {
 
 // One ring block: queries `a` against keys `c`, forward then backward, as ring_attention runs it.
 void block_fwd_bwd(const Global& g, const SeqChunk& a, const SeqChunk& c, bool causal) {
-  const AttentionParams p{causal, 0.0f, a.begin, c.begin};
+  const AttentionParams p{causal, std::nullopt, a.begin, c.begin};
   const Tensor lse = lse_tensor({1, a.length, g.q.shape().h, g.q.shape().d});
   const TensorView q = rows(g.q.view(), a.begin, a.length), o = rows(g.out.view(), a.begin, a.length);
   const TensorView k = rows(g.k.view(), c.begin, c.length), v = rows(g.v.view(), c.begin, c.length);
@@ -78,7 +78,7 @@ std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& 
   std::vector<BalanceRow> rows;
   for (int cp : cps)
     for (const char* layout : {"p2p contiguous", "p2p zigzag", "a2a"}) {
-      const CpConfig cfg{layout[0] == 'a' ? "a2a" : "p2p", {}, true, 0.0f, std::string(layout) != "p2p contiguous"};
+      const CpConfig cfg{layout[0] == 'a' ? "a2a" : "p2p", {}, true, std::nullopt, std::string(layout) != "p2p contiguous"};
       const bool ring = cfg.cp_comm_type == "p2p";
       const auto chunks = all_rank_chunks(cfg, cp, s.s);
       const auto rank_work = [&](int r) { ring ? ring_rank(g, chunks, r) : ulysses_rank(s, cp, r); };

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "mpi_helpers.hpp"
@@ -92,7 +93,7 @@ struct GlobalProblem {
       fill_uniform(t->view(), seed + std::uint64_t(i));
     if (edit != nullptr) edit(*this);
     const RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
-    const AttentionParams p{causal, 0.0f, 0, 0, std::move(cu_seqlens), window.left, window.right};
+    const AttentionParams p{causal, std::nullopt, 0, 0, std::move(cu_seqlens), window.left, window.right};
     std::vector<double> lse;
     reference_attention_forward(out, lse, rq, rk, rv, p);
     reference_attention_backward(dq, dk, dv, RefTensor::from(dout.view()), rq, rk, rv, p);
@@ -174,7 +175,7 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   const std::int64_t sl = 9, s = sl * cp, h = 2 * cp, d = 8;
   Tensor gq({1, s, h, d}), q({1, sl, h, d}), out(q.shape());
   fill_uniform(gq.view(), 5);
-  const CpConfig cfg{"a2a", {}, true, 0.0f};
+  const CpConfig cfg{"a2a", {}, true, std::nullopt};
   const auto chunks = rank_chunks(cfg, cp, comm.rank(), s);
   shard_sequence(gq.view(), q.view(), chunks);
   ContextParallelAttention attn(comm, cfg);
@@ -182,7 +183,7 @@ TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   const RefTensor rq = RefTensor::from(gq.view());
   RefTensor rout;
   std::vector<double> lse;
-  reference_attention_forward(rout, lse, rq, rq, rq, {true, 0.0f, 0, 0});
+  reference_attention_forward(rout, lse, rq, rq, rq, {true, std::nullopt, 0, 0});
   EXPECT_LT(relative_error(out.view(), select_rows(rout, token_positions(chunks))), 1e-5);
 }
 
@@ -297,7 +298,7 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
                                {std::vector<std::int64_t>{0, 3, 2, s}, 1, "cu_seqlens[2] = 2 after 3"},
                                {std::vector<std::int64_t>{0, s - 1}, 1, "must end at the sequence length"},
                                {std::vector<std::int64_t>{0, s}, 2, "needs batch 1"}}) {
-    CpConfig cfg{"p2p", {}, true, 0.0f, true, cu};
+    CpConfig cfg{"p2p", {}, true, std::nullopt, true, cu};
     Tensor q({b, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), cp, 8}), out(q.shape());
     ContextParallelAttention attn(comm, cfg);
     ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
@@ -309,18 +310,19 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
 // and bf16: forward and gradients against the float64 reference, the work counted exactly (the
 // planner's Strategy::work), and the bytes and messages of every counter equal to traffic():
 // the ring's halo exchange included. Windows 0, 1, around a chunk, wider than s, right windows,
-// and one side unbounded (the ring with a kernel mask).
+// one side unbounded (the ring with a kernel mask), and sides near INT64_MAX (saturated).
 TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
-  const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8;
+  const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8, max = std::numeric_limits<std::int64_t>::max();
   const std::vector<std::pair<bool, Window>> masks{
       {true, {0, -1}}, {true, {1, -1}},     {true, {5, -1}},  {true, {12, -1}},  {true, {30, -1}},
-      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}}};
+      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}},
+      {true, {max, -1}}, {false, {max - 1, max}}, {false, {2, max}}};
   for (const auto& [causal, window] : masks)
     for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::bf16}}) {
       const GlobalProblem global({1, s, h, d}, hkv, dtype, causal, 9, {}, nullptr, window);
-      const AttentionParams whole{causal, 0.0f, 0, 0, {}, window.left, window.right};
+      const AttentionParams whole{causal, std::nullopt, 0, 0, {}, window.left, window.right};
       for (const CpConfig& base : strategies(cp, causal))
         for (bool zigzag : {true, false}) {
           if (!causal && !zigzag) continue;  // contiguous either way
@@ -369,7 +371,7 @@ TEST(Windows, RingSendsOnlyTheHalo) {
   const int cp = comm.size(), me = comm.rank();
   const std::int64_t sl = 16, s = sl * cp, h = 2, hkv = 1, d = 8, kv_row = 2 * hkv * d;
   for (std::int64_t w : {5, 20}) {
-    const CpConfig cfg{"p2p", {}, true, 0.0f, false, {}, w, -1};
+    const CpConfig cfg{"p2p", {}, true, std::nullopt, false, {}, w, -1};
     SCOPED_TRACE("window " + std::to_string(w));
     const GlobalProblem global({1, s, h, d}, hkv, DType::bf16, true, 4, {}, nullptr, {w, -1});
     Problem p(global, cfg, cp, me, Layout::bshd);
@@ -405,6 +407,21 @@ TEST(Errors, NegativeWindowsAreRefusedEverywhere) {
   }
 }
 
+TEST(Errors, NonFiniteAndNonPositiveScalesAreRefusedEverywhere) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  for (const CpConfig& base : strategies(cp, true))
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -1.0f, 0.0f}) {
+      CpConfig cfg = base;
+      cfg.scale = bad;
+      Tensor q({1, total_tokens(rank_chunks(cfg, cp, comm.rank(), 4 * cp)), 2 * cp, 8}), out(q.shape());
+      ContextParallelAttention attn(comm, cfg);
+      ulysses::testing::expect_same_error_everywhere(
+          comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
+          fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad));
+    }
+}
+
 // Which heads the all-to-all strategies give each rank: the examples at cp = 4.
 TEST(Strategies, HeadsPerRankFollowTheGqaGroups) {
   const Strategy& a2a = find_strategy("a2a");
@@ -423,9 +440,9 @@ TEST(Strategies, HeadsPerRankFollowTheGqaGroups) {
   EXPECT_EQ(counts(6, 1), std::pair(V{2, 2, 1, 1}, V{1, 1, 1, 1}));
   EXPECT_EQ(counts(8, 2), std::pair(V{2, 2, 2, 2}, V{1, 1, 1, 1}));  // even: the seed's split
   // a2a+p2p [2, 2]: ranks 0, 1 and 2, 3 split like an a2a over 2; p2p computes every head.
-  const CpConfig hier{"a2a+p2p", {2, 2}, false, 0.0f};
+  const CpConfig hier{"a2a+p2p", {2, 2}, false, std::nullopt};
   EXPECT_EQ(find_strategy("a2a+p2p").heads_of(hier, 4, 3, 5, 5).q, (HeadRange{3, 2}));
-  EXPECT_EQ(find_strategy("p2p").heads_of(CpConfig{"p2p", {}, false, 0.0f}, 4, 3, 6, 3).q, (HeadRange{0, 6}));
+  EXPECT_EQ(find_strategy("p2p").heads_of(CpConfig{"p2p", {}, false, std::nullopt}, 4, 3, 6, 3).q, (HeadRange{0, 6}));
 }
 
 // What the CLI does with every input and output: shards cut from a global tensor or drawn in
@@ -437,7 +454,7 @@ TEST(Sharding, GatheringShardsGivesTheGlobalTensorBack) {
   for (const Shape g : {Shape{2, 4 * cp, 3, 8}, Shape{2, 4 * cp + 2 * cp - 1, 3, 8}}) {  // even, uneven
   Tensor global(g);
   fill_uniform(global.view(), 7);
-  for (const CpConfig& cfg : {CpConfig{"a2a", {}, true, 0.0f}, CpConfig{"p2p", {}, true, 0.0f}})
+  for (const CpConfig& cfg : {CpConfig{"a2a", {}, true, std::nullopt}, CpConfig{"p2p", {}, true, std::nullopt}})
     for (DType dtype : {DType::f32, DType::bf16})
       for (Layout layout : {Layout::bshd, Layout::sbhd}) {
         SCOPED_TRACE(describe(cfg) + " " + to_string(dtype) + " " + to_string(layout));
@@ -631,7 +648,7 @@ TEST(Strategies, ConsumingBackwardGivesTheSameGradientsBitForBit) {
                       S{{2, 6 * cp, 2 * cp, 16}, cp, DType::bf16, 1}}) {
     const GlobalProblem global(sh.q, sh.hkv, sh.dtype, true, 30);
     std::vector<CpConfig> configs = strategies(cp, true);
-    if (sh.overlap > 1) configs = {CpConfig{"a2a", {}, true, 0.0f}}, configs[0].overlap_chunks = sh.overlap;
+    if (sh.overlap > 1) configs = {CpConfig{"a2a", {}, true, std::nullopt}}, configs[0].overlap_chunks = sh.overlap;
     for (const CpConfig& cfg : configs) {
       if (!config_error(cfg, cp, sh.q, sh.hkv).empty()) continue;
       SCOPED_TRACE(fmt::format("{}, q {} h_kv {} {}", describe(cfg), sh.q.str(), sh.hkv, to_string(sh.dtype)));
@@ -700,7 +717,7 @@ TEST(Errors, FewerHeadsThanCpNamesValuesRuleAndP2p) {
   ulysses::testing::expect_same_error_everywhere(
       comm, [&] { (void)attn.forward(out.view(), q.view(), k.view(), k.view()); }, "p2p");
   // ... and p2p really has no such constraint.
-  ContextParallelAttention ring(comm, CpConfig{"p2p", {}, false, 0.0f});
+  ContextParallelAttention ring(comm, CpConfig{"p2p", {}, false, std::nullopt});
   (void)ring.forward(out.view(), q.view(), k.view(), k.view());
 }
 
@@ -761,7 +778,7 @@ TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
   const int cp = comm.size();
   Tensor q({1, 4, cp, 8}), out({1, 4, cp, 8});
   for (std::vector<int> sizes : {std::vector<int>{cp, 2}, {}, {cp}, {0, cp}, {cp, 1, 1}}) {
-    ContextParallelAttention attn(comm, CpConfig{"a2a+p2p", sizes, false, 0.0f});
+    ContextParallelAttention attn(comm, CpConfig{"a2a+p2p", sizes, false, std::nullopt});
     ulysses::testing::expect_same_error_everywhere(
         comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); }, "inner * outer == cp");
   }
@@ -771,7 +788,7 @@ TEST(Errors, ZigzagNeedsTwoTokensPerRank) {
   MpiCommunicator comm;
   const int cp = comm.size();
   Tensor q({1, 1, cp, 8}), out({1, 1, cp, 8});
-  ContextParallelAttention attn(comm, CpConfig{"p2p", {}, true, 0.0f});
+  ContextParallelAttention attn(comm, CpConfig{"p2p", {}, true, std::nullopt});
   ulysses::testing::expect_same_error_everywhere(
       comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
       "sequence length (" + std::to_string(cp) + ") must be at least 2*cp (" + std::to_string(2 * cp) + ")");
@@ -807,7 +824,7 @@ TEST(Overlap, ChunkedUlyssesMatchesFloat64ReferenceAndCountsItsMessages) {
     const GlobalProblem global(q, sh.hkv, sh.dtype, sh.causal, 5);
     const double tol_out = sh.dtype == DType::f32 ? 1e-5 : 1e-2, tol_grad = sh.dtype == DType::f32 ? 1e-4 : 2.5e-2;
     for (int chunks : {1, 2, 3}) {
-      CpConfig cfg{"a2a", {}, sh.causal, 0.0f};
+      CpConfig cfg{"a2a", {}, sh.causal, std::nullopt};
       cfg.overlap_chunks = chunks;
       SCOPED_TRACE(fmt::format("{} chunks, q {} h_kv {} {}", chunks, q.str(), sh.hkv, to_string(sh.dtype)));
       Problem p(global, cfg, cp, me, Layout::bshd);
@@ -850,7 +867,7 @@ TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
   const int cp = comm.size();
   const Shape q{1, 4 * cp, 2 * cp, 8};
   for (auto [type, chunks] : {std::pair{"a2a", 0}, {"p2p", 2}, {"all_gather", 3}}) {
-    CpConfig cfg{type, {}, false, 0.0f};
+    CpConfig cfg{type, {}, false, std::nullopt};
     cfg.overlap_chunks = chunks;
     EXPECT_NE(config_error(cfg, cp, q, cp).find("overlap_chunks must be 1, or more for cp_comm_type a2a"),
               std::string::npos) << type;

@@ -42,7 +42,7 @@ struct CrossProblem {
         gdout(gq.shape(), c.dtype);
     for (auto [t, i] : {std::pair{&gq, 0}, {&gk, 1}, {&gv, 2}, {&gdout, 3}}) fill_uniform(t->view(), 7 + std::uint64_t(i));
     const RefTensor rq = RefTensor::from(gq.view()), rk = RefTensor::from(gk.view()), rv = RefTensor::from(gv.view());
-    const AttentionParams p{c.q_offset.has_value(), 0.0f, c.q_offset.value_or(0), 0};
+    const AttentionParams p{c.q_offset.has_value(), std::nullopt, c.q_offset.value_or(0), 0};
     RefTensor gout, gdq, gdk, gdv;
     std::vector<double> lse;
     reference_attention_forward(gout, lse, rq, rk, rv, p);
@@ -75,7 +75,7 @@ std::vector<Case> cases(int cp) {
 // strategy's ranks together compute each visible pair on each head once (checked below).
 std::int64_t ring_work(const Strategy& s, const CpConfig& cfg, int cp, int rank, const Case& c) {
   const int group = s.hierarchical() ? cfg.hierarchical_context_parallel_sizes[0] : 1, first = rank / group * group;
-  const AttentionParams p{cfg.causal, 0.0f, 0, 0};
+  const AttentionParams p{cfg.causal, std::nullopt, 0, 0};
   std::int64_t pairs = 0;
   for (int r = first; r < first + group; ++r)
     for (const SeqChunk& q : rank_chunks(cfg, cp, r, c.sq))
@@ -106,7 +106,7 @@ TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
         EXPECT_LT(relative_error(p.dk.view(), p.rdk), tol_grad);
         EXPECT_LT(relative_error(p.dv.view(), p.rdv), tol_grad);
         const std::int64_t all_pairs =
-            visible_pairs(AttentionParams{cfg.causal, 0.0f, 0, 0}, {c.q_offset.value_or(0), c.sq}, {0, c.sk}) * c.b * c.h;
+            visible_pairs(AttentionParams{cfg.causal, std::nullopt, 0, 0}, {c.q_offset.value_or(0), c.sq}, {0, c.sk}) * c.b * c.h;
         for (const std::int64_t pairs : {stats.first.score_pairs, stats.second.score_pairs}) {
           const std::vector<std::int64_t> every = comm.allgather_value(pairs, "test");
           EXPECT_EQ(std::accumulate(every.begin(), every.end(), std::int64_t(0)), all_pairs);
@@ -137,8 +137,8 @@ TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
         comm, [&] { (void)attn.forward(out.view(), q.view(), kv.view(), kv.view()); }, needle);
     for (const auto& [op, n] : comm.counters()) EXPECT_TRUE(op.ends_with("validate") || n.bytes_sent == 0) << op;
   };
-  expect(CpConfig{"a2a", {}, true, 0.0f}, "cross-attention with a causal mask needs q_offset");
-  CpConfig overlap{"a2a", {}, false, 0.0f};
+  expect(CpConfig{"a2a", {}, true, std::nullopt}, "cross-attention with a causal mask needs q_offset");
+  CpConfig overlap{"a2a", {}, false, std::nullopt};
   overlap.overlap_chunks = 2;
   if (cp > 1) expect(overlap, "overlap_chunks must be 1 with cross-attention");
   for (const char* ring : {"p2p", "a2a+p2p"}) {  // the ring's halo exchange is self-attention only
@@ -152,6 +152,6 @@ TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
       expect(cfg, fmt::format("cp_comm_type {} does not support cross-attention", s->name()));
     }
   // Self-attention strategies keep their rules: a causal mask with sq == sk needs no offset.
-  EXPECT_NO_THROW(validate_cp_config(CpConfig{"a2a", {}, true, 0.0f}, cp, {1, 4 * cp, cp, 8}, cp, 4 * cp));
-  EXPECT_THROW(validate_cp_config(CpConfig{"a2a", {}, true, 0.0f}, cp, {1, 4 * cp, cp, 8}, cp, 5 * cp), Error);
+  EXPECT_NO_THROW(validate_cp_config(CpConfig{"a2a", {}, true, std::nullopt}, cp, {1, 4 * cp, cp, 8}, cp, 4 * cp));
+  EXPECT_THROW(validate_cp_config(CpConfig{"a2a", {}, true, std::nullopt}, cp, {1, 4 * cp, cp, 8}, cp, 5 * cp), Error);
 }

@@ -2,6 +2,7 @@
 // count, document lookup with empty documents, and the cu_seqlens checks.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "ulysses/documents.hpp"
@@ -70,6 +71,34 @@ TEST(Documents, WindowedVisiblePairsEqualABruteForceCount) {
       }
     }
   }
+}
+
+// Windows and positions near INT64_MAX: the bounds saturate (saturating.hpp) and stay exact,
+// against a brute-force count in 128-bit integers (no signed overflow: UBSan runs this).
+TEST(Documents, WindowsAndPositionsNearInt64MaxSaturateExactly) {
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  auto brute = [](bool causal, const SeqChunk& q, const SeqChunk& k, Window w) {
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < q.length; ++i)
+      for (std::int64_t j = 0; j < k.length; ++j) {
+        const __int128 p = __int128(q.begin) + i, key = __int128(k.begin) + j;
+        n += (w.left < 0 || key >= p - w.left) && (w.right < 0 || key <= p + w.right) && (!causal || key <= p);
+      }
+    return n;
+  };
+  const std::vector<std::int64_t> windows = {-1, 0, 5, max - 120, max - 1, max};
+  const std::vector<SeqChunk> chunks = {{0, 100}, {max - 64, 64}, {max - 100, 70}, {max - 200, 30}};
+  for (const SeqChunk& q : chunks)
+    for (const SeqChunk& k : chunks)
+      for (std::int64_t left : windows)
+        for (std::int64_t right : windows)
+          for (bool causal : {false, true}) {
+            const Window w{left, right};
+            ASSERT_EQ(visible_pairs({}, causal, q, k, w), brute(causal, q, k, w))
+                << "causal " << causal << " window " << left << "," << right << " q " << q.begin << " k " << k.begin;
+            const Document r = visible_keys({}, causal, q.begin + q.length - 1, k, w);
+            ASSERT_EQ(std::max<std::int64_t>(0, r.end - r.begin), brute(causal, {q.begin + q.length - 1, 1}, k, w));
+          }
 }
 
 TEST(Documents, LookupSkipsEmptyDocuments) {

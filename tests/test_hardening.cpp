@@ -191,7 +191,7 @@ TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
 }
 
 TEST(ShardingBounds, ZigzagAtTwoBillionRanksDoesNotWrap) {
-  const CpConfig ring{"p2p", {}, true, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
   const int cp = 1500000000;  // 2 * cp overflows int
   const std::int64_t seq = 6000000000;
   const auto c = rank_chunks(ring, cp, cp - 1, seq);

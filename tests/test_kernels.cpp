@@ -70,14 +70,15 @@ class VexpTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(VexpTest, WithinTwoUlpOfStdExp) {
-  std::vector<float> x;
-  for (float v = -87.0f; v <= 88.0f; v += 0.0137f) x.push_back(v);
-  for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.5f, -0.5f, 1.0f, -1.0f, 88.0f}) x.push_back(v);
+  std::vector<float> x;  // the softmax's range: arguments <= 0
+  for (float v = -87.0f; v <= 0.0f; v += 0.0137f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, -1e-8f, -0.5f, -1.0f, -86.9f}) x.push_back(v);
   std::vector<float> out(x.size());
   vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 1.0f, 0.0f);
   std::int64_t worst = 0;
   for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, ulp_distance(out[i], std::exp(x[i])));
   EXPECT_LE(worst, 2);
+  EXPECT_EQ(out[x.size() - 6], 1.0f);  // exp(0) is exactly 1
   // The returned sum, on the softmax's range (x - max <= 0).
   std::vector<float> y;
   for (float v = -20.0f; v <= 0.0f; v += 0.01f) y.push_back(v);
@@ -120,24 +121,51 @@ TEST_P(VexpTest, RowMaxEqualsStdMaxElement) {
     }
 }
 
+// Above the shift the argument is clamped at 0: exp never overflows, whatever the magnitudes
+// (scores of 1e30, a shift rounded below them), and the row max gives exactly 1.
+TEST_P(VexpTest, ArgumentAboveTheShiftGivesOneNeverOverflows) {
+  const float big = std::numeric_limits<float>::max();
+  std::vector<float> x = {1.0f, 88.0f, 1e4f, 1e30f, big, std::numeric_limits<float>::infinity(), 0.0f, -1.0f, 2.0f,
+                          3.0f, 5.0f, 7.0f, 11.0f, 13.0f, 17.0f, 19.0f, 23.0f};
+  std::vector<float> out(x.size(), -1.0f);
+  const float sum = vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 1.0f, 0.0f);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i] >= 0) EXPECT_EQ(out[i], 1.0f) << x[i];
+    else EXPECT_LE(ulp_distance(out[i], std::exp(x[i])), 2) << x[i];
+  EXPECT_NEAR(sum, float(x.size() - 1) + std::exp(-1.0f), 1e-5f);
+  // scale·x rounded as row_max rounds it: at 4.4e9 (ulp 512) the max's argument is exactly 0,
+  // where the fused product minus the rounded max could be +256 (exp = inf).
+  const float q = 3e4f, scale = 1.0f / std::sqrt(24.0f);
+  std::vector<float> s = {24 * q * q, 23 * q * q, 24 * q * q + 1e3f, -24 * q * q, 24 * q * q - 1e3f};
+  for (std::size_t n : {std::size_t(1), s.size()}) {
+    std::vector<float> p(n);
+    const float m = vec().row_max(s.data(), std::int64_t(n), -std::numeric_limits<float>::infinity(), scale);
+    const float l = vec().exp_shifted_sum(s.data(), p.data(), std::int64_t(n), scale, m);
+    EXPECT_GE(l, 1.0f);
+    EXPECT_LE(l, float(n));
+    for (float e : p) EXPECT_TRUE(e >= 0.0f && e <= 1.0f) << e;
+  }
+}
+
 TEST_P(VexpTest, ScaleAndShiftFuse) {
-  // exp(scale·x − shift) for both signs of the scale and every tail length.
+  // exp(scale·x − shift) for both signs of the scale and every tail length (arguments <= 0).
   std::vector<float> x(41);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(float(i) * 0.9f) * 30.0f;
   for (float scale : {0.125f, -0.5f})
     for (std::int64_t n : {1, 7, 8, 17, 41}) {
-      const float shift = 2.0f;
+      const float shift = 40.0f;
       std::vector<float> out(std::size_t(n), -1.0f);
       const float sum = vec().exp_shifted_sum(x.data(), out.data(), n, scale, shift);
       double ref_sum = 0;
       for (std::int64_t i = 0; i < n; ++i) {
         const double arg = double(x[std::size_t(i)]) * scale - shift, ref = std::exp(arg);
         ref_sum += ref;
-        // The argument is rounded once to float (half an ulp of |arg| becomes that much relative
-        // error in exp), then the exp's own 2 ulp.
-        EXPECT_NEAR(out[std::size_t(i)], ref, (std::abs(arg) * 6e-8 + 3e-7) * ref) << "scale " << scale << " i " << i;
+        // scale·x is rounded to float, then the argument (half an ulp of each becomes that much
+        // relative error in exp), then the exp's own 2 ulp.
+        const double err = (std::abs(arg) + std::abs(double(x[std::size_t(i)]) * scale)) * 6e-8 + 3e-7;
+        EXPECT_NEAR(out[std::size_t(i)], ref, err * ref) << "scale " << scale << " i " << i;
       }
-      EXPECT_NEAR(sum, ref_sum, 1e-6 * ref_sum) << "scale " << scale << " n " << n;
+      EXPECT_NEAR(sum, ref_sum, 5e-6 * ref_sum) << "scale " << scale << " n " << n;
     }
 }
 
@@ -207,6 +235,8 @@ TEST(Bf16, RoundsToNearestEven) {
             std::numeric_limits<float>::infinity());
 }
 
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
 struct FlashCase {
   std::int64_t b, sq, sk, h, hkv, d;
   bool causal;
@@ -216,15 +246,15 @@ struct FlashCase {
   std::int64_t window_left = -1, window_right = -1;  // sliding window over global positions
 };
 
+std::string plus_one(std::int64_t w) { return w == std::numeric_limits<std::int64_t>::max() ? "max" : std::to_string(w + 1); }
+
 std::string name_of(const FlashCase& c) {
   return "b" + std::to_string(c.b) + "_sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" +
          std::to_string(c.h) + "_kv" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
          (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" +
          std::to_string(c.k_offset) + "_t" + std::to_string(c.threads) +
          (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1)) +
-         (c.window_left < 0 && c.window_right < 0
-              ? ""
-              : "_win" + std::to_string(c.window_left + 1) + "_" + std::to_string(c.window_right + 1));
+         (c.window_left < 0 && c.window_right < 0 ? "" : "_win" + plus_one(c.window_left) + "_" + plus_one(c.window_right));
 }
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
@@ -239,7 +269,7 @@ void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dt
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
   fill_uniform(dout.view(), 4);
-  const AttentionParams p{c.causal, 0.0f, c.q_offset, c.k_offset, c.cu_seqlens, c.window_left, c.window_right};
+  const AttentionParams p{c.causal, std::nullopt, c.q_offset, c.k_offset, c.cu_seqlens, c.window_left, c.window_right};
   RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
   RefTensor rout, rdq, rdk, rdv;
   std::vector<double> rlse;
@@ -277,6 +307,90 @@ TEST_P(FlashTest, Bf16InputsOnEveryLevel) {
   const FlashCase c = GetParam();
   omp_set_num_threads(c.threads);
   for (const kernels::KernelLevel* level : all_levels()) check_level(c, *level, DType::bf16);
+}
+
+// Finite in, finite out at the largest magnitudes (flash_forward.cpp's bound), on every level,
+// forward and backward, against the float64 reference. q = k (self-attention of one tensor), so
+// every row's max is its own key by a wide margin and the softmax is one-hot: out = v, and the
+// float32 lse (whose rounding exceeds 1 here) is still exact enough for the backward's P.
+struct BoundCase {
+  const char* name;
+  float magnitude;  // q = k elements ±magnitude·(1 − u/8), mixed signs; 0: fill_uniform's [-1, 1)
+  std::int64_t d;
+  std::optional<float> scale;
+  bool within_bound;  // |scale·q·k| < FLT_MAX: compared to the reference; past it only finite
+};
+
+Tensor bound_tensor(const Shape& shape, float magnitude, std::uint64_t seed, DType dtype) {
+  Tensor t(shape);
+  fill_uniform(t.view(), seed);
+  if (magnitude > 0)
+    for (std::int64_t i = 0; i < shape.numel(); ++i) {
+      const float u = t.f32()[i];  // in [-1, 1): its sign and its size
+      t.f32()[i] = std::copysign(magnitude * (1.0f - std::abs(u) / 8), u);
+    }
+  return copy_of(t.view(), dtype);
+}
+
+double max_abs(const RefTensor& r) {
+  double m = 0;
+  for (double x : r.data) m = std::max(m, std::abs(x));
+  return m;
+}
+
+double max_abs_error(const TensorView& x, const RefTensor& ref) {
+  const RefTensor got = RefTensor::from(x);
+  double m = 0;
+  for (std::size_t i = 0; i < ref.data.size(); ++i) m = std::max(m, std::abs(got.data[i] - ref.data[i]));
+  return m;
+}
+
+void check_bound(const BoundCase& c, bool causal, const kernels::KernelLevel& level, DType dtype) {
+  SCOPED_TRACE(fmt::format("{} {} {} {}", c.name, causal ? "causal" : "full", level.name, to_string(dtype)));
+  const std::int64_t s = 70, h = 2;
+  const Shape shape{1, s, h, c.d};
+  const Tensor q = bound_tensor(shape, c.magnitude, 1, dtype), v = bound_tensor(shape, 0, 3, dtype);
+  const Tensor dout = bound_tensor(shape, 0, 4, dtype);
+  const AttentionParams p{.causal = causal, .scale = c.scale};
+  RefTensor rq = RefTensor::from(q.view()), rv = RefTensor::from(v.view()), rout, rdq, rdk, rdv;
+  std::vector<double> rlse;
+  reference_attention_forward(rout, rlse, rq, rq, rv, p);
+  reference_attention_backward(rdq, rdk, rdv, RefTensor::from(dout.view()), rq, rq, rv, p);
+  Tensor out(shape), dq(shape), dk(shape), dv(shape);
+  std::vector<float> lse(std::size_t(h * s));
+  kernels::flash_forward(level, out.view(), lse.data(), q.view(), q.view(), v.view(), p);
+  kernels::flash_backward(level, dq.view(), dk.view(), dv.view(), dout.view(), q.view(), q.view(), v.view(), out.view(),
+                          lse.data(), p);
+  for (const Tensor* t : {&out, &dq, &dk, &dv})
+    for (std::int64_t i = 0; i < t->shape().numel(); ++i) ASSERT_TRUE(std::isfinite(t->f32()[i])) << i;
+  for (float x : lse) ASSERT_TRUE(std::isfinite(x));
+  if (!c.within_bound) return;  // finite is all that is promised past it
+  const bool bf16_compute = kernels::engine_for(level, dtype) != nullptr && dtype == DType::bf16;
+  EXPECT_LT(relative_error(out.view(), rout), bf16_compute ? 1e-2 : 2e-6);
+  EXPECT_LT(relative_error(dv.view(), rdv), bf16_compute ? 2e-2 : 2e-5);
+  // dQ and dK are 0 in exact arithmetic (dS = scale·P∘(dP − D) with dP = D on the one key seen);
+  // in float32 they are the rounding of dP − D, amplified by the scale and by |k|.
+  const double scale = c.scale.value_or(1.0f / std::sqrt(float(c.d)));
+  const double grad_bound =
+      scale * max_abs(RefTensor::from(dout.view())) * max_abs(rv) * max_abs(rq) * double(c.d) * (bf16_compute ? 3e-2 : 3e-5);
+  EXPECT_LE(max_abs_error(dq.view(), rdq), grad_bound);
+  EXPECT_LE(max_abs_error(dk.view(), rdk), grad_bound);
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    EXPECT_NEAR(lse[i], rlse[i], (bf16_compute ? 2e-3 : 2e-5) * std::abs(rlse[i])) << "row " << i;
+}
+
+TEST(FlashBound, LargestFiniteMagnitudesStayFiniteAndMatchFloat64OnEveryLevel) {
+  omp_set_num_threads(2);
+  const BoundCase cases[] = {
+      {"q,k ~3e4 d24", 3e4f, 24, std::nullopt, true},           // scaled scores ~3.5e9: ulp 256
+      {"scale 2e8 d64", 0.0f, 64, 2e8f, true},                  // ~4e9
+      {"near FLT_MAX", 2.3e18f, 24, 1.0f, true},                // ~1e38
+      {"scaled past FLT_MAX", 2.3e18f, 24, 8.0f, false},        // scaled scores overflow to +inf
+  };
+  for (const BoundCase& c : cases)
+    for (bool causal : {false, true})
+      for (const kernels::KernelLevel* level : all_levels())
+        for (DType dtype : {DType::f32, DType::bf16}) check_bound(c, causal, *level, dtype);
 }
 
 // bf16 outputs are the float32 results rounded once (the public entry points, active level).
@@ -335,7 +449,15 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{1, 64, 300, 2, 2, 16, false, 100, 300, 2, {}, 20, 40},  // band ends inside the keys
         FlashCase{1, 64, 64, 2, 2, 16, true, 500, 0, 2, {}, 100, -1},     // keys left of the band: none seen
         FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}, 40, -1},
-        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5}),
+        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5},
+        // Windows and offsets near INT64_MAX (saturated bounds, exact; UBSan checks no overflow):
+        // unbounded in effect; the band's left edge inside the keys; keys just before the queries.
+        FlashCase{1, 64, 64, 2, 2, 16, true, 0, 0, 2, {}, kMax, -1},
+        FlashCase{1, 64, 64, 2, 2, 16, false, 0, 0, 2, {}, kMax - 1, kMax},
+        FlashCase{1, 64, 100, 2, 2, 16, true, kMax - 64, 0, 2, {}, kMax - 120, -1},
+        FlashCase{1, 64, 100, 2, 2, 16, false, kMax - 64, 0, 2, {}, kMax - 120, kMax},
+        FlashCase{1, 64, 64, 2, 1, 16, true, kMax - 64, kMax - 100, 2, {}, 50, -1},
+        FlashCase{1, 70, 64, 2, 1, 16, false, kMax - 70, kMax - 64, 2, {}, 5, kMax}),
     [](const auto& info) { return name_of(info.param); });
 
 // Changing one document's inputs changes nothing outside it, bit for bit: no value and no
@@ -356,7 +478,7 @@ TEST(Flash, DocumentsAreIsolatedBitForBit) {
     std::vector<Tensor> r;
     for (int i = 0; i < 4; ++i) r.emplace_back(Shape{1, s, h, d});
     const Tensor lse = lse_tensor(q.shape());
-    const AttentionParams p{true, 0.0f, 0, 0, cu};
+    const AttentionParams p{true, std::nullopt, 0, 0, cu};
     flash_attention_forward(r[0].view(), lse.view(), q.view(), k.view(), v.view(), p);
     flash_attention_backward(r[1].view(), r[2].view(), r[3].view(), dout.view(), q.view(), k.view(), v.view(),
                              r[0].view(), lse.view(), p);
@@ -408,6 +530,40 @@ TEST(Flash, RejectsBadWindows) {
           << e.what();
     }
   }
+}
+
+// scale: unset is 1/sqrt(d); NaN, ±inf, 0 and negatives are refused by value, forward and
+// backward. Positions past int64 (q_offset + sq) are refused too.
+TEST(Flash, RejectsBadScalesAndOffsets) {
+  Tensor q({1, 10, 2, 8}), out({1, 10, 2, 8});
+  const Tensor lse = lse_tensor(q.shape());
+  auto error_of = [&](const AttentionParams& p) -> std::string {
+    try {
+      flash_attention_forward(out.view(), lse.view(), q.view(), q.view(), q.view(), p);
+    } catch (const Error& e) {
+      const std::string forward = e.what();
+      try {
+        flash_attention_backward(out.view(), q.view(), q.view(), q.view(), q.view(), q.view(), q.view(), out.view(),
+                                 lse.view(), p);
+      } catch (const Error& b) {
+        EXPECT_EQ(forward, b.what());
+        return forward;
+      }
+      ADD_FAILURE() << "the backward accepted what the forward refused: " << forward;
+    }
+    return "";
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::nanf(""), inf, -inf, 0.0f, -0.0f, -1.0f})
+    EXPECT_NE(error_of({.scale = bad}).find(fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad)),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(error_of({.scale = std::numeric_limits<float>::denorm_min()}), "");
+  EXPECT_EQ(error_of({.scale = std::nullopt}), "");
+  EXPECT_EQ(error_of({.q_offset = kMax - 10}), "");
+  EXPECT_NE(error_of({.q_offset = kMax - 9}).find("q_offset 9223372036854775798 + 10 rows passes the largest position"),
+            std::string::npos);
+  EXPECT_NE(error_of({.k_offset = kMax}).find("k_offset"), std::string::npos);
 }
 
 TEST(Flash, RejectsBadDocuments) {

@@ -24,7 +24,7 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
   fill_uniform(q.view(), 1);
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
-  for (float scale : {0.0f, 30.0f}) {  // 30: large logits, where a naive merge overflows
+  for (std::optional<float> scale : {std::optional<float>(), std::optional<float>(30.0f)}) {  // 30: large logits, where a naive merge overflows
     // Queries at positions 50..89 against keys 0..89, causal; split the keys at 37.
     AttentionParams all{true, scale, 50, 0};
     Tensor o_all({b, s, h, d});
@@ -45,7 +45,7 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
     merge_attention(o1.view(), l1.data(), o2.view(), l2.data());
     double worst = 0;
     for (std::int64_t i = 0; i < o_all.shape().numel(); ++i) worst = std::max(worst, double(std::abs(o1.f32()[i] - o_all.f32()[i])));
-    EXPECT_LT(worst, 1e-5) << "scale " << scale;
+    EXPECT_LT(worst, 1e-5) << "scale " << scale.value_or(0.0f);
     for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], lse_all[i], 1e-4 * std::max(1.0f, std::abs(lse_all[i])));
   }
 }
@@ -69,18 +69,18 @@ TEST(Merge, EmptyRowsStayEmptyAndNeverNaN) {
 }
 
 TEST(Sharding, ZigzagMatchesMegatronAndTE) {
-  const CpConfig ring{"p2p", {}, true, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
   // cp = 2, s = 8: chunks of 2; rank 0 holds chunks {0, 3}, rank 1 holds {1, 2}.
   EXPECT_EQ(rank_chunks(ring, 2, 0, 8), (std::vector<SeqChunk>{{0, 2}, {6, 2}}));
   EXPECT_EQ(rank_chunks(ring, 2, 1, 8), (std::vector<SeqChunk>{{2, 2}, {4, 2}}));
   EXPECT_EQ(token_positions(rank_chunks(ring, 2, 1, 8)), (std::vector<std::int64_t>{2, 3, 4, 5}));
   // No causal mask, or Ulysses: contiguous.
-  EXPECT_EQ(rank_chunks(CpConfig{"p2p", {}, false, 0.0f}, 2, 1, 8), (std::vector<SeqChunk>{{4, 4}}));
-  EXPECT_EQ(rank_chunks(CpConfig{"a2a", {}, true, 0.0f}, 4, 3, 8), (std::vector<SeqChunk>{{6, 2}}));
+  EXPECT_EQ(rank_chunks(CpConfig{"p2p", {}, false, std::nullopt}, 2, 1, 8), (std::vector<SeqChunk>{{4, 4}}));
+  EXPECT_EQ(rank_chunks(CpConfig{"a2a", {}, true, std::nullopt}, 4, 3, 8), (std::vector<SeqChunk>{{6, 2}}));
 }
 
 TEST(Sharding, UnevenSequencesCutLikeTensorSplit) {
-  const CpConfig ring{"p2p", {}, true, 0.0f}, flat{"p2p", {}, false, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt}, flat{"p2p", {}, false, std::nullopt};
   // s = 10 on 4 ranks: 3, 3, 2, 2 tokens.
   EXPECT_EQ(rank_chunks(flat, 4, 0, 10), (std::vector<SeqChunk>{{0, 3}}));
   EXPECT_EQ(rank_chunks(flat, 4, 2, 10), (std::vector<SeqChunk>{{6, 2}}));
@@ -154,7 +154,7 @@ TEST(Sharding, ShardThenUnshardIsTheIdentity) {
   const std::int64_t s = 25;  // zigzag chunks of 5, 4, 4, 4, 4, 4
   Tensor global({2, s, 3, 4}), back({2, s, 3, 4});
   fill_uniform(global.view(), 9);
-  const CpConfig ring{"all_gather", {}, true, 0.0f};
+  const CpConfig ring{"all_gather", {}, true, std::nullopt};
   for (int r = 0; r < cp; ++r) {
     const auto chunks = rank_chunks(ring, cp, r, s);
     Tensor local({2, total_tokens(chunks), 3, 4}, DType::f32, Layout::sbhd);

@@ -153,6 +153,13 @@ TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
   EXPECT_LT(windowed.compute_s * 10, plain.compute_s);  // the band's work, not the triangle's
   in.window_left = -2;
   EXPECT_THROW(make_plan(in), Error);
+  // A window past every sequence is no window: the same work and bytes, never an overflowed 0.
+  for (std::int64_t w : {std::int64_t(1) << 40, std::numeric_limits<std::int64_t>::max() - 1,
+                         std::numeric_limits<std::int64_t>::max()}) {
+    in.window_left = w;
+    const PlanRow& wide = row(make_plan(in), "p2p");
+    EXPECT_DOUBLE_EQ(wide.compute_s, plain.compute_s) << w;
+  }
 }
 
 // traffic() asks only the members near a rank; against asking all of them, at cp the MPI tests
@@ -163,7 +170,7 @@ TEST(Planner, HaloVolumeEqualsAskingEveryMember) {
       for (auto [left, right, causal] : {std::tuple{0, -1, true}, {3, -1, true}, {40, -1, true}, {300, -1, true},
                                          {5, 9, false}, {0, 0, false}, {70, 2, false}}) {
         const std::int64_t s = 20 * cp + 7, per_token = 2 * 8;
-        const CpConfig cfg{"p2p", {}, causal, 0.0f, zigzag, {}, left, right};
+        const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
         SCOPED_TRACE(::testing::Message() << "cp " << cp << " zigzag " << zigzag << " window " << left << "," << right);
         const auto chunks = all_rank_chunks(cfg, cp, s);
         for (int me = 0; me < cp; ++me) {

@@ -34,7 +34,7 @@ void run_layer(Communicator& comm, const CpConfig& cfg, const Shape& g, std::int
 }
 
 std::vector<CpConfig> traced_configs(int cp) {
-  std::vector<CpConfig> c{{"a2a", {}, true}, {"p2p", {}, true}, {"p2p", {}, true, 0.0f, false}};
+  std::vector<CpConfig> c{{"a2a", {}, true}, {"p2p", {}, true}, {"p2p", {}, true, std::nullopt, false}};
   if (cp >= 4 && cp % 2 == 0) c.push_back({"a2a+p2p", {2, cp / 2}, true});
   return c;
 }
@@ -184,7 +184,7 @@ TEST(SeedTables, CountedTrafficEqualsTheFormulas) {
 
 // Claim 4's experiment: CpConfig::zigzag = false keeps a causal ring's chunks contiguous.
 TEST(SeedTables, RingWithoutZigzagHoldsContiguousChunks) {
-  const CpConfig contiguous{"p2p", {}, true, 0.0f, false}, zigzag{"p2p", {}, true};
+  const CpConfig contiguous{"p2p", {}, true, std::nullopt, false}, zigzag{"p2p", {}, true};
   EXPECT_FALSE(uses_zigzag(contiguous));
   EXPECT_TRUE(uses_zigzag(zigzag));
   EXPECT_EQ(rank_chunks(contiguous, 4, 3, 16), (std::vector<SeqChunk>{{12, 4}}));

@@ -76,11 +76,11 @@ TrainConfig small_config(const CpConfig& cp) {
 }
 
 std::vector<CpConfig> strategies(int cp) {
-  std::vector<CpConfig> out{{"a2a", {}, true, 0.0f},
-                            {"p2p", {}, true, 0.0f},
-                            {"all_gather", {}, true, 0.0f}};
+  std::vector<CpConfig> out{{"a2a", {}, true, std::nullopt},
+                            {"p2p", {}, true, std::nullopt},
+                            {"all_gather", {}, true, std::nullopt}};
   for (int inner = 1; inner <= cp; ++inner)
-    if (cp % inner == 0) out.push_back({"a2a+p2p", {inner, cp / inner}, true, 0.0f});
+    if (cp % inner == 0) out.push_back({"a2a+p2p", {inner, cp / inner}, true, std::nullopt});
   std::vector<CpConfig> valid;
   for (const CpConfig& c : out) {
     try {
@@ -146,8 +146,8 @@ TEST(Training, SequencesThatDoNotDivideTrainLikeOneRank) {
 // gradients of keeping everything, at this job's cp (tiles of 40 rows: several, the last partial).
 TEST(Training, MemoryTechniquesGiveTheSameLossAndGradients) {
   MpiCommunicator world;
-  TrainConfig c = small_config({"a2a", {}, true, 0.0f});
-  if (world.size() > 2) c.cp = {"p2p", {}, true, 0.0f};  // a2a needs heads >= cp
+  TrainConfig c = small_config({"a2a", {}, true, std::nullopt});
+  if (world.size() > 2) c.cp = {"p2p", {}, true, std::nullopt};  // a2a needs heads >= cp
   auto run = [&](MemoryOptions m) {
     c.memory = m;
     Trainer t(world, c, DataSource::synthetic());
@@ -172,7 +172,7 @@ TEST(Training, MemoryTechniquesGiveTheSameLossAndGradients) {
 
 TEST(Training, MaxMemoryRefusesWhatThePredictionSaysWillNotFit) {
   MpiCommunicator world;
-  TrainConfig c = small_config({"p2p", {}, true, 0.0f});
+  TrainConfig c = small_config({"p2p", {}, true, std::nullopt});
   const double need = predict_memory(c, world.size()).total();
   c.max_memory = need * 1.01;
   EXPECT_NO_THROW(Trainer(world, c, DataSource::synthetic()));
@@ -268,7 +268,7 @@ void expect_resume_bit_for_bit(Communicator& world, const TrainConfig& config, c
 TEST(Training, ResumeIsBitForBit) {
   MpiCommunicator world;
   const std::string dir = scratch_dir(world, "resume");
-  expect_resume_bit_for_bit(world, small_config({"p2p", {}, true, 0.0f}), dir, 5, 10);
+  expect_resume_bit_for_bit(world, small_config({"p2p", {}, true, std::nullopt}), dir, 5, 10);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -288,7 +288,7 @@ std::string step_and_save(Communicator& world, Trainer& t, const std::string& di
 TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
   MpiCommunicator world;
   const std::string dir = scratch_dir(world, "damaged");
-  const CpConfig ring{"p2p", {}, true, 0.0f};  // valid at every rank count
+  const CpConfig ring{"p2p", {}, true, std::nullopt};  // valid at every rank count
   Trainer t(world, small_config(ring), DataSource::synthetic());
   const std::string path = dir + "/checkpoint.bin", good = step_and_save(world, t, dir);
   if (world.rank() == 0) {
@@ -354,7 +354,7 @@ std::string with_field(std::string header, const std::string& key, const std::st
 TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
   MpiCommunicator world;
   const std::string dir = scratch_dir(world, "crafted");
-  const CpConfig ring{"p2p", {}, true, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
   Trainer t(world, small_config(ring), DataSource::synthetic());
   const std::string path = dir + "/checkpoint.bin", good = step_and_save(world, t, dir);
   auto keep = [](std::vector<float>&) {};
@@ -390,7 +390,7 @@ TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
 
 TEST(Training, DivergenceStopsBeforeTheUpdateOnEveryRank) {
   MpiCommunicator world;
-  TrainConfig c = small_config({"p2p", {}, true, 0.0f});
+  TrainConfig c = small_config({"p2p", {}, true, std::nullopt});
   c.lr = 1e30f;
   c.warmup = 0;
   Trainer t(world, c, DataSource::synthetic());
@@ -403,7 +403,7 @@ TEST(Training, DivergenceStopsBeforeTheUpdateOnEveryRank) {
 
 TEST(Training, BadConfigurationIsRefusedBeforeAnyWork) {
   MpiCommunicator world;
-  const CpConfig ring{"p2p", {}, true, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
   TrainConfig c = small_config(ring);
   c.model.heads = 3;  // not divisible by kv_heads 2
   ulysses::testing::expect_same_error_everywhere(
@@ -449,7 +449,7 @@ TEST(TrainingBf16, EveryStrategyFollowsOneRankBf16) {
 
 TEST(TrainingBf16, LossCurveFollowsFloat32) {
   MpiCommunicator world;
-  const CpConfig ring{"p2p", {}, true, 0.0f};
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
   Trainer f32(world, small_config(ring), DataSource::synthetic());
   Trainer bf16(world, bf16_config(ring), DataSource::synthetic());
   double first = 0, last32 = 0, last16 = 0;
@@ -471,7 +471,7 @@ TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
   for (const char* type : {"p2p", "a2a"})
     for (int cp : {1, 2}) {
       SCOPED_TRACE(fmt::format("{} at cp {}", type, cp));
-      const TrainConfig f32 = small_config({type, {}, true, 0.0f}), bf16 = bf16_config({type, {}, true, 0.0f});
+      const TrainConfig f32 = small_config({type, {}, true, std::nullopt}), bf16 = bf16_config({type, {}, true, std::nullopt});
       auto kept = [&](TrainConfig c) {  // the attention bytes two more layers add
         const double two = predict_memory(c, cp).attention;
         c.model.layers = 4;
@@ -486,7 +486,7 @@ TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
 
 TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {
   MpiCommunicator world;
-  const CpConfig cp{"a2a", {}, true, 0.0f};
+  const CpConfig cp{"a2a", {}, true, std::nullopt};
   const std::string dir = scratch_dir(world, "resume_bf16");
   expect_resume_bit_for_bit(world, bf16_config(cp), dir, 2, 4);
   EXPECT_EQ(Trainer::checkpoint_config(dir).dtype, DType::bf16);
@@ -582,7 +582,7 @@ TEST(TrainingText, HeldOutLossFallsTheSameOnEveryRankCount) {
   EXPECT_LT(after.loss, 0.6 * before.loss) << "held-out loss did not fall";
   EXPECT_NEAR(after.bits_per_byte(), after.loss / std::log(2.0), 1e-12);
   EXPECT_EQ(after.accuracy, -1.0) << "accuracy is the synthetic task's";
-  c.cp = {"a2a", {}, true, 0.0f};
+  c.cp = {"a2a", {}, true, std::nullopt};
   Trainer run(world, c, DataSource::text_file(path, 0.05));
   EXPECT_NEAR(run.evaluate(4).loss, before.loss, 1e-5 * before.loss);
   for (int i = 0; i < 30; ++i) run.step();

@@ -224,8 +224,9 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
     s.cfg.causal = o.causal;
     s.cfg.zigzag = !o.no_zigzag;
+    if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0.0f))
+      throw Error(fmt::format("--scale must be finite and > 0 (absent: 1/sqrt(head_dim)), got {}", *o.scale));
     s.cfg.scale = o.scale;
-    if (o.scale < 0 || !std::isfinite(o.scale)) throw Error(fmt::format("--scale must be positive, got {}", o.scale));
     s.cfg.q_offset = o.q_offset;
     s.p = load_problem(o);
     const bool cross = is_cross(s.cfg, s.p.q.s, s.p.kv.s);

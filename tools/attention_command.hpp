@@ -19,7 +19,7 @@ struct AttentionOptions {
   std::string dtype = "f32", layout = "bshd";
   bool causal = false, backward = false, check = false, no_zigzag = false;
   bool allow_nonfinite = false;              // compute with NaN/Inf inputs instead of refusing them
-  float scale = 0.0f;
+  std::optional<float> scale;                // absent: 1/sqrt(head_dim)
   std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
   std::uint64_t seed = 0;
   int repeat = 0, threads = 0;

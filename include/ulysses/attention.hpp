@@ -26,10 +26,15 @@
 // side); key tiles outside the band are skipped the same way. A row that sees no key gets
 // out = 0 and lse = -inf, and contributes nothing to any gradient (never NaN).
 //
+// Finite in, finite out: for finite q, k, v whose scores q·k are finite in float32, out, lse
+// and the gradients are finite; exp never sees a positive argument (flash_forward.cpp states
+// the bound and where accuracy ends: |scale·q·k| < FLT_MAX, sk·max|v| < FLT_MAX).
+//
 // Threads: OpenMP, using the calling thread's omp_get_max_threads().
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +44,7 @@ namespace ulysses {
 
 struct AttentionParams {
   bool causal = false;
-  float scale = 0.0f;        // softmax scale; 0 means 1/sqrt(d)
+  std::optional<float> scale = std::nullopt;  // softmax scale, finite and > 0; unset: 1/sqrt(d)
   std::int64_t q_offset = 0;  // global position of query row 0
   std::int64_t k_offset = 0;  // global position of key row 0
   std::vector<std::int64_t> cu_seqlens = {};  // document boundaries over global positions; empty: one
@@ -47,7 +52,7 @@ struct AttentionParams {
   std::int64_t window_right = -1;
 };
 
-// The scale actually used: params.scale, or 1/sqrt(d) when it is 0.
+// The scale actually used: params.scale, or 1/sqrt(d) when it is unset.
 float effective_scale(const AttentionParams& params, std::int64_t head_dim);
 
 // The instruction-set level the kernels run at: "amx", "avx512", "avx2" or "portable" — the
@@ -70,6 +75,11 @@ void check_documents(const AttentionParams& params, const TensorView& q, const T
 
 // Throws ulysses::Error unless window_left and window_right are each -1 or >= 0.
 void check_window(const AttentionParams& params);
+// Throws ulysses::Error unless every query and key position (q_offset + i, k_offset + j) is an
+// int64: q_offset + sq and k_offset + sk do not overflow.
+void check_offsets(const AttentionParams& params, const TensorView& q, const TensorView& k);
+// Throws ulysses::Error unless params.scale is unset or finite and > 0.
+void check_scale(const AttentionParams& params);
 
 // out and lse are overwritten.
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,

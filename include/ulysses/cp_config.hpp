@@ -16,7 +16,7 @@ struct CpConfig {
   std::string cp_comm_type = "a2a";
   std::vector<int> hierarchical_context_parallel_sizes;  // a2a+p2p: {inner, outer}
   bool causal = false;
-  float scale = 0.0f;  // 0 means 1/sqrt(d)
+  std::optional<float> scale = std::nullopt;  // softmax scale, finite and > 0; unset: 1/sqrt(d)
   // Sequence-sharded strategies under a causal mask: false keeps contiguous chunks instead of
   // zigzag, to measure the imbalance zigzag fixes (the seed's claim 4); Ulysses ignores it.
   bool zigzag = true;

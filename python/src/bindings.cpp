@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 #include <pybind11/numpy.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,11 +60,19 @@ py::dict stats_dict(const CpStats& s) {
   return d;
 }
 
-// window (left, right): FlashAttention's window_size, -1 unbounded; q_offset: cross-attention.
-CpConfig make_config(const std::string& type, bool causal, float scale, const std::vector<int>& cp_sizes,
+// Python's float (a double) as the config's float32 scale: past float32's range it becomes ±inf
+// (a plain cast would be undefined), so the library's collective check refuses it by value.
+std::optional<float> scale_of(std::optional<double> scale) {
+  if (!scale || !(std::abs(*scale) > double(std::numeric_limits<float>::max()))) return scale;
+  return std::copysign(std::numeric_limits<float>::infinity(), float(*scale));
+}
+
+// window (left, right): FlashAttention's window_size, -1 unbounded; q_offset: cross-attention;
+// scale: None for 1/sqrt(d), else finite and > 0 (refused at the first forward, on every rank).
+CpConfig make_config(const std::string& type, bool causal, std::optional<double> scale, const std::vector<int>& cp_sizes,
                      std::pair<std::int64_t, std::int64_t> window = {-1, -1}, int overlap_chunks = 1,
                      std::optional<std::int64_t> q_offset = std::nullopt) {
-  CpConfig c{std::string(find_strategy(type).name()), cp_sizes, causal, scale};
+  CpConfig c{std::string(find_strategy(type).name()), cp_sizes, causal, scale_of(scale)};
   std::tie(c.window_left, c.window_right) = window;
   c.overlap_chunks = overlap_chunks;
   c.q_offset = q_offset;
@@ -133,7 +143,7 @@ PYBIND11_MODULE(_ulysses, m) {
       .def_property_readonly("stats", [](const CpContext& c) { return stats_dict(c.stats()); });
 
   py::class_<ContextParallelAttention>(m, "ContextParallelAttention")
-      .def(py::init([](Communicator& comm, const std::string& type, bool causal, float scale,
+      .def(py::init([](Communicator& comm, const std::string& type, bool causal, std::optional<double> scale,
                        const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window,
                        int overlap_chunks, std::optional<std::int64_t> q_offset) {
              return std::make_unique<ContextParallelAttention>(

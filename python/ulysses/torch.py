@@ -39,7 +39,7 @@ class ContextParallelAttention(torch.nn.Module):
     bfloat16, any strides with ``d`` contiguous: no copy is made), holding the tokens
     ``ulysses.shard`` gives this rank; returns this rank's output ``[b, s/cp, h, d]``.
     ``strategy`` is Megatron's cp_comm_type (``ulysses.strategy_names()``); ``cp_sizes`` is
-    ``[inner, outer]`` for ``a2a+p2p``; ``scale`` defaults to 1/sqrt(d). Errors are raised
+    ``[inner, outer]`` for ``a2a+p2p``; ``scale`` (finite, > 0) defaults to 1/sqrt(d) when None. Errors are raised
     as ``ulysses.Error`` with the same message on every rank.
 
     ``forward(q, k, v, cu_seqlens=...)``: packed documents, FlashAttention's varlen contract
@@ -72,7 +72,7 @@ class ContextParallelAttention(torch.nn.Module):
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
         self.window_size, self.overlap_chunks, self.q_offset = _window(window_size), int(overlap_chunks), q_offset
-        self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), float(scale or 0.0),
+        self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), None if scale is None else float(scale),
                                                        list(cp_sizes or []), self.window_size, self.overlap_chunks,
                                                        None if q_offset is None else int(q_offset))
 

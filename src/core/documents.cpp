@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "ulysses/saturating.hpp"
+
 namespace ulysses {
 
 std::string cu_seqlens_error(std::span<const std::int64_t> cu, std::int64_t seq) {
@@ -30,10 +32,10 @@ Document visible_keys(std::span<const std::int64_t> cu, bool causal, std::int64_
                       Window window) {
   const Document doc = document_of(cu, pos);
   std::int64_t lo = std::max(doc.begin, keys.begin);
-  std::int64_t hi = std::min(doc.end, keys.begin + keys.length);
-  if (causal) hi = std::min(hi, pos + 1);
-  if (window.left >= 0) lo = std::max(lo, pos - window.left);
-  if (window.right >= 0) hi = std::min(hi, pos + window.right + 1);
+  std::int64_t hi = std::min(doc.end, sat_add(keys.begin, keys.length));
+  if (causal) hi = std::min(hi, sat_add(pos, 1));
+  if (window.left >= 0) lo = std::max(lo, sat_sub(pos, window.left));
+  if (window.right >= 0) hi = std::min(hi, sat_add(sat_add(pos, window.right), 1));
   return {lo, std::max(lo, hi)};
 }
 
@@ -58,16 +60,19 @@ std::int64_t positive_sum(std::int64_t n, std::int64_t c, int slope) {
 std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, std::int64_t k1, bool causal,
                                Window w) {
   if (a >= b || k0 >= k1) return 0;
-  const std::int64_t left = w.left >= 0 ? w.left : std::max<std::int64_t>(0, b - k0);
-  const std::int64_t right = causal ? 0 : w.right >= 0 ? w.right : std::max<std::int64_t>(0, k1 - a);
-  const std::int64_t hi_stops = k1 - right - 1, lo_starts = k0 + left;  // hi = k1 from here; lo = p − left
+  // A side wider than the chunks is the same as one just wide enough never to bind: clamped so
+  // that the arithmetic below stays in range (and exact) for windows up to INT64_MAX.
+  const std::int64_t span = std::max<std::int64_t>(0, std::max(sat_sub(b, k0), sat_sub(k1, a)));
+  const std::int64_t left = w.left >= 0 ? std::min(w.left, span) : span;
+  const std::int64_t right = causal ? 0 : w.right >= 0 ? std::min(w.right, span) : span;
+  const std::int64_t hi_stops = sat_sub(sat_sub(k1, right), 1), lo_starts = sat_add(k0, left);  // hi = k1 from here; lo = p − left
   std::int64_t cuts[] = {a, std::clamp(hi_stops, a, b), std::clamp(lo_starts, a, b), b};
   std::sort(cuts + 1, cuts + 3);
   std::int64_t n = 0;
   for (int i = 0; i < 3; ++i) {
     const std::int64_t p = cuts[i];
     if (p >= cuts[i + 1]) continue;
-    const std::int64_t hi = std::min(k1, p + right + 1), lo = std::max(k0, p - left);
+    const std::int64_t hi = std::min(k1, sat_add(sat_add(p, right), 1)), lo = std::max(k0, sat_sub(p, left));
     const int slope = (p < hi_stops ? 1 : 0) - (p >= lo_starts ? 1 : 0);
     n += positive_sum(cuts[i + 1] - p, hi - lo, slope);
   }
@@ -78,7 +83,7 @@ std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, 
 
 std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k,
                            Window window) {
-  const std::int64_t q1 = q.begin + q.length, k1 = k.begin + k.length;
+  const std::int64_t q1 = sat_add(q.begin, q.length), k1 = sat_add(k.begin, k.length);
   if (q.length <= 0 || k.length <= 0) return 0;
   std::int64_t n = 0;
   // One document at a time, from the one holding the chunk's first query.

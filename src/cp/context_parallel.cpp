@@ -104,6 +104,8 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
                             config.cp_comm_type, kv_seq, q.s, config.q_offset ? ", q_offset set" : "",
                             fmt::join(cross, " or ")));
   }
+  if (std::int64_t end; config.q_offset && __builtin_add_overflow(*config.q_offset, q.s, &end))
+    throw Error(fmt::format("q_offset {} + s = {} passes the largest position (int64)", *config.q_offset, q.s));
   if (config.overlap_chunks != 1)
     throw Error(fmt::format("overlap_chunks must be 1 with cross-attention, got {}", config.overlap_chunks));
   if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");
@@ -123,6 +125,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
                             config.overlap_chunks, config.cp_comm_type));
   rank_chunks(config, cp, 0, q.s);
   check_window(attention_params(config));
+  check_scale(attention_params(config));
   if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
     throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (kv_seq == 0) kv_seq = q.s;
@@ -161,7 +164,7 @@ std::string describe(const CpConfig& config, const TensorView& q, const TensorVi
       "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]"
       " window ({}, {}) q_offset {}",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-      config.scale, fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+      config.scale ? fmt::format("{}", *config.scale) : "unset", fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
       fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
       config.q_offset ? std::to_string(*config.q_offset) : "unset");
 }

@@ -10,6 +10,7 @@
 
 #include "ring_attention.hpp"
 #include "tensor_ops.hpp"
+#include "ulysses/saturating.hpp"
 
 namespace ulysses {
 
@@ -49,12 +50,13 @@ std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std:
   std::vector<SeqChunk> out;
   for (const SeqChunk& c : keys) {
     const std::int64_t c_end = c.begin + c.length;
-    const auto first = std::partition_point(q.begin(), q.end(),
-                                            [&](const SeqChunk& a) { return a.begin + a.length + right <= c.begin; });
-    const auto last = std::partition_point(first, q.end(), [&](const SeqChunk& a) { return a.begin - left < c_end; });
+    // Band ends saturate (saturating.hpp): a window up to INT64_MAX reaches every chunk.
+    auto band_end = [&](const SeqChunk& a) { return sat_add(a.begin + a.length, right); };
+    const auto first = std::partition_point(q.begin(), q.end(), [&](const SeqChunk& a) { return band_end(a) <= c.begin; });
+    const auto last = std::partition_point(first, q.end(), [&](const SeqChunk& a) { return sat_sub(a.begin, left) < c_end; });
     if (first == last) continue;
-    const std::int64_t lo = std::max(c.begin, first->begin - left);
-    const std::int64_t hi = std::min(c_end, (last - 1)->begin + (last - 1)->length + right);
+    const std::int64_t lo = std::max(c.begin, sat_sub(first->begin, left));
+    const std::int64_t hi = std::min(c_end, band_end(*(last - 1)));
     if (lo < hi) out.push_back({lo, hi - lo});
   }
   return out;

@@ -1,5 +1,6 @@
 #include "merge.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ulysses {
@@ -23,8 +24,9 @@ void merge_attention(const TensorView& acc, float* acc_lse, const TensorView& pa
         // σ(Li − L) = weight of the new part; log σ(L − Li) = −softplus(Li − L).
         const float w = 1.0f / (1.0f + std::exp(L - Li));
         for (std::int64_t x = 0; x < s.d; ++x) o[x] -= w * (o[x] - oi[x]);
-        const float z = Li - L;
-        L += z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z));
+        // max(L, Li) + softplus(−|Li − L|): never below either lse (the backward's exp relies on
+        // lse >= every scaled score, flash_backward.cpp), finite for finite L, Li.
+        L = std::max(L, Li) + std::log1p(std::exp(-std::abs(Li - L)));
       }
 }
 

@@ -91,7 +91,7 @@ std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shap
 }
 
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {
-  return {CpConfig{std::string(name()), {}, causal, 0.0f}};
+  return {CpConfig{std::string(name()), {}, causal, std::nullopt}};
 }
 
 std::string Strategy::config_name(const CpConfig&) const { return std::string(name()); }

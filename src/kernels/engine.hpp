@@ -59,8 +59,11 @@ struct GemmEngine {
 
 // The float32 vector ops of the softmax.
 struct VectorOps {
-  // out[i] = exp(scale·x[i] − shift) (≤ 2 ulp of exp of the fused argument; an argument
-  // below −87, −inf included, gives 0), returns Σ out.
+  // out[i] = exp(min(scale·x[i], shift) − shift), returns Σ out. scale·x[i] is rounded to
+  // float first, exactly as row_max rounds it, so the argument is <= 0 (out <= 1: exp never
+  // overflows, whatever the magnitudes) and exactly 0 where scale·x[i] is the row max (out = 1).
+  // ≤ 2 ulp of exp of the rounded argument; an argument below −87, −inf and NaN included,
+  // gives 0.
   float (*exp_shifted_sum)(const float* x, float* out, std::int64_t n, float scale, float shift);
   // max(init, scale·x[0..n)).
   float (*row_max)(const float* x, std::int64_t n, float init, float scale);

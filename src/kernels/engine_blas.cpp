@@ -45,11 +45,10 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
   gemm(true, false, k, d, m, 1.0f, p, ldp, static_cast<const float*>(b), ldb, 1.0f, c, ldc);
 }
 
-// The scalar twin of the vector exp (plain multiply-adds: a CPU without FMA would run
-// std::fma in software).
+// The scalar twin of the vector exp, for x <= 0 (plain multiply-adds: a CPU without FMA would
+// run std::fma in software).
 float exp_one(float x) {
-  if (!(x >= -87.0f)) return 0.0f;  // also −inf
-  x = std::fmin(x, 88.3f);
+  if (!(x >= -87.0f)) return 0.0f;  // also −inf and NaN
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -68,7 +67,12 @@ float exp_one(float x) {
 
 float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, float shift) {
   float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) sum += out[i] = exp_one(x[i] * scale - shift);
+  // The product rounded as row_max rounds it, then clamped: the argument is <= 0 (the vector
+  // ops' rule, simd_engine.hpp).
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float t = x[i] * scale;
+    sum += out[i] = exp_one((shift < t ? shift : t) - shift);
+  }
   return sum;
 }
 

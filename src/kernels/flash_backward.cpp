@@ -33,8 +33,10 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
                               const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
+  check_offsets(params, q, k);
   check_documents(params, q, k);
   check_window(params);
+  check_scale(params);
   if (!(dk.shape == k.shape) || !(dv.shape == k.shape) || !(dout.shape == q.shape) || !(dq.shape == q.shape))
     throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
   kernels::flash_backward(kernels::active_level(), dq, dk, dv, dout, q, k, v, out, static_cast<const float*>(lse.data),
@@ -65,7 +67,12 @@ struct BackwardArgs {
   float scale;
 };
 
-// P = exp(scale·S − lse) in place over the visible keys of each row, 0 elsewhere.
+// P = exp(scale·S − lse) in place over the visible keys of each row, 0 elsewhere. The forward's
+// lse = m + log l is >= every rounded scale·S of the row (l >= 1), and exp_shifted_sum clamps
+// the argument at 0 besides, so P <= 1 even where S is recomputed with other roundings (a bf16
+// forward, a merged ring lse): exp never overflows. Where |lse| >= 2^24 its float32 rounding
+// (>= 1) swallows log l: P is then exact for one-hot rows and up to l times too large for a
+// row spread over l tied keys (finite; FlashAttention's float32 lse has the same limit).
 void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq,
                    std::int64_t j0, std::int64_t nk) {
   for (std::int64_t i = 0; i < mq; ++i) {
@@ -112,7 +119,7 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
     const float* delta = a.delta + (bb * H + h) * sq;
     for (std::int64_t i0 = first / kBlockQ * kBlockQ; i0 < last; i0 += kBlockQ) {
       const std::int64_t mq = std::min(kBlockQ, sq - i0);
-      const std::int64_t diag = a.params.causal ? a.params.q_offset + i0 - a.params.k_offset - j0 : kNoDiagonal;
+      const std::int64_t diag = tile_diagonal(a.params, i0, j0);
       const void* q = a.q.row(bb, i0, h);
       const void* dout = a.dout.row(bb, i0, h);
       a.e.scores(mq, nk, d, q, a.q.stride_s, kt, t.p.data(), bk, diag);

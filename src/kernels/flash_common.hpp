@@ -8,6 +8,7 @@
 #include "engine.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/saturating.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -37,6 +38,14 @@ inline KeyRange visible_keys(const AttentionParams& p, std::int64_t i, std::int6
   const std::int64_t lo = std::clamp<std::int64_t>(r.begin - p.k_offset, 0, sk);
   return {lo, std::clamp<std::int64_t>(r.end - p.k_offset, lo, sk)};
 }
+// The engines' `diag` for the tile of query rows from i0 and keys from j0 (engine.hpp): under a
+// causal mask q_offset + i0 − k_offset − j0, clamped to ±kNoDiagonal (a tile's row sees all its
+// keys, or none, well before that) so the engines' diag + i stays far from overflow.
+inline std::int64_t tile_diagonal(const AttentionParams& p, std::int64_t i0, std::int64_t j0) {
+  if (!p.causal) return kNoDiagonal;
+  return std::clamp(sat_sub(sat_sub(p.q_offset + i0, p.k_offset), j0), -kNoDiagonal, kNoDiagonal);
+}
+
 // The part of `r` inside the key block [j0, j0 + nk), relative to j0 (lo == hi: none).
 inline KeyRange in_block(KeyRange r, std::int64_t j0, std::int64_t nk) {
   const std::int64_t lo = std::clamp<std::int64_t>(r.lo - j0, 0, nk);

@@ -6,12 +6,18 @@
 // The two GEMMs are the level's engine (engine.hpp); the softmax pass is here, with the
 // level's vector ops. Key blocks no row of the query block sees (above the causal diagonal,
 // outside its documents or its sliding window) are skipped.
+//
+// Finite in, finite out (softmax_row): for finite q, k, v whose raw scores q·k (and the
+// GEMM's partial sums) are finite in float32, out and lse are finite; exp never sees a
+// positive argument. They are accurate (to the float32 rounding of the scaled scores, as
+// float32 PyTorch) while |scale·q·k| < FLT_MAX, and O's accumulator needs sk·max|v| < FLT_MAX.
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,7 +31,7 @@
 namespace ulysses {
 
 float effective_scale(const AttentionParams& params, std::int64_t head_dim) {
-  return params.scale != 0.0f ? params.scale : 1.0f / std::sqrt(float(head_dim));
+  return params.scale.value_or(1.0f / std::sqrt(float(head_dim)));
 }
 
 double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h,
@@ -90,13 +96,27 @@ void check_window(const AttentionParams& params) {
       throw Error(fmt::format("attention: window_{} must be -1 (unbounded) or >= 0, got {}", name, value));
 }
 
+void check_offsets(const AttentionParams& params, const TensorView& q, const TensorView& k) {
+  for (const auto& [name, offset, n] : {std::tuple{"q_offset", params.q_offset, q.shape.s},
+                                        std::tuple{"k_offset", params.k_offset, k.shape.s}})
+    if (std::int64_t end; __builtin_add_overflow(offset, n, &end))
+      throw Error(fmt::format("attention: {} {} + {} rows passes the largest position (int64)", name, offset, n));
+}
+
+void check_scale(const AttentionParams& params) {
+  if (params.scale && !(std::isfinite(*params.scale) && *params.scale > 0.0f))
+    throw Error(fmt::format("attention: scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", *params.scale));
+}
+
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v,
                              const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
+  check_offsets(params, q, k);
   check_documents(params, q, k);
   check_window(params);
+  check_scale(params);
   kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 
@@ -132,12 +152,16 @@ struct ForwardArgs {
 };
 
 // One row of a score tile: the online-softmax update of the row's m, l and O over its visible
-// keys r (P = 0 elsewhere; S is raw scores; m is in scaled units).
+// keys r (P = 0 elsewhere; S is raw scores; m is in scaled units). P = exp(min(scale·S, m) − m)
+// with m the max of the same rounded scale·S (engine.hpp), so P <= 1 and the max's P is 1:
+// l >= 1, and O = Σ P·V, alpha = e^{m−m'} <= 1 never overflow. A scaled max past FLT_MAX is
+// clamped to it: the keys whose scaled score overflowed to +inf share the weight (P = 1), the
+// others get ~0, and lse stays finite (finite, no longer the softmax of the exact scores).
 void softmax_row(const VectorOps& vec, float* srow, KeyRange r, std::int64_t nk, float scale, float* m, float* l,
                  float* o, std::int64_t d) {
   float* s = srow + r.lo;
   const std::int64_t n = r.hi - r.lo;
-  const float mx = vec.row_max(s, n, *m, scale);
+  const float mx = std::min(vec.row_max(s, n, *m, scale), std::numeric_limits<float>::max());
   std::fill(srow, s, 0.0f);
   std::fill(s + n, srow + nk, 0.0f);
   if (n == 0 || mx == kNegInf) {  // nothing new for this row: P = 0, state unchanged
@@ -176,7 +200,7 @@ void forward_block(Tile& t, const ForwardArgs& a, const std::byte* pk, const std
   for (std::int64_t j0 = keys.lo; j0 < keys.hi; j0 += bk) {
     const std::int64_t nk = std::min(bk, keys.hi - j0);
     // With a causal mask, row i sees keys up to diag + i of this block.
-    const std::int64_t diag = a.p.causal ? a.p.q_offset + i0 - a.p.k_offset - j0 : kNoDiagonal;
+    const std::int64_t diag = tile_diagonal(a.p, i0, j0);
     a.e.scores(mq, nk, d, a.q.row(bb, i0, h), a.q.stride_s, pk + a.e.packed_offset(j0, d), t.s.data(), bk, diag);
     for (std::int64_t i = 0; i < mq; ++i)
       softmax_row(a.level.vec, &t.s[std::size_t(i * bk)], in_block(seen[std::size_t(i)], j0, nk), nk, a.scale,

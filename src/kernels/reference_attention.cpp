@@ -23,19 +23,20 @@ RefTensor RefTensor::from(const TensorView& view) {
 namespace {
 
 // Written without documents.hpp, to stay independent of what it checks: two positions share a
-// document unless a boundary lies between them.
+// document unless a boundary lies between them. The window in 128-bit integers, exact for any
+// int64 window (the kernels saturate instead, saturating.hpp).
 bool visible(const AttentionParams& p, std::int64_t i, std::int64_t j) {
   const std::int64_t qi = p.q_offset + i, kj = p.k_offset + j;
   if (p.causal && kj > qi) return false;
-  if (p.window_left >= 0 && kj < qi - p.window_left) return false;
-  if (p.window_right >= 0 && kj > qi + p.window_right) return false;
+  if (p.window_left >= 0 && __int128(kj) < __int128(qi) - p.window_left) return false;
+  if (p.window_right >= 0 && __int128(kj) > __int128(qi) + p.window_right) return false;
   for (std::int64_t boundary : p.cu_seqlens)
     if (std::min(qi, kj) < boundary && boundary <= std::max(qi, kj)) return false;
   return true;
 }
 
 double scale_of(const AttentionParams& p, std::int64_t d) {
-  return p.scale != 0.0f ? double(p.scale) : 1.0 / std::sqrt(double(d));
+  return p.scale ? double(*p.scale) : 1.0 / std::sqrt(double(d));
 }
 
 // Softmax probabilities of query row i of head h against every key; returns the row's lse.

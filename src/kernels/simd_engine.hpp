@@ -211,12 +211,13 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
 
 // ---- the vector ops ---------------------------------------------------------------------
 
-// e^x = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, degree-6 polynomial (the constants of
-// Cephes' expf); x < −87 (−inf and NaN included) gives exactly 0: those lanes may compute
-// garbage, which the final AND with `valid` clears, so no lower clamp is needed.
+// e^x for x <= 0: 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, degree-6 polynomial (the
+// constants of Cephes' expf); exp(0) is exactly 1. x < −87 (−inf and NaN included) gives
+// exactly 0: those lanes may compute garbage, which the final AND with `valid` clears, so no
+// lower clamp is needed. No upper clamp either: the callers' arguments are <= 0 by
+// construction (exp_shifted_sum).
 inline vf vexp(vf x) {
   const vi valid = x >= -87.0f;
-  x = vmin(x, splat(88.3f));
   const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
@@ -239,12 +240,16 @@ float lane_sum(vf x) {
   return t[0];
 }
 
-// One FMA applies the softmax scale and the shift: exp(scale·x − shift).
+// exp(min(scale·x, shift) − shift): the product is rounded to float exactly as row_max
+// rounds it (the min keeps the compiler from fusing it into the subtraction), so the argument
+// is <= 0 for every x and exactly 0 where scale·x is the row max, at any magnitude.
+inline vf shifted(vf x, float scale, float shift) { return vmin(x * scale, splat(shift)) - shift; }
+
 float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, float shift) {
   vf acc = {};
   std::int64_t i = 0;
   for (; i + W <= n; i += W) {
-    const vf e = vexp(load(x + i) * scale - shift);
+    const vf e = vexp(shifted(load(x + i), scale, shift));
     store(out + i, e);
     acc += e;
   }
@@ -252,7 +257,7 @@ float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, f
   if (i < n) {  // the tail through a padded vector; only its first n − i lanes count
     float t[W] = {};
     std::copy(x + i, x + n, t);
-    store(t, vexp(load(t) * scale - shift));
+    store(t, vexp(shifted(load(t), scale, shift)));
     for (std::int64_t j = 0; j < n - i; ++j) sum += out[i + j] = t[j];
   }
   return sum;

@@ -218,7 +218,7 @@ OverlapPlan plan_overlap(const PlanInput& in) {
   OverlapPlan best;
   double best_s = 0;
   for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, in.cp, in.kv_heads) == c; ++c) {
-    CpConfig cfg{"a2a", {}, in.causal, 0.0f};
+    CpConfig cfg{"a2a", {}, in.causal, std::nullopt};
     cfg.overlap_chunks = c;
     const PlanRow r = evaluate(in, find_strategy("a2a"), cfg);
     if (!r.valid) return {};
@@ -248,6 +248,8 @@ std::string plan_input_error(const PlanInput& in) {
   if (in.causal && kv_seq_of(in) != in.seq && !in.q_offset)
     return fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): k/v hold "
                        "s_k = {} tokens, q holds s = {}", kv_seq_of(in), in.seq);
+  if (std::int64_t end; in.q_offset && __builtin_add_overflow(*in.q_offset, in.seq, &end))
+    return fmt::format("q_offset {} + seq {} passes the largest position (int64)", *in.q_offset, in.seq);
   if (in.heads % in.kv_heads != 0)
     return fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads);
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)

@@ -171,7 +171,7 @@ class A2aP2pStrategy final : public Strategy {
   std::vector<CpConfig> plan_configs(int cp, bool causal) const override {
     std::vector<CpConfig> out;
     for (int inner = 1; inner <= cp; ++inner)
-      if (cp % inner == 0) out.push_back(CpConfig{"a2a+p2p", {inner, cp / inner}, causal, 0.0f});
+      if (cp % inner == 0) out.push_back(CpConfig{"a2a+p2p", {inner, cp / inner}, causal, std::nullopt});
     return out;
   }
   std::string config_name(const CpConfig& c) const override {
