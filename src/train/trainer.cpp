@@ -159,6 +159,10 @@ Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
     p.sequences = data_.step_layout(cfg_.shape(), cfg_.seed, data_step, held_out);
     if (p.sequences.empty())
       throw Error(fmt::format("step {} has no sequences (an empty batch): the data gives none", data_step + 1));
+    for (const SequenceLayout& l : p.sequences) p.targets += l.targets;
+    if (p.targets == 0)
+      throw Error(fmt::format("step {} has no labels to train on ({} sequences of {} tokens)", data_step + 1,
+                              p.sequences.size(), describe_lengths(balance_input(p.sequences).lengths)));
     p.plan = balance(balance_input(p.sequences), cfg_.balance);
     for (std::size_t i = 0; i < p.sequences.size(); ++i) {
       const std::int64_t len = p.sequences[i].length;
@@ -170,11 +174,7 @@ Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
         throw Error(fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
                                 "({} policy), more than --max-memory {}", i, len, format_bytes(need), size,
                                 policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
-      p.targets += p.sequences[i].targets;
     }
-    if (p.targets == 0)
-      throw Error(fmt::format("step {} has no labels to train on ({} sequences of {} tokens)", data_step + 1,
-                              p.sequences.size(), describe_lengths(balance_input(p.sequences).lengths)));
     const TrainConfig c = cfg_;
     p.runs = runs_of(p.sequences, p.plan, [&c](std::size_t batch, std::int64_t len, int cp) {
       return c.max_memory <= 0 || memory_need(c, std::int64_t(batch), len, cp) <= c.max_memory;
