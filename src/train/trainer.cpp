@@ -67,9 +67,15 @@ std::string config_error(const TrainConfig& c, int world) {
     return fmt::format("lr ({}) and clip ({}) must be positive and finite", c.lr, c.clip);
   const int cp = world / c.dp;
   const bool fixed = c.lengths.empty() && c.tokens_per_step == 0;
+  // static: the strategy at its groups' size, on the longest sequence a step may hold. Every
+  // policy's steps are checked again, each sequence at its group's size, when they are planned.
+  const std::int64_t longest = fixed ? c.seq
+                               : c.lengths.empty() ? c.tokens_per_step
+                                                   : *std::max_element(c.lengths.begin(), c.lengths.end());
   try {
-    validate_cp_config(config_at(c.cp, cp), cp, {fixed ? c.batch : 1, fixed ? c.seq : 64, c.model.heads, c.model.head_dim},
-                       c.model.kv_heads);
+    if (c.balance == BalancePolicy::static_)
+      validate_cp_config(config_at(c.cp, cp), cp, {fixed ? c.batch : 1, longest, c.model.heads, c.model.head_dim},
+                         c.model.kv_heads);
   } catch (const Error& err) {
     return err.what();
   }
@@ -256,8 +262,6 @@ Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool 
   sums.loss = s[0];
   sums.correct = s[1];
   sums.answers = s[2];
-  last_lengths_.clear();
-  for (const SequenceLayout& l : p.sequences) last_lengths_.push_back(l.length);
   return sums;
 }
 
@@ -298,7 +302,11 @@ StepResult Trainer::step() {
   r.step = t;
   r.attention = sums.attention;
   r.sequences = std::int64_t(p.sequences.size());
-  for (const SequenceLayout& l : p.sequences) r.tokens += l.length;
+  last_lengths_.clear();
+  for (const SequenceLayout& l : p.sequences) {
+    r.tokens += l.length;
+    last_lengths_.push_back(l.length);
+  }
   r.predicted_s = p.plan.step_seconds;
   const double wall = comm_.now() - t0;
   comm_.trace(fmt::format("train step {}", t), t0, comm_.now(), "phase");

@@ -99,7 +99,7 @@ class Trainer {
   const std::vector<float>& parameters() const { return model_.params; }
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
-  // FLOPs of the last step over all ranks (matmuls 6·params·tokens + attention per sequence).
+  // FLOPs of the last step() over all ranks (matmuls 6·params·tokens + attention per sequence).
   double flops_per_step() const;
 
   // A step as every rank plans it before any data moves: its sequences, their groups, and the
