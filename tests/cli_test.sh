@@ -149,6 +149,21 @@ run 2 train "${tiny[@]}" --data "$dir/text.txt" --eval-every 3 --log "$dir/text.
 grep -qE 'held-out loss [0-9.]+ \([0-9.]+ bits per byte\) on the last [0-9]+ bytes' "$dir/t5.log" \
   && ok "train --data: held-out loss in the summary" || { bad "train --data: summary"; cat "$dir/t5.log"; }
 expect_train_error "train --holdout too short for --seq" 2 "held-out sequences of 64 tokens need at least 65" "${tiny[@]}" --data "$dir/text.txt" --holdout 0.002
+# DP x CP on variable-length steps: --dp, --lengths, whole documents under --tokens-per-step;
+# every rank's idle time in the log; the bad input refused on every rank.
+run 2 train "${tiny[@]}" --steps 2 --dp 2 --lengths 1x128,3x64 --log "$dir/dp.jsonl" > "$dir/t7.log" 2>&1 \
+  && grep -q '"tokens": 320, "step_s": [0-9.]*, "predicted_step_s": [0-9.]*, "idle_ms": \[[0-9.]*, [0-9.]*\]' "$dir/dp.jsonl" \
+  && grep -q 'dp 2 x cp 1 (--balance static' "$dir/t7.log" && ok "train --dp 2 --lengths: tokens and idle per rank" \
+  || { bad "train --dp 2 --lengths"; cat "$dir/t7.log" "$dir/dp.jsonl"; }
+printf 'first document here\nsecond one\nthe third and longest document of all\nfourth\n' > "$dir/docs.txt"
+run 2 train "${tiny[@]}" --steps 2 --strategy p2p --data "$dir/docs.txt" --holdout 0 --tokens-per-step 64 > "$dir/t8.log" 2>&1 \
+  && grep -q 'whole documents, each one sequence of its own length, up to 64 tokens' "$dir/t8.log" \
+  && ok "train --tokens-per-step: whole documents" || { bad "train --tokens-per-step"; cat "$dir/t8.log"; }
+expect_train_error "train --dp not dividing" 2 "--dp 3 must divide the world size 2" "${tiny[@]}" --dp 3
+expect_train_error "train --lengths to nothing" 2 "no sequence (expected e.g." "${tiny[@]}" --lengths ""
+expect_train_error "train --tokens-per-step < a document" 2 "--tokens-per-step 20 is smaller than a document of --data $dir/docs.txt: the one at byte 31 has 37 tokens" \
+  "${tiny[@]}" --data "$dir/docs.txt" --holdout 0 --tokens-per-step 20
+expect_train_error "train --balance unknown" 2 "balance policy 'best': expected static, pow2 or dynamic" "${tiny[@]}" --balance best
 # The dtype in the log and the summary; the default --hidden follows --width; plan --train --dtype.
 grep -q '"dtype": "f32"' "$dir/full.jsonl" && grep -q 'attention dtype f32' "$dir/t1.log" && ok "train: dtype in log and summary" || bad "train: dtype in log and summary"
 run 1 train --steps 0 --width 128 --seq 64 > "$dir/t6.log" 2>&1 && grep -q 'width 128, .* SwiGLU 344)' "$dir/t6.log" \

@@ -14,7 +14,8 @@ trap 'rm -rf "$dir"' EXIT
 python3 - "$dir/attention.json" "$dir/train.json" <<'PY'
 import json, sys
 for path, wanted in ((sys.argv[1], {"forward p2p", "backward p2p", "fwd step 2/2", "p2p_kv"}),
-                     (sys.argv[2], {"train step 1", "train step 2", "grad_allreduce", "seq_to_head"})):
+                     (sys.argv[2], {"train step 1", "train step 2", "grad_allreduce", "deal", "ranks 0-1.seq_to_head",
+                                   "idle: the other ranks' sequences and the all-reduce"})):
     events = [e for e in json.load(open(path))["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in events} == {0, 1}, path
     for rank in (0, 1):

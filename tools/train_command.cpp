@@ -19,6 +19,7 @@
 #include "train/trainer.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/lengths.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
 
@@ -26,14 +27,25 @@ namespace ulysses::cli {
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* c = app.add_subcommand(
-      "train", "Train a small GPT on long sequences with context parallelism: every rank holds s/cp tokens of "
-               "every sequence and the full weights. Default data: a synthetic long-range retrieval task.");
+      "train", "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
+               "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
+               "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(non_negative_number());
   c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(positive_number());
   c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
+  c->add_option("--dp", o.dp, "data-parallel replicas: cp = world / dp ranks each (dp must divide the world); one "
+                "gradient all-reduce over all ranks")->capture_default_str();
+  c->add_option("--lengths", o.lengths, "variable-length steps: sequences of these lengths every step instead of "
+                "--batch x --seq, e.g. 1x16384,32x512 or pareto:N:MIN:MAX:ALPHA[:SEED] (each one the synthetic task "
+                "at its length, or a window of --data, or packed documents with --pack); nothing is padded");
+  c->add_option("--tokens-per-step", o.tokens_per_step, "with --data (no --pack): each step takes whole documents "
+                "(one per line, or split on --doc-separator), each one sequence of its own length, consecutive from "
+                "a random one while they fit in N tokens")->check(positive_number());
+  c->add_option("--balance", o.balance, "which ranks compute each sequence: static (dp groups of world/dp ranks, "
+                "round-robin), pow2 (Megatron's hybrid CP) or dynamic (the balancer's solver)")->capture_default_str();
   c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive_number());
   c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
@@ -80,6 +92,27 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
 }
 
 namespace {
+
+std::int64_t sum(const std::vector<std::int64_t>& v) {
+  std::int64_t t = 0;
+  for (std::int64_t x : v) t += x;
+  return t;
+}
+
+// What the memory model predicts for one rank: the static batch on its replica, or a step's
+// longest sequence alone on a replica's ranks.
+train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
+  if (!cfg.lengths.empty()) {
+    cfg.seq = *std::max_element(cfg.lengths.begin(), cfg.lengths.end());
+    cfg.batch = 1;
+  } else if (cfg.tokens_per_step > 0) {
+    cfg.seq = cfg.tokens_per_step;
+    cfg.batch = 1;
+  } else {
+    cfg.batch = (cfg.batch + cfg.dp - 1) / cfg.dp;
+  }
+  return train::predict_memory(cfg, cp);
+}
 
 std::string svg_curve(const std::vector<double>& loss, const std::string& title) {
   const double W = 640, H = 360, L = 60, R = 20, T = 40, B = 40;
@@ -130,7 +163,6 @@ double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
 // Where a run stands, for rank 0's progress lines.
 struct Progress {
   std::int64_t first = 0, steps = 0;  // steps taken when the run started, and the total to reach
-  double tokens_per_step = 0;
   std::chrono::steady_clock::time_point start;
   double predicted_bytes = 0;  // memory.hpp's prediction per rank
   std::string dtype;           // the attention's
@@ -140,7 +172,9 @@ struct Progress {
 // the log, and a progress line about 20 times a run and at every evaluation.
 void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent,
                  const train::Evaluation* held_out) {
-  const double tps = p.tokens_per_step / r.seconds;
+  const double tps = double(r.tokens) / r.seconds;
+  std::string idle;  // each rank's, milliseconds
+  for (double t : r.idle_s) idle += fmt::format("{}{:.2f}", idle.empty() ? "" : ", ", t * 1e3);
   const std::string held = held_out ? fmt::format(", \"held_out_loss\": {:.6f}, \"held_out_bpb\": {:.6f}",
                                                   held_out->loss, held_out->bits_per_byte())
                                     : "";
@@ -148,16 +182,18 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
     std::fprintf(log,
                  "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
                  "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f, \"peak_rss_bytes\": %.0f, "
-                 "\"predicted_bytes\": %.0f, \"dtype\": \"%s\"%s}\n",
+                 "\"predicted_bytes\": %.0f, \"dtype\": \"%s\", \"sequences\": %lld, \"tokens\": %lld, "
+                 "\"step_s\": %.6f, \"predicted_step_s\": %.6f, \"idle_ms\": [%s]%s}\n",
                  (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype.c_str(), held.c_str());
+                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype.c_str(), (long long)r.sequences,
+                 (long long)r.tokens, r.seconds, r.predicted_s, idle.c_str(), held.c_str());
   if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
-  std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  ETA {}",
+  std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  idle ms [{}]  ETA {}",
                                  std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
-                                 r.step, p.steps, r.loss, acc_recent, tps, clock(elapsed / done * (total - done)));
+                                 r.step, p.steps, r.loss, acc_recent, tps, idle, clock(elapsed / done * (total - done)));
   if (held_out) line += fmt::format("  held-out {:.4f} ({:.3f} bits/byte)", held_out->loss, held_out->bits_per_byte());
   const std::int64_t every = std::max<std::int64_t>(1, (p.steps - p.first) / 20);
   if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first || held_out) fmt::print("{}\n", line);
@@ -166,11 +202,12 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
 
 // Rank 0's summary of a run that took at least one step.
 void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
+                   const std::vector<double>& step_tps, const std::vector<double>& step_idle,
                    const train::Evaluation& final_eval, const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals,
                    const train::DataSource& data, double ceiling, double flops_per_step, const train::TrainConfig& cfg,
                    double peak_rss, int cp) {
   const double med = median(step_seconds);
-  const double tps = double(cfg.batch * cfg.seq) / med, gflops = flops_per_step / med * 1e-9;
+  const double tps = median(step_tps), gflops = flops_per_step / med * 1e-9;
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
   double last = 0;
   for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
@@ -178,7 +215,8 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
              to_string(cfg.dtype), losses.front(), last, tail);
   if (final_eval.accuracy >= 0)
     fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
-               "away, on other ranks' shards\n", final_eval.accuracy * 100, cfg.seq);
+               "away, on other ranks' shards\n", final_eval.accuracy * 100,
+               cfg.lengths.empty() ? cfg.seq : *std::max_element(cfg.lengths.begin(), cfg.lengths.end()));
   if (!data.synthetic_task() && final_eval.loss >= 0)
     fmt::print("held-out loss {:.4f} ({:.3f} bits per byte) on the last {} bytes of the data, never trained on{}\n",
                final_eval.loss, final_eval.bits_per_byte(), data.held_out_bytes(),
@@ -187,7 +225,9 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
                                 : std::string());
   fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
              "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
-  const train::MemoryEstimate need = train::predict_memory(cfg, cp);
+  fmt::print("idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
+             median(step_idle) * 1e3);
+  const train::MemoryEstimate need = predicted_memory(cfg, cp);
   fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
 }
@@ -211,11 +251,21 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     if (!o.dtype.empty()) cfg.dtype = parse_dtype(o.dtype);  // a mismatch with a checkpoint is refused by load()
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
     if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
-    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size());
+    if (o.dp < 1 || comm.size() % o.dp != 0)
+      throw Error(fmt::format("--dp {} must divide the world size {} (cp = world / dp ranks per replica)", o.dp,
+                              comm.size()));
+    cfg.dp = o.dp;
+    cfg.balance = parse_policy(o.balance);
+    if (o.lengths) cfg.lengths = parse_lengths(*o.lengths);
+    cfg.tokens_per_step = o.tokens_per_step;
+    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size() / o.dp);
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
+    if (o.tokens_per_step > 0 && o.data.empty())
+      throw Error(fmt::format("--tokens-per-step {} samples whole documents: it needs --data FILE", o.tokens_per_step));
     if (!o.data.empty())
       data = o.pack ? train::DataSource::packed_documents(o.data, o.doc_separator, o.holdout)
-                    : train::DataSource::text_file(o.data, o.holdout);
+             : o.tokens_per_step > 0 ? train::DataSource::documents(o.data, o.doc_separator, o.holdout)
+                                     : train::DataSource::text_file(o.data, o.holdout);
   });
   return cfg;
 }
@@ -226,14 +276,26 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
              m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
   fmt::print("  data: {}\n", data.describe());
-  fmt::print("  {} sequences x {} tokens per step; cp_comm_type {} over {} ranks x {} thread(s): {} tokens of each "
-             "sequence per rank{}\n",
-             cfg.batch, cfg.seq, cfg.cp.cp_comm_type, cp, threads, cfg.seq / cp, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+  if (!cfg.lengths.empty())
+    fmt::print("  every step: --lengths {} ({} sequences, {} tokens, each its own length)\n",
+               describe_lengths(cfg.lengths), cfg.lengths.size(), sum(cfg.lengths));
+  else if (cfg.tokens_per_step > 0)
+    fmt::print("  every step: whole documents, each one sequence of its own length, up to {} tokens\n",
+               cfg.tokens_per_step);
+  else
+    fmt::print("  every step: {} sequences x {} tokens\n", cfg.batch, cfg.seq);
+  fmt::print("  dp {} x cp {} (--balance {}: {}); cp_comm_type {} x {} thread(s){}\n", cfg.dp, cp,
+             policy_name(cfg.balance),
+             cfg.balance == BalancePolicy::static_ ? "every sequence on one replica's ranks, dealt round-robin"
+                                                   : "a CP group of its own size for every sequence",
+             cfg.cp.cp_comm_type, threads, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
   const train::MemoryOptions& mo = cfg.memory;
   fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
              cfg.dtype == DType::bf16 ? " (mixed precision: weights, AdamW and the GEMMs float32)" : "");
   fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
-  fmt::print("  memory per rank (predicted): {}{}{}{}\n", train::predict_memory(cfg, cp).describe(),
+  fmt::print("  memory per rank (predicted{}): {}{}{}{}\n",
+             cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
+             predicted_memory(cfg, cp).describe(),
              mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
              mo.tiled_loss ? "; tiled loss" : "");
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
@@ -256,11 +318,12 @@ std::FILE* open_log(Communicator& comm, const TrainOptions& o) {
 int run_train(const TrainOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   comm.set_timeout(o.timeout);
-  const int rank = comm.rank(), cp = comm.size();
+  const int rank = comm.rank();
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
   train::DataSource data = train::DataSource::synthetic();
   const train::TrainConfig cfg = train_config(comm, o, data);
+  const int cp = comm.size() / cfg.dp;
   train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
   if (!o.resume.empty()) trainer.load(o.resume);
   if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
@@ -268,10 +331,10 @@ int run_train(const TrainOptions& o) {
   std::FILE* log = open_log(comm, o);
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  std::vector<double> losses, step_seconds;
+  std::vector<double> losses, step_seconds, step_tps, step_idle;
   double acc_recent = -1;
-  const Progress progress{trainer.current_step(), cfg.steps, double(cfg.batch * cfg.seq), std::chrono::steady_clock::now(),
-                          train::predict_memory(cfg, cp).total(), to_string(cfg.dtype)};
+  const Progress progress{trainer.current_step(), cfg.steps, std::chrono::steady_clock::now(),
+                          predicted_memory(cfg, cp).total(), to_string(cfg.dtype)};
   // Text with a held-out tail: its loss every eval_every steps and after the last.
   const bool held_out = !data.synthetic_task() && data.held_out_bytes() > 0 && o.eval_batches > 0;
   const std::int64_t eval_every = o.eval_every >= 0 ? o.eval_every : std::max<std::int64_t>(1, cfg.steps / 10);
@@ -282,6 +345,8 @@ int run_train(const TrainOptions& o) {
     const train::StepResult r = trainer.step();
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);
+    step_tps.push_back(double(r.tokens) / r.seconds);
+    step_idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
     peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
@@ -307,7 +372,7 @@ int run_train(const TrainOptions& o) {
     if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, final_eval, evals, data, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
+      print_summary(losses, step_seconds, step_tps, step_idle, final_eval, evals, data, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
     if (!o.svg.empty() && !losses.empty())
       write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
                                                              cfg.cp.cp_comm_type, cp)));

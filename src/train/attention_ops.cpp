@@ -30,6 +30,12 @@ CpAttention::CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig
                          DType dtype)
     : q_{batch, local_tokens, m.heads, m.head_dim}, kv_{batch, local_tokens, m.kv_heads, m.head_dim}, dtype_(dtype),
       attention_(comm, causal(cp)), contexts_(std::size_t(m.layers)), stats_(std::size_t(m.layers)) {
+  reshape(batch, local_tokens);
+}
+
+void CpAttention::reshape(i64 batch, i64 local_tokens) {
+  q_ = {batch, local_tokens, q_.h, q_.d};
+  kv_ = {batch, local_tokens, kv_.h, kv_.d};
   if (dtype_ != DType::bf16) return;
   q16_.resize(std::size_t(q_.numel()));
   o16_.resize(std::size_t(q_.numel()));

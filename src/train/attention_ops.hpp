@@ -19,6 +19,9 @@ class CpAttention : public AttentionOp<float> {
  public:
   CpAttention(Communicator& comm, const CpConfig& cp, const GptConfig& model, i64 batch, i64 local_tokens,
               DType dtype = DType::f32);
+  // The shapes of the next forwards: `batch` sequences of which this rank holds `local_tokens`
+  // each (a variable-length step runs sequences of many lengths through one group's op).
+  void reshape(i64 batch, i64 local_tokens);
   void forward(int layer, float* out, const float* q, const float* k, const float* v) override;
   void backward(int layer, float* dq, float* dk, float* dv, const float* dout) override;
   void release(int layer) override { contexts_[std::size_t(layer)] = CpContext(); }

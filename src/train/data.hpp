@@ -31,6 +31,27 @@ struct Batch {
 
 constexpr int kNoLabel = -1;  // a token whose next token belongs to another document
 
+// One sequence of a step as every rank knows it before any rank loads its tokens: its length
+// (the balancer's input), its documents (the attention's mask) and its labels' count (the
+// loss's normalisation), so only the rank that loads a sequence reads its text, and the
+// all-to-all that deals it out knows every shard's size on both sides.
+struct SequenceLayout {
+  std::int64_t length = 0;
+  std::vector<std::int64_t> cu_seqlens = {};  // packed documents; empty: one document
+  std::int64_t targets = 0;                   // labels that count in the loss
+  std::int64_t index = 0;                     // its place in the step (what its tokens are drawn from)
+  std::int64_t source = 0;                    // where its text starts: a byte offset or a document
+};
+
+// What every step holds: `batch` sequences of `seq` tokens; or, with `lengths`, sequences of
+// those lengths; or, with `tokens_per_step`, whole documents (DataSource::documents) up to that
+// many tokens. Sequences keep their own lengths: nothing is padded.
+struct StepShape {
+  std::int64_t batch = 0, seq = 0;
+  std::vector<std::int64_t> lengths = {};
+  std::int64_t tokens_per_step = 0;
+};
+
 class DataSource {
  public:
   static DataSource synthetic();
@@ -42,11 +63,24 @@ class DataSource {
   // The batch carries their cu_seqlens; no label crosses a document boundary. The documents
   // that start in the last `holdout` fraction of the file are held out whole.
   static DataSource packed_documents(const std::string& path, const std::string& separator, double holdout = 0);
-  bool packed() const { return !documents_.empty(); }
+  // Byte-level documents, each one sequence of its own length (split as packed_documents
+  // does): steps take consecutive documents from a random one on while they fit the token
+  // budget (StepShape::tokens_per_step). A document's last token has no label.
+  static DataSource documents(const std::string& path, const std::string& separator, double holdout = 0);
+  bool packed() const { return !documents_.empty() && !whole_documents_; }
+  bool whole_documents() const { return whole_documents_; }
 
   // "" if sequences of `seq` tokens can be drawn (for training and, when text is held out,
   // for evaluation), else why not (names the values).
   std::string error_for(std::int64_t seq) const;
+  // The same for every sequence of `shape` (its lengths, or every document against the budget).
+  std::string error_for(const StepShape& shape) const;
+  // Not collective, cheap (no text is read): the sequences of step `step` (held out: of
+  // held-out batch `step`), the same on every rank.
+  std::vector<SequenceLayout> step_layout(const StepShape& shape, std::uint64_t seed, std::int64_t step,
+                                          bool held_out) const;
+  // The tokens of one sequence of step_layout(…, seed, step, held_out): a Batch of 1.
+  Batch sequence(const SequenceLayout& layout, std::uint64_t seed, std::int64_t step, bool held_out) const;
   Batch batch(std::int64_t batch, std::int64_t seq, std::uint64_t seed, std::int64_t step) const;
   // Held-out batch number `index`: sequences training never draws. Text: windows laid one after
   // another through the held-out tail (the same for every seed); synthetic: other seeds.
@@ -60,7 +94,11 @@ class DataSource {
 
  private:
   bool synthetic_ = true;
-  Batch make(std::int64_t batch, std::int64_t seq, std::uint64_t seed, std::int64_t step, bool held_out) const;
+  bool whole_documents_ = false;
+  SequenceLayout layout_of(std::int64_t length, std::uint64_t seed, std::int64_t step, std::int64_t index,
+                           std::int64_t window, bool held_out) const;
+  std::vector<SequenceLayout> document_step(std::int64_t budget, std::uint64_t seed, std::int64_t step,
+                                            bool held_out) const;
 
   std::string path_;
   double holdout_ = 0;

@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <map>
+#include <numeric>
+#include <tuple>
 #include <sstream>
 
 #include "train/memory.hpp"
@@ -18,6 +21,7 @@
 #include "ulysses/checked.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/lengths.hpp"
 
 namespace ulysses::train {
 
@@ -29,21 +33,57 @@ bool TrainConfig::same_run(const TrainConfig& o) const {
 
 namespace {
 
-std::string config_error(const TrainConfig& c, int cp) {
+// The configured strategy at a group of `size` ranks: a2a+p2p keeps as much of its inner
+// (Ulysses) size as divides the group.
+CpConfig config_at(const CpConfig& base, int size) {
+  CpConfig c = base;
+  c.causal = true;
+  if (!c.hierarchical_context_parallel_sizes.empty()) {
+    const int inner = std::gcd(c.hierarchical_context_parallel_sizes[0], size);
+    c.hierarchical_context_parallel_sizes = {inner, size / inner};
+  }
+  return c;
+}
+
+// What one rank of a group of `cp` needs for `batch` sequences of `seq` tokens at once.
+double memory_need(TrainConfig c, std::int64_t batch, std::int64_t seq, int cp) {
+  c.batch = batch;
+  c.seq = seq;
+  c.cp = config_at(c.cp, cp);
+  return predict_memory(c, cp).total();
+}
+
+std::string config_error(const TrainConfig& c, int world) {
   std::string e = c.model.error();
   if (!e.empty()) return e;
+  if (c.dp < 1 || world % c.dp != 0)
+    return fmt::format("--dp {} must divide the world size {} (cp = world / dp ranks per replica)", c.dp, world);
   if (c.batch <= 0 || c.seq <= 0) return fmt::format("batch ({}) and seq ({}) must be positive", c.batch, c.seq);
+  if (!c.lengths.empty() && c.tokens_per_step > 0)
+    return fmt::format("--lengths and --tokens-per-step {} both say what a step holds: give one", c.tokens_per_step);
   if (c.memory.tile_rows <= 0) return fmt::format("tile rows must be positive, got {}", c.memory.tile_rows);
   if (c.steps < 0) return fmt::format("steps must not be negative, got {}", c.steps);
   if (!(c.lr > 0) || !(c.clip > 0) || !std::isfinite(c.lr) || !std::isfinite(c.clip))
     return fmt::format("lr ({}) and clip ({}) must be positive and finite", c.lr, c.clip);
+  const int cp = world / c.dp;
+  const bool fixed = c.lengths.empty() && c.tokens_per_step == 0;
+  // static: the strategy at its groups' size, on the longest sequence a step may hold. Every
+  // policy's steps are checked again, each sequence at its group's size, when they are planned.
+  const std::int64_t longest = fixed ? c.seq
+                               : c.lengths.empty() ? c.tokens_per_step
+                                                   : *std::max_element(c.lengths.begin(), c.lengths.end());
   try {
-    validate_cp_config(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.model.kv_heads);
+    if (c.balance == BalancePolicy::static_)
+      validate_cp_config(config_at(c.cp, cp), cp, {fixed ? c.batch : 1, longest, c.model.heads, c.model.head_dim},
+                         c.model.kv_heads);
   } catch (const Error& err) {
     return err.what();
   }
-  const MemoryEstimate need = predict_memory(c, cp);
-  if (c.max_memory > 0 && need.total() > c.max_memory)
+  // batch × seq under static: each replica runs its ceil(batch / dp) sequences as one batch.
+  TrainConfig one = c;
+  one.batch = (c.batch + c.dp - 1) / c.dp;
+  const MemoryEstimate need = predict_memory(one, cp);
+  if (fixed && c.balance == BalancePolicy::static_ && c.max_memory > 0 && need.total() > c.max_memory)
     return fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: turn on "
                        "--checkpoint-activations --tiled-mlp --tiled-loss, use more ranks, or a shorter --seq "
                        "(`ulysses plan --train` gives the longest that fits)",
@@ -51,21 +91,41 @@ std::string config_error(const TrainConfig& c, int cp) {
   return "";
 }
 
+// Sequences of one group and one length (and no packed documents) run as one batch: bigger
+// GEMMs, the same numbers. Runs execute in order of their first sequence; every member of a
+// group sees the same runs in the same order, so the lowest unfinished run always has all its
+// ranks at it (balancer.hpp's argument, with runs for sequences). Under a memory cap a run
+// grows only while its batch fits.
+std::vector<Trainer::Run> runs_of(const std::vector<SequenceLayout>& seqs, const BalancePlan& plan,
+                                  const std::function<bool(std::size_t, std::int64_t, int)>& fits) {
+  std::vector<Trainer::Run> runs;
+  std::map<std::tuple<int, int, std::int64_t>, std::size_t> open;  // (first, size, length) -> run
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const BalanceGroup g = plan.groups[i];
+    const auto key = std::make_tuple(g.first_rank, g.size, seqs[i].length);
+    const auto it = open.find(key);
+    if (seqs[i].cu_seqlens.empty() && it != open.end() &&
+        fits(runs[it->second].sequences.size() + 1, seqs[i].length, g.size)) {
+      runs[it->second].sequences.push_back(int(i));
+      continue;
+    }
+    runs.push_back({g, {int(i)}});
+    if (seqs[i].cu_seqlens.empty()) open[key] = runs.size() - 1;
+  }
+  return runs;
+}
+
 }  // namespace
 
 Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
-    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model, cfg_.memory) {
+    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model, cfg_.memory), groups_(comm) {
   std::string err = config_error(cfg_, comm.size());
-  if (err.empty()) err = data_.error_for(cfg_.seq);
-  if (err.empty() && data_.packed() && cfg_.batch != 1)
+  if (err.empty()) err = data_.error_for(cfg_.shape());
+  if (err.empty() && data_.packed() && cfg_.batch != 1 && cfg_.lengths.empty())
     err = fmt::format("--pack puts the documents into one sequence per step: use --batch 1 (and a longer --seq), "
                       "got --batch {}", cfg_.batch);
   comm.agree(err);
   cfg_.cp.causal = true;
-  chunks_ = rank_chunks(cfg_.cp, comm.size(), comm.rank(), cfg_.seq);
-  positions_ = token_positions(chunks_);
-  attention_ = std::make_unique<CpAttention>(comm, cfg_.cp, cfg_.model, cfg_.batch, std::int64_t(positions_.size()),
-                                             cfg_.dtype);
   model_.init_params(cfg_.seed);
   m_.assign(model_.params.size(), 0.0f);
   v_.assign(model_.params.size(), 0.0f);
@@ -78,56 +138,146 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
   no_decay(model_.layout.rmsf);
 }
 
-Trainer::Local Trainer::shard(const Batch& b) const {
-  const std::int64_t n = std::int64_t(positions_.size());
-  Local l{std::vector<int>(std::size_t(b.batch * n)), std::vector<int>(std::size_t(b.batch * n)),
-          std::vector<std::uint8_t>(std::size_t(b.batch * n)), positions_, b.cu_seqlens, b.targets()};
-  for (std::int64_t& p : l.positions) p -= document_of(b.cu_seqlens, p).begin;  // each document from 0
-  for (std::int64_t i = 0; i < b.batch; ++i)
-    for (std::int64_t t = 0; t < n; ++t) {
-      const std::size_t src = std::size_t(i * b.seq + positions_[std::size_t(t)]), dst = std::size_t(i * n + t);
-      l.tokens[dst] = b.tokens[src];
-      l.labels[dst] = b.labels[src];
-      l.scored[dst] = b.scored[src];
-    }
-  return l;
+BalanceInput Trainer::balance_input(const std::vector<SequenceLayout>& seqs) const {
+  BalanceInput in;
+  for (const SequenceLayout& l : seqs) in.lengths.push_back(l.length);
+  in.world = comm_.size();
+  in.dp = cfg_.dp;
+  const GptConfig& m = cfg_.model;
+  in.model.heads = m.heads;
+  in.model.kv_heads = m.kv_heads;
+  in.model.head_dim = m.head_dim;
+  in.model.layers = m.layers;
+  in.model.causal = true;
+  in.model.dtype = cfg_.dtype;
+  in.cp_comm_type = cfg_.cp.cp_comm_type;
+  in.gemm_flops_per_token = 6.0 * double(model_.layout.total - m.vocab * m.width);  // the embedding is a lookup
+  const TrainConfig c = cfg_;
+  in.memory_per_rank = [c](std::int64_t len, int cp) { return memory_need(c, 1, len, cp); };
+  in.max_memory = cfg_.max_memory;
+  return in;
 }
 
-double Trainer::forward_backward(const Local& d, double* correct_and_count) {
-  const std::int64_t n = std::int64_t(positions_.size());
-  std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
-  std::vector<int> argmax(d.tokens.size());
-  const float scale = 1.0f / float(d.targets);
-  attention_->set_documents(d.cu_seqlens);
-  double sums[3] = {double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch,
-                                          n, scale, argmax.data())),
-                    0.0, 0.0};
-  for (std::size_t i = 0; i < argmax.size(); ++i)
-    if (d.scored[i]) {
-      sums[1] += argmax[i] == d.labels[i];
-      sums[2] += 1;
+Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
+  StepPlan p;
+  std::string err;
+  try {
+    p.sequences = data_.step_layout(cfg_.shape(), cfg_.seed, data_step, held_out);
+    if (p.sequences.empty())
+      throw Error(fmt::format("step {} has no sequences (an empty batch): the data gives none", data_step + 1));
+    for (const SequenceLayout& l : p.sequences) p.targets += l.targets;
+    if (p.targets == 0)
+      throw Error(fmt::format("step {} has no labels to train on ({} sequences of {} tokens)", data_step + 1,
+                              p.sequences.size(), describe_lengths(balance_input(p.sequences).lengths)));
+    p.plan = balance(balance_input(p.sequences), cfg_.balance);
+    for (std::size_t i = 0; i < p.sequences.size(); ++i) {
+      const std::int64_t len = p.sequences[i].length;
+      const int size = p.plan.groups[i].size;
+      validate_cp_config(config_at(cfg_.cp, size), size, {1, len, cfg_.model.heads, cfg_.model.head_dim},
+                         cfg_.model.kv_heads);
+      const double need = memory_need(cfg_, 1, len, size);
+      if (cfg_.max_memory > 0 && need > cfg_.max_memory)
+        throw Error(fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
+                                "({} policy), more than --max-memory {}", i, len, format_bytes(need), size,
+                                policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
     }
-  model_.backward(*attention_);
-  comm_.allreduce_sum(model_.grads.data(), model_.grads.size(), "grad_allreduce");
-  comm_.allreduce_sum(sums, 3, "loss_allreduce");
-  if (correct_and_count) {
-    correct_and_count[0] = sums[1];
-    correct_and_count[1] = sums[2];
+    const TrainConfig c = cfg_;
+    p.runs = runs_of(p.sequences, p.plan, [&c](std::size_t batch, std::int64_t len, int cp) {
+      return c.max_memory <= 0 || memory_need(c, std::int64_t(batch), len, cp) <= c.max_memory;
+    });
+  } catch (const Error& e) {
+    err = e.what();
   }
-  return sums[0] / double(d.targets);
+  comm_.agree(err);
+  return p;
+}
+
+CpAttention& Trainer::attention_for(const BalanceGroup& g) {
+  std::unique_ptr<CpAttention>& a = attention_[{g.first_rank, g.size}];
+  if (!a) a = std::make_unique<CpAttention>(groups_.get(g), config_at(cfg_.cp, g.size), cfg_.model, 1, 1, cfg_.dtype);
+  return *a;
+}
+
+void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<int, Shard>& shards, float scale,
+                            bool train, Sums& sums) {
+  const BalanceGroup g = run.group;
+  const SequenceLayout& first = p.sequences[std::size_t(run.sequences.front())];
+  const std::vector<SeqChunk> chunks = rank_chunks(config_at(cfg_.cp, g.size), g.size, comm_.rank() - g.first_rank,
+                                                   first.length);
+  std::vector<std::int64_t> pos = token_positions(chunks);
+  for (std::int64_t& q : pos) q -= document_of(first.cu_seqlens, q).begin;  // RoPE: each document from 0
+  const std::int64_t n = std::int64_t(pos.size()), B = std::int64_t(run.sequences.size());
+  std::vector<int> tokens(std::size_t(B * n)), labels(tokens.size()), argmax(tokens.size());
+  std::vector<std::uint8_t> scored(tokens.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    const Shard& s = shards.at(run.sequences[std::size_t(b)]);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t dst = std::size_t(b * n + t), src = std::size_t(3 * t);
+      tokens[dst] = s[src];
+      labels[dst] = s[src + 1];
+      scored[dst] = std::uint8_t(s[src + 2]);
+    }
+  }
+  CpAttention& att = attention_for(g);
+  att.reshape(B, n);
+  att.set_documents(first.cu_seqlens);
+  const double t0 = comm_.now();
+  sums.loss += double(model_.forward(att, tokens.data(), labels.data(), pos.data(), B, n, scale, argmax.data()));
+  if (train) {
+    model_.backward(att);
+  } else {
+    for (int l = 0; l < cfg_.model.layers; ++l) att.release(l);  // no backward follows
+  }
+  const CpStats st = att.stats();
+  sums.attention += st;
+  sums.busy_s += comm_.now() - t0 - st.comm_exposed_s;
+  for (std::size_t i = 0; i < argmax.size(); ++i)
+    if (scored[i]) {
+      sums.correct += argmax[i] == labels[i];
+      sums.answers += 1;
+    }
+  comm_.trace(fmt::format("{} x {} tokens on ranks {}-{}", B, first.length, g.first_rank, g.first_rank + g.size - 1), t0,
+              comm_.now(), "compute");
+}
+
+Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool held_out, bool train) {
+  groups_.ensure(p.plan.groups);
+  const std::map<int, Shard> shards = deal_sequences(
+      comm_, p.plan,
+      [&](int i, int j) {
+        const BalanceGroup& g = p.plan.groups[std::size_t(i)];
+        return rank_chunks(config_at(cfg_.cp, g.size), g.size, j, p.sequences[std::size_t(i)].length);
+      },
+      [&](int i) { return data_.sequence(p.sequences[std::size_t(i)], cfg_.seed, data_step, held_out); });
+  if (train) std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
+  const float scale = train ? 1.0f / float(p.targets) : 1.0f;
+  Sums sums;
+  for (const Run& r : p.runs)
+    if (r.group.contains(comm_.rank())) run_sequences(r, p, shards, scale, train, sums);
+  const double t_idle = comm_.now();
+  if (train) comm_.allreduce_sum(model_.grads.data(), model_.grads.size(), "grad_allreduce");
+  double s[3] = {sums.loss, sums.correct, sums.answers};
+  comm_.allreduce_sum(s, 3, "loss_allreduce");
+  comm_.trace("idle: the other ranks' sequences and the all-reduce", t_idle, comm_.now(), "wait");
+  sums.loss = s[0];
+  sums.correct = s[1];
+  sums.answers = s[2];
+  return sums;
 }
 
 double Trainer::compute_gradients(std::int64_t data_step) {
-  return forward_backward(shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed, data_step)), nullptr);
+  const StepPlan p = plan_step(data_step, false);
+  return run_step(p, data_step, false, true).loss / double(p.targets);
 }
 
 StepResult Trainer::step() {
   comm_.barrier();
   const double t0 = comm_.now();
   StepResult r;
-  double cc[2];
-  r.loss = forward_backward(shard(data_.batch(cfg_.batch, cfg_.seq, cfg_.seed, step_)), cc);
-  r.accuracy = cc[1] > 0 ? cc[0] / cc[1] : -1.0;
+  const StepPlan p = plan_step(step_, false);
+  const Sums sums = run_step(p, step_, false, true);
+  r.loss = sums.loss / double(p.targets);
+  r.accuracy = sums.answers > 0 ? sums.correct / sums.answers : -1.0;
   double norm2 = 0;
   for (float g : model_.grads) norm2 += double(g) * double(g);
   r.grad_norm = std::sqrt(norm2);
@@ -150,9 +300,20 @@ StepResult Trainer::step() {
                             "is kept; try a smaller --lr)", t));
   step_ = t;
   r.step = t;
-  r.attention = attention_->stats();
+  r.attention = sums.attention;
+  r.sequences = std::int64_t(p.sequences.size());
+  last_lengths_.clear();
+  for (const SequenceLayout& l : p.sequences) {
+    r.tokens += l.length;
+    last_lengths_.push_back(l.length);
+  }
+  r.predicted_s = p.plan.step_seconds;
+  const double wall = comm_.now() - t0;
   comm_.trace(fmt::format("train step {}", t), t0, comm_.now(), "phase");
-  double dt_rss[2] = {comm_.now() - t0, peak_rss_bytes()};
+  const double idle = wall - sums.busy_s;
+  r.idle_s.resize(std::size_t(comm_.size()));
+  comm_.allgather(&idle, r.idle_s.data(), sizeof(double), "idle_allgather");
+  double dt_rss[2] = {wall, peak_rss_bytes()};
   comm_.allreduce_max(dt_rss, 2);
   r.seconds = dt_rss[0];
   r.peak_rss = dt_rss[1];
@@ -163,34 +324,26 @@ double Evaluation::bits_per_byte() const { return loss < 0 ? -1.0 : loss / std::
 
 Evaluation Trainer::evaluate(std::int64_t batches) {
   if (batches <= 0 || (!data_.synthetic_task() && data_.held_out_bytes() == 0)) return {};
-  double sums[4] = {0, 0, 0, 0};  // loss, labels, answers right, answers
-  const std::int64_t n = std::int64_t(positions_.size());
+  double loss = 0, targets = 0, correct = 0, answers = 0;
   for (std::int64_t i = 0; i < batches; ++i) {
-    const Batch b = data_.held_out_batch(cfg_.batch, cfg_.seq, cfg_.seed, i);
-    const Local d = shard(b);
-    std::vector<int> argmax(d.tokens.size());
-    attention_->set_documents(d.cu_seqlens);
-    sums[0] += double(model_.forward(*attention_, d.tokens.data(), d.labels.data(), d.positions.data(), cfg_.batch, n,
-                                     1.0f, argmax.data()));
-    sums[1] += comm_.rank() == 0 ? double(d.targets) : 0.0;  // a global count: once
-    for (std::size_t j = 0; j < argmax.size(); ++j)
-      if (d.scored[j]) {
-        sums[2] += argmax[j] == d.labels[j];
-        sums[3] += 1;
-      }
+    const StepPlan p = plan_step(i, true);
+    const Sums s = run_step(p, i, true, false);
+    loss += s.loss;
+    targets += double(p.targets);
+    correct += s.correct;
+    answers += s.answers;
   }
-  for (int l = 0; l < cfg_.model.layers; ++l) attention_->release(l);  // no backward follows
-  comm_.allreduce_sum(sums, 4, "eval_allreduce");
-  return {sums[0] / sums[1], data_.synthetic_task() && sums[3] > 0 ? sums[2] / sums[3] : -1.0};
+  return {loss / targets, data_.synthetic_task() && answers > 0 ? correct / answers : -1.0};
 }
 
 double Trainer::flops_per_step() const {
   const GptConfig& c = cfg_.model;
-  const double tokens = double(cfg_.batch * cfg_.seq);
   const double matmul_params = double(model_.layout.total - c.vocab * c.width);  // the embedding is a lookup
-  const double attention = double(c.layers) * 3.5 * 2.0 * double(cfg_.batch) * double(cfg_.seq) *
-                           double(cfg_.seq) * double(c.heads * c.head_dim);  // causal: half of 4·b·s²·h·d
-  return 6.0 * matmul_params * tokens + attention;
+  double flops = 0;
+  for (std::int64_t len : last_lengths_)  // attention, causal: half of 4·s²·h·d per layer, 3.5 passes
+    flops += 6.0 * matmul_params * double(len) +
+             double(c.layers) * 3.5 * 2.0 * double(len) * double(len) * double(c.heads * c.head_dim);
+  return flops;
 }
 
 // ---- checkpoints --------------------------------------------------------------------------

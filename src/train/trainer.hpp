@@ -1,9 +1,15 @@
-// Data-parallel-free, context-parallel training of the small GPT: every rank holds the full
-// weights and s/cp tokens of every sequence; after the backward the weight gradients are
-// summed over the CP group (each rank's loss is already divided by the GLOBAL token count, so
-// the sum is exactly the single-process gradient — the factor-of-cp bug DeepSpeed and
-// Megatron both shipped cannot happen); global-norm clipping and AdamW then run identically
-// on every rank, so the weights never drift apart.
+// Data × context parallel training of the small GPT on variable-length steps. Every rank holds
+// the full weights. Each step's sequences (batch × seq, --lengths, or whole documents under a
+// token budget) get CP groups from the balancer (balancer.hpp: static is dp replicas of
+// world/dp ranks, sequences dealt round-robin); one all-to-all(v) deals every sequence from the
+// rank that loaded it to its group's members (deal.hpp); each rank runs its groups' sequences
+// in increasing index (those of one group and length together, as one batch), each group on
+// its own cached sub-communicator (groups.hpp) with the configured strategy at its size. Then
+// ONE gradient all-reduce over the world: each rank's loss is already divided by the GLOBAL
+// count of valid tokens, so the sum is exactly the single-process gradient of the whole step,
+// whatever dp, the groups or the policy (the factor-of-cp bug DeepSpeed and Megatron both
+// shipped cannot happen); global-norm clipping and AdamW then run identically on every rank,
+// so the weights never drift apart.
 #pragma once
 
 #include <cstdint>
@@ -11,16 +17,26 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include "train/attention_ops.hpp"
 #include "train/data.hpp"
+#include "train/deal.hpp"
 #include "train/gpt.hpp"
+#include "train/groups.hpp"
+#include "ulysses/balancer.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses::train {
 
 struct TrainConfig {
   GptConfig model;
-  CpConfig cp;  // cp_comm_type and sizes; the mask is always causal
+  CpConfig cp;  // cp_comm_type and sizes (at cp = world / dp); the mask is always causal
+  int dp = 1;   // data-parallel replicas of the static policy (must divide the world)
+  BalancePolicy balance = BalancePolicy::static_;
+  // The step: batch × seq unless lengths (--lengths) or tokens_per_step (whole documents).
+  std::vector<std::int64_t> lengths;
+  std::int64_t tokens_per_step = 0;
   MemoryOptions memory;  // how activations are kept (no effect on the numbers, to rounding)
   double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
   // The attention's dtype (--dtype): bf16 runs it on the bf16 kernels; weights, gradients,
@@ -29,6 +45,7 @@ struct TrainConfig {
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   std::uint64_t seed = 0;
+  StepShape shape() const { return {batch, seq, lengths, tokens_per_step}; }
   // What a checkpoint must agree on to be resumed (not cp: a run may resume on other ranks).
   bool same_run(const TrainConfig& o) const;
 };
@@ -41,6 +58,11 @@ struct StepResult {
   double seconds = 0;             // wall time of the step (slowest rank)
   double peak_rss = 0;            // the RSS high-water mark so far, bytes (the largest over ranks)
   CpStats attention;              // this rank's attention time split, summed over layers
+  std::int64_t tokens = 0;        // tokens of the step's sequences (no padding)
+  std::int64_t sequences = 0;
+  std::vector<double> idle_s;     // each rank's: the step's wall time minus its busy time (its
+                                  // sequences' compute and communication that was not waiting)
+  double predicted_s = 0;         // the balancer's predicted step time (0: the policy has no model)
 };
 
 // What evaluate() measured on held-out batches.
@@ -56,8 +78,8 @@ class Trainer {
   Trainer(Communicator& comm, TrainConfig config, DataSource data);
 
   StepResult step();  // collective: one optimizer step
-  // Collective: forward + backward + gradient all-reduce on the batch of `data_step`, no
-  // update. Returns the mean loss; gradients() then holds the global gradient.
+  // Collective: forward + backward + gradient all-reduce on the step `data_step`, no update.
+  // Returns the mean loss; gradients() then holds the global gradient.
   double compute_gradients(std::int64_t data_step);
   // Collective, no update: the loss (and the retrieval accuracy of the synthetic task) on
   // `batches` held-out batches (DataSource::held_out_batch); text without a held-out tail, or
@@ -77,27 +99,46 @@ class Trainer {
   const std::vector<float>& parameters() const { return model_.params; }
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
-  // FLOPs of one training step over all ranks (matmuls 6·params·tokens + attention).
+  // FLOPs of the last step() over all ranks (matmuls 6·params·tokens + attention per sequence).
   double flops_per_step() const;
 
- private:
-  struct Local {
-    std::vector<int> tokens, labels;
-    std::vector<std::uint8_t> scored;
-    std::vector<std::int64_t> positions;   // RoPE's: within each packed document
-    std::vector<std::int64_t> cu_seqlens;  // the batch's documents
-    std::int64_t targets = 0;              // labels in the loss, over all ranks
+  // A step as every rank plans it before any data moves: its sequences, their groups, and the
+  // runs (sequences of one group and length, computed as one batch) in execution order.
+  struct Run {
+    BalanceGroup group;
+    std::vector<int> sequences;
   };
-  Local shard(const Batch& b) const;
-  double forward_backward(const Local& data, double* correct_and_count);
+  struct StepPlan {
+    std::vector<SequenceLayout> sequences;
+    BalancePlan plan;
+    std::vector<Run> runs;
+    std::int64_t targets = 0;  // labels in the loss, all sequences
+  };
+  // Collective (one agreement): the plan of step `data_step`; every rank throws the same Error
+  // for an empty step, a step without labels, or a plan the strategy or the memory cap refuses.
+  StepPlan plan_step(std::int64_t data_step, bool held_out);
+
+ private:
+  struct Sums {
+    double loss = 0, correct = 0, answers = 0;  // this rank's, until reduced
+    double busy_s = 0;
+    CpStats attention;
+  };
+  // Collective: deals the step out and runs this rank's sequences (forward, and backward when
+  // training, gradients accumulated); then all-reduces the gradients (training) and the sums.
+  Sums run_step(const StepPlan& plan, std::int64_t data_step, bool held_out, bool train);
+  void run_sequences(const Run& run, const StepPlan& plan, const std::map<int, Shard>& shards, float scale, bool train,
+                     Sums& sums);
+  BalanceInput balance_input(const std::vector<SequenceLayout>& sequences) const;
+  CpAttention& attention_for(const BalanceGroup& group);
 
   Communicator& comm_;
   TrainConfig cfg_;
   DataSource data_;
   Gpt<float> model_;
-  std::vector<SeqChunk> chunks_;
-  std::vector<std::int64_t> positions_;
-  std::unique_ptr<CpAttention> attention_;
+  GroupCache groups_;
+  std::map<std::pair<int, int>, std::unique_ptr<CpAttention>> attention_;  // by (first_rank, size)
+  std::vector<std::int64_t> last_lengths_;
   std::vector<float> m_, v_;
   std::vector<std::uint8_t> decay_;
   std::int64_t step_ = 0;
