@@ -169,7 +169,7 @@ def check_excerpt(root, body, target, where):
 
 def script_for(root, rel, scratch):
     """One bash script running the file's blocks in order; excerpt errors; block count."""
-    errors, parts, ran = [], ["set -euxo pipefail"], 0
+    errors, parts, ran = [], ['set -euxo pipefail', "PS4='+ [${SECONDS}s] '"], 0
     for n, (lang, body, directives, lineno) in enumerate(blocks((root / rel).read_text(encoding="utf-8"))[0]):
         where = f"{rel}:{lineno}"
         if any(d.startswith("skip") for d in directives):
