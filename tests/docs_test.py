@@ -19,6 +19,7 @@ Directives are HTML comments on the line before a block (invisible on GitHub):
     <!-- docs-test: excerpt examples/minimal/main.cpp -->
     <!-- docs-test: skip REASON -->
 """
+
 import doctest
 import inspect
 import os
@@ -133,7 +134,7 @@ def check_links(root):
 def parse_sub(directive):
     m = re.match(r'^sub\s+"(.*)"\s*=>\s*"(.*)"$', directive)
     if not m:
-        raise SystemExit(f"bad docs-test directive: {directive!r} (sub \"OLD\" => \"NEW\")")
+        raise SystemExit(f'bad docs-test directive: {directive!r} (sub "OLD" => "NEW")')
     return m.group(1), m.group(2)
 
 
@@ -152,9 +153,11 @@ def shell_lines(body, where):
 
 def check_excerpt(root, body, target, where):
     """Every code line of the block (comments and blank lines aside) is a line of `target`, in order."""
+
     def code(line):
         return re.sub(r"\s*//.*$", "", line).strip()
-    source = [code(l) for l in (root / target).read_text(encoding="utf-8").split("\n")]
+
+    source = [code(text) for text in (root / target).read_text(encoding="utf-8").split("\n")]
     pos = 0
     for line in body.split("\n"):
         c = code(line)
@@ -169,7 +172,7 @@ def check_excerpt(root, body, target, where):
 
 def script_for(root, rel, scratch):
     """One bash script running the file's blocks in order; excerpt errors; block count."""
-    errors, parts, ran = [], ['set -euxo pipefail', "PS4='+ [${SECONDS}s] '"], 0
+    errors, parts, ran = [], ["set -euxo pipefail", "PS4='+ [${SECONDS}s] '"], 0
     for n, (lang, body, directives, lineno) in enumerate(blocks((root / rel).read_text(encoding="utf-8"))[0]):
         where = f"{rel}:{lineno}"
         if any(d.startswith("skip") for d in directives):
@@ -182,7 +185,7 @@ def script_for(root, rel, scratch):
                     errors.append(f"{where}: substitution {old!r} not found in the block")
                 body = body.replace(old, new)
         excerpt = [d.split(None, 1)[1] for d in directives if d.startswith("excerpt")]
-        launch = [d[len("run with "):] for d in directives if d.startswith("run with ")]
+        launch = [d[len("run with ") :] for d in directives if d.startswith("run with ")]
         if excerpt:
             errors += check_excerpt(root, body, excerpt[0], where)
         elif lang in SHELL_RUN:
@@ -224,6 +227,7 @@ def check_python(build):
     sys.path.insert(0, str(build / "python"))
     import ulysses
     import ulysses.torch
+
     errors, tested = [], 0
     modules = [ulysses, ulysses.torch] + [sys.modules[f"ulysses.{m}"] for m in ("_comm", "_sharding", "_tensors")]
     for module in modules:
@@ -238,8 +242,7 @@ def check_python(build):
                 continue
             if inspect.isclass(obj):
                 for m, f in vars(obj).items():
-                    if not m.startswith("_") and inspect.isfunction(f) and not inspect.getdoc(f) \
-                            and m != "extra_repr":
+                    if not m.startswith("_") and inspect.isfunction(f) and not inspect.getdoc(f) and m != "extra_repr":
                         errors.append(f"{module.__name__}.{name}.{m}: no docstring")
         failed, attempted = doctest.testmod(module, verbose=False)
         tested += attempted

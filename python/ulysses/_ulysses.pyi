@@ -1,6 +1,7 @@
 """Type stubs of the pybind11 extension (python/src/bindings.cpp): the C++ library's calls on
 plain tuples. Tensors cross as views, (data pointer, dtype name "f32" | "bf16", shape [b, s, h, d],
 strides of b, s and h in elements), made by ulysses._tensors.spec."""
+
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,8 +39,17 @@ class Context:
         """compute_s, comm_exposed_s, score_pairs."""
 
 class ContextParallelAttention:
-    def __init__(self, comm: Communicator, cp_comm_type: str, causal: bool, scale: float, cp_sizes: List[int],
-                 window: Tuple[int, int] = (-1, -1), overlap_chunks: int = 1, q_offset: Optional[int] = None) -> None: ...
+    def __init__(
+        self,
+        comm: Communicator,
+        cp_comm_type: str,
+        causal: bool,
+        scale: float,
+        cp_sizes: List[int],
+        window: Tuple[int, int] = (-1, -1),
+        overlap_chunks: int = 1,
+        q_offset: Optional[int] = None,
+    ) -> None: ...
     def forward(self, out: View, q: View, k: View, v: View, cu_seqlens: List[int] = ...) -> Context:
         """Collective: writes out; returns the context for backward."""
     def backward(self, ctx: Context, dq: View, dk: View, dv: View, dout: View) -> Dict[str, float]:
@@ -55,8 +65,9 @@ def seq_to_head(comm: Communicator, views: List[View], heads: List[HeadRanges]) 
 def head_to_seq(comm: Communicator, head_views: List[View], out_views: List[View], heads: List[HeadRanges]) -> None:
     """Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d]."""
 
-def rank_chunks(cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, rank: int, seq: int,
-                q_offset: Optional[int] = None) -> List[Tuple[int, int]]:
+def rank_chunks(
+    cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, rank: int, seq: int, q_offset: Optional[int] = None
+) -> List[Tuple[int, int]]:
     """The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order."""
 
 def validate(cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, q_global: List[int], kv_heads: int) -> None:
