@@ -10,8 +10,9 @@ commands: every ```sh block of the RUN_FILES runs and succeeds, in order, one ba
           in a scratch folder where build/ is BUILD_DIR and the rest is the source tree;
           ```python blocks marked "run with mpirun -n N python3" run that way; ```cpp blocks
           marked "excerpt FILE" must be lines of FILE, in order. Other languages are prose.
-python:   every public function, class and method of the package has a docstring, and the
-          docstrings' examples run (doctest, one process).
+python:   every public function, class and method of the package has a docstring, the
+          docstrings' examples run (doctest, one process), and the extension's stubs
+          (_ulysses.pyi) name exactly what it defines.
 
 Directives are HTML comments on the line before a block (invisible on GitHub):
     <!-- docs-test: sub "OLD" => "NEW" -->       run the block with OLD replaced (a smaller size)
@@ -223,6 +224,26 @@ def check_commands(root, build, python):
     return errors
 
 
+def check_stubs(stub_file, extension):
+    """The stubs name exactly what the extension defines: its functions, classes and their members."""
+    import ast
+
+    tree = ast.parse(stub_file.read_text(encoding="utf-8"))
+    defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    errors = [
+        f"{stub_file.name}: {name} is not in the extension" for name in sorted(set(defined) - set(dir(extension)))
+    ]
+    for name in sorted(n for n in dir(extension) if not n.startswith("__")):
+        if name not in defined:
+            errors.append(f"{stub_file.name}: the extension's {name} has no stub")
+        elif isinstance(defined[name], ast.ClassDef) and not issubclass(getattr(extension, name), BaseException):
+            stubbed = {f.name for f in defined[name].body if isinstance(f, ast.FunctionDef)} - {"__init__"}
+            real = {m for m in dir(getattr(extension, name)) if not m.startswith("_")}
+            errors += [f"{stub_file.name}: {name}.{m} has no stub" for m in sorted(real - stubbed)]
+            errors += [f"{stub_file.name}: {name}.{m} is not in the extension" for m in sorted(stubbed - real)]
+    return errors
+
+
 def check_python(build):
     sys.path.insert(0, str(build / "python"))
     import ulysses
@@ -248,6 +269,7 @@ def check_python(build):
         tested += attempted
         if failed:
             errors.append(f"{module.__name__}: {failed} of {attempted} doctest examples failed (above)")
+    errors += check_stubs(pathlib.Path(ulysses.__file__).parent / "_ulysses.pyi", ulysses._ulysses)
     print(f"python: {len(modules)} modules, {tested} doctest examples")
     if tested == 0:
         errors.append("python: no doctest examples found: the docstrings' examples are the test")
