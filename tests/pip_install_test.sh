@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `pip install .` into a fresh virtual environment (Debian's torch, numpy and mpi4py seen
 # through --system-site-packages; scikit-build-core and pybind11 come from PyPI in pip's
-# isolated build), then ContextParallelAttention from the installed package on 2 ranks.
+# isolated build), then ContextParallelAttention from the installed package on 2 ranks, and the
+# stubs and py.typed beside it.
 # usage: pip_install_test.sh SOURCE_DIR PYTHON MPIEXEC "MPIEXEC_FLAGS"
 set -eu
 src=$1 python=$2 mpiexec=$3 flags=$4
@@ -18,6 +19,8 @@ comm = ulysses.Communicator(MPI.COMM_WORLD)
 assert "site-packages" in ulysses.__file__, ulysses.__file__
 import importlib.metadata
 assert ulysses.__version__ == importlib.metadata.version("ulysses"), (ulysses.__version__, importlib.metadata.version("ulysses"))
+import pathlib  # the type information ships in the wheel (PEP 561)
+assert all((pathlib.Path(ulysses.__file__).parent / f).is_file() for f in ("py.typed", "_ulysses.pyi")), ulysses.__file__
 torch.manual_seed(0)
 x = torch.randn(1, 8 * comm.size, 2 * comm.size, 16)
 out = ulysses.unshard(ut.ContextParallelAttention(comm, "a2a")(*(ulysses.shard(x, comm),) * 3), comm)

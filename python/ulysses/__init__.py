@@ -13,6 +13,12 @@ holds for a strategy (zigzag for the ring under a causal mask).
 ``ContextParallelAttention`` also takes ``window_size=(left, right)`` (FlashAttention's sliding
 window, -1 unbounded), ``overlap_chunks`` (``a2a``: pipelined all-to-alls) and ``q_offset`` with
 k/v of another length than q (cross-attention; shard them with the same ``q_offset``).
+
+The strategies are Megatron's ``cp_comm_type`` names, from the library's registry:
+
+>>> import ulysses
+>>> ulysses.strategy_names()
+['a2a', 'p2p', 'all_gather', 'a2a+p2p']
 """
 from ._ulysses import Error, __version__, strategy_names
 from ._comm import Communicator

@@ -1,4 +1,8 @@
 """The communicator a context-parallel group runs on, made from an mpi4py communicator."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
 from . import _ulysses
 
 
@@ -8,9 +12,15 @@ class Communicator:
     Any mpi4py communicator works, e.g. one CP group of a larger data-parallel world from
     ``MPI.COMM_WORLD.Split(color, key)``. ``threads`` sets the kernels' OpenMP threads per rank;
     by default the node's cores divided by the ranks of ``mpi_comm`` on this node.
+
+    >>> from mpi4py import MPI
+    >>> import ulysses
+    >>> comm = ulysses.Communicator(MPI.COMM_SELF, threads=1)
+    >>> comm.rank, comm.size
+    (0, 1)
     """
 
-    def __init__(self, mpi_comm, threads=None):
+    def __init__(self, mpi_comm: Any, threads: Optional[int] = None) -> None:
         from mpi4py import MPI  # noqa: F401  (initialises MPI if the caller has not)
 
         self.mpi = mpi_comm
@@ -18,16 +28,25 @@ class Communicator:
         _ulysses.set_threads(int(threads) if threads else self._impl.default_threads())
 
     @property
-    def rank(self):
+    def rank(self) -> int:
+        """This process's rank in the group."""
         return self._impl.rank
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """The number of ranks in the group: the CP size."""
         return self._impl.size
 
-    def counters(self):
-        """Bytes, messages and calls this rank sent, per operation (since the last reset)."""
+    def counters(self) -> Dict[str, Dict[str, int]]:
+        """Bytes, messages and calls this rank sent, per operation (since the last reset).
+
+        >>> from mpi4py import MPI
+        >>> import ulysses
+        >>> ulysses.Communicator(MPI.COMM_SELF, threads=1).counters()
+        {}
+        """
         return self._impl.counters()
 
-    def reset_counters(self):
+    def reset_counters(self) -> None:
+        """Sets every operation's counters back to zero (on this rank only)."""
         self._impl.reset_counters()

@@ -1,5 +1,10 @@
 """torch tensors as the library's strided [b, s, h, d] views: (data pointer, dtype, shape,
 strides). Nothing is copied unless the last dimension is not contiguous."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
 import torch
 
 from ._ulysses import Error
@@ -7,7 +12,7 @@ from ._ulysses import Error
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def readable(t, name):
+def readable(t: torch.Tensor, name: str) -> torch.Tensor:
     """``t`` if the library can read it in place, else a contiguous copy."""
     if not isinstance(t, torch.Tensor):
         raise Error(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -20,12 +25,12 @@ def readable(t, name):
     return t if t.stride(3) == 1 or t.size(3) == 1 else t.contiguous()
 
 
-def spec(t):
+def spec(t: torch.Tensor) -> Tuple[int, str, Tuple[int, ...], Tuple[int, int, int]]:
     """The view tuple of a tensor that ``readable`` accepted."""
     return (t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), (t.stride(0), t.stride(1), t.stride(2)))
 
 
-def from_buffer(array, dtype):
+def from_buffer(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A torch tensor sharing the memory of a numpy array from the library (int16 bits for bf16)."""
     t = torch.from_numpy(array)
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t

@@ -1,10 +1,17 @@
 """PyTorch modules over the library: ``ContextParallelAttention`` (every strategy, our
 kernels, differentiable through our backward) and ``DistributedAttention`` (DeepSpeed's
 signature, our fused all-to-all around any local attention)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+
 import torch
 
 from . import _ulysses
 from ._tensors import from_buffer, readable, spec
+
+if TYPE_CHECKING:
+    from ._comm import Communicator
 
 __all__ = ["ContextParallelAttention", "DistributedAttention"]
 
@@ -58,7 +65,7 @@ class ContextParallelAttention(torch.nn.Module):
 
     Cross-attention: k and v may hold another global length ``s_k`` than q (each sharded over
     the ranks by its own length: ``ulysses.shard(k, comm, strategy, causal, q_offset=...)``);
-    strategies that support it are ``a2a`` and ``all_gather`` (others raise). ``q_offset`` is
+    every built-in strategy supports it (a registered one that does not raises). ``q_offset`` is
     the key position of query 0: under ``causal`` query i sees keys ``j <= q_offset + i``,
     required when ``s_k != s``. With ``q_offset`` set every strategy keeps contiguous chunks.
     No window and no documents with cross-attention.
@@ -67,8 +74,9 @@ class ContextParallelAttention(torch.nn.Module):
     first call.
     """
 
-    def __init__(self, comm, strategy="a2a", causal=False, cp_sizes=None, scale=None, window_size=(-1, -1),
-                 overlap_chunks=1, q_offset=None):
+    def __init__(self, comm: Communicator, strategy: str = "a2a", causal: bool = False,
+                 cp_sizes: Optional[Sequence[int]] = None, scale: Optional[float] = None,
+                 window_size: Tuple[int, int] = (-1, -1), overlap_chunks: int = 1, q_offset: Optional[int] = None) -> None:
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
         self.window_size, self.overlap_chunks, self.q_offset = _window(window_size), int(overlap_chunks), q_offset
@@ -76,18 +84,20 @@ class ContextParallelAttention(torch.nn.Module):
                                                        list(cp_sizes or []), self.window_size, self.overlap_chunks,
                                                        None if q_offset is None else int(q_offset))
 
-    def forward(self, q, k, v, cu_seqlens=None):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """This rank's attention output ``[b, s/cp, h, d]`` from its shards of q, k, v (collective)."""
         cu = [] if cu_seqlens is None else [int(x) for x in cu_seqlens]
         return _CpAttention.apply(self._impl, q, k, v, cu)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         extra = "" if self.window_size == (-1, -1) else f", window_size={self.window_size}"
         extra += "" if self.overlap_chunks == 1 else f", overlap_chunks={self.overlap_chunks}"
         extra += "" if self.q_offset is None else f", q_offset={self.q_offset}"
         return f"strategy={self.strategy!r}, causal={self.causal}, cp={self.comm.size}{extra}"
 
 
-def _window(window_size):
+def _window(window_size: Any) -> Tuple[int, int]:
     """FlashAttention's window_size as a pair of ints; the library checks the values."""
     try:
         left, right = window_size
@@ -98,7 +108,7 @@ def _window(window_size):
     raise _ulysses.Error(f"window_size must be (left, right), two integers (-1: unbounded), got {window_size!r}")
 
 
-def _head_parts(whole, heads, dtype):
+def _head_parts(whole: Any, heads: List[int], dtype: torch.dtype) -> List[torch.Tensor]:
     """[b, s, h_t, d] views of the fused [s, b, H, d] head-sharded buffer, one per tensor."""
     t = from_buffer(whole, dtype)
     parts, start = [], 0
@@ -158,7 +168,8 @@ class DistributedAttention(torch.nn.Module):
     gradients summed. ``comm`` is a
     ``ulysses.Communicator`` (DeepSpeed's ``sequence_process_group``)."""
 
-    def __init__(self, local_attention, comm, scatter_idx=2, gather_idx=0, sp_stream=None, num_kv_heads=None):
+    def __init__(self, local_attention: Callable[..., torch.Tensor], comm: Communicator, scatter_idx: int = 2,
+                 gather_idx: int = 0, sp_stream: Any = None, num_kv_heads: Optional[int] = None) -> None:
         super().__init__()
         if scatter_idx != 2 or gather_idx not in (0, 1):
             raise _ulysses.Error(f"DistributedAttention supports scatter_idx=2 with gather_idx 0 ([s, b, h, d]) or 1 "
@@ -168,7 +179,10 @@ class DistributedAttention(torch.nn.Module):
         self.local_attn, self.comm, self.scatter_idx, self.gather_idx = local_attention, comm, scatter_idx, gather_idx
         self.num_kv_heads = num_kv_heads
 
-    def forward(self, query, key, value, batch_dim_idx=None, rotary_pos_emb=None, *args, **kwargs):
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, batch_dim_idx: Optional[int] = None,
+                rotary_pos_emb: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``local_attention`` over the whole sequence for this rank's heads, between the two
+        all-to-alls (collective); the output has the inputs' layout and this rank's tokens."""
         if rotary_pos_emb is not None:
             raise _ulysses.Error("rotary_pos_emb is not supported: apply RoPE before the call "
                                  "(ulysses.positions gives each local token's global position)")

@@ -1,0 +1,83 @@
+"""Type stubs of the pybind11 extension (python/src/bindings.cpp): the C++ library's calls on
+plain tuples. Tensors cross as views, (data pointer, dtype name "f32" | "bf16", shape [b, s, h, d],
+strides of b, s and h in elements), made by ulysses._tensors.spec."""
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__version__: str
+
+View = Tuple[int, str, Tuple[int, int, int, int], Tuple[int, int, int]]
+HeadRanges = Sequence[Tuple[int, int]]  # (first head, count) per rank
+
+class Error(RuntimeError):
+    """Every error of the library: the same message on every rank for a collective check."""
+
+class Communicator:
+    def __init__(self, fortran_handle: int) -> None:
+        """Collective: a communicator over a duplicate of the MPI communicator with this Fortran
+        handle (mpi4py's comm.py2f())."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    def counters(self) -> Dict[str, Dict[str, int]]:
+        """Per operation: {"calls", "bytes_sent", "messages"}."""
+    def reset_counters(self) -> None: ...
+    def default_threads(self) -> int:
+        """Collective: cores on this node / ranks on this node."""
+
+class Context:
+    """What one forward keeps for its backward."""
+    @property
+    def valid(self) -> bool: ...
+    @property
+    def stats(self) -> Dict[str, float]:
+        """compute_s, comm_exposed_s, score_pairs."""
+
+class ContextParallelAttention:
+    def __init__(
+        self,
+        comm: Communicator,
+        cp_comm_type: str,
+        causal: bool,
+        scale: float,
+        cp_sizes: List[int],
+        window: Tuple[int, int] = (-1, -1),
+        overlap_chunks: int = 1,
+        q_offset: Optional[int] = None,
+    ) -> None: ...
+    def forward(self, out: View, q: View, k: View, v: View, cu_seqlens: List[int] = ...) -> Context:
+        """Collective: writes out; returns the context for backward."""
+    def backward(self, ctx: Context, dq: View, dk: View, dv: View, dout: View) -> Dict[str, float]:
+        """Collective: writes dq, dk, dv; returns the backward's stats."""
+
+class HeadBuffer:
+    """The head-sharded side of the fused all-to-all."""
+
+def seq_to_head(comm: Communicator, views: List[View], heads: List[HeadRanges]) -> np.ndarray:
+    """Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of
+    tensor t; returns the [s, b, H, d] head-sharded buffer (int16 bits for bf16)."""
+
+def head_to_seq(comm: Communicator, head_views: List[View], out_views: List[View], heads: List[HeadRanges]) -> None:
+    """Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d]."""
+
+def rank_chunks(
+    cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, rank: int, seq: int, q_offset: Optional[int] = None
+) -> List[Tuple[int, int]]:
+    """The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order."""
+
+def validate(cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, q_global: List[int], kv_heads: int) -> None:
+    """Raises Error if the configuration cannot run q_global [b, s, h, d] with kv_heads on cp ranks."""
+
+def strategy_names() -> List[str]:
+    """The registered cp_comm_type names."""
+
+def head_split(group: int, heads: int, kv_heads: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """Ulysses' head split over `group` ranks: (first, count) of query heads per rank, then of KV heads."""
+
+def set_threads(threads: int) -> None:
+    """OpenMP threads of the kernels (BLAS pinned to one)."""
