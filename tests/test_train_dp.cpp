@@ -3,6 +3,7 @@
 // batch (fixed batches, --lengths of several lengths that divide nothing, whole documents
 // under a token budget, packed documents); and every bad input gives the same error on every
 // rank before any data moves.
+#include <optional>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -26,7 +27,7 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 TrainConfig tiny(const std::string& strategy) {
   TrainConfig t;
   t.model = GptConfig{256, 2, 32, 4, 2, 8, 64};
-  t.cp = {strategy, {}, true, 0.0f};
+  t.cp = {strategy, {}, true, std::nullopt};
   t.batch = 4;
   t.seq = 96;
   t.warmup = 2;
@@ -75,7 +76,7 @@ void expect_like_one_rank(TrainConfig c, const std::function<DataSource()>& data
                           const std::vector<std::string>& strategies) {
   MpiCommunicator world, self(MPI_COMM_SELF);
   TrainConfig one_cfg = c;
-  one_cfg.cp = {"a2a", {}, true, 0.0f};
+  one_cfg.cp = {"a2a", {}, true, std::nullopt};
   std::vector<float> g1;
   std::vector<double> ref;
   {
@@ -88,7 +89,7 @@ void expect_like_one_rank(TrainConfig c, const std::function<DataSource()>& data
     for (int dp = 1; dp <= world.size(); ++dp) {
       if (world.size() % dp != 0) continue;
       for (const std::string& strategy : strategies) {
-        c.cp = {strategy, {}, true, 0.0f};
+        c.cp = {strategy, {}, true, std::nullopt};
         c.dp = dp;
         c.balance = policy;
         SCOPED_TRACE(fmt::format("{} policy, dp {}, {} on {} ranks", policy_name(policy), dp, strategy, world.size()));

@@ -294,7 +294,9 @@ namespace {
 
 // Sequences of one length stacked into a [batch, seq] Batch.
 Batch stack(const std::vector<Batch>& seqs, std::int64_t S) {
-  Batch out{std::int64_t(seqs.size()), S};
+  Batch out;
+  out.batch = std::int64_t(seqs.size());
+  out.seq = S;
   for (const Batch& b : seqs) {
     out.tokens.insert(out.tokens.end(), b.tokens.begin(), b.tokens.end());
     out.labels.insert(out.labels.end(), b.labels.begin(), b.labels.end());
