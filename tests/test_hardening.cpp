@@ -11,7 +11,7 @@
 #include <fstream>
 #include <limits>
 
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
