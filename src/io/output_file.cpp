@@ -223,7 +223,8 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
 
 AppendFile::AppendFile(std::string flag, const std::string& path, std::uint64_t keep)
     : flag_(std::move(flag)), path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);  // follows a symlink: written through
+  // Follows a symlink (written through); O_NONBLOCK: a FIFO without a reader fails, not waits.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd_ < 0) fail("cannot open for writing", errno);
   try {
     struct stat st {};

@@ -23,11 +23,13 @@ std::int64_t step_of(std::string_view line) {
 
 std::size_t log_bytes_through_step(std::string_view log, std::int64_t step) {
   std::size_t kept = 0;
+  std::int64_t previous = -1;
   while (kept < log.size()) {
     const std::size_t newline = log.find('\n', kept);
     if (newline == std::string_view::npos) break;  // a line cut short
     const std::int64_t s = step_of(log.substr(kept, newline - kept));
-    if (s < 0 || s > step) break;
+    if (s < 0 || s > step || s <= previous) break;  // not a step's line, past the checkpoint, or a repeat
+    previous = s;
     kept = newline + 1;
   }
   return kept;

@@ -9,7 +9,8 @@ namespace ulysses::train {
 
 // The bytes of `log` that a run resumed at checkpoint step `step` keeps: its complete lines up
 // to the first one past `step` (written by a run killed after its checkpoint, and about to be
-// written again) or the first that is not a step's line (one cut short by the kill).
+// written again), the first that does not follow its predecessor's step (a repeat) or the first
+// that is not a step's line (one cut short by the kill).
 std::size_t log_bytes_through_step(std::string_view log, std::int64_t step);
 
 // Not collective. What a run keeps of its log file `path` before appending: nothing for a fresh
