@@ -175,6 +175,19 @@ TEST_F(OutputFileTest, AppendFileCutsToKeepAndAppends) {
   }
   EXPECT_TRUE(fs::is_symlink(path("link")));
   EXPECT_EQ(get(path("log")), "fresh\n");
+  {
+    AppendFile log("--log", path("log"), 0);  // a replacement: the old file stays until a line is whole
+    EXPECT_EQ(get(path("log")), "fresh\n");
+  }
+  EXPECT_EQ(get(path("log")), "fresh\n");
+  EXPECT_TRUE(only({"log", "link"}));  // no temp file left
+  {
+    AppendFile log("--log", path("log"), 0);
+    log.append("first\n");
+    EXPECT_EQ(get(path("log")), "first\n");
+    log.append("second\n");
+  }
+  EXPECT_EQ(get(path("log")), "first\nsecond\n");
   EXPECT_THROW(AppendFile("--log", path("missing/log"), 0), Error);
   ASSERT_EQ(mkfifo(path("fifo").c_str(), 0644), 0);  // refused at once, not waiting for a reader
   EXPECT_THROW(AppendFile("--log", path("fifo"), 0), Error);

@@ -63,10 +63,13 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
 
 // A file written line by line as a run goes (train --log), with every write checked. A line
 // that cannot be written whole is cut off again (the file always ends with a complete line) and
-// throws Error "<flag> <path>: write failed: <strerror>". Symlinks are written through.
+// throws Error "<flag> <path>: write failed: <strerror>". Symlinks are written through; a
+// device, FIFO or directory is refused.
 class AppendFile {
  public:
-  // Opens `path` (created if missing) after cutting it to its first `keep` bytes.
+  // Opens `path` (created if missing) after cutting it to its first `keep` bytes. With keep 0
+  // the file is replaced, but only once the first line is written whole (or at close): a run that
+  // fails before leaves the old file.
   AppendFile(std::string flag, const std::string& path, std::uint64_t keep);
   ~AppendFile();
   AppendFile(const AppendFile&) = delete;
@@ -78,8 +81,10 @@ class AppendFile {
 
  private:
   [[noreturn]] void fail(const char* what, int err);
+  void publish();
 
   std::string flag_, path_;
+  std::string target_, tmp_;  // a replacement not yet renamed over its target
   int fd_ = -1;
   std::uint64_t size_ = 0;  // bytes of complete lines
 };

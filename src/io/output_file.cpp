@@ -221,35 +221,59 @@ void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& 
 
 // ---- AppendFile ------------------------------------------------------------------------------
 
+// keep == 0: a new file, written as "<target>.tmp.<pid>" and renamed over the target once it
+// holds a line (or at close): until then the old file stays, as every writer's does.
 AppendFile::AppendFile(std::string flag, const std::string& path, std::uint64_t keep)
     : flag_(std::move(flag)), path_(path) {
-  // Follows a symlink (written through); O_NONBLOCK: a FIFO without a reader fails, not waits.
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-  if (fd_ < 0) fail("cannot open for writing", errno);
-  try {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("cannot stat", errno);
-    if (!S_ISREG(st.st_mode))
-      throw Error(fmt::format("{} {}: is {}, not a regular file", flag_, path_, file_kind(st.st_mode)));
-    size_ = std::min<std::uint64_t>(keep, std::uint64_t(st.st_size));
-    if (::ftruncate(fd_, off_t(size_)) != 0) fail("cannot truncate", errno);
-  } catch (...) {
-    ::close(fd_);
-    throw;
+  const std::string target = output_target(path);
+  const std::string name = flag_ + " " + path_;
+  if (keep == 0) {
+    const mode_t mode = replaceable_mode(target, name);
+    remove_stale_temps(target);
+    target_ = target, tmp_ = temp_name(target);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd_ < 0) fail("cannot create a file here", errno);
+    if (::fchmod(fd_, mode) != 0) fail("cannot set its permissions", errno);
+    return;
   }
+  // O_NONBLOCK: a FIFO without a reader fails, not waits (and is refused below).
+  fd_ = ::open(target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd_ < 0) fail("cannot open for writing", errno);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail("cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw Error(fmt::format("{}: is {}, not a regular file", name, file_kind(st.st_mode)));
+  }
+  size_ = std::min<std::uint64_t>(keep, std::uint64_t(st.st_size));
+  if (::ftruncate(fd_, off_t(size_)) != 0) fail("cannot truncate", errno);
 }
 
 AppendFile::~AppendFile() {
   if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) std::remove(tmp_.c_str());  // never completed a line: the old file stays
 }
 
 void AppendFile::fail(const char* what, int err) {
-  // Cut a partly written line off again; the error to report is the one that brought us here.
-  if (fd_ >= 0) (void)!::ftruncate(fd_, off_t(size_));
+  // Cut a partly written line off again (a new file that never held a line is removed, the old
+  // one kept); the error to report is the one that brought us here.
+  if (fd_ >= 0 && tmp_.empty()) (void)!::ftruncate(fd_, off_t(size_));
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) std::remove(tmp_.c_str());
+  tmp_.clear();
   throw Error(fmt::format("{} {}: {}: {}", flag_, path_, what, std::strerror(err)));
 }
 
+// The new file replaces the old one.
+void AppendFile::publish() {
+  if (tmp_.empty()) return;
+  if (std::rename(tmp_.c_str(), target_.c_str()) != 0) fail("cannot rename into place", errno);
+  tmp_.clear();
+}
+
 void AppendFile::append(std::string_view bytes) {
+  if (fd_ < 0) throw Error(fmt::format("{} {}: written after it failed or closed", flag_, path_));
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, off_t(size_ + done));
@@ -258,11 +282,13 @@ void AppendFile::append(std::string_view bytes) {
     done += std::size_t(n);
   }
   size_ += done;
+  publish();
 }
 
 void AppendFile::close() {
   if (fd_ < 0) return;
   if (::fsync(fd_) != 0) fail("write failed", errno);
+  publish();
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) throw Error(fmt::format("{} {}: write failed: {}", flag_, path_, std::strerror(errno)));
