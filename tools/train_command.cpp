@@ -289,9 +289,11 @@ int run_train(const TrainOptions& o) {
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
     if (eval) evals.emplace_back(r.step, trainer.evaluate(o.eval_batches));
-    on_root(comm, [&] {  // a log that cannot be written stops every rank
+    const auto report = [&] {
       report_step(log ? &*log : nullptr, progress, s, r, acc_recent, eval ? &evals.back().second : nullptr);
-    });
+    };
+    if (o.log.empty() && rank == 0) report();
+    if (!o.log.empty()) on_root(comm, report);  // a log that cannot be written stops every rank
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
   }
   on_root(comm, [&] {
