@@ -15,12 +15,59 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <fstream>
-
 #include "bench.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/threads.hpp"
 
 using namespace ulysses;
+
+namespace {
+
+// Collective. Rank 0 checks the outputs before any work (ulysses/output_file.hpp's rules; the
+// plots' directory is created when missing); false, with the message printed, on every rank.
+bool agree_outputs(Communicator& world, const std::string& json, const std::string& plots) {
+  std::string error;
+  if (world.rank() == 0) try {
+      check_outputs({{"--json", json, true}, {"--plots", plots.empty() ? "" : plots + "/claim2_bytes.svg", false, true}});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  try {
+    world.agree(error);
+  } catch (const Error& e) {
+    if (world.rank() == 0) fmt::print(stderr, "ulysses_bench: {}\n", e.what());
+    return false;
+  }
+  return true;
+}
+
+// Collective. Every section asked for, the report written to `json` (rank 0). Returns the exit
+// code: 1 when the report cannot be written.
+int run_sections(MpiCommunicator& world, MpiCommunicator& self, bench::Options& o, const std::string& only,
+                 const std::string& json) {
+  o.cores = default_threads(self);
+  o.threads_per_rank = default_threads(world);
+  nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},
+                        {"quick", o.quick}};
+  if (world.rank() == 0)
+    fmt::print("ulysses_bench: {} ranks, {} threads per rank, {} threads for one rank alone{}\n", world.size(),
+               o.threads_per_rank, o.cores, o.quick ? " (--quick: smoke run, numbers not meaningful)" : "");
+  if (only.empty() || only == "kernels") report["kernels"] = bench::kernels_section(world, o);
+  if (only.empty() || only == "alltoall") report["alltoall"] = bench::alltoall_section(world, o);
+  if (only.empty() || only == "strategies") report["strategies"] = bench::strategies_section(world, o);
+  if (only.empty() || only == "seed") report["seed"] = bench::seed_section(world, o);
+  if (world.rank() != 0 || json.empty()) return 0;
+  try {
+    write_file_atomic(json, report.dump(2) + "\n");
+  } catch (const Error& e) {
+    fmt::print(stderr, "ulysses_bench: --json {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -30,7 +77,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", o.quick, "small shapes, one repetition: seconds (CI smoke run; no timing claims)");
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median)")->capture_default_str();
   app.add_option("--seq", o.seq, "sequence length of the end-to-end sections")->capture_default_str();
-  app.add_option("--json", json, "write every section's results here (rank 0)");
+  app.add_option("--json", json, "write every section's results here (rank 0; - for standard output)");
   app.add_option("--timeout", o.timeout, "seconds any rank may wait for another before the job ends (0 = forever)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -42,22 +89,12 @@ int main(int argc, char** argv) {
     o.reps = 1;
     o.seq = std::min<std::int64_t>(o.seq, 2048);
   }
+  int rc = 2;
   {
     MpiCommunicator world, self(MPI_COMM_SELF);
     world.set_timeout(o.timeout);
-    o.cores = default_threads(self);
-    o.threads_per_rank = default_threads(world);
-    nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},
-                          {"quick", o.quick}};
-    if (world.rank() == 0)
-      fmt::print("ulysses_bench: {} ranks, {} threads per rank, {} threads for one rank alone{}\n", world.size(),
-                 o.threads_per_rank, o.cores, o.quick ? " (--quick: smoke run, numbers not meaningful)" : "");
-    if (only.empty() || only == "kernels") report["kernels"] = bench::kernels_section(world, o);
-    if (only.empty() || only == "alltoall") report["alltoall"] = bench::alltoall_section(world, o);
-    if (only.empty() || only == "strategies") report["strategies"] = bench::strategies_section(world, o);
-    if (only.empty() || only == "seed") report["seed"] = bench::seed_section(world, o);
-    if (world.rank() == 0 && !json.empty()) std::ofstream(json) << report.dump(2) << "\n";
+    if (agree_outputs(world, json, o.plots)) rc = run_sections(world, self, o, only, json);
   }
   MPI_Finalize();
-  return 0;
+  return rc;
 }

@@ -19,7 +19,7 @@
 #include "seed.hpp"
 #include "seed_kernels.hpp"
 #include "seed_svg.hpp"
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/threads.hpp"

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <limits>
 
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
@@ -111,10 +111,11 @@ TEST(NpyHostile, GoodFilesStillRoundTrip) {
 TEST(AtomicFile, ErrorsNameTheReason) {
   const std::string e = error_of([] { write_file_atomic("/nonexistent_dir_ulysses/x", "abc"); });
   EXPECT_NE(e.find("No such file or directory"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { check_writable("/nonexistent_dir_ulysses/x"); }).find("cannot write here"), std::string::npos);
-  EXPECT_NE(error_of([] { check_writable("/tmp"); }).find("is a directory"), std::string::npos);
+  const auto check = [](const std::string& p) { check_outputs({{"--out", p}}); };
+  EXPECT_NE(error_of([&] { check("/nonexistent_dir_ulysses/x"); }).find("cannot write here"), std::string::npos);
+  EXPECT_NE(error_of([&] { check("/tmp"); }).find("is a directory"), std::string::npos);
   const std::string ok = scratch("writable");
-  EXPECT_EQ(error_of([&] { check_writable(ok); }), "");
+  EXPECT_EQ(error_of([&] { check(ok); }), "");
   EXPECT_FALSE(fs::exists(ok));
 }
 

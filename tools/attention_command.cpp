@@ -73,7 +73,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_flag("--check", o.check, "compare with a float64 single-process reference; exit 1 above tolerance");
   c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(non_negative_number());
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
-  c->add_option("--json", o.json, "write a JSON report here (rank 0)");
+  c->add_option("--json", o.json, "write a JSON report here (rank 0; - for standard output, after the text)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
                 "(rank 0): one track per rank, compute and every communication operation with its bytes");
   c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
@@ -209,6 +209,14 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
   return {files + shards + grads * working, gathered + (o.check ? 12 * grads * (2 * q + 2 * kv) : 0)};
 }
 
+// Not collective. Every file the command writes, against each other and the files it reads,
+// before any work (ulysses/output_file.hpp's rules).
+void check_files(const AttentionOptions& o) {
+  check_outputs({{"--out", o.out}, {"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}, {"--json", o.json, true},
+                 {"--trace", o.trace}},
+                {{"--q", o.q}, {"--k", o.k}, {"--v", o.v}, {"--dout", o.dout}, {"--cu-seqlens", cu_seqlens_file(o.cu_seqlens)}});
+}
+
 // Collective. Parses the options and reads the inputs on every rank, then agrees: a file may be
 // unreadable on one rank only.
 Setup setup(Communicator& comm, const AttentionOptions& o) {
@@ -218,7 +226,7 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
   set_threads(s.threads);
   const int node_ranks = comm.ranks_on_this_node();
   on_every_rank(comm, [&] {
-    if (comm.rank() == 0) check_outputs({o.out, o.dq, o.dk, o.dv, o.json});
+    if (comm.rank() == 0) check_files(o);
     s.dtype = parse_dtype(o.dtype);
     s.layout = parse_layout(o.layout);
     s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
@@ -571,7 +579,8 @@ bool check_against_reference(const Setup& s, const Results& g, std::uint64_t see
 }
 
 // Every output asked for, all or none (write_files_atomic).
-void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, const nlohmann::json& report) {
+void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, const nlohmann::json& report,
+                   const std::string& trace) {
   const Shape& q = s.p.q;
   const Shape& kv = s.p.kv;
   std::vector<std::pair<std::string, std::string>> files;
@@ -580,6 +589,7 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
   if (!o.dk.empty()) files.emplace_back(o.dk, npy_bytes(g.dk.f32(), {kv.b, kv.s, kv.h, kv.d}));
   if (!o.dv.empty()) files.emplace_back(o.dv, npy_bytes(g.dv.f32(), {kv.b, kv.s, kv.h, kv.d}));
   if (!o.json.empty()) files.emplace_back(o.json, report.dump(2) + "\n");
+  if (!o.trace.empty()) files.emplace_back(o.trace, trace);
   write_files_atomic(files);
 }
 
@@ -601,6 +611,7 @@ int run_attention(const AttentionOptions& o) {
   const nlohmann::json ranks = gather_rank_stats(comm, ops);
   timing.work = comm.allgather_value(timing.work[0], "report");  // after the counters were read
   const Results g = gather_results(comm, s, t, o);
+  const std::string trace = o.trace.empty() ? "" : chrome_trace_json(comm, events);  // after the reports' counters
   int failed = 0;  // rank 0's verdict, sent to every rank: all of them exit with the same code
   on_root(comm, [&] {
     const nlohmann::json checked = with_expected_bytes(s, ranks);
@@ -609,9 +620,8 @@ int run_attention(const AttentionOptions& o) {
     print_times(s, timing, o.repeat);
     print_traffic(checked, ops);
     if (o.check) failed = check_against_reference(s, g, o.seed, report);
-    if (!failed) write_outputs(o, s, g, report);  // a failed --check writes nothing
+    if (!failed) write_outputs(o, s, g, report, trace);  // a failed --check writes nothing
   });
-  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);  // after the reports: not in their bytes
   comm.broadcast(&failed, sizeof(failed), 0);
   return failed ? 1 : 0;
 }

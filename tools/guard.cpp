@@ -5,12 +5,10 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <set>
 #include <sstream>
 
 #include "report.hpp"
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/input_file.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/tensor.hpp"
 
@@ -33,26 +31,6 @@ CLI::Validator sign_check(bool zero_ok) {
 
 CLI::Validator positive_number() { return sign_check(false); }
 CLI::Validator non_negative_number() { return sign_check(true); }
-
-void check_outputs(const std::vector<std::string>& paths) {
-  std::set<std::string> seen;
-  for (const std::string& p : paths) {
-    if (p.empty()) continue;
-    if (!seen.insert(p).second) throw Error(fmt::format("{}: named for two outputs", p));
-    check_writable(p);
-  }
-}
-
-std::int64_t available_memory_bytes() {
-  if (const char* env = std::getenv("ULYSSES_MEM_AVAILABLE")) return std::atoll(env);
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return -1;
-}
 
 void check_memory(const std::string& what, double per_rank, double root_extra, int ranks_on_node) {
   const std::int64_t available = available_memory_bytes();

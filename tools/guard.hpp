@@ -1,5 +1,5 @@
-// Checks the commands make before they compute: outputs writable, memory enough, inputs finite
-// and identical on every rank.
+// Checks the commands make before they compute: memory enough, inputs finite and identical on
+// every rank (outputs: ulysses/output_file.hpp).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,14 +17,6 @@ namespace ulysses::cli {
 // positive, got -5"; CLI11's print the largest double in full).
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
-
-// Not collective. Throws Error for the first of `paths` (empty ones skipped) that cannot be
-// written, or that is named twice.
-void check_outputs(const std::vector<std::string>& paths);
-
-// MemAvailable from /proc/meminfo in bytes, or -1 when it cannot be read. ULYSSES_MEM_AVAILABLE
-// (bytes) overrides it, for tests.
-std::int64_t available_memory_bytes();
 
 // Not collective. Throws Error when `ranks_on_node` ranks of `per_rank` bytes each, plus
 // `root_extra` bytes (rank 0's gathers and checks, counted on every node), need more than this

@@ -58,7 +58,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
       ->check(positive_number());
   c->add_option("--q-offset", o.q_offset, "cross-attention, causal: query i sees keys j <= q_offset + i "
                 "(required when --kv-seq differs from --seq)");
-  c->add_option("--json", o.json, "write the plan here");
+  c->add_option("--json", o.json, "write the plan here (- for standard output, after the table)");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
   c->add_flag("--train", o.train, "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
@@ -418,7 +418,10 @@ int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
   MpiCommunicator comm(MPI_COMM_WORLD);
   PlanInput in;
-  on_every_rank(comm, [&] { in = plan_input(o, comm.size()); });
+  on_every_rank(comm, [&] {
+    if (comm.rank() == 0) check_outputs({{"--json", o.json, true}, {"--svg", o.svg}});  // before any work
+    in = plan_input(o, comm.size());
+  });
   std::vector<double> measured;
   if (o.calibrate) {
     set_threads(default_threads(comm));
@@ -446,8 +449,10 @@ int run_plan(const PlanOptions& o) {
     print_plan(in, plan, measured);
     nlohmann::json j = to_json(in, plan, measured);
     if (o.scaling) j["scaling"] = scaling_table(in);
-    if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
-    if (!o.svg.empty()) write_file_atomic(o.svg, svg_plot(in));
+    std::vector<std::pair<std::string, std::string>> files;  // all or none
+    if (!o.json.empty()) files.emplace_back(o.json, j.dump(2) + "\n");
+    if (!o.svg.empty()) files.emplace_back(o.svg, svg_plot(in));
+    write_files_atomic(files);
   });
   return 0;
 }

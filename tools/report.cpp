@@ -6,16 +6,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <iterator>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mpi.h>
 #include <new>
 
 #include "ulysses/error.hpp"
+#include "ulysses/input_file.hpp"
 #include "ulysses/npy.hpp"
 
 namespace ulysses::cli {
@@ -139,9 +138,13 @@ std::vector<std::int64_t> parse_integer_list(const std::string& text, const std:
 
 }  // namespace
 
+std::string cu_seqlens_file(const std::string& arg) {
+  return arg.empty() || std::isdigit(static_cast<unsigned char>(arg[0])) || arg[0] == '-' ? "" : arg;
+}
+
 std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
-  if (!arg.empty() && (std::isdigit(static_cast<unsigned char>(arg[0])) || arg[0] == '-'))
-    return parse_integer_list(arg, "the list");
+  if (cu_seqlens_file(arg).empty()) return parse_integer_list(arg, "the list");
+  check_regular_input("--cu-seqlens", arg);
   if (arg.ends_with(".npy")) {
     const NpyArray a = read_npy(arg);
     if (a.shape.size() != 1) throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
@@ -154,10 +157,7 @@ std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
     }
     return out;
   }
-  std::ifstream in(arg);
-  if (!in) throw Error(fmt::format("--cu-seqlens: cannot read {}: {}", arg, std::strerror(errno)));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_integer_list(text, arg);
+  return parse_integer_list(read_input_within_memory("--cu-seqlens", arg), arg);
 }
 
 CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks) {

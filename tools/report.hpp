@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 
@@ -50,6 +50,8 @@ bool parse_int64(std::string_view text, std::int64_t& value);
 // values) or text (numbers separated by commas, spaces or newlines). Throws Error naming the
 // flag and the bad entry; the library checks the values against the sequence.
 std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg);
+// `arg` when --cu-seqlens names a file (not a list of numbers), else "".
+std::string cu_seqlens_file(const std::string& arg);
 
 // Parses --window "L" or "L,R" (FlashAttention's window_size: L alone means (L, 0); -1 leaves a
 // side unbounded) into {left, right}. Throws Error naming the flag; the library checks the values.

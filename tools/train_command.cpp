@@ -15,11 +15,13 @@
 #include "guard.hpp"
 #include "plan_command.hpp"
 #include "report.hpp"
+#include "train/log.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
 
@@ -170,7 +172,7 @@ struct Progress {
 
 // Rank 0, after step `s` (and the held-out evaluation after it, if one ran): its JSON line in
 // the log, and a progress line about 20 times a run and at every evaluation.
-void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent,
+void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train::StepResult& r, double acc_recent,
                  const train::Evaluation* held_out) {
   const double tps = double(r.tokens) / r.seconds;
   std::string idle;  // each rank's, milliseconds
@@ -178,16 +180,15 @@ void report_step(std::FILE* log, const Progress& p, std::int64_t s, const train:
   const std::string held = held_out ? fmt::format(", \"held_out_loss\": {:.6f}, \"held_out_bpb\": {:.6f}",
                                                   held_out->loss, held_out->bits_per_byte())
                                     : "";
-  if (log)
-    std::fprintf(log,
-                 "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %.4f, \"grad_norm\": %.4f, \"tokens_per_s\": %.1f, "
-                 "\"attention_compute_s\": %.5f, \"attention_comm_exposed_s\": %.5f, \"peak_rss_bytes\": %.0f, "
-                 "\"predicted_bytes\": %.0f, \"dtype\": \"%s\", \"sequences\": %lld, \"tokens\": %lld, "
-                 "\"step_s\": %.6f, \"predicted_step_s\": %.6f, \"idle_ms\": [%s]%s}\n",
-                 (long long)r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                 r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype.c_str(), (long long)r.sequences,
-                 (long long)r.tokens, r.seconds, r.predicted_s, idle.c_str(), held.c_str());
-  if (log) std::fflush(log);  // a killed run keeps its steps' lines: log and checkpoint agree
+  if (log)  // written as it goes: a killed run keeps its steps' lines, so log and checkpoint agree
+    log->append(fmt::format("{{\"step\": {}, \"loss\": {:.6f}, \"accuracy\": {:.4f}, \"grad_norm\": {:.4f}, "
+                            "\"tokens_per_s\": {:.1f}, \"attention_compute_s\": {:.5f}, \"attention_comm_exposed_s\": "
+                            "{:.5f}, \"peak_rss_bytes\": {:.0f}, \"predicted_bytes\": {:.0f}, \"dtype\": \"{}\", "
+                            "\"sequences\": {}, \"tokens\": {}, \"step_s\": {:.6f}, \"predicted_step_s\": {:.6f}, "
+                            "\"idle_ms\": [{}]{}}}\n",
+                            r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
+                            r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype, r.sequences, r.tokens,
+                            r.seconds, r.predicted_s, idle, held));
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
@@ -302,15 +303,13 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   std::fflush(stdout);
 }
 
-// Collective. Rank 0's log file (appended to when resuming), or null.
-std::FILE* open_log(Communicator& comm, const TrainOptions& o) {
-  std::FILE* log = nullptr;
-  on_root(comm, [&] {
-    if (o.log.empty()) return;
-    log = std::fopen(o.log.c_str(), o.resume.empty() ? "w" : "a");
-    if (!log) throw Error(fmt::format("--log {}: cannot open for writing", o.log));
-  });
-  return log;
+// Not collective. Every file the run writes, against each other and the files it reads, before
+// any work (ulysses/output_file.hpp's rules). A checkpoint may be saved over the one it resumed.
+void check_files(const TrainOptions& o) {
+  const std::string saved = o.save.empty() ? "" : o.save + "/checkpoint.bin";
+  const std::string resumed = o.resume.empty() ? "" : o.resume + "/checkpoint.bin";
+  check_outputs({{"--log", o.log}, {"--svg", o.svg}, {"--trace", o.trace}, {"--save", saved, false, true, "--resume"}},
+                {{"--data", o.data}, {"--resume", resumed}});
 }
 
 }  // namespace
@@ -321,6 +320,7 @@ int run_train(const TrainOptions& o) {
   const int rank = comm.rank();
   const int threads = o.threads > 0 ? o.threads : default_threads(comm);
   set_threads(threads);
+  on_root(comm, [&] { check_files(o); });
   train::DataSource data = train::DataSource::synthetic();
   const train::TrainConfig cfg = train_config(comm, o, data);
   const int cp = comm.size() / cfg.dp;
@@ -328,7 +328,11 @@ int run_train(const TrainOptions& o) {
   if (!o.resume.empty()) trainer.load(o.resume);
   if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
 
-  std::FILE* log = open_log(comm, o);
+  std::optional<AppendFile> log;  // rank 0's; a resumed run's keeps the lines through its checkpoint
+  on_root(comm, [&] {
+    if (!o.log.empty())
+      log.emplace("--log", o.log, train::log_bytes_to_keep(o.log, o.resume.empty() ? -1 : trainer.current_step()));
+  });
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
   std::vector<double> losses, step_seconds, step_tps, step_idle;
@@ -351,10 +355,16 @@ int run_train(const TrainOptions& o) {
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
     if (eval) evals.emplace_back(r.step, trainer.evaluate(o.eval_batches));
-    if (rank == 0) report_step(log, progress, s, r, acc_recent, eval ? &evals.back().second : nullptr);
+    const auto report = [&] {
+      report_step(log ? &*log : nullptr, progress, s, r, acc_recent, eval ? &evals.back().second : nullptr);
+    };
+    if (o.log.empty() && rank == 0) report();
+    if (!o.log.empty()) on_root(comm, report);  // a log that cannot be written stops every rank
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
   }
-  if (log) std::fclose(log);
+  on_root(comm, [&] {
+    if (log) log->close();
+  });
   if (tracer) {
     const std::vector<TraceEvent> events = tracer->events();
     tracer.reset();  // the steps only

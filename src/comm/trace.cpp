@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {

@@ -9,7 +9,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/input_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -68,6 +69,7 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
+  check_regular_input("", path);  // a device or FIFO is never read: its size bounds nothing
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   char magic[8];

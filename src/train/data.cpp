@@ -4,14 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 
 #include "ulysses/error.hpp"
+#include "ulysses/input_file.hpp"
 
 namespace ulysses::train {
 
@@ -46,14 +43,12 @@ DataSource DataSource::synthetic() { return DataSource(); }
 
 DataSource DataSource::text_file(const std::string& path, double holdout) {
   if (!(holdout >= 0 && holdout < 1)) throw Error(fmt::format("--holdout must be in [0, 1), got {}", holdout));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("--data {}: cannot open: {}", path, std::strerror(errno)));
-  if (std::filesystem::is_directory(path)) throw Error(fmt::format("--data {}: is a directory, not a text file", path));
+  const std::string text = read_input_within_memory("--data", path);
   DataSource d;
   d.synthetic_ = false;
   d.path_ = path;
   d.holdout_ = holdout;
-  d.text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  d.text_.assign(text.begin(), text.end());
   d.cut_ = std::int64_t(d.text_.size()) - std::int64_t(std::ceil(holdout * double(d.text_.size())));
   return d;
 }

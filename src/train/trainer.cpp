@@ -8,8 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -17,7 +15,8 @@
 #include <sstream>
 
 #include "train/memory.hpp"
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/input_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
@@ -473,9 +472,7 @@ std::int64_t param_count(const GptConfig& m) {
 
 Checkpoint read_checkpoint(const std::string& dir) {
   const std::string path = dir + "/checkpoint.bin";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open checkpoint {}: {}", path, std::strerror(errno)));
-  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string s = read_input_within_memory("--resume", path);
   auto bad = [&](const std::string& why) { return Error(fmt::format("corrupt checkpoint {}: {}", path, why)); };
   if (s.size() < 24 || std::memcmp(s.data(), kMagic, 8) != 0) throw bad("not a ulysses checkpoint (bad magic or too short)");
   const std::uint64_t hl = get_u64(s, 8);
@@ -521,7 +518,7 @@ void Trainer::save(const std::string& dir) const {
       put_u64(s, fnv1a(s.data(), s.size()));
       write_file_atomic(dir + "/checkpoint.bin", s);
     } catch (const std::exception& e) {
-      err = e.what();
+      err = fmt::format("--save {}: {}", dir, e.what());
     }
   }
   comm_.agree(err);
