@@ -1,12 +1,59 @@
-// The balancer's policies (balancer.hpp). `static` is today's DP × CP: fixed groups of
-// world / dp ranks, sequences dealt round-robin.
+// The balancer's policies (balancer.hpp).
+//
+// Cost: sequence_cost(len, c) is the planner's row for the strategy at seq = len, cp = c plus the
+// sequence-sharded GEMMs; a rank's predicted time comes from simulating the execution model
+// (sequences in increasing index; a group starts when all its members are free), so waiting is
+// counted, not only work.
+//
+// Placements: a group of c <= ranks_per_node ranks lies inside one node (any offset there); a
+// larger one starts on a node boundary. Both match the planner's contiguous placement, so the
+// cost of a sequence is the same wherever it goes.
+//
+// static   fixed groups of world / dp ranks, sequence i on group i % dp.
+// pow2     Megatron's hybrid CP: c = the next power of two of ceil(len / max_tokens_per_rank),
+//          at most the largest power of two <= world (raised to the next power of two the
+//          strategy and the memory cap accept); groups are aligned blocks [k·c, (k+1)·c),
+//          sequences placed longest first on the block whose busiest member has the least work
+//          (Megatron's scheduler fills its DP×CP ranks by workload in the same order).
+// dynamic  ours, minimising the simulated step time (the slowest rank's finish):
+//          1. sizes: for each sequence the candidate sizes (every size up to 16, then those with
+//             at most 4 significant bits, and world) that the strategy and the cap accept and
+//             that are faster than every smaller candidate; above 16 ranks the list stops once
+//             parallel efficiency against the smallest falls below 1/5 (bigger groups only burn
+//             ranks).
+//          2. beam search in index order (the execution order, so each partial schedule is
+//             exact): a state is the ranks' free times, a child places the next sequence on one
+//             of its options, states rank by a lower bound on their final step time (the busiest
+//             rank, or all ranks' time plus the least rank·seconds still to place, over world);
+//             the beam is as wide as a budget allows (up to 256 on small steps, 1 — greedy
+//             earliest-bound list scheduling — on thousands of sequences over 1024 ranks);
+//          3. LPT for malleable jobs: sequences in decreasing cost, each on the (size, placement)
+//             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
+//             the same sizes placed again in index order where the members are free earliest;
+//          4. the best of 2, 3, static and pow2 (when feasible) by simulated step time, so
+//             dynamic is never predicted slower than either baseline;
+//          5. local improvement: passes over the sequences (the slowest rank's first, then by
+//             decreasing cost) moving each to its best option while the step time (then the sum
+//             of finish times) strictly drops, within a budget of simulated rank-steps.
+//          Why: waiting for group members is what sinks order-blind packing (LPT alone was up to
+//          1.9x the brute-force optimum on the tests' instances); searching in execution order
+//          prices it exactly, and LPT, the baselines and the local search cover what a narrow
+//          beam misses (worst 1.035x the optimum in the tests). Complexity, n sequences, W
+//          ranks, S candidate sizes (S <= 16 + 8·log2(W/16)), P <= W placements per size:
+//          O(n·S) planner rows (memoised per (len, c)); the beam O(n·B·S·P·W) with B chosen so
+//          that stays under kBeamBudget; LPT O(n log n + n·S·P·W); the search <= kSearchBudget.
+// Every choice breaks ties by index, ranks and sizes ascending: the plan is a pure function.
 #include "ulysses/balancer.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
 
 #include "ulysses/error.hpp"
+#include "ulysses/strategy.hpp"
 
 namespace ulysses {
 
@@ -32,35 +79,457 @@ std::vector<int> BalancePlan::sequences_of(int rank) const {
   return mine;
 }
 
+SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size) {
+  SequenceCost c;
+  if (size < 1 || size > in.world) {
+    c.reason = fmt::format("a group of {} ranks is not in [1, world = {}]", size, in.world);
+    return c;
+  }
+  if (in.memory_per_rank) c.memory = in.memory_per_rank(length, size);
+  if (size > length) {
+    c.reason = fmt::format("a group of {} ranks is larger than the sequence's {} tokens", size, length);
+    return c;
+  }
+  if (in.max_memory > 0 && c.memory > in.max_memory) {
+    c.reason = fmt::format("needs {:.0f} bytes per rank on {} ranks, over the cap of {:.0f}", c.memory, size, in.max_memory);
+    return c;
+  }
+  PlanInput m = in.model;
+  m.seq = length;
+  m.cp = size;
+  m.documents.clear();
+  const Plan plan = make_plan(m);
+  const PlanRow* best = nullptr;
+  const PlanRow* first = nullptr;
+  for (const PlanRow& r : plan.rows) {
+    if (r.config.cp_comm_type != in.cp_comm_type) continue;
+    if (first == nullptr) first = &r;
+    if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
+  }
+  if (first == nullptr) throw Error(fmt::format("balance: cp_comm_type '{}' is not a registered strategy", in.cp_comm_type));
+  if (best == nullptr) {
+    c.reason = first->reason;
+    return c;
+  }
+  const double rate = in.model.cluster.peak_flops * in.model.cluster.efficiency;
+  const std::int64_t tokens = (length + size - 1) / size;
+  c.valid = true;
+  c.config = best->config;
+  c.seconds = best->predicted_step_s + in.gemm_flops_per_token * double(tokens) / rate;
+  c.bytes = double(in.model.layers) * double(best->forward_bytes_per_rank + best->backward_bytes_per_rank);
+  return c;
+}
+
 namespace {
 
 void check_input(const BalanceInput& in) {
   if (in.lengths.empty()) throw Error("balance: the step has no sequences");
-  if (in.world < 1) throw Error(fmt::format("balance: world must be >= 1, got {}", in.world));
+  if (in.world < 1 || in.world > kMaxPlanRanks)
+    throw Error(fmt::format("balance: world must be in [1, {}], got {}", kMaxPlanRanks, in.world));
   if (in.dp < 1 || in.world % in.dp != 0)
     throw Error(fmt::format("balance: dp {} does not divide the world size {}", in.dp, in.world));
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     if (in.lengths[i] < 1) throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
+  if (in.max_memory < 0) throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
+  if (in.gemm_flops_per_token < 0)
+    throw Error(fmt::format("balance: gemm_flops_per_token must be >= 0, got {}", in.gemm_flops_per_token));
+  if (in.max_tokens_per_rank < 0)
+    throw Error(fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
+  find_strategy(in.cp_comm_type);
 }
 
-BalancePlan static_plan(const BalanceInput& in) {
-  BalancePlan plan;
-  plan.policy = BalancePolicy::static_;
+// sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
+class CostTable {
+ public:
+  explicit CostTable(const BalanceInput& in) : in_(in) {}
+  const SequenceCost& at(std::int64_t length, int size) {
+    auto [it, fresh] = cache_.try_emplace({length, size});
+    if (fresh) it->second = sequence_cost(in_, length, size);
+    return it->second;
+  }
+  const SequenceCost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
+
+ private:
+  const BalanceInput& in_;
+  std::map<std::pair<std::int64_t, int>, SequenceCost> cache_;
+};
+
+struct Schedule {
+  std::vector<double> finish, busy;
+  double step = 0, finish_sum = 0;
+  // Strictly better: a shorter step, or (within rounding) the same step with less finish time in all.
+  bool better_than(const Schedule& o) const {
+    const double tol = 1e-12 * std::max(1.0, o.step);
+    if (step < o.step - tol) return true;
+    return step <= o.step + tol && finish_sum < o.finish_sum - 1e-12 * std::max(1.0, o.finish_sum);
+  }
+};
+
+// The execution model: in increasing index, a sequence starts when all its group is free.
+Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds) {
+  Schedule s;
+  s.finish.assign(std::size_t(world), 0.0);
+  s.busy.assign(std::size_t(world), 0.0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto first = s.finish.begin() + groups[i].first_rank, last = first + groups[i].size;
+    const double end = *std::max_element(first, last) + seconds[i];
+    std::fill(first, last, end);
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + groups[i].size; ++r) s.busy[std::size_t(r)] += seconds[i];
+  }
+  s.step = *std::max_element(s.finish.begin(), s.finish.end());
+  s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
+  return s;
+}
+
+// Where a group of `size` ranks may start (see the top of the file), ascending.
+std::vector<int> placements(const Cluster& cluster, int world, int size) {
+  const int per_node = cluster.ranks_per_node;
+  std::vector<int> firsts;
+  if (size <= per_node) {
+    for (int node = 0; node < world; node += per_node)
+      for (int f = node; f + size <= std::min(world, node + per_node); ++f) firsts.push_back(f);
+  } else {
+    for (int f = 0; f + size <= world; f += per_node) firsts.push_back(f);
+  }
+  return firsts;
+}
+
+[[noreturn]] void throw_unplaceable(const BalanceInput& in, std::size_t i, CostTable& costs, const std::string& where) {
+  const std::int64_t len = in.lengths[i];
+  if (in.max_memory > 0 && in.memory_per_rank) {
+    int smallest = 1;
+    for (int c = 2; c <= in.world && c <= len; ++c)
+      if (in.memory_per_rank(len, c) < in.memory_per_rank(len, smallest)) smallest = c;
+    const double need = in.memory_per_rank(len, smallest);
+    if (need > in.max_memory)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group under the memory cap of {:.0f} bytes per "
+                              "rank{}: it needs {:.0f} bytes per rank even on {} rank(s)",
+                              i, len, in.max_memory, where, need, smallest));
+  }
+  throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group{}: on 1 rank, {}", i, len, where,
+                          costs.of(i, 1).reason));
+}
+
+// A plan's predictions for its groups (and the checks that every sequence can run there).
+BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy policy, std::vector<BalanceGroup> groups) {
+  BalancePlan p;
+  p.policy = policy;
+  const std::size_t world = std::size_t(in.world);
+  p.rank_memory.assign(world, 0.0);
+  p.rank_bytes.assign(world, 0.0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const BalanceGroup g = groups[i];
+    if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
+      throw Error(fmt::format("balance: sequence {}'s group [{}, {}) is not inside the world of {} ranks", i, g.first_rank,
+                              g.first_rank + g.size, in.world));
+    const SequenceCost& c = costs.of(i, g.size);
+    if (!c.valid)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) cannot run on its group of {} ranks: {}", i,
+                              in.lengths[i], g.size, c.reason));
+    p.sequence_seconds.push_back(c.seconds);
+    p.configs.push_back(c.config);
+    for (int r = g.first_rank; r < g.first_rank + g.size; ++r) {
+      p.rank_memory[std::size_t(r)] = std::max(p.rank_memory[std::size_t(r)], c.memory);
+      p.rank_bytes[std::size_t(r)] += c.bytes;
+    }
+  }
+  const Schedule s = simulate(in.world, groups, p.sequence_seconds);
+  p.groups = std::move(groups);
+  p.rank_seconds = s.finish;
+  p.rank_busy_seconds = s.busy;
+  p.step_seconds = s.step;
+  return p;
+}
+
+std::vector<BalanceGroup> static_groups(const BalanceInput& in, CostTable& costs) {
   const int cp = in.world / in.dp;
-  for (std::size_t i = 0; i < in.lengths.size(); ++i)
-    plan.groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
-  plan.rank_seconds.assign(std::size_t(in.world), 0.0);
-  plan.rank_memory.assign(std::size_t(in.world), 0.0);
-  return plan;
+  std::vector<BalanceGroup> groups;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
+    if (!costs.of(i, cp).valid)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no static group of {} ranks (world {} / dp {}): {}",
+                              i, in.lengths[i], cp, in.world, in.dp, costs.of(i, cp).reason));
+    groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
+  }
+  return groups;
+}
+
+// Of `firsts`, the group of `size` whose busiest member's `load` is least (the lowest on ties).
+BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest) {
+  BalanceGroup best{firsts.front(), size};
+  *busiest = -1;
+  for (int f : firsts) {
+    const double m = *std::max_element(load.begin() + f, load.begin() + f + size);
+    if (*busiest < 0 || m < *busiest) *busiest = m, best.first_rank = f;
+  }
+  return best;
+}
+
+// Sequence indices by decreasing key, ties by index.
+std::vector<std::size_t> decreasing(const std::vector<double>& key) {
+  std::vector<std::size_t> order(key.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] > key[b]; });
+  return order;
+}
+
+std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) {
+  const std::int64_t longest = *std::max_element(in.lengths.begin(), in.lengths.end());
+  const std::int64_t per_rank = in.max_tokens_per_rank > 0 ? in.max_tokens_per_rank : (longest + in.world - 1) / in.world;
+  int top = 1;
+  while (2 * top <= in.world) top *= 2;
+  const std::size_t n = in.lengths.size();
+  std::vector<int> size(n);
+  std::vector<double> length(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t need = (in.lengths[i] + per_rank - 1) / per_rank;
+    int c = 1;
+    while (c < need && c < top) c *= 2;
+    while (c <= top && !costs.of(i, c).valid) c *= 2;
+    if (c > top) throw_unplaceable(in, i, costs, " of a power-of-two size");
+    size[i] = c;
+    length[i] = double(in.lengths[i]);
+  }
+  std::vector<double> load(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups(n);
+  for (std::size_t i : decreasing(length)) {
+    std::vector<int> blocks;
+    for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
+    double busiest = 0;
+    groups[i] = least_loaded(load, blocks, size[i], &busiest);
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += costs.of(i, size[i]).seconds;
+  }
+  return groups;
+}
+
+// ---- dynamic ----------------------------------------------------------------------------------
+
+struct Option {
+  BalanceGroup group;
+  double seconds = 0;
+};
+
+// Every size up to 16, then sizes with at most 4 significant bits, then world: ~8 per octave.
+std::vector<int> size_ladder(int world) {
+  std::vector<int> sizes;
+  for (int c = 1; c <= world; ++c)
+    if (c <= 16 || (c >> __builtin_ctz(unsigned(c))) < 16 || c == world) sizes.push_back(c);
+  return sizes;
+}
+
+// Sequence i's candidate (size, placement) options: see the top of the file.
+std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder) {
+  std::vector<Option> out;
+  double base_area = 0, fastest = 0;
+  for (int c : ladder) {
+    const SequenceCost& cost = costs.of(i, c);
+    if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
+    if (out.empty()) base_area = cost.seconds * c;
+    fastest = cost.seconds;
+    for (int f : placements(in.model.cluster, in.world, c)) out.push_back({{f, c}, cost.seconds});
+    if (in.world > 16 && base_area < 0.2 * cost.seconds * c) break;
+  }
+  return out;
+}
+
+std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+  const std::size_t n = options.size();
+  std::vector<double> fastest(n);
+  for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
+  std::vector<double> load(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups(n);
+  for (std::size_t i : decreasing(fastest)) {
+    const Option* best = nullptr;
+    double best_end = 0;
+    for (const Option& o : options[i]) {
+      const auto first = load.begin() + o.group.first_rank;
+      const double end = *std::max_element(first, first + o.group.size) + o.seconds;
+      if (best == nullptr || end < best_end ||
+          (end == best_end && o.seconds * o.group.size < best->seconds * best->group.size))
+        best = &o, best_end = end;
+    }
+    groups[i] = best->group;
+    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size, best_end);
+  }
+  return groups;
+}
+
+// `groups`' sizes placed again in index order, each where its members are free earliest.
+std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const std::vector<BalanceGroup>& sized,
+                                             const std::vector<double>& seconds) {
+  std::vector<double> free(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups;
+  for (std::size_t i = 0; i < sized.size(); ++i) {
+    double start = 0;
+    groups.push_back(least_loaded(free, placements(in.model.cluster, in.world, sized[i].size), sized[i].size, &start));
+    std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size, start + seconds[i]);
+  }
+  return groups;
+}
+
+std::vector<double> seconds_of(const std::vector<BalanceGroup>& groups, CostTable& costs) {
+  std::vector<double> s;
+  for (std::size_t i = 0; i < groups.size(); ++i) s.push_back(costs.of(i, groups[i].size).seconds);
+  return s;
+}
+
+// The most rank-steps (option × member evaluations) the beam search may spend, and its widest beam.
+constexpr double kBeamBudget = 3e8;
+constexpr std::size_t kMaxBeam = 256;
+
+// Beam search over the sequences in index order (the execution order, so every partial schedule
+// is exact): each state is the ranks' free times; a child places the next sequence on one of its
+// options; states rank by a lower bound on their final step time (the busiest rank, or all ranks'
+// time plus the least rank·seconds the remaining sequences need, over world), then by total free
+// time. Identical states are kept once.
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+  const std::size_t n = options.size(), world = std::size_t(in.world);
+  std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
+  double work = 0;
+  for (std::size_t i = n; i-- > 0;) {
+    double least = -1;
+    for (const Option& o : options[i]) least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
+    rest[i] = rest[i + 1] + least;
+    work += double(options[i].size()) * (world + double(options[i].back().group.size));
+  }
+  const std::size_t width = std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, work)), 1, kMaxBeam);
+  struct State {
+    std::vector<double> free;
+    double bound = 0, total = 0;
+    std::size_t parent = 0, option = 0;
+  };
+  struct Step {
+    std::size_t parent, option;
+  };
+  std::vector<State> beam(1);
+  beam[0].free.assign(world, 0.0);
+  std::vector<std::vector<Step>> trail;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<State> children;
+    for (std::size_t b = 0; b < beam.size(); ++b)
+      for (std::size_t k = 0; k < options[i].size(); ++k) {
+        const Option& o = options[i][k];
+        State c;
+        c.free = beam[b].free;
+        const auto first = c.free.begin() + o.group.first_rank, last = first + o.group.size;
+        std::fill(first, last, *std::max_element(first, last) + o.seconds);
+        c.total = std::accumulate(c.free.begin(), c.free.end(), 0.0);
+        c.bound = std::max(*std::max_element(c.free.begin(), c.free.end()), (c.total + rest[i + 1]) / double(world));
+        c.parent = b;
+        c.option = k;
+        children.push_back(std::move(c));
+      }
+    std::stable_sort(children.begin(), children.end(), [](const State& a, const State& b) {
+      return a.bound < b.bound || (a.bound == b.bound && a.total < b.total);
+    });
+    beam.clear();
+    trail.emplace_back();
+    for (State& c : children) {
+      if (beam.size() == width) break;
+      bool seen = false;
+      for (const State& kept : beam) seen = seen || kept.free == c.free;
+      if (seen) continue;
+      trail.back().push_back({c.parent, c.option});
+      c.parent = trail.back().size() - 1;  // the state's own index at this level
+      beam.push_back(std::move(c));
+    }
+  }
+  std::vector<BalanceGroup> groups(n);
+  std::size_t at = 0;  // the best final state: the first kept
+  for (std::size_t i = n; i-- > 0;) {
+    groups[i] = options[i][trail[i][at].option].group;
+    at = trail[i][at].parent;
+  }
+  return groups;
+}
+
+// The most simulated rank-steps (sequence × member updates) the local search may spend.
+constexpr double kSearchBudget = 4e7;
+
+void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& options, std::vector<BalanceGroup>& groups,
+             std::vector<double>& seconds) {
+  const std::size_t n = groups.size();
+  Schedule cur = simulate(in.world, groups, seconds);
+  double spent = 0;
+  for (bool moved = true; moved && spent < kSearchBudget;) {
+    moved = false;
+    const auto critical = std::size_t(std::max_element(cur.finish.begin(), cur.finish.end()) - cur.finish.begin());
+    std::vector<double> key(n);
+    for (std::size_t i = 0; i < n; ++i) key[i] = seconds[i] + (groups[i].contains(int(critical)) ? cur.step : 0);
+    for (std::size_t i : decreasing(key)) {
+      const BalanceGroup was = groups[i];
+      const double was_s = seconds[i];
+      BalanceGroup best = was;
+      double best_s = was_s;
+      Schedule best_sched = cur;
+      double cost = double(in.world);
+      for (const BalanceGroup& g : groups) cost += g.size;
+      for (const Option& o : options[i]) {
+        if (o.group == was) continue;
+        if (spent >= kSearchBudget) break;
+        groups[i] = o.group;
+        seconds[i] = o.seconds;
+        const Schedule s = simulate(in.world, groups, seconds);
+        spent += cost;
+        if (s.better_than(best_sched)) best = o.group, best_s = o.seconds, best_sched = s;
+      }
+      groups[i] = best;
+      seconds[i] = best_s;
+      if (!(best == was)) {
+        cur = best_sched;
+        moved = true;
+      }
+    }
+  }
+}
+
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs) {
+  const std::vector<int> ladder = size_ladder(in.world);
+  std::vector<std::vector<Option>> options;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
+    options.push_back(options_of(in, costs, i, ladder));
+    if (options.back().empty()) throw_unplaceable(in, i, costs, "");
+  }
+  std::vector<std::vector<BalanceGroup>> candidates;
+  candidates.push_back(beam_groups(in, options));
+  candidates.push_back(lpt_groups(in, options));
+  candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
+  for (auto baseline : {static_groups, pow2_groups}) {
+    try {
+      candidates.push_back(baseline(in, costs));
+    } catch (const Error&) {  // infeasible baselines are simply not candidates
+    }
+  }
+  std::size_t best = 0;
+  Schedule best_sched;
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    const Schedule s = simulate(in.world, candidates[k], seconds_of(candidates[k], costs));
+    if (k == 0 || s.better_than(best_sched)) best = k, best_sched = s;
+  }
+  std::vector<BalanceGroup> groups = candidates[best];
+  std::vector<double> seconds = seconds_of(groups, costs);
+  improve(in, options, groups, seconds);
+  return groups;
 }
 
 }  // namespace
 
+BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>& groups) {
+  check_input(in);
+  if (groups.size() != in.lengths.size())
+    throw Error(fmt::format("balance: {} groups for {} sequences", groups.size(), in.lengths.size()));
+  CostTable costs(in);
+  return finish_plan(in, costs, BalancePolicy::dynamic, groups);
+}
+
 BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
   check_input(in);
-  if (policy != BalancePolicy::static_)
-    throw Error(fmt::format("balance: policy {} is not implemented yet", policy_name(policy)));
-  return static_plan(in);
+  CostTable costs(in);
+  switch (policy) {
+    case BalancePolicy::static_: return finish_plan(in, costs, policy, static_groups(in, costs));
+    case BalancePolicy::pow2: return finish_plan(in, costs, policy, pow2_groups(in, costs));
+    case BalancePolicy::dynamic: return finish_plan(in, costs, policy, dynamic_groups(in, costs));
+  }
+  throw Error("balance: unknown policy");
 }
 
 }  // namespace ulysses
