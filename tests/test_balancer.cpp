@@ -9,6 +9,7 @@
 
 #include "ulysses/balancer.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/lengths.hpp"
 #include "ulysses/mpi_communicator.hpp"
 
 namespace {
@@ -164,7 +165,7 @@ TEST(Balancer, DynamicIsNearTheBruteForceOptimumAndNeverBehindTheBaselines) {
     const BalancePlan d = balance(in, BalancePolicy::dynamic);
     const double best = optimum(in, d.step_seconds);
     worst = std::max(worst, d.step_seconds / best);
-    EXPECT_LE(d.step_seconds, 1.05 * best) << in.world << " ranks, " << in.lengths.size() << " sequences";
+    EXPECT_LE(d.step_seconds, 1.05 * best) << in.world << " ranks: " << describe_lengths(in.lengths);
     for (BalancePolicy base : {BalancePolicy::static_, BalancePolicy::pow2})
       EXPECT_LE(d.step_seconds, balance(in, base).step_seconds * (1 + 1e-12)) << policy_name(base);
   }

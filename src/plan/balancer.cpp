@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 
@@ -281,12 +282,17 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   std::vector<int> size(n);
   std::vector<double> length(n);
   for (std::size_t i = 0; i < n; ++i) {
+    // The smallest runnable power of two >= need, else the largest runnable one (a strategy's
+    // head limit, or the world, caps it).
     const std::int64_t need = (in.lengths[i] + per_rank - 1) / per_rank;
-    int c = 1;
-    while (c < need && c < top) c *= 2;
-    while (c <= top && !costs.of(i, c).valid) c *= 2;
-    if (c > top) throw_unplaceable(in, i, costs, " of a power-of-two size");
-    size[i] = c;
+    int chosen = 0;
+    for (int c = 1; c <= top; c *= 2) {
+      if (!costs.of(i, c).valid) continue;
+      if (chosen == 0 || chosen < need) chosen = c;
+      if (c >= need) break;
+    }
+    if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
+    size[i] = chosen;
     length[i] = double(in.lengths[i]);
   }
   std::vector<double> load(std::size_t(in.world), 0.0);
@@ -373,15 +379,26 @@ std::vector<double> seconds_of(const std::vector<BalanceGroup>& groups, CostTabl
 }
 
 // The most rank-steps (option × member evaluations) the beam search may spend, and its widest beam.
-constexpr double kBeamBudget = 3e8;
-constexpr std::size_t kMaxBeam = 256;
+constexpr double kBeamBudget = 2e7;
+constexpr std::size_t kMaxBeam = 1024;
 
 // Beam search over the sequences in index order (the execution order, so every partial schedule
 // is exact): each state is the ranks' free times; a child places the next sequence on one of its
 // options; states rank by a lower bound on their final step time (the busiest rank, or all ranks'
 // time plus the least rank·seconds the remaining sequences need, over world), then by total free
 // time. Identical states are kept once.
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+std::uint64_t hash_of(const std::vector<double>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (double x : v) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
+                                      bool area_bound) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
   double work = 0;
@@ -389,13 +406,43 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
     double least = -1;
     for (const Option& o : options[i]) least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
     rest[i] = rest[i + 1] + least;
-    work += double(options[i].size()) * (world + double(options[i].back().group.size));
+    work += double(options[i].size()) * double(options[i].back().group.size);
   }
   const std::size_t width = std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, work)), 1, kMaxBeam);
+  // On small steps the bound also looks ahead: a later sequence j cannot start on c ranks before
+  // the c-th earliest free time, so the step lasts at least min over c of that plus t_j(c); the
+  // few longest sequences still to come are checked.
+  const bool look_ahead = double(n) * double(world) * double(width) <= kBeamBudget;
+  std::vector<std::vector<std::size_t>> longest_after(n + 1);
+  for (std::size_t i = n; i-- > 0;) {
+    std::vector<std::size_t>& l = longest_after[i];
+    l = longest_after[i + 1];
+    l.push_back(i);
+    std::stable_sort(l.begin(), l.end(), [&](std::size_t a, std::size_t b) {
+      return options[a].back().seconds > options[b].back().seconds;
+    });
+    if (l.size() > 4) l.resize(4);
+  }
+  auto ahead = [&](std::vector<double> free, std::size_t from) {
+    std::sort(free.begin(), free.end());
+    double lb = 0;
+    for (std::size_t j : longest_after[from]) {
+      double least = -1;
+      for (const Option& o : options[j]) {
+        const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
+        least = least < 0 ? t : std::min(least, t);
+      }
+      lb = std::max(lb, least);
+    }
+    return lb;
+  };
   struct State {
     std::vector<double> free;
-    double bound = 0, total = 0;
-    std::size_t parent = 0, option = 0;
+    double most = 0, total = 0;
+  };
+  struct Child {  // a state not yet made: scored from its parent without copying it
+    double bound, total;
+    std::size_t parent, option;
   };
   struct Step {
     std::size_t parent, option;
@@ -404,34 +451,42 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   beam[0].free.assign(world, 0.0);
   std::vector<std::vector<Step>> trail;
   for (std::size_t i = 0; i < n; ++i) {
-    std::vector<State> children;
+    std::vector<Child> children;
     for (std::size_t b = 0; b < beam.size(); ++b)
       for (std::size_t k = 0; k < options[i].size(); ++k) {
         const Option& o = options[i][k];
-        State c;
-        c.free = beam[b].free;
-        const auto first = c.free.begin() + o.group.first_rank, last = first + o.group.size;
-        std::fill(first, last, *std::max_element(first, last) + o.seconds);
-        c.total = std::accumulate(c.free.begin(), c.free.end(), 0.0);
-        c.bound = std::max(*std::max_element(c.free.begin(), c.free.end()), (c.total + rest[i + 1]) / double(world));
-        c.parent = b;
-        c.option = k;
-        children.push_back(std::move(c));
+        const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
+        const double end = *std::max_element(first, last) + o.seconds;
+        const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
+        const double most = std::max(beam[b].most, end);
+        double bound = area_bound ? std::max(most, (total + rest[i + 1]) / double(world)) : most;
+        if (area_bound && look_ahead && i + 1 < n) {
+          std::vector<double> free = beam[b].free;
+          std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
+          bound = std::max(bound, ahead(std::move(free), i + 1));
+        }
+        children.push_back({bound, total, b, k});
       }
-    std::stable_sort(children.begin(), children.end(), [](const State& a, const State& b) {
+    std::stable_sort(children.begin(), children.end(), [](const Child& a, const Child& b) {
       return a.bound < b.bound || (a.bound == b.bound && a.total < b.total);
     });
-    beam.clear();
+    std::vector<State> next;
+    std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
     trail.emplace_back();
-    for (State& c : children) {
-      if (beam.size() == width) break;
-      bool seen = false;
-      for (const State& kept : beam) seen = seen || kept.free == c.free;
-      if (seen) continue;
+    for (const Child& c : children) {
+      if (next.size() == width) break;
+      const Option& o = options[i][c.option];
+      State s{beam[c.parent].free, 0, c.total};
+      const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
+      std::fill(first, last, *std::max_element(first, last) + o.seconds);
+      s.most = *std::max_element(s.free.begin(), s.free.end());
+      std::vector<std::size_t>& same = kept[hash_of(s.free)];
+      if (std::any_of(same.begin(), same.end(), [&](std::size_t k) { return next[k].free == s.free; })) continue;
+      same.push_back(next.size());
       trail.back().push_back({c.parent, c.option});
-      c.parent = trail.back().size() - 1;  // the state's own index at this level
-      beam.push_back(std::move(c));
+      next.push_back(std::move(s));
     }
+    beam = std::move(next);
   }
   std::vector<BalanceGroup> groups(n);
   std::size_t at = 0;  // the best final state: the first kept
@@ -490,7 +545,8 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
     if (options.back().empty()) throw_unplaceable(in, i, costs, "");
   }
   std::vector<std::vector<BalanceGroup>> candidates;
-  candidates.push_back(beam_groups(in, options));
+  candidates.push_back(beam_groups(in, options, true));
+  candidates.push_back(beam_groups(in, options, false));
   candidates.push_back(lpt_groups(in, options));
   candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
   for (auto baseline : {static_groups, pow2_groups}) {
