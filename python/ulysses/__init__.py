@@ -15,8 +15,9 @@ window, -1 unbounded), ``overlap_chunks`` (``a2a``: pipelined all-to-alls) and `
 k/v of another length than q (cross-attention; shard them with the same ``q_offset``).
 """
 from ._ulysses import Error, strategy_names
+from ._balance import BalancePlan, balance
 from ._comm import Communicator
 from ._sharding import positions, shard, unshard
 
-__all__ = ["Communicator", "Error", "positions", "shard", "strategy_names", "unshard"]
+__all__ = ["BalancePlan", "Communicator", "Error", "balance", "positions", "shard", "strategy_names", "unshard"]
 __version__ = "0.1.0"
