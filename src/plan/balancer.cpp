@@ -406,13 +406,18 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
     double least = -1;
     for (const Option& o : options[i]) least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
     rest[i] = rest[i + 1] + least;
-    work += double(options[i].size()) * double(options[i].back().group.size);
+    work += double(options[i].size()) * (double(options[i].back().group.size) + 8) + double(world);
   }
-  const std::size_t width = std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, work)), 1, kMaxBeam);
   // On small steps the bound also looks ahead: a later sequence j cannot start on c ranks before
   // the c-th earliest free time, so the step lasts at least min over c of that plus t_j(c); the
-  // few longest sequences still to come are checked.
-  const bool look_ahead = double(n) * double(world) * double(width) <= kBeamBudget;
+  // few longest sequences still to come are checked. It costs a sort of the free times and a
+  // scan of those sequences' options per child, so it is used only while it leaves a wide beam.
+  double ahead_work = 0;  // per beam state, over all levels
+  for (std::size_t i = 0; i < n; ++i)
+    ahead_work += double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
+  const bool look_ahead = kBeamBudget / (work + ahead_work) >= 16;
+  const std::size_t width = std::clamp<std::size_t>(
+      std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1, kMaxBeam);
   std::vector<std::vector<std::size_t>> longest_after(n + 1);
   for (std::size_t i = n; i-- > 0;) {
     std::vector<std::size_t>& l = longest_after[i];
