@@ -10,6 +10,7 @@
 #include "guard.hpp"
 #include "plan_command.hpp"
 #include "report.hpp"
+#include "train/layers.hpp"
 #include "train/memory.hpp"
 #include "ulysses/atomic_file.hpp"
 #include "ulysses/balancer.hpp"
@@ -28,6 +29,27 @@ train::GptConfig model_of(const PlanOptions& o) {
   train::GptConfig m{256, o.layers, width, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, hidden};
   if (const std::string e = m.error(); !e.empty()) throw Error(e);
   return m;
+}
+
+// FLOP/s of this rank's GEMMs (its threads): the model's MLP up-projection over 1024 tokens,
+// forward and backward as the trainer runs them, median of 3 after a warm-up.
+double gemm_rate(const Communicator& comm, const train::GptConfig& m) {
+  const std::int64_t n = 1024, ic = m.width, oc = m.hidden;
+  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)), dy(y.size(), 1.0f),
+      dx(x.size()), dw(w.size());
+  auto run = [&] {
+    train::matmul_forward(y.data(), x.data(), w.data(), n, ic, oc);
+    train::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
+  };
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = comm.now();
+    run();
+    t.push_back(comm.now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return 6.0 * double(n) * double(ic) * double(oc) / t[1];
 }
 
 // The balancer's input for `world` ranks (checked: throws Error).
@@ -136,7 +158,12 @@ int run_plan_lengths(const PlanOptions& o) {
     probe.seq = 1;
     if (const std::string e = plan_input_error(probe); !e.empty()) throw Error(e);
   });
-  if (o.calibrate) calibrate_cluster(comm, in.model);
+  if (o.calibrate) {
+    calibrate_cluster(comm, in.model);
+    double seconds_per_flop = 1.0 / gemm_rate(comm, model_of(o));
+    comm.allreduce_max(&seconds_per_flop, 1);  // the slowest rank's
+    in.gemm_flops_rate = 1.0 / seconds_per_flop;
+  }
   on_root(comm, [&] {
     const train::GptConfig m = model_of(o);
     fmt::print("ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
@@ -146,12 +173,15 @@ int run_plan_lengths(const PlanOptions& o) {
                m.head_dim, in.cp_comm_type, to_string(in.model.dtype),
                in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
     const Cluster& c = in.model.cluster;
-    fmt::print("  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
+    fmt::print("  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
+               "GEMMs {:.3g} TFLOP/s\n",
                o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
-               c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency);
+               c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
+               (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
     nlohmann::json j{{"lengths", in.lengths},     {"cp_comm_type", in.cp_comm_type},
                      {"gemm_flops_per_token", in.gemm_flops_per_token}, {"max_memory", in.max_memory},
                      {"peak_flops", c.peak_flops}, {"efficiency", c.efficiency}, {"calibrated", o.calibrate},
+                     {"gemm_flops_rate", in.gemm_flops_rate},
                      {"worlds", nlohmann::json::array()}};
     for (int w : worlds) {
       in.world = w;

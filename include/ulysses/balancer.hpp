@@ -44,6 +44,9 @@ struct BalanceInput {
   // Projections and MLP: FLOPs per token, forward + backward, all layers (6 · weights for a
   // dense model); they run sequence-sharded, so a group of c ranks does 1/c of them each.
   double gemm_flops_per_token = 0;
+  // The GEMMs' rate in FLOP/s (plan --calibrate measures BLAS apart from attention); 0: the
+  // cluster's peak_flops × efficiency, as the attention's.
+  double gemm_flops_rate = 0;
   // Bytes per rank a sequence of `len` tokens needs at CP size `cp` (the training memory
   // model); empty: no memory model. max_memory: the cap per rank (0: none).
   std::function<double(std::int64_t len, int cp)> memory_per_rank;

@@ -53,6 +53,7 @@
 #include <map>
 #include <numeric>
 
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -95,6 +96,18 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
     c.reason = fmt::format("needs {:.0f} bytes per rank on {} ranks, over the cap of {:.0f}", c.memory, size, in.max_memory);
     return c;
   }
+  const Strategy& strategy = find_strategy(in.cp_comm_type);
+  if (!strategy.hierarchical()) {  // refused sizes cost no planner rows (a2a+p2p's depend on its factorisation)
+    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, 0.0f};
+    cfg.window_left = in.model.window_left;
+    cfg.window_right = in.model.window_right;
+    try {
+      validate_cp_config(cfg, size, {in.model.batch, length, in.model.heads, in.model.head_dim}, in.model.kv_heads);
+    } catch (const Error& e) {
+      c.reason = e.what();
+      return c;
+    }
+  }
   PlanInput m = in.model;
   m.seq = length;
   m.cp = size;
@@ -112,7 +125,7 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
     c.reason = first->reason;
     return c;
   }
-  const double rate = in.model.cluster.peak_flops * in.model.cluster.efficiency;
+  const double rate = in.gemm_flops_rate > 0 ? in.gemm_flops_rate : in.model.cluster.peak_flops * in.model.cluster.efficiency;
   const std::int64_t tokens = (length + size - 1) / size;
   c.valid = true;
   c.config = best->config;
@@ -132,6 +145,8 @@ void check_input(const BalanceInput& in) {
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     if (in.lengths[i] < 1) throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
   if (in.max_memory < 0) throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
+  if (!(in.gemm_flops_rate >= 0))
+    throw Error(fmt::format("balance: gemm_flops_rate must be >= 0 (0: the cluster's rate), got {}", in.gemm_flops_rate));
   if (in.gemm_flops_per_token < 0)
     throw Error(fmt::format("balance: gemm_flops_per_token must be >= 0, got {}", in.gemm_flops_per_token));
   if (in.max_tokens_per_rank < 0)
@@ -323,7 +338,11 @@ std::vector<int> size_ladder(int world) {
 }
 
 // Sequence i's candidate (size, placement) options: see the top of the file.
-std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder) {
+// Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
+// sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
+// step: faster only burns ranks).
+std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder,
+                               double enough) {
   std::vector<Option> out;
   double base_area = 0, fastest = 0;
   for (int c : ladder) {
@@ -332,9 +351,22 @@ std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::si
     if (out.empty()) base_area = cost.seconds * c;
     fastest = cost.seconds;
     for (int f : placements(in.model.cluster, in.world, c)) out.push_back({{f, c}, cost.seconds});
-    if (in.world > 16 && base_area < 0.2 * cost.seconds * c) break;
+    if (in.world > 16 && (base_area < 0.2 * cost.seconds * c || cost.seconds <= enough)) break;
   }
   return out;
+}
+
+// A lower bound of any plan's step: every sequence's work on its smallest runnable group, over
+// world (the smallest group has the least rank·seconds up to communication, which only adds).
+double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder) {
+  double area = 0;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+    for (int c : ladder)
+      if (const SequenceCost& cost = costs.of(i, c); cost.valid) {
+        area += cost.seconds * c;
+        break;
+      }
+  return area / double(in.world);
 }
 
 std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
@@ -542,24 +574,40 @@ void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& opt
   }
 }
 
-std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs) {
-  const std::vector<int> ladder = size_ladder(in.world);
+// Each sequence's options with sizes up to `enough` seconds (see options_of).
+std::vector<std::vector<Option>> all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder,
+                                             double enough) {
   std::vector<std::vector<Option>> options;
   for (std::size_t i = 0; i < in.lengths.size(); ++i) {
-    options.push_back(options_of(in, costs, i, ladder));
+    options.push_back(options_of(in, costs, i, ladder, enough));
     if (options.back().empty()) throw_unplaceable(in, i, costs, "");
   }
+  return options;
+}
+
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs) {
+  const std::vector<int> ladder = size_ladder(in.world);
+  // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
+  // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
+  std::vector<std::vector<std::vector<Option>>> option_sets{all_options(in, costs, ladder, 0.0)};
+  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, 0.1 * area_bound(in, costs, ladder)));
   std::vector<std::vector<BalanceGroup>> candidates;
-  candidates.push_back(beam_groups(in, options, true));
-  candidates.push_back(beam_groups(in, options, false));
-  candidates.push_back(lpt_groups(in, options));
-  candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
+  std::vector<std::size_t> set_of;  // which option set made candidate k
+  for (std::size_t o = 0; o < option_sets.size(); ++o) {
+    const auto& options = option_sets[o];
+    candidates.push_back(beam_groups(in, options, true));
+    candidates.push_back(beam_groups(in, options, false));
+    candidates.push_back(lpt_groups(in, options));
+    candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
+    set_of.resize(candidates.size(), o);
+  }
   for (auto baseline : {static_groups, pow2_groups}) {
     try {
       candidates.push_back(baseline(in, costs));
     } catch (const Error&) {  // infeasible baselines are simply not candidates
     }
   }
+  set_of.resize(candidates.size(), 0);
   std::size_t best = 0;
   Schedule best_sched;
   for (std::size_t k = 0; k < candidates.size(); ++k) {
@@ -568,7 +616,7 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   }
   std::vector<BalanceGroup> groups = candidates[best];
   std::vector<double> seconds = seconds_of(groups, costs);
-  improve(in, options, groups, seconds);
+  improve(in, option_sets[set_of[best]], groups, seconds);
   return groups;
 }
 
