@@ -20,7 +20,9 @@
 //             at most 4 significant bits, and world) that the strategy and the cap accept and
 //             that are faster than every smaller candidate; above 16 ranks the list stops once
 //             parallel efficiency against the smallest falls below 1/5 (bigger groups only burn
-//             ranks).
+//             ranks). Above 16 ranks steps 2-3 also run on lists cut once a sequence takes a
+//             tenth of the step's lower bound (a narrower search the beam explores deeper;
+//             neither list wins on every step).
 //          2. beam search in index order (the execution order, so each partial schedule is
 //             exact): a state is the ranks' free times, a child places the next sequence on one
 //             of its options, states rank by a lower bound on their final step time (the busiest
