@@ -101,9 +101,10 @@ struct SequenceCost {
 };
 SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size);
 
-// The predictions of a given assignment (groups[i] for lengths[i]) under the execution model:
-// what balance() returns for its own groups. Throws Error for a group outside the world or a
-// sequence its group cannot run (naming both).
+// Not collective. The predictions of a given assignment (groups[i] for lengths[i]) under the
+// execution model: what balance() returns for its own groups (policy: dynamic, as a chosen
+// assignment). Throws Error for a group outside the world or a sequence its group cannot run
+// (naming both).
 BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>& groups);
 
 }  // namespace ulysses
