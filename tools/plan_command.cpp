@@ -64,10 +64,24 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
   c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
   c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
-  c->add_option("--max-memory", o.max_memory, "with --train: memory per rank")->capture_default_str();
+  c->add_option("--max-memory", o.max_memory, "with --train: memory per rank; with --lengths: the cap per rank "
+                "(default: none)")->capture_default_str();
+  c->add_option("--lengths", o.lengths, "a variable-length step (NxL terms, or pareto:N:MIN:MAX:ALPHA[:SEED]): plan "
+                "which ranks compute which sequence under each --balance policy (static, pow2, dynamic) and print "
+                "their predicted step times; --world N (default: 2, 4, ... 1024), --calibrate: this machine");
+  c->add_option("--world", o.world, "with --lengths: ranks in all (default: every power of two from 2 to 1024)")
+      ->check(positive_number());
+  c->add_option("--dp", o.dp, "with --lengths: static's data-parallel replicas (groups of world / dp ranks)")
+      ->capture_default_str()->check(positive_number());
+  c->add_option("--cp-comm-type", o.cp_comm_type, "with --lengths: the strategy every group runs")->capture_default_str();
+  c->add_option("--max-tokens-per-rank", o.max_tokens_per_rank, "with --lengths: pow2's tokens per rank (Megatron's "
+                "max_seqlen_per_dp_cp_rank; default: the longest sequence over world)")->check(positive_number());
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")->capture_default_str()->check(positive_number());
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
-  c->parse_complete_callback([&o, c] { if (o.train && c->count("--dtype") == 0) o.dtype = "f32"; });
+  c->parse_complete_callback([&o, c] {
+    if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
+    o.max_memory_given = c->count("--max-memory") > 0;
+  });
 }
 
 namespace {
@@ -414,8 +428,20 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 
 }  // namespace
 
+void calibrate_cluster(MpiCommunicator& comm, PlanInput& in) {
+  set_threads(default_threads(comm));
+  double rate = attention_rate(comm, in.head_dim);
+  comm.allreduce_max(&rate, 1);
+  in.cluster.peak_flops = rate;
+  in.cluster.efficiency = 1.0;
+  int per_node = 1;
+  on_every_rank(comm, [&] { per_node = contiguous_ranks_per_node(comm); });
+  calibrate_links(comm, per_node, in);
+}
+
 int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
+  if (!o.lengths.empty()) return run_plan_lengths(o);
   MpiCommunicator comm(MPI_COMM_WORLD);
   PlanInput in;
   on_every_rank(comm, [&] {
@@ -423,16 +449,7 @@ int run_plan(const PlanOptions& o) {
     in = plan_input(o, comm.size());
   });
   std::vector<double> measured;
-  if (o.calibrate) {
-    set_threads(default_threads(comm));
-    double rate = attention_rate(comm, in.head_dim);
-    comm.allreduce_max(&rate, 1);
-    in.cluster.peak_flops = rate;
-    in.cluster.efficiency = 1.0;
-    int per_node = 1;
-    on_every_rank(comm, [&] { per_node = contiguous_ranks_per_node(comm); });
-    calibrate_links(comm, per_node, in);
-  }
+  if (o.calibrate) calibrate_cluster(comm, in);
   const Plan plan = make_plan(in);
   if (o.calibrate) {
     if (comm.rank() == 0)

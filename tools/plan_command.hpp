@@ -7,6 +7,9 @@
 #include <optional>
 #include <string>
 
+#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/planner.hpp"
+
 namespace ulysses::cli {
 
 struct PlanOptions {
@@ -25,6 +28,11 @@ struct PlanOptions {
   std::string window;  // sliding window "L" or "L,R"
   std::int64_t kv_seq = 0;               // cross-attention: k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
+  // --lengths: balance a variable-length step over --world ranks (0: 2, 4, ... 1024).
+  std::string lengths, cp_comm_type = "a2a";
+  int world = 0, dp = 1;
+  std::int64_t max_tokens_per_rank = 0;
+  bool max_memory_given = false;
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
@@ -33,5 +41,10 @@ void add_plan_command(CLI::App& app, PlanOptions& opt);
 int run_plan(const PlanOptions& opt);
 // Rank 0 alone: the table of `ulysses plan --train`.
 int run_plan_train(const PlanOptions& opt);
+// `ulysses plan --lengths`: each balance policy's plan and predictions (plan_lengths.cpp).
+// Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
+int run_plan_lengths(const PlanOptions& opt);
+// Collective. This machine's attention rate and links (plan --calibrate), into in.cluster.
+void calibrate_cluster(MpiCommunicator& comm, PlanInput& in);
 
 }  // namespace ulysses::cli

@@ -44,6 +44,9 @@ struct BalanceInput {
   // Projections and MLP: FLOPs per token, forward + backward, all layers (6 · weights for a
   // dense model); they run sequence-sharded, so a group of c ranks does 1/c of them each.
   double gemm_flops_per_token = 0;
+  // The GEMMs' rate in FLOP/s (plan --calibrate measures BLAS apart from attention); 0: the
+  // cluster's peak_flops × efficiency, as the attention's.
+  double gemm_flops_rate = 0;
   // Bytes per rank a sequence of `len` tokens needs at CP size `cp` (the training memory
   // model); empty: no memory model. max_memory: the cap per rank (0: none).
   std::function<double(std::int64_t len, int cp)> memory_per_rank;
@@ -63,9 +66,16 @@ struct BalanceGroup {
 struct BalancePlan {
   BalancePolicy policy = BalancePolicy::static_;
   std::vector<BalanceGroup> groups;  // groups[i]: the ranks of sequence i
-  std::vector<double> rank_seconds;  // predicted busy time of each rank (world entries)
-  std::vector<double> rank_memory;   // predicted peak bytes of each rank (0 without a model)
-  double step_seconds = 0;           // the slowest rank's
+  // Predicted time at which each rank finishes its sequences (world entries): their costs plus
+  // the waiting the execution model implies (a group starts a sequence when all its members are
+  // free, in increasing index).
+  std::vector<double> rank_seconds;
+  std::vector<double> rank_busy_seconds;  // of rank_seconds, computing (the sum of its sequences' costs)
+  std::vector<double> rank_memory;        // predicted peak bytes of each rank (0 without a model)
+  std::vector<double> rank_bytes;         // bytes each rank sends, all its sequences, all layers
+  std::vector<double> sequence_seconds;   // sequence i's predicted time on groups[i]
+  std::vector<CpConfig> configs;          // the configuration sequence i's cost is for (a2a+p2p: its factorisation)
+  double step_seconds = 0;                // the slowest rank's
   // The sequences rank `rank` computes, in the order it must run them (increasing index).
   std::vector<int> sequences_of(int rank) const;
 };
@@ -74,5 +84,27 @@ struct BalancePlan {
 // length < 1, dp not dividing world, or a sequence that fits no group under the memory cap
 // (naming the sequence, its length and the bytes the smallest-footprint group would need).
 BalancePlan balance(const BalanceInput& in, BalancePolicy policy);
+
+// The cost model of one sequence of `length` tokens on a contiguous group of `size` ranks that
+// starts on a node boundary (or fits inside one node): the planner's row of in.cp_comm_type at
+// seq = length, cp = size (a2a+p2p: its fastest factorisation), all layers, plus the
+// sequence-sharded GEMMs. `valid` false, with the reason, when the strategy cannot run at that
+// size, the group holds more ranks than the sequence has tokens, or the memory cap is exceeded.
+// Not collective; throws Error for a model the planner refuses.
+struct SequenceCost {
+  bool valid = false;
+  std::string reason;
+  double seconds = 0;  // attention (planner row: compute + exposed communication) + GEMMs
+  double bytes = 0;    // bytes the busiest member sends, forward + backward, all layers
+  double memory = 0;   // bytes per rank (in.memory_per_rank; 0 without it)
+  CpConfig config;
+};
+SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size);
+
+// Not collective. The predictions of a given assignment (groups[i] for lengths[i]) under the
+// execution model: what balance() returns for its own groups (policy: dynamic, as a chosen
+// assignment). Throws Error for a group outside the world or a sequence its group cannot run
+// (naming both).
+BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>& groups);
 
 }  // namespace ulysses

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ulysses/all_to_all.hpp"
+#include "ulysses/balancer.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
@@ -108,6 +109,60 @@ std::vector<SeqShard> shards_of(const py::list& views, const HeadLists& heads) {
     s.push_back(std::move(shard));
   }
   return s;
+}
+
+}  // namespace
+
+// ---- the balancer (ulysses.balance): a plan for a variable-length step, as plain Python values ----
+namespace {
+
+py::dict balance_plan(const std::vector<std::int64_t>& lengths, int world, int dp, const std::string& policy,
+                      std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t layers,
+                      const std::string& cp_comm_type, double gemm_flops_per_token, std::int64_t max_tokens_per_rank,
+                      int ranks_per_node, double peak_flops, double efficiency, const std::string& dtype) {
+  BalanceInput in;
+  in.lengths = lengths;
+  in.world = world;
+  in.dp = dp;
+  in.cp_comm_type = cp_comm_type;
+  in.gemm_flops_per_token = gemm_flops_per_token;
+  in.max_tokens_per_rank = max_tokens_per_rank;
+  in.model.heads = heads;
+  in.model.kv_heads = kv_heads;
+  in.model.head_dim = head_dim;
+  in.model.layers = layers;
+  in.model.dtype = parse_dtype(dtype);
+  in.model.cluster.ranks_per_node = ranks_per_node;
+  in.model.cluster.peak_flops = peak_flops;
+  in.model.cluster.efficiency = efficiency;
+  BalancePlan p;
+  {
+    py::gil_scoped_release unlocked;
+    p = balance(in, parse_policy(policy));
+  }
+  std::vector<std::pair<int, int>> groups;
+  for (const BalanceGroup& g : p.groups) groups.emplace_back(g.first_rank, g.size);
+  std::vector<std::vector<int>> per_rank;
+  for (int r = 0; r < world; ++r) per_rank.push_back(p.sequences_of(r));
+  py::dict d;
+  d["policy"] = policy_name(p.policy);
+  d["groups"] = groups;
+  d["sequences_of_rank"] = per_rank;
+  d["step_seconds"] = p.step_seconds;
+  d["rank_seconds"] = p.rank_seconds;
+  d["rank_busy_seconds"] = p.rank_busy_seconds;
+  d["rank_bytes"] = p.rank_bytes;
+  d["sequence_seconds"] = p.sequence_seconds;
+  return d;
+}
+
+void add_balance_bindings(py::module_& m) {
+  m.def("balance", &balance_plan, py::arg("lengths"), py::arg("world"), py::arg("dp"), py::arg("policy"), py::arg("heads"),
+        py::arg("kv_heads"), py::arg("head_dim"), py::arg("layers"), py::arg("cp_comm_type"),
+        py::arg("gemm_flops_per_token"), py::arg("max_tokens_per_rank"), py::arg("ranks_per_node"),
+        py::arg("peak_flops"), py::arg("efficiency"), py::arg("dtype"),
+        "Not collective. balancer.hpp's balance(): a contiguous group (first_rank, size) per sequence and the "
+        "predictions, as a dict.");
 }
 
 }  // namespace
@@ -239,4 +294,5 @@ PYBIND11_MODULE(_ulysses, m) {
         "Ulysses' head split over `group` ranks: ((first, count) of query heads per rank, the same for KV heads); "
         "GQA groups kept whole, KV heads shared when fewer than ranks.");
   m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
+  add_balance_bindings(m);
 }

@@ -1,12 +1,65 @@
-// The balancer's policies (balancer.hpp). `static` is today's DP × CP: fixed groups of
-// world / dp ranks, sequences dealt round-robin.
+// The balancer's policies (balancer.hpp).
+//
+// Cost: sequence_cost(len, c) is the planner's row for the strategy at seq = len, cp = c plus the
+// sequence-sharded GEMMs; a rank's predicted time comes from simulating the execution model
+// (sequences in increasing index; a group starts when all its members are free), so waiting is
+// counted, not only work.
+//
+// Placements: a group of c <= ranks_per_node ranks lies inside one node (any offset there); a
+// larger one starts on a node boundary. Both match the planner's contiguous placement, so the
+// cost of a sequence is the same wherever it goes.
+//
+// static   fixed groups of world / dp ranks, sequence i on group i % dp.
+// pow2     Megatron's hybrid CP: c = the next power of two of ceil(len / max_tokens_per_rank),
+//          at most the largest power of two <= world (raised to the next power of two the
+//          strategy and the memory cap accept); groups are aligned blocks [k·c, (k+1)·c),
+//          sequences placed longest first on the block whose busiest member has the least work
+//          (Megatron's scheduler fills its DP×CP ranks by workload in the same order).
+// dynamic  ours, minimising the simulated step time (the slowest rank's finish):
+//          1. sizes: for each sequence the candidate sizes (every size up to 16, then those with
+//             at most 4 significant bits, and world) that the strategy and the cap accept and
+//             that are faster than every smaller candidate; above 16 ranks the list stops once
+//             parallel efficiency against the smallest falls below 1/5 (bigger groups only burn
+//             ranks). Above 16 ranks steps 2-3 also run on lists cut once a sequence takes a
+//             tenth of the step's lower bound (a narrower search the beam explores deeper;
+//             neither list wins on every step).
+//          2. beam search in index order (the execution order, so each partial schedule is
+//             exact): a state is the ranks' free times, a child places the next sequence on one
+//             of its options, states rank by a lower bound on their final step time (the busiest
+//             rank, or all ranks' time plus the least rank·seconds still to place, over world);
+//             the beam is as wide as a budget allows (up to 256 on small steps, 1 — greedy
+//             earliest-bound list scheduling — on thousands of sequences over 1024 ranks);
+//          3. LPT for malleable jobs: sequences in decreasing cost, each on the (size, placement)
+//             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
+//             the same sizes placed again in index order where the members are free earliest;
+//          4. the best of 2, 3, static and pow2 (when feasible) by simulated step time, so
+//             dynamic is never predicted slower than either baseline;
+//          5. local improvement: passes over the sequences (the slowest rank's first, then by
+//             decreasing cost) moving each to its best option while the step time (then the sum
+//             of finish times) strictly drops, within a budget of simulated rank-steps.
+//          Why: waiting for group members is what sinks order-blind packing (LPT alone was up to
+//          1.9x the brute-force optimum on the tests' instances); searching in execution order
+//          prices it exactly, and LPT, the baselines and the local search cover what a narrow
+//          beam misses (worst 1.035x the optimum in the tests). Complexity, n sequences, W
+//          ranks, S candidate sizes (S <= 16 + 8·log2(W/16)), P <= W placements per size:
+//          O(n·S) planner rows (memoised per (len, c)); the beam O(n·B·S·P·W) with B chosen so
+//          that stays under kBeamBudget; LPT O(n log n + n·S·P·W); the search <= kSearchBudget.
+// Every choice breaks ties by index, ranks and sizes ascending: the plan is a pure function.
 #include "ulysses/balancer.hpp"
+
+#include "balance_detail.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
 
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/strategy.hpp"
 
 namespace ulysses {
 
@@ -32,35 +85,258 @@ std::vector<int> BalancePlan::sequences_of(int rank) const {
   return mine;
 }
 
+SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size) {
+  SequenceCost c;
+  if (size < 1 || size > in.world) {
+    c.reason = fmt::format("a group of {} ranks is not in [1, world = {}]", size, in.world);
+    return c;
+  }
+  if (in.memory_per_rank) c.memory = in.memory_per_rank(length, size);
+  if (size > length) {
+    c.reason = fmt::format("a group of {} ranks is larger than the sequence's {} tokens", size, length);
+    return c;
+  }
+  if (in.max_memory > 0 && c.memory > in.max_memory) {
+    c.reason = fmt::format("needs {:.0f} bytes per rank on {} ranks, over the cap of {:.0f}", c.memory, size, in.max_memory);
+    return c;
+  }
+  const Strategy& strategy = find_strategy(in.cp_comm_type);
+  if (!strategy.hierarchical()) {  // refused sizes cost no planner rows (a2a+p2p's depend on its factorisation)
+    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, 0.0f};
+    cfg.window_left = in.model.window_left;
+    cfg.window_right = in.model.window_right;
+    try {
+      validate_cp_config(cfg, size, {in.model.batch, length, in.model.heads, in.model.head_dim}, in.model.kv_heads);
+    } catch (const Error& e) {
+      c.reason = e.what();
+      return c;
+    }
+  }
+  PlanInput m = in.model;
+  m.seq = length;
+  m.cp = size;
+  m.documents.clear();
+  const Plan plan = make_plan(m);
+  const PlanRow* best = nullptr;
+  const PlanRow* first = nullptr;
+  for (const PlanRow& r : plan.rows) {
+    if (r.config.cp_comm_type != in.cp_comm_type) continue;
+    if (first == nullptr) first = &r;
+    if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
+  }
+  if (first == nullptr) throw Error(fmt::format("balance: cp_comm_type '{}' is not a registered strategy", in.cp_comm_type));
+  if (best == nullptr) {
+    c.reason = first->reason;
+    return c;
+  }
+  const double rate = in.gemm_flops_rate > 0 ? in.gemm_flops_rate : in.model.cluster.peak_flops * in.model.cluster.efficiency;
+  const std::int64_t tokens = (length + size - 1) / size;
+  c.valid = true;
+  c.config = best->config;
+  c.seconds = best->predicted_step_s + in.gemm_flops_per_token * double(tokens) / rate;
+  c.bytes = double(in.model.layers) * double(best->forward_bytes_per_rank + best->backward_bytes_per_rank);
+  return c;
+}
+
 namespace {
 
 void check_input(const BalanceInput& in) {
   if (in.lengths.empty()) throw Error("balance: the step has no sequences");
-  if (in.world < 1) throw Error(fmt::format("balance: world must be >= 1, got {}", in.world));
+  if (in.world < 1 || in.world > kMaxPlanRanks)
+    throw Error(fmt::format("balance: world must be in [1, {}], got {}", kMaxPlanRanks, in.world));
   if (in.dp < 1 || in.world % in.dp != 0)
     throw Error(fmt::format("balance: dp {} does not divide the world size {}", in.dp, in.world));
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     if (in.lengths[i] < 1) throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
-}
-
-BalancePlan static_plan(const BalanceInput& in) {
-  BalancePlan plan;
-  plan.policy = BalancePolicy::static_;
-  const int cp = in.world / in.dp;
-  for (std::size_t i = 0; i < in.lengths.size(); ++i)
-    plan.groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
-  plan.rank_seconds.assign(std::size_t(in.world), 0.0);
-  plan.rank_memory.assign(std::size_t(in.world), 0.0);
-  return plan;
+  if (in.max_memory < 0) throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
+  if (!(in.gemm_flops_rate >= 0))
+    throw Error(fmt::format("balance: gemm_flops_rate must be >= 0 (0: the cluster's rate), got {}", in.gemm_flops_rate));
+  if (in.gemm_flops_per_token < 0)
+    throw Error(fmt::format("balance: gemm_flops_per_token must be >= 0, got {}", in.gemm_flops_per_token));
+  if (in.max_tokens_per_rank < 0)
+    throw Error(fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
+  find_strategy(in.cp_comm_type);
 }
 
 }  // namespace
 
+namespace balance_detail {
+
+// The execution model: in increasing index, a sequence starts when all its group is free.
+Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds) {
+  Schedule s;
+  s.finish.assign(std::size_t(world), 0.0);
+  s.busy.assign(std::size_t(world), 0.0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto first = s.finish.begin() + groups[i].first_rank, last = first + groups[i].size;
+    const double end = *std::max_element(first, last) + seconds[i];
+    std::fill(first, last, end);
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + groups[i].size; ++r) s.busy[std::size_t(r)] += seconds[i];
+  }
+  s.step = *std::max_element(s.finish.begin(), s.finish.end());
+  s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
+  return s;
+}
+
+// Where a group of `size` ranks may start (see the top of the file), ascending.
+std::vector<int> placements(const Cluster& cluster, int world, int size) {
+  const int per_node = cluster.ranks_per_node;
+  std::vector<int> firsts;
+  if (size <= per_node) {
+    for (int node = 0; node < world; node += per_node)
+      for (int f = node; f + size <= std::min(world, node + per_node); ++f) firsts.push_back(f);
+  } else {
+    for (int f = 0; f + size <= world; f += per_node) firsts.push_back(f);
+  }
+  return firsts;
+}
+
+[[noreturn]] void throw_unplaceable(const BalanceInput& in, std::size_t i, CostTable& costs, const std::string& where) {
+  const std::int64_t len = in.lengths[i];
+  if (in.max_memory > 0 && in.memory_per_rank) {
+    int smallest = 1;
+    for (int c = 2; c <= in.world && c <= len; ++c)
+      if (in.memory_per_rank(len, c) < in.memory_per_rank(len, smallest)) smallest = c;
+    const double need = in.memory_per_rank(len, smallest);
+    if (need > in.max_memory)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group under the memory cap of {:.0f} bytes per "
+                              "rank{}: it needs {:.0f} bytes per rank even on {} rank(s)",
+                              i, len, in.max_memory, where, need, smallest));
+  }
+  throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group{}: on 1 rank, {}", i, len, where,
+                          costs.of(i, 1).reason));
+}
+
+// Of `firsts`, the group of `size` whose busiest member's `load` is least (the lowest on ties).
+BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest) {
+  BalanceGroup best{firsts.front(), size};
+  *busiest = -1;
+  for (int f : firsts) {
+    const double m = *std::max_element(load.begin() + f, load.begin() + f + size);
+    if (*busiest < 0 || m < *busiest) *busiest = m, best.first_rank = f;
+  }
+  return best;
+}
+
+// Sequence indices by decreasing key, ties by index.
+std::vector<std::size_t> decreasing(const std::vector<double>& key) {
+  std::vector<std::size_t> order(key.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] > key[b]; });
+  return order;
+}
+
+}  // namespace balance_detail
+
+namespace {
+
+using namespace balance_detail;
+
+// A plan's predictions for its groups (and the checks that every sequence can run there).
+BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy policy, std::vector<BalanceGroup> groups) {
+  BalancePlan p;
+  p.policy = policy;
+  const std::size_t world = std::size_t(in.world);
+  p.rank_memory.assign(world, 0.0);
+  p.rank_bytes.assign(world, 0.0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const BalanceGroup g = groups[i];
+    if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
+      throw Error(fmt::format("balance: sequence {}'s group [{}, {}) is not inside the world of {} ranks", i, g.first_rank,
+                              g.first_rank + g.size, in.world));
+    const SequenceCost& c = costs.of(i, g.size);
+    if (!c.valid)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) cannot run on its group of {} ranks: {}", i,
+                              in.lengths[i], g.size, c.reason));
+    p.sequence_seconds.push_back(c.seconds);
+    p.configs.push_back(c.config);
+    for (int r = g.first_rank; r < g.first_rank + g.size; ++r) {
+      p.rank_memory[std::size_t(r)] = std::max(p.rank_memory[std::size_t(r)], c.memory);
+      p.rank_bytes[std::size_t(r)] += c.bytes;
+    }
+  }
+  const Schedule s = simulate(in.world, groups, p.sequence_seconds);
+  p.groups = std::move(groups);
+  p.rank_seconds = s.finish;
+  p.rank_busy_seconds = s.busy;
+  p.step_seconds = s.step;
+  return p;
+}
+
+std::vector<BalanceGroup> static_groups(const BalanceInput& in, CostTable& costs) {
+  const int cp = in.world / in.dp;
+  std::vector<BalanceGroup> groups;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
+    if (!costs.of(i, cp).valid)
+      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no static group of {} ranks (world {} / dp {}): {}",
+                              i, in.lengths[i], cp, in.world, in.dp, costs.of(i, cp).reason));
+    groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
+  }
+  return groups;
+}
+
+std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) {
+  const std::int64_t longest = *std::max_element(in.lengths.begin(), in.lengths.end());
+  const std::int64_t per_rank = in.max_tokens_per_rank > 0 ? in.max_tokens_per_rank : (longest + in.world - 1) / in.world;
+  int top = 1;
+  while (2 * top <= in.world) top *= 2;
+  const std::size_t n = in.lengths.size();
+  std::vector<int> size(n);
+  std::vector<double> length(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    // The smallest runnable power of two >= need, else the largest runnable one (a strategy's
+    // head limit, or the world, caps it).
+    const std::int64_t need = (in.lengths[i] + per_rank - 1) / per_rank;
+    int chosen = 0;
+    for (int c = 1; c <= top; c *= 2) {
+      if (!costs.of(i, c).valid) continue;
+      if (chosen == 0 || chosen < need) chosen = c;
+      if (c >= need) break;
+    }
+    if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
+    size[i] = chosen;
+    length[i] = double(in.lengths[i]);
+  }
+  std::vector<double> load(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups(n);
+  for (std::size_t i : decreasing(length)) {
+    std::vector<int> blocks;
+    for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
+    double busiest = 0;
+    groups[i] = least_loaded(load, blocks, size[i], &busiest);
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += costs.of(i, size[i]).seconds;
+  }
+  return groups;
+}
+
+}  // namespace
+
+BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>& groups) {
+  check_input(in);
+  if (groups.size() != in.lengths.size())
+    throw Error(fmt::format("balance: {} groups for {} sequences", groups.size(), in.lengths.size()));
+  CostTable costs(in);
+  return finish_plan(in, costs, BalancePolicy::dynamic, groups);
+}
+
 BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
   check_input(in);
-  if (policy != BalancePolicy::static_)
-    throw Error(fmt::format("balance: policy {} is not implemented yet", policy_name(policy)));
-  return static_plan(in);
+  CostTable costs(in);
+  switch (policy) {
+    case BalancePolicy::static_: return finish_plan(in, costs, policy, static_groups(in, costs));
+    case BalancePolicy::pow2: return finish_plan(in, costs, policy, pow2_groups(in, costs));
+    case BalancePolicy::dynamic: {
+      std::vector<std::vector<BalanceGroup>> baselines;
+      for (auto baseline : {static_groups, pow2_groups}) {
+        try {
+          baselines.push_back(baseline(in, costs));
+        } catch (const Error&) {  // an infeasible baseline is simply not a candidate
+        }
+      }
+      return finish_plan(in, costs, policy, dynamic_groups(in, costs, baselines));
+    }
+  }
+  throw Error("balance: unknown policy");
 }
 
 }  // namespace ulysses

@@ -1,0 +1,56 @@
+// The balancer's internals shared by its policies (balancer.cpp) and the dynamic search
+// (balance_dynamic.cpp): memoised costs, the execution model, where groups may go.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ulysses/balancer.hpp"
+
+namespace ulysses::balance_detail {
+
+// sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
+class CostTable {
+ public:
+  explicit CostTable(const BalanceInput& in) : in_(in) {}
+  const SequenceCost& at(std::int64_t length, int size) {
+    auto [it, fresh] = cache_.try_emplace({length, size});
+    if (fresh) it->second = sequence_cost(in_, length, size);
+    return it->second;
+  }
+  const SequenceCost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
+
+ private:
+  const BalanceInput& in_;
+  std::map<std::pair<std::int64_t, int>, SequenceCost> cache_;
+};
+
+struct Schedule {
+  std::vector<double> finish, busy;
+  double step = 0, finish_sum = 0;
+  // Strictly better: a shorter step, or (within rounding) the same step with less finish time in all.
+  bool better_than(const Schedule& o) const {
+    const double tol = 1e-12 * std::max(1.0, o.step);
+    if (step < o.step - tol) return true;
+    return step <= o.step + tol && finish_sum < o.finish_sum - 1e-12 * std::max(1.0, o.finish_sum);
+  }
+};
+
+// The execution model: in increasing index, a sequence starts when all its group is free.
+Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds);
+// Where a group of `size` ranks may start (balancer.cpp's top comment), ascending.
+std::vector<int> placements(const Cluster& cluster, int world, int size);
+// Throws the Error for sequence i fitting no group (`where`: " of a power-of-two size" or "").
+[[noreturn]] void throw_unplaceable(const BalanceInput& in, std::size_t i, CostTable& costs, const std::string& where);
+// Of `firsts`, the group of `size` whose busiest member's `load` is least (the lowest on ties).
+BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest);
+// Sequence indices by decreasing key, ties by index.
+std::vector<std::size_t> decreasing(const std::vector<double>& key);
+// The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
+                                         const std::vector<std::vector<BalanceGroup>>& baselines);
+
+}  // namespace ulysses::balance_detail

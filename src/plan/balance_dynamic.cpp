@@ -1,0 +1,308 @@
+// The dynamic policy's search (balancer.cpp's top comment says what and why).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "balance_detail.hpp"
+
+namespace ulysses::balance_detail {
+
+namespace {
+
+struct Option {
+  BalanceGroup group;
+  double seconds = 0;
+};
+
+// Every size up to 16, then sizes with at most 4 significant bits, then world: ~8 per octave.
+std::vector<int> size_ladder(int world) {
+  std::vector<int> sizes;
+  for (int c = 1; c <= world; ++c)
+    if (c <= 16 || (c >> __builtin_ctz(unsigned(c))) < 16 || c == world) sizes.push_back(c);
+  return sizes;
+}
+
+// Sequence i's candidate (size, placement) options: see the top of the file.
+// Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
+// sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
+// step: faster only burns ranks).
+std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder,
+                               double enough) {
+  std::vector<Option> out;
+  double base_area = 0, fastest = 0;
+  for (int c : ladder) {
+    const SequenceCost& cost = costs.of(i, c);
+    if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
+    if (out.empty()) base_area = cost.seconds * c;
+    fastest = cost.seconds;
+    for (int f : placements(in.model.cluster, in.world, c)) out.push_back({{f, c}, cost.seconds});
+    if (in.world > 16 && (base_area < 0.2 * cost.seconds * c || cost.seconds <= enough)) break;
+  }
+  return out;
+}
+
+// A lower bound of any plan's step: every sequence's work on its smallest runnable group, over
+// world (the smallest group has the least rank·seconds up to communication, which only adds).
+double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder) {
+  double area = 0;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+    for (int c : ladder)
+      if (const SequenceCost& cost = costs.of(i, c); cost.valid) {
+        area += cost.seconds * c;
+        break;
+      }
+  return area / double(in.world);
+}
+
+std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+  const std::size_t n = options.size();
+  std::vector<double> fastest(n);
+  for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
+  std::vector<double> load(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups(n);
+  for (std::size_t i : decreasing(fastest)) {
+    const Option* best = nullptr;
+    double best_end = 0;
+    for (const Option& o : options[i]) {
+      const auto first = load.begin() + o.group.first_rank;
+      const double end = *std::max_element(first, first + o.group.size) + o.seconds;
+      if (best == nullptr || end < best_end ||
+          (end == best_end && o.seconds * o.group.size < best->seconds * best->group.size))
+        best = &o, best_end = end;
+    }
+    groups[i] = best->group;
+    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size, best_end);
+  }
+  return groups;
+}
+
+// `groups`' sizes placed again in index order, each where its members are free earliest.
+std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const std::vector<BalanceGroup>& sized,
+                                             const std::vector<double>& seconds) {
+  std::vector<double> free(std::size_t(in.world), 0.0);
+  std::vector<BalanceGroup> groups;
+  for (std::size_t i = 0; i < sized.size(); ++i) {
+    double start = 0;
+    groups.push_back(least_loaded(free, placements(in.model.cluster, in.world, sized[i].size), sized[i].size, &start));
+    std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size, start + seconds[i]);
+  }
+  return groups;
+}
+
+std::vector<double> seconds_of(const std::vector<BalanceGroup>& groups, CostTable& costs) {
+  std::vector<double> s;
+  for (std::size_t i = 0; i < groups.size(); ++i) s.push_back(costs.of(i, groups[i].size).seconds);
+  return s;
+}
+
+// The most rank-steps (option × member evaluations) the beam search may spend, and its widest beam.
+constexpr double kBeamBudget = 2e7;
+constexpr std::size_t kMaxBeam = 1024;
+
+// Beam search over the sequences in index order (the execution order, so every partial schedule
+// is exact): each state is the ranks' free times; a child places the next sequence on one of its
+// options; states rank by a lower bound on their final step time (the busiest rank, or all ranks'
+// time plus the least rank·seconds the remaining sequences need, over world), then by total free
+// time. Identical states are kept once.
+std::uint64_t hash_of(const std::vector<double>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (double x : v) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
+                                      bool area_bound) {
+  const std::size_t n = options.size(), world = std::size_t(in.world);
+  std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
+  double work = 0;
+  for (std::size_t i = n; i-- > 0;) {
+    double least = -1;
+    for (const Option& o : options[i]) least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
+    rest[i] = rest[i + 1] + least;
+    work += double(options[i].size()) * (double(options[i].back().group.size) + 8) + double(world);
+  }
+  // On small steps the bound also looks ahead: a later sequence j cannot start on c ranks before
+  // the c-th earliest free time, so the step lasts at least min over c of that plus t_j(c); the
+  // few longest sequences still to come are checked. It costs a sort of the free times and a
+  // scan of those sequences' options per child, so it is used only while it leaves a wide beam.
+  double ahead_work = 0;  // per beam state, over all levels
+  for (std::size_t i = 0; i < n; ++i)
+    ahead_work += double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
+  const bool look_ahead = kBeamBudget / (work + ahead_work) >= 16;
+  const std::size_t width = std::clamp<std::size_t>(
+      std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1, kMaxBeam);
+  std::vector<std::vector<std::size_t>> longest_after(n + 1);
+  for (std::size_t i = n; i-- > 0;) {
+    std::vector<std::size_t>& l = longest_after[i];
+    l = longest_after[i + 1];
+    l.push_back(i);
+    std::stable_sort(l.begin(), l.end(), [&](std::size_t a, std::size_t b) {
+      return options[a].back().seconds > options[b].back().seconds;
+    });
+    if (l.size() > 4) l.resize(4);
+  }
+  auto ahead = [&](std::vector<double> free, std::size_t from) {
+    std::sort(free.begin(), free.end());
+    double lb = 0;
+    for (std::size_t j : longest_after[from]) {
+      double least = -1;
+      for (const Option& o : options[j]) {
+        const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
+        least = least < 0 ? t : std::min(least, t);
+      }
+      lb = std::max(lb, least);
+    }
+    return lb;
+  };
+  struct State {
+    std::vector<double> free;
+    double most = 0, total = 0;
+  };
+  struct Child {  // a state not yet made: scored from its parent without copying it
+    double bound, total;
+    std::size_t parent, option;
+  };
+  struct Step {
+    std::size_t parent, option;
+  };
+  std::vector<State> beam(1);
+  beam[0].free.assign(world, 0.0);
+  std::vector<std::vector<Step>> trail;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<Child> children;
+    for (std::size_t b = 0; b < beam.size(); ++b)
+      for (std::size_t k = 0; k < options[i].size(); ++k) {
+        const Option& o = options[i][k];
+        const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
+        const double end = *std::max_element(first, last) + o.seconds;
+        const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
+        const double most = std::max(beam[b].most, end);
+        double bound = area_bound ? std::max(most, (total + rest[i + 1]) / double(world)) : most;
+        if (area_bound && look_ahead && i + 1 < n) {
+          std::vector<double> free = beam[b].free;
+          std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
+          bound = std::max(bound, ahead(std::move(free), i + 1));
+        }
+        children.push_back({bound, total, b, k});
+      }
+    std::stable_sort(children.begin(), children.end(), [](const Child& a, const Child& b) {
+      return a.bound < b.bound || (a.bound == b.bound && a.total < b.total);
+    });
+    std::vector<State> next;
+    std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
+    trail.emplace_back();
+    for (const Child& c : children) {
+      if (next.size() == width) break;
+      const Option& o = options[i][c.option];
+      State s{beam[c.parent].free, 0, c.total};
+      const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
+      std::fill(first, last, *std::max_element(first, last) + o.seconds);
+      s.most = *std::max_element(s.free.begin(), s.free.end());
+      std::vector<std::size_t>& same = kept[hash_of(s.free)];
+      if (std::any_of(same.begin(), same.end(), [&](std::size_t k) { return next[k].free == s.free; })) continue;
+      same.push_back(next.size());
+      trail.back().push_back({c.parent, c.option});
+      next.push_back(std::move(s));
+    }
+    beam = std::move(next);
+  }
+  std::vector<BalanceGroup> groups(n);
+  std::size_t at = 0;  // the best final state: the first kept
+  for (std::size_t i = n; i-- > 0;) {
+    groups[i] = options[i][trail[i][at].option].group;
+    at = trail[i][at].parent;
+  }
+  return groups;
+}
+
+// The most simulated rank-steps (sequence × member updates) the local search may spend.
+constexpr double kSearchBudget = 4e7;
+
+void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& options, std::vector<BalanceGroup>& groups,
+             std::vector<double>& seconds) {
+  const std::size_t n = groups.size();
+  Schedule cur = simulate(in.world, groups, seconds);
+  double spent = 0, cost = double(in.world);  // rank-steps of one simulation
+  for (const BalanceGroup& g : groups) cost += g.size;
+  for (bool moved = true; moved && spent < kSearchBudget;) {
+    moved = false;
+    const auto critical = std::size_t(std::max_element(cur.finish.begin(), cur.finish.end()) - cur.finish.begin());
+    std::vector<double> key(n);
+    for (std::size_t i = 0; i < n; ++i) key[i] = seconds[i] + (groups[i].contains(int(critical)) ? cur.step : 0);
+    for (std::size_t i : decreasing(key)) {
+      const BalanceGroup was = groups[i];
+      const double was_s = seconds[i];
+      BalanceGroup best = was;
+      double best_s = was_s;
+      Schedule best_sched = cur;
+      for (const Option& o : options[i]) {
+        if (o.group == was) continue;
+        if (spent >= kSearchBudget) break;
+        groups[i] = o.group;
+        seconds[i] = o.seconds;
+        const Schedule s = simulate(in.world, groups, seconds);
+        spent += cost;
+        if (s.better_than(best_sched)) best = o.group, best_s = o.seconds, best_sched = s;
+      }
+      groups[i] = best;
+      seconds[i] = best_s;
+      if (!(best == was)) {
+        cur = best_sched;
+        moved = true;
+      }
+    }
+  }
+}
+
+// Each sequence's options with sizes up to `enough` seconds (see options_of).
+std::vector<std::vector<Option>> all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder,
+                                             double enough) {
+  std::vector<std::vector<Option>> options;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
+    options.push_back(options_of(in, costs, i, ladder, enough));
+    if (options.back().empty()) throw_unplaceable(in, i, costs, "");
+  }
+  return options;
+}
+
+}  // namespace
+
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
+                                         const std::vector<std::vector<BalanceGroup>>& baselines) {
+  const std::vector<int> ladder = size_ladder(in.world);
+  // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
+  // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
+  std::vector<std::vector<std::vector<Option>>> option_sets{all_options(in, costs, ladder, 0.0)};
+  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, 0.1 * area_bound(in, costs, ladder)));
+  std::vector<std::vector<BalanceGroup>> candidates;
+  std::vector<std::size_t> set_of;  // which option set made candidate k
+  for (std::size_t o = 0; o < option_sets.size(); ++o) {
+    const auto& options = option_sets[o];
+    candidates.push_back(beam_groups(in, options, true));
+    candidates.push_back(beam_groups(in, options, false));
+    candidates.push_back(lpt_groups(in, options));
+    candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
+    set_of.resize(candidates.size(), o);
+  }
+  candidates.insert(candidates.end(), baselines.begin(), baselines.end());
+  set_of.resize(candidates.size(), 0);
+  std::size_t best = 0;
+  Schedule best_sched;
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    const Schedule s = simulate(in.world, candidates[k], seconds_of(candidates[k], costs));
+    if (k == 0 || s.better_than(best_sched)) best = k, best_sched = s;
+  }
+  std::vector<BalanceGroup> groups = candidates[best];
+  std::vector<double> seconds = seconds_of(groups, costs);
+  improve(in, option_sets[set_of[best]], groups, seconds);
+  return groups;
+}
+
+
+}  // namespace ulysses::balance_detail

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `ulysses plan --lengths`: each policy's predicted step time in the JSON equals the library's
+# (through ulysses.balance), and bad input fails with the rule and no output file.
+# usage: plan_lengths_test.sh ULYSSES_BINARY PYTHON   (PYTHONPATH: the built package)
+set -u
+bin=$1 py=$2 fails=0
+dir=$(mktemp -d) && trap 'rm -rf "$dir"' EXIT
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+
+if "$bin" plan --lengths 1x16384,32x512 --world 2 --heads 8 --head-dim 64 --layers 2 --json "$dir/p.json" > "$dir/p.log" 2>&1 &&
+   grep -q "dynamic .* 1x32 2x1" "$dir/p.log" &&
+   "$py" - "$dir/p.json" <<'PY'
+import json, sys
+import ulysses
+j = json.load(open(sys.argv[1]))
+for p in j["worlds"][0]["policies"]:
+    lib = ulysses.balance(j["lengths"], 2, p["policy"], heads=8, head_dim=64, layers=2,
+                          gemm_flops_per_token=j["gemm_flops_per_token"])
+    assert abs(lib.step_seconds - p["step_seconds"]) <= 1e-12 * lib.step_seconds, (p["policy"], lib.step_seconds, p)
+    assert [list(g) for g in lib.groups] == p["groups"], p["policy"]
+PY
+then ok "plan --lengths: the JSON equals ulysses.balance"; else bad "plan --lengths vs the library"; cat "$dir/p.log"; fi
+
+check_error() {  # expected message, then the arguments
+  local want=$1; shift
+  if "$bin" plan "$@" --json "$dir/e.json" > "$dir/e.log" 2>&1; then bad "accepted: $*"; return; fi
+  if grep -q -- "$want" "$dir/e.log" && [ ! -e "$dir/e.json" ]; then ok "refused: $*"; else bad "message for $*"; cat "$dir/e.log"; fi
+}
+check_error "dp 3 does not divide the world size 4" --lengths 8x512 --world 4 --dp 3 --heads 8
+check_error "pareto" --lengths pareto:4:10:5:1 --world 2 --heads 8
+check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --lengths 1x16384 --world 2 --heads 8 \
+  --head-dim 64 --max-memory 1MiB
+exit $((fails > 0))

@@ -1,0 +1,261 @@
+// The balancer (balancer.hpp): its execution model against an independent simulation, dynamic
+// against the brute-force optimum of small instances and against static and pow2, determinism,
+// and bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "ulysses/balancer.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/lengths.hpp"
+#include "ulysses/mpi_communicator.hpp"
+
+namespace {
+
+using namespace ulysses;
+
+BalanceInput small_model(int world, std::vector<std::int64_t> lengths) {
+  BalanceInput in;
+  in.lengths = std::move(lengths);
+  in.world = world;
+  in.model.heads = 8;
+  in.model.kv_heads = 8;
+  in.model.head_dim = 64;
+  in.model.layers = 2;
+  in.gemm_flops_per_token = 6.0 * 12 * 512 * 512 * 2;
+  return in;
+}
+
+// Every sequence's cost at every size, straight from sequence_cost (-1: not runnable).
+std::vector<std::vector<double>> cost_table(const BalanceInput& in) {
+  std::vector<std::vector<double>> t(in.lengths.size(), std::vector<double>(std::size_t(in.world) + 1, -1));
+  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+    for (int c = 1; c <= in.world; ++c)
+      if (const SequenceCost s = sequence_cost(in, in.lengths[i], c); s.valid) t[i][std::size_t(c)] = s.seconds;
+  return t;
+}
+
+// Branch and bound over every assignment of a contiguous group to each sequence (in index order,
+// as they execute): the least step time of the execution model.
+struct BruteForce {
+  const std::vector<std::vector<double>>& t;
+  int world;
+  std::vector<double> least_area;  // per sequence, from i on: the sum of min_c c·t(c)
+  double best;
+
+  void search(std::size_t i, std::vector<double>& free) {
+    const double now = *std::max_element(free.begin(), free.end());
+    if (now >= best) return;
+    if (i == t.size()) {
+      best = now;
+      return;
+    }
+    double sum = 0;
+    for (double f : free) sum += f;
+    if ((sum + least_area[i]) / world >= best) return;
+    for (int c = 1; c <= world; ++c) {
+      if (t[i][std::size_t(c)] < 0) continue;
+      for (int f = 0; f + c <= world; ++f) {
+        std::vector<double> next = free;
+        const double end = *std::max_element(free.begin() + f, free.begin() + f + c) + t[i][std::size_t(c)];
+        std::fill(next.begin() + f, next.begin() + f + c, end);
+        search(i + 1, next);
+      }
+    }
+  }
+};
+
+double optimum(const BalanceInput& in, double upper) {
+  const auto t = cost_table(in);
+  BruteForce b{t, in.world, std::vector<double>(t.size() + 1, 0.0), upper * (1 + 1e-9)};
+  for (std::size_t i = t.size(); i-- > 0;) {
+    double a = -1;
+    for (int c = 1; c <= in.world; ++c)
+      if (t[i][std::size_t(c)] >= 0 && (a < 0 || c * t[i][std::size_t(c)] < a)) a = c * t[i][std::size_t(c)];
+    b.least_area[i] = b.least_area[i + 1] + a;
+  }
+  std::vector<double> free(std::size_t(in.world), 0.0);
+  b.search(0, free);
+  return b.best;
+}
+
+// Lengths from a fixed generator: mostly short, some long (a long tail), in loader order.
+std::vector<std::int64_t> random_lengths(std::mt19937_64& rng, int n) {
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t r = rng();
+    out.push_back(std::int64_t(64ull << (r % 8)) + std::int64_t((r >> 8) % 64));
+  }
+  return out;
+}
+
+TEST(Balancer, PredictionsFollowTheExecutionModel) {
+  // Sequence 1 shares rank 1 with sequence 0 and so waits for it; sequence 2 runs beside.
+  BalanceInput in = small_model(3, {4096, 2048, 512});
+  const std::vector<BalanceGroup> groups{{0, 2}, {1, 2}, {0, 1}};
+  const BalancePlan p = predict_plan(in, groups);
+  const double t0 = sequence_cost(in, 4096, 2).seconds, t1 = sequence_cost(in, 2048, 2).seconds,
+               t2 = sequence_cost(in, 512, 1).seconds;
+  EXPECT_DOUBLE_EQ(p.rank_seconds[0], t0 + t2);
+  EXPECT_DOUBLE_EQ(p.rank_seconds[1], t0 + t1);
+  EXPECT_DOUBLE_EQ(p.rank_seconds[2], t0 + t1);  // waited t0 for rank 1
+  EXPECT_DOUBLE_EQ(p.rank_busy_seconds[2], t1);
+  EXPECT_DOUBLE_EQ(p.step_seconds, std::max(t0 + t2, t0 + t1));
+  EXPECT_EQ(p.sequences_of(1), (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.sequences_of(0), (std::vector<int>{0, 2}));
+}
+
+TEST(Balancer, CostIsThePlannersRowPlusTheGemms) {
+  BalanceInput in = small_model(4, {8192});
+  for (int c : {1, 2, 4}) {
+    PlanInput m = in.model;
+    m.seq = 8192;
+    m.cp = c;
+    double row = -1;
+    for (const PlanRow& r : make_plan(m).rows)
+      if (r.name == "a2a") row = r.predicted_step_s;
+    const SequenceCost s = sequence_cost(in, 8192, c);
+    ASSERT_TRUE(s.valid);
+    EXPECT_DOUBLE_EQ(s.seconds, row + in.gemm_flops_per_token * 8192.0 / c / (989e12 * 0.5)) << c;
+    EXPECT_EQ(s.bytes == 0, c == 1);  // a group of one communicates nothing
+  }
+  // Ulysses needs a head per rank: 8 heads cannot go on 16 ranks; a ring can.
+  in.world = 16;
+  EXPECT_FALSE(sequence_cost(in, 8192, 16).valid);
+  in.cp_comm_type = "p2p";
+  EXPECT_TRUE(sequence_cost(in, 8192, 16).valid);
+  EXPECT_FALSE(sequence_cost(in, 8, 16).valid);  // more ranks than tokens
+}
+
+TEST(Balancer, StaticDealsRoundRobin) {
+  BalanceInput in = small_model(4, {1024, 2048, 4096});
+  in.dp = 2;
+  const BalancePlan p = balance(in, BalancePolicy::static_);
+  EXPECT_EQ(p.groups, (std::vector<BalanceGroup>{{0, 2}, {2, 2}, {0, 2}}));
+  EXPECT_DOUBLE_EQ(p.step_seconds, sequence_cost(in, 1024, 2).seconds + sequence_cost(in, 4096, 2).seconds);
+}
+
+TEST(Balancer, Pow2GivesTheNextPowerOfTwoOfTheTokensPerRank) {
+  BalanceInput in = small_model(8, {16384, 512, 3000, 1024});
+  in.max_tokens_per_rank = 1024;
+  const BalancePlan p = balance(in, BalancePolicy::pow2);
+  std::vector<int> sizes;
+  for (const BalanceGroup& g : p.groups) sizes.push_back(g.size);
+  EXPECT_EQ(sizes, (std::vector<int>{8, 1, 4, 1}));  // 16 capped at 8; 3000 / 1024 -> 3 -> 4
+  for (const BalanceGroup& g : p.groups) EXPECT_EQ(g.first_rank % g.size, 0);
+}
+
+TEST(Balancer, DynamicIsNearTheBruteForceOptimumAndNeverBehindTheBaselines) {
+  std::mt19937_64 rng(25);
+  struct Case {
+    int world, n;
+  };
+  std::vector<BalanceInput> cases;
+  for (Case c : {Case{2, 10}, {3, 8}, {4, 7}, {4, 6}, {5, 5}, {6, 5}, {8, 5}, {8, 4}})
+    for (int k = 0; k < 3; ++k) cases.push_back(small_model(c.world, random_lengths(rng, c.n)));
+  // Long tails: one long sequence and many short ones, in front, behind and in the middle.
+  cases.push_back(small_model(2, {16384, 512, 512, 512, 512, 512, 512, 512, 512}));
+  cases.push_back(small_model(4, {512, 512, 512, 16384, 512, 512, 512, 512}));
+  cases.push_back(small_model(8, {1024, 1024, 32768, 1024, 8192}));
+  cases.push_back(small_model(3, {512, 512, 512, 512, 512, 8192}));
+  double worst = 1;
+  for (const BalanceInput& in : cases) {
+    const BalancePlan d = balance(in, BalancePolicy::dynamic);
+    const double best = optimum(in, d.step_seconds);
+    worst = std::max(worst, d.step_seconds / best);
+    EXPECT_LE(d.step_seconds, 1.05 * best) << in.world << " ranks: " << describe_lengths(in.lengths);
+    for (BalancePolicy base : {BalancePolicy::static_, BalancePolicy::pow2})
+      EXPECT_LE(d.step_seconds, balance(in, base).step_seconds * (1 + 1e-12)) << policy_name(base);
+  }
+  std::printf("dynamic / optimum: worst %.4f over %zu instances\n", worst, cases.size());
+}
+
+TEST(Balancer, DynamicSplitsTheLongTail) {
+  // 2 ranks, 1x16384 + 32x512: the long one on both ranks, the short ones one rank each.
+  std::vector<std::int64_t> lengths{16384};
+  lengths.insert(lengths.end(), 32, 512);
+  BalanceInput in = small_model(2, lengths);
+  const BalancePlan d = balance(in, BalancePolicy::dynamic);
+  EXPECT_EQ(d.groups[0], (BalanceGroup{0, 2}));
+  for (std::size_t i = 1; i < d.groups.size(); ++i) EXPECT_EQ(d.groups[i].size, 1);
+  in.dp = 2;
+  EXPECT_LT(d.step_seconds, balance(in, BalancePolicy::static_).step_seconds);
+  in.dp = 1;
+  EXPECT_LT(d.step_seconds, balance(in, BalancePolicy::static_).step_seconds);
+}
+
+TEST(Balancer, Deterministic) {
+  std::mt19937_64 rng(7);
+  BalanceInput in = small_model(8, random_lengths(rng, 40));
+  for (BalancePolicy p : {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic}) {
+    const BalancePlan a = balance(in, p), b = balance(BalanceInput(in), p);
+    EXPECT_EQ(a.groups, b.groups) << policy_name(p);
+    EXPECT_EQ(a.rank_seconds, b.rank_seconds) << policy_name(p);
+  }
+}
+
+TEST(Balancer, MemoryCapRaisesTheGroupSize) {
+  BalanceInput in = small_model(4, {8192, 512, 512});
+  in.memory_per_rank = [](std::int64_t len, int cp) { return 1000.0 * double((len + cp - 1) / cp); };
+  in.max_memory = 2.1e6;  // 8192 tokens need 4 ranks (2.048e6), 2 would need 4.096e6
+  const BalancePlan d = balance(in, BalancePolicy::dynamic);
+  EXPECT_EQ(d.groups[0].size, 4);
+  for (double m : d.rank_memory) EXPECT_LE(m, in.max_memory);
+  EXPECT_DOUBLE_EQ(*std::max_element(d.rank_memory.begin(), d.rank_memory.end()), 2.048e6);
+}
+
+// The message of the Error `f` throws ("" if none), checked identical on every rank.
+template <class F>
+std::string error_of(F&& f) {
+  std::string what;
+  try {
+    f();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  MpiCommunicator world;
+  EXPECT_NO_THROW(world.agree_identical("the balancer's error", what));
+  return what;
+}
+
+TEST(Balancer, BadInputNamesTheRule) {
+  auto has = [](const std::string& what, const std::string& part) {
+    EXPECT_NE(what.find(part), std::string::npos) << what;
+  };
+  has(error_of([] { balance(small_model(2, {}), BalancePolicy::dynamic); }), "the step has no sequences");
+  has(error_of([] { balance(small_model(2, {8, 0}), BalancePolicy::pow2); }), "sequence 1 has length 0");
+  has(error_of([] {
+        BalanceInput in = small_model(4, {8});
+        in.dp = 3;
+        balance(in, BalancePolicy::static_);
+      }),
+      "dp 3 does not divide the world size 4");
+  for (BalancePolicy p : {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic}) {
+    const std::string what = error_of([p] {
+      BalanceInput in = small_model(8, {512, 1024, 8192});
+      in.memory_per_rank = [](std::int64_t len, int cp) { return 1000.0 * double((len + cp - 1) / cp); };
+      in.max_memory = 1e6;
+      balance(in, p);
+    });
+    has(what, "sequence 2 (8192 tokens) fits no");
+    if (p != BalancePolicy::static_) has(what, "needs 1024000 bytes per rank even on 8 rank(s)");
+  }
+  has(error_of([] {
+        BalanceInput in = small_model(2, {8});
+        in.cp_comm_type = "ring";
+        balance(in, BalancePolicy::dynamic);
+      }),
+      "ring");
+  has(error_of([] {
+        BalanceInput in = small_model(2, {8});
+        in.gemm_flops_rate = -1;
+        balance(in, BalancePolicy::dynamic);
+      }),
+      "gemm_flops_rate must be >= 0");
+  has(error_of([] { parse_policy("best"); }), "'best': expected static, pow2 or dynamic");
+  has(error_of([] { predict_plan(small_model(2, {8, 8}), {{0, 2}, {1, 2}}); }), "sequence 1's group [1, 3)");
+}
+
+}  // namespace

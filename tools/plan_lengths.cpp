@@ -1,0 +1,195 @@
+// `ulysses plan --lengths`: which ranks compute which sequence of a variable-length step under
+// each balance policy, and what each predicts, for a GPU cluster model or this machine.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "guard.hpp"
+#include "plan_command.hpp"
+#include "report.hpp"
+#include "train/layers.hpp"
+#include "train/memory.hpp"
+#include "ulysses/atomic_file.hpp"
+#include "ulysses/balancer.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/lengths.hpp"
+
+namespace ulysses::cli {
+
+namespace {
+
+constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic};
+
+train::GptConfig model_of(const PlanOptions& o) {
+  const std::int64_t width = o.width > 0 ? o.width : o.heads * o.head_dim;
+  const std::int64_t hidden = o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(width);
+  train::GptConfig m{256, o.layers, width, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, hidden};
+  if (const std::string e = m.error(); !e.empty()) throw Error(e);
+  return m;
+}
+
+// FLOP/s of this rank's GEMMs (its threads): the model's MLP up-projection over 1024 tokens,
+// forward and backward as the trainer runs them, median of 3 after a warm-up.
+double gemm_rate(const Communicator& comm, const train::GptConfig& m) {
+  const std::int64_t n = 1024, ic = m.width, oc = m.hidden;
+  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)), dy(y.size(), 1.0f),
+      dx(x.size()), dw(w.size());
+  auto run = [&] {
+    train::matmul_forward(y.data(), x.data(), w.data(), n, ic, oc);
+    train::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
+  };
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = comm.now();
+    run();
+    t.push_back(comm.now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return 6.0 * double(n) * double(ic) * double(oc) / t[1];
+}
+
+// The balancer's input for `world` ranks (checked: throws Error).
+BalanceInput balance_input(const PlanOptions& o, int world) {
+  BalanceInput in;
+  in.lengths = parse_lengths(o.lengths);
+  in.world = world;
+  in.dp = o.dp;
+  in.cp_comm_type = o.cp_comm_type;
+  in.max_tokens_per_rank = o.max_tokens_per_rank;
+  const train::GptConfig m = model_of(o);
+  in.model.heads = m.heads;
+  in.model.kv_heads = m.kv_heads;
+  in.model.head_dim = m.head_dim;
+  in.model.layers = m.layers;
+  in.model.causal = true;
+  in.model.dtype = o.calibrate ? DType::f32 : parse_dtype(o.dtype);
+  in.model.cluster.ranks_per_node = o.ranks_per_node;
+  in.model.cluster.intra = {parse_bandwidth(o.intra_bw), parse_latency(o.intra_lat)};
+  in.model.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
+  in.model.cluster.peak_flops = o.tflops * 1e12;
+  in.model.cluster.efficiency = o.efficiency;
+  in.gemm_flops_per_token = 6.0 * double(m.num_params());  // dense: forward 2, backward 4 per weight
+  if (o.max_memory_given) {
+    in.max_memory = train::parse_bytes(o.max_memory);
+    train::TrainConfig cfg;
+    cfg.model = m;
+    cfg.batch = 1;
+    cfg.dtype = in.model.dtype;
+    cfg.cp.cp_comm_type = o.cp_comm_type;
+    in.memory_per_rank = [cfg](std::int64_t len, int cp) mutable {
+      cfg.seq = len;
+      return train::predict_memory(cfg, cp).total();
+    };
+  }
+  return in;
+}
+
+// "1x30 2x2 8x1": group size x how many sequences use it.
+std::string size_summary(const BalancePlan& p) {
+  std::map<int, int> used;
+  for (const BalanceGroup& g : p.groups) ++used[g.size];
+  std::string s;
+  for (const auto& [size, n] : used) s += fmt::format("{}{}x{}", s.empty() ? "" : " ", size, n);
+  return s;
+}
+
+double busiest_over_mean(const BalancePlan& p) {
+  const double most = *std::max_element(p.rank_busy_seconds.begin(), p.rank_busy_seconds.end());
+  const double mean = std::accumulate(p.rank_busy_seconds.begin(), p.rank_busy_seconds.end(), 0.0) / double(p.rank_busy_seconds.size());
+  return mean > 0 ? most / mean : 1.0;
+}
+
+double largest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+nlohmann::json plan_json(const BalancePlan& p) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const BalanceGroup& g : p.groups) groups.push_back({g.first_rank, g.size});
+  return {{"policy", policy_name(p.policy)},        {"step_seconds", p.step_seconds},
+          {"group_sizes", size_summary(p)},         {"busiest_over_mean_work", busiest_over_mean(p)},
+          {"max_bytes_per_rank", largest(p.rank_bytes)}, {"max_memory_per_rank", largest(p.rank_memory)},
+          {"groups", groups},                       {"rank_seconds", p.rank_seconds},
+          {"rank_busy_seconds", p.rank_busy_seconds}, {"sequence_seconds", p.sequence_seconds}};
+}
+
+// One world's table; a policy that cannot place the step prints (and records) why.
+nlohmann::json plan_world(const BalanceInput& in) {
+  fmt::print("world {} ({} per node), dp {} for static:\n", in.world, in.model.cluster.ranks_per_node, in.dp);
+  fmt::print("  {:<8} {:>12} {:>10} {:>10} {:>12} {:>12}  {}\n", "policy", "step s", "vs static", "busy/mean",
+             "MB sent/rk", "mem MB/rk", "group sizes (size x sequences)");
+  nlohmann::json out{{"world", in.world}, {"dp", in.dp}, {"policies", nlohmann::json::array()}};
+  double static_s = 0;
+  for (BalancePolicy policy : kPolicies) {
+    try {
+      const BalancePlan p = balance(in, policy);
+      if (policy == BalancePolicy::static_) static_s = p.step_seconds;
+      fmt::print("  {:<8} {:>12.5g} {:>10} {:>10.3f} {:>12.2f} {:>12.1f}  {}\n", policy_name(policy), p.step_seconds,
+                 static_s > 0 ? fmt::format("{:.2f}x", static_s / p.step_seconds) : "-", busiest_over_mean(p),
+                 largest(p.rank_bytes) / 1e6, largest(p.rank_memory) / 1e6, size_summary(p));
+      out["policies"].push_back(plan_json(p));
+    } catch (const Error& e) {
+      if (policy == BalancePolicy::dynamic) throw;  // the most permissive: the step cannot be planned
+      fmt::print("  {:<8} cannot place the step: {}\n", policy_name(policy), e.what());
+      out["policies"].push_back({{"policy", policy_name(policy)}, {"error", e.what()}});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_plan_lengths(const PlanOptions& o) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  BalanceInput in;
+  std::vector<int> worlds;
+  on_every_rank(comm, [&] {
+    if (o.calibrate) worlds = {comm.size()};
+    else if (o.world > 0) worlds = {o.world};
+    else for (int w = 2; w <= 1024; w *= 2) worlds.push_back(w);
+    for (int w : worlds)
+      if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
+    check_outputs({o.json});
+    in = balance_input(o, worlds.front());
+    if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
+    PlanInput probe = in.model;  // the model's sizes, checked once
+    probe.seq = 1;
+    if (const std::string e = plan_input_error(probe); !e.empty()) throw Error(e);
+  });
+  if (o.calibrate) {
+    calibrate_cluster(comm, in.model);
+    double seconds_per_flop = 1.0 / gemm_rate(comm, model_of(o));
+    comm.allreduce_max(&seconds_per_flop, 1);  // the slowest rank's
+    in.gemm_flops_rate = 1.0 / seconds_per_flop;
+  }
+  on_root(comm, [&] {
+    const train::GptConfig m = model_of(o);
+    fmt::print("ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
+               "KV heads of {}), cp_comm_type {}, {}{}\n",
+               in.lengths.size(), std::accumulate(in.lengths.begin(), in.lengths.end(), std::int64_t(0)),
+               describe_lengths(in.lengths).substr(0, 120), m.num_params(), m.layers, m.width, m.heads, m.kv_heads,
+               m.head_dim, in.cp_comm_type, to_string(in.model.dtype),
+               in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
+    const Cluster& c = in.model.cluster;
+    fmt::print("  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
+               "GEMMs {:.3g} TFLOP/s\n",
+               o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
+               c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
+               (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
+    nlohmann::json j{{"lengths", in.lengths},     {"cp_comm_type", in.cp_comm_type},
+                     {"gemm_flops_per_token", in.gemm_flops_per_token}, {"max_memory", in.max_memory},
+                     {"peak_flops", c.peak_flops}, {"efficiency", c.efficiency}, {"calibrated", o.calibrate},
+                     {"gemm_flops_rate", in.gemm_flops_rate},
+                     {"worlds", nlohmann::json::array()}};
+    for (int w : worlds) {
+      in.world = w;
+      j["worlds"].push_back(plan_world(in));
+    }
+    if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+  });
+  return 0;
+}
+
+}  // namespace ulysses::cli
