@@ -12,7 +12,7 @@
 #include "report.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
-#include "ulysses/atomic_file.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/balancer.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
@@ -151,7 +151,7 @@ int run_plan_lengths(const PlanOptions& o) {
     else for (int w = 2; w <= 1024; w *= 2) worlds.push_back(w);
     for (int w : worlds)
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
-    check_outputs({o.json});
+    if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
     in = balance_input(o, worlds.front());
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
     PlanInput probe = in.model;  // the model's sizes, checked once
