@@ -2,7 +2,7 @@
 plain tuples. Tensors cross as views, (data pointer, dtype name "f32" | "bf16", shape [b, s, h, d],
 strides of b, s and h in elements), made by ulysses._tensors.spec."""
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -81,3 +81,22 @@ def head_split(group: int, heads: int, kv_heads: int) -> Tuple[List[Tuple[int, i
 
 def set_threads(threads: int) -> None:
     """OpenMP threads of the kernels (BLAS pinned to one)."""
+
+def balance(
+    lengths: List[int],
+    world: int,
+    dp: int,
+    policy: str,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    layers: int,
+    cp_comm_type: str,
+    gemm_flops_per_token: float,
+    max_tokens_per_rank: int,
+    ranks_per_node: int,
+    peak_flops: float,
+    efficiency: float,
+    dtype: str,
+) -> Dict[str, Any]:
+    """The balancer's plan (balancer.hpp) as a dict of BalancePlan's fields; ulysses.balance wraps it."""

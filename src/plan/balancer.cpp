@@ -102,7 +102,7 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   }
   const Strategy& strategy = find_strategy(in.cp_comm_type);
   if (!strategy.hierarchical()) {  // refused sizes cost no planner rows (a2a+p2p's depend on its factorisation)
-    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, 0.0f};
+    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
     cfg.window_left = in.model.window_left;
     cfg.window_right = in.model.window_right;
     try {
