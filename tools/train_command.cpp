@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 
+#include "agreement.hpp"
 #include "guard.hpp"
 #include "plan_command.hpp"
 #include "report.hpp"
@@ -44,7 +45,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
-  c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task");
+  input_path(c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task"), "file");
   c->add_option("--holdout", o.holdout, "with --data: the fraction of its bytes, from the end, that training never "
                 "sees; its loss is reported (0: none)")->capture_default_str();
   c->add_option("--eval-every", o.eval_every, "with --data: the held-out loss and bits per byte every K steps and at "
@@ -57,7 +58,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
   c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
-  c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
+  input_path(c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings "
+                           "come from it)"), "dir");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
