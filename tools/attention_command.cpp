@@ -216,7 +216,8 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
 Setup setup(Communicator& comm, const AttentionOptions& o) {
   Setup s;
   const int cp = s.cp = comm.size();
-  s.threads = o.threads > 0 ? o.threads : default_threads(comm);
+  const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
+  s.threads = o.threads > 0 ? o.threads : fallback;
   set_threads(s.threads);
   const int node_ranks = comm.ranks_on_this_node();
   on_every_rank(comm, [&] {

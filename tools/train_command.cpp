@@ -259,7 +259,8 @@ int run_train(const TrainOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   comm.set_timeout(o.timeout);
   const int rank = comm.rank(), cp = comm.size();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
+  const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
+  const int threads = o.threads > 0 ? o.threads : fallback;
   set_threads(threads);
   train::DataSource data = train::DataSource::synthetic();
   const train::TrainConfig cfg = train_config(comm, o, data);
