@@ -1,38 +1,83 @@
-"""Global tensors ↔ the tokens each rank holds, for a strategy's token layout."""
+"""Global tensors ↔ the tokens each rank holds, for a strategy's token layout. Every function
+is collective: the ranks agree on their arguments (and unshard on the shards' dtype and shapes)
+before any data moves, so a rank that differs raises the same ``ulysses.Error`` everywhere."""
 import numpy as np
 import torch
 
 from . import _ulysses
+from ._agree import INT64_MAX, agree_identical, agreed, integer
 
 
-def _chunks(comm, seq, strategy, causal, cp_sizes, rank, q_offset=None):
-    return _ulysses.rank_chunks(strategy, causal, list(cp_sizes or []), comm.size, rank, seq,
-                                None if q_offset is None else int(q_offset))
+def _layout(strategy, causal, cp_sizes, q_offset):
+    """The arguments every function shares, checked and normalised (not collective)."""
+    if strategy not in _ulysses.strategy_names():
+        raise _ulysses.Error(f"unknown cp_comm_type {strategy!r}; one of {', '.join(_ulysses.strategy_names())}")
+    sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
+    offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
+    return strategy, bool(causal), sizes, offset
+
+
+def _tensor_dim(x, dim):
+    """``dim`` of tensor ``x`` as a non-negative index (not collective)."""
+    if not isinstance(x, torch.Tensor):
+        raise _ulysses.Error(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu":
+        raise _ulysses.Error(f"x is on {x.device}; ulysses runs on CPU tensors")
+    n = max(x.dim(), 1)
+    return integer("dim", dim, -n, n - 1) % n
+
+
+def _chunks(comm, seq, layout, rank):
+    strategy, causal, sizes, offset = layout
+    return _ulysses.rank_chunks(strategy, causal, sizes, comm.size, rank, seq, offset)
 
 
 def shard(x, comm, strategy="a2a", causal=False, dim=1, cp_sizes=None, q_offset=None):
     """This rank's tokens of the global tensor ``x`` (sequence along ``dim``), in the order the
     strategy expects: contiguous, or zigzag for p2p / all_gather / a2a+p2p under a causal mask
     (contiguous whenever ``q_offset`` is set: cross-attention; pass the module's ``q_offset``,
-    for q and for k/v of their own length alike). Not collective."""
-    chunks = _chunks(comm, x.shape[dim], strategy, causal, cp_sizes, comm.rank, q_offset)
-    return torch.cat([x.narrow(dim, begin, length) for begin, length in chunks], dim=dim)
+    for q and for k/v of their own length alike). Collective: the ranks agree on the arguments
+    and on x's shape and dtype."""
+    def local():
+        d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)
+        return d, layout, _chunks(comm, x.shape[d], layout, comm.rank)
+
+    d, layout, chunks = agreed(comm, local)
+    agree_identical(comm, "ulysses.shard arguments", tuple(x.shape), str(x.dtype), d, layout)
+    return torch.cat([x.narrow(d, begin, length) for begin, length in chunks], dim=d)
 
 
 def positions(seq, comm, strategy="a2a", causal=False, cp_sizes=None, q_offset=None):
-    """Global position of every local token (int64), e.g. for RoPE. Not collective."""
-    chunks = _chunks(comm, seq, strategy, causal, cp_sizes, comm.rank, q_offset)
+    """Global position of every local token (int64), e.g. for RoPE. Collective: the ranks agree
+    on the arguments."""
+    def local():
+        n, layout = integer("seq", seq, 0, INT64_MAX), _layout(strategy, causal, cp_sizes, q_offset)
+        return n, layout, _chunks(comm, n, layout, comm.rank)
+
+    n, layout, chunks = agreed(comm, local)
+    agree_identical(comm, "ulysses.positions arguments", n, layout)
     return torch.cat([torch.arange(begin, begin + length) for begin, length in chunks])
 
 
 def unshard(x, comm, strategy="a2a", causal=False, dim=1, cp_sizes=None, q_offset=None):
     """Collective: the global tensor, on every rank, from each rank's shard ``x`` (the inverse
-    of ``shard``)."""
+    of ``shard``). The ranks agree on the arguments, on x's dtype and on its shape but along
+    ``dim``, where each rank must hold the tokens ``shard`` gives it."""
     from mpi4py import MPI
 
-    local = x.movedim(dim, 0).contiguous()
+    d, layout = agreed(comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)))
+    shape = list(x.shape)
+    shape[d] = "*"
+    agree_identical(comm, "ulysses.unshard shards and arguments", shape, str(x.dtype), d, layout)
+    local = x.movedim(d, 0).contiguous()
     lengths = comm.mpi.allgather(local.shape[0])
     seq = sum(lengths)
+    chunks = agreed(comm, lambda: [_chunks(comm, seq, layout, r) for r in range(comm.size)])
+    for r, held in enumerate(lengths):  # every rank sees every length: the same error everywhere
+        want = sum(length for _, length in chunks[r])
+        if held != want:
+            raise _ulysses.Error(f"unshard: rank {r} holds {held} tokens along dim {d} but cp_comm_type {layout[0]} "
+                                 f"with s = {seq} gives it {want} (ulysses.shard)")
     row = int(np.prod(local.shape[1:])) * local.element_size()
     gathered = torch.empty((seq,) + tuple(local.shape[1:]), dtype=x.dtype)
     counts = [n * row for n in lengths]
@@ -42,7 +87,7 @@ def unshard(x, comm, strategy="a2a", causal=False, dim=1, cp_sizes=None, q_offse
     out = torch.empty_like(gathered)
     start = 0
     for r in range(comm.size):  # rank r's block holds its chunks in local order
-        for begin, length in _chunks(comm, seq, strategy, causal, cp_sizes, r, q_offset):
+        for begin, length in chunks[r]:
             out[begin:begin + length] = gathered[start:start + length]
             start += length
-    return out.movedim(0, dim)
+    return out.movedim(0, d)
