@@ -30,8 +30,13 @@ int main(int argc, char** argv) {
 
   // ULYSSES_PRINT_OPTIONS=<subcommand>: its options, one a line (for the divergence test).
   if (const char* name = std::getenv("ULYSSES_PRINT_OPTIONS")) {
-    if (rank == 0) ulysses::cli::print_options(*app.get_subcommand(name));
-    return 0;
+    try {
+      if (rank == 0) ulysses::cli::print_options(*app.get_subcommand(name));
+      return 0;
+    } catch (const CLI::OptionNotFound&) {
+      if (rank == 0) std::fprintf(stderr, "ulysses: ULYSSES_PRINT_OPTIONS=%s: no such subcommand\n", name);
+      return 2;
+    }
   }
 
   int code = 0;

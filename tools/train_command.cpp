@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <tuple>
 
 #include "agreement.hpp"
 #include "guard.hpp"
@@ -79,6 +80,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "held-out batches of each evaluation (the final accuracy; "
                 "with --data, the held-out loss)")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
+  c->final_callback([c, &o] {
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) o.given.push_back(opt->get_name());
+  });
 }
 
 namespace {
@@ -194,12 +199,31 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
 }
 
+// Not collective. Throws Error for a model or optimizer flag given with --resume that differs
+// from the checkpoint's setting (which would otherwise win silently), naming both values.
+void check_resume_flags(const TrainOptions& o, const train::TrainConfig& ck) {
+  const train::GptConfig& m = ck.model;
+  auto str = [](auto x) { return fmt::format("{}", x); };  // each in its own type: equal means equal
+  const std::vector<std::tuple<const char*, std::string, std::string>> fixed{
+      {"--layers", str(o.layers), str(m.layers)},       {"--width", str(o.width), str(m.width)},
+      {"--heads", str(o.heads), str(m.heads)},          {"--kv-heads", str(o.kv_heads), str(m.kv_heads)},
+      {"--head-dim", str(o.head_dim), str(m.head_dim)}, {"--hidden", str(o.hidden), str(m.hidden)},
+      {"--batch", str(o.batch), str(ck.batch)},         {"--seq", str(o.seq), str(ck.seq)},
+      {"--lr", str(o.lr), str(ck.lr)},                  {"--warmup", str(o.warmup), str(ck.warmup)},
+      {"--seed", str(o.seed), str(ck.seed)}};
+  for (const auto& [flag, given, saved] : fixed)
+    if (std::find(o.given.begin(), o.given.end(), flag) != o.given.end() && given != saved)
+      throw Error(fmt::format("{} {} conflicts with the checkpoint {} ({} {}): a resumed run keeps its model and "
+                              "optimizer settings; drop {} or start a new run", flag, given, o.resume, flag, saved, flag));
+}
+
 // Collective. The run's settings: a checkpoint's, or the options'; errors agreed.
 train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train::DataSource& data) {
   train::TrainConfig cfg;
   on_every_rank(comm, [&] {
     if (!o.resume.empty()) {
       cfg = train::Trainer::checkpoint_config(o.resume);
+      check_resume_flags(o, cfg);
     } else {
       cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim,
                    o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width)};
