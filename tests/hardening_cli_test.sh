@@ -125,9 +125,12 @@ run 1 attention "${files[@]}" --out "$dir/single.npy" > /dev/null 2>&1
 ls "$dir"/shared.npy.tmp.* > /dev/null 2>&1 && bad "concurrent writers left temp files" || ok "concurrent writers: no temp files"
 
 # Issue 28's messages: integer .npy cu_seqlens, a directory for a file, --resume with other flags.
-python3 -c 'import numpy as np, sys
-for t in ("int32", "int64"): np.save(f"{sys.argv[1]}/cu_{t}.npy", np.array([0, 6, 16], dtype=t))
-np.save(f"{sys.argv[1]}/cu_u8.npy", np.array([0, 6, 16], dtype="uint8"))' "$dir"
+npy "$dir/cu_int32.npy" "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x00\x00\x00\x06\x00\x00\x00\x10\x00\x00\x00' >> "$dir/cu_int32.npy"  # 0, 6, 16
+npy "$dir/cu_int64.npy" "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x00\x00\x00\x00\x00\x00\x00\x06\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00\x00' >> "$dir/cu_int64.npy"
+npy "$dir/cu_u8.npy" "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x06\x10' >> "$dir/cu_u8.npy"
 for t in int32 int64; do
   run 2 attention "${files[@]}" --cu-seqlens "$dir/cu_$t.npy" --check > "$dir/cu.log" 2>&1 && grep -q "packed documents: 2" "$dir/cu.log" &&
     ok "--cu-seqlens $t .npy" || { bad "--cu-seqlens $t .npy"; cat "$dir/cu.log"; }

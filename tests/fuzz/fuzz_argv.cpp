@@ -75,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     app.parse(int(argv.size()), argv.data());
     for (const ulysses::cli::OptionValue& v : ulysses::cli::option_values(*app.get_subcommands().front()))
-      if (v.name.empty() || v.key.empty()) __builtin_trap();  // every option contributes a line
+      if (v.name.empty()) __builtin_trap();  // every option contributes a named line
     parse_values(app, attention, train, plan);
   } catch (const CLI::ParseError&) {
   } catch (const ulysses::Error&) {
