@@ -34,7 +34,8 @@ std::string content_key(const std::string& path, std::int64_t size) {
   auto hash_from = [&](std::int64_t offset, std::int64_t bytes) {
     if (std::fseek(f.get(), long(offset), SEEK_SET) != 0) return false;
     while (bytes > 0) {
-      const std::size_t got = std::fread(buf.data(), 1, std::size_t(std::min<std::int64_t>(bytes, std::int64_t(buf.size()))), f.get());
+      const std::size_t want = std::size_t(std::min<std::int64_t>(bytes, std::int64_t(buf.size())));
+      const std::size_t got = std::fread(buf.data(), 1, want, f.get());
       if (got == 0) return false;
       h = fnv(buf.data(), got, h);
       bytes -= std::int64_t(got);
@@ -97,7 +98,8 @@ std::string shorten(const std::string& s) { return s.size() <= 200 ? s : s.subst
 // Collective. Every rank's `text`, or nothing when all ranks hold the same `compared` (then it
 // costs one small all-gather of a hash per rank; only a difference moves the texts).
 std::vector<std::string> texts_if_different(Communicator& comm, const std::string& compared, const std::string& text) {
-  const std::vector<std::int64_t> hashes = comm.allgather_value(std::int64_t(fnv(compared.data(), compared.size())), "validate");
+  const std::int64_t mine_hash = std::int64_t(fnv(compared.data(), compared.size()));
+  const std::vector<std::int64_t> hashes = comm.allgather_value(mine_hash, "validate");
   if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; })) return {};
   std::int64_t longest = std::int64_t(text.size());
   comm.allreduce_max(&longest, 1);
@@ -123,7 +125,8 @@ int first_different(const std::vector<std::string>& texts) {
 std::vector<std::string> split(const std::string& text, char sep) {
   std::vector<std::string> parts;
   std::size_t pos = 0;
-  for (std::size_t end; (end = text.find(sep, pos)) != std::string::npos; pos = end + 1) parts.push_back(text.substr(pos, end - pos));
+  for (std::size_t end; (end = text.find(sep, pos)) != std::string::npos; pos = end + 1)
+    parts.push_back(text.substr(pos, end - pos));
   parts.push_back(text.substr(pos));
   return parts;
 }

@@ -1,6 +1,8 @@
 """The CpConfig options from PyTorch: window_size=(left, right), overlap_chunks and
 cross-attention (k/v of another length, q_offset), forward and backward against float64
 attention under the same mask, and their bad values raising the library's error on every rank."""
+import inspect
+
 import pytest
 import torch
 from conftest import agreed_max, configs, rel
@@ -213,3 +215,24 @@ def test_an_argument_on_one_rank_is_one_error_everywhere(comm):
     for says, call in cases:
         raised_everywhere(comm, says, call)
     assert ulysses.unshard(ulysses.shard(x, comm), comm).shape == x.shape  # still in step
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() == 1, reason="needs a second rank to disagree with")
+def test_every_keyword_argument_differing_on_one_rank_is_one_error(comm):
+    """Each keyword argument of each entry point, as inspect finds them (a new argument fails
+    here until it has a differing value below), changed on the last rank alone."""
+    last = comm.rank == comm.size - 1
+    x = torch.zeros(1, 4 * comm.size, 2 * comm.size, 8)
+    # (default-rank value, last-rank value) of every keyword argument
+    values = {"strategy": ("a2a", "p2p"), "causal": (False, True), "dim": (1, 2), "cp_sizes": (None, [1, comm.size]),
+              "q_offset": (None, 0), "scale": (None, 0.5), "window_size": ((-1, -1), (1, 0)), "overlap_chunks": (1, 2)}
+    calls = {ulysses.shard: lambda **kw: ulysses.shard(x, comm, **kw),
+             ulysses.positions: lambda **kw: ulysses.positions(x.shape[1], comm, **kw),
+             ulysses.unshard: lambda **kw: ulysses.unshard(x, comm, **kw),
+             ut.ContextParallelAttention.__init__: lambda **kw: ut.ContextParallelAttention(comm, **kw)}
+    for fn, call in calls.items():
+        keywords = [p for p in inspect.signature(fn).parameters.values() if p.default is not inspect.Parameter.empty]
+        for p in keywords:
+            assert p.name in values, f"{fn.__qualname__}: no differing value for {p.name}"
+            good, bad = values[p.name]
+            raised_everywhere(comm, "differ between ranks", lambda: call(**{p.name: bad if last else good}))

@@ -89,7 +89,8 @@ class ContextParallelAttention(torch.nn.Module):
 
         args, self._impl = agreed(comm, build)
         agree_identical(comm, "ContextParallelAttention arguments", args)
-        self.window_size, self.overlap_chunks, self.q_offset = args["window_size"], args["overlap_chunks"], args["q_offset"]
+        self.window_size, self.overlap_chunks = args["window_size"], args["overlap_chunks"]
+        self.q_offset = args["q_offset"]
 
     def forward(self, q, k, v, cu_seqlens=None):
         def local():
@@ -116,7 +117,8 @@ def _window(window_size):
     except (TypeError, ValueError):
         ok = False
     if ok:
-        return tuple(integer(f"window_size[{i}]", int(x), -INT64_MAX - 1, INT64_MAX) for i, x in enumerate((left, right)))
+        return tuple(integer(f"window_size[{i}]", int(x), -INT64_MAX - 1, INT64_MAX)
+                     for i, x in enumerate((left, right)))
     raise _ulysses.Error(f"window_size must be (left, right), two integers (-1: unbounded), got {window_size!r}")
 
 
