@@ -31,7 +31,7 @@ struct OptionValue {
 // (or its default when not given). Options in per_rank_options() are left out.
 std::vector<OptionValue> option_values(CLI::App& command);
 
-// The options whose values may differ between ranks, with why.
+// The options whose values may differ between ranks (each with its reason at the definition).
 const std::vector<std::string>& per_rank_options();
 
 // Collective over `comm`. `parse_error` is this rank's CLI::ParseError (null when its command
