@@ -50,14 +50,14 @@ cp "$dir/k.npy" "$dir/k_inf.npy" && "$tool" set "$dir/k_inf.npy" 0 inf
 expect "Inf in k" 2 "k has a non-finite value (inf) at [0, 0, 0, 0]" attention --q "$dir/q.npy" --k "$dir/k_inf.npy" --v "$dir/v.npy"
 run 2 attention --q "$dir/q_nan.npy" --k "$dir/k.npy" --v "$dir/v.npy" --allow-nonfinite > "$dir/allow.log" 2>&1 &&
   ok "--allow-nonfinite runs" || { bad "--allow-nonfinite"; cat "$dir/allow.log"; }
-# 8. Every rank must read the same input; a failed --check writes nothing.
+# 8. Every rank must read the same input (compared by contents before reading it); a failed --check writes nothing.
 mkdir -p "$dir/other" && "$tool" make "$dir/other" 1 16 2 2 8
 "$tool" set "$dir/other/q.npy" 3 0.5
 start=$SECONDS
 timeout 60 "$mpiexec" $flags -n 1 "$bin" attention "${files[@]}" --out "$dir/mpmd.npy" : \
   -n 1 "$bin" attention --q "$dir/other/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$dir/mpmd.npy" > "$dir/mpmd.log" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF "the input files' contents differ between ranks" "$dir/mpmd.log"; then
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF "ranks were given different --q: rank 0 has $dir/q.npy (1152 bytes" "$dir/mpmd.log"; then
   ok "different input per rank ($((SECONDS - start)) s)"; else bad "different input per rank: rc $rc"; cat "$dir/mpmd.log"; fi
 no_file "$dir/mpmd.npy" "different input per rank"
 cp "$dir/q.npy" "$dir/q_big.npy"
@@ -123,6 +123,27 @@ run 1 attention "${files[@]}" --out "$dir/single.npy" > /dev/null 2>&1
 "$tool" diff "$dir/shared.npy" "$dir/single.npy" 0 > /dev/null && ok "concurrent writers: one complete file" ||
   bad "concurrent writers"
 ls "$dir"/shared.npy.tmp.* > /dev/null 2>&1 && bad "concurrent writers left temp files" || ok "concurrent writers: no temp files"
+
+# Issue 28's messages: integer .npy cu_seqlens, a directory for a file, --resume with other flags.
+npy "$dir/cu_int32.npy" "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x00\x00\x00\x06\x00\x00\x00\x10\x00\x00\x00' >> "$dir/cu_int32.npy"  # 0, 6, 16
+npy "$dir/cu_int64.npy" "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x00\x00\x00\x00\x00\x00\x00\x06\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00\x00' >> "$dir/cu_int64.npy"
+npy "$dir/cu_u8.npy" "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }" 0
+printf '\x00\x06\x10' >> "$dir/cu_u8.npy"
+for t in int32 int64; do
+  run 2 attention "${files[@]}" --cu-seqlens "$dir/cu_$t.npy" --check > "$dir/cu.log" 2>&1 && grep -q "packed documents: 2" "$dir/cu.log" &&
+    ok "--cu-seqlens $t .npy" || { bad "--cu-seqlens $t .npy"; cat "$dir/cu.log"; }
+done
+expect "--cu-seqlens uint8 .npy" 2 "--cu-seqlens: $dir/cu_u8.npy: not a usable .npy file: dtype '|u1' is not little-endian int32, int64 or float32" \
+  attention "${files[@]}" --cu-seqlens "$dir/cu_u8.npy"
+expect "--cu-seqlens a directory" 2 "--cu-seqlens: $dir is a directory, not a file" attention --seq 16 --cu-seqlens "$dir"
+expect "--data a directory" 2 "--data: $dir is a directory, not a file" train --data "$dir"
+expect "--q a directory" 2 "--q: $dir is a directory, not a file" attention --q "$dir" --k "$dir/k.npy" --v "$dir/v.npy"
+expect "--resume --width other than the checkpoint's" 2 "--width 32 conflicts with the checkpoint $dir/ckpt (--width" \
+  train --steps 3 --resume "$dir/ckpt" --width 32
+expect "--resume --seed other than the checkpoint's" 2 "--seed 9 conflicts with the checkpoint $dir/ckpt (--seed 0)" \
+  train --steps 3 --resume "$dir/ckpt" --seed 9
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

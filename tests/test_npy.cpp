@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <fstream>
+#include <vector>
 
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
@@ -84,3 +86,44 @@ TEST(Npy, FailedWriteLeavesNoFile) {
 }
 
 }  // namespace
+
+TEST(Npy, IntegerArraysAreWidenedToInt64) {
+  const std::string path = temp_path("ints.npy");
+  const std::int32_t i4[] = {0, 7, -3, 2147483647};
+  write_raw(path, header("{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }") +
+                      std::string(reinterpret_cast<const char*>(i4), sizeof(i4)));
+  EXPECT_EQ(read_npy_integers(path).data, (std::vector<std::int64_t>{0, 7, -3, 2147483647}));
+  const std::int64_t i8[] = {0, std::int64_t(1) << 40};
+  write_raw(path, header("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }") +
+                      std::string(reinterpret_cast<const char*>(i8), sizeof(i8)));
+  const NpyIntArray a = read_npy_integers(path);
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(a.data, (std::vector<std::int64_t>{0, std::int64_t(1) << 40}));
+  const float f4[] = {0.0f, 16.0f};  // float32 holding exact integers, as before
+  write_raw(path, header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }") +
+                      std::string(reinterpret_cast<const char*>(f4), sizeof(f4)));
+  EXPECT_EQ(read_npy_integers(path).data, (std::vector<std::int64_t>{0, 16}));
+  std::remove(path.c_str());
+}
+
+TEST(Npy, IntegerReaderRefusesOtherDtypesAndFractions) {
+  const std::string path = temp_path("ints_bad.npy");
+  auto refused = [&](const std::string& bytes, const std::string& reason) {
+    write_raw(path, bytes);
+    try {
+      read_npy_integers(path);
+      ADD_FAILURE() << "accepted a file that should fail with: " << reason;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  refused(header("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }") + std::string(3, '\0'),
+          "dtype '|u1' is not little-endian int32, int64 or float32");
+  const float half = 0.5f;
+  refused(header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }") +
+              std::string(reinterpret_cast<const char*>(&half), 4),
+          "holds 0.5, not an exact integer");
+  refused(header("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }") + std::string(12, '\0'),
+          "truncated data: expected 16 bytes");
+  std::remove(path.c_str());
+}

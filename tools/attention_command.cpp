@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "agreement.hpp"
 #include "guard.hpp"
 #include "report.hpp"
 #include "ulysses/context_parallel.hpp"
@@ -38,10 +39,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
       "Run one distributed attention forward (and backward) over all ranks, optionally check it "
       "against a float64 reference, time it and report bytes and memory per rank.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
-  c->add_option("--q", o.q, "global query, .npy float32 [b, s, h, d]");
-  c->add_option("--k", o.k, "global key, .npy float32 [b, s, h_kv, d]");
-  c->add_option("--v", o.v, "global value, .npy float32 [b, s, h_kv, d]");
-  c->add_option("--dout", o.dout, "global output gradient, .npy [b, s, h, d]; runs the backward");
+  input_path(c->add_option("--q", o.q, "global query, .npy float32 [b, s, h, d]"), "file");
+  input_path(c->add_option("--k", o.k, "global key, .npy float32 [b, s, h_kv, d]"), "file");
+  input_path(c->add_option("--v", o.v, "global value, .npy float32 [b, s, h_kv, d]"), "file");
+  input_path(c->add_option("--dout", o.dout, "global output gradient, .npy [b, s, h, d]; runs the backward"), "file");
   c->add_option("--out", o.out, "write the global output here (.npy, rank 0)");
   c->add_option("--dq", o.dq, "write the global dq here (.npy; needs a backward)");
   c->add_option("--dk", o.dk, "write the global dk here (.npy; needs a backward)");
@@ -50,9 +51,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
       ->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
-  c->add_option("--cu-seqlens", o.cu_seqlens,
+  input_path(c->add_option("--cu-seqlens", o.cu_seqlens,
                 "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
-                "or a file of them (.npy or text); no token attends across a document boundary; batch 1");
+                "or a file of them (.npy or text); no token attends across a document boundary; batch 1"),
+             "file-or-list");
   c->add_option("--window", o.window,
                 "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): query i sees "
                 "keys i-L..i+R; p2p and a2a+p2p then send only the halo the band reaches");
@@ -222,7 +224,8 @@ void check_files(const AttentionOptions& o) {
 Setup setup(Communicator& comm, const AttentionOptions& o) {
   Setup s;
   const int cp = s.cp = comm.size();
-  s.threads = o.threads > 0 ? o.threads : default_threads(comm);
+  const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
+  s.threads = o.threads > 0 ? o.threads : fallback;
   set_threads(s.threads);
   const int node_ranks = comm.ranks_on_this_node();
   on_every_rank(comm, [&] {

@@ -2,10 +2,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "agreement.hpp"
 #include "attention_command.hpp"
 #include "plan_command.hpp"
 #include "report.hpp"
@@ -28,14 +30,34 @@ int main(int argc, char** argv) {
   ulysses::cli::PlanOptions plan;
   ulysses::cli::add_plan_command(app, plan);
 
+  // ULYSSES_PRINT_OPTIONS=<subcommand>: its options, one a line (for the divergence test).
+  if (const char* name = std::getenv("ULYSSES_PRINT_OPTIONS")) {
+    try {
+      if (rank == 0) ulysses::cli::print_options(*app.get_subcommand(name));
+      return 0;
+    } catch (const CLI::OptionNotFound&) {
+      if (rank == 0) std::fprintf(stderr, "ulysses: ULYSSES_PRINT_OPTIONS=%s: no such subcommand\n", name);
+      return 2;
+    }
+  }
+
   int code = 0;
+  std::exception_ptr parse_error;  // a rank's alone, maybe: agreed before anything else
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ParseError&) {
+    parse_error = std::current_exception();
+  }
+  try {
+    ulysses::MpiCommunicator world(MPI_COMM_WORLD);
+    ulysses::cli::agree_parse_outcome(world, parse_error);
+    if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
+    ulysses::cli::agree_command_line(world, *app.get_subcommands().front());
     if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(attention);
     if (app.got_subcommand("train")) code = ulysses::cli::run_train(train);
     if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(plan);
   } catch (const CLI::ParseError& e) {
-    // Every rank parses the same argv, so every rank stops here; one prints.
+    // Every rank's parse failed alike (agreed above), so every rank stops here; one prints.
     if (rank == 0) code = app.exit(e);
     else code = e.get_exit_code();
   } catch (const ulysses::Error& e) {  // agreed: every rank throws it, rank 0 says it

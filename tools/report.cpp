@@ -146,16 +146,14 @@ std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
   if (cu_seqlens_file(arg).empty()) return parse_integer_list(arg, "the list");
   check_regular_input("--cu-seqlens", arg);
   if (arg.ends_with(".npy")) {
-    const NpyArray a = read_npy(arg);
-    if (a.shape.size() != 1) throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
-    std::vector<std::int64_t> out;
-    for (float x : a.data) {
-      // float32 holds every integer up to 2^24 exactly; larger positions would be rounded.
-      if (x != std::floor(x) || std::abs(x) > 16777216.0f)
-        throw Error(fmt::format("--cu-seqlens: {} holds {}, not an exact integer position", arg, x));
-      out.push_back(std::int64_t(x));
+    NpyIntArray a;
+    try {
+      a = read_npy_integers(arg);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--cu-seqlens: {}", e.what()));
     }
-    return out;
+    if (a.shape.size() != 1) throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
+    return a.data;
   }
   return parse_integer_list(read_input_within_memory("--cu-seqlens", arg), arg);
 }

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <tuple>
 
+#include "agreement.hpp"
 #include "guard.hpp"
 #include "plan_command.hpp"
 #include "report.hpp"
@@ -58,7 +60,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
-  c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task");
+  input_path(c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task"), "file");
   c->add_option("--holdout", o.holdout, "with --data: the fraction of its bytes, from the end, that training never "
                 "sees; its loss is reported (0: none)")->capture_default_str();
   c->add_option("--eval-every", o.eval_every, "with --data: the held-out loss and bits per byte every K steps and at "
@@ -71,7 +73,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
   c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
-  c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings come from it)");
+  input_path(c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings "
+                           "come from it)"), "dir");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
   c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
@@ -91,6 +94,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--eval-batches", o.eval_batches, "held-out batches of each evaluation (the final accuracy; "
                 "with --data, the held-out loss)")->capture_default_str();
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
+  c->final_callback([c, &o] {
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) o.given.push_back(opt->get_name());
+  });
 }
 
 namespace {
@@ -233,12 +240,31 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
 }
 
+// Not collective. Throws Error for a model or optimizer flag given with --resume that differs
+// from the checkpoint's setting (which would otherwise win silently), naming both values.
+void check_resume_flags(const TrainOptions& o, const train::TrainConfig& ck) {
+  const train::GptConfig& m = ck.model;
+  auto str = [](auto x) { return fmt::format("{}", x); };  // each in its own type: equal means equal
+  const std::vector<std::tuple<const char*, std::string, std::string>> fixed{
+      {"--layers", str(o.layers), str(m.layers)},       {"--width", str(o.width), str(m.width)},
+      {"--heads", str(o.heads), str(m.heads)},          {"--kv-heads", str(o.kv_heads), str(m.kv_heads)},
+      {"--head-dim", str(o.head_dim), str(m.head_dim)}, {"--hidden", str(o.hidden), str(m.hidden)},
+      {"--batch", str(o.batch), str(ck.batch)},         {"--seq", str(o.seq), str(ck.seq)},
+      {"--lr", str(o.lr), str(ck.lr)},                  {"--warmup", str(o.warmup), str(ck.warmup)},
+      {"--seed", str(o.seed), str(ck.seed)}};
+  for (const auto& [flag, given, saved] : fixed)
+    if (std::find(o.given.begin(), o.given.end(), flag) != o.given.end() && given != saved)
+      throw Error(fmt::format("{} {} conflicts with the checkpoint {} ({} {}): a resumed run keeps its model and "
+                              "optimizer settings; drop {} or start a new run", flag, given, o.resume, flag, saved, flag));
+}
+
 // Collective. The run's settings: a checkpoint's, or the options'; errors agreed.
 train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train::DataSource& data) {
   train::TrainConfig cfg;
   on_every_rank(comm, [&] {
     if (!o.resume.empty()) {
       cfg = train::Trainer::checkpoint_config(o.resume);
+      check_resume_flags(o, cfg);
     } else {
       cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim,
                    o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width)};
@@ -318,7 +344,8 @@ int run_train(const TrainOptions& o) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   comm.set_timeout(o.timeout);
   const int rank = comm.rank();
-  const int threads = o.threads > 0 ? o.threads : default_threads(comm);
+  const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
+  const int threads = o.threads > 0 ? o.threads : fallback;
   set_threads(threads);
   on_root(comm, [&] { check_files(o); });
   train::DataSource data = train::DataSource::synthetic();

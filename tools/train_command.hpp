@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ulysses::cli {
 
@@ -30,6 +31,7 @@ struct TrainOptions {
   std::uint64_t seed = 0;
   int threads = 0;
   double timeout = 300;  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
+  std::vector<std::string> given;  // the options named on the command line (--resume checks them)
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opt);

@@ -190,6 +190,13 @@ PYBIND11_MODULE(_ulysses, m) {
         return d;
       })
       .def("reset_counters", &Communicator::reset_counters)
+      .def("agree", &Communicator::agree, py::arg("local_error"), py::call_guard<py::gil_scoped_release>(),
+           "Collective: \"\" when this rank is fine, else its error; when any rank has one, every rank raises the "
+           "lowest failing rank's, prefixed with that rank.")
+      .def("agree_identical", &Communicator::agree_identical, py::arg("what"), py::arg("description"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: every rank raises the same Error naming both texts when a rank's description differs from "
+           "rank 0's.")
       .def("default_threads", [](Communicator& c) { return default_threads(c); },
            py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _ulysses
+from ._agree import agreed, integer
+
+MAX_THREADS = 1024  # the CLI's --threads limit
 
 
 class Communicator:
     """A context-parallel group: a duplicate of ``mpi_comm`` (collective over it).
 
     Any mpi4py communicator works, e.g. one CP group of a larger data-parallel world from
-    ``MPI.COMM_WORLD.Split(color, key)``. ``threads`` sets the kernels' OpenMP threads per rank;
-    by default the node's cores divided by the ranks of ``mpi_comm`` on this node.
+    ``MPI.COMM_WORLD.Split(color, key)``. ``threads`` (1 to 1024) sets the kernels' OpenMP
+    threads per rank; by default the node's cores divided by the ranks of ``mpi_comm`` on this
+    node. A bad ``threads`` on any rank raises the same ``ulysses.Error`` on every rank.
 
     >>> from mpi4py import MPI
     >>> import ulysses
@@ -25,7 +29,9 @@ class Communicator:
 
         self.mpi = mpi_comm
         self._impl = _ulysses.Communicator(mpi_comm.py2f())
-        _ulysses.set_threads(int(threads) if threads else self._impl.default_threads())
+        fallback = self._impl.default_threads()  # collective: on every rank, threads given or not
+        n = agreed(self, lambda: None if threads is None else integer("threads", threads, 1, MAX_THREADS))
+        _ulysses.set_threads(fallback if n is None else n)
 
     @property
     def rank(self) -> int:

@@ -1,21 +1,42 @@
-"""Global tensors ↔ the tokens each rank holds, for a strategy's token layout."""
+"""Global tensors ↔ the tokens each rank holds, for a strategy's token layout. Every function
+is collective: the ranks agree on their arguments (and unshard on the shards' dtype and shapes)
+before any data moves, so a rank that differs raises the same ``ulysses.Error`` everywhere."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
 
 from . import _ulysses
+from ._agree import INT64_MAX, agree_identical, agreed, integer
 
 if TYPE_CHECKING:
     from ._comm import Communicator
 
 
-def _chunks(comm: Communicator, seq: int, strategy: str, causal: bool, cp_sizes: Optional[Sequence[int]],
-            rank: int, q_offset: Optional[int] = None) -> List[Tuple[int, int]]:
-    return _ulysses.rank_chunks(strategy, causal, list(cp_sizes or []), comm.size, rank, seq,
-                                None if q_offset is None else int(q_offset))
+def _layout(strategy, causal, cp_sizes, q_offset):
+    """The arguments every function shares, checked and normalised (not collective)."""
+    if strategy not in _ulysses.strategy_names():
+        raise _ulysses.Error(f"unknown cp_comm_type {strategy!r}; one of {', '.join(_ulysses.strategy_names())}")
+    sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
+    offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
+    return strategy, bool(causal), sizes, offset
+
+
+def _tensor_dim(x, dim):
+    """``dim`` of tensor ``x`` as a non-negative index (not collective)."""
+    if not isinstance(x, torch.Tensor):
+        raise _ulysses.Error(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu":
+        raise _ulysses.Error(f"x is on {x.device}; ulysses runs on CPU tensors")
+    n = max(x.dim(), 1)
+    return integer("dim", dim, -n, n - 1) % n
+
+
+def _chunks(comm, seq, layout, rank):
+    strategy, causal, sizes, offset = layout
+    return _ulysses.rank_chunks(strategy, causal, sizes, comm.size, rank, seq, offset)
 
 
 def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bool = False, dim: int = 1,
@@ -23,9 +44,8 @@ def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bo
     """This rank's tokens of the global tensor ``x`` (sequence along ``dim``), in the order the
     strategy expects: contiguous, or zigzag for p2p / all_gather / a2a+p2p under a causal mask
     (contiguous whenever ``q_offset`` is set: cross-attention; pass the module's ``q_offset``,
-    for q and for k/v of their own length alike). Not collective.
-
-    On one rank the shard is the whole tensor:
+    for q and for k/v of their own length alike). Collective: the ranks agree on the arguments
+    and on x's shape and dtype. On one rank the shard is the whole tensor:
 
     >>> import torch, ulysses
     >>> from mpi4py import MPI
@@ -34,27 +54,39 @@ def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bo
     >>> ulysses.shard(x, comm, "p2p", causal=True).flatten().tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     """
-    chunks = _chunks(comm, x.shape[dim], strategy, causal, cp_sizes, comm.rank, q_offset)
-    return torch.cat([x.narrow(dim, begin, length) for begin, length in chunks], dim=dim)
+    def local():
+        d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)
+        return d, layout, _chunks(comm, x.shape[d], layout, comm.rank)
+
+    d, layout, chunks = agreed(comm, local)
+    agree_identical(comm, "ulysses.shard arguments", tuple(x.shape), str(x.dtype), d, layout)
+    return torch.cat([x.narrow(d, begin, length) for begin, length in chunks], dim=d)
 
 
 def positions(seq: int, comm: Communicator, strategy: str = "a2a", causal: bool = False,
               cp_sizes: Optional[Sequence[int]] = None, q_offset: Optional[int] = None) -> torch.Tensor:
-    """Global position of every local token (int64), e.g. for RoPE. Not collective.
+    """Global position of every local token (int64), e.g. for RoPE. Collective: the ranks agree
+    on the arguments.
 
     >>> import ulysses
     >>> from mpi4py import MPI
     >>> ulysses.positions(4, ulysses.Communicator(MPI.COMM_SELF, threads=1)).tolist()
     [0, 1, 2, 3]
     """
-    chunks = _chunks(comm, seq, strategy, causal, cp_sizes, comm.rank, q_offset)
+    def local():
+        n, layout = integer("seq", seq, 0, INT64_MAX), _layout(strategy, causal, cp_sizes, q_offset)
+        return n, layout, _chunks(comm, n, layout, comm.rank)
+
+    n, layout, chunks = agreed(comm, local)
+    agree_identical(comm, "ulysses.positions arguments", n, layout)
     return torch.cat([torch.arange(begin, begin + length) for begin, length in chunks])
 
 
 def unshard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bool = False, dim: int = 1,
             cp_sizes: Optional[Sequence[int]] = None, q_offset: Optional[int] = None) -> torch.Tensor:
     """Collective: the global tensor, on every rank, from each rank's shard ``x`` (the inverse
-    of ``shard``).
+    of ``shard``). The ranks agree on the arguments, on x's dtype and on its shape but along
+    ``dim``, where each rank must hold the tokens ``shard`` gives it.
 
     >>> import torch, ulysses
     >>> from mpi4py import MPI
@@ -65,9 +97,19 @@ def unshard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: 
     """
     from mpi4py import MPI
 
-    local = x.movedim(dim, 0).contiguous()
+    d, layout = agreed(comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)))
+    shape = list(x.shape)
+    shape[d] = "*"
+    agree_identical(comm, "ulysses.unshard shards and arguments", shape, str(x.dtype), d, layout)
+    local = x.movedim(d, 0).contiguous()
     lengths = comm.mpi.allgather(local.shape[0])
     seq = sum(lengths)
+    chunks = agreed(comm, lambda: [_chunks(comm, seq, layout, r) for r in range(comm.size)])
+    for r, held in enumerate(lengths):  # every rank sees every length: the same error everywhere
+        want = sum(length for _, length in chunks[r])
+        if held != want:
+            raise _ulysses.Error(f"unshard: rank {r} holds {held} tokens along dim {d} but cp_comm_type {layout[0]} "
+                                 f"with s = {seq} gives it {want} (ulysses.shard)")
     row = int(np.prod(local.shape[1:])) * local.element_size()
     gathered = torch.empty((seq,) + tuple(local.shape[1:]), dtype=x.dtype)
     counts = [n * row for n in lengths]
@@ -77,7 +119,7 @@ def unshard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: 
     out = torch.empty_like(gathered)
     start = 0
     for r in range(comm.size):  # rank r's block holds its chunks in local order
-        for begin, length in _chunks(comm, seq, strategy, causal, cp_sizes, r, q_offset):
+        for begin, length in chunks[r]:
             out[begin:begin + length] = gathered[start:start + length]
             start += length
-    return out.movedim(0, dim)
+    return out.movedim(0, d)

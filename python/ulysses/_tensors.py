@@ -12,8 +12,9 @@ from ._ulysses import Error
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def readable(t: torch.Tensor, name: str) -> torch.Tensor:
-    """``t`` if the library can read it in place, else a contiguous copy."""
+def check(t: torch.Tensor, name: str) -> None:
+    """Raises Error unless the library can take ``t`` (a 4-D float32 or bfloat16 CPU tensor).
+    Not collective: callers agree it (``_agree.agreed``) before the library's collectives."""
     if not isinstance(t, torch.Tensor):
         raise Error(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -22,6 +23,11 @@ def readable(t: torch.Tensor, name: str) -> torch.Tensor:
         raise Error(f"{name} has dtype {t.dtype}; ulysses takes torch.float32 or torch.bfloat16")
     if t.dim() != 4:
         raise Error(f"{name} must be 4-D [b, s, h, d], got shape {tuple(t.shape)}")
+
+
+def readable(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` if the library can read it in place, else a contiguous copy."""
+    check(t, name)
     return t if t.stride(3) == 1 or t.size(3) == 1 else t.contiguous()
 
 

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from . import _ulysses
-from ._tensors import from_buffer, readable, spec
+from ._agree import INT64_MAX, agree_identical, agreed, integer
+from ._tensors import check, from_buffer, readable, spec
+
+MAX_OVERLAP_CHUNKS = 1024  # the CLI's --overlap-chunks limit
 
 if TYPE_CHECKING:
     from ._comm import Communicator
@@ -21,22 +24,22 @@ class _CpAttention(torch.autograd.Function):
     any number of forwards may be in flight and activation checkpointing recomputes freely."""
 
     @staticmethod
-    def forward(ctx, impl, q, k, v, cu_seqlens):
-        q, k, v = readable(q, "q"), readable(k, "k"), readable(v, "v")
+    def forward(ctx, comm, impl, q, k, v, cu_seqlens):
+        q, k, v = readable(q, "q"), readable(k, "k"), readable(v, "v")  # checked and agreed by the caller
         out = torch.empty(q.shape, dtype=q.dtype)
-        ctx.impl = impl
+        ctx.comm, ctx.impl = comm, impl
         ctx.context = impl.forward(spec(out), spec(q), spec(k), spec(v), cu_seqlens)
         ctx.kv_shape = k.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        dout = readable(dout, "dout")
+        dout = agreed(ctx.comm, readable, dout, "dout")
         dq = torch.empty(dout.shape, dtype=dout.dtype)
         dk = torch.empty(ctx.kv_shape, dtype=dout.dtype)
         dv = torch.empty(ctx.kv_shape, dtype=dout.dtype)
         ctx.impl.backward(ctx.context, spec(dq), spec(dk), spec(dv), spec(dout))
-        return None, dq, dk, dv, None
+        return None, None, dq, dk, dv, None
 
 
 class ContextParallelAttention(torch.nn.Module):
@@ -70,8 +73,10 @@ class ContextParallelAttention(torch.nn.Module):
     required when ``s_k != s``. With ``q_offset`` set every strategy keeps contiguous chunks.
     No window and no documents with cross-attention.
 
-    Bad values give the C++ library's error (``ulysses.Error``), the same on every rank, at the
-    first call.
+    Construction and every call are collective over ``comm``: a bad or differing argument on
+    any rank (``overlap_chunks`` in [1, 1024], integers in int64) raises the same
+    ``ulysses.Error`` on every rank, before any data moves; the library's own rules (window,
+    cross-attention) are checked at the first call, the same way.
     """
 
     def __init__(self, comm: Communicator, strategy: str = "a2a", causal: bool = False,
@@ -79,16 +84,34 @@ class ContextParallelAttention(torch.nn.Module):
                  window_size: Tuple[int, int] = (-1, -1), overlap_chunks: int = 1, q_offset: Optional[int] = None) -> None:
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
-        self.window_size, self.overlap_chunks, self.q_offset = _window(window_size), int(overlap_chunks), q_offset
-        self._impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), None if scale is None else float(scale),
-                                                       list(cp_sizes or []), self.window_size, self.overlap_chunks,
-                                                       None if q_offset is None else int(q_offset))
+
+        def build():
+            window = _window(window_size)
+            chunks = integer("overlap_chunks", overlap_chunks, 1, MAX_OVERLAP_CHUNKS)
+            offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
+            sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
+            impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), None if scale is None else float(scale), sizes,
+                                                     window, chunks, offset)
+            return dict(strategy=strategy, causal=bool(causal), cp_sizes=sizes, scale=None if scale is None else float(scale),
+                        window_size=window, overlap_chunks=chunks, q_offset=offset), impl
+
+        args, self._impl = agreed(comm, build)
+        agree_identical(comm, "ContextParallelAttention arguments", args)
+        self.window_size, self.overlap_chunks = args["window_size"], args["overlap_chunks"]
+        self.q_offset = args["q_offset"]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cu_seqlens: Optional[Sequence[int]] = None) -> torch.Tensor:
         """This rank's attention output ``[b, s/cp, h, d]`` from its shards of q, k, v (collective)."""
-        cu = [] if cu_seqlens is None else [int(x) for x in cu_seqlens]
-        return _CpAttention.apply(self._impl, q, k, v, cu)
+
+        def local():
+            for t, name in ((q, "q"), (k, "k"), (v, "v")):
+                check(t, name)
+            if cu_seqlens is None:
+                return []
+            return [integer("cu_seqlens", x, -INT64_MAX - 1, INT64_MAX) for x in cu_seqlens]
+
+        return _CpAttention.apply(self.comm, self._impl, q, k, v, agreed(self.comm, local))
 
     def extra_repr(self) -> str:
         extra = "" if self.window_size == (-1, -1) else f", window_size={self.window_size}"
@@ -101,10 +124,12 @@ def _window(window_size: Any) -> Tuple[int, int]:
     """FlashAttention's window_size as a pair of ints; the library checks the values."""
     try:
         left, right = window_size
-        if int(left) == left and int(right) == right:
-            return int(left), int(right)
+        ok = int(left) == left and int(right) == right
     except (TypeError, ValueError):
-        pass
+        ok = False
+    if ok:
+        return tuple(integer(f"window_size[{i}]", int(x), -INT64_MAX - 1, INT64_MAX)
+                     for i, x in enumerate((left, right)))
     raise _ulysses.Error(f"window_size must be (left, right), two integers (-1: unbounded), got {window_size!r}")
 
 
@@ -132,8 +157,8 @@ class _SeqToHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = [readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
-                 for g, shape in zip(grads, ctx.part_shapes)]
+        grads = agreed(ctx.comm, lambda: [readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
+                                          for g, shape in zip(grads, ctx.part_shapes)])
         outs = [torch.empty(s, dtype=grads[0].dtype) for s in ctx.shapes]
         _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], ctx.heads)
         return (None, None) + tuple(outs)
@@ -144,7 +169,7 @@ class _HeadToSeq(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, comm, q_heads, local_tokens, x):
-        x = readable(x, "attention output")
+        x = agreed(comm, readable, x, "attention output")
         out = torch.empty((x.shape[0], local_tokens, sum(c for _, c in q_heads), x.shape[3]), dtype=x.dtype)
         _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [q_heads])
         ctx.comm, ctx.q_heads = comm, q_heads
@@ -152,7 +177,7 @@ class _HeadToSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = readable(grad, "grad")
+        grad = agreed(ctx.comm, readable, grad, "grad")
         whole = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [ctx.q_heads])
         return None, None, None, _head_parts(whole, [ctx.q_heads[ctx.comm.rank][1]], grad.dtype)[0]
 
@@ -171,11 +196,17 @@ class DistributedAttention(torch.nn.Module):
     def __init__(self, local_attention: Callable[..., torch.Tensor], comm: Communicator, scatter_idx: int = 2,
                  gather_idx: int = 0, sp_stream: Any = None, num_kv_heads: Optional[int] = None) -> None:
         super().__init__()
-        if scatter_idx != 2 or gather_idx not in (0, 1):
-            raise _ulysses.Error(f"DistributedAttention supports scatter_idx=2 with gather_idx 0 ([s, b, h, d]) or 1 "
-                                 f"([b, s, h, d]), got scatter_idx={scatter_idx}, gather_idx={gather_idx}")
-        if sp_stream is not None:
-            raise _ulysses.Error("sp_stream (CUDA stream overlap) does not apply to CPU tensors")
+
+        def validate():
+            if scatter_idx != 2 or gather_idx not in (0, 1):
+                raise _ulysses.Error(f"DistributedAttention supports scatter_idx=2 with gather_idx 0 ([s, b, h, d]) or "
+                                     f"1 ([b, s, h, d]), got scatter_idx={scatter_idx}, gather_idx={gather_idx}")
+            if sp_stream is not None:
+                raise _ulysses.Error("sp_stream (CUDA stream overlap) does not apply to CPU tensors")
+            return None if num_kv_heads is None else integer("num_kv_heads", num_kv_heads, 1, INT64_MAX)
+
+        num_kv_heads = agreed(comm, validate)  # collective: one rank's bad argument stops every rank
+        agree_identical(comm, "DistributedAttention arguments", scatter_idx, gather_idx, num_kv_heads)
         self.local_attn, self.comm, self.scatter_idx, self.gather_idx = local_attention, comm, scatter_idx, gather_idx
         self.num_kv_heads = num_kv_heads
 
@@ -183,14 +214,20 @@ class DistributedAttention(torch.nn.Module):
                 rotary_pos_emb: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
         """``local_attention`` over the whole sequence for this rank's heads, between the two
         all-to-alls (collective); the output has the inputs' layout and this rank's tokens."""
-        if rotary_pos_emb is not None:
-            raise _ulysses.Error("rotary_pos_emb is not supported: apply RoPE before the call "
-                                 "(ulysses.positions gives each local token's global position)")
-        seq_first = self.gather_idx == 0 if batch_dim_idx is None else batch_dim_idx == 1
-        q, k, v = (x.transpose(0, 1) if seq_first else x for x in (query, key, value))
-        if self.num_kv_heads is not None and self.num_kv_heads != k.shape[2]:
-            raise _ulysses.Error(f"num_kv_heads={self.num_kv_heads} but key has {k.shape[2]} heads")
-        q_heads, kv_heads = _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
+
+        def local():  # every check before the first all-to-all, agreed
+            if rotary_pos_emb is not None:
+                raise _ulysses.Error("rotary_pos_emb is not supported: apply RoPE before the call "
+                                     "(ulysses.positions gives each local token's global position)")
+            for t, name in ((query, "query"), (key, "key"), (value, "value")):
+                check(t, name)
+            seq_first = self.gather_idx == 0 if batch_dim_idx is None else batch_dim_idx == 1
+            q, k, v = (x.transpose(0, 1) if seq_first else x for x in (query, key, value))
+            if self.num_kv_heads is not None and self.num_kv_heads != k.shape[2]:
+                raise _ulysses.Error(f"num_kv_heads={self.num_kv_heads} but key has {k.shape[2]} heads")
+            return seq_first, q, k, v, _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
+
+        seq_first, q, k, v, (q_heads, kv_heads) = agreed(self.comm, local)
         qh, kh, vh = _SeqToHead.apply(self.comm, [q_heads, kv_heads, kv_heads], q, k, v)
         if seq_first:
             qh, kh, vh = qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1)

@@ -162,11 +162,11 @@ namespace {
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
       "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]"
-      " window ({}, {}) q_offset {}",
+      " window ({}, {}) q_offset {} overlap_chunks {}",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
       config.scale ? fmt::format("{}", *config.scale) : "unset", fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
       fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
-      config.q_offset ? std::to_string(*config.q_offset) : "unset");
+      config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks);
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.

@@ -5,13 +5,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 
+#include "ulysses/error.hpp"
 #include "ulysses/input_file.hpp"
 #include "ulysses/output_file.hpp"
-#include "ulysses/error.hpp"
 
 namespace ulysses {
 
@@ -68,9 +69,16 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
 
 }  // namespace
 
-NpyArray read_npy(const std::string& path) {
-  check_regular_input("", path);  // a device or FIFO is never read: its size bounds nothing
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// What the header says: the shape, its element count and the dtype; `in` stands at the data.
+struct NpyHeader {
+  std::vector<std::int64_t> shape;
+  std::int64_t count = 1;
+  std::string dtype;  // the descr without its quotes, e.g. "<f4"
+};
+
+NpyHeader read_header(std::ifstream& in, const std::string& path) {
   if (!in) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   char magic[8];
   if (!in.read(magic, 8)) bad(path, "shorter than the 10-byte preamble");
@@ -96,26 +104,70 @@ NpyArray read_npy(const std::string& path) {
   const std::string shape_str = dict_value(header, "shape");
   if (descr.empty() || fortran.empty() || shape_str.empty())
     bad(path, "header lacks descr, fortran_order or shape");
-  if (descr.substr(1, descr.size() - 2) != "<f4")
-    bad(path, fmt::format("dtype {} is not little-endian float32 ('<f4')", clipped(descr)));
+  NpyHeader h;
+  h.dtype = descr.substr(1, descr.size() - 2);
   if (fortran != "False") bad(path, "Fortran order is not supported (save C-ordered arrays)");
   if (shape_str.front() != '(') bad(path, fmt::format("shape {} is not a tuple", clipped(shape_str)));
-  NpyArray a;
-  a.shape = parse_shape(path, shape_str);
-  std::int64_t n = 1;
-  for (std::int64_t s : a.shape)
-    if (__builtin_mul_overflow(n, s, &n) || n > (std::int64_t(1) << 40)) bad(path, "shape too large");
-  // Check the file holds the data before allocating it: a header may declare any shape.
+  h.shape = parse_shape(path, shape_str);
+  for (std::int64_t s : h.shape)
+    if (__builtin_mul_overflow(h.count, s, &h.count) || h.count > (std::int64_t(1) << 40)) bad(path, "shape too large");
+  return h;
+}
+
+// Reads the header's `count` elements of `size` bytes into `data`, checking the file holds
+// exactly them before allocating: a header may declare any shape.
+template <typename T>
+void read_data(std::ifstream& in, const std::string& path, const NpyHeader& h, std::vector<T>& data) {
+  const std::int64_t bytes = h.count * std::int64_t(sizeof(T));
   const std::streamoff data_at = in.tellg();
   in.seekg(0, std::ios::end);
   const std::streamoff data_bytes = in.tellg() - data_at;
   in.seekg(data_at);
-  if (data_bytes < n * 4)
-    bad(path, fmt::format("truncated data: expected {} bytes for shape ({}), found {}", n * 4,
-                          fmt::join(a.shape, ", "), data_bytes));
-  if (data_bytes > n * 4) bad(path, "trailing bytes after the data");
-  a.data.resize(std::size_t(n));
-  if (!in.read(reinterpret_cast<char*>(a.data.data()), std::streamsize(n * 4))) bad(path, "read failed");
+  if (data_bytes < bytes)
+    bad(path, fmt::format("truncated data: expected {} bytes for shape ({}), found {}", bytes, fmt::join(h.shape, ", "),
+                          data_bytes));
+  if (data_bytes > bytes) bad(path, "trailing bytes after the data");
+  data.resize(std::size_t(h.count));
+  if (!in.read(reinterpret_cast<char*>(data.data()), std::streamsize(bytes))) bad(path, "read failed");
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) {
+  check_regular_input("", path);  // a device or FIFO is never read: its size bounds nothing
+  std::ifstream in(path, std::ios::binary);
+  const NpyHeader h = read_header(in, path);
+  if (h.dtype != "<f4") bad(path, fmt::format("dtype '{}' is not little-endian float32 ('<f4')", clipped(h.dtype)));
+  NpyArray a;
+  a.shape = h.shape;
+  read_data(in, path, h, a.data);
+  return a;
+}
+
+NpyIntArray read_npy_integers(const std::string& path) {
+  check_regular_input("", path);
+  std::ifstream in(path, std::ios::binary);
+  const NpyHeader h = read_header(in, path);
+  NpyIntArray a;
+  a.shape = h.shape;
+  if (h.dtype == "<i8") {
+    read_data(in, path, h, a.data);
+  } else if (h.dtype == "<i4") {
+    std::vector<std::int32_t> narrow;
+    read_data(in, path, h, narrow);
+    a.data.assign(narrow.begin(), narrow.end());
+  } else if (h.dtype == "<f4") {
+    std::vector<float> real;
+    read_data(in, path, h, real);
+    for (float x : real) {
+      // float32 holds every integer up to 2^24 exactly; larger ones may have been rounded.
+      if (x != std::floor(x) || std::abs(x) > 16777216.0f)
+        bad(path, fmt::format("holds {}, not an exact integer (save it as int64)", x));
+      a.data.push_back(std::int64_t(x));
+    }
+  } else {
+    bad(path, fmt::format("dtype '{}' is not little-endian int32, int64 or float32", clipped(h.dtype)));
+  }
   return a;
 }
 

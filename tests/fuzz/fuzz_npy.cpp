@@ -1,4 +1,5 @@
-// libFuzzer target: read_npy on arbitrary bytes must return or throw ulysses::Error, nothing else.
+// libFuzzer target: read_npy and read_npy_integers on arbitrary bytes must return or throw
+// ulysses::Error, nothing else.
 #include <unistd.h>
 
 #include <cstddef>
@@ -17,6 +18,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t n = 1;
     for (std::int64_t s : a.shape) n *= std::size_t(s);
     if (n != a.data.size()) __builtin_trap();  // the shape must describe the data read
+  } catch (const ulysses::Error&) {
+  }
+  try {
+    const ulysses::NpyIntArray a = ulysses::read_npy_integers(path);
+    std::size_t n = 1;
+    for (std::int64_t s : a.shape) n *= std::size_t(s);
+    if (n != a.data.size()) __builtin_trap();
   } catch (const ulysses::Error&) {
   }
   return 0;

@@ -1,0 +1,41 @@
+"""Checks that may fail on one rank only, made collective: every rank raises the same
+``ulysses.Error``, or none does, before any data moves (a rank raising alone would leave the
+others waiting in the next collective)."""
+import operator
+
+from ._ulysses import Error
+
+INT64_MAX = 2**63 - 1
+
+
+def agreed(comm, check, *args):
+    """Collective over ``comm`` (a ``ulysses.Communicator``): ``check(*args)`` on this rank, then
+    one small all-reduce; when it raised on any rank, every rank raises the same Error (the
+    lowest failing rank's message, prefixed with that rank)."""
+    try:
+        result, error = check(*args), ""
+    except Error as e:
+        result, error = None, str(e)
+    except Exception as e:  # noqa: BLE001  (a TypeError on one rank must stop every rank too)
+        result, error = None, f"{type(e).__name__}: {e}"
+    comm._impl.agree(error)
+    return result
+
+
+def agree_identical(comm, what, *values):
+    """Collective: every rank raises the same Error unless all ranks pass equal ``values``."""
+    comm._impl.agree_identical(what, repr(values))
+
+
+def integer(name, value, lo, hi):
+    """``value`` as an int in [lo, hi], else Error naming ``name`` (no silent wrap-around in the
+    library's 32- or 64-bit integers, no pybind11 conversion dump)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise Error(f"{name} must be an integer, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise Error(f"{name}: {v} is out of range [{lo}, {hi}]")
+    return v
