@@ -71,7 +71,9 @@ inline void idle_barrier(MPI_Comm comm) {
   while (!done) {
     MPI_Test(&r, &done, MPI_STATUS_IGNORE);
     if (!done) {
-      struct timespec ts{0, 1000000};
+      struct timespec ts {
+        0, 1000000
+      };
       nanosleep(&ts, nullptr);
     }
   }

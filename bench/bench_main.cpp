@@ -29,7 +29,8 @@ namespace {
 bool agree_outputs(Communicator& world, const std::string& json, const std::string& plots) {
   std::string error;
   if (world.rank() == 0) try {
-      check_outputs({{"--json", json, true}, {"--plots", plots.empty() ? "" : plots + "/claim2_bytes.svg", false, true}});
+      check_outputs(
+          {{"--json", json, true}, {"--plots", plots.empty() ? "" : plots + "/claim2_bytes.svg", false, true}});
     } catch (const Error& e) {
       error = e.what();
     }
@@ -48,7 +49,9 @@ int run_sections(MpiCommunicator& world, MpiCommunicator& self, bench::Options& 
                  const std::string& json) {
   o.cores = default_threads(self);
   o.threads_per_rank = default_threads(world);
-  nlohmann::json report{{"ranks", world.size()}, {"cores", o.cores}, {"threads_per_rank", o.threads_per_rank},
+  nlohmann::json report{{"ranks", world.size()},
+                        {"cores", o.cores},
+                        {"threads_per_rank", o.threads_per_rank},
                         {"quick", o.quick}};
   if (world.rank() == 0)
     fmt::print("ulysses_bench: {} ranks, {} threads per rank, {} threads for one rank alone{}\n", world.size(),

@@ -77,13 +77,20 @@ try:
     import torch
     import torch.distributed as tdist
     import torch.nn.functional as F
+
     F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
 except (ImportError, AttributeError) as e:
     _die(f"needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})")
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-BACKEND_NAMES = {-1: "error", 0: "math", 1: "flash_attention", 2: "efficient_attention",
-                 3: "cudnn_attention", 4: "overrideable"}
+BACKEND_NAMES = {
+    -1: "error",
+    0: "math",
+    1: "flash_attention",
+    2: "efficient_attention",
+    3: "cudnn_attention",
+    4: "overrideable",
+}
 
 
 def _import_deepspeed():
@@ -95,10 +102,13 @@ def _import_deepspeed():
             import deepspeed.comm as ds_comm
             from deepspeed.sequence.layer import DistributedAttention
         except Exception as e:  # noqa: BLE001 - ImportError, or a failed op/accelerator probe
-            _die(f"needs deepspeed with deepspeed.sequence.layer.DistributedAttention "
-                 f"(pip install deepspeed): {type(e).__name__}: {e}")
+            _die(
+                f"needs deepspeed with deepspeed.sequence.layer.DistributedAttention "
+                f"(pip install deepspeed): {type(e).__name__}: {e}"
+            )
     try:
         from deepspeed.utils import logger as ds_logger
+
         ds_logger.setLevel(logging.WARNING)
     except ImportError:
         pass
@@ -140,8 +150,7 @@ def split_list(values, allowed, what):
             if not item:
                 continue
             if item not in allowed:
-                print(f"deepspeed_anchor: unknown {what} '{item}' (use {', '.join(allowed)})",
-                      file=sys.stderr)
+                print(f"deepspeed_anchor: unknown {what} '{item}' (use {', '.join(allowed)})", file=sys.stderr)
                 sys.exit(2)
             if item not in out:
                 out.append(item)
@@ -150,24 +159,34 @@ def split_list(values, allowed, what):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description="DeepSpeed-Ulysses DistributedAttention + SDPA anchor over gloo (JSON on stdout)")
+        description="DeepSpeed-Ulysses DistributedAttention + SDPA anchor over gloo (JSON on stdout)"
+    )
     p.add_argument("--seq", type=int, default=8192, help="global sequence length s (default 8192)")
     p.add_argument("--heads", type=int, default=8, help="heads h (default 8)")
     p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
     p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
-    p.add_argument("--dtype", action="append", default=None,
-                   help="f32|bf16|f16, repeatable or comma list (default f32,bf16)")
+    p.add_argument(
+        "--dtype", action="append", default=None, help="f32|bf16|f16, repeatable or comma list (default f32,bf16)"
+    )
     p.add_argument("--causal", action="store_true", help="causal mask (default: full)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank (default 1)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check-seq", type=int, default=256,
-                   help="global s of the correctness check (0 disables; default 256)")
-    p.add_argument("--build-shm-op", action="store_true",
-                   help="let deepspeed.comm JIT-build its shared-memory op (only used by "
-                        "inference_all_reduce, never by the all-to-alls; default: skip it)")
-    p.add_argument("--port", type=int, default=29531,
-                   help="MASTER_PORT when launched by mpirun and MASTER_PORT is unset (default 29531)")
+    p.add_argument(
+        "--check-seq", type=int, default=256, help="global s of the correctness check (0 disables; default 256)"
+    )
+    p.add_argument(
+        "--build-shm-op",
+        action="store_true",
+        help="let deepspeed.comm JIT-build its shared-memory op (only used by "
+        "inference_all_reduce, never by the all-to-alls; default: skip it)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=29531,
+        help="MASTER_PORT when launched by mpirun and MASTER_PORT is unset (default 29531)",
+    )
     a = p.parse_args(argv)
     a.dtypes = split_list(a.dtype, DTYPES, "dtype") or ["f32", "bf16"]
     for name in ("seq", "heads", "head_dim", "batch", "threads", "reps"):
@@ -186,8 +205,9 @@ class LocalSDPA(torch.nn.Module):
         self.causal = causal
 
     def forward(self, q, k, v):
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=self.causal)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=self.causal
+        )
         return o.transpose(1, 2)
 
 
@@ -286,8 +306,8 @@ def bench_case(a, dattn, dtype_name, rank, world):
     local = torch.tensor(fwd + bwd, dtype=torch.float64)
     slowest = local.clone()
     tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
-    fwd_max = slowest[:a.reps].tolist()
-    bwd_max = slowest[a.reps:].tolist()
+    fwd_max = slowest[: a.reps].tolist()
+    bwd_max = slowest[a.reps :].tolist()
 
     flops_fwd = 4.0 * b * s * s * h * d * (0.5 if a.causal else 1.0)
     flops_bwd = 2.5 * flops_fwd
@@ -349,9 +369,16 @@ def main():
         "cpu_capability": capability,
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),
-        "shape": {"batch": a.batch, "seq": a.seq, "heads": a.heads, "head_dim": a.head_dim,
-                  "layout": "bshd, per rank [b, s/cp, h, d]", "scatter_idx": 2, "gather_idx": 1,
-                  "batch_dim_idx": 0},
+        "shape": {
+            "batch": a.batch,
+            "seq": a.seq,
+            "heads": a.heads,
+            "head_dim": a.head_dim,
+            "layout": "bshd, per rank [b, s/cp, h, d]",
+            "scatter_idx": 2,
+            "gather_idx": 1,
+            "batch_dim_idx": 0,
+        },
         "causal": a.causal,
         "reps": a.reps,
         "timing": "1 warm-up; per rep barrier then fwd, barrier then bwd; max over ranks; median over reps",

@@ -11,6 +11,7 @@ with MAX (slowest rank) and the median over repetitions is printed by rank 0.
 The C++ number to hold the first row against (the binding's overhead) is
 `mpirun -n 2 build/ulysses attention --seq S --heads H --head-dim D --causal --backward --repeat R --threads 1`.
 """
+
 import argparse
 import os
 import statistics
@@ -19,10 +20,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
-
 import ulysses
 import ulysses.torch as ut
+from mpi4py import MPI
 from ulysses._tensors import spec
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,8 +45,9 @@ s, h, d, cp = a.seq, a.heads, a.head_dim, comm.size
 
 
 def sdpa(q, k, v):  # DistributedAttention's local attention: [b, s, h/p, d]
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          is_causal=a.causal).transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=a.causal
+    ).transpose(1, 2)
 
 
 candidates = {"ulysses ContextParallelAttention a2a": ut.ContextParallelAttention(comm, "a2a", a.causal)}
@@ -111,11 +112,15 @@ for rep in range(a.reps + 1):  # the first round warms up
             times[name][1].append(tb)
 
 if world.Get_rank() == 0:
-    print(f"python_anchor: s = {s}, h = {h}, d = {d}, {a.dtype}{', causal' if a.causal else ''}, "
-          f"{cp} ranks x {a.threads} thread(s), torch {torch.__version__}, median of {a.reps}")
+    print(
+        f"python_anchor: s = {s}, h = {h}, d = {d}, {a.dtype}{', causal' if a.causal else ''}, "
+        f"{cp} ranks x {a.threads} thread(s), torch {torch.__version__}, median of {a.reps}"
+    )
     base = None
     for name, (f, b) in times.items():
         total = statistics.median(f) + statistics.median(b)
         base = base or total
-        print(f"  {name:40s} fwd {statistics.median(f) * 1e3:9.1f} ms  bwd {statistics.median(b) * 1e3:9.1f} ms"
-              f"  total {total * 1e3:9.1f} ms  ({total / base:.2f}x the first)")
+        print(
+            f"  {name:40s} fwd {statistics.median(f) * 1e3:9.1f} ms  bwd {statistics.median(b) * 1e3:9.1f} ms"
+            f"  total {total * 1e3:9.1f} ms  ({total / base:.2f}x the first)"
+        )

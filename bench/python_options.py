@@ -8,15 +8,15 @@ Each repetition runs every row in turn after a barrier; per-rank times are reduc
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=build/python \\
   mpirun -n 2 --oversubscribe --bind-to none PYTHON bench/python_options.py --seq 8192
 """
+
 import argparse
 import statistics
 import time
 
 import torch
-from mpi4py import MPI
-
 import ulysses
 import ulysses.torch as ut
+from mpi4py import MPI
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--seq", type=int, default=8192)
@@ -31,12 +31,14 @@ comm = ulysses.Communicator(world)
 torch.set_num_threads(1)
 s, h, d = a.seq, a.heads, a.head_dim
 # (label, strategy, causal, options, k/v length)
-rows = [("p2p causal", "p2p", True, {}, s),
-        (f"p2p causal, window_size=({a.window}, 0)", "p2p", True, {"window_size": (a.window, 0)}, s),
-        ("a2a causal", "a2a", True, {}, s),
-        ("a2a causal, overlap_chunks=2", "a2a", True, {"overlap_chunks": 2}, s),
-        (f"a2a cross, s_k = 4s, q_offset = 3s", "a2a", True, {"q_offset": 3 * s}, 4 * s),
-        (f"all_gather cross, s_k = 4s, q_offset = 3s", "all_gather", True, {"q_offset": 3 * s}, 4 * s)]
+rows = [
+    ("p2p causal", "p2p", True, {}, s),
+    (f"p2p causal, window_size=({a.window}, 0)", "p2p", True, {"window_size": (a.window, 0)}, s),
+    ("a2a causal", "a2a", True, {}, s),
+    ("a2a causal, overlap_chunks=2", "a2a", True, {"overlap_chunks": 2}, s),
+    ("a2a cross, s_k = 4s, q_offset = 3s", "a2a", True, {"q_offset": 3 * s}, 4 * s),
+    ("all_gather cross, s_k = 4s, q_offset = 3s", "all_gather", True, {"q_offset": 3 * s}, 4 * s),
+]
 
 
 def inputs(strategy, causal, sk, q_offset):
@@ -61,8 +63,10 @@ for rep in range(a.reps + 1):  # the first repetition warms up
         t0 = time.perf_counter()
         attn(q, k, v).backward(g)
         dt = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        sent[label] = world.allreduce(sum(c["bytes_sent"] for op, c in comm.counters().items()
-                                          if not op.startswith(("validate", "report"))), op=MPI.MAX)
+        sent[label] = world.allreduce(
+            sum(c["bytes_sent"] for op, c in comm.counters().items() if not op.startswith(("validate", "report"))),
+            op=MPI.MAX,
+        )
         if rep > 0:
             times[label].append(dt)
 

@@ -37,23 +37,28 @@ def _torch_major():
 
 
 if _torch_major() < 2:
-    print(f"sdpa_anchor: needs torch >= 2.0, found {getattr(torch, '__version__', '?')}",
-          file=sys.stderr)
+    print(f"sdpa_anchor: needs torch >= 2.0, found {getattr(torch, '__version__', '?')}", file=sys.stderr)
     sys.exit(3)
 
 try:
     import numpy as np
     import torch.nn.functional as F
+
     F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
 except (ImportError, AttributeError) as e:
-    print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})",
-          file=sys.stderr)
+    print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})", file=sys.stderr)
     sys.exit(3)
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 MASKS = ("full", "causal")
-BACKEND_NAMES = {-1: "error", 0: "math", 1: "flash_attention", 2: "efficient_attention",
-                 3: "cudnn_attention", 4: "overrideable"}
+BACKEND_NAMES = {
+    -1: "error",
+    0: "math",
+    1: "flash_attention",
+    2: "efficient_attention",
+    3: "cudnn_attention",
+    4: "overrideable",
+}
 
 
 def split_list(values, allowed, what):
@@ -78,22 +83,31 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA when < heads; default = heads)")
     p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
     p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
-    p.add_argument("--dtype", action="append", default=None,
-                   help="f32|bf16|f16, repeatable or comma list (default f32)")
-    p.add_argument("--masks", action="append", default=None, help="comma list of full,causal (default: both, unless --full/--causal given)")
-    p.add_argument("--causal", dest="mask_flags", action="append_const", const="causal",
-                   help="add the causal mask")
-    p.add_argument("--full", dest="mask_flags", action="append_const", const="full",
-                   help="add the full (no) mask")
+    p.add_argument(
+        "--dtype", action="append", default=None, help="f32|bf16|f16, repeatable or comma list (default f32)"
+    )
+    p.add_argument(
+        "--masks",
+        action="append",
+        default=None,
+        help="comma list of full,causal (default: both, unless --full/--causal given)",
+    )
+    p.add_argument("--causal", dest="mask_flags", action="append_const", const="causal", help="add the causal mask")
+    p.add_argument("--full", dest="mask_flags", action="append_const", const="full", help="add the full (no) mask")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gemm", action="store_true",
-                   help="also measure a GEMM ceiling (torch.mm, median of --gemm-reps) at --threads")
+    p.add_argument(
+        "--gemm", action="store_true", help="also measure a GEMM ceiling (torch.mm, median of --gemm-reps) at --threads"
+    )
     p.add_argument("--gemm-only", action="store_true", help="only the GEMM ceiling, no attention")
     p.add_argument("--gemm-reps", type=int, default=5, help="f32 GEMM reps (default 5)")
-    p.add_argument("--gemm-bf16-reps", type=int, default=1,
-                   help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)")
+    p.add_argument(
+        "--gemm-bf16-reps",
+        type=int,
+        default=1,
+        help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)",
+    )
     a = p.parse_args(argv)
     a.dtypes = split_list(a.dtype, DTYPES, "dtype") or ["f32"]
     masks = split_list(a.masks, MASKS, "mask") + split_list(a.mask_flags, MASKS, "mask")
@@ -185,6 +199,7 @@ def bench_case(a, dtype_name, causal, gqa_native):
     def warm():
         out = forward()
         out.backward(grad)
+
     ops = profiled_ops(warm)
     clear()
     if ops is None:  # recorder unavailable: plain warm-up
@@ -229,8 +244,12 @@ def bench_case(a, dtype_name, causal, gqa_native):
 def bench_gemm(reps, bf16_reps):
     """torch.mm GFLOP/s, median of reps after one warm-up. bf16 2048^3 takes minutes per call
     on AVX2-only CPUs (no native bf16 GEMM), so it has its own rep count and a small warm-up."""
-    shapes = [("f32", 4096, 64, 4096, reps), ("f32", 4096, 4096, 64, reps),
-              ("f32", 2048, 2048, 2048, reps), ("bf16", 2048, 2048, 2048, bf16_reps)]
+    shapes = [
+        ("f32", 4096, 64, 4096, reps),
+        ("f32", 4096, 4096, 64, reps),
+        ("f32", 2048, 2048, 2048, reps),
+        ("bf16", 2048, 2048, 2048, bf16_reps),
+    ]
     res = []
     g = torch.Generator().manual_seed(1)
     for dt, m, kdim, n, nrep in shapes:
@@ -248,9 +267,17 @@ def bench_gemm(reps, bf16_reps):
             torch.mm(A, B)
             ts.append(time.perf_counter() - t0)
         t = float(np.median(ts))
-        res.append({"dtype": dt, "m": m, "k": kdim, "n": n, "s": round(t, 6),
-                    "gflops": round(2.0 * m * kdim * n / t / 1e9, 3),
-                    "s_all": [round(x, 6) for x in ts]})
+        res.append(
+            {
+                "dtype": dt,
+                "m": m,
+                "k": kdim,
+                "n": n,
+                "s": round(t, 6),
+                "gflops": round(2.0 * m * kdim * n / t / 1e9, 3),
+                "s_all": [round(x, 6) for x in ts],
+            }
+        )
     return res
 
 
@@ -272,14 +299,22 @@ def main():
         "machine": platform.processor() or platform.machine(),
     }
     if not a.gemm_only:
-        result.update({
-            "shape": {"batch": a.batch, "heads": a.heads, "kv_heads": a.kv_heads, "seq": a.seq,
-                      "head_dim": a.head_dim, "layout": "bhsd"},
-            "gqa": (("enable_gqa" if gqa_native else "repeat_interleave") if gqa else "none"),
-            "reps": a.reps,
-            "flops": "fwd 4*b*s*s*h*d (x0.5 causal), bwd 2.5x fwd",
-            "cases": [],
-        })
+        result.update(
+            {
+                "shape": {
+                    "batch": a.batch,
+                    "heads": a.heads,
+                    "kv_heads": a.kv_heads,
+                    "seq": a.seq,
+                    "head_dim": a.head_dim,
+                    "layout": "bhsd",
+                },
+                "gqa": (("enable_gqa" if gqa_native else "repeat_interleave") if gqa else "none"),
+                "reps": a.reps,
+                "flops": "fwd 4*b*s*s*h*d (x0.5 causal), bwd 2.5x fwd",
+                "cases": [],
+            }
+        )
         with torch.inference_mode(False):
             for dt in a.dtypes:
                 for m in a.mask_list:

@@ -16,9 +16,10 @@ nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o) {
   const std::int64_t b = 1, sl = o.seq / R, h = 8, d = 64;
   nlohmann::json rows = nlohmann::json::array();
   if (world.rank() == 0)
-    fmt::print("\n[2] seq_to_head of Q, K, V ([{}, {}, {}, {}] each per rank) vs raw MPI_Alltoall and memcpy of "
-               "the same bytes; slowest rank, medians\n{:>5} {:>10} {:>12} {:>12} {:>12} {:>9} {:>9}\n",
-               b, sl, h, d, "dtype", "MB/rank", "seq_to_head", "MPI_Alltoall", "memcpy", "s2h/a2a", "a2a/copy");
+    fmt::print(
+        "\n[2] seq_to_head of Q, K, V ([{}, {}, {}, {}] each per rank) vs raw MPI_Alltoall and memcpy of "
+        "the same bytes; slowest rank, medians\n{:>5} {:>10} {:>12} {:>12} {:>12} {:>9} {:>9}\n",
+        b, sl, h, d, "dtype", "MB/rank", "seq_to_head", "MPI_Alltoall", "memcpy", "s2h/a2a", "a2a/copy");
   for (DType dtype : {DType::f32, DType::bf16}) {
     Tensor q({b, sl, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype);
     for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
@@ -51,8 +52,12 @@ nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o) {
     if (world.rank() == 0) {
       fmt::print("{:>5} {:>10.2f} {:>10.2f}ms {:>10.2f}ms {:>10.2f}ms {:>9.2f} {:>9.2f}\n", to_string(dtype),
                  double(bytes) / 1e6, s2h * 1e3, raw * 1e3, cpy * 1e3, s2h / raw, raw / cpy);
-      rows.push_back({{"dtype", to_string(dtype)}, {"bytes_per_rank", bytes}, {"seq_to_head_s", s2h},
-                      {"mpi_alltoall_s", raw}, {"memcpy_s", cpy}, {"seq_to_head_over_alltoall", s2h / raw}});
+      rows.push_back({{"dtype", to_string(dtype)},
+                      {"bytes_per_rank", bytes},
+                      {"seq_to_head_s", s2h},
+                      {"mpi_alltoall_s", raw},
+                      {"memcpy_s", cpy},
+                      {"seq_to_head_over_alltoall", s2h / raw}});
     }
   }
   return world.rank() == 0 ? rows : nlohmann::json();

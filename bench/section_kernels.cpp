@@ -136,11 +136,11 @@ struct AmxTile {
 };
 
 struct Ceilings {
-  std::map<i64, double> sgemm_tile;                     // by d
-  std::map<std::pair<i64, i64>, double> sgemm_full;     // by (s, d)
-  bool amx = false;                                     // measured (amx level active)
+  std::map<i64, double> sgemm_tile;                  // by d
+  std::map<std::pair<i64, i64>, double> sgemm_full;  // by (s, d)
+  bool amx = false;                                  // measured (amx level active)
   double amx_peak = 0;
-  std::map<i64, AmxTile> amx_tile;                      // by d
+  std::map<i64, AmxTile> amx_tile;  // by d
   double f32(i64 s, i64 d) const { return std::max(sgemm_full.at({s, d}), sgemm_tile.at(d)); }
   double bf16(i64 d) const { return amx ? amx_tile.at(d).both() : 0.0; }
 };
@@ -186,8 +186,8 @@ json print_ceilings(const Ceilings& c, const std::vector<i64>& seqs, const std::
   for (i64 d : dims) {
     const i64 bk = kernels::block_k(d);
     const AmxTile& t = c.amx_tile.at(d);
-    fmt::print("                        d={:<4} packed Q·Kᵀ 64×{}×{} {:.1f}, P·V 64×{}×{} {:.1f}, pair {:.1f}\n", d, bk, d,
-               t.qk, d, bk, t.pv, t.both());
+    fmt::print("                        d={:<4} packed Q·Kᵀ 64×{}×{} {:.1f}, P·V 64×{}×{} {:.1f}, pair {:.1f}\n", d, bk,
+               d, t.qk, d, bk, t.pv, t.both());
     j["amx"]["tiles"].push_back({{"d", d}, {"qk_gflops", t.qk}, {"pv_gflops", t.pv}, {"pair_gflops", t.both()}});
   }
   return j;
@@ -327,13 +327,15 @@ Times time_naive(const Inputs& in, bool causal, int threads, int reps) {
 std::string fraction(double x, double ceiling) { return ceiling > 0 ? fmt::format("{:.2f}", x / ceiling) : "-"; }
 
 void print_flash_header(i64 h, int T) {
-  fmt::print("[1b] flash attention, {} threads, batch 1, {} heads; f32 and bf16 inputs (outputs f32); /c: over the "
-             "ceiling of [1a]\n",
-             T, h);
-  fmt::print("{:>6} {:>4} {:>6} | {:>7} {:>7} {:>5} {:>5} {:>6} | {:>7} {:>7} {:>5} {:>5} | {:>7} {:>7} {:>6} | {:>8} "
-             "{:>8}\n",
-             "s", "d", "mask", "f32 fwd", "bwd", "fwd/c", "bwd/c", "caus/f", "bf16 f", "bwd", "fwd/c", "bwd/c",
-             "naive f", "naive b", "x", "flash MB", "naive MB");
+  fmt::print(
+      "[1b] flash attention, {} threads, batch 1, {} heads; f32 and bf16 inputs (outputs f32); /c: over the "
+      "ceiling of [1a]\n",
+      T, h);
+  fmt::print(
+      "{:>6} {:>4} {:>6} | {:>7} {:>7} {:>5} {:>5} {:>6} | {:>7} {:>7} {:>5} {:>5} | {:>7} {:>7} {:>6} | {:>8} "
+      "{:>8}\n",
+      "s", "d", "mask", "f32 fwd", "bwd", "fwd/c", "bwd/c", "caus/f", "bf16 f", "bwd", "fwd/c", "bwd/c", "naive f",
+      "naive b", "x", "flash MB", "naive MB");
 }
 
 // One (s, d): both masks, f32 and bf16 flash, the naive baseline.
@@ -348,20 +350,33 @@ void flash_rows(i64 s, i64 d, i64 h, int T, const Options& o, const Ceilings& c,
     if (!causal) full_fwd_s = tf.fwd;
     const double cf = c.f32(s, d), cb = c.bf16(d);
     const double speedup = (tn.fwd + tn.bwd) / (tf.fwd + tf.bwd), causal_ratio = causal ? tf.fwd / full_fwd_s : 1.0;
-    fmt::print("{:>6} {:>4} {:>6} | {:>7.1f} {:>7.1f} {:>5.2f} {:>5.2f} {:>6} | {:>7.1f} {:>7.1f} {:>5} {:>5} | {:>7.1f} "
-               "{:>7.1f} {:>5.1f}x | {:>8.1f} {:>8.1f}\n",
-               s, d, mask_name(causal), rf.fwd, rf.bwd, rf.fwd / cf, rf.bwd / cf,
-               causal ? fmt::format("{:.2f}", causal_ratio) : std::string("-"), rb.fwd, rb.bwd, fraction(rb.fwd, cb),
-               fraction(rb.bwd, cb), rn.fwd, rn.bwd, speedup, tf.peak_mb, tn.peak_mb);
-    rows.push_back({{"s", s}, {"d", d}, {"h", h}, {"causal", causal}, {"flash_fwd_gflops", rf.fwd},
-                    {"flash_bwd_gflops", rf.bwd}, {"f32_ceiling_gflops", cf}, {"fwd_over_ceiling", rf.fwd / cf},
-                    {"bwd_over_ceiling", rf.bwd / cf}, {"causal_over_full_fwd_time", causal_ratio},
-                    {"bf16_fwd_gflops", rb.fwd}, {"bf16_bwd_gflops", rb.bwd},
+    fmt::print(
+        "{:>6} {:>4} {:>6} | {:>7.1f} {:>7.1f} {:>5.2f} {:>5.2f} {:>6} | {:>7.1f} {:>7.1f} {:>5} {:>5} | {:>7.1f} "
+        "{:>7.1f} {:>5.1f}x | {:>8.1f} {:>8.1f}\n",
+        s, d, mask_name(causal), rf.fwd, rf.bwd, rf.fwd / cf, rf.bwd / cf,
+        causal ? fmt::format("{:.2f}", causal_ratio) : std::string("-"), rb.fwd, rb.bwd, fraction(rb.fwd, cb),
+        fraction(rb.bwd, cb), rn.fwd, rn.bwd, speedup, tf.peak_mb, tn.peak_mb);
+    rows.push_back({{"s", s},
+                    {"d", d},
+                    {"h", h},
+                    {"causal", causal},
+                    {"flash_fwd_gflops", rf.fwd},
+                    {"flash_bwd_gflops", rf.bwd},
+                    {"f32_ceiling_gflops", cf},
+                    {"fwd_over_ceiling", rf.fwd / cf},
+                    {"bwd_over_ceiling", rf.bwd / cf},
+                    {"causal_over_full_fwd_time", causal_ratio},
+                    {"bf16_fwd_gflops", rb.fwd},
+                    {"bf16_bwd_gflops", rb.bwd},
                     {"bf16_ceiling_gflops", cb > 0 ? json(cb) : json(nullptr)},
                     {"bf16_fwd_over_ceiling", cb > 0 ? json(rb.fwd / cb) : json(nullptr)},
-                    {"bf16_bwd_over_ceiling", cb > 0 ? json(rb.bwd / cb) : json(nullptr)}, {"naive_fwd_gflops", rn.fwd},
-                    {"naive_bwd_gflops", rn.bwd}, {"flash_over_naive", speedup}, {"flash_peak_mb", tf.peak_mb},
-                    {"bf16_flash_peak_mb", tb.peak_mb}, {"naive_peak_mb", tn.peak_mb}});
+                    {"bf16_bwd_over_ceiling", cb > 0 ? json(rb.bwd / cb) : json(nullptr)},
+                    {"naive_fwd_gflops", rn.fwd},
+                    {"naive_bwd_gflops", rn.bwd},
+                    {"flash_over_naive", speedup},
+                    {"flash_peak_mb", tf.peak_mb},
+                    {"bf16_flash_peak_mb", tb.peak_mb},
+                    {"naive_peak_mb", tn.peak_mb}});
   }
 }
 
@@ -371,8 +386,9 @@ json flash_table(const std::vector<i64>& seqs, const std::vector<i64>& dims, i64
   json rows = json::array();
   for (i64 s : seqs)
     for (i64 d : dims) flash_rows(s, d, h, T, o, c, rows);
-  fmt::print("caus/f: causal forward time over full; x: naive time over flash time (f32, fwd+bwd); MB: peak working "
-             "memory (f32)\n");
+  fmt::print(
+      "caus/f: causal forward time over full; x: naive time over flash time (f32, fwd+bwd); MB: peak working "
+      "memory (f32)\n");
   return rows;
 }
 
@@ -395,9 +411,10 @@ double total_time(const std::vector<Rates>& r) {
 
 json levels_table(FlashRuns& runs, int T, const Options& o) {
   const i64 s = o.quick ? 512 : kAnchorSeq, h = kAnchorHeads, d = 64;
-  fmt::print("[1c] levels: every level this CPU supports, forced in turn; s={}, h={}, d={}, {} threads; fwd/bwd "
-             "GFLOP/s; gain: speed over portable (fwd+bwd, both masks)\n",
-             s, h, d, T);
+  fmt::print(
+      "[1c] levels: every level this CPU supports, forced in turn; s={}, h={}, d={}, {} threads; fwd/bwd "
+      "GFLOP/s; gain: speed over portable (fwd+bwd, both masks)\n",
+      s, h, d, T);
   fmt::print("{:<8} | {:<10} {:>13} {:>13} {:>5} | {:<26} {:>13} {:>13} {:>5}\n", "level", "f32 engine", "full",
              "causal", "gain", "bf16 engine", "full", "causal", "gain");
   const std::vector<kernels::Isa> supported = kernels::supported_isas();
@@ -412,7 +429,9 @@ json levels_table(FlashRuns& runs, int T, const Options& o) {
       continue;
     }
     kernels::force_isa(isa);
-    j = {{"level", kernel_isa()}, {"supported", true}, {"engine_f32", kernel_engine(DType::f32)},
+    j = {{"level", kernel_isa()},
+         {"supported", true},
+         {"engine_f32", kernel_engine(DType::f32)},
          {"engine_bf16", kernel_engine(DType::bf16)}};
     const auto rf = level_rates(runs, s, h, d, DType::f32, o.reps, j);
     const auto rb = level_rates(runs, s, h, d, DType::bf16, o.reps, j);
@@ -423,10 +442,11 @@ json levels_table(FlashRuns& runs, int T, const Options& o) {
     const double gf = base_f32 / total_time(rf), gb = base_bf16 / total_time(rb);
     j["gain_f32"] = gf;
     j["gain_bf16"] = gb;
-    fmt::print("{:<8} | {:<10} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>4.2f}x | {:<26} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} "
-               "{:>4.2f}x\n",
-               kernel_isa(), kernel_engine(DType::f32), rf[0].fwd, rf[0].bwd, rf[1].fwd, rf[1].bwd, gf,
-               kernel_engine(DType::bf16), rb[0].fwd, rb[0].bwd, rb[1].fwd, rb[1].bwd, gb);
+    fmt::print(
+        "{:<8} | {:<10} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>4.2f}x | {:<26} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} "
+        "{:>4.2f}x\n",
+        kernel_isa(), kernel_engine(DType::f32), rf[0].fwd, rf[0].bwd, rf[1].fwd, rf[1].bwd, gf,
+        kernel_engine(DType::bf16), rb[0].fwd, rb[0].bwd, rb[1].fwd, rb[1].bwd, gb);
     levels.push_back(j);
   }
   kernels::force_isa(saved);
@@ -453,10 +473,10 @@ std::string anchor_script() { return std::string(ULYSSES_SOURCE_DIR) + "/bench/s
 // Runs the script for one head dim (its progress and errors go to our stderr); its JSON, or
 // null with *why set.
 json run_sdpa(const std::string& python, i64 d, int threads, int reps, std::string* why) {
-  const std::string cmd = fmt::format("{} {} --seq {} --heads {} --head-dim {} --batch 1 --dtype f32,bf16 --masks "
-                                      "full,causal --threads {} --reps {}",
-                                      shell_quoted(python), shell_quoted(anchor_script()), kAnchorSeq, kAnchorHeads, d,
-                                      threads, reps);
+  const std::string cmd = fmt::format(
+      "{} {} --seq {} --heads {} --head-dim {} --batch 1 --dtype f32,bf16 --masks "
+      "full,causal --threads {} --reps {}",
+      shell_quoted(python), shell_quoted(anchor_script()), kAnchorSeq, kAnchorHeads, d, threads, reps);
   auto fail = [&](std::string reason) {
     *why = std::move(reason);
     return json();
@@ -483,10 +503,10 @@ std::string field(const json& j, const char* key) {
 }
 
 void print_anchor_header(const json& sdpa, const std::string& python, int T, int reps) {
-  fmt::print("[1d] PyTorch SDPA anchor: torch {} (cpu capability {}, {}), s={}, h={}, batch 1, {} threads, medians of "
-             "{}; GFLOP/s; speed: ulysses over SDPA\n",
-             field(sdpa, "torch_version"), field(sdpa, "cpu_capability"), python, kAnchorSeq,
-             kAnchorHeads, T, reps);
+  fmt::print(
+      "[1d] PyTorch SDPA anchor: torch {} (cpu capability {}, {}), s={}, h={}, batch 1, {} threads, medians of "
+      "{}; GFLOP/s; speed: ulysses over SDPA\n",
+      field(sdpa, "torch_version"), field(sdpa, "cpu_capability"), python, kAnchorSeq, kAnchorHeads, T, reps);
   fmt::print("{:>4} {:>5} {:>6} | {:>8} {:>8} | {:>11} {:>8} | {:>9} {:>6} | {}\n", "d", "dtype", "mask", "SDPA fwd",
              "bwd", "ulysses fwd", "bwd", "speed fwd", "bwd", "SDPA backend");
 }
@@ -500,11 +520,17 @@ void anchor_rows(const json& sdpa, i64 d, int reps, FlashRuns& runs, json& cases
                           kAnchorHeads, d, causal);
     const double sf = c.value("fwd_gflops", 0.0), sb = c.value("bwd_gflops", 0.0);
     fmt::print("{:>4} {:>5} {:>6} | {:>8.1f} {:>8.1f} | {:>11.1f} {:>8.1f} | {:>8.2f}x {:>5.2f}x | {}\n", d, dt,
-               mask_name(causal), sf, sb, u.fwd, u.bwd, u.fwd / sf, u.bwd / sb,
-               field(c, "sdp_backend"));
-    cases.push_back({{"d", d}, {"dtype", dt}, {"causal", causal}, {"sdpa_fwd_gflops", sf}, {"sdpa_bwd_gflops", sb},
-                     {"ulysses_fwd_gflops", u.fwd}, {"ulysses_bwd_gflops", u.bwd}, {"fwd_speed_over_sdpa", u.fwd / sf},
-                     {"bwd_speed_over_sdpa", u.bwd / sb}, {"sdpa", c}});
+               mask_name(causal), sf, sb, u.fwd, u.bwd, u.fwd / sf, u.bwd / sb, field(c, "sdp_backend"));
+    cases.push_back({{"d", d},
+                     {"dtype", dt},
+                     {"causal", causal},
+                     {"sdpa_fwd_gflops", sf},
+                     {"sdpa_bwd_gflops", sb},
+                     {"ulysses_fwd_gflops", u.fwd},
+                     {"ulysses_bwd_gflops", u.bwd},
+                     {"fwd_speed_over_sdpa", u.fwd / sf},
+                     {"bwd_speed_over_sdpa", u.bwd / sb},
+                     {"sdpa", c}});
   }
 }
 
@@ -516,8 +542,8 @@ json anchor_table(FlashRuns& runs, int T, const Options& o) {
   const std::string python = anchor_python();
   std::string why = python.empty() ? "no Python with torch found" : "";
   if (why.empty() && access(anchor_script().c_str(), R_OK) != 0) why = anchor_script() + " not found";
-  json out{{"python", python}, {"seq", kAnchorSeq}, {"heads", kAnchorHeads}, {"threads", T}, {"reps", o.reps},
-           {"cases", json::array()}};
+  json out{{"python", python}, {"seq", kAnchorSeq}, {"heads", kAnchorHeads},
+           {"threads", T},     {"reps", o.reps},    {"cases", json::array()}};
   for (i64 d : {64, 128}) {
     if (!why.empty()) break;
     let_blas_threads_sleep();  // leave the cores to the subprocess
@@ -540,8 +566,9 @@ json anchor_table(FlashRuns& runs, int T, const Options& o) {
 json documents_table(int T, const Options& o) {
   const i64 s = o.quick ? 2048 : 16384, h = 2 * T, d = 64;
   const int reps = reps_for(s, o);
-  fmt::print("\n[1e] packed documents (cu_seqlens), s = {}, h = {}, d = {}, causal, f32: time follows the counted work\n",
-             s, h, d);
+  fmt::print(
+      "\n[1e] packed documents (cu_seqlens), s = {}, h = {}, d = {}, causal, f32: time follows the counted work\n", s,
+      h, d);
   fmt::print("{:>14} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "documents", "work (pairs)", "work/1doc",
              "fwd ms", "bwd ms", "time/1doc", "fwd GF/s", "bwd GF/s");
   const Inputs in = make_inputs(s, h, d, DType::f32);
@@ -555,17 +582,23 @@ json documents_table(int T, const Options& o) {
     fmt::print("{:>9} x {:<4} {:>12.4g} {:>10.4f} {:>10.2f} {:>10.2f} {:>10.4f} {:>9.2f} {:>9.2f}\n", n, s / n, work,
                work / work1, t.fwd * 1e3, t.bwd * 1e3, (t.fwd + t.bwd) / time1, flops / t.fwd * 1e-9,
                2.5 * flops / t.bwd * 1e-9);
-    rows.push_back({{"documents", n}, {"length", s / n}, {"work_pairs", work}, {"forward_s", t.fwd}, {"backward_s", t.bwd},
-                    {"work_ratio", work / work1}, {"time_ratio", (t.fwd + t.bwd) / time1}});
+    rows.push_back({{"documents", n},
+                    {"length", s / n},
+                    {"work_pairs", work},
+                    {"forward_s", t.fwd},
+                    {"backward_s", t.bwd},
+                    {"work_ratio", work / work1},
+                    {"time_ratio", (t.fwd + t.bwd) / time1}});
   }
   fmt::print("GF/s by the exact count (4·d per visible pair); time/1doc should track work/1doc\n");
   return rows;
 }
 
 void print_header(int T) {
-  fmt::print("\n[1] local attention kernels: level {} (f32 on {}, bf16 on {}), {} threads; GFLOP/s by FlashAttention's "
-             "count (bwd 2.5× fwd, causal half), medians; OpenBLAS core {}\n",
-             kernel_isa(), kernel_engine(DType::f32), kernel_engine(DType::bf16), T, blas_core());
+  fmt::print(
+      "\n[1] local attention kernels: level {} (f32 on {}, bf16 on {}), {} threads; GFLOP/s by FlashAttention's "
+      "count (bwd 2.5× fwd, causal half), medians; OpenBLAS core {}\n",
+      kernel_isa(), kernel_engine(DType::f32), kernel_engine(DType::bf16), T, blas_core());
 }
 
 }  // namespace
@@ -581,8 +614,11 @@ nlohmann::json kernels_section(MpiCommunicator& world, const Options& o) {
     print_header(T);
     const Ceilings ceilings = measure_ceilings(seqs, dims, T, o);
     FlashRuns runs;
-    result = {{"level", kernel_isa()}, {"engine_f32", kernel_engine(DType::f32)},
-              {"engine_bf16", kernel_engine(DType::bf16)}, {"threads", T}, {"heads", h}};
+    result = {{"level", kernel_isa()},
+              {"engine_f32", kernel_engine(DType::f32)},
+              {"engine_bf16", kernel_engine(DType::bf16)},
+              {"threads", T},
+              {"heads", h}};
     result["ceilings"] = print_ceilings(ceilings, seqs, dims, T);
     result["rows"] = flash_table(seqs, dims, h, T, o, ceilings);
     result["levels"] = levels_table(runs, T, o);

@@ -72,9 +72,14 @@ json counted_run(Communicator& comm, const CpConfig& cfg, const seed::PlotShape&
   comm.allreduce_min(&match, 1);
   comm.allreduce_max(&peak, 1);
   const double local_qkv = double(l.q.shape().numel() + 2 * l.k.shape().numel()) * 4;
-  return {{"strategy", cfg.cp_comm_type}, {"shape", shape.name}, {"cp", cp}, {"forward", traffic_json(fwd)},
-          {"backward", traffic_json(bwd)}, {"forward_formula", traffic_json(formula(false))},
-          {"backward_formula", traffic_json(formula(true))}, {"all_ranks_match_formula", match == 1},
+  return {{"strategy", cfg.cp_comm_type},
+          {"shape", shape.name},
+          {"cp", cp},
+          {"forward", traffic_json(fwd)},
+          {"backward", traffic_json(bwd)},
+          {"forward_formula", traffic_json(formula(false))},
+          {"backward_formula", traffic_json(formula(true))},
+          {"all_ranks_match_formula", match == 1},
           {"seed_forward_calls", seed::seed_forward_calls(cfg.cp_comm_type, cp)},
           {"peak_over_local_qkv", double(peak) / local_qkv}};
 }
@@ -143,7 +148,9 @@ json overlap_run(Communicator& comm, const CpConfig& cfg, const std::string& nam
   // best run is the communication no skew explains.
   std::int64_t least = std::int64_t(*std::min_element(exposed.begin(), exposed.end()) * 1e6);
   comm.allreduce_min(&least, 1);
-  return {{"strategy", name}, {"fwd_bwd_s", median(total)}, {"ranks", ranks},
+  return {{"strategy", name},
+          {"fwd_bwd_s", median(total)},
+          {"ranks", ranks},
           {"least_exposed_s", double(least) * 1e-6}};
 }
 
@@ -180,9 +187,14 @@ json cp_table() {
   for (const seed::Model& m : seed::common_models())
     for (int cp : seed::table_cps()) {
       const seed::CpValidity v = seed::cp_validity(m.heads, m.kv_heads, cp);
-      rows.push_back({{"model", m.name}, {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"cp", cp},
-                      {"seed_rule", v.seed_rule}, {"seed_rule_without_kv_replication", v.seed_kv_rule},
-                      {"library_a2a", v.library_a2a}, {"library_a2a_even", v.library_even},
+      rows.push_back({{"model", m.name},
+                      {"heads", m.heads},
+                      {"kv_heads", m.kv_heads},
+                      {"cp", cp},
+                      {"seed_rule", v.seed_rule},
+                      {"seed_rule_without_kv_replication", v.seed_kv_rule},
+                      {"library_a2a", v.library_a2a},
+                      {"library_a2a_even", v.library_even},
                       {"a2a_p2p_factorisations", v.hierarchical}});
     }
   return rows;
@@ -231,8 +243,9 @@ double max_over_mean(const std::vector<double>& v) {
 }
 
 json print_balance(const std::vector<seed::BalanceRow>& rows) {
-  fmt::print("\n[seed 4] causal per-rank kernel time (fwd+bwd, replayed one rank at a time, 1 thread, best of "
-             "rounds): max/mean\n");
+  fmt::print(
+      "\n[seed 4] causal per-rank kernel time (fwd+bwd, replayed one rank at a time, 1 thread, best of "
+      "rounds): max/mean\n");
   json out = json::array();
   for (const seed::BalanceRow& r : rows) {
     const std::vector<double> pairs(r.pairs.begin(), r.pairs.end());
@@ -240,21 +253,28 @@ json print_balance(const std::vector<seed::BalanceRow>& rows) {
     for (double s : r.seconds) ms += fmt::format(" {:.0f}", s * 1e3);
     fmt::print("{:<15} cp {:>2}: time max/mean {:.3f}, work max/mean {:.3f}; ms per rank:{}\n", r.layout, r.cp,
                max_over_mean(r.seconds), max_over_mean(pairs), ms);
-    out.push_back({{"layout", r.layout}, {"cp", r.cp}, {"seconds", r.seconds}, {"pairs", r.pairs},
-                   {"time_max_over_mean", max_over_mean(r.seconds)}, {"work_max_over_mean", max_over_mean(pairs)}});
+    out.push_back({{"layout", r.layout},
+                   {"cp", r.cp},
+                   {"seconds", r.seconds},
+                   {"pairs", r.pairs},
+                   {"time_max_over_mean", max_over_mean(r.seconds)},
+                   {"work_max_over_mean", max_over_mean(pairs)}});
   }
   return out;
 }
 
 json print_kernels(const std::vector<seed::KernelRow>& rows, const Shape& g) {
-  fmt::print("\n[seed 5] forward GFLOP/s (1 thread) of the call each strategy makes, global s = {}, h = {}, d = {}, "
-             "non-causal\n",
-             g.s, g.h, g.d);
+  fmt::print(
+      "\n[seed 5] forward GFLOP/s (1 thread) of the call each strategy makes, global s = {}, h = {}, d = {}, "
+      "non-causal\n",
+      g.s, g.h, g.d);
   fmt::print("{:>4} {:>22} {:>22} {:>24}\n", "cp", "a2a [s, h/cp]", "ring [s/cp]x[s/cp]", "zigzag [s/2cp]x[s/2cp]");
   json out = json::array();
   for (const seed::KernelRow& r : rows) {
     fmt::print("{:>4} {:>22.1f} {:>22.1f} {:>24.1f}\n", r.cp, r.ulysses_gflops, r.ring_gflops, r.zigzag_gflops);
-    out.push_back({{"cp", r.cp}, {"ulysses_gflops", r.ulysses_gflops}, {"ring_gflops", r.ring_gflops},
+    out.push_back({{"cp", r.cp},
+                   {"ulysses_gflops", r.ulysses_gflops},
+                   {"ring_gflops", r.ring_gflops},
                    {"zigzag_gflops", r.zigzag_gflops}});
   }
   return out;
@@ -274,8 +294,10 @@ void print_cp_table(const json& rows) {
       if (!r["library_a2a"] && !r["a2a_p2p_factorisations"].empty())
         hier += fmt::format("{} {}", cp, r["a2a_p2p_factorisations"].back().dump());
     }
-    fmt::print("{:<12} h {:>2}/{}: seed{}; seed without KV replication{}; library{} (h/cp each:{}); beyond h: "
-               "a2a+p2p{}\n", m.name, m.heads, m.kv_heads, seed_rule, no_rep, lib, even, hier);
+    fmt::print(
+        "{:<12} h {:>2}/{}: seed{}; seed without KV replication{}; library{} (h/cp each:{}); beyond h: "
+        "a2a+p2p{}\n",
+        m.name, m.heads, m.kv_heads, seed_rule, no_rep, lib, even, hier);
   }
 }
 
@@ -312,13 +334,13 @@ void write_plots(const std::string& dir, const json& report, const std::vector<s
                  const std::string& trace) {
   std::filesystem::create_directories(dir);
   const auto put = [&](const char* name, const std::string& text) { write_file_atomic(dir + "/" + name, text); };
-  put("claim2_bytes.svg", seed::svg_lines("forward MB per rank per layer (s = 128k, h = 64, d = 128, bf16)", "cp",
-                                          "MB", bytes, true));
+  put("claim2_bytes.svg",
+      seed::svg_lines("forward MB per rank per layer (s = 128k, h = 64, d = 128, bf16)", "cp", "MB", bytes, true));
   put("claim3_trace.json", trace);
-  put("claim3_timeline.svg", seed::svg_timeline("one causal fwd+bwd on 2 ranks: a2a, then p2p (zigzag)",
-                                                json::parse(trace)));
-  put("claim4_balance.svg", seed::svg_bars("causal: each rank's fwd+bwd kernel time (bars: ranks)", "ms",
-                                           balance_bars(balance)));
+  put("claim3_timeline.svg",
+      seed::svg_timeline("one causal fwd+bwd on 2 ranks: a2a, then p2p (zigzag)", json::parse(trace)));
+  put("claim4_balance.svg",
+      seed::svg_bars("causal: each rank's fwd+bwd kernel time (bars: ranks)", "ms", balance_bars(balance)));
   put("claim5_kernel.svg", seed::svg_lines("forward GFLOP/s per call shape", "cp", "GFLOP/s",
                                            {kernel_series(kernels, "a2a [s, h/cp]", &seed::KernelRow::ulysses_gflops),
                                             kernel_series(kernels, "ring [s/cp]", &seed::KernelRow::ring_gflops),

@@ -190,21 +190,32 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
              kHeads, kKvHeads, kHeadDim, cp, o.threads_per_rank,
              cp > o.cores ? " (OVERSUBSCRIBED: more ranks than cores)" : "");
   fmt::print("{:<16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>5} {:>8} {:>6} {:>6} {:>7}\n", "strategy", "fwd ms",
-             "bwd ms", "compute", "exposed", "comm", "hidden", "MB/rank", "=form", "peak MB", "/qkv", "model", "vs 1rk");
+             "bwd ms", "compute", "exposed", "comm", "hidden", "MB/rank", "=form", "peak MB", "/qkv", "model",
+             "vs 1rk");
   for (const Result& r : results) {
     const double hidden = r.alone > 0 ? std::max(0.0, 1.0 - r.exposed / r.alone) : 0.0;
     const double ratio = double(r.peak) / (local_qkv * (r.ranks == 1 ? double(cp) : 1.0));
     // Memory model, in units of local q+k+v: all_gather holds the full K and V (and dK, dV):
     // grows with cp; the others hold a constant multiple of their 1/cp share.
     const std::string model = r.name == "all_gather" ? fmt::format(">{:.1f}", 2.0 * 2.0 * cp / 3.0) : "O(1)";
-    fmt::print("{:<16} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>6.0f}% {:>9.2f} {:>5} {:>8.1f} {:>6.2f} {:>6} {:>7.2f}\n",
-               r.name, r.fwd * 1e3, r.bwd * 1e3, r.compute * 1e3, r.exposed * 1e3, r.alone * 1e3, hidden * 100,
-               double(r.bytes) / 1e6, r.bytes == r.expected ? "yes" : "NO", double(r.peak) / 1e6, ratio, model,
-               base / (r.fwd + r.bwd));
-    rows.push_back({{"strategy", r.name}, {"ranks", r.ranks}, {"threads", r.threads}, {"forward_s", r.fwd},
-                    {"backward_s", r.bwd}, {"compute_s", r.compute}, {"comm_exposed_s", r.exposed},
-                    {"comm_alone_s", r.alone}, {"bytes_sent", r.bytes}, {"expected_bytes", r.expected},
-                    {"peak_tensor_bytes", r.peak}, {"peak_over_local_qkv", ratio},
+    fmt::print(
+        "{:<16} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>6.0f}% {:>9.2f} {:>5} {:>8.1f} {:>6.2f} {:>6} "
+        "{:>7.2f}\n",
+        r.name, r.fwd * 1e3, r.bwd * 1e3, r.compute * 1e3, r.exposed * 1e3, r.alone * 1e3, hidden * 100,
+        double(r.bytes) / 1e6, r.bytes == r.expected ? "yes" : "NO", double(r.peak) / 1e6, ratio, model,
+        base / (r.fwd + r.bwd));
+    rows.push_back({{"strategy", r.name},
+                    {"ranks", r.ranks},
+                    {"threads", r.threads},
+                    {"forward_s", r.fwd},
+                    {"backward_s", r.bwd},
+                    {"compute_s", r.compute},
+                    {"comm_exposed_s", r.exposed},
+                    {"comm_alone_s", r.alone},
+                    {"bytes_sent", r.bytes},
+                    {"expected_bytes", r.expected},
+                    {"peak_tensor_bytes", r.peak},
+                    {"peak_over_local_qkv", ratio},
                     {"throughput_vs_one_rank", base / (r.fwd + r.bwd)}});
   }
   const auto plain = std::find_if(results.begin(), results.end(), [](const Result& r) { return r.name == "a2a"; });
@@ -213,9 +224,10 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
       fmt::print("{}: exposed communication {:.1f} ms vs plain a2a {:.1f} ms ({:.2f}x), fwd+bwd {:.2f}x plain a2a's\n",
                  r.name, r.exposed * 1e3, plain->exposed * 1e3, r.exposed / plain->exposed,
                  (r.fwd + r.bwd) / (plain->fwd + plain->bwd));
-  fmt::print("compute/exposed/comm: ms per fwd+bwd (slowest rank); comm = the same transfers replayed alone;\n"
-             "hidden = 1 - exposed/comm; peak MB = library working memory per rank; /qkv = peak / local q+k+v;\n"
-             "model = that ratio's model; vs 1rk = throughput relative to one rank using every core.\n");
+  fmt::print(
+      "compute/exposed/comm: ms per fwd+bwd (slowest rank); comm = the same transfers replayed alone;\n"
+      "hidden = 1 - exposed/comm; peak MB = library working memory per rank; /qkv = peak / local q+k+v;\n"
+      "model = that ratio's model; vs 1rk = throughput relative to one rank using every core.\n");
   return rows;
 }
 

@@ -24,10 +24,10 @@ std::vector<Model> common_models();  // Llama-3-8B 32/8, Llama-3-70B 64/8, Mistr
 std::vector<int> table_cps();        // the table's columns
 
 struct CpValidity {
-  bool seed_rule = false;     // the seed's rule for a2a: cp <= h and h % cp == 0
-  bool seed_kv_rule = false;  // ...and its GQA rule without KV replication: h_kv % cp == 0
-  bool library_a2a = false;   // validate_cp_config accepts a2a (KV heads replicated when cp > h_kv)
-  bool library_even = false;  // ...and every rank gets exactly h/cp query heads
+  bool seed_rule = false;                        // the seed's rule for a2a: cp <= h and h % cp == 0
+  bool seed_kv_rule = false;                     // ...and its GQA rule without KV replication: h_kv % cp == 0
+  bool library_a2a = false;                      // validate_cp_config accepts a2a (KV heads replicated when cp > h_kv)
+  bool library_even = false;                     // ...and every rank gets exactly h/cp query heads
   std::vector<std::array<int, 2>> hierarchical;  // a2a+p2p [inner, outer], both > 1, the library accepts
 };
 CpValidity cp_validity(std::int64_t heads, std::int64_t kv_heads, int cp);

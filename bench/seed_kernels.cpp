@@ -78,7 +78,8 @@ std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& 
   std::vector<BalanceRow> rows;
   for (int cp : cps)
     for (const char* layout : {"p2p contiguous", "p2p zigzag", "a2a"}) {
-      const CpConfig cfg{layout[0] == 'a' ? "a2a" : "p2p", {}, true, std::nullopt, std::string(layout) != "p2p contiguous"};
+      const CpConfig cfg{
+          layout[0] == 'a' ? "a2a" : "p2p", {}, true, std::nullopt, std::string(layout) != "p2p contiguous"};
       const bool ring = cfg.cp_comm_type == "p2p";
       const auto chunks = all_rank_chunks(cfg, cp, s.s);
       const auto rank_work = [&](int r) { ring ? ring_rank(g, chunks, r) : ulysses_rank(s, cp, r); };

@@ -11,10 +11,10 @@
 namespace ulysses::seed {
 
 struct BalanceRow {
-  std::string layout;                // "p2p contiguous", "p2p zigzag", "a2a"
+  std::string layout;  // "p2p contiguous", "p2p zigzag", "a2a"
   int cp = 0;
-  std::vector<double> seconds;       // per rank: its forward + backward kernels, replayed alone
-  std::vector<std::int64_t> pairs;   // per rank: (query, key) pairs inside the mask it computes
+  std::vector<double> seconds;      // per rank: its forward + backward kernels, replayed alone
+  std::vector<std::int64_t> pairs;  // per rank: (query, key) pairs inside the mask it computes
 };
 // Causal global q = k = v of shape s (MHA) at each cp; per rank the best of `rounds`.
 std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& cps, int rounds);

@@ -13,10 +13,11 @@ namespace {
 constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
 
 std::string header(double w, double h, const std::string& title) {
-  return fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-                     "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-                     "<text x=\"10\" y=\"22\" font-size=\"14\">{}</text>\n",
-                     w, h, title);
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"10\" y=\"22\" font-size=\"14\">{}</text>\n",
+      w, h, title);
 }
 
 // Maps [lo, hi] (log10 when log) onto [a, b].
@@ -37,8 +38,9 @@ std::string svg_lines(const std::string& title, const std::string& x_label, cons
   double xlo = 1e300, xhi = 0, ylo = 1e300, yhi = 0;
   for (const Series& s : series)
     for (std::size_t i = 0; i < s.x.size(); ++i)
-      if (s.y[i] > 0) xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]), ylo = std::min(ylo, s.y[i]),
-                      yhi = std::max(yhi, s.y[i]);
+      if (s.y[i] > 0)
+        xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]), ylo = std::min(ylo, s.y[i]),
+        yhi = std::max(yhi, s.y[i]);
   if (!log_y) ylo = 0;
   const double W = 760, H = 440, L = 80, R = 230, T = 40, B = 50;
   const Axis X{xlo, xhi, L, W - R, true}, Y{ylo, yhi * (log_y ? 1.0 : 1.05), H - B, T, log_y};
@@ -72,17 +74,19 @@ std::string svg_bars(const std::string& title, const std::string& y_label, const
   const double bw = (W - L - 20) / double(std::max<std::size_t>(1, bars));
   const Axis Y{0, hi * 1.05, H - B, T, false};
   std::string svg = header(W, H, title);
-  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g}</text>\n<text x=\"{}\" y=\"{}\" "
-                     "text-anchor=\"end\">0</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
-                     L - 4, Y(hi) + 4, hi, L - 4, H - B, L - 4, T - 8, y_label);
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g}</text>\n<text x=\"{}\" y=\"{}\" "
+      "text-anchor=\"end\">0</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+      L - 4, Y(hi) + 4, hi, L - 4, H - B, L - 4, T - 8, y_label);
   double x = L;
   for (const BarGroup& g : groups) {
     for (std::size_t r = 0; r < g.values.size(); ++r, x += bw)
       svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x,
                          Y(g.values[r]), bw * 0.9, H - B - Y(g.values[r]), kColors[r % 7]);
     const double left = x - bw * double(g.values.size());
-    svg += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" font-size=\"10\" transform=\"rotate(30 {0:.1f} {1})\">{2}</text>\n",
-                       left, H - B + 14, g.name);
+    svg +=
+        fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" font-size=\"10\" transform=\"rotate(30 {0:.1f} {1})\">{2}</text>\n",
+                    left, H - B + 14, g.name);
     x += bw;
   }
   return svg + "</svg>\n";
@@ -96,7 +100,9 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& trace) 
       end = std::max(end, double(e["ts"]) + double(e["dur"]));
       tracks = std::max(tracks, int(e["pid"]) + 1);
     }
-  const std::map<std::string, const char*> colors{{"compute", "#2ca02c"}, {"comm", "#1f77b4"}, {"wait", "#d62728"},
+  const std::map<std::string, const char*> colors{{"compute", "#2ca02c"},
+                                                  {"comm", "#1f77b4"},
+                                                  {"wait", "#d62728"},
                                                   {"phase", "#bbbbbb"}};
   const double W = 1000, row = 46, L = 60, T = 40, H = T + row * tracks + 40;
   const Axis X{0, std::max(end, 1.0), L, W - 10, false};
@@ -107,16 +113,18 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& trace) 
     const bool phase = cat == "phase";
     const double y = T + row * double(e["pid"]) + (phase ? 0 : 8), h = phase ? 5 : 30;
     const double x0 = X(double(e["ts"])), x1 = X(double(e["ts"]) + double(e["dur"]));
-    svg += fmt::format("<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"><title>{} {:.3f} ms"
-                       "</title></rect>\n",
-                       x0, y, std::max(0.3, x1 - x0), h, colors.count(cat) ? colors.at(cat) : "#999999",
-                       std::string(e["name"]), double(e["dur"]) / 1e3);
+    svg += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{:.0f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"><title>{} {:.3f} ms"
+        "</title></rect>\n",
+        x0, y, std::max(0.3, x1 - x0), h, colors.count(cat) ? colors.at(cat) : "#999999", std::string(e["name"]),
+        double(e["dur"]) / 1e3);
   }
   for (int r = 0; r < tracks; ++r)
     svg += fmt::format("<text x=\"4\" y=\"{:.0f}\">rank {}</text>\n", T + row * r + 28, r);
-  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\">0 … {:.1f} ms; green compute, blue communication call, red "
-                     "blocked waiting for a transfer, grey forward/backward</text>\n",
-                     L, H - 14, end / 1e3);
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"{:.0f}\">0 … {:.1f} ms; green compute, blue communication call, red "
+      "blocked waiting for a transfer, grey forward/backward</text>\n",
+      L, H - 14, end / 1e3);
   return svg + "</svg>\n";
 }
 

@@ -24,8 +24,9 @@ AdamW stay float32); f32 runs everything in float32.
 
 Timing: per step, a barrier, then data, forward, backward, all-reduce, clipping and AdamW; the
 slowest rank's time. tokens/s = batch*seq / median step time over the steps after the first
-(the first is the warm-up; --warmup-seq runs it shorter). Peak memory: VmHWM of /proc/self/status at the end, the largest over
-ranks. FLOPs per step as Trainer::flops_per_step: 6 * (params - vocab*width) * tokens +
+(the first is the warm-up; --warmup-seq runs it shorter). Peak memory: VmHWM of
+/proc/self/status at the end, the largest over ranks. FLOPs per step as
+Trainer::flops_per_step: 6 * (params - vocab*width) * tokens +
 layers * 3.5 * 2 * b * s^2 * heads * head_dim (causal attention forward + backward).
 
 Rank 0 prints ONE JSON line on stdout; logs go to stderr. Needs torch >= 2.5 (SDPA with
@@ -47,7 +48,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deepspeed_anchor as dsa  # noqa: E402 - exits 3 without numpy / torch >= 2.0
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
@@ -63,6 +63,7 @@ def _die(msg):
 
 
 # ---- the same numbers as ulysses: splitmix64 weights and data --------------------------------
+
 
 def _mix(z):
     """splitmix64's output function on uint64 numpy arrays (wrapping arithmetic)."""
@@ -135,6 +136,7 @@ def synthetic_batch(B, S, seed, step, pairs=1, queries=16):
 
 # ---- the model -------------------------------------------------------------------------------
 
+
 class Gpt(torch.nn.Module):
     """src/train/gpt.cpp in PyTorch; weights [in, out] as ulysses stores them (x @ w)."""
 
@@ -194,8 +196,9 @@ class Gpt(torch.nn.Module):
 
 def sdpa_bshd(q, k, v):
     """Causal GQA attention on [b, s, h, d] (DeepSpeed's layout), SDPA inside."""
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                       enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
     return o.transpose(1, 2)
 
 
@@ -206,10 +209,13 @@ class LocalSDPA(torch.nn.Module):
 
 # ---- the trainer -----------------------------------------------------------------------------
 
+
 def flops_per_step(a, params):
     tokens = a.batch * a.seq
-    return 6.0 * (params - a.vocab * a.width) * tokens + \
-        a.layers * 3.5 * 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim
+    return (
+        6.0 * (params - a.vocab * a.width) * tokens
+        + a.layers * 3.5 * 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim
+    )
 
 
 def proc_status_mib(key):
@@ -227,11 +233,21 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="optimizer steps; the first is the warm-up (default 3)")
-    p.add_argument("--warmup-seq", type=int, default=None,
-                   help="run the warm-up step (the first) on sequences of this length instead of --seq: saves "
-                        "its time where a step takes minutes (default: --seq)")
-    for name, default in (("layers", 2), ("width", 64), ("heads", 4), ("kv-heads", 2), ("head-dim", 16),
-                          ("hidden", 172)):
+    p.add_argument(
+        "--warmup-seq",
+        type=int,
+        default=None,
+        help="run the warm-up step (the first) on sequences of this length instead of --seq: saves "
+        "its time where a step takes minutes (default: --seq)",
+    )
+    for name, default in (
+        ("layers", 2),
+        ("width", 64),
+        ("heads", 4),
+        ("kv-heads", 2),
+        ("head-dim", 16),
+        ("hidden", 172),
+    ):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -267,15 +283,19 @@ def main():
     else:
         launcher, rank, world, attention = "single", 0, 1, sdpa_bshd
     if a.seq % world or a.warmup_seq % world or a.kv_heads % world or a.heads % a.kv_heads:
-        _die(f"--seq {a.seq}, --warmup-seq {a.warmup_seq} and --kv-heads {a.kv_heads} must divide by {world} ranks, "
-             "--heads by --kv-heads")
+        _die(
+            f"--seq {a.seq}, --warmup-seq {a.warmup_seq} and --kv-heads {a.kv_heads} must divide by {world} ranks, "
+            "--heads by --kv-heads"
+        )
     rss_imported = proc_status_mib("VmRSS")
 
     model = Gpt(a, attention)
     params = sum(p.numel() for p in model.parameters())
     gains = {id(p) for name, p in model.named_parameters() if "rms" in name}
-    groups = [{"params": [p for p in model.parameters() if id(p) not in gains], "weight_decay": 0.1},
-              {"params": [p for p in model.parameters() if id(p) in gains], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in model.parameters() if id(p) not in gains], "weight_decay": 0.1},
+        {"params": [p for p in model.parameters() if id(p) in gains], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
 
@@ -290,7 +310,9 @@ def main():
         tokens, labels = synthetic_batch(a.batch, seq, a.seed, step)
         opt.zero_grad(set_to_none=False)
         with autocast:
-            loss = model(tokens[:, lo:lo + n], labels[:, lo:lo + n], torch.arange(lo, lo + n), 1.0 / (a.batch * seq))
+            loss = model(
+                tokens[:, lo : lo + n], labels[:, lo : lo + n], torch.arange(lo, lo + n), 1.0 / (a.batch * seq)
+            )
         loss.backward()
         loss_sum = loss.detach().double().reshape(1)
         if world > 1:  # one flat all-reduce of the gradients, as the trainer's
@@ -299,7 +321,7 @@ def main():
             tdist.all_reduce(loss_sum)
             at = 0
             for p in model.parameters():
-                p.grad.copy_(flat[at:at + p.numel()].view_as(p))
+                p.grad.copy_(flat[at : at + p.numel()].view_as(p))
                 at += p.numel()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for g in opt.param_groups:
@@ -311,8 +333,11 @@ def main():
         losses.append(float(loss_sum))
         seconds.append(float(dt))
         if rank == 0:
-            print(f"train_anchor: step {step + 1}/{a.steps} loss {losses[-1]:.6f} {seconds[-1]:.2f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"train_anchor: step {step + 1}/{a.steps} loss {losses[-1]:.6f} {seconds[-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     peak = torch.tensor([proc_status_mib("VmHWM"), rss_imported], dtype=torch.float64)
     if world > 1:
@@ -321,20 +346,42 @@ def main():
     med = float(np.median(timed))
     fl = flops_per_step(a, params)
     if rank == 0:
-        print(json.dumps({
-            "tool": "train_anchor", "mode": a.mode, "launcher": launcher, "world_size": world, "threads": a.threads,
-            "dtype": a.dtype, "torch_version": torch.__version__, "deepspeed_version": ds_version,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "model": {k: getattr(a, k) for k in ("vocab", "layers", "width", "heads", "kv_heads", "head_dim", "hidden")},
-            "params": params, "batch": a.batch, "seq": a.seq, "warmup_seq": a.warmup_seq, "steps": a.steps,
-            "losses": [round(x, 6) for x in losses], "step_s": [round(x, 4) for x in seconds],
-            "median_step_s": round(med, 4), "tokens_per_s": round(a.batch * a.seq / med, 1),
-            "flops_per_step": fl, "gflops": round(fl / med * 1e-9, 2),
-            "peak_rss_mib": round(float(peak[0]), 1), "rss_after_import_mib": round(float(peak[1]), 1),
-            "timing": "per step: barrier, then data + forward + backward + all-reduce + clip + AdamW; slowest rank; "
-                      "median over the steps after the first",
-            "memory": "VmHWM at the end, largest over ranks",
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "tool": "train_anchor",
+                    "mode": a.mode,
+                    "launcher": launcher,
+                    "world_size": world,
+                    "threads": a.threads,
+                    "dtype": a.dtype,
+                    "torch_version": torch.__version__,
+                    "deepspeed_version": ds_version,
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "model": {
+                        k: getattr(a, k)
+                        for k in ("vocab", "layers", "width", "heads", "kv_heads", "head_dim", "hidden")
+                    },
+                    "params": params,
+                    "batch": a.batch,
+                    "seq": a.seq,
+                    "warmup_seq": a.warmup_seq,
+                    "steps": a.steps,
+                    "losses": [round(x, 6) for x in losses],
+                    "step_s": [round(x, 4) for x in seconds],
+                    "median_step_s": round(med, 4),
+                    "tokens_per_s": round(a.batch * a.seq / med, 1),
+                    "flops_per_step": fl,
+                    "gflops": round(fl / med * 1e-9, 2),
+                    "peak_rss_mib": round(float(peak[0]), 1),
+                    "rss_after_import_mib": round(float(peak[1]), 1),
+                    "timing": "per step: barrier, then data + forward + backward + all-reduce + clip + AdamW; "
+                    "slowest rank; median over the steps after the first",
+                    "memory": "VmHWM at the end, largest over ranks",
+                }
+            ),
+            flush=True,
+        )
     if world > 1:
         tdist.destroy_process_group()
     return 0

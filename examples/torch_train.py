@@ -6,14 +6,14 @@ and the full weights; attention is ulysses' ContextParallelAttention.
 
 The loss at cp = 2 (or 4) equals the loss at cp = 1 (tests/python: test_example.py).
 """
+
 import argparse
 
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
-
 import ulysses
 import ulysses.torch as ut
+from mpi4py import MPI
 
 
 class RMSNorm(torch.nn.Module):
@@ -60,7 +60,9 @@ class Llama(torch.nn.Module):
     def __init__(self, attention, vocab=64, width=64, layers=2, heads=4, kv_heads=2, head_dim=16, hidden=128):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, width)
-        self.blocks = torch.nn.ModuleList(Block(width, heads, kv_heads, head_dim, hidden, attention) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(
+            Block(width, heads, kv_heads, head_dim, hidden, attention) for _ in range(layers)
+        )
         self.norm, self.head = RMSNorm(width), torch.nn.Linear(width, vocab, bias=False)
 
     def forward(self, tokens, pos):

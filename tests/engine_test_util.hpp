@@ -23,9 +23,7 @@ inline i64 extent(i64 rows, i64 cols, i64 ld) { return rows == 0 ? 0 : (rows - 1
 
 inline bool visible(i64 i, i64 j, i64 diag) { return diag == ulysses::kernels::kNoDiagonal || j <= diag + i; }
 
-inline std::string diag_str(i64 diag) {
-  return diag == ulysses::kernels::kNoDiagonal ? "none" : std::to_string(diag);
-}
+inline std::string diag_str(i64 diag) { return diag == ulysses::kernels::kNoDiagonal ? "none" : std::to_string(diag); }
 
 // A sentinel NaN bit pattern for the elements an op must not touch.
 constexpr std::uint32_t kSentinel = 0x7fc0dead;

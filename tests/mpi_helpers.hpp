@@ -29,8 +29,8 @@ void expect_same_error_everywhere(Communicator& comm, Fn&& fn, const std::string
   std::int64_t lo[2] = {fp[0], fp[1]}, hi[2] = {fp[0], fp[1]};
   comm.allreduce_min(lo, 2);
   comm.allreduce_max(hi, 2);
-  EXPECT_TRUE(lo[0] == hi[0] && lo[1] == hi[1]) << "ranks disagree on the error; rank "
-                                                << comm.rank() << " has: " << msg;
+  EXPECT_TRUE(lo[0] == hi[0] && lo[1] == hi[1])
+      << "ranks disagree on the error; rank " << comm.rank() << " has: " << msg;
 }
 
 // What one forward and then one backward of `attn` sent, each counted from zero. `p` holds the

@@ -91,8 +91,8 @@ TEST(SeqToHead, HashTensorsLandWhereTheSeedSays) {
   // q: 2cp + 1 heads split unevenly; k: one head per rank; v: ONE head every rank shares (MQA).
   Tensor q({b, n, h, d}), k({b, n, cp, d}, DType::f32, Layout::sbhd), v({b, n, 1, d});
   for (const Tensor* t : {&q, &k, &v}) fill_hash(t->view(), tokens_before(r, 5));
-  const std::array<SeqShard, 3> in{{{q.view(), ulysses_head_split(cp, h, h).q}, {k.view(), one_each(cp)},
-                                    {v.view(), all_share_one(cp)}}};
+  const std::array<SeqShard, 3> in{
+      {{q.view(), ulysses_head_split(cp, h, h).q}, {k.view(), one_each(cp)}, {v.view(), all_share_one(cp)}}};
   FusedHeads out = seq_to_head(comm, in);
   EXPECT_EQ(out.seq(), tokens_before(cp, 5));
   std::int64_t bad = 0;
@@ -213,7 +213,8 @@ TEST(SeqToHead, ShapesDifferingBetweenRanksGiveTheSameErrorEverywhere) {
   if (cp == 1) GTEST_SKIP() << "needs two ranks";
   Tensor q({1, 4, cp, comm.rank() == 1 ? 12 : 8});  // token counts may differ, head dims may not
   const std::array<SeqShard, 1> in{{{q.view(), one_each(cp)}}};
-  ulysses::testing::expect_same_error_everywhere(comm, [&] { seq_to_head(comm, in); }, "differ between ranks");
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { seq_to_head(comm, in); }, "differ between ranks");
 }
 
 TEST(SeqToHead, HeadListsThatDoNotFitGiveTheSameErrorEverywhere) {
@@ -223,12 +224,13 @@ TEST(SeqToHead, HeadListsThatDoNotFitGiveTheSameErrorEverywhere) {
   std::vector<HeadRange> beyond = one_each(cp);
   if (comm.rank() == cp - 1) beyond.back().count = 2;  // one head past the end, on one rank only
   const std::array<SeqShard, 1> in{{{q.view(), beyond}}};
-  ulysses::testing::expect_same_error_everywhere(comm, [&] { seq_to_head(comm, in); },
-                                                 "gives a rank heads [" + std::to_string(cp - 1) + ", " +
-                                                     std::to_string(cp + 1) + ") of its " + std::to_string(cp));
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { seq_to_head(comm, in); },
+      "gives a rank heads [" + std::to_string(cp - 1) + ", " + std::to_string(cp + 1) + ") of its " +
+          std::to_string(cp));
   const std::array<SeqShard, 1> short_list{{{q.view(), std::vector<HeadRange>(std::size_t(cp + 1))}}};
-  ulysses::testing::expect_same_error_everywhere(comm, [&] { seq_to_head(comm, short_list); },
-                                                 "lists the heads of " + std::to_string(cp + 1) + " ranks");
+  ulysses::testing::expect_same_error_everywhere(
+      comm, [&] { seq_to_head(comm, short_list); }, "lists the heads of " + std::to_string(cp + 1) + " ranks");
 }
 
 }  // namespace

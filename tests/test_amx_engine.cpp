@@ -37,7 +37,6 @@ const i64 kNs[] = {1, 31, 32, 100, 256};
 const i64 kDs[] = {8, 16, 24, 64, 128};
 const i64 kDiags[] = {kNoDiagonal, 0, -5, 17};
 
-
 // Compares one op's float32 output against the double reference over a [rows][cols] window
 // (stride ld): |got − want| <= tol · scale per element; elements where `check` is false are
 // skipped. Also requires every element in the stride gaps to still hold the sentinel.
@@ -84,8 +83,10 @@ std::uint16_t image_at(const std::vector<std::uint8_t>& img, i64 byte) {
 TEST(AmxEngine, PackedSizesAndOffsets) {
   for (i64 d : {1, 8, 16, 24, 32, 33, 64, 100, 128, 256}) {
     const i64 dp = round_up(d, 32);
-    for (i64 n : {1, 31, 32, 33, 100, 256, 1000}) EXPECT_EQ(engine().packed_bytes(n, d), round_up(n, kKeyAlign) * dp * 2);
-    for (i64 j0 : {i64(0), kKeyAlign, 2 * kKeyAlign, 15 * kKeyAlign}) EXPECT_EQ(engine().packed_offset(j0, d), j0 * dp * 2);
+    for (i64 n : {1, 31, 32, 33, 100, 256, 1000})
+      EXPECT_EQ(engine().packed_bytes(n, d), round_up(n, kKeyAlign) * dp * 2);
+    for (i64 j0 : {i64(0), kKeyAlign, 2 * kKeyAlign, 15 * kKeyAlign})
+      EXPECT_EQ(engine().packed_offset(j0, d), j0 * dp * 2);
   }
 }
 
@@ -199,8 +200,8 @@ TEST(AmxEngine, Pv) {
               o[i * ldo + c] = rng.uniform(-1.0f, 1.0f);  // pv accumulates
               double sum = o[i * ldo + c], mag = std::abs(sum);
               for (i64 j = 0; j < k; ++j) {
-                const double x = double(bf16_to_float(float_to_bf16(p[i * ldp + j]))) *
-                                 bf16_to_float(v[(j0 + j) * ldv + c]);
+                const double x =
+                    double(bf16_to_float(float_to_bf16(p[i * ldp + j]))) * bf16_to_float(v[(j0 + j) * ldv + c]);
                 sum += x;
                 mag += std::abs(x);
               }
@@ -255,8 +256,7 @@ TEST(AmxEngine, PtB) {
               c[j * ldc + col] = rng.uniform(-1.0f, 1.0f);  // pt_b accumulates
               double sum = c[j * ldc + col], mag = std::abs(sum);
               for (i64 i = 0; i < m; ++i) {
-                const double x = double(bf16_to_float(float_to_bf16(p[i * ldp + j]))) *
-                                 bf16_to_float(b[i * ldb + col]);
+                const double x = double(bf16_to_float(float_to_bf16(p[i * ldp + j]))) * bf16_to_float(b[i * ldb + col]);
                 sum += x;
                 mag += std::abs(x);
               }
@@ -337,8 +337,9 @@ TEST(AmxEngine, RoundsPToNearestEven) {
 // through its row: inf · 0 is NaN), on the diagonal of an identity V / B.
 TEST(AmxEngine, RoundsSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                            inf, -inf, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
+  const float specials[] = {
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(), inf, -inf,
+      std::numeric_limits<float>::max(),       -std::numeric_limits<float>::max()};
   // Signalling-style NaN whose rounding carry would otherwise reach the exponent.
   std::uint32_t nan_bits = 0x7fffffff;
   float big_nan;

@@ -92,8 +92,8 @@ auto everywhere = [](i64, i64) { return true; };
 // ---- references ---------------------------------------------------------------------------
 
 // s = a · kᵀ over keys [j0, j0 + n) of k.
-Expected ref_scores(i64 m, i64 n, i64 d, const std::vector<bf16>& a, i64 lda,
-                    const std::vector<bf16>& k, i64 ldk, i64 j0, i64 lds) {
+Expected ref_scores(i64 m, i64 n, i64 d, const std::vector<bf16>& a, i64 lda, const std::vector<bf16>& k, i64 ldk,
+                    i64 j0, i64 lds) {
   Expected e(m, n, lds);
   for (i64 i = 0; i < m; ++i)
     for (i64 j = 0; j < n; ++j)
@@ -103,8 +103,8 @@ Expected ref_scores(i64 m, i64 n, i64 d, const std::vector<bf16>& a, i64 lda,
 }
 
 // o + bf16(p) · v over keys [j0, j0 + k) of v.
-Expected ref_pv(i64 m, i64 d, i64 k, const std::vector<float>& p, i64 ldp, const std::vector<bf16>& v, i64 ldv,
-                i64 j0, const std::vector<float>& o, i64 ldo) {
+Expected ref_pv(i64 m, i64 d, i64 k, const std::vector<float>& p, i64 ldp, const std::vector<bf16>& v, i64 ldv, i64 j0,
+                const std::vector<float>& o, i64 ldo) {
   Expected e(m, d, ldo);
   for (i64 i = 0; i < m; ++i)
     for (i64 c = 0; c < d; ++c) {
@@ -235,8 +235,10 @@ TEST(Avx512Bf16Engine, ScoresSkipVectorsPastTheDiagonal) {
       const i64 i0 = i / kMR * kMR, mr = std::min(kMR, m - i0);
       const i64 computed = std::min(n, round_up(clamp(diag + i0 + mr, 0, n), kW));
       for (i64 j = 0; j < n; ++j) {
-        if (j >= computed) written_past += !is_sentinel(s[i * n + j]);
-        else missing += is_sentinel(s[i * n + j]);
+        if (j >= computed)
+          written_past += !is_sentinel(s[i * n + j]);
+        else
+          missing += is_sentinel(s[i * n + j]);
       }
     }
     EXPECT_EQ(written_past, 0) << "diag=" << diag;
@@ -391,8 +393,8 @@ TEST(Avx512Bf16Engine, RoundsPToNearestEven) {
 // The rounding differs from truncation: ties to even and carries.
 TEST(Avx512Bf16Engine, RoundingIsNotTruncation) {
   const float cases[][2] = {
-      {1.00390625f, 1.0f},           // 1 + 2⁻⁸: a tie, rounds down to even
-      {1.01171875f, 1.015625f},      // 1 + 3·2⁻⁸: a tie, rounds up to even
+      {1.00390625f, 1.0f},               // 1 + 2⁻⁸: a tie, rounds down to even
+      {1.01171875f, 1.015625f},          // 1 + 3·2⁻⁸: a tie, rounds up to even
       {1.0078125f - 1e-7f, 1.0078125f},  // just below 1 + 2⁻⁷: rounds up
   };
   const i64 n = 3, d = 16, k = 16;
@@ -410,8 +412,9 @@ TEST(Avx512Bf16Engine, RoundingIsNotTruncation) {
 // through its row: inf · 0 is NaN), on the diagonal of an identity V / B.
 TEST(Avx512Bf16Engine, RoundsSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> values = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                               inf, -inf, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
+  std::vector<float> values = {
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(), inf, -inf,
+      std::numeric_limits<float>::max(),       -std::numeric_limits<float>::max()};
   // A NaN whose rounding carry would otherwise reach the exponent, and signalling NaNs
   // whose payload is all in the low half (truncated they would be ±inf).
   for (const std::uint32_t nan_bits : {0x7fffffffu, 0x7f800001u, 0xff800001u}) {
@@ -520,8 +523,10 @@ TEST(Avx512Bf16Engine, ThreadsUseTheirOwnScratch) {
       for (int rep = 0; rep < 20; ++rep) {
         std::vector<float> c(k * d, 0.0f);
         engine().pt_b(k, d, ms[t], p[t].data(), k, b[t].data(), d, c.data(), d, kNoDiagonal);
-        if (rep == 0) got[t] = c;
-        else differing[t] += c != got[t];
+        if (rep == 0)
+          got[t] = c;
+        else
+          differing[t] += c != got[t];
       }
     });
   for (auto& th : threads) th.join();

@@ -32,7 +32,7 @@ struct Case {
   std::int64_t b, sl;  // batch, tokens per rank
   int extra_tokens;    // s = sl·cp + extra_tokens: the first ranks (chunks) hold one more
   int heads_per_rank;
-  int kv;              // KV heads: 0 means cp (split); otherwise that many
+  int kv;  // KV heads: 0 means cp (split); otherwise that many
   std::int64_t d;
   bool causal;
   Layout layout;
@@ -43,8 +43,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << "case"; }
 
 std::string name_of(const Case& c) {
   return "b" + std::to_string(c.b) + "_sl" + std::to_string(c.sl) + "_x" + std::to_string(c.extra_tokens) + "_hpr" +
-         std::to_string(c.heads_per_rank) + "_kv" + (c.kv == 0 ? std::string("cp") : std::to_string(c.kv)) + "_d" + std::to_string(c.d) +
-         (c.causal ? "_causal_" : "_full_") + to_string(c.layout) + "_" + to_string(c.dtype);
+         std::to_string(c.heads_per_rank) + "_kv" + (c.kv == 0 ? std::string("cp") : std::to_string(c.kv)) + "_d" +
+         std::to_string(c.d) + (c.causal ? "_causal_" : "_full_") + to_string(c.layout) + "_" + to_string(c.dtype);
 }
 
 // Every configuration of every registered strategy at this cp (a2a+p2p at each
@@ -85,10 +85,9 @@ struct GlobalProblem {
   RefTensor out, dq, dk, dv;
   bool causal;
   GlobalProblem(Shape global, std::int64_t kv_heads, DType dtype, bool causal_mask, std::uint64_t seed,
-                std::vector<std::int64_t> cu_seqlens = {}, void (*edit)(GlobalProblem&) = nullptr,
-                Window window = {})
-      : q(global, dtype), k({global.b, global.s, kv_heads, global.d}, dtype), v(k.shape(), dtype),
-        dout(global, dtype), causal(causal_mask) {
+                std::vector<std::int64_t> cu_seqlens = {}, void (*edit)(GlobalProblem&) = nullptr, Window window = {})
+      : q(global, dtype), k({global.b, global.s, kv_heads, global.d}, dtype), v(k.shape(), dtype), dout(global, dtype),
+        causal(causal_mask) {
     for (auto [t, i] : {std::pair{&q, 0}, {&k, 1}, {&v, 2}, {&dout, 3}})
       fill_uniform(t->view(), seed + std::uint64_t(i));
     if (edit != nullptr) edit(*this);
@@ -160,12 +159,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 12, 0, 2, 1, 16, false, Layout::sbhd, DType::bf16},  // bf16, MQA
                       Case{1, 16, 0, 1, 0, 64, true, Layout::bshd, DType::bf16},
                       // s % cp != 0 (and s % 2cp != 0 under zigzag): ranks hold different counts
-                      Case{1, 1, 1, 1, 0, 8, false, Layout::bshd, DType::f32},     // s = cp + 1
-                      Case{2, 2, 0, 2, 0, 8, true, Layout::bshd, DType::f32},      // s = 2cp: zigzag chunks of 1
-                      Case{2, 2, 1, 2, 1, 16, true, Layout::sbhd, DType::f32},     // s = 2cp + 1, MQA
-                      Case{1, 5, 1, 4, 2, 8, true, Layout::bshd, DType::f32},      // s = 5cp + 1, GQA
-                      Case{2, 7, 3, 1, 0, 16, false, Layout::sbhd, DType::bf16},   // bf16
-                      Case{1, 70, 1, 2, 0, 32, true, Layout::bshd, DType::f32}),   // crosses a kernel block
+                      Case{1, 1, 1, 1, 0, 8, false, Layout::bshd, DType::f32},    // s = cp + 1
+                      Case{2, 2, 0, 2, 0, 8, true, Layout::bshd, DType::f32},     // s = 2cp: zigzag chunks of 1
+                      Case{2, 2, 1, 2, 1, 16, true, Layout::sbhd, DType::f32},    // s = 2cp + 1, MQA
+                      Case{1, 5, 1, 4, 2, 8, true, Layout::bshd, DType::f32},     // s = 5cp + 1, GQA
+                      Case{2, 7, 3, 1, 0, 16, false, Layout::sbhd, DType::bf16},  // bf16
+                      Case{1, 70, 1, 2, 0, 32, true, Layout::bshd, DType::f32}),  // crosses a kernel block
     [](const auto& info) { return name_of(info.param); });
 
 TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
@@ -203,7 +202,8 @@ TEST(Strategies, UnevenHeadSplitsMatchFloat64Reference) {
         const std::string err = config_error(cfg, cp, global.q.shape(), hkv);
         if (!err.empty()) {
           EXPECT_NE(err.find("must be at least"), std::string::npos) << err;
-          ulysses::testing::expect_same_error_everywhere(comm, [&] { p.run(attn); }, err);
+          ulysses::testing::expect_same_error_everywhere(
+              comm, [&] { p.run(attn); }, err);
           continue;
         }
         p.run(attn);
@@ -222,7 +222,8 @@ std::vector<std::vector<std::int64_t>> document_sets(const CpConfig& cfg, int cp
     for (const SeqChunk& c : chunks) on_chunks.push_back(c.begin + c.length);
   std::sort(on_chunks.begin(), on_chunks.end());
   const std::int64_t long_doc = s / 2;
-  return {cu_seqlens_of(std::vector<std::int64_t>{1, 0, 5, 13, long_doc, s - 19 - long_doc}), on_chunks,
+  return {cu_seqlens_of(std::vector<std::int64_t>{1, 0, 5, 13, long_doc, s - 19 - long_doc}),
+          on_chunks,
           {0, s / 3, s / 3 + 1, s}};
 }
 
@@ -237,20 +238,23 @@ TEST(Documents, EveryStrategyMatchesFloat64Reference) {
           if (hkv < 1) continue;
           CpConfig cfg = base;
           cfg.cu_seqlens = cu;
-          SCOPED_TRACE(fmt::format("{} h_kv {} {} cu_seqlens [{}]", describe(cfg), hkv, to_string(dtype),
-                                   fmt::join(cu, ",")));
+          SCOPED_TRACE(
+              fmt::format("{} h_kv {} {} cu_seqlens [{}]", describe(cfg), hkv, to_string(dtype), fmt::join(cu, ",")));
           const GlobalProblem global({1, s, h, 16}, hkv, dtype, causal, 7, cu);
           Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
           ContextParallelAttention attn(comm, cfg);
           const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
           attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-          if (dtype == DType::f32) p.expect_matches();
-          else p.expect_matches(1e-2, 2.5e-2);
+          if (dtype == DType::f32)
+            p.expect_matches();
+          else
+            p.expect_matches(1e-2, 2.5e-2);
           double total = double(ctx.stats().score_pairs);
           comm.allreduce_sum(&total, 1);
           EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
           // What the planner predicts for this rank is what it computed.
-          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, hkv));
+          EXPECT_EQ(ctx.stats().score_pairs,
+                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, hkv));
         }
 }
 
@@ -267,7 +271,8 @@ TEST(Documents, NothingLeaksAcrossABoundary) {
     for (Tensor* t : {&g.q, &g.k, &g.v, &g.dout})
       for (std::int64_t i = 3 * row; i < end * row; ++i) t->f32()[i] = -t->f32()[i] + 0.25f;
   };
-  const GlobalProblem plain({1, s, h, 8}, h, DType::f32, true, 3, cu), changed({1, s, h, 8}, h, DType::f32, true, 3, cu, perturb);
+  const GlobalProblem plain({1, s, h, 8}, h, DType::f32, true, 3, cu),
+      changed({1, s, h, 8}, h, DType::f32, true, 3, cu, perturb);
   for (const CpConfig& base : strategies(cp, true)) {
     CpConfig cfg = base;
     cfg.cu_seqlens = cu;
@@ -301,8 +306,8 @@ TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
     CpConfig cfg{"p2p", {}, true, std::nullopt, true, cu};
     Tensor q({b, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), cp, 8}), out(q.shape());
     ContextParallelAttention attn(comm, cfg);
-    ulysses::testing::expect_same_error_everywhere(comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
-                                                   needle);
+    ulysses::testing::expect_same_error_everywhere(
+        comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); }, needle);
   }
 }
 
@@ -315,10 +320,11 @@ TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
   const std::int64_t s = 12 * cp + 5, h = 2 * cp, d = 8, max = std::numeric_limits<std::int64_t>::max();
-  const std::vector<std::pair<bool, Window>> masks{
-      {true, {0, -1}}, {true, {1, -1}},     {true, {5, -1}},  {true, {12, -1}},  {true, {30, -1}},
-      {true, {s + 9, -1}}, {false, {3, 2}}, {false, {0, 0}},  {false, {20, -1}}, {false, {-1, 4}},
-      {true, {max, -1}}, {false, {max - 1, max}}, {false, {2, max}}};
+  const std::vector<std::pair<bool, Window>> masks{{true, {0, -1}},  {true, {1, -1}},   {true, {5, -1}},
+                                                   {true, {12, -1}}, {true, {30, -1}},  {true, {s + 9, -1}},
+                                                   {false, {3, 2}},  {false, {0, 0}},   {false, {20, -1}},
+                                                   {false, {-1, 4}}, {true, {max, -1}}, {false, {max - 1, max}},
+                                                   {false, {2, max}}};
   for (const auto& [causal, window] : masks)
     for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::bf16}}) {
       const GlobalProblem global({1, s, h, d}, hkv, dtype, causal, 9, {}, nullptr, window);
@@ -330,13 +336,15 @@ TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           cfg.zigzag = zigzag;
           cfg.window_left = window.left;
           cfg.window_right = window.right;
-          SCOPED_TRACE(fmt::format("{}{} causal {} window ({}, {}) h_kv {} {}", describe(cfg), zigzag ? "" : " contiguous",
-                                   causal, window.left, window.right, hkv, to_string(dtype)));
+          SCOPED_TRACE(fmt::format("{}{} causal {} window ({}, {}) h_kv {} {}", describe(cfg),
+                                   zigzag ? "" : " contiguous", causal, window.left, window.right, hkv,
+                                   to_string(dtype)));
           Problem p(global, cfg, cp, me, Layout::bshd);
           ContextParallelAttention attn(comm, cfg);
           if (const std::string err = config_error(cfg, cp, global.q.shape(), hkv); !err.empty()) {
             EXPECT_NE(err.find("does not support a sliding window"), std::string::npos) << err;
-            ulysses::testing::expect_same_error_everywhere(comm, [&] { p.run(attn); }, err);
+            ulysses::testing::expect_same_error_everywhere(
+                comm, [&] { p.run(attn); }, err);
             continue;
           }
           p.run(attn);  // creates sub-communicators first
@@ -346,8 +354,10 @@ TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           comm.reset_counters();
           attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
           const auto bwd = comm.counters();
-          if (dtype == DType::f32) p.expect_matches();
-          else p.expect_matches(1e-2, 2.5e-2);
+          if (dtype == DType::f32)
+            p.expect_matches();
+          else
+            p.expect_matches(1e-2, 2.5e-2);
           double total = double(ctx.stats().score_pairs);
           comm.allreduce_sum(&total, 1);
           EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
@@ -357,8 +367,10 @@ TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op), n) << op;
           for (const auto& [op, n] : predicted.forward_messages) EXPECT_EQ(msgs(fwd, op), n) << op;
           for (const auto& [op, n] : predicted.backward_messages) EXPECT_EQ(msgs(bwd, op), n) << op;
-          for (const auto& [op, c] : fwd) EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
-          for (const auto& [op, c] : bwd) EXPECT_TRUE(op.ends_with("validate") || predicted.backward_bytes.count(op)) << op;
+          for (const auto& [op, c] : fwd)
+            EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
+          for (const auto& [op, c] : bwd)
+            EXPECT_TRUE(op.ends_with("validate") || predicted.backward_bytes.count(op)) << op;
         }
     }
 }
@@ -452,32 +464,32 @@ TEST(Sharding, GatheringShardsGivesTheGlobalTensorBack) {
   MpiCommunicator comm;
   const int cp = comm.size(), rank = comm.rank();
   for (const Shape g : {Shape{2, 4 * cp, 3, 8}, Shape{2, 4 * cp + 2 * cp - 1, 3, 8}}) {  // even, uneven
-  Tensor global(g);
-  fill_uniform(global.view(), 7);
-  for (const CpConfig& cfg : {CpConfig{"a2a", {}, true, std::nullopt}, CpConfig{"p2p", {}, true, std::nullopt}})
-    for (DType dtype : {DType::f32, DType::bf16})
-      for (Layout layout : {Layout::bshd, Layout::sbhd}) {
-        SCOPED_TRACE(describe(cfg) + " " + to_string(dtype) + " " + to_string(layout));
-        std::vector<std::vector<SeqChunk>> chunks;
-        for (int r = 0; r < cp; ++r) chunks.push_back(rank_chunks(cfg, cp, r, g.s));
-        const Tensor expected = copy_of(copy_of(global.view(), dtype).view(), DType::f32);
-        const Tensor cut = shard_of(global.view(), chunks[std::size_t(rank)], dtype, layout);
-        Tensor drawn(cut.shape(), dtype, layout);
-        fill_uniform_shard(drawn.view(), 7, chunks[std::size_t(rank)]);
-        for (const auto& [name, shard] : {std::pair{"cut", cut.view()}, {"drawn", drawn.view()}}) {
-          SCOPED_TRACE(name);
-          comm.reset_counters();
-          const Tensor back = gather_global(comm, shard, chunks);
-          EXPECT_EQ(bytes(comm.counters(), "report"), rank == 0 ? 0 : shard.shape.numel() * 4);
-          if (rank != 0) {
-            EXPECT_EQ(back.nbytes(), 0u);
-            continue;
+    Tensor global(g);
+    fill_uniform(global.view(), 7);
+    for (const CpConfig& cfg : {CpConfig{"a2a", {}, true, std::nullopt}, CpConfig{"p2p", {}, true, std::nullopt}})
+      for (DType dtype : {DType::f32, DType::bf16})
+        for (Layout layout : {Layout::bshd, Layout::sbhd}) {
+          SCOPED_TRACE(describe(cfg) + " " + to_string(dtype) + " " + to_string(layout));
+          std::vector<std::vector<SeqChunk>> chunks;
+          for (int r = 0; r < cp; ++r) chunks.push_back(rank_chunks(cfg, cp, r, g.s));
+          const Tensor expected = copy_of(copy_of(global.view(), dtype).view(), DType::f32);
+          const Tensor cut = shard_of(global.view(), chunks[std::size_t(rank)], dtype, layout);
+          Tensor drawn(cut.shape(), dtype, layout);
+          fill_uniform_shard(drawn.view(), 7, chunks[std::size_t(rank)]);
+          for (const auto& [name, shard] : {std::pair{"cut", cut.view()}, {"drawn", drawn.view()}}) {
+            SCOPED_TRACE(name);
+            comm.reset_counters();
+            const Tensor back = gather_global(comm, shard, chunks);
+            EXPECT_EQ(bytes(comm.counters(), "report"), rank == 0 ? 0 : shard.shape.numel() * 4);
+            if (rank != 0) {
+              EXPECT_EQ(back.nbytes(), 0u);
+              continue;
+            }
+            EXPECT_EQ(back.dtype(), DType::f32);
+            EXPECT_EQ(back.shape(), g);
+            if (back.shape() == g) EXPECT_EQ(std::memcmp(back.data(), expected.data(), expected.nbytes()), 0);
           }
-          EXPECT_EQ(back.dtype(), DType::f32);
-          EXPECT_EQ(back.shape(), g);
-          if (back.shape() == g) EXPECT_EQ(std::memcmp(back.data(), expected.data(), expected.nbytes()), 0);
         }
-      }
   }
 }
 
@@ -562,7 +574,10 @@ Expected built_in_bytes(const CpConfig& cfg, int cp, int me, const Shape& q, std
 TEST(Strategies, BytesAndMessagesEqualTheFormulas) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
-  struct S { std::int64_t b, s, h, hkv, d; DType dtype; };
+  struct S {
+    std::int64_t b, s, h, hkv, d;
+    DType dtype;
+  };
   for (const S& sh : {S{2, 8 * cp, 2 * cp, cp, 16, DType::f32}, S{2, 8 * cp, 2 * cp, 1, 16, DType::bf16},
                       S{1, 12 * cp, 3 * cp, 3 * cp, 8, DType::f32}, S{3, 4 * cp, cp, 1, 32, DType::bf16},
                       S{2, 8 * cp + 1, 2 * cp, cp, 16, DType::f32}, S{1, 3 * cp + 1, 6, 6, 8, DType::f32},
@@ -641,9 +656,14 @@ TEST(Strategies, SeveralForwardsInFlightBeforeTheirBackwards) {
 TEST(Strategies, ConsumingBackwardGivesTheSameGradientsBitForBit) {
   MpiCommunicator comm;
   const int cp = comm.size();
-  struct S { Shape q; std::int64_t hkv; DType dtype; int overlap; };
+  struct S {
+    Shape q;
+    std::int64_t hkv;
+    DType dtype;
+    int overlap;
+  };
   for (const S& sh : {S{{2, 8 * cp + 3, 2 * cp, 16}, 2 * cp, DType::f32, 1},
-                      S{{1, 8 * cp, 2 * cp, 8}, 1, DType::f32, 1},                          // KV head shared by the ranks
+                      S{{1, 8 * cp, 2 * cp, 8}, 1, DType::f32, 1},  // KV head shared by the ranks
                       S{{1, 5 * cp + 2, 2 * (2 * cp + 1), 8}, 2 * cp + 1, DType::f32, 2},  // uneven heads, 2 chunks
                       S{{2, 6 * cp, 2 * cp, 16}, cp, DType::bf16, 1}}) {
     const GlobalProblem global(sh.q, sh.hkv, sh.dtype, true, 30);
@@ -770,7 +790,8 @@ TEST(Errors, LocalShapeErrorsAndMisuseAreAgreed) {
   ulysses::testing::expect_same_error_everywhere(
       comm, [&] { (void)attn.forward(out, q.view(), q.view(), q.view()); }, "out must be [1, 4, ");
   ulysses::testing::expect_same_error_everywhere(
-      comm, [&] { attn.backward(CpContext(), q.view(), q.view(), q.view(), q.view()); }, "without a successful forward");
+      comm, [&] { attn.backward(CpContext(), q.view(), q.view(), q.view(), q.view()); },
+      "without a successful forward");
 }
 
 TEST(Errors, HierarchicalSizesMustMultiplyToCp) {
@@ -815,10 +836,14 @@ TEST(Errors, GatheringShardsThatDoNotFitIsRefusedEverywhere) {
 TEST(Overlap, ChunkedUlyssesMatchesFloat64ReferenceAndCountsItsMessages) {
   MpiCommunicator comm;
   const int cp = comm.size(), me = comm.rank();
-  struct S { std::int64_t b, s, h, hkv, d; bool causal; DType dtype; };
-  for (const S& sh : {S{2, 8 * cp, 4 * cp, 4 * cp, 16, true, DType::f32},    // MHA, 4 heads per rank
+  struct S {
+    std::int64_t b, s, h, hkv, d;
+    bool causal;
+    DType dtype;
+  };
+  for (const S& sh : {S{2, 8 * cp, 4 * cp, 4 * cp, 16, true, DType::f32},      // MHA, 4 heads per rank
                       S{1, 9 * cp + 1, 8 * cp, 2 * cp, 8, false, DType::f32},  // GQA, 2 KV heads per rank
-                      S{2, 6 * cp, 6 * cp, 3 * cp, 16, true, DType::bf16},   // GQA, bf16
+                      S{2, 6 * cp, 6 * cp, 3 * cp, 16, true, DType::bf16},     // GQA, bf16
                       S{1, 5 * cp + 2, 2 * (2 * cp + 1), 2 * cp + 1, 8, true, DType::f32}}) {  // uneven heads
     const Shape q{sh.b, sh.s, sh.h, sh.d};
     const GlobalProblem global(q, sh.hkv, sh.dtype, sh.causal, 5);
@@ -853,9 +878,9 @@ TEST(Overlap, ChunkedUlyssesMatchesFloat64ReferenceAndCountsItsMessages) {
 }
 
 TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
-  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 8), 2);   // 2 KV heads per rank: 2 chunks
-  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 2), 1);   // KV heads shared by ranks: no chunks
-  EXPECT_EQ(ulysses_overlap_chunks(3, 2, 7), 3);   // 4 and 3 KV heads: 3 chunks
+  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 8), 2);  // 2 KV heads per rank: 2 chunks
+  EXPECT_EQ(ulysses_overlap_chunks(8, 4, 2), 1);  // KV heads shared by ranks: no chunks
+  EXPECT_EQ(ulysses_overlap_chunks(3, 2, 7), 3);  // 4 and 3 KV heads: 3 chunks
   EXPECT_EQ(ulysses_overlap_chunks(4, 2, 7), 3);
   const HeadSplit split = ulysses_head_split(2, 14, 7);  // rank 0: KV 0..3, rank 1: KV 4..6; 2 q heads each
   const HeadSplit last = ulysses_head_chunk(split, 3, 2);
@@ -870,7 +895,8 @@ TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
     CpConfig cfg{type, {}, false, std::nullopt};
     cfg.overlap_chunks = chunks;
     EXPECT_NE(config_error(cfg, cp, q, cp).find("overlap_chunks must be 1, or more for cp_comm_type a2a"),
-              std::string::npos) << type;
+              std::string::npos)
+        << type;
   }
   PlanInput in;
   in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
@@ -884,6 +910,6 @@ TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
 
 TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide) {
   EXPECT_DOUBLE_EQ(pipeline_exposed(1, 2, 3, 10), 5);
-  EXPECT_DOUBLE_EQ(pipeline_exposed(4, 1, 1, 10), 2);        // all hidden but the ends
+  EXPECT_DOUBLE_EQ(pipeline_exposed(4, 1, 1, 10), 2);                 // all hidden but the ends
   EXPECT_DOUBLE_EQ(pipeline_exposed(3, 4, 4, 5), 4 + 4 + 0 + 3 + 0);  // middle step: 8 in flight, 5 of compute
 }

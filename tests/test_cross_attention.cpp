@@ -40,7 +40,8 @@ struct CrossProblem {
   CrossProblem(const Case& c, const CpConfig& cfg, int cp, int rank) {
     Tensor gq({c.b, c.sq, c.h, c.d}, c.dtype), gk({c.b, c.sk, c.hkv, c.d}, c.dtype), gv(gk.shape(), c.dtype),
         gdout(gq.shape(), c.dtype);
-    for (auto [t, i] : {std::pair{&gq, 0}, {&gk, 1}, {&gv, 2}, {&gdout, 3}}) fill_uniform(t->view(), 7 + std::uint64_t(i));
+    for (auto [t, i] : {std::pair{&gq, 0}, {&gk, 1}, {&gv, 2}, {&gdout, 3}})
+      fill_uniform(t->view(), 7 + std::uint64_t(i));
     const RefTensor rq = RefTensor::from(gq.view()), rk = RefTensor::from(gk.view()), rv = RefTensor::from(gv.view());
     const AttentionParams p{c.q_offset.has_value(), std::nullopt, c.q_offset.value_or(0), 0};
     RefTensor gout, gdq, gdk, gdv;
@@ -62,12 +63,12 @@ struct CrossProblem {
 };
 
 std::vector<Case> cases(int cp) {
-  return {Case{2, 4 * cp, 7 * cp + 1, 2 * cp, cp, 16, std::nullopt, DType::f32},  // encoder-decoder, no mask
-          Case{1, 3 * cp + 1, 9 * cp, 2 * cp, 1, 8, std::nullopt, DType::f32},    // MQA, uneven q
+  return {Case{2, 4 * cp, 7 * cp + 1, 2 * cp, cp, 16, std::nullopt, DType::f32},   // encoder-decoder, no mask
+          Case{1, 3 * cp + 1, 9 * cp, 2 * cp, 1, 8, std::nullopt, DType::f32},     // MQA, uneven q
           Case{1, 5 * cp, 8 * cp + 3, 4 * cp, 2 * cp, 8, 3 * cp + 3, DType::f32},  // prefix: last queries
-          Case{2, 6 * cp + 1, 4 * cp, 2 * cp, cp, 16, 0, DType::f32},             // sq > sk, causal at 0
+          Case{2, 6 * cp + 1, 4 * cp, 2 * cp, cp, 16, 0, DType::f32},              // sq > sk, causal at 0
           Case{2, 4 * cp, 6 * cp, 2 * cp, cp, 16, 2 * cp, DType::bf16},
-          Case{1, 70, 90, 2 * cp, cp, 32, 20, DType::f32}};                      // crosses a kernel block
+          Case{1, 70, 90, 2 * cp, cp, 32, 20, DType::f32}};  // crosses a kernel block
 }
 
 // The (query, key) pairs rank `rank` computes: its query tokens (the ring's own; a2a+p2p's
@@ -106,7 +107,8 @@ TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
         EXPECT_LT(relative_error(p.dk.view(), p.rdk), tol_grad);
         EXPECT_LT(relative_error(p.dv.view(), p.rdv), tol_grad);
         const std::int64_t all_pairs =
-            visible_pairs(AttentionParams{cfg.causal, std::nullopt, 0, 0}, {c.q_offset.value_or(0), c.sq}, {0, c.sk}) * c.b * c.h;
+            visible_pairs(AttentionParams{cfg.causal, std::nullopt, 0, 0}, {c.q_offset.value_or(0), c.sq}, {0, c.sk}) *
+            c.b * c.h;
         for (const std::int64_t pairs : {stats.first.score_pairs, stats.second.score_pairs}) {
           const std::vector<std::int64_t> every = comm.allgather_value(pairs, "test");
           EXPECT_EQ(std::accumulate(every.begin(), every.end(), std::int64_t(0)), all_pairs);

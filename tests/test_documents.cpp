@@ -38,11 +38,12 @@ TEST(Documents, VisiblePairsEqualABruteForceCount) {
     const std::vector<std::int64_t> cu = trial % 5 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
     ASSERT_EQ(cu_seqlens_error(cu, s), "");
     const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
-    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))}, k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))},
+        k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
     for (bool causal : {false, true})
       ASSERT_EQ(visible_pairs(cu, causal, q, k), brute_pairs(cu, causal, q, k))
-          << "trial " << trial << " causal " << causal << " q " << q.begin << "+" << q.length << " k " << k.begin
-          << "+" << k.length;
+          << "trial " << trial << " causal " << causal << " q " << q.begin << "+" << q.length << " k " << k.begin << "+"
+          << k.length;
   }
 }
 
@@ -58,8 +59,11 @@ TEST(Documents, WindowedVisiblePairsEqualABruteForceCount) {
     }
     const std::vector<std::int64_t> cu = trial % 3 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
     const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
-    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))}, k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
-    auto side = [&] { return rng() % 4 == 0 ? std::int64_t(-1) : std::int64_t(rng() % 3 == 0 ? rng() % 3 : rng() % 100); };
+    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))},
+        k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    auto side = [&] {
+      return rng() % 4 == 0 ? std::int64_t(-1) : std::int64_t(rng() % 3 == 0 ? rng() % 3 : rng() % 100);
+    };
     const Window w{side(), side()};
     for (bool causal : {false, true}) {
       ASSERT_EQ(visible_pairs(cu, causal, q, k, w), brute_pairs(cu, causal, q, k, w))

@@ -67,7 +67,9 @@ TEST(Checked, ProductsThatOverflowAreErrors) {
   EXPECT_NE(error_of([] { checked_product({4, 1152921504606846978, 2, 4}, "q"); }).find("q: "), std::string::npos);
   EXPECT_NE(error_of([] { checked_mul(-1, 2, "q"); }).find("negative"), std::string::npos);
   // Issue 11, defect 1: both reproducers' shapes are refused, not wrapped.
-  EXPECT_EQ(error_of([] { (void)Shape{4, 1152921504606846978, 2, 4}.numel(); }),
+  EXPECT_EQ(error_of([] {
+              (void)Shape{4, 1152921504606846978, 2, 4}.numel();
+            }),
             "tensor shape [4, 1152921504606846978, 2, 4] is too large: more than 2^56 elements");
   EXPECT_NE(error_of([] { (void)Shape{1, 4611686018427387904, 8, 64}.numel(); }).find("too large"), std::string::npos);
   EXPECT_NE(error_of([] { Tensor t(Shape{1, 1ll << 50, 64, 64}); }).find("too large"), std::string::npos);
@@ -84,7 +86,8 @@ TEST(NpyHostile, DeclaredShapeBiggerThanTheFileIsRefusedBeforeAllocating) {
   const std::string b = write_temp("big2.npy", npy_with("<f4", "(1, 4294967296, 1, 1)", 192));
   const std::string e = error_of([&] { read_npy(b); });
   EXPECT_NE(e.find("truncated data: expected 17179869184 bytes for shape (1, 4294967296, 1, 1), found "),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   const std::string c = write_temp("pad.npy", npy_with("<f4", "(1, 2)", 128 + 12));
   EXPECT_NE(error_of([&] { read_npy(c); }).find("trailing bytes"), std::string::npos);
 }
@@ -201,7 +204,8 @@ TEST(ShardingBounds, ZigzagAtTwoBillionRanksDoesNotWrap) {
   EXPECT_EQ(c[1].begin, 2 * std::int64_t(cp));
   EXPECT_EQ(c[0].length + c[1].length, 4);
   EXPECT_EQ(tokens_held(ring, cp, 0, cp, seq), seq);
-  EXPECT_NE(error_of([&] { rank_chunks(ring, cp, 0, 5); }).find("must be at least 2*cp (3000000000)"), std::string::npos);
+  EXPECT_NE(error_of([&] { rank_chunks(ring, cp, 0, 5); }).find("must be at least 2*cp (3000000000)"),
+            std::string::npos);
 }
 
 }  // namespace

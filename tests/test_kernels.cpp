@@ -41,8 +41,7 @@ std::vector<const kernels::KernelLevel*> all_levels() {
   static const kernels::KernelLevel emulated_amx{"emulated-amx", &kernels::emulated::avx512_f32,
                                                  &kernels::emulated::amx_bf16, kernels::emulated::avx512_vec};
   static const kernels::KernelLevel emulated_avx512bf16{"emulated-avx512bf16", &kernels::emulated::avx512_f32,
-                                                        &kernels::emulated::avx512_bf16,
-                                                        kernels::emulated::avx512_vec};
+                                                        &kernels::emulated::avx512_bf16, kernels::emulated::avx512_vec};
   std::vector<const kernels::KernelLevel*> v;
   for (kernels::Isa isa : kernels::supported_isas()) v.push_back(&kernels::level(isa));
   if (kernels::best_supported_isa() < kernels::Isa::avx512) v.push_back(&emulated_avx512);
@@ -125,13 +124,16 @@ TEST_P(VexpTest, RowMaxEqualsStdMaxElement) {
 // (scores of 1e30, a shift rounded below them), and the row max gives exactly 1.
 TEST_P(VexpTest, ArgumentAboveTheShiftGivesOneNeverOverflows) {
   const float big = std::numeric_limits<float>::max();
-  std::vector<float> x = {1.0f, 88.0f, 1e4f, 1e30f, big, std::numeric_limits<float>::infinity(), 0.0f, -1.0f, 2.0f,
-                          3.0f, 5.0f, 7.0f, 11.0f, 13.0f, 17.0f, 19.0f, 23.0f};
+  std::vector<float> x = {1.0f,  88.0f, 1e4f,  1e30f, big,  std::numeric_limits<float>::infinity(),
+                          0.0f,  -1.0f, 2.0f,  3.0f,  5.0f, 7.0f,
+                          11.0f, 13.0f, 17.0f, 19.0f, 23.0f};
   std::vector<float> out(x.size(), -1.0f);
   const float sum = vec().exp_shifted_sum(x.data(), out.data(), std::int64_t(x.size()), 1.0f, 0.0f);
   for (std::size_t i = 0; i < x.size(); ++i)
-    if (x[i] >= 0) EXPECT_EQ(out[i], 1.0f) << x[i];
-    else EXPECT_LE(ulp_distance(out[i], std::exp(x[i])), 2) << x[i];
+    if (x[i] >= 0)
+      EXPECT_EQ(out[i], 1.0f) << x[i];
+    else
+      EXPECT_LE(ulp_distance(out[i], std::exp(x[i])), 2) << x[i];
   EXPECT_NEAR(sum, float(x.size() - 1) + std::exp(-1.0f), 1e-5f);
   // scale·x rounded as row_max rounds it: at 4.4e9 (ulp 512) the max's argument is exactly 0,
   // where the fused product minus the rounded max could be +256 (exp = inf).
@@ -242,19 +244,22 @@ struct FlashCase {
   bool causal;
   std::int64_t q_offset = 0, k_offset = 0;
   int threads = 2;
-  std::vector<std::int64_t> cu_seqlens = {};  // packed documents over global positions
+  std::vector<std::int64_t> cu_seqlens = {};         // packed documents over global positions
   std::int64_t window_left = -1, window_right = -1;  // sliding window over global positions
 };
 
-std::string plus_one(std::int64_t w) { return w == std::numeric_limits<std::int64_t>::max() ? "max" : std::to_string(w + 1); }
+std::string plus_one(std::int64_t w) {
+  return w == std::numeric_limits<std::int64_t>::max() ? "max" : std::to_string(w + 1);
+}
 
 std::string name_of(const FlashCase& c) {
   return "b" + std::to_string(c.b) + "_sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" +
          std::to_string(c.h) + "_kv" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
-         (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" +
-         std::to_string(c.k_offset) + "_t" + std::to_string(c.threads) +
+         (c.causal ? "_causal" : "_full") + "_qo" + std::to_string(c.q_offset) + "_ko" + std::to_string(c.k_offset) +
+         "_t" + std::to_string(c.threads) +
          (c.cu_seqlens.empty() ? "" : "_docs" + std::to_string(c.cu_seqlens.size() - 1)) +
-         (c.window_left < 0 && c.window_right < 0 ? "" : "_win" + plus_one(c.window_left) + "_" + plus_one(c.window_right));
+         (c.window_left < 0 && c.window_right < 0 ? ""
+                                                  : "_win" + plus_one(c.window_left) + "_" + plus_one(c.window_right));
 }
 
 class FlashTest : public ::testing::TestWithParam<FlashCase> {};
@@ -280,8 +285,8 @@ void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dt
   check_attention_shapes(q.view(), k.view(), v.view(), out.view());
   kernels::flash_forward(level, out.view(), lse.data(), q.view(), k.view(), v.view(), p);
   Tensor dq({c.b, c.sq, c.h, c.d}), dk({c.b, c.sk, c.hkv, c.d}), dv({c.b, c.sk, c.hkv, c.d});
-  kernels::flash_backward(level, dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(),
-                          out.view(), lse.data(), p);
+  kernels::flash_backward(level, dq.view(), dk.view(), dv.view(), dout.view(), q.view(), k.view(), v.view(), out.view(),
+                          lse.data(), p);
   // bf16 engines round P and dS to bf16 (8 significant bits) for their GEMMs.
   const bool bf16_compute = kernels::engine_for(level, dtype) != nullptr && dtype == DType::bf16;
   const double tol_out = bf16_compute ? 1e-2 : 2e-6, tol_grad = bf16_compute ? 2e-2 : 2e-5;
@@ -290,8 +295,10 @@ void check_level(const FlashCase& c, const kernels::KernelLevel& level, DType dt
   EXPECT_LT(relative_error(dk.view(), rdk), tol_grad);
   EXPECT_LT(relative_error(dv.view(), rdv), tol_grad);
   for (std::size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(rlse[i])) EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
-    else EXPECT_NEAR(lse[i], rlse[i], (bf16_compute ? 2e-3 : 2e-5) * std::max(1.0, std::abs(rlse[i]))) << "row " << i;
+    if (std::isinf(rlse[i]))
+      EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "row " << i;
+    else
+      EXPECT_NEAR(lse[i], rlse[i], (bf16_compute ? 2e-3 : 2e-5) * std::max(1.0, std::abs(rlse[i]))) << "row " << i;
   }
   for (const Tensor* t : {&out, &dq, &dk, &dv})
     for (std::int64_t i = 0; i < t->shape().numel(); ++i) ASSERT_TRUE(std::isfinite(t->f32()[i]));
@@ -371,8 +378,8 @@ void check_bound(const BoundCase& c, bool causal, const kernels::KernelLevel& le
   // dQ and dK are 0 in exact arithmetic (dS = scale·P∘(dP − D) with dP = D on the one key seen);
   // in float32 they are the rounding of dP − D, amplified by the scale and by |k|.
   const double scale = c.scale.value_or(1.0f / std::sqrt(float(c.d)));
-  const double grad_bound =
-      scale * max_abs(RefTensor::from(dout.view())) * max_abs(rv) * max_abs(rq) * double(c.d) * (bf16_compute ? 3e-2 : 3e-5);
+  const double grad_bound = scale * max_abs(RefTensor::from(dout.view())) * max_abs(rv) * max_abs(rq) * double(c.d) *
+                            (bf16_compute ? 3e-2 : 3e-5);
   EXPECT_LE(max_abs_error(dq.view(), rdq), grad_bound);
   EXPECT_LE(max_abs_error(dk.view(), rdk), grad_bound);
   for (std::size_t i = 0; i < lse.size(); ++i)
@@ -382,10 +389,10 @@ void check_bound(const BoundCase& c, bool causal, const kernels::KernelLevel& le
 TEST(FlashBound, LargestFiniteMagnitudesStayFiniteAndMatchFloat64OnEveryLevel) {
   omp_set_num_threads(2);
   const BoundCase cases[] = {
-      {"q,k ~3e4 d24", 3e4f, 24, std::nullopt, true},           // scaled scores ~3.5e9: ulp 256
-      {"scale 2e8 d64", 0.0f, 64, 2e8f, true},                  // ~4e9
-      {"near FLT_MAX", 2.3e18f, 24, 1.0f, true},                // ~1e38
-      {"scaled past FLT_MAX", 2.3e18f, 24, 8.0f, false},        // scaled scores overflow to +inf
+      {"q,k ~3e4 d24", 3e4f, 24, std::nullopt, true},     // scaled scores ~3.5e9: ulp 256
+      {"scale 2e8 d64", 0.0f, 64, 2e8f, true},            // ~4e9
+      {"near FLT_MAX", 2.3e18f, 24, 1.0f, true},          // ~1e38
+      {"scaled past FLT_MAX", 2.3e18f, 24, 8.0f, false},  // scaled scores overflow to +inf
   };
   for (const BoundCase& c : cases)
     for (bool causal : {false, true})
@@ -411,53 +418,52 @@ TEST(Flash, Bf16OutputsAreRoundedFloat32Outputs) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashTest,
-    ::testing::Values(
-        FlashCase{1, 1, 1, 1, 1, 8, false}, FlashCase{1, 1, 1, 1, 1, 8, true},
-        FlashCase{2, 67, 67, 2, 2, 8, false}, FlashCase{2, 67, 67, 2, 2, 8, true},
-        FlashCase{1, 130, 130, 4, 1, 16, true},                 // MQA, s not a block multiple
-        FlashCase{1, 300, 300, 4, 2, 64, false}, FlashCase{1, 300, 300, 4, 2, 64, true},  // GQA
-        FlashCase{1, 200, 200, 2, 2, 128, true}, FlashCase{1, 200, 200, 2, 2, 128, false},
-        FlashCase{2, 70, 290, 3, 3, 16, false},                 // sq != sk
-        FlashCase{1, 64, 128, 2, 1, 16, true, 64, 0},           // query chunk after the keys
-        FlashCase{1, 64, 96, 2, 2, 16, true, 0, 32},            // first 32 rows see no key
-        FlashCase{1, 64, 64, 2, 2, 16, true, 0, 1000},          // no row sees any key
-        FlashCase{3, 150, 150, 4, 2, 16, true, 0, 0, 1},        // one thread
-        FlashCase{8, 100, 100, 2, 2, 16, true, 0, 0, 2},        // many pairs: direct dQ path
-        FlashCase{1, 77, 300, 2, 2, 24, true, 230, 0},          // d = 24: micro-kernel column tail
-        FlashCase{2, 13, 40, 3, 1, 32, false, 0, 0, 1},         // rows not a multiple of 6
-        FlashCase{1, 100, 100, 2, 1, 40, true, 0, 0, 1},        // d = 40: AVX-512 block + vector tail
-        FlashCase{1, 33, 70, 1, 1, 200, false, 0, 0, 1},        // d = 200: several column blocks
-        // Packed documents: lengths 1, 1, 5, 57, an empty one, 136 and 100 (several per block).
-        FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
-        FlashCase{1, 300, 300, 4, 2, 16, false, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
-        // Prime lengths; a document longer than a key tile; tiles before it skipped.
-        FlashCase{1, 620, 620, 2, 1, 64, true, 0, 0, 2, {0, 13, 110, 601, 620}},
-        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 1, {0, 13, 110, 601, 620}},
-        // A query chunk and a key chunk of a larger sequence (as the ring calls it), bf16 dq path.
-        FlashCase{1, 64, 200, 2, 2, 16, true, 100, 0, 2, {0, 50, 130, 170, 300}},
-        FlashCase{1, 64, 200, 2, 2, 16, false, 200, 50, 2, {0, 50, 130, 170, 300}},
-        FlashCase{1, 40, 40, 2, 2, 16, false, 10, 200, 2, {0, 50, 130, 170, 300}},  // no key visible
-        // Sliding windows (name: _win<left+1>_<right+1>): 0 (the diagonal only), 1, a band
-        // across several key tiles, wider than s, a right window alone, with offsets, documents.
-        FlashCase{1, 300, 300, 2, 1, 16, true, 0, 0, 2, {}, 0, -1},
-        FlashCase{1, 300, 300, 2, 1, 16, false, 0, 0, 2, {}, 1, 1},
-        FlashCase{2, 620, 620, 4, 2, 32, true, 0, 0, 2, {}, 100, -1},
-        FlashCase{1, 620, 620, 2, 2, 64, false, 0, 0, 1, {}, 130, 70},
-        FlashCase{1, 130, 130, 2, 1, 16, true, 0, 0, 2, {}, 500, -1},
-        FlashCase{1, 130, 130, 2, 1, 16, false, 0, 0, 2, {}, -1, 3},
-        FlashCase{1, 64, 300, 2, 2, 16, true, 400, 100, 2, {}, 150, -1},  // chunks of a larger sequence
-        FlashCase{1, 64, 300, 2, 2, 16, false, 100, 300, 2, {}, 20, 40},  // band ends inside the keys
-        FlashCase{1, 64, 64, 2, 2, 16, true, 500, 0, 2, {}, 100, -1},     // keys left of the band: none seen
-        FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}, 40, -1},
-        FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5},
-        // Windows and offsets near INT64_MAX (saturated bounds, exact; UBSan checks no overflow):
-        // unbounded in effect; the band's left edge inside the keys; keys just before the queries.
-        FlashCase{1, 64, 64, 2, 2, 16, true, 0, 0, 2, {}, kMax, -1},
-        FlashCase{1, 64, 64, 2, 2, 16, false, 0, 0, 2, {}, kMax - 1, kMax},
-        FlashCase{1, 64, 100, 2, 2, 16, true, kMax - 64, 0, 2, {}, kMax - 120, -1},
-        FlashCase{1, 64, 100, 2, 2, 16, false, kMax - 64, 0, 2, {}, kMax - 120, kMax},
-        FlashCase{1, 64, 64, 2, 1, 16, true, kMax - 64, kMax - 100, 2, {}, 50, -1},
-        FlashCase{1, 70, 64, 2, 1, 16, false, kMax - 70, kMax - 64, 2, {}, 5, kMax}),
+    ::testing::Values(FlashCase{1, 1, 1, 1, 1, 8, false}, FlashCase{1, 1, 1, 1, 1, 8, true},
+                      FlashCase{2, 67, 67, 2, 2, 8, false}, FlashCase{2, 67, 67, 2, 2, 8, true},
+                      FlashCase{1, 130, 130, 4, 1, 16, true},  // MQA, s not a block multiple
+                      FlashCase{1, 300, 300, 4, 2, 64, false}, FlashCase{1, 300, 300, 4, 2, 64, true},  // GQA
+                      FlashCase{1, 200, 200, 2, 2, 128, true}, FlashCase{1, 200, 200, 2, 2, 128, false},
+                      FlashCase{2, 70, 290, 3, 3, 16, false},           // sq != sk
+                      FlashCase{1, 64, 128, 2, 1, 16, true, 64, 0},     // query chunk after the keys
+                      FlashCase{1, 64, 96, 2, 2, 16, true, 0, 32},      // first 32 rows see no key
+                      FlashCase{1, 64, 64, 2, 2, 16, true, 0, 1000},    // no row sees any key
+                      FlashCase{3, 150, 150, 4, 2, 16, true, 0, 0, 1},  // one thread
+                      FlashCase{8, 100, 100, 2, 2, 16, true, 0, 0, 2},  // many pairs: direct dQ path
+                      FlashCase{1, 77, 300, 2, 2, 24, true, 230, 0},    // d = 24: micro-kernel column tail
+                      FlashCase{2, 13, 40, 3, 1, 32, false, 0, 0, 1},   // rows not a multiple of 6
+                      FlashCase{1, 100, 100, 2, 1, 40, true, 0, 0, 1},  // d = 40: AVX-512 block + vector tail
+                      FlashCase{1, 33, 70, 1, 1, 200, false, 0, 0, 1},  // d = 200: several column blocks
+                      // Packed documents: lengths 1, 1, 5, 57, an empty one, 136 and 100 (several per block).
+                      FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
+                      FlashCase{1, 300, 300, 4, 2, 16, false, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}},
+                      // Prime lengths; a document longer than a key tile; tiles before it skipped.
+                      FlashCase{1, 620, 620, 2, 1, 64, true, 0, 0, 2, {0, 13, 110, 601, 620}},
+                      FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 1, {0, 13, 110, 601, 620}},
+                      // A query chunk and a key chunk of a larger sequence (as the ring calls it), bf16 dq path.
+                      FlashCase{1, 64, 200, 2, 2, 16, true, 100, 0, 2, {0, 50, 130, 170, 300}},
+                      FlashCase{1, 64, 200, 2, 2, 16, false, 200, 50, 2, {0, 50, 130, 170, 300}},
+                      FlashCase{1, 40, 40, 2, 2, 16, false, 10, 200, 2, {0, 50, 130, 170, 300}},  // no key visible
+                      // Sliding windows (name: _win<left+1>_<right+1>): 0 (the diagonal only), 1, a band
+                      // across several key tiles, wider than s, a right window alone, with offsets, documents.
+                      FlashCase{1, 300, 300, 2, 1, 16, true, 0, 0, 2, {}, 0, -1},
+                      FlashCase{1, 300, 300, 2, 1, 16, false, 0, 0, 2, {}, 1, 1},
+                      FlashCase{2, 620, 620, 4, 2, 32, true, 0, 0, 2, {}, 100, -1},
+                      FlashCase{1, 620, 620, 2, 2, 64, false, 0, 0, 1, {}, 130, 70},
+                      FlashCase{1, 130, 130, 2, 1, 16, true, 0, 0, 2, {}, 500, -1},
+                      FlashCase{1, 130, 130, 2, 1, 16, false, 0, 0, 2, {}, -1, 3},
+                      FlashCase{1, 64, 300, 2, 2, 16, true, 400, 100, 2, {}, 150, -1},  // chunks of a larger sequence
+                      FlashCase{1, 64, 300, 2, 2, 16, false, 100, 300, 2, {}, 20, 40},  // band ends inside the keys
+                      FlashCase{1, 64, 64, 2, 2, 16, true, 500, 0, 2, {}, 100, -1},  // keys left of the band: none seen
+                      FlashCase{1, 300, 300, 4, 2, 16, true, 0, 0, 2, {0, 1, 2, 7, 64, 64, 200, 300}, 40, -1},
+                      FlashCase{1, 620, 620, 2, 1, 64, false, 0, 0, 2, {0, 13, 110, 601, 620}, 60, 5},
+                      // Windows and offsets near INT64_MAX (saturated bounds, exact; UBSan checks no overflow):
+                      // unbounded in effect; the band's left edge inside the keys; keys just before the queries.
+                      FlashCase{1, 64, 64, 2, 2, 16, true, 0, 0, 2, {}, kMax, -1},
+                      FlashCase{1, 64, 64, 2, 2, 16, false, 0, 0, 2, {}, kMax - 1, kMax},
+                      FlashCase{1, 64, 100, 2, 2, 16, true, kMax - 64, 0, 2, {}, kMax - 120, -1},
+                      FlashCase{1, 64, 100, 2, 2, 16, false, kMax - 64, 0, 2, {}, kMax - 120, kMax},
+                      FlashCase{1, 64, 64, 2, 1, 16, true, kMax - 64, kMax - 100, 2, {}, 50, -1},
+                      FlashCase{1, 70, 64, 2, 1, 16, false, kMax - 70, kMax - 64, 2, {}, 5, kMax}),
     [](const auto& info) { return name_of(info.param); });
 
 // Changing one document's inputs changes nothing outside it, bit for bit: no value and no
@@ -496,13 +502,17 @@ TEST(Flash, DocumentsAreIsolatedBitForBit) {
 // In place (dk over k, dv over v, dq over out) gives the gradients bit for bit, on both
 // schedules (KV pairs per thread; key blocks with private dQ copies) and in bf16.
 TEST(Flash, BackwardInPlaceGivesTheSameGradientsBitForBit) {
-  struct S { std::int64_t b, s, h, hkv; DType dtype; };
+  struct S {
+    std::int64_t b, s, h, hkv;
+    DType dtype;
+  };
   for (const S& c : {S{4, 300, 4, 2, DType::f32}, S{1, 300, 4, 1, DType::f32}, S{2, 200, 4, 2, DType::bf16}}) {
     SCOPED_TRACE(fmt::format("b {} h {} h_kv {} {}", c.b, c.h, c.hkv, to_string(c.dtype)));
     const Shape qs{c.b, c.s, c.h, 16}, ks{c.b, c.s, c.hkv, 16};
     Tensor q(qs, c.dtype), k(ks, c.dtype), v(ks, c.dtype), dout(qs, c.dtype), out(qs, c.dtype);
     Tensor dq(qs, c.dtype), dk(ks, c.dtype), dv(ks, c.dtype);
-    for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&dout, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+    for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&dout, 4}})
+      fill_uniform(t->view(), std::uint64_t(seed));
     const Tensor lse = lse_tensor(qs);
     const AttentionParams p{.causal = true};
     flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), p);
@@ -555,7 +565,8 @@ TEST(Flash, RejectsBadScalesAndOffsets) {
   };
   const float inf = std::numeric_limits<float>::infinity();
   for (float bad : {std::nanf(""), inf, -inf, 0.0f, -0.0f, -1.0f})
-    EXPECT_NE(error_of({.scale = bad}).find(fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad)),
+    EXPECT_NE(error_of({.scale = bad})
+                  .find(fmt::format("scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", bad)),
               std::string::npos)
         << bad;
   EXPECT_EQ(error_of({.scale = std::numeric_limits<float>::denorm_min()}), "");
@@ -594,8 +605,8 @@ TEST(Flash, RejectsBadShapesWithNamedValues) {
     flash_attention_forward(out.view(), lse.view(), q.view(), k.view(), v.view(), {});
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_heads (3) must be divisible by num_kv_heads (2)"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("num_heads (3) must be divisible by num_kv_heads (2)"), std::string::npos)
+        << e.what();
   }
   Tensor k2({1, 4, 3, 16});
   EXPECT_THROW(flash_attention_forward(out.view(), lse.view(), q.view(), k2.view(), k2.view(), {}), Error);
@@ -624,8 +635,8 @@ class CountingAllocator final : public Allocator {
 TEST(Tensor, BlocksReturnToTheirAllocatorAndViewsKnowTheDevice) {
   CountingAllocator counting;
   {
-    Tensor a({1, 4, 2, 8}, DType::f32, Layout::bshd, counting), b = Tensor::uninitialized({1, 4, 2, 8}, DType::bf16,
-                                                                                           Layout::sbhd, counting);
+    Tensor a({1, 4, 2, 8}, DType::f32, Layout::bshd, counting),
+        b = Tensor::uninitialized({1, 4, 2, 8}, DType::bf16, Layout::sbhd, counting);
     EXPECT_EQ(counting.live, 2);
     EXPECT_EQ(a.view().device, Device::cpu);
     EXPECT_EQ(a.f32()[5], 0.0f);  // zero-initialised through the allocator

@@ -24,12 +24,14 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
   fill_uniform(q.view(), 1);
   fill_uniform(k.view(), 2);
   fill_uniform(v.view(), 3);
-  for (std::optional<float> scale : {std::optional<float>(), std::optional<float>(30.0f)}) {  // 30: large logits, where a naive merge overflows
+  for (std::optional<float> scale :
+       {std::optional<float>(), std::optional<float>(30.0f)}) {  // 30: large logits, where a naive merge overflows
     // Queries at positions 50..89 against keys 0..89, causal; split the keys at 37.
     AttentionParams all{true, scale, 50, 0};
     Tensor o_all({b, s, h, d});
     std::vector<float> lse_all(std::size_t(b * h * s));
-    flash_attention_forward(o_all.view(), TensorView::dense(lse_all.data(), DType::f32, {b, s, h, 1}, Layout::bhsd), q.view(), k.view(), v.view(), all);
+    flash_attention_forward(o_all.view(), TensorView::dense(lse_all.data(), DType::f32, {b, s, h, 1}, Layout::bhsd),
+                            q.view(), k.view(), v.view(), all);
     auto part = [&](std::int64_t k0, std::int64_t n, Tensor& o, std::vector<float>& lse) {
       TensorView kk = k.view(), vv = v.view();
       kk.data = k.view().row(0, k0, 0);
@@ -44,9 +46,11 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
     part(37, sk - 37, o2, l2);  // rows before position 37 see none of these keys: lse -inf
     merge_attention(o1.view(), l1.data(), o2.view(), l2.data());
     double worst = 0;
-    for (std::int64_t i = 0; i < o_all.shape().numel(); ++i) worst = std::max(worst, double(std::abs(o1.f32()[i] - o_all.f32()[i])));
+    for (std::int64_t i = 0; i < o_all.shape().numel(); ++i)
+      worst = std::max(worst, double(std::abs(o1.f32()[i] - o_all.f32()[i])));
     EXPECT_LT(worst, 1e-5) << "scale " << scale.value_or(0.0f);
-    for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], lse_all[i], 1e-4 * std::max(1.0f, std::abs(lse_all[i])));
+    for (std::size_t i = 0; i < l1.size(); ++i)
+      EXPECT_NEAR(l1[i], lse_all[i], 1e-4 * std::max(1.0f, std::abs(lse_all[i])));
   }
 }
 

@@ -14,13 +14,9 @@ using namespace ulysses;
 
 namespace {
 
-std::string temp_path(const std::string& name) {
-  return "/tmp/ulysses_test_" + std::to_string(getpid()) + "_" + name;
-}
+std::string temp_path(const std::string& name) { return "/tmp/ulysses_test_" + std::to_string(getpid()) + "_" + name; }
 
-void write_raw(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_raw(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 std::string header(const std::string& dict) {
   std::string h = dict;

@@ -69,7 +69,8 @@ TEST_F(OutputFileTest, RefusesAFifoADirectoryAndADeviceByName) {
   EXPECT_THROW(write_file_atomic(path("fifo"), "x"), Error);  // the writer refuses it too, not only the check
   EXPECT_TRUE(fs::is_fifo(path("fifo")));
   if (mknod(path("full").c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0) GTEST_SKIP() << "mknod needs root";
-  EXPECT_NE(refusal({{"--log", path("full")}}).find("--log " + path("full") + ": is a character device"), std::string::npos);
+  EXPECT_NE(refusal({{"--log", path("full")}}).find("--log " + path("full") + ": is a character device"),
+            std::string::npos);
   EXPECT_THROW(write_file_atomic(path("full"), "x"), Error);
   struct stat st {};
   ASSERT_EQ(stat(path("full").c_str(), &st), 0);
@@ -128,7 +129,8 @@ TEST_F(OutputFileTest, RefusesAnInputAsAnOutputUnlessItMayReplaceIt) {
 
 TEST_F(OutputFileTest, StandardOutputOnlyWhereAccepted) {
   EXPECT_EQ(refusal({{"--json", "-", true}}), "");
-  EXPECT_EQ(refusal({{"--svg", "-"}}), "--svg -: --svg cannot go to standard output; name a file (./- for a file named '-')");
+  EXPECT_EQ(refusal({{"--svg", "-"}}),
+            "--svg -: --svg cannot go to standard output; name a file (./- for a file named '-')");
   EXPECT_NE(refusal({{"--json", "-", true}, {"--trace", "-", true}}).find("named for two outputs"), std::string::npos);
 }
 
@@ -137,7 +139,8 @@ TEST_F(OutputFileTest, ChecksTheDirectoryBeforeAnyWork) {
             "--trace " + path("missing/t.json") + ": cannot write here: No such file or directory");
   EXPECT_EQ(refusal({{"--save", path("new/deeper/checkpoint.bin"), false, true}}), "");  // its writer makes the folders
   put(path("file"), "x");
-  EXPECT_NE(refusal({{"--save", path("file/checkpoint.bin"), false, true}}).find("is not a directory"), std::string::npos);
+  EXPECT_NE(refusal({{"--save", path("file/checkpoint.bin"), false, true}}).find("is not a directory"),
+            std::string::npos);
   EXPECT_TRUE(only({"file"}));  // the checks leave nothing behind
 }
 
@@ -199,7 +202,7 @@ TEST(TrainLog, ResumeKeepsTheStepsThroughTheCheckpoint) {
   EXPECT_EQ(train::log_bytes_through_step(log, 3), log.size());
   EXPECT_EQ(train::log_bytes_through_step(log, 0), 0u);
   EXPECT_EQ(train::log_bytes_through_step(log + "{\"step\": 4, \"lo", 9), log.size());  // a line cut by a kill
-  const std::string repeated = log + "{\"step\": 2, \"loss\": 1}\n";  // an earlier resume's repeat
+  const std::string repeated = log + "{\"step\": 2, \"loss\": 1}\n";                    // an earlier resume's repeat
   EXPECT_EQ(train::log_bytes_through_step(repeated, 3), log.size());
   EXPECT_EQ(train::log_bytes_through_step("garbage\n" + log, 3), 0u);
   EXPECT_EQ(train::log_bytes_through_step("{\"step\": 12x, \"a\": 1}\n", 20), 0u);
@@ -219,7 +222,8 @@ TEST_F(OutputFileTest, ReadsOnlyRegularFilesWithinTheirBound) {
     read_input_file("--data", "/dev/zero", 1 << 20, "the cap");
     ADD_FAILURE() << "read /dev/zero";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--data /dev/zero: is a character device, not a regular file: refusing to read it");
+    EXPECT_EQ(std::string(e.what()),
+              "--data /dev/zero: is a character device, not a regular file: refusing to read it");
   }
   ASSERT_EQ(mkfifo(path("fifo").c_str(), 0644), 0);  // no writer: opening it would wait forever
   EXPECT_THROW(read_input_file("--cu-seqlens", path("fifo"), 100, "the cap"), Error);

@@ -167,8 +167,13 @@ TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
 TEST(Planner, HaloVolumeEqualsAskingEveryMember) {
   for (int cp : {16, 37})
     for (bool zigzag : {true, false})
-      for (auto [left, right, causal] : {std::tuple{0, -1, true}, {3, -1, true}, {40, -1, true}, {300, -1, true},
-                                         {5, 9, false}, {0, 0, false}, {70, 2, false}}) {
+      for (auto [left, right, causal] : {std::tuple{0, -1, true},
+                                         {3, -1, true},
+                                         {40, -1, true},
+                                         {300, -1, true},
+                                         {5, 9, false},
+                                         {0, 0, false},
+                                         {70, 2, false}}) {
         const std::int64_t s = 20 * cp + 7, per_token = 2 * 8;
         const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
         SCOPED_TRACE(::testing::Message() << "cp " << cp << " zigzag " << zigzag << " window " << left << "," << right);
@@ -211,9 +216,9 @@ TEST(Planner, RanksSendingAcrossAtOnceShareTheNodesLink) {
   const Cluster& c = in.cluster;
   EXPECT_DOUBLE_EQ(inter_link(c, 1).bandwidth, 25e6);
   EXPECT_DOUBLE_EQ(inter_link(c, 2).bandwidth, 12.5e6);
-  EXPECT_DOUBLE_EQ(ring_link(c, 2, 1).bandwidth, 1e9);    // inside a host
-  EXPECT_DOUBLE_EQ(ring_link(c, 4, 1).bandwidth, 25e6);   // one rank per host crosses
-  EXPECT_DOUBLE_EQ(ring_link(c, 2, 2).bandwidth, 12.5e6); // both ranks of a host cross
+  EXPECT_DOUBLE_EQ(ring_link(c, 2, 1).bandwidth, 1e9);     // inside a host
+  EXPECT_DOUBLE_EQ(ring_link(c, 4, 1).bandwidth, 25e6);    // one rank per host crosses
+  EXPECT_DOUBLE_EQ(ring_link(c, 2, 2).bandwidth, 12.5e6);  // both ranks of a host cross
   // 3 MB per rank to 3 peers: 1 MB inside the host, 2 MB across on a link shared by 2 ranks.
   EXPECT_DOUBLE_EQ(all_to_all_seconds(c, 4, 3e6), 2e6 / 12.5e6);
   const Plan shared = make_plan(in);
@@ -254,7 +259,8 @@ std::vector<std::int64_t> query_positions(const CpConfig& cfg, int cp, int rank,
 }
 
 // Brute force: query i sees key j in [0, s_k) unless causal and j > q_offset + i.
-std::int64_t brute_pairs(const std::vector<std::int64_t>& queries, std::int64_t kv_seq, bool causal, std::int64_t offset) {
+std::int64_t brute_pairs(const std::vector<std::int64_t>& queries, std::int64_t kv_seq, bool causal,
+                         std::int64_t offset) {
   std::int64_t n = 0;
   for (std::int64_t i : queries)
     for (std::int64_t j = 0; j < kv_seq; ++j) n += !causal || j <= offset + i;
@@ -265,9 +271,14 @@ std::int64_t brute_pairs(const std::vector<std::int64_t>& queries, std::int64_t 
 
 TEST(PlannerCross, WorkIsTheVisiblePairsAgainstTheKv) {
   for (int cp : {1, 2, 3, 4})
-    for (auto [seq, kv_seq, offset, causal] :
-         {std::tuple{12, 29, std::optional<std::int64_t>{}, false}, {12, 29, 17, true}, {12, 29, 0, true},
-          {13, 7, 3, true}, {10, 6, -3, true}, {16, 16, 5, true}, {10, 40, 35, true}, {9, 5, std::optional<std::int64_t>{}, false}}) {
+    for (auto [seq, kv_seq, offset, causal] : {std::tuple{12, 29, std::optional<std::int64_t>{}, false},
+                                               {12, 29, 17, true},
+                                               {12, 29, 0, true},
+                                               {13, 7, 3, true},
+                                               {10, 6, -3, true},
+                                               {16, 16, 5, true},
+                                               {10, 40, 35, true},
+                                               {9, 5, std::optional<std::int64_t>{}, false}}) {
       const PlanInput in = cross(seq, kv_seq, offset, causal, cp);
       const Plan p = make_plan(in);
       for (const PlanRow& r : p.rows) {
@@ -279,8 +290,8 @@ TEST(PlannerCross, WorkIsTheVisiblePairsAgainstTheKv) {
           const std::int64_t heads = in.batch * st.heads_of(r.config, cp, rank, in.heads, in.kv_heads).q.count;
           const std::int64_t want =
               heads * brute_pairs(query_positions(r.config, cp, rank, seq), kv_seq, causal, offset.value_or(0));
-          EXPECT_EQ(rank_work(in, st, r.config, rank), want)
-              << r.name << " cp " << cp << " rank " << rank << " s " << seq << " s_k " << kv_seq << " causal " << causal;
+          EXPECT_EQ(rank_work(in, st, r.config, rank), want) << r.name << " cp " << cp << " rank " << rank << " s "
+                                                             << seq << " s_k " << kv_seq << " causal " << causal;
           total += want;
         }
         std::vector<std::int64_t> all(std::size_t(seq), 0);

@@ -77,8 +77,9 @@ TEST(Soak, RoundsAreBitIdenticalAndMemoryStaysFlat) {
   const std::int64_t warm = peak_rss_kb();
   for (int round = 1; round < 12; ++round) ASSERT_EQ(round_of(comm, shapes), first) << "round " << round;
   const std::int64_t grown = peak_rss_kb() - warm;
-  if (comm.rank() == 0) std::printf("soak: 12 rounds at cp %d, peak RSS %lld KB after round 1, +%lld KB after all\n", cp,
-                                    (long long)warm, (long long)grown);
+  if (comm.rank() == 0)
+    std::printf("soak: 12 rounds at cp %d, peak RSS %lld KB after round 1, +%lld KB after all\n", cp, (long long)warm,
+                (long long)grown);
   EXPECT_LE(grown, 1024) << "peak RSS grew by " << grown << " KB after the first round";
 }
 

@@ -87,10 +87,9 @@ void check_trace(const json& doc, const std::vector<std::int64_t>& counted, cons
     if (cp == 1) continue;
     const std::string last = std::to_string(cp) + "/" + std::to_string(cp);
     // The ring's last dK/dV receive is always waited for; other waits only when compute did not hide them.
-    const std::vector<std::string> expected{"seq_to_head", "head_to_seq", "p2p_kv", "wait recv", "fwd step " + last,
-                                            "bwd step " + last};
-    for (const std::string& n : expected)
-      EXPECT_TRUE(names[r].contains(n)) << n << " on rank " << r;
+    const std::vector<std::string> expected{"seq_to_head", "head_to_seq",      "p2p_kv",
+                                            "wait recv",   "fwd step " + last, "bwd step " + last};
+    for (const std::string& n : expected) EXPECT_TRUE(names[r].contains(n)) << n << " on rank " << r;
     if (configs.back().cp_comm_type == "a2a+p2p")
       for (const std::string& n :
            std::vector<std::string>{"inner.seq_to_head", "outer.p2p_kv", "outer.fwd step 1/" + std::to_string(cp / 2)})
@@ -199,7 +198,8 @@ TEST(SeedTables, ValidCpTableEqualsTheLibrary) {
   for (const seed::Model& m : seed::common_models()) {
     for (int c : seed::table_cps())
       EXPECT_EQ(seed::cp_validity(m.heads, m.kv_heads, c).library_a2a,
-                seed::library_accepts({"a2a"}, c, m.heads, m.kv_heads)) << m.name << " cp " << c;
+                seed::library_accepts({"a2a"}, c, m.heads, m.kv_heads))
+          << m.name << " cp " << c;
     const auto cps = seed::table_cps();
     if (std::find(cps.begin(), cps.end(), cp) == cps.end()) continue;
     bool ran = true;

@@ -123,7 +123,8 @@ TEST(Training, EveryStrategyMatchesOneRankStepByStep) {
     EXPECT_LT(gradient_distance(world, small_config(cp), g1), 1e-5) << "weight gradients differ from cp = 1";
     Trainer run(world, small_config(cp), DataSource::synthetic());
     double worst = 0;
-    for (int i = 0; i < 20; ++i) worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    for (int i = 0; i < 20; ++i)
+      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
     EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
   }
 }
@@ -206,8 +207,9 @@ TEST(Training, PackedDocumentsMaskEveryBoundary) {
       const Document doc = document_of(b.cu_seqlens, i);
       // The last token of a document predicts nothing (the sequence's last one continues its document).
       const bool ends = i + 1 == doc.end && doc.end < 200;
-      if (i < 199) EXPECT_EQ(b.labels[std::size_t(i)] == kNoLabel, ends) << "token " << i;  // 199: whether a
-                                                                     // document starts at 200 is not in cu
+      if (i < 199)
+        EXPECT_EQ(b.labels[std::size_t(i)] == kNoLabel, ends) << "token " << i;  // 199: whether a
+                                                                                 // document starts at 200 is not in cu
       if (i > doc.begin) EXPECT_EQ(b.labels[std::size_t(i - 1)], b.tokens[std::size_t(i)]);
     }
     EXPECT_EQ(b.targets(), 200 - std::int64_t(b.cu_seqlens.size()) + 2 - (b.labels[199] == kNoLabel));
@@ -231,7 +233,8 @@ TEST(Training, PackedDocumentsTrainLikeOneRank) {
     c.cp = cp;
     Trainer run(world, c, DataSource::packed_documents(path, "\n"));
     double worst = 0;
-    for (int i = 0; i < 20; ++i) worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    for (int i = 0; i < 20; ++i)
+      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
     EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
   }
   c.batch = 2;
@@ -248,8 +251,8 @@ std::string scratch_dir(Communicator& comm, const std::string& name) {
 // Trains `total` steps straight and, beside it, `saved_at` steps saved into dir then resumed
 // from there: the resumed run's losses and final weights must equal the straight run's bit for
 // bit. Leaves the checkpoint in dir.
-void expect_resume_bit_for_bit(Communicator& world, const TrainConfig& config, const std::string& dir,
-                               int saved_at, int total) {
+void expect_resume_bit_for_bit(Communicator& world, const TrainConfig& config, const std::string& dir, int saved_at,
+                               int total) {
   Trainer straight(world, config, DataSource::synthetic());
   std::vector<double> losses;
   for (int i = 0; i < total; ++i) losses.push_back(straight.step().loss);
@@ -262,7 +265,8 @@ void expect_resume_bit_for_bit(Communicator& world, const TrainConfig& config, c
   resumed.load(dir);
   EXPECT_EQ(resumed.current_step(), saved_at);
   for (int i = saved_at; i < total; ++i) EXPECT_EQ(resumed.step().loss, losses[std::size_t(i)]) << "step " << i + 1;
-  EXPECT_EQ(std::memcmp(resumed.parameters().data(), straight.parameters().data(), straight.parameters().size() * 4), 0);
+  EXPECT_EQ(std::memcmp(resumed.parameters().data(), straight.parameters().data(), straight.parameters().size() * 4),
+            0);
 }
 
 TEST(Training, ResumeIsBitForBit) {
@@ -297,11 +301,13 @@ TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
   }
   world.barrier();
-  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "checksum mismatch");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { t.load(dir); }, "checksum mismatch");
   world.barrier();
   if (world.rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 100);
   world.barrier();
-  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "truncated");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { t.load(dir); }, "truncated");
   world.barrier();
   // A crashed save leaves only a temp file: the last good checkpoint still loads.
   if (world.rank() == 0) {
@@ -315,7 +321,8 @@ TEST(Training, DamagedCheckpointsAreRefusedEverywhere) {
   TrainConfig other = small_config(ring);
   other.seed = 99;
   Trainer u(world, other, DataSource::synthetic());
-  ulysses::testing::expect_same_error_everywhere(world, [&] { u.load(dir); }, "belongs to another run");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { u.load(dir); }, "belongs to another run");
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -361,10 +368,12 @@ TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
   auto header_case = [&](const std::string& key, const std::string& value, const std::string& needle) {
     if (world.rank() == 0) {
       std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
-      resign(path, [&](std::string h) { return with_field(h, key, value); }, keep);
+      resign(
+          path, [&](std::string h) { return with_field(h, key, value); }, keep);
     }
     world.barrier();
-    ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "corrupt checkpoint " + path + ": " + needle);
+    ulysses::testing::expect_same_error_everywhere(
+        world, [&] { t.load(dir); }, "corrupt checkpoint " + path + ": " + needle);
     EXPECT_THROW(Trainer::checkpoint_config(dir), Error);
     world.barrier();
   };
@@ -377,10 +386,12 @@ TEST(Training, CraftedCheckpointHeadersAreCorruptNotCrashes) {
   header_case("kv_heads", "3", "heads (4) must be divisible by kv_heads (3)");
   if (world.rank() == 0) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
-    resign(path, [](std::string h) { return h; }, [](std::vector<float>& f) { f[5] = std::nanf(""); });
+    resign(
+        path, [](std::string h) { return h; }, [](std::vector<float>& f) { f[5] = std::nanf(""); });
   }
   world.barrier();
-  ulysses::testing::expect_same_error_everywhere(world, [&] { t.load(dir); }, "parameter 5 or its optimizer state is not finite");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [&] { t.load(dir); }, "parameter 5 or its optimizer state is not finite");
   if (world.rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
   world.barrier();
   EXPECT_NO_THROW(t.load(dir));
@@ -394,7 +405,12 @@ TEST(Training, DivergenceStopsBeforeTheUpdateOnEveryRank) {
   c.lr = 1e30f;
   c.warmup = 0;
   Trainer t(world, c, DataSource::synthetic());
-  ulysses::testing::expect_same_error_everywhere(world, [&] { for (int i = 0; i < 6; ++i) t.step(); }, "training diverged at step");
+  ulysses::testing::expect_same_error_everywhere(
+      world,
+      [&] {
+        for (int i = 0; i < 6; ++i) t.step();
+      },
+      "training diverged at step");
   EXPECT_LT(t.current_step(), 6);
   c.lr = std::numeric_limits<float>::infinity();
   ulysses::testing::expect_same_error_everywhere(
@@ -441,7 +457,8 @@ TEST(TrainingBf16, EveryStrategyFollowsOneRankBf16) {
     SCOPED_TRACE(cp.cp_comm_type + " on " + std::to_string(world.size()) + " ranks");
     Trainer run(world, bf16_config(cp), DataSource::synthetic());
     double worst = 0;
-    for (int i = 0; i < 20; ++i) worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    for (int i = 0; i < 20; ++i)
+      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
     // Measured: 1e-4 to 2.4e-4 at cp = 2 and 3 (the merges and reductions round in another order).
     EXPECT_LT(worst, 2e-3) << "bf16 loss differs from bf16 at cp = 1 by more than bf16 rounding";
   }
@@ -471,7 +488,8 @@ TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
   for (const char* type : {"p2p", "a2a"})
     for (int cp : {1, 2}) {
       SCOPED_TRACE(fmt::format("{} at cp {}", type, cp));
-      const TrainConfig f32 = small_config({type, {}, true, std::nullopt}), bf16 = bf16_config({type, {}, true, std::nullopt});
+      const TrainConfig f32 = small_config({type, {}, true, std::nullopt}),
+                        bf16 = bf16_config({type, {}, true, std::nullopt});
       auto kept = [&](TrainConfig c) {  // the attention bytes two more layers add
         const double two = predict_memory(c, cp).attention;
         c.model.layers = 4;
@@ -492,11 +510,11 @@ TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {
   EXPECT_EQ(Trainer::checkpoint_config(dir).dtype, DType::bf16);
   Trainer other(world, small_config(cp), DataSource::synthetic());
   ulysses::testing::expect_same_error_everywhere(
-      world, [&] { other.load(dir); }, "was trained with --dtype bf16; this run has --dtype f32 (resume with --dtype bf16)");
+      world, [&] { other.load(dir); },
+      "was trained with --dtype bf16; this run has --dtype f32 (resume with --dtype bf16)");
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
-
 
 // ---- --data with a held-out tail ----------------------------------------------------------
 

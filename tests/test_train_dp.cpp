@@ -216,8 +216,10 @@ TEST(DpTimesCpBadInput, EmptyBatches) {
 
 TEST(DpTimesCpBadInput, LengthsThatParseToNothing) {
   MpiCommunicator world;
-  ulysses::testing::expect_same_error_everywhere(world, [] { parse_lengths(""); }, "no sequence");
-  ulysses::testing::expect_same_error_everywhere(world, [] { parse_lengths("0x512"); }, "--lengths term '0x512'");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [] { parse_lengths(""); }, "no sequence");
+  ulysses::testing::expect_same_error_everywhere(
+      world, [] { parse_lengths("0x512"); }, "--lengths term '0x512'");
 }
 
 TEST(DpTimesCpBadInput, ASequenceThatFitsNoGroupUnderTheMemoryCap) {

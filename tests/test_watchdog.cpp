@@ -46,7 +46,8 @@ TEST(Watchdog, SplitsShareTheSettingAndTheSteps) {
               "step 1 of 2; ending the job");
   }
   EXPECT_EQ(world.watchdog().steps(), "");
-  EXPECT_EQ(world.watchdog().message("rank 0", "x"), "ulysses watchdog: rank 0 waited 42 s (the timeout) for x; ending the job");
+  EXPECT_EQ(world.watchdog().message("rank 0", "x"),
+            "ulysses watchdog: rank 0 waited 42 s (the timeout) for x; ending the job");
 }
 
 TEST(Watchdog, CollectivesAndMessagesCompleteUnderADeadline) {

@@ -50,7 +50,7 @@ std::string content_key(const std::string& path, std::int64_t size) {
 // What `path` holds, without its name: a regular file's size and hash; for a directory, its
 // regular files' names, sizes and hashes (a checkpoint); nothing is read from other files.
 std::string path_key(const std::string& path, const std::string& kind) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "(no such file)";
   if (S_ISREG(st.st_mode)) return content_key(path, std::int64_t(st.st_size));
   if (!S_ISDIR(st.st_mode)) return "(not a regular file)";
@@ -62,7 +62,7 @@ std::string path_key(const std::string& path, const std::string& kind) {
   std::sort(entries.begin(), entries.end());
   std::string listing;
   for (const std::string& name : entries) {
-    struct stat fs{};
+    struct stat fs {};
     const std::string file = path + "/" + name;
     if (::stat(file.c_str(), &fs) == 0) listing += name + " " + content_key(file, std::int64_t(fs.st_size)) + "\n";
   }
@@ -85,10 +85,14 @@ std::string input_kind(CLI::Option* option) {
 std::string escaped(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else
+      out += c;
   }
   return out;
 }
@@ -176,7 +180,9 @@ std::vector<OptionValue> option_values(CLI::App& command) {
       const std::vector<std::string> given = o->reduced_results();
       for (const std::string& v : given) value += (value.empty() ? "" : " ") + v;
     } else {
-      value = !o->get_default_str().empty() ? o->get_default_str() : o->get_expected_max() == 0 ? "false" : "(not given)";
+      value = !o->get_default_str().empty() ? o->get_default_str()
+              : o->get_expected_max() == 0  ? "false"
+                                            : "(not given)";
     }
     const std::string kind = input_kind(o);
     std::string key = value;
@@ -194,8 +200,8 @@ void agree_parse_outcome(Communicator& comm, const std::exception_ptr& parse_err
   const std::vector<std::string> texts = texts_if_different(comm, outcome, outcome);
   if (texts.empty()) return;
   const int r = first_different(texts);
-  throw Error(fmt::format("the ranks were given different command lines: rank 0's {}, rank {}'s {}", shorten(texts[0]), r,
-                          shorten(texts[std::size_t(r)])));
+  throw Error(fmt::format("the ranks were given different command lines: rank 0's {}, rank {}'s {}", shorten(texts[0]),
+                          r, shorten(texts[std::size_t(r)])));
 }
 
 void agree_command_line(Communicator& comm, CLI::App& command) {
@@ -210,8 +216,10 @@ void agree_command_line(Communicator& comm, CLI::App& command) {
   for (int r = 1; r < comm.size(); ++r) {
     const std::vector<std::string> other = split(texts[std::size_t(r)], '\n');
     if (other.size() != first.size())
-      throw Error(fmt::format("ranks 0 and {} were given different commands: run every rank with the same arguments "
-                              "and the same build of ulysses", r));
+      throw Error(
+          fmt::format("ranks 0 and {} were given different commands: run every rank with the same arguments "
+                      "and the same build of ulysses",
+                      r));
     for (std::size_t i = 0; i < first.size(); ++i) {
       const std::vector<std::string> a = split(first[i], '\t'), b = split(other[i], '\t');
       if (a.size() != 3 || b.size() != 3 || (a[0] == b[0] && a[1] == b[1])) continue;
@@ -228,7 +236,10 @@ void print_options(CLI::App& command) {
     const std::string name = o->get_name();
     const bool agreed = std::find(per_rank.begin(), per_rank.end(), name) == per_rank.end();
     const std::string kind = input_kind(o);
-    std::printf("%s %s %s\n", name.c_str(), o->get_expected_max() == 0 ? "flag" : kind.empty() ? "value" : kind.c_str(),
+    std::printf("%s %s %s\n", name.c_str(),
+                o->get_expected_max() == 0 ? "flag"
+                : kind.empty()             ? "value"
+                                           : kind.c_str(),
                 agreed ? "agreed" : "per-rank");
   }
 }

@@ -34,10 +34,10 @@
 namespace ulysses::cli {
 
 void add_attention_command(CLI::App& app, AttentionOptions& o) {
-  CLI::App* c = app.add_subcommand(
-      "attention",
-      "Run one distributed attention forward (and backward) over all ranks, optionally check it "
-      "against a float64 reference, time it and report bytes and memory per rank.");
+  CLI::App* c =
+      app.add_subcommand("attention",
+                         "Run one distributed attention forward (and backward) over all ranks, optionally check it "
+                         "against a float64 reference, time it and report bytes and memory per rank.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   input_path(c->add_option("--q", o.q, "global query, .npy float32 [b, s, h, d]"), "file");
   input_path(c->add_option("--k", o.k, "global key, .npy float32 [b, s, h_kv, d]"), "file");
@@ -47,47 +47,59 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--dq", o.dq, "write the global dq here (.npy; needs a backward)");
   c->add_option("--dk", o.dk, "write the global dk here (.npy; needs a backward)");
   c->add_option("--dv", o.dv, "write the global dv here (.npy; needs a backward)");
-  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))
-      ->capture_default_str();
+  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
-  input_path(c->add_option("--cu-seqlens", o.cu_seqlens,
-                "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
-                "or a file of them (.npy or text); no token attends across a document boundary; batch 1"),
-             "file-or-list");
+  input_path(
+      c->add_option("--cu-seqlens", o.cu_seqlens,
+                    "packed documents (FlashAttention varlen): cumulative lengths 0,N1,...,S over the global sequence, "
+                    "or a file of them (.npy or text); no token attends across a document boundary; batch 1"),
+      "file-or-list");
   c->add_option("--window", o.window,
                 "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): query i sees "
                 "keys i-L..i+R; p2p and a2a+p2p then send only the halo the band reaches");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
   c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
-  c->add_option("--seq", o.seq, "random inputs: global sequence length")->capture_default_str()->check(positive_number());
+  c->add_option("--seq", o.seq, "random inputs: global sequence length")
+      ->capture_default_str()
+      ->check(positive_number());
   c->add_option("--heads", o.heads, "random inputs: query heads")->capture_default_str()->check(positive_number());
-  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")
+      ->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "random inputs: head dim")->capture_default_str()->check(CLI::Range(1, 1024));
   c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
   c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
-  c->add_option("--dtype", o.dtype, "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 engine, AMX, where it has one: "
-                 "a2a and cp = 1; otherwise in float32)")
-      ->capture_default_str()->check(CLI::IsMember({"f32", "bf16"}));
+  c->add_option("--dtype", o.dtype,
+                "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 engine, AMX, where it has one: "
+                "a2a and cp = 1; otherwise in float32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--layout", o.layout, "per-rank tensor layout: bshd | sbhd")
-      ->capture_default_str()->check(CLI::IsMember({"bshd", "sbhd"}));
-  c->add_flag("--allow-nonfinite", o.allow_nonfinite, "compute with NaN/Inf in the input files instead of refusing them");
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bshd", "sbhd"}));
+  c->add_flag("--allow-nonfinite", o.allow_nonfinite,
+              "compute with NaN/Inf in the input files instead of refusing them");
   c->add_flag("--check", o.check, "compare with a float64 single-process reference; exit 1 above tolerance");
   c->add_option("--repeat", o.repeat, "time N runs after one warm-up and report medians")->check(non_negative_number());
-  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Range(0, 1024));
   c->add_option("--json", o.json, "write a JSON report here (rank 0; - for standard output, after the text)");
-  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
+  c->add_option("--trace", o.trace,
+                "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the runs here "
                 "(rank 0): one track per rank, compute and every communication operation with its bytes");
-  c->add_flag("--no-zigzag", o.no_zigzag, "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
+  c->add_flag("--no-zigzag", o.no_zigzag,
+              "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
               "(shows the imbalance zigzag fixes)");
   c->add_option("--overlap-chunks", o.overlap_chunks,
                 "a2a: cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain "
                 "Ulysses; at most the KV heads a rank holds; default: the planner's choice)")
       ->check(CLI::Range(1, 1024));
-  c->add_option("--kv-seq", o.kv_seq, "random inputs: cross-attention, k/v of this many tokens (default: --seq; "
+  c->add_option("--kv-seq", o.kv_seq,
+                "random inputs: cross-attention, k/v of this many tokens (default: --seq; "
                 "--k/--v files may have another length than --q too); every built-in strategy")
       ->check(positive_number());
-  c->add_option("--q-offset", o.q_offset, "cross-attention with --causal: query i sees keys j <= q_offset + i "
+  c->add_option("--q-offset", o.q_offset,
+                "cross-attention with --causal: query i sees keys j <= q_offset + i "
                 "(required when the k/v length differs from q's)");
   add_timeout_option(c, o.timeout);
 }
@@ -104,8 +116,8 @@ struct Problem {
 
 Shape shape_of(const NpyArray& a, const std::string& path, const char* name) {
   if (a.shape.size() != 4)
-    throw Error(fmt::format("{} ({}) must be 4-D [b, s, heads, head_dim], got {} dimensions", name, path,
-                            a.shape.size()));
+    throw Error(
+        fmt::format("{} ({}) must be 4-D [b, s, heads, head_dim], got {} dimensions", name, path, a.shape.size()));
   return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
 }
 
@@ -182,7 +194,7 @@ struct Setup {
   CpConfig cfg;
   DType dtype = DType::f32;
   Layout layout = Layout::bshd;
-  std::vector<std::vector<SeqChunk>> chunks;  // the tokens of each rank
+  std::vector<std::vector<SeqChunk>> chunks;     // the tokens of each rank
   std::vector<std::vector<SeqChunk>> kv_chunks;  // the k/v tokens of each rank (cross-attention: its own)
   int cp = 1, threads = 1;
 };
@@ -214,9 +226,14 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
 // Not collective. Every file the command writes, against each other and the files it reads,
 // before any work (ulysses/output_file.hpp's rules).
 void check_files(const AttentionOptions& o) {
-  check_outputs({{"--out", o.out}, {"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}, {"--json", o.json, true},
-                 {"--trace", o.trace}},
-                {{"--q", o.q}, {"--k", o.k}, {"--v", o.v}, {"--dout", o.dout}, {"--cu-seqlens", cu_seqlens_file(o.cu_seqlens)}});
+  check_outputs(
+      {{"--out", o.out},
+       {"--dq", o.dq},
+       {"--dk", o.dk},
+       {"--dv", o.dv},
+       {"--json", o.json, true},
+       {"--trace", o.trace}},
+      {{"--q", o.q}, {"--k", o.k}, {"--v", o.v}, {"--dout", o.dout}, {"--cu-seqlens", cu_seqlens_file(o.cu_seqlens)}});
 }
 
 // Collective. Parses the options and reads the inputs on every rank, then agrees: a file may be
@@ -245,7 +262,8 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
     if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
     if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);
-    if (o.overlap_chunks > 0) s.cfg.overlap_chunks = o.overlap_chunks;
+    if (o.overlap_chunks > 0)
+      s.cfg.overlap_chunks = o.overlap_chunks;
     else if (s.cfg.cp_comm_type == "a2a" && cp > 1 && !cross) {
       validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);  // the strategy's own message before the planner's
       s.cfg.overlap_chunks = plan_overlap(plan_input_of(s)).chunks;
@@ -266,12 +284,16 @@ void print_header(const Setup& s) {
               s.threads);
   const auto& hs = cfg.hierarchical_context_parallel_sizes;
   if (!hs.empty())
-    std::printf("  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
-                hs[0], hs[1], hs[0], hs[1],
-                hs[0] == 1 ? " (inner 1: this is plain p2p)" : hs[1] == 1 ? " (outer 1: this is plain a2a)" : "");
+    std::printf(
+        "  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
+        hs[0], hs[1], hs[0], hs[1],
+        hs[0] == 1   ? " (inner 1: this is plain p2p)"
+        : hs[1] == 1 ? " (outer 1: this is plain a2a)"
+                     : "");
   if (cfg.cp_comm_type == "a2a" && s.cp > 1)
     std::printf("  overlap_chunks %d: %s\n", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h),
-                cfg.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute" : "plain all-to-alls");
+                cfg.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute"
+                                       : "plain all-to-alls");
   std::printf("  kernels: isa %s, engine %s; OpenBLAS core %s\n", kernel_isa(), kernel_engine(s.dtype).c_str(),
               blas_core().c_str());
   std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),
@@ -361,17 +383,22 @@ Timing run_timed(Communicator& comm, ContextParallelAttention& attn, const Shard
     if (i == runs - 1) comm.reset_counters();
     ctx = CpContext();  // the previous run's memory goes before the next forward
     const double tf = timed(comm, [&] { ctx = attn.forward(t.out.view(), t.q.view(), t.k.view(), t.v.view()); });
-    const double tb = backward ? timed(comm, [&] {
-      bs = attn.backward(ctx, t.dq.view(), t.dk.view(), t.dv.view(), t.dout.view());
-    }) : 0;
+    const double tb =
+        backward ? timed(comm, [&] { bs = attn.backward(ctx, t.dq.view(), t.dk.view(), t.dv.view(), t.dout.view()); })
+                 : 0;
     if (repeat == 0 || i > 0) {
       fwd.push_back(tf);
       bwd.push_back(tb);
     }
   }
   const CpStats& fs = ctx.stats();
-  return {{fs.score_pairs}, median(fwd), median(bwd), max_over_ranks(comm, fs.compute_s), max_over_ranks(comm, fs.comm_exposed_s),
-          max_over_ranks(comm, bs.compute_s), max_over_ranks(comm, bs.comm_exposed_s)};
+  return {{fs.score_pairs},
+          median(fwd),
+          median(bwd),
+          max_over_ranks(comm, fs.compute_s),
+          max_over_ranks(comm, fs.comm_exposed_s),
+          max_over_ranks(comm, bs.compute_s),
+          max_over_ranks(comm, bs.comm_exposed_s)};
 }
 
 // Collective: the counter names of rank 0 and those of the formula (a window's halo exchange
@@ -429,8 +456,8 @@ std::map<std::string, std::int64_t> expected_bytes(const Setup& s, const CommVol
 // differ when the tokens or heads do not split evenly.
 nlohmann::json with_expected_bytes(const Setup& s, nlohmann::json ranks) {
   for (auto& r : ranks)
-    r["expected_bytes_sent"] = expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, int(r["rank"]), s.p.q, s.p.kv.h,
-                                                                         s.dtype, s.p.kv.s));
+    r["expected_bytes_sent"] =
+        expected_bytes(s, predicted_comm_volume(s.cfg, s.cp, int(r["rank"]), s.p.q, s.p.kv.h, s.dtype, s.p.kv.s));
   return ranks;
 }
 
@@ -485,19 +512,31 @@ nlohmann::json make_report(const Setup& s, const AttentionOptions& o, const Timi
   const Problem& p = s.p;
   const CpConfig& cfg = s.cfg;
   const double fflops = forward_flops(s);
-  nlohmann::json report{{"command", "attention"}, {"strategy", cfg.cp_comm_type}, {"cp", s.cp},
+  nlohmann::json report{{"command", "attention"},
+                        {"strategy", cfg.cp_comm_type},
+                        {"cp", s.cp},
                         {"cp_sizes", cfg.hierarchical_context_parallel_sizes},
-                        {"threads_per_rank", s.threads}, {"kernel_isa", kernel_isa()},
-                        {"kernel_engine", kernel_engine(s.dtype)}, {"dtype", to_string(s.dtype)},
+                        {"threads_per_rank", s.threads},
+                        {"kernel_isa", kernel_isa()},
+                        {"kernel_engine", kernel_engine(s.dtype)},
+                        {"dtype", to_string(s.dtype)},
                         {"layout", to_string(s.layout)},
-                        {"causal", cfg.causal}, {"scale", effective_scale(attention_params(cfg), p.q.d)},
-                        {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}}, {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
-                        {"repeat", o.repeat}, {"forward_s", t.forward_s}, {"backward_s", p.backward ? t.backward_s : 0.0},
+                        {"causal", cfg.causal},
+                        {"scale", effective_scale(attention_params(cfg), p.q.d)},
+                        {"q_shape", {p.q.b, p.q.s, p.q.h, p.q.d}},
+                        {"kv_shape", {p.kv.b, p.kv.s, p.kv.h, p.kv.d}},
+                        {"repeat", o.repeat},
+                        {"forward_s", t.forward_s},
+                        {"backward_s", p.backward ? t.backward_s : 0.0},
                         {"forward_gflops", fflops / t.forward_s * 1e-9},
-                        {"forward_compute_s", t.forward_compute_s}, {"forward_comm_exposed_s", t.forward_exposed_s},
-                        {"expected_bytes_sent", expected}, {"ranks", ranks},
-                        {"work_pairs_per_rank", t.work}, {"work_imbalance", work_imbalance(t.work)},
-                        {"cu_seqlens", cfg.cu_seqlens}, {"window", {cfg.window_left, cfg.window_right}},
+                        {"forward_compute_s", t.forward_compute_s},
+                        {"forward_comm_exposed_s", t.forward_exposed_s},
+                        {"expected_bytes_sent", expected},
+                        {"ranks", ranks},
+                        {"work_pairs_per_rank", t.work},
+                        {"work_imbalance", work_imbalance(t.work)},
+                        {"cu_seqlens", cfg.cu_seqlens},
+                        {"window", {cfg.window_left, cfg.window_right}},
                         {"overlap_chunks", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h)}};
   if (p.backward) {
     report["backward_gflops"] = 2.5 * fflops / t.backward_s * 1e-9;
@@ -577,7 +616,8 @@ bool check_against_reference(const Setup& s, const Results& g, std::uint64_t see
   std::printf("%s  (tolerance %.0e) %s\n", line.c_str(), tol, failed ? "FAILED" : "OK");
   if (s.dtype == DType::bf16)  // what the bf16 engine costs: the same inputs, float32 compute
     std::printf("%s\n", error_line("  same bf16 inputs, float32 compute (one process):",
-                                   float32_compute_errors(s, seed, ref), check["float32_compute"]).c_str());
+                                   float32_compute_errors(s, seed, ref), check["float32_compute"])
+                            .c_str());
   return failed;
 }
 

@@ -36,16 +36,17 @@ void check_memory(const std::string& what, double per_rank, double root_extra, i
   const std::int64_t available = available_memory_bytes();
   const double need = per_rank * ranks_on_node + root_extra;
   if (available < 0 || need <= double(available)) return;
-  throw Error(fmt::format("{} needs about {} of memory on this node ({} rank(s) x {}, plus {} on rank 0), only {} "
-                          "available (MemAvailable): use a smaller problem or more nodes",
-                          what, human_bytes(need), ranks_on_node, human_bytes(per_rank), human_bytes(root_extra),
-                          human_bytes(double(available))));
+  throw Error(
+      fmt::format("{} needs about {} of memory on this node ({} rank(s) x {}, plus {} on rank 0), only {} "
+                  "available (MemAvailable): use a smaller problem or more nodes",
+                  what, human_bytes(need), ranks_on_node, human_bytes(per_rank), human_bytes(root_extra),
+                  human_bytes(double(available))));
 }
 
 void check_finite(const NpyArray& a, const char* name, const std::string& path) {
   const Shape sh{a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
-  const std::string err = nonfinite_error(name, TensorView::dense(const_cast<float*>(a.data.data()), DType::f32, sh,
-                                                                  Layout::bshd));
+  const std::string err =
+      nonfinite_error(name, TensorView::dense(const_cast<float*>(a.data.data()), DType::f32, sh, Layout::bshd));
   if (!err.empty()) throw Error(fmt::format("{} ({}); --allow-nonfinite computes with it anyway", err, path));
 }
 
@@ -58,7 +59,8 @@ void agree_same_inputs(Communicator& comm, const std::vector<const NpyArray*>& a
       std::memcpy(&word, &a->data[i], i + 1 < a->data.size() ? 8 : 4);
       h = (h ^ word) * 0x100000001b3ull;
     }
-    description += fmt::format("{}shape ({}) hash {:016x}", description.empty() ? "" : "; ", fmt::join(a->shape, ", "), h);
+    description +=
+        fmt::format("{}shape ({}) hash {:016x}", description.empty() ? "" : "; ", fmt::join(a->shape, ", "), h);
   }
   comm.agree_identical("the input files' contents", description);
 }

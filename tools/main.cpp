@@ -19,8 +19,9 @@
 int main(int argc, char** argv) {
   const ulysses::MpiSession mpi(argc, argv);
   const int rank = mpi.world_rank();
-  CLI::App app{"ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
-               "Run under mpirun; every rank holds s/cp tokens of every sequence."};
+  CLI::App app{
+      "ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
+      "Run under mpirun; every rank holds s/cp tokens of every sequence."};
   app.set_version_flag("--version", std::string("ulysses ") + ulysses::version());
   app.require_subcommand(1);
   ulysses::cli::AttentionOptions attention;
@@ -58,8 +59,10 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(plan);
   } catch (const CLI::ParseError& e) {
     // Every rank's parse failed alike (agreed above), so every rank stops here; one prints.
-    if (rank == 0) code = app.exit(e);
-    else code = e.get_exit_code();
+    if (rank == 0)
+      code = app.exit(e);
+    else
+      code = e.get_exit_code();
   } catch (const ulysses::Error& e) {  // agreed: every rank throws it, rank 0 says it
     if (rank == 0) std::fprintf(stderr, "ulysses: error: %s\n", e.what());
     code = 2;

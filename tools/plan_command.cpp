@@ -22,9 +22,10 @@ namespace ulysses::cli {
 
 void add_plan_command(CLI::App& app, PlanOptions& o) {
   CLI::App* c = app.add_subcommand(
-      "plan", "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
-              "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
-              "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
+      "plan",
+      "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
+      "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
+      "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_option("--seq", o.seq, "sequence length (global; required unless --train)")->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
@@ -33,14 +34,19 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
   c->add_option("--layers", o.layers, "attention layers")->capture_default_str()->check(positive_number());
   c->add_option("--cp", o.cp, "context-parallel size (ranks)")->capture_default_str()->check(positive_number());
-  c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (NVLink domain)")->capture_default_str()->check(positive_number());
-  c->add_option("--intra-bw", o.intra_bw, "bandwidth inside a node, per rank per direction (GB/s, Gb/s, TB/s, MB/s)")->capture_default_str();
+  c->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (NVLink domain)")
+      ->capture_default_str()
+      ->check(positive_number());
+  c->add_option("--intra-bw", o.intra_bw, "bandwidth inside a node, per rank per direction (GB/s, Gb/s, TB/s, MB/s)")
+      ->capture_default_str();
   c->add_option("--intra-lat", o.intra_lat, "latency inside a node (us, ms, ns)")->capture_default_str();
   c->add_option("--inter-bw", o.inter_bw, "bandwidth between nodes, per rank per direction")->capture_default_str();
   c->add_option("--inter-lat", o.inter_lat, "latency between nodes")->capture_default_str();
   c->add_option("--tflops", o.tflops, "peak compute per rank, TFLOP/s")->capture_default_str();
   c->add_option("--efficiency", o.efficiency, "achieved fraction of peak in attention")->capture_default_str();
-  c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
+  c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
   c->add_flag("--no-causal", o.no_causal, "full (non-causal) attention");
   c->add_flag("--calibrate", o.calibrate,
               "measure this machine (attention rate, an alpha-beta fit of MPI send/recv; across hosts also with every "
@@ -53,30 +59,43 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--window", o.window,
                 "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): work per rank "
                 "follows the band, p2p and a2a+p2p move only the halo it reaches");
-  c->add_option("--kv-seq", o.kv_seq, "cross-attention: k/v of this many tokens (default: --seq); bytes and work "
+  c->add_option("--kv-seq", o.kv_seq,
+                "cross-attention: k/v of this many tokens (default: --seq); bytes and work "
                 "follow it, strategies without cross-attention are listed as invalid")
       ->check(positive_number());
-  c->add_option("--q-offset", o.q_offset, "cross-attention, causal: query i sees keys j <= q_offset + i "
+  c->add_option("--q-offset", o.q_offset,
+                "cross-attention, causal: query i sees keys j <= q_offset + i "
                 "(required when --kv-seq differs from --seq)");
   c->add_option("--json", o.json, "write the plan here (- for standard output, after the table)");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
-  c->add_flag("--train", o.train, "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
+  c->add_flag("--train", o.train,
+              "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
   c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
-  c->add_option("--hidden", o.hidden, "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
-  c->add_option("--max-memory", o.max_memory, "with --train: memory per rank; with --lengths: the cap per rank "
-                "(default: none)")->capture_default_str();
-  c->add_option("--lengths", o.lengths, "a variable-length step (NxL terms, or pareto:N:MIN:MAX:ALPHA[:SEED]): plan "
+  c->add_option("--hidden", o.hidden,
+                "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
+  c->add_option("--max-memory", o.max_memory,
+                "with --train: memory per rank; with --lengths: the cap per rank "
+                "(default: none)")
+      ->capture_default_str();
+  c->add_option("--lengths", o.lengths,
+                "a variable-length step (NxL terms, or pareto:N:MIN:MAX:ALPHA[:SEED]): plan "
                 "which ranks compute which sequence under each --balance policy (static, pow2, dynamic) and print "
                 "their predicted step times; --world N (default: 2, 4, ... 1024), --calibrate: this machine");
   c->add_option("--world", o.world, "with --lengths: ranks in all (default: every power of two from 2 to 1024)")
       ->check(positive_number());
   c->add_option("--dp", o.dp, "with --lengths: static's data-parallel replicas (groups of world / dp ranks)")
-      ->capture_default_str()->check(positive_number());
-  c->add_option("--cp-comm-type", o.cp_comm_type, "with --lengths: the strategy every group runs")->capture_default_str();
-  c->add_option("--max-tokens-per-rank", o.max_tokens_per_rank, "with --lengths: pow2's tokens per rank (Megatron's "
-                "max_seqlen_per_dp_cp_rank; default: the longest sequence over world)")->check(positive_number());
-  c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")->capture_default_str()->check(positive_number());
+      ->capture_default_str()
+      ->check(positive_number());
+  c->add_option("--cp-comm-type", o.cp_comm_type, "with --lengths: the strategy every group runs")
+      ->capture_default_str();
+  c->add_option("--max-tokens-per-rank", o.max_tokens_per_rank,
+                "with --lengths: pow2's tokens per rank (Megatron's "
+                "max_seqlen_per_dp_cp_rank; default: the longest sequence over world)")
+      ->check(positive_number());
+  c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")
+      ->capture_default_str()
+      ->check(positive_number());
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
   c->parse_complete_callback([&o, c] {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
@@ -90,13 +109,15 @@ namespace {
 
 double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of the local kernels, this rank's threads
   const std::int64_t s = 2048, h = 2;
-  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()), dv(q.shape());
+  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
+      dv(q.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
   const Tensor lse = lse_tensor(q.shape());
   const AttentionParams p{.causal = true};
   auto run = [&] {
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(), lse.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
+                             lse.view(), p);
   };
   run();
   std::vector<double> t;
@@ -191,8 +212,10 @@ int contiguous_ranks_per_node(Communicator& comm) {
   std::int64_t split_ok = node->ranks_on_this_node() == node->size() ? 1 : 0;  // my slot group is my node
   comm.allreduce_min(&split_ok, 1);
   if (lo != hi || !split_ok)
-    throw Error(fmt::format("--calibrate needs the same number of ranks on every node, placed contiguously "
-                            "(mpirun --map-by slot); nodes hold {} to {} ranks", lo, hi));
+    throw Error(
+        fmt::format("--calibrate needs the same number of ranks on every node, placed contiguously "
+                    "(mpirun --map-by slot); nodes hold {} to {} ranks",
+                    lo, hi));
   return int(n);
 }
 
@@ -237,47 +260,74 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
-    nlohmann::json j{{"strategy", r.config.cp_comm_type}, {"name", r.name},
-                     {"cp_sizes", r.config.hierarchical_context_parallel_sizes}, {"valid", r.valid}, {"reason", r.reason},
-                     {"forward_bytes_per_rank", r.forward_bytes_per_rank}, {"backward_bytes_per_rank", r.backward_bytes_per_rank},
-                     {"forward_messages", r.forward_messages}, {"backward_messages", r.backward_messages},
-                     {"head_imbalance", r.head_imbalance}, {"work_imbalance", r.work_imbalance}, {"compute_s", r.compute_s}, {"comm_s", r.comm_s},
+    nlohmann::json j{{"strategy", r.config.cp_comm_type},
+                     {"name", r.name},
+                     {"cp_sizes", r.config.hierarchical_context_parallel_sizes},
+                     {"valid", r.valid},
+                     {"reason", r.reason},
+                     {"forward_bytes_per_rank", r.forward_bytes_per_rank},
+                     {"backward_bytes_per_rank", r.backward_bytes_per_rank},
+                     {"forward_messages", r.forward_messages},
+                     {"backward_messages", r.backward_messages},
+                     {"head_imbalance", r.head_imbalance},
+                     {"work_imbalance", r.work_imbalance},
+                     {"compute_s", r.compute_s},
+                     {"comm_s", r.comm_s},
                      {"hidden_comm_s", r.hidden_s},
-                     {"memory_bytes_per_rank", r.memory_bytes}, {"predicted_step_s", r.predicted_step_s}};
+                     {"memory_bytes_per_rank", r.memory_bytes},
+                     {"predicted_step_s", r.predicted_step_s}};
     if (i < measured.size() && measured[i] > 0) j["measured_step_s"] = measured[i];
     rows.push_back(j);
   }
-  return {{"input", {{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
-                     {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", in.cp}, {"causal", in.causal},
-                     {"dtype", to_string(in.dtype)}, {"ranks_per_node", in.cluster.ranks_per_node},
-                     {"intra_bandwidth", in.cluster.intra.bandwidth}, {"intra_latency", in.cluster.intra.latency},
-                     {"inter_bandwidth", in.cluster.inter.bandwidth}, {"inter_latency", in.cluster.inter.latency},
-                     {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
-                     {"peak_flops", in.cluster.peak_flops}, {"efficiency", in.cluster.efficiency},
-                     {"documents", in.documents}, {"window", {in.window_left, in.window_right}},
-                     {"kv_seq", kv_seq_of(in)}, {"q_offset", in.q_offset ? nlohmann::json(*in.q_offset) : nlohmann::json()}}},
-          {"strategies", rows}, {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
+  return {{"input",
+           {{"seq", in.seq},
+            {"batch", in.batch},
+            {"heads", in.heads},
+            {"kv_heads", in.kv_heads},
+            {"head_dim", in.head_dim},
+            {"layers", in.layers},
+            {"cp", in.cp},
+            {"causal", in.causal},
+            {"dtype", to_string(in.dtype)},
+            {"ranks_per_node", in.cluster.ranks_per_node},
+            {"intra_bandwidth", in.cluster.intra.bandwidth},
+            {"intra_latency", in.cluster.intra.latency},
+            {"inter_bandwidth", in.cluster.inter.bandwidth},
+            {"inter_latency", in.cluster.inter.latency},
+            {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
+            {"peak_flops", in.cluster.peak_flops},
+            {"efficiency", in.cluster.efficiency},
+            {"documents", in.documents},
+            {"window", {in.window_left, in.window_right}},
+            {"kv_seq", kv_seq_of(in)},
+            {"q_offset", in.q_offset ? nlohmann::json(*in.q_offset) : nlohmann::json()}}},
+          {"strategies", rows},
+          {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].name : ""},
           {"recommendation", p.recommendation}};
 }
 
 void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
-  fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq, in.batch,
-             in.heads, in.kv_heads, in.head_dim, in.layers, in.cp, to_string(in.dtype), in.causal ? ", causal" : "");
+  fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq,
+             in.batch, in.heads, in.kv_heads, in.head_dim, in.layers, in.cp, to_string(in.dtype),
+             in.causal ? ", causal" : "");
   if (!in.documents.empty())
     fmt::print("packed documents: {} (lengths {} .. {}); work = visible (query, key) pairs per rank\n",
                in.documents.size(), *std::min_element(in.documents.begin(), in.documents.end()),
                *std::max_element(in.documents.begin(), in.documents.end()));
   if (in.window_left >= 0 || in.window_right >= 0)
-    fmt::print("sliding window ({}, {}); work = visible (query, key) pairs per rank\n", in.window_left, in.window_right);
+    fmt::print("sliding window ({}, {}); work = visible (query, key) pairs per rank\n", in.window_left,
+               in.window_right);
   if (kv_seq_of(in) != in.seq || in.q_offset)
     fmt::print("cross-attention: k/v of {} tokens, q_offset {}; work = visible (query, key) pairs per rank\n",
                kv_seq_of(in), in.q_offset ? std::to_string(*in.q_offset) : "unset");
-  fmt::print("  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
-             in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
-             in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
-             in.cluster.efficiency);
+  fmt::print(
+      "  {} ranks per node; intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; {:.3g} TFLOP/s x {:.2f}\n",
+      in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
+      in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
+      in.cluster.efficiency);
   fmt::print("{:<16} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
-             "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s", measured.empty() ? "" : "   measured s  meas/pred");
+             "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
+             measured.empty() ? "" : "   measured s  meas/pred");
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
     if (!r.valid) {
@@ -298,9 +348,10 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
   }
   fmt::print("recommendation: {}\n", p.recommendation);
   if (const OverlapPlan o = plan_overlap(in); o.plain_exposed_s > 0)
-    fmt::print("a2a overlap: {} chunk(s) of heads (--overlap-chunks): {:.3g} ms exposed communication per layer "
-               "against {:.3g} ms plain\n",
-               o.chunks, o.exposed_s * 1e3, o.plain_exposed_s * 1e3);
+    fmt::print(
+        "a2a overlap: {} chunk(s) of heads (--overlap-chunks): {:.3g} ms exposed communication per layer "
+        "against {:.3g} ms plain\n",
+        o.chunks, o.exposed_s * 1e3, o.plain_exposed_s * 1e3);
 }
 
 // Per-GPU communication of one layer as GPUs and sequence grow together (the paper's claim).
@@ -308,7 +359,8 @@ nlohmann::json scaling_table(const PlanInput& in) {
   nlohmann::json rows = nlohmann::json::array();
   const double es = double(dtype_size(in.dtype)), hidden = double(in.heads * in.head_dim);
   fmt::print("\nper-GPU communication of one layer's forward, sequence growing with GPUs (N = {} x P/8):\n", in.seq);
-  fmt::print("{:>6} {:>12} {:>18} {:>22} {:>8}\n", "GPUs", "seq N", "Ulysses (a2a) MB", "Megatron-SP (AG+RS) MB", "ratio");
+  fmt::print("{:>6} {:>12} {:>18} {:>22} {:>8}\n", "GPUs", "seq N", "Ulysses (a2a) MB", "Megatron-SP (AG+RS) MB",
+             "ratio");
   for (int P = 8; P <= 1024; P *= 2) {
     const double N = double(in.seq) * P / 8;
     // Ulysses: Q, K, V in and O out, (N/P)·h·(P−1)/P each (kv = heads here): ≈ 4Nh/P.
@@ -358,23 +410,33 @@ std::string svg_plot(const PlanInput& in) {
     if (k + 1 >= make_plan(x).rows.size()) break;
   }
   const double W = 720, H = 420, L = 70, R = 170, T = 40, B = 50;
-  auto X = [&](std::size_t i) { return L + (W - L - R) * double(i) / double(std::max<std::size_t>(1, seqs.size() - 1)); };
-  auto Y = [&](double v) { return T + (H - T - B) * (1 - (std::log10(v) - std::log10(lo)) / std::max(1e-9, std::log10(hi) - std::log10(lo))); };
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
-  std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-                              "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-                              "<text x=\"{}\" y=\"24\" font-size=\"14\">predicted step time vs sequence length (cp {}, log-log)</text>\n",
-                              W, H, L, in.cp);
+  auto X = [&](std::size_t i) {
+    return L + (W - L - R) * double(i) / double(std::max<std::size_t>(1, seqs.size() - 1));
+  };
+  auto Y = [&](double v) {
+    return T + (H - T - B) * (1 - (std::log10(v) - std::log10(lo)) / std::max(1e-9, std::log10(hi) - std::log10(lo)));
+  };
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{}\" y=\"24\" font-size=\"14\">predicted step time vs sequence length (cp {}, log-log)</text>\n",
+      W, H, L, in.cp);
   for (std::size_t i = 0; i < seqs.size(); ++i)
     s += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(i), H - B + 16, seqs[i]);
-  s += fmt::format("<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g} s</text>\n<text x=\"{}\" y=\"{:.0f}\" "
-                   "text-anchor=\"end\">{:.3g} s</text>\n", L - 4, Y(hi) + 4, hi, L - 4, Y(lo) + 4, lo);
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g} s</text>\n<text x=\"{}\" y=\"{:.0f}\" "
+      "text-anchor=\"end\">{:.3g} s</text>\n",
+      L - 4, Y(hi) + 4, hi, L - 4, Y(lo) + 4, lo);
   for (std::size_t k = 0; k < series.size(); ++k) {
     std::string pts;
     for (std::size_t i = 0; i < seqs.size(); ++i)
       if (series[k][i] > 0) pts += fmt::format("{:.1f},{:.1f} ", X(i), Y(series[k][i]));
-    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", colors[k % 9], pts);
-    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), colors[k % 9], names[k]);
+    s +=
+        fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", colors[k % 9], pts);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), colors[k % 9],
+                     names[k]);
   }
   return s + "</svg>\n";
 }
@@ -388,8 +450,9 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
     const std::string item = text.substr(pos, end - pos);
     const std::size_t x = item.find('x');
     std::int64_t count = 1, length = -1;
-    const bool ok = x == std::string::npos ? parse_int64(item, length)
-                                           : parse_int64(item.substr(0, x), count) && parse_int64(item.substr(x + 1), length);
+    const bool ok = x == std::string::npos
+                        ? parse_int64(item, length)
+                        : parse_int64(item.substr(0, x), count) && parse_int64(item.substr(x + 1), length);
     if (!ok) throw Error(fmt::format("--docs: '{}' is neither a length nor COUNTxLENGTH", item.substr(0, 40)));
     if (count < 1 || count > (1 << 24) || length < 0)
       throw Error(fmt::format("--docs: '{}' needs a count in [1, 2^24] and a length >= 0", item.substr(0, 40)));
@@ -453,14 +516,17 @@ int run_plan(const PlanOptions& o) {
   const Plan plan = make_plan(in);
   if (o.calibrate) {
     if (comm.rank() == 0)
-      fmt::print("calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
-                 "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending across); all-to-all "
-                 "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
-                 comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
-                 in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
-                 in.cluster.inter_concurrent.bandwidth / 1e9,
-                 in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6);
-    for (const PlanRow& r : plan.rows) measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
+      fmt::print(
+          "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
+          "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
+          "across); all-to-all "
+          "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
+          comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+          in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
+          in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
+          in.cluster.alltoall_intra.latency * 1e6);
+    for (const PlanRow& r : plan.rows)
+      measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
   on_root(comm, [&] {
     print_plan(in, plan, measured);

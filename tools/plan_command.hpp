@@ -25,7 +25,7 @@ struct PlanOptions {
   std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and train's (8/3 width, to a multiple of 4)
   std::int64_t tile_rows = 1024;
   std::string max_memory = "2GiB";
-  std::string window;  // sliding window "L" or "L,R"
+  std::string window;                    // sliding window "L" or "L,R"
   std::int64_t kv_seq = 0;               // cross-attention: k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
   // --lengths: balance a variable-length step over --world ranks (0: 2, 4, ... 1024).

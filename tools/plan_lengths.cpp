@@ -35,8 +35,8 @@ train::GptConfig model_of(const PlanOptions& o) {
 // forward and backward as the trainer runs them, median of 3 after a warm-up.
 double gemm_rate(const Communicator& comm, const train::GptConfig& m) {
   const std::int64_t n = 1024, ic = m.width, oc = m.hidden;
-  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)), dy(y.size(), 1.0f),
-      dx(x.size()), dw(w.size());
+  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)),
+      dy(y.size(), 1.0f), dx(x.size()), dw(w.size());
   auto run = [&] {
     train::matmul_forward(y.data(), x.data(), w.data(), n, ic, oc);
     train::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
@@ -99,7 +99,8 @@ std::string size_summary(const BalancePlan& p) {
 
 double busiest_over_mean(const BalancePlan& p) {
   const double most = *std::max_element(p.rank_busy_seconds.begin(), p.rank_busy_seconds.end());
-  const double mean = std::accumulate(p.rank_busy_seconds.begin(), p.rank_busy_seconds.end(), 0.0) / double(p.rank_busy_seconds.size());
+  const double mean =
+      std::accumulate(p.rank_busy_seconds.begin(), p.rank_busy_seconds.end(), 0.0) / double(p.rank_busy_seconds.size());
   return mean > 0 ? most / mean : 1.0;
 }
 
@@ -108,11 +109,16 @@ double largest(const std::vector<double>& v) { return *std::max_element(v.begin(
 nlohmann::json plan_json(const BalancePlan& p) {
   nlohmann::json groups = nlohmann::json::array();
   for (const BalanceGroup& g : p.groups) groups.push_back({g.first_rank, g.size});
-  return {{"policy", policy_name(p.policy)},        {"step_seconds", p.step_seconds},
-          {"group_sizes", size_summary(p)},         {"busiest_over_mean_work", busiest_over_mean(p)},
-          {"max_bytes_per_rank", largest(p.rank_bytes)}, {"max_memory_per_rank", largest(p.rank_memory)},
-          {"groups", groups},                       {"rank_seconds", p.rank_seconds},
-          {"rank_busy_seconds", p.rank_busy_seconds}, {"sequence_seconds", p.sequence_seconds}};
+  return {{"policy", policy_name(p.policy)},
+          {"step_seconds", p.step_seconds},
+          {"group_sizes", size_summary(p)},
+          {"busiest_over_mean_work", busiest_over_mean(p)},
+          {"max_bytes_per_rank", largest(p.rank_bytes)},
+          {"max_memory_per_rank", largest(p.rank_memory)},
+          {"groups", groups},
+          {"rank_seconds", p.rank_seconds},
+          {"rank_busy_seconds", p.rank_busy_seconds},
+          {"sequence_seconds", p.sequence_seconds}};
 }
 
 // One world's table; a policy that cannot place the step prints (and records) why.
@@ -146,9 +152,12 @@ int run_plan_lengths(const PlanOptions& o) {
   BalanceInput in;
   std::vector<int> worlds;
   on_every_rank(comm, [&] {
-    if (o.calibrate) worlds = {comm.size()};
-    else if (o.world > 0) worlds = {o.world};
-    else for (int w = 2; w <= 1024; w *= 2) worlds.push_back(w);
+    if (o.calibrate)
+      worlds = {comm.size()};
+    else if (o.world > 0)
+      worlds = {o.world};
+    else
+      for (int w = 2; w <= 1024; w *= 2) worlds.push_back(w);
     for (int w : worlds)
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
@@ -166,21 +175,27 @@ int run_plan_lengths(const PlanOptions& o) {
   }
   on_root(comm, [&] {
     const train::GptConfig m = model_of(o);
-    fmt::print("ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
-               "KV heads of {}), cp_comm_type {}, {}{}\n",
-               in.lengths.size(), std::accumulate(in.lengths.begin(), in.lengths.end(), std::int64_t(0)),
-               describe_lengths(in.lengths).substr(0, 120), m.num_params(), m.layers, m.width, m.heads, m.kv_heads,
-               m.head_dim, in.cp_comm_type, to_string(in.model.dtype),
-               in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
+    fmt::print(
+        "ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
+        "KV heads of {}), cp_comm_type {}, {}{}\n",
+        in.lengths.size(), std::accumulate(in.lengths.begin(), in.lengths.end(), std::int64_t(0)),
+        describe_lengths(in.lengths).substr(0, 120), m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim,
+        in.cp_comm_type, to_string(in.model.dtype),
+        in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
     const Cluster& c = in.model.cluster;
-    fmt::print("  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
-               "GEMMs {:.3g} TFLOP/s\n",
-               o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
-               c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
-               (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
-    nlohmann::json j{{"lengths", in.lengths},     {"cp_comm_type", in.cp_comm_type},
-                     {"gemm_flops_per_token", in.gemm_flops_per_token}, {"max_memory", in.max_memory},
-                     {"peak_flops", c.peak_flops}, {"efficiency", c.efficiency}, {"calibrated", o.calibrate},
+    fmt::print(
+        "  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
+        "GEMMs {:.3g} TFLOP/s\n",
+        o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
+        c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
+        (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
+    nlohmann::json j{{"lengths", in.lengths},
+                     {"cp_comm_type", in.cp_comm_type},
+                     {"gemm_flops_per_token", in.gemm_flops_per_token},
+                     {"max_memory", in.max_memory},
+                     {"peak_flops", c.peak_flops},
+                     {"efficiency", c.efficiency},
+                     {"calibrated", o.calibrate},
                      {"gemm_flops_rate", in.gemm_flops_rate},
                      {"worlds", nlohmann::json::array()}};
     for (int w : worlds) {

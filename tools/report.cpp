@@ -64,9 +64,10 @@ void on_root(Communicator& comm, const std::function<void()>& fn) {
 }
 
 void add_timeout_option(CLI::App* command, double& seconds) {
-  command->add_option("--timeout", seconds,
-                      "seconds any rank may wait for a collective or a message before the job ends with a message "
-                      "naming the operation, the rank and its peer or group (0 = wait forever)")
+  command
+      ->add_option("--timeout", seconds,
+                   "seconds any rank may wait for a collective or a message before the job ends with a message "
+                   "naming the operation, the rank and its peer or group (0 = wait forever)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 }
@@ -110,11 +111,12 @@ bool parse_int64(std::string_view text, std::int64_t& value) {
 std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg) {
   const std::size_t comma = arg.find(',');
   std::pair<std::int64_t, std::int64_t> w{0, 0};
-  const bool ok = comma == std::string::npos
-                      ? parse_int64(arg, w.first)
-                      : parse_int64(std::string_view(arg).substr(0, comma), w.first) &&
-                            parse_int64(std::string_view(arg).substr(comma + 1), w.second);
-  if (!ok) throw Error(fmt::format("--window: '{}' is neither LEFT nor LEFT,RIGHT (integers, -1: unbounded)", arg.substr(0, 40)));
+  const bool ok = comma == std::string::npos ? parse_int64(arg, w.first)
+                                             : parse_int64(std::string_view(arg).substr(0, comma), w.first) &&
+                                                   parse_int64(std::string_view(arg).substr(comma + 1), w.second);
+  if (!ok)
+    throw Error(
+        fmt::format("--window: '{}' is neither LEFT nor LEFT,RIGHT (integers, -1: unbounded)", arg.substr(0, 40)));
   return w;
 }
 
@@ -152,7 +154,8 @@ std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
     } catch (const Error& e) {
       throw Error(fmt::format("--cu-seqlens: {}", e.what()));
     }
-    if (a.shape.size() != 1) throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
+    if (a.shape.size() != 1)
+      throw Error(fmt::format("--cu-seqlens: {} must be 1-D, got {} dimensions", arg, a.shape.size()));
     return a.data;
   }
   return parse_integer_list(read_input_within_memory("--cu-seqlens", arg), arg);
@@ -167,9 +170,10 @@ CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes
     const char* end = cp_sizes.data() + cp_sizes.size();
     const auto [comma, e1] = std::from_chars(cp_sizes.data(), end, inner);
     const auto [last, e2] = comma < end && *comma == ',' ? std::from_chars(comma + 1, end, outer)
-                                                          : std::from_chars_result{comma, std::errc::invalid_argument};
+                                                         : std::from_chars_result{comma, std::errc::invalid_argument};
     if (e1 != std::errc() || e2 != std::errc() || last != end || inner < 1 || outer < 1)
-      throw Error(fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes.substr(0, 40)));
+      throw Error(
+          fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes.substr(0, 40)));
     if (!chosen.hierarchical()) {
       std::string takers;
       for (const Strategy* t : strategies())
@@ -178,8 +182,8 @@ CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes
     }
     cfg.hierarchical_context_parallel_sizes = {inner, outer};
   } else if (chosen.hierarchical()) {
-    throw Error(fmt::format("--strategy {} needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)", chosen.name(),
-                            ranks));
+    throw Error(fmt::format("--strategy {} needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)",
+                            chosen.name(), ranks));
   }
   return cfg;
 }

@@ -31,40 +31,59 @@ namespace ulysses::cli {
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* c = app.add_subcommand(
-      "train", "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
-               "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
-               "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
+      "train",
+      "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
+      "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
+      "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
-  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")->capture_default_str()->check(non_negative_number());
-  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")->capture_default_str()->check(positive_number());
+  c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")
+      ->capture_default_str()
+      ->check(non_negative_number());
+  c->add_option("--seq", o.seq, "sequence length (global, per sequence)")
+      ->capture_default_str()
+      ->check(positive_number());
   c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
-  c->add_option("--dp", o.dp, "data-parallel replicas: cp = world / dp ranks each (dp must divide the world); one "
-                "gradient all-reduce over all ranks")->capture_default_str();
-  c->add_option("--lengths", o.lengths, "variable-length steps: sequences of these lengths every step instead of "
+  c->add_option("--dp", o.dp,
+                "data-parallel replicas: cp = world / dp ranks each (dp must divide the world); one "
+                "gradient all-reduce over all ranks")
+      ->capture_default_str();
+  c->add_option("--lengths", o.lengths,
+                "variable-length steps: sequences of these lengths every step instead of "
                 "--batch x --seq, e.g. 1x16384,32x512 or pareto:N:MIN:MAX:ALPHA[:SEED] (each one the synthetic task "
                 "at its length, or a window of --data, or packed documents with --pack); nothing is padded");
-  c->add_option("--tokens-per-step", o.tokens_per_step, "with --data (no --pack): each step takes whole documents "
+  c->add_option("--tokens-per-step", o.tokens_per_step,
+                "with --data (no --pack): each step takes whole documents "
                 "(one per line, or split on --doc-separator), each one sequence of its own length, consecutive from "
-                "a random one while they fit in N tokens")->check(positive_number());
-  c->add_option("--balance", o.balance, "which ranks compute each sequence: static (dp groups of world/dp ranks, "
-                "round-robin), pow2 (Megatron's hybrid CP) or dynamic (the balancer's solver)")->capture_default_str();
+                "a random one while they fit in N tokens")
+      ->check(positive_number());
+  c->add_option("--balance", o.balance,
+                "which ranks compute each sequence: static (dp groups of world/dp ranks, "
+                "round-robin), pow2 (Megatron's hybrid CP) or dynamic (the balancer's solver)")
+      ->capture_default_str();
   c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive_number());
   c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str()->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
-  c->add_option("--hidden", o.hidden, "SwiGLU hidden size (default: 8/3 x width rounded up to a multiple of 4, "
-                "LLaMA's sizing: 172 at width 64)")->check(positive_number());
+  c->add_option("--hidden", o.hidden,
+                "SwiGLU hidden size (default: 8/3 x width rounded up to a multiple of 4, "
+                "LLaMA's sizing: 172 at width 64)")
+      ->check(positive_number());
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
-  input_path(c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task"), "file");
-  c->add_option("--holdout", o.holdout, "with --data: the fraction of its bytes, from the end, that training never "
-                "sees; its loss is reported (0: none)")->capture_default_str();
-  c->add_option("--eval-every", o.eval_every, "with --data: the held-out loss and bits per byte every K steps and at "
-                "the end (default: a tenth of --steps; 0: at the end only)")->check(CLI::NonNegativeNumber);
+  input_path(c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task"),
+             "file");
+  c->add_option("--holdout", o.holdout,
+                "with --data: the fraction of its bytes, from the end, that training never "
+                "sees; its loss is reported (0: none)")
+      ->capture_default_str();
+  c->add_option("--eval-every", o.eval_every,
+                "with --data: the held-out loss and bits per byte every K steps and at "
+                "the end (default: a tenth of --steps; 0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
   c->add_flag("--pack", o.pack,
               "with --data: pack its documents (one per line, or split on --doc-separator) into each sequence, "
               "with document masking (cu_seqlens), per-document RoPE positions and no loss across a boundary; "
@@ -73,27 +92,37 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
   c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
-  input_path(c->add_option("--resume", o.resume, "continue from this checkpoint directory (model and optimizer settings "
-                           "come from it)"), "dir");
+  input_path(c->add_option("--resume", o.resume,
+                           "continue from this checkpoint directory (model and optimizer settings "
+                           "come from it)"),
+             "dir");
   c->add_option("--svg", o.svg, "draw the loss curve here (rank 0)");
-  c->add_option("--trace", o.trace, "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
+  c->add_option("--trace", o.trace,
+                "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
   c->add_flag("--checkpoint-activations", o.checkpoint_activations,
               "keep only each layer's input; recompute the layer (its attention too) in the backward");
-  c->add_flag("--tiled-mlp", o.tiled_mlp, "run the SwiGLU MLP a tile of --tile-rows at a time (ALST's TiledMLP): "
+  c->add_flag("--tiled-mlp", o.tiled_mlp,
+              "run the SwiGLU MLP a tile of --tile-rows at a time (ALST's TiledMLP): "
               "the [s/cp, hidden] intermediates never exist whole");
-  c->add_flag("--tiled-loss", o.tiled_loss, "compute the logits and the loss a tile of --tile-rows at a time: the "
+  c->add_flag("--tiled-loss", o.tiled_loss,
+              "compute the logits and the loss a tile of --tile-rows at a time: the "
               "[s/cp, vocab] logits never exist whole");
   c->add_option("--tile-rows", o.tile_rows, "rows of a tile")->capture_default_str()->check(positive_number());
-  c->add_option("--max-memory", o.max_memory, "refuse at start-up a run predicted to need more than this per rank "
+  c->add_option("--max-memory", o.max_memory,
+                "refuse at start-up a run predicted to need more than this per rank "
                 "(e.g. 2GiB, 512MiB)");
-  c->add_option("--dtype", o.dtype, "attention dtype: f32 (default) or bf16 (mixed precision: q, k, v and the "
+  c->add_option("--dtype", o.dtype,
+                "attention dtype: f32 (default) or bf16 (mixed precision: q, k, v and the "
                 "attention in bfloat16 on the bf16 kernels; weights, AdamW and the GEMMs float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
-  c->add_option("--eval-batches", o.eval_batches, "held-out batches of each evaluation (the final accuracy; "
-                "with --data, the held-out loss)")->capture_default_str();
-  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")->check(CLI::Range(0, 1024));
+  c->add_option("--eval-batches", o.eval_batches,
+                "held-out batches of each evaluation (the final accuracy; "
+                "with --data, the held-out loss)")
+      ->capture_default_str();
+  c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Range(0, 1024));
   c->final_callback([c, &o] {
     for (const CLI::Option* opt : c->get_options())
       if (opt->count() > 0) o.given.push_back(opt->get_name());
@@ -125,7 +154,8 @@ train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
 
 std::string svg_curve(const std::vector<double>& loss, const std::string& title) {
   const double W = 640, H = 360, L = 60, R = 20, T = 40, B = 40;
-  const double hi = *std::max_element(loss.begin(), loss.end()), lo = std::min(0.0, *std::min_element(loss.begin(), loss.end()));
+  const double hi = *std::max_element(loss.begin(), loss.end()),
+               lo = std::min(0.0, *std::min_element(loss.begin(), loss.end()));
   std::string pts;
   for (std::size_t i = 0; i < loss.size(); ++i) {
     const double x = L + (W - L - R) * (loss.size() > 1 ? double(i) / double(loss.size() - 1) : 0.0);
@@ -133,7 +163,8 @@ std::string svg_curve(const std::vector<double>& loss, const std::string& title)
     pts += fmt::format("{:.1f},{:.1f} ", x, y);
   }
   std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n<text x=\"{2}\" y=\"24\" font-size=\"14\">{3}</text>\n"
       "<line x1=\"{2}\" y1=\"{4}\" x2=\"{2}\" y2=\"{5}\" stroke=\"black\"/>\n"
       "<line x1=\"{2}\" y1=\"{5}\" x2=\"{6}\" y2=\"{5}\" stroke=\"black\"/>\n",
@@ -142,8 +173,10 @@ std::string svg_curve(const std::vector<double>& loss, const std::string& title)
     const double v = lo + (hi - lo) * k / 4.0, y = T + (H - T - B) * (1.0 - k / 4.0);
     s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n", L - 6, y + 4, v);
   }
-  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step (1 … {})</text>\n", (W + L) / 2, H - 10, loss.size());
-  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">loss</text>\n", H / 2, H / 2);
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step (1 … {})</text>\n", (W + L) / 2, H - 10,
+                   loss.size());
+  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">loss</text>\n",
+                   H / 2, H / 2);
   s += "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n</svg>\n";
   return s;
 }
@@ -157,7 +190,9 @@ double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
   const int n = 512;
   std::vector<float> a(std::size_t(n) * n, 0.5f), b(a), c(a);
   openblas_set_num_threads(omp_get_max_threads());
-  auto run = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  auto run = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  };
   for (int i = 0; i < 3; ++i) run();
   std::vector<double> t;
   for (int rep = 0; rep < 5; ++rep) {
@@ -188,20 +223,22 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
                                                   held_out->loss, held_out->bits_per_byte())
                                     : "";
   if (log)  // written as it goes: a killed run keeps its steps' lines, so log and checkpoint agree
-    log->append(fmt::format("{{\"step\": {}, \"loss\": {:.6f}, \"accuracy\": {:.4f}, \"grad_norm\": {:.4f}, "
-                            "\"tokens_per_s\": {:.1f}, \"attention_compute_s\": {:.5f}, \"attention_comm_exposed_s\": "
-                            "{:.5f}, \"peak_rss_bytes\": {:.0f}, \"predicted_bytes\": {:.0f}, \"dtype\": \"{}\", "
-                            "\"sequences\": {}, \"tokens\": {}, \"step_s\": {:.6f}, \"predicted_step_s\": {:.6f}, "
-                            "\"idle_ms\": [{}]{}}}\n",
-                            r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s,
-                            r.attention.comm_exposed_s, r.peak_rss, p.predicted_bytes, p.dtype, r.sequences, r.tokens,
-                            r.seconds, r.predicted_s, idle, held));
+    log->append(
+        fmt::format("{{\"step\": {}, \"loss\": {:.6f}, \"accuracy\": {:.4f}, \"grad_norm\": {:.4f}, "
+                    "\"tokens_per_s\": {:.1f}, \"attention_compute_s\": {:.5f}, \"attention_comm_exposed_s\": "
+                    "{:.5f}, \"peak_rss_bytes\": {:.0f}, \"predicted_bytes\": {:.0f}, \"dtype\": \"{}\", "
+                    "\"sequences\": {}, \"tokens\": {}, \"step_s\": {:.6f}, \"predicted_step_s\": {:.6f}, "
+                    "\"idle_ms\": [{}]{}}}\n",
+                    r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s, r.attention.comm_exposed_s,
+                    r.peak_rss, p.predicted_bytes, p.dtype, r.sequences, r.tokens, r.seconds, r.predicted_s, idle,
+                    held));
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
-  std::string line = fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  idle ms [{}]  ETA {}",
-                                 std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'),
-                                 r.step, p.steps, r.loss, acc_recent, tps, idle, clock(elapsed / done * (total - done)));
+  std::string line =
+      fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  idle ms [{}]  ETA {}",
+                  std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'), r.step, p.steps,
+                  r.loss, acc_recent, tps, idle, clock(elapsed / done * (total - done)));
   if (held_out) line += fmt::format("  held-out {:.4f} ({:.3f} bits/byte)", held_out->loss, held_out->bits_per_byte());
   const std::int64_t every = std::max<std::int64_t>(1, (p.steps - p.first) / 20);
   if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first || held_out) fmt::print("{}\n", line);
@@ -211,9 +248,9 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
 // Rank 0's summary of a run that took at least one step.
 void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
                    const std::vector<double>& step_tps, const std::vector<double>& step_idle,
-                   const train::Evaluation& final_eval, const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals,
-                   const train::DataSource& data, double ceiling, double flops_per_step, const train::TrainConfig& cfg,
-                   double peak_rss, int cp) {
+                   const train::Evaluation& final_eval,
+                   const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals, const train::DataSource& data,
+                   double ceiling, double flops_per_step, const train::TrainConfig& cfg, double peak_rss, int cp) {
   const double med = median(step_seconds);
   const double tps = median(step_tps), gflops = flops_per_step / med * 1e-9;
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
@@ -222,19 +259,24 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
   fmt::print("done: {} steps, attention dtype {}; loss {:.4f} -> {:.4f} (mean of the last {})\n", losses.size(),
              to_string(cfg.dtype), losses.front(), last, tail);
   if (final_eval.accuracy >= 0)
-    fmt::print("retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
-               "away, on other ranks' shards\n", final_eval.accuracy * 100,
-               cfg.lengths.empty() ? cfg.seq : *std::max_element(cfg.lengths.begin(), cfg.lengths.end()));
+    fmt::print(
+        "retrieval accuracy on held-out sequences: {:.1f}% (chance: 10%) — the answers sit up to {} tokens "
+        "away, on other ranks' shards\n",
+        final_eval.accuracy * 100,
+        cfg.lengths.empty() ? cfg.seq : *std::max_element(cfg.lengths.begin(), cfg.lengths.end()));
   if (!data.synthetic_task() && final_eval.loss >= 0)
     fmt::print("held-out loss {:.4f} ({:.3f} bits per byte) on the last {} bytes of the data, never trained on{}\n",
                final_eval.loss, final_eval.bits_per_byte(), data.held_out_bytes(),
                evals.size() > 1 ? fmt::format(" (step {}: {:.4f}, {:.3f} bits per byte)", evals.front().first,
                                               evals.front().second.loss, evals.front().second.bits_per_byte())
                                 : std::string());
-  fmt::print("throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
-             "({:.1f} GFLOP/s over all ranks)\n", tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
-  fmt::print("idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
-             median(step_idle) * 1e3);
+  fmt::print(
+      "throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
+      "({:.1f} GFLOP/s over all ranks)\n",
+      tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
+  fmt::print(
+      "idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
+      median(step_idle) * 1e3);
   const train::MemoryEstimate need = predicted_memory(cfg, cp);
   fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
@@ -246,16 +288,23 @@ void check_resume_flags(const TrainOptions& o, const train::TrainConfig& ck) {
   const train::GptConfig& m = ck.model;
   auto str = [](auto x) { return fmt::format("{}", x); };  // each in its own type: equal means equal
   const std::vector<std::tuple<const char*, std::string, std::string>> fixed{
-      {"--layers", str(o.layers), str(m.layers)},       {"--width", str(o.width), str(m.width)},
-      {"--heads", str(o.heads), str(m.heads)},          {"--kv-heads", str(o.kv_heads), str(m.kv_heads)},
-      {"--head-dim", str(o.head_dim), str(m.head_dim)}, {"--hidden", str(o.hidden), str(m.hidden)},
-      {"--batch", str(o.batch), str(ck.batch)},         {"--seq", str(o.seq), str(ck.seq)},
-      {"--lr", str(o.lr), str(ck.lr)},                  {"--warmup", str(o.warmup), str(ck.warmup)},
+      {"--layers", str(o.layers), str(m.layers)},
+      {"--width", str(o.width), str(m.width)},
+      {"--heads", str(o.heads), str(m.heads)},
+      {"--kv-heads", str(o.kv_heads), str(m.kv_heads)},
+      {"--head-dim", str(o.head_dim), str(m.head_dim)},
+      {"--hidden", str(o.hidden), str(m.hidden)},
+      {"--batch", str(o.batch), str(ck.batch)},
+      {"--seq", str(o.seq), str(ck.seq)},
+      {"--lr", str(o.lr), str(ck.lr)},
+      {"--warmup", str(o.warmup), str(ck.warmup)},
       {"--seed", str(o.seed), str(ck.seed)}};
   for (const auto& [flag, given, saved] : fixed)
     if (std::find(o.given.begin(), o.given.end(), flag) != o.given.end() && given != saved)
-      throw Error(fmt::format("{} {} conflicts with the checkpoint {} ({} {}): a resumed run keeps its model and "
-                              "optimizer settings; drop {} or start a new run", flag, given, o.resume, flag, saved, flag));
+      throw Error(
+          fmt::format("{} {} conflicts with the checkpoint {} ({} {}): a resumed run keeps its model and "
+                      "optimizer settings; drop {} or start a new run",
+                      flag, given, o.resume, flag, saved, flag));
 }
 
 // Collective. The run's settings: a checkpoint's, or the options'; errors agreed.
@@ -266,7 +315,12 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
       cfg = train::Trainer::checkpoint_config(o.resume);
       check_resume_flags(o, cfg);
     } else {
-      cfg.model = {256, o.layers, o.width, o.heads, o.kv_heads, o.head_dim,
+      cfg.model = {256,
+                   o.layers,
+                   o.width,
+                   o.heads,
+                   o.kv_heads,
+                   o.head_dim,
                    o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width)};
       cfg.batch = o.batch;
       cfg.seq = o.seq;
@@ -279,8 +333,8 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
     if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
     if (o.dp < 1 || comm.size() % o.dp != 0)
-      throw Error(fmt::format("--dp {} must divide the world size {} (cp = world / dp ranks per replica)", o.dp,
-                              comm.size()));
+      throw Error(
+          fmt::format("--dp {} must divide the world size {} (cp = world / dp ranks per replica)", o.dp, comm.size()));
     cfg.dp = o.dp;
     cfg.balance = parse_policy(o.balance);
     if (o.lengths) cfg.lengths = parse_lengths(*o.lengths);
@@ -290,7 +344,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     if (o.tokens_per_step > 0 && o.data.empty())
       throw Error(fmt::format("--tokens-per-step {} samples whole documents: it needs --data FILE", o.tokens_per_step));
     if (!o.data.empty())
-      data = o.pack ? train::DataSource::packed_documents(o.data, o.doc_separator, o.holdout)
+      data = o.pack                  ? train::DataSource::packed_documents(o.data, o.doc_separator, o.holdout)
              : o.tokens_per_step > 0 ? train::DataSource::documents(o.data, o.doc_separator, o.holdout)
                                      : train::DataSource::text_file(o.data, o.holdout);
   });
@@ -322,9 +376,8 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
   fmt::print("  memory per rank (predicted{}): {}{}{}{}\n",
              cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
-             predicted_memory(cfg, cp).describe(),
-             mo.checkpoint_activations ? "; activation checkpointing" : "", mo.tiled_mlp ? "; tiled MLP" : "",
-             mo.tiled_loss ? "; tiled loss" : "");
+             predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",
+             mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
   std::fflush(stdout);
 }
@@ -409,7 +462,8 @@ int run_train(const TrainOptions& o) {
     if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, step_tps, step_idle, final_eval, evals, data, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
+      print_summary(losses, step_seconds, step_tps, step_idle, final_eval, evals, data, ceiling,
+                    trainer.flops_per_step(), cfg, peak_rss, cp);
     if (!o.svg.empty() && !losses.empty())
       write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
                                                              cfg.cp.cp_comm_type, cp)));
@@ -430,12 +484,13 @@ int run_plan_train(const PlanOptions& o) {
     cfg.batch = o.batch;
     cfg.dtype = parse_dtype(o.dtype);
     const double cap = train::parse_bytes(o.max_memory);
-    fmt::print("ulysses plan --train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {}), "
-               "batch {}, {}, at most {} per rank\n",
-               cfg.model.num_params(), cfg.model.layers, width, cfg.model.heads, cfg.model.kv_heads, o.head_dim, hidden,
-               o.batch, to_string(cfg.dtype), train::format_bytes(cap));
-    fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)",
-               "longest s (ckpt+tiled)", "gain");
+    fmt::print(
+        "ulysses plan --train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {}), "
+        "batch {}, {}, at most {} per rank\n",
+        cfg.model.num_params(), cfg.model.layers, width, cfg.model.heads, cfg.model.kv_heads, o.head_dim, hidden,
+        o.batch, to_string(cfg.dtype), train::format_bytes(cap));
+    fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)", "longest s (ckpt+tiled)",
+               "gain");
     for (int cp = 1; cp <= std::min(o.cp, 65536); cp *= 2) {
       cfg.cp.cp_comm_type = cfg.model.heads >= cp ? "a2a" : "p2p";
       cfg.memory = {};

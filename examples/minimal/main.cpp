@@ -25,13 +25,12 @@ int main(int argc, char** argv) {
     ulysses::RefTensor ref_out;
     std::vector<double> lse;
     ulysses::reference_attention_forward(ref_out, lse, ulysses::RefTensor::from(gq.view()),
-                                         ulysses::RefTensor::from(gk.view()),
-                                         ulysses::RefTensor::from(gv.view()), {.causal = true});
+                                         ulysses::RefTensor::from(gk.view()), ulysses::RefTensor::from(gv.view()),
+                                         {.causal = true});
     ulysses::RefTensor mine({batch, local, heads, head_dim});
     for (std::int64_t s = 0; s < local; ++s)
       for (std::int64_t h = 0; h < heads; ++h)
-        for (std::int64_t d = 0; d < head_dim; ++d)
-          mine.at(0, s, h, d) = ref_out.at(0, comm.rank() * local + s, h, d);
+        for (std::int64_t d = 0; d < head_dim; ++d) mine.at(0, s, h, d) = ref_out.at(0, comm.rank() * local + s, h, d);
     const double err = ulysses::relative_error(out.view(), mine);
     std::printf("rank %d/%d: relative error vs float64 reference %.2e\n", comm.rank(), cp, err);
     code = err < 1e-5 ? 0 : 1;

@@ -74,7 +74,7 @@ class FusedHeads {
   FusedHeads converted(DType dtype) const;
 
  private:
-  Tensor buffer_;      // empty when the storage is the caller's
+  Tensor buffer_;  // empty when the storage is the caller's
   TensorView whole_;
   std::vector<std::int64_t> local_heads_, rank_tokens_;
   std::int64_t total_heads_ = 0, batch_ = 0, seq_ = 0, head_dim_ = 0;

@@ -45,10 +45,10 @@ namespace ulysses {
 struct AttentionParams {
   bool causal = false;
   std::optional<float> scale = std::nullopt;  // softmax scale, finite and > 0; unset: 1/sqrt(d)
-  std::int64_t q_offset = 0;  // global position of query row 0
-  std::int64_t k_offset = 0;  // global position of key row 0
+  std::int64_t q_offset = 0;                  // global position of query row 0
+  std::int64_t k_offset = 0;                  // global position of key row 0
   std::vector<std::int64_t> cu_seqlens = {};  // document boundaries over global positions; empty: one
-  std::int64_t window_left = -1;   // sliding window (left, right) over global positions; -1: unbounded
+  std::int64_t window_left = -1;              // sliding window (left, right) over global positions; -1: unbounded
   std::int64_t window_right = -1;
 };
 
@@ -67,8 +67,7 @@ std::string kernel_engine(DType dtype);
 std::string blas_core();
 
 // Checks shapes, dtypes and the head ratio; throws ulysses::Error naming the bad value.
-void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out);
+void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out);
 // Checks params.cu_seqlens (when given) against the shapes: batch 1, a valid cu_seqlens
 // (documents.hpp) that covers every query and key position.
 void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k);
@@ -82,23 +81,21 @@ void check_offsets(const AttentionParams& params, const TensorView& q, const Ten
 void check_scale(const AttentionParams& params);
 
 // out and lse are overwritten.
-void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
-                             const TensorView& k, const TensorView& v,
-                             const AttentionParams& params);
+void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                             const TensorView& v, const AttentionParams& params);
 
 // dq, dk, dv are overwritten. out and lse are the forward's results for these inputs.
 // In place is allowed: dk and dv may be k and v themselves, and dq may be out when they share
 // a dtype (k and v are read only through packed copies made first, out only for
 // D = rowsum(dout ∘ out) before any gradient is written): a caller that needs neither
 // afterwards saves their size (the a2a strategy's consuming backward).
-void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const TensorView& dout, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& out, const TensorView& lse,
-                              const AttentionParams& params);
+void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                              const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                              const TensorView& lse, const AttentionParams& params);
 
 // FLOPs of one forward as FlashAttention counts them: 4·b·sq·sk·h·d, halved when causal
 // (for sq == sk). The backward is 2.5× this.
-double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h,
-                               std::int64_t d, bool causal);
+double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h, std::int64_t d,
+                               bool causal);
 
 }  // namespace ulysses

@@ -32,8 +32,8 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const
                                  DType dtype, std::int64_t kv_seq = 0);
 // The same for the busiest rank of each counter: every rank's volume when the tokens and heads
 // split evenly, an upper bound per counter otherwise (the planner's input).
-CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
-                                 DType dtype, std::int64_t kv_seq = 0);
+CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, DType dtype,
+                                 std::int64_t kv_seq = 0);
 
 // Building blocks of the strategies' formulas for one rank, O(1) whatever the group size (the
 // planner asks every rank).

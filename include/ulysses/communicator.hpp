@@ -87,9 +87,9 @@ class Communicator {
   // is (its wait is under the watchdog like every other). The buffers must stay untouched until
   // then; several may be in flight, posted in the same order on every rank. Pipelines call the
   // Request's test() between pieces of compute so the transfer progresses.
-  Request ialltoallv(const void* send, std::span<const std::size_t> send_bytes, std::span<const std::size_t> send_offsets,
-                     void* recv, std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
-                     const std::string& op = "alltoallv");
+  Request ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                     std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
+                     std::span<const std::size_t> recv_offsets, const std::string& op = "alltoallv");
   // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
   void allgather(const void* send, void* recv, std::size_t bytes, const std::string& op = "allgather");
   // Collective. Every rank contributes bytes[rank()] bytes; recv holds every rank's block back
@@ -102,8 +102,7 @@ class Communicator {
   void gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op = "gather");
   // Collective. send holds size() blocks of `count` floats in rank order; block j is summed
   // over ranks and lands in rank j's recv. Counts the (size()−1) blocks each rank sends.
-  void reduce_scatter_sum(const float* send, float* recv, std::size_t count,
-                          const std::string& op = "reduce_scatter");
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op = "reduce_scatter");
   // Collective. The same with blocks of counts[j] floats back to back in rank order (this
   // rank receives counts[rank()]). Counts the other ranks' blocks.
   void reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,

@@ -79,13 +79,12 @@ class ContextParallelAttention {
   ContextParallelAttention& operator=(const ContextParallelAttention&) = delete;
 
   // Collective. Writes out and returns the context for the backward.
-  [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k,
-                                  const TensorView& v);
+  [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v);
   // The same with this call's packed documents (documents.hpp) in place of config().cu_seqlens:
   // packed training data brings other documents with every batch, as FlashAttention's varlen
   // functions take cu_seqlens per call. The context keeps them for its backward.
-  [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k,
-                                  const TensorView& v, std::vector<std::int64_t> cu_seqlens);
+  [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                                  std::vector<std::int64_t> cu_seqlens);
   // Collective. Writes dq, dk, dv for the forward that made `context` (which stays valid:
   // a second backward of the same context gives the same gradients). Returns its stats.
   CpStats backward(const CpContext& context, const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -30,8 +30,8 @@ struct Link {
 
 struct Cluster {
   int ranks_per_node = 8;
-  Link intra{450e9, 2e-6};    // NVLink 4 (H100): ~450 GB/s per direction per GPU
-  Link inter{50e9, 5e-6};     // 400 Gb/s InfiniBand per GPU
+  Link intra{450e9, 2e-6};  // NVLink 4 (H100): ~450 GB/s per direction per GPU
+  Link inter{50e9, 5e-6};   // 400 Gb/s InfiniBand per GPU
   // All-to-all inside a node, when it behaves unlike point-to-point (a calibrated fit);
   // a bandwidth of 0 means "use intra".
   Link alltoall_intra{0, 0};
@@ -62,20 +62,20 @@ struct PlanInput {
 
 struct PlanRow {
   CpConfig config;
-  std::string name;                 // "a2a", "a2a+p2p [2,8]", ...
+  std::string name;  // "a2a", "a2a+p2p [2,8]", ...
   bool valid = false;
-  std::string reason;               // why invalid, or "" 
+  std::string reason;  // why invalid, or ""
   // One layer, each counter's busiest rank (every rank's when tokens and heads split evenly).
   std::int64_t forward_bytes_per_rank = 0, backward_bytes_per_rank = 0;
   std::int64_t forward_messages = 0, backward_messages = 0;
-  double head_imbalance = 1;        // the busiest rank's query heads over the average (uneven Ulysses splits)
-  double work_imbalance = 1;        // the busiest rank's attention work over the average (Strategy::work:
-                                    // heads, tokens, the causal mask, documents)
-  double compute_s = 0;             // per layer, forward + backward, on the busiest rank
-  double comm_s = 0;                // per layer, all transfers
-  double hidden_s = 0;              // of comm_s, hidden behind compute
-  double memory_bytes = 0;          // attention working set per rank, one layer
-  double predicted_step_s = 0;      // all layers, forward + backward
+  double head_imbalance = 1;    // the busiest rank's query heads over the average (uneven Ulysses splits)
+  double work_imbalance = 1;    // the busiest rank's attention work over the average (Strategy::work:
+                                // heads, tokens, the causal mask, documents)
+  double compute_s = 0;         // per layer, forward + backward, on the busiest rank
+  double comm_s = 0;            // per layer, all transfers
+  double hidden_s = 0;          // of comm_s, hidden behind compute
+  double memory_bytes = 0;      // attention working set per rank, one layer
+  double predicted_step_s = 0;  // all layers, forward + backward
 };
 
 struct Plan {

@@ -28,13 +28,12 @@ struct RefTensor {
 };
 
 // lse: [b, h, sq].
-void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const RefTensor& q,
-                                 const RefTensor& k, const RefTensor& v,
-                                 const AttentionParams& params);
+void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const RefTensor& q, const RefTensor& k,
+                                 const RefTensor& v, const AttentionParams& params);
 
-void reference_attention_backward(RefTensor& dq, RefTensor& dk, RefTensor& dv,
-                                  const RefTensor& dout, const RefTensor& q, const RefTensor& k,
-                                  const RefTensor& v, const AttentionParams& params);
+void reference_attention_backward(RefTensor& dq, RefTensor& dk, RefTensor& dv, const RefTensor& dout,
+                                  const RefTensor& q, const RefTensor& k, const RefTensor& v,
+                                  const AttentionParams& params);
 
 // ‖x − ref‖₂ / ‖ref‖₂ (0 when both are zero).
 double relative_error(const TensorView& x, const RefTensor& ref);

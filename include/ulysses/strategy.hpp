@@ -95,8 +95,7 @@ class Strategy {
 
   // The query and KV heads rank `rank` computes attention on. By default all of them
   // (sequence-sharded strategies); Ulysses splits them (ulysses_heads in sharding.hpp).
-  virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads,
-                             std::int64_t kv_heads) const;
+  virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const;
 
   // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
   // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the

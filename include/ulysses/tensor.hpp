@@ -26,8 +26,8 @@ std::size_t dtype_size(DType dtype);
 const char* to_string(DType dtype);
 const char* to_string(Layout layout);
 const char* to_string(Device device);
-DType parse_dtype(std::string_view name);     // "f32" | "float32" | "bf16" | "bfloat16"
-Layout parse_layout(std::string_view name);   // "bshd" | "sbhd" | "bhsd"
+DType parse_dtype(std::string_view name);    // "f32" | "float32" | "bf16" | "bfloat16"
+Layout parse_layout(std::string_view name);  // "bshd" | "sbhd" | "bhsd"
 
 struct Shape {
   std::int64_t b = 0, s = 0, h = 0, d = 0;
@@ -66,8 +66,7 @@ struct TensorView {
 
 // Read one d-long row as float32 / write one float32 row in the view's dtype.
 void load_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h, float* out);
-void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h,
-               const float* in);
+void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h, const float* in);
 
 // "" when `view` has `expected` shape, else "<name> must be <expected>, got <actual>".
 std::string shape_error(const char* name, const TensorView& view, const Shape& expected);
@@ -124,7 +123,9 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   Layout layout() const { return layout_; }
-  Device device() const { return data_.get_deleter().allocator ? data_.get_deleter().allocator->device() : Device::cpu; }
+  Device device() const {
+    return data_.get_deleter().allocator ? data_.get_deleter().allocator->device() : Device::cpu;
+  }
   std::size_t nbytes() const { return std::size_t(shape_.numel()) * dtype_size(dtype_); }
   void* data() const { return data_.get(); }
   float* f32() const { return static_cast<float*>(data()); }

@@ -70,9 +70,9 @@ std::optional<float> scale_of(std::optional<double> scale) {
 
 // window (left, right): FlashAttention's window_size, -1 unbounded; q_offset: cross-attention;
 // scale: None for 1/sqrt(d), else finite and > 0 (refused at the first forward, on every rank).
-CpConfig make_config(const std::string& type, bool causal, std::optional<double> scale, const std::vector<int>& cp_sizes,
-                     std::pair<std::int64_t, std::int64_t> window = {-1, -1}, int overlap_chunks = 1,
-                     std::optional<std::int64_t> q_offset = std::nullopt) {
+CpConfig make_config(const std::string& type, bool causal, std::optional<double> scale,
+                     const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window = {-1, -1},
+                     int overlap_chunks = 1, std::optional<std::int64_t> q_offset = std::nullopt) {
   CpConfig c{std::string(find_strategy(type).name()), cp_sizes, causal, scale_of(scale)};
   std::tie(c.window_left, c.window_right) = window;
   c.overlap_chunks = overlap_chunks;
@@ -91,7 +91,8 @@ py::array whole_array(const FusedHeads& f, py::handle owner) {
   // Strides spelled out: pybind11 < 2.12 reads the element size from numpy's dtype struct,
   // whose layout numpy 2 changed (it would give 0 and all-zero strides).
   const py::ssize_t es = py::ssize_t(dtype_size(f.dtype()));
-  const std::vector<py::ssize_t> strides{shape[1] * shape[2] * shape[3] * es, shape[2] * shape[3] * es, shape[3] * es, es};
+  const std::vector<py::ssize_t> strides{shape[1] * shape[2] * shape[3] * es, shape[2] * shape[3] * es, shape[3] * es,
+                                         es};
   const py::dtype dt = f.dtype() == DType::f32 ? py::dtype::of<float>() : py::dtype::of<std::int16_t>();
   return py::array(dt, shape, strides, f.whole().data, owner);
 }
@@ -157,8 +158,8 @@ py::dict balance_plan(const std::vector<std::int64_t>& lengths, int world, int d
 }
 
 void add_balance_bindings(py::module_& m) {
-  m.def("balance", &balance_plan, py::arg("lengths"), py::arg("world"), py::arg("dp"), py::arg("policy"), py::arg("heads"),
-        py::arg("kv_heads"), py::arg("head_dim"), py::arg("layers"), py::arg("cp_comm_type"),
+  m.def("balance", &balance_plan, py::arg("lengths"), py::arg("world"), py::arg("dp"), py::arg("policy"),
+        py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("layers"), py::arg("cp_comm_type"),
         py::arg("gemm_flops_per_token"), py::arg("max_tokens_per_rank"), py::arg("ranks_per_node"),
         py::arg("peak_flops"), py::arg("efficiency"), py::arg("dtype"),
         "Not collective. balancer.hpp's balance(): a contiguous group (first_rank, size) per sequence and the "
@@ -182,13 +183,14 @@ PYBIND11_MODULE(_ulysses, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("backend", &Communicator::backend)
-      .def("counters", [](const Communicator& c) {
-        py::dict d;
-        for (const auto& [op, k] : c.counters())
-          d[py::str(op)] = py::dict(py::arg("calls") = k.calls, py::arg("bytes_sent") = k.bytes_sent,
-                                    py::arg("messages") = k.messages);
-        return d;
-      })
+      .def("counters",
+           [](const Communicator& c) {
+             py::dict d;
+             for (const auto& [op, k] : c.counters())
+               d[py::str(op)] = py::dict(py::arg("calls") = k.calls, py::arg("bytes_sent") = k.bytes_sent,
+                                         py::arg("messages") = k.messages);
+             return d;
+           })
       .def("reset_counters", &Communicator::reset_counters)
       .def("agree", &Communicator::agree, py::arg("local_error"), py::call_guard<py::gil_scoped_release>(),
            "Collective: \"\" when this rank is fine, else its error; when any rank has one, every rank raises the "
@@ -197,8 +199,9 @@ PYBIND11_MODULE(_ulysses, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Collective: every rank raises the same Error naming both texts when a rank's description differs from "
            "rank 0's.")
-      .def("default_threads", [](Communicator& c) { return default_threads(c); },
-           py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
+      .def(
+          "default_threads", [](Communicator& c) { return default_threads(c); },
+          py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
 
   py::class_<CpContext>(m, "Context", "What one forward keeps for its backward.")
       .def_property_readonly("valid", &CpContext::valid)
@@ -208,8 +211,8 @@ PYBIND11_MODULE(_ulysses, m) {
       .def(py::init([](Communicator& comm, const std::string& type, bool causal, std::optional<double> scale,
                        const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window,
                        int overlap_chunks, std::optional<std::int64_t> q_offset) {
-             return std::make_unique<ContextParallelAttention>(
-                 comm, make_config(type, causal, scale, cp_sizes, window, overlap_chunks, q_offset));
+             return std::make_unique<ContextParallelAttention>(comm, make_config(type, causal, scale, cp_sizes, window,
+                                                                                 overlap_chunks, q_offset));
            }),
            py::arg("comm"), py::arg("cp_comm_type"), py::arg("causal"), py::arg("scale"), py::arg("cp_sizes"),
            py::arg("window") = std::pair<std::int64_t, std::int64_t>{-1, -1}, py::arg("overlap_chunks") = 1,
@@ -236,70 +239,73 @@ PYBIND11_MODULE(_ulysses, m) {
 
   py::class_<HeadBuffer>(m, "HeadBuffer", "The head-sharded side of the fused all-to-all.");
 
-  m.def("seq_to_head",
-        [](Communicator& comm, const py::list& views, const HeadLists& heads) {
-          const std::vector<SeqShard> shards = shards_of(views, heads);
-          auto buffer = std::make_unique<HeadBuffer>();
-          {
-            py::gil_scoped_release nogil;
-            buffer->heads = seq_to_head(comm, shards);
-          }
-          py::object owner = py::cast(std::move(buffer));
-          return whole_array(owner.cast<HeadBuffer&>().heads, owner);
-        },
-        "Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of tensor t; "
-        "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back.");
-  m.def("head_to_seq",
-        [](Communicator& comm, const py::list& head_views, const py::list& out_views, const HeadLists& heads) {
-          const std::vector<TensorView> in = views_of(head_views);
-          const std::vector<SeqShard> out = shards_of(out_views, heads);
-          if (in.empty() || in.size() != out.size()) throw Error("head_to_seq: one head-sharded input per output");
-          std::vector<std::int64_t> local_heads;
-          for (const TensorView& v : in) local_heads.push_back(v.shape.h);
+  m.def(
+      "seq_to_head",
+      [](Communicator& comm, const py::list& views, const HeadLists& heads) {
+        const std::vector<SeqShard> shards = shards_of(views, heads);
+        auto buffer = std::make_unique<HeadBuffer>();
+        {
           py::gil_scoped_release nogil;
-          const std::vector<std::int64_t> tokens = comm.allgather_value(out[0].view.shape.s, "validate");
-          FusedHeads f(in[0].dtype, in[0].shape.b, tokens, in[0].shape.d, local_heads);
-          for (std::size_t t = 0; t < in.size(); ++t) copy(in[t], f.part(int(t)));
-          head_to_seq(comm, f, out);
-        },
-        "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
+          buffer->heads = seq_to_head(comm, shards);
+        }
+        py::object owner = py::cast(std::move(buffer));
+        return whole_array(owner.cast<HeadBuffer&>().heads, owner);
+      },
+      "Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of tensor t; "
+      "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back.");
+  m.def(
+      "head_to_seq",
+      [](Communicator& comm, const py::list& head_views, const py::list& out_views, const HeadLists& heads) {
+        const std::vector<TensorView> in = views_of(head_views);
+        const std::vector<SeqShard> out = shards_of(out_views, heads);
+        if (in.empty() || in.size() != out.size()) throw Error("head_to_seq: one head-sharded input per output");
+        std::vector<std::int64_t> local_heads;
+        for (const TensorView& v : in) local_heads.push_back(v.shape.h);
+        py::gil_scoped_release nogil;
+        const std::vector<std::int64_t> tokens = comm.allgather_value(out[0].view.shape.s, "validate");
+        FusedHeads f(in[0].dtype, in[0].shape.b, tokens, in[0].shape.d, local_heads);
+        for (std::size_t t = 0; t < in.size(); ++t) copy(in[t], f.part(int(t)));
+        head_to_seq(comm, f, out);
+      },
+      "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
 
-  m.def("rank_chunks",
-        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq,
-           std::optional<std::int64_t> q_offset) {
-          std::vector<std::pair<std::int64_t, std::int64_t>> out;
-          const CpConfig config = make_config(type, causal, 0.0f, cp_sizes, {-1, -1}, 1, q_offset);
-          for (const SeqChunk& c : rank_chunks(config, cp, rank, seq)) out.emplace_back(c.begin, c.length);
-          return out;
-        },
-        py::arg("cp_comm_type"), py::arg("causal"), py::arg("cp_sizes"), py::arg("cp"), py::arg("rank"), py::arg("seq"),
-        py::arg("q_offset") = std::nullopt,
-        "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order (contiguous "
-        "under cross-attention: q_offset set).");
-  m.def("validate",
-        [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp,
-           const std::vector<std::int64_t>& q_global, std::int64_t kv_heads) {
-          if (q_global.size() != 4) throw Error("validate: q_global is [b, s, h, d]");
-          validate_cp_config(make_config(type, causal, 0.0f, cp_sizes), cp,
-                             {q_global[0], q_global[1], q_global[2], q_global[3]}, kv_heads);
-        });
+  m.def(
+      "rank_chunks",
+      [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq,
+         std::optional<std::int64_t> q_offset) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> out;
+        const CpConfig config = make_config(type, causal, 0.0f, cp_sizes, {-1, -1}, 1, q_offset);
+        for (const SeqChunk& c : rank_chunks(config, cp, rank, seq)) out.emplace_back(c.begin, c.length);
+        return out;
+      },
+      py::arg("cp_comm_type"), py::arg("causal"), py::arg("cp_sizes"), py::arg("cp"), py::arg("rank"), py::arg("seq"),
+      py::arg("q_offset") = std::nullopt,
+      "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order (contiguous "
+      "under cross-attention: q_offset set).");
+  m.def("validate", [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp,
+                       const std::vector<std::int64_t>& q_global, std::int64_t kv_heads) {
+    if (q_global.size() != 4) throw Error("validate: q_global is [b, s, h, d]");
+    validate_cp_config(make_config(type, causal, 0.0f, cp_sizes), cp,
+                       {q_global[0], q_global[1], q_global[2], q_global[3]}, kv_heads);
+  });
   m.def("strategy_names", [] {
     std::vector<std::string> n;
     for (const Strategy* s : strategies()) n.emplace_back(s->name());
     return n;
   });
-  m.def("head_split",
-        [](int group, std::int64_t heads, std::int64_t kv_heads) {
-          const HeadSplit split = ulysses_head_split(group, heads, kv_heads);
-          auto pairs = [](const std::vector<HeadRange>& r) {
-            std::vector<std::pair<std::int64_t, std::int64_t>> out;
-            for (const HeadRange& h : r) out.emplace_back(h.first, h.count);
-            return out;
-          };
-          return py::make_tuple(pairs(split.q), pairs(split.kv));
-        },
-        "Ulysses' head split over `group` ranks: ((first, count) of query heads per rank, the same for KV heads); "
-        "GQA groups kept whole, KV heads shared when fewer than ranks.");
+  m.def(
+      "head_split",
+      [](int group, std::int64_t heads, std::int64_t kv_heads) {
+        const HeadSplit split = ulysses_head_split(group, heads, kv_heads);
+        auto pairs = [](const std::vector<HeadRange>& r) {
+          std::vector<std::pair<std::int64_t, std::int64_t>> out;
+          for (const HeadRange& h : r) out.emplace_back(h.first, h.count);
+          return out;
+        };
+        return py::make_tuple(pairs(split.q), pairs(split.kv));
+      },
+      "Ulysses' head split over `group` ranks: ((first, count) of query heads per rank, the same for KV heads); "
+      "GQA groups kept whole, KV heads shared when fewer than ranks.");
   m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
   add_balance_bindings(m);
 }

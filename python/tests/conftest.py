@@ -3,9 +3,8 @@
 # of later tests still line up.
 import pytest
 import torch
-from mpi4py import MPI
-
 import ulysses
+from mpi4py import MPI
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,14 @@
 """ContextParallelAttention from PyTorch: every strategy against float64 textbook attention on
 the gathered tensors, autograd contexts (several forwards in flight, checkpointing),
 sub-communicators, sharding helpers and collective errors."""
+
 import pytest
 import torch
 import torch.utils.checkpoint
-from conftest import agreed_max, configs, rel, textbook_attention
-from mpi4py import MPI
-
 import ulysses
 import ulysses.torch as ut
+from conftest import agreed_max, configs, rel, textbook_attention
+from mpi4py import MPI
 
 
 def run(comm, strategy, cp_sizes, causal, gq, gk, gv, gdout):

@@ -1,10 +1,10 @@
 """ulysses.balance: the plan for a variable-length step from Python equals the library's rules
 (static round-robin, dynamic splitting the long tail), agrees on every rank, and bad input
 raises ulysses.Error with the library's message."""
-import pytest
-from mpi4py import MPI
 
+import pytest
 import ulysses
+from mpi4py import MPI
 
 MODEL = dict(heads=8, head_dim=64, layers=2, gemm_flops_per_token=6.0 * 12 * 512 * 512 * 2)
 

@@ -1,11 +1,11 @@
 """DistributedAttention: DeepSpeed's signature around any local attention, our fused all-to-all."""
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import agreed_max, rel, textbook_attention
-
 import ulysses
 import ulysses.torch as ut
+from conftest import agreed_max, rel, textbook_attention
 
 
 def local_attention(q, k, v):  # [b, s, h, d]; SDPA where torch has it (>= 2.0)

@@ -1,4 +1,5 @@
 """examples/torch_train.py: the loss at cp = world size equals the loss at cp = 1."""
+
 import pathlib
 import runpy
 

@@ -1,15 +1,15 @@
 """The CpConfig options from PyTorch: window_size=(left, right), overlap_chunks and
 cross-attention (k/v of another length, q_offset), forward and backward against float64
 attention under the same mask, and their bad values raising the library's error on every rank."""
+
 import inspect
 
 import pytest
 import torch
-from conftest import agreed_max, configs, rel
-from mpi4py import MPI
-
 import ulysses
 import ulysses.torch as ut
+from conftest import agreed_max, configs, rel
+from mpi4py import MPI
 
 
 def masked_attention(q, k, v, causal, window=(-1, -1), q_offset=0):
@@ -135,11 +135,15 @@ def test_bad_values_raise_the_library_error(comm):
     raises_everywhere(comm, "window_left must be -1 (unbounded) or >= 0, got -2", lambda: A(comm, window_size=(-2, 0)))
     raises_everywhere(comm, "window_right must be -1 (unbounded) or >= 0, got -7", lambda: A(comm, window_size=(1, -7)))
     raises_everywhere(comm, "overlap_chunks: 0 is out of range [1, 1024]", lambda: A(comm, overlap_chunks=0))
-    raises_everywhere(comm, "overlap_chunks must be 1, or more for cp_comm_type a2a; got 2 for p2p",
-                      lambda: A(comm, "p2p", overlap_chunks=2))
+    raises_everywhere(
+        comm,
+        "overlap_chunks must be 1, or more for cp_comm_type a2a; got 2 for p2p",
+        lambda: A(comm, "p2p", overlap_chunks=2),
+    )
     raises_everywhere(comm, "cross-attention with a causal mask needs q_offset", lambda: A(comm, causal=True), sk=3)
-    raises_everywhere(comm, "cross-attention does not take a sliding window",
-                      lambda: A(comm, window_size=(2, 0), q_offset=0), sk=3)
+    raises_everywhere(
+        comm, "cross-attention does not take a sliding window", lambda: A(comm, window_size=(2, 0), q_offset=0), sk=3
+    )
     for bad in ((1, 2, 3), "wide", (1.5, 0), None):
         with pytest.raises(ulysses.Error, match=r"window_size must be \(left, right\), two integers"):
             A(comm, window_size=bad)
@@ -155,15 +159,20 @@ def raised_everywhere(comm, says, call):
 
 def test_integer_arguments_are_range_checked(comm):
     A, x = ut.ContextParallelAttention, torch.zeros(1, 4 * comm.size, 2, 8)
-    raised_everywhere(comm, "overlap_chunks: 1099511627776 is out of range [1, 1024]",
-                      lambda: A(comm, overlap_chunks=2**40))
+    raised_everywhere(
+        comm, "overlap_chunks: 1099511627776 is out of range [1, 1024]", lambda: A(comm, overlap_chunks=2**40)
+    )
     raised_everywhere(comm, "q_offset: 9223372036854775808 is out of range", lambda: A(comm, q_offset=2**63))
     raised_everywhere(comm, "cp_sizes must be an integer, got 'x'", lambda: A(comm, "a2a+p2p", cp_sizes=["x", 1]))
-    raised_everywhere(comm, "window_size[0]: 18446744073709551616 is out of range",
-                      lambda: A(comm, window_size=(2**64, 0)))
+    raised_everywhere(
+        comm, "window_size[0]: 18446744073709551616 is out of range", lambda: A(comm, window_size=(2**64, 0))
+    )
     raised_everywhere(comm, "cu_seqlens: 18446744073709551616 is out of range", lambda: A(comm)(x, x, x, [0, 2**64]))
-    for bad, says in ((10**6, "threads: 1000000 is out of range [1, 1024]"), (-3, "threads: -3 is out of range"),
-                      (2.5, "threads must be an integer, got 2.5")):
+    for bad, says in (
+        (10**6, "threads: 1000000 is out of range [1, 1024]"),
+        (-3, "threads: -3 is out of range"),
+        (2.5, "threads must be an integer, got 2.5"),
+    ):
         raised_everywhere(comm, says, lambda: ulysses.Communicator(MPI.COMM_WORLD, threads=bad))
     raised_everywhere(comm, "dim: 7 is out of range [-4, 3]", lambda: ulysses.shard(x, comm, dim=7))
     raised_everywhere(comm, "dim: -5 is out of range [-4, 3]", lambda: ulysses.unshard(x, comm, dim=-5))
@@ -204,8 +213,10 @@ def test_an_argument_on_one_rank_is_one_error_everywhere(comm):
         ("dim: 7 is out of range", lambda: ulysses.shard(x, comm, dim=odd(1, 7))),
         ("ulysses.positions arguments differ", lambda: ulysses.positions(odd(s, 2 * s), comm)),
         ("ulysses.unshard shards and arguments differ", lambda: ulysses.unshard(odd(x, x.bfloat16()), comm)),
-        ("ulysses.unshard shards and arguments differ",
-         lambda: ulysses.unshard(odd(x, torch.zeros(1, s, h + 1, 8)), comm)),
+        (
+            "ulysses.unshard shards and arguments differ",
+            lambda: ulysses.unshard(odd(x, torch.zeros(1, s, h + 1, 8)), comm),
+        ),
         ("unshard: rank", lambda: ulysses.unshard(odd(x, torch.zeros(1, s + 1, h, 8)), comm)),
         ("DistributedAttention arguments differ", lambda: D(local_attention, comm, 2, odd(0, 1))),
         ("DistributedAttention arguments differ", lambda: D(local_attention, comm, 2, 1, num_kv_heads=odd(None, h))),
@@ -224,12 +235,22 @@ def test_every_keyword_argument_differing_on_one_rank_is_one_error(comm):
     last = comm.rank == comm.size - 1
     x = torch.zeros(1, 4 * comm.size, 2 * comm.size, 8)
     # (default-rank value, last-rank value) of every keyword argument
-    values = {"strategy": ("a2a", "p2p"), "causal": (False, True), "dim": (1, 2), "cp_sizes": (None, [1, comm.size]),
-              "q_offset": (None, 0), "scale": (None, 0.5), "window_size": ((-1, -1), (1, 0)), "overlap_chunks": (1, 2)}
-    calls = {ulysses.shard: lambda **kw: ulysses.shard(x, comm, **kw),
-             ulysses.positions: lambda **kw: ulysses.positions(x.shape[1], comm, **kw),
-             ulysses.unshard: lambda **kw: ulysses.unshard(x, comm, **kw),
-             ut.ContextParallelAttention.__init__: lambda **kw: ut.ContextParallelAttention(comm, **kw)}
+    values = {
+        "strategy": ("a2a", "p2p"),
+        "causal": (False, True),
+        "dim": (1, 2),
+        "cp_sizes": (None, [1, comm.size]),
+        "q_offset": (None, 0),
+        "scale": (None, 0.5),
+        "window_size": ((-1, -1), (1, 0)),
+        "overlap_chunks": (1, 2),
+    }
+    calls = {
+        ulysses.shard: lambda **kw: ulysses.shard(x, comm, **kw),
+        ulysses.positions: lambda **kw: ulysses.positions(x.shape[1], comm, **kw),
+        ulysses.unshard: lambda **kw: ulysses.unshard(x, comm, **kw),
+        ut.ContextParallelAttention.__init__: lambda **kw: ut.ContextParallelAttention(comm, **kw),
+    }
     for fn, call in calls.items():
         keywords = [p for p in inspect.signature(fn).parameters.values() if p.default is not inspect.Parameter.empty]
         for p in keywords:

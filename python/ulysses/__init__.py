@@ -20,10 +20,20 @@ The strategies are Megatron's ``cp_comm_type`` names, from the library's registr
 >>> ulysses.strategy_names()
 ['a2a', 'p2p', 'all_gather', 'a2a+p2p']
 """
-from ._ulysses import Error, __version__, strategy_names
+
 from ._balance import BalancePlan, balance
 from ._comm import Communicator
 from ._sharding import positions, shard, unshard
+from ._ulysses import Error, __version__, strategy_names
 
-__all__ = ["BalancePlan", "Communicator", "Error", "__version__", "balance", "positions", "shard", "strategy_names",
-           "unshard"]
+__all__ = [
+    "BalancePlan",
+    "Communicator",
+    "Error",
+    "__version__",
+    "balance",
+    "positions",
+    "shard",
+    "strategy_names",
+    "unshard",
+]

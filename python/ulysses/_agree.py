@@ -1,6 +1,7 @@
 """Checks that may fail on one rank only, made collective: every rank raises the same
 ``ulysses.Error``, or none does, before any data moves (a rank raising alone would leave the
 others waiting in the next collective)."""
+
 import operator
 
 from ._ulysses import Error

@@ -1,4 +1,5 @@
 """ulysses.balance: which ranks compute which sequence of a variable-length step (balancer.hpp)."""
+
 from dataclasses import dataclass
 from typing import List, Tuple
 
@@ -20,9 +21,24 @@ class BalancePlan:
     sequence_seconds: List[float]
 
 
-def balance(lengths, world_or_comm, policy="dynamic", *, heads, head_dim, kv_heads=None, layers=1, dp=1,
-            cp_comm_type="a2a", gemm_flops_per_token=0.0, max_tokens_per_rank=0, ranks_per_node=8,
-            tflops=989.0, efficiency=0.5, dtype="bf16"):
+def balance(
+    lengths,
+    world_or_comm,
+    policy="dynamic",
+    *,
+    heads,
+    head_dim,
+    kv_heads=None,
+    layers=1,
+    dp=1,
+    cp_comm_type="a2a",
+    gemm_flops_per_token=0.0,
+    max_tokens_per_rank=0,
+    ranks_per_node=8,
+    tflops=989.0,
+    efficiency=0.5,
+    dtype="bf16",
+):
     """Not collective: a pure function of its arguments, so every rank computes the same plan.
 
     ``world_or_comm``: the number of ranks, or a ``ulysses.Communicator`` / mpi4py communicator
@@ -37,8 +53,21 @@ def balance(lengths, world_or_comm, policy="dynamic", *, heads, head_dim, kv_hea
         world = world_or_comm.Get_size()
     else:
         world = world_or_comm.size
-    d = _ulysses.balance([int(n) for n in lengths], int(world), int(dp), str(policy), int(heads),
-                         int(kv_heads if kv_heads is not None else heads), int(head_dim), int(layers),
-                         str(cp_comm_type), float(gemm_flops_per_token), int(max_tokens_per_rank),
-                         int(ranks_per_node), float(tflops) * 1e12, float(efficiency), str(dtype))
+    d = _ulysses.balance(
+        [int(n) for n in lengths],
+        int(world),
+        int(dp),
+        str(policy),
+        int(heads),
+        int(kv_heads if kv_heads is not None else heads),
+        int(head_dim),
+        int(layers),
+        str(cp_comm_type),
+        float(gemm_flops_per_token),
+        int(max_tokens_per_rank),
+        int(ranks_per_node),
+        float(tflops) * 1e12,
+        float(efficiency),
+        str(dtype),
+    )
     return BalancePlan(**d)

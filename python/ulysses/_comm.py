@@ -1,4 +1,5 @@
 """The communicator a context-parallel group runs on, made from an mpi4py communicator."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional

@@ -1,6 +1,7 @@
 """Global tensors ↔ the tokens each rank holds, for a strategy's token layout. Every function
 is collective: the ranks agree on their arguments (and unshard on the shards' dtype and shapes)
 before any data moves, so a rank that differs raises the same ``ulysses.Error`` everywhere."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -39,8 +40,15 @@ def _chunks(comm, seq, layout, rank):
     return _ulysses.rank_chunks(strategy, causal, sizes, comm.size, rank, seq, offset)
 
 
-def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bool = False, dim: int = 1,
-          cp_sizes: Optional[Sequence[int]] = None, q_offset: Optional[int] = None) -> torch.Tensor:
+def shard(
+    x: torch.Tensor,
+    comm: Communicator,
+    strategy: str = "a2a",
+    causal: bool = False,
+    dim: int = 1,
+    cp_sizes: Optional[Sequence[int]] = None,
+    q_offset: Optional[int] = None,
+) -> torch.Tensor:
     """This rank's tokens of the global tensor ``x`` (sequence along ``dim``), in the order the
     strategy expects: contiguous, or zigzag for p2p / all_gather / a2a+p2p under a causal mask
     (contiguous whenever ``q_offset`` is set: cross-attention; pass the module's ``q_offset``,
@@ -54,6 +62,7 @@ def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bo
     >>> ulysses.shard(x, comm, "p2p", causal=True).flatten().tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     """
+
     def local():
         d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)
         return d, layout, _chunks(comm, x.shape[d], layout, comm.rank)
@@ -63,8 +72,14 @@ def shard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bo
     return torch.cat([x.narrow(d, begin, length) for begin, length in chunks], dim=d)
 
 
-def positions(seq: int, comm: Communicator, strategy: str = "a2a", causal: bool = False,
-              cp_sizes: Optional[Sequence[int]] = None, q_offset: Optional[int] = None) -> torch.Tensor:
+def positions(
+    seq: int,
+    comm: Communicator,
+    strategy: str = "a2a",
+    causal: bool = False,
+    cp_sizes: Optional[Sequence[int]] = None,
+    q_offset: Optional[int] = None,
+) -> torch.Tensor:
     """Global position of every local token (int64), e.g. for RoPE. Collective: the ranks agree
     on the arguments.
 
@@ -73,6 +88,7 @@ def positions(seq: int, comm: Communicator, strategy: str = "a2a", causal: bool 
     >>> ulysses.positions(4, ulysses.Communicator(MPI.COMM_SELF, threads=1)).tolist()
     [0, 1, 2, 3]
     """
+
     def local():
         n, layout = integer("seq", seq, 0, INT64_MAX), _layout(strategy, causal, cp_sizes, q_offset)
         return n, layout, _chunks(comm, n, layout, comm.rank)
@@ -82,8 +98,15 @@ def positions(seq: int, comm: Communicator, strategy: str = "a2a", causal: bool 
     return torch.cat([torch.arange(begin, begin + length) for begin, length in chunks])
 
 
-def unshard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: bool = False, dim: int = 1,
-            cp_sizes: Optional[Sequence[int]] = None, q_offset: Optional[int] = None) -> torch.Tensor:
+def unshard(
+    x: torch.Tensor,
+    comm: Communicator,
+    strategy: str = "a2a",
+    causal: bool = False,
+    dim: int = 1,
+    cp_sizes: Optional[Sequence[int]] = None,
+    q_offset: Optional[int] = None,
+) -> torch.Tensor:
     """Collective: the global tensor, on every rank, from each rank's shard ``x`` (the inverse
     of ``shard``). The ranks agree on the arguments, on x's dtype and on its shape but along
     ``dim``, where each rank must hold the tokens ``shard`` gives it.
@@ -108,18 +131,22 @@ def unshard(x: torch.Tensor, comm: Communicator, strategy: str = "a2a", causal: 
     for r, held in enumerate(lengths):  # every rank sees every length: the same error everywhere
         want = sum(length for _, length in chunks[r])
         if held != want:
-            raise _ulysses.Error(f"unshard: rank {r} holds {held} tokens along dim {d} but cp_comm_type {layout[0]} "
-                                 f"with s = {seq} gives it {want} (ulysses.shard)")
+            raise _ulysses.Error(
+                f"unshard: rank {r} holds {held} tokens along dim {d} but cp_comm_type {layout[0]} "
+                f"with s = {seq} gives it {want} (ulysses.shard)"
+            )
     row = int(np.prod(local.shape[1:])) * local.element_size()
     gathered = torch.empty((seq,) + tuple(local.shape[1:]), dtype=x.dtype)
     counts = [n * row for n in lengths]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-    comm.mpi.Allgatherv(local.reshape(-1).view(torch.uint8).numpy(),
-                        [gathered.reshape(-1).view(torch.uint8).numpy(), counts, displs, MPI.BYTE])
+    comm.mpi.Allgatherv(
+        local.reshape(-1).view(torch.uint8).numpy(),
+        [gathered.reshape(-1).view(torch.uint8).numpy(), counts, displs, MPI.BYTE],
+    )
     out = torch.empty_like(gathered)
     start = 0
     for r in range(comm.size):  # rank r's block holds its chunks in local order
         for begin, length in chunks[r]:
-            out[begin:begin + length] = gathered[start:start + length]
+            out[begin : begin + length] = gathered[start : start + length]
             start += length
     return out.movedim(0, d)

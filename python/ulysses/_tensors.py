@@ -1,5 +1,6 @@
 """torch tensors as the library's strided [b, s, h, d] views: (data pointer, dtype, shape,
 strides). Nothing is copied unless the last dimension is not contiguous."""
+
 from __future__ import annotations
 
 from typing import Tuple

@@ -1,6 +1,7 @@
 """PyTorch modules over the library: ``ContextParallelAttention`` (every strategy, our
 kernels, differentiable through our backward) and ``DistributedAttention`` (DeepSpeed's
 signature, our fused all-to-all around any local attention)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
@@ -79,9 +80,17 @@ class ContextParallelAttention(torch.nn.Module):
     cross-attention) are checked at the first call, the same way.
     """
 
-    def __init__(self, comm: Communicator, strategy: str = "a2a", causal: bool = False,
-                 cp_sizes: Optional[Sequence[int]] = None, scale: Optional[float] = None,
-                 window_size: Tuple[int, int] = (-1, -1), overlap_chunks: int = 1, q_offset: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        comm: Communicator,
+        strategy: str = "a2a",
+        causal: bool = False,
+        cp_sizes: Optional[Sequence[int]] = None,
+        scale: Optional[float] = None,
+        window_size: Tuple[int, int] = (-1, -1),
+        overlap_chunks: int = 1,
+        q_offset: Optional[int] = None,
+    ) -> None:
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
 
@@ -90,18 +99,34 @@ class ContextParallelAttention(torch.nn.Module):
             chunks = integer("overlap_chunks", overlap_chunks, 1, MAX_OVERLAP_CHUNKS)
             offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
             sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
-            impl = _ulysses.ContextParallelAttention(comm._impl, strategy, bool(causal), None if scale is None else float(scale), sizes,
-                                                     window, chunks, offset)
-            return dict(strategy=strategy, causal=bool(causal), cp_sizes=sizes, scale=None if scale is None else float(scale),
-                        window_size=window, overlap_chunks=chunks, q_offset=offset), impl
+            impl = _ulysses.ContextParallelAttention(
+                comm._impl,
+                strategy,
+                bool(causal),
+                None if scale is None else float(scale),
+                sizes,
+                window,
+                chunks,
+                offset,
+            )
+            return dict(
+                strategy=strategy,
+                causal=bool(causal),
+                cp_sizes=sizes,
+                scale=None if scale is None else float(scale),
+                window_size=window,
+                overlap_chunks=chunks,
+                q_offset=offset,
+            ), impl
 
         args, self._impl = agreed(comm, build)
         agree_identical(comm, "ContextParallelAttention arguments", args)
         self.window_size, self.overlap_chunks = args["window_size"], args["overlap_chunks"]
         self.q_offset = args["q_offset"]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                cu_seqlens: Optional[Sequence[int]] = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[Sequence[int]] = None
+    ) -> torch.Tensor:
         """This rank's attention output ``[b, s/cp, h, d]`` from its shards of q, k, v (collective)."""
 
         def local():
@@ -128,8 +153,9 @@ def _window(window_size: Any) -> Tuple[int, int]:
     except (TypeError, ValueError):
         ok = False
     if ok:
-        return tuple(integer(f"window_size[{i}]", int(x), -INT64_MAX - 1, INT64_MAX)
-                     for i, x in enumerate((left, right)))
+        return tuple(
+            integer(f"window_size[{i}]", int(x), -INT64_MAX - 1, INT64_MAX) for i, x in enumerate((left, right))
+        )
     raise _ulysses.Error(f"window_size must be (left, right), two integers (-1: unbounded), got {window_size!r}")
 
 
@@ -138,7 +164,7 @@ def _head_parts(whole: Any, heads: List[int], dtype: torch.dtype) -> List[torch.
     t = from_buffer(whole, dtype)
     parts, start = [], 0
     for h in heads:
-        parts.append(t[:, :, start:start + h].transpose(0, 1))
+        parts.append(t[:, :, start : start + h].transpose(0, 1))
         start += h
     return parts
 
@@ -157,8 +183,13 @@ class _SeqToHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = agreed(ctx.comm, lambda: [readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
-                                          for g, shape in zip(grads, ctx.part_shapes)])
+        grads = agreed(
+            ctx.comm,
+            lambda: [
+                readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
+                for g, shape in zip(grads, ctx.part_shapes)
+            ],
+        )
         outs = [torch.empty(s, dtype=grads[0].dtype) for s in ctx.shapes]
         _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], ctx.heads)
         return (None, None) + tuple(outs)
@@ -193,14 +224,23 @@ class DistributedAttention(torch.nn.Module):
     gradients summed. ``comm`` is a
     ``ulysses.Communicator`` (DeepSpeed's ``sequence_process_group``)."""
 
-    def __init__(self, local_attention: Callable[..., torch.Tensor], comm: Communicator, scatter_idx: int = 2,
-                 gather_idx: int = 0, sp_stream: Any = None, num_kv_heads: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        local_attention: Callable[..., torch.Tensor],
+        comm: Communicator,
+        scatter_idx: int = 2,
+        gather_idx: int = 0,
+        sp_stream: Any = None,
+        num_kv_heads: Optional[int] = None,
+    ) -> None:
         super().__init__()
 
         def validate():
             if scatter_idx != 2 or gather_idx not in (0, 1):
-                raise _ulysses.Error(f"DistributedAttention supports scatter_idx=2 with gather_idx 0 ([s, b, h, d]) or "
-                                     f"1 ([b, s, h, d]), got scatter_idx={scatter_idx}, gather_idx={gather_idx}")
+                raise _ulysses.Error(
+                    f"DistributedAttention supports scatter_idx=2 with gather_idx 0 ([s, b, h, d]) or "
+                    f"1 ([b, s, h, d]), got scatter_idx={scatter_idx}, gather_idx={gather_idx}"
+                )
             if sp_stream is not None:
                 raise _ulysses.Error("sp_stream (CUDA stream overlap) does not apply to CPU tensors")
             return None if num_kv_heads is None else integer("num_kv_heads", num_kv_heads, 1, INT64_MAX)
@@ -210,15 +250,25 @@ class DistributedAttention(torch.nn.Module):
         self.local_attn, self.comm, self.scatter_idx, self.gather_idx = local_attention, comm, scatter_idx, gather_idx
         self.num_kv_heads = num_kv_heads
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, batch_dim_idx: Optional[int] = None,
-                rotary_pos_emb: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        batch_dim_idx: Optional[int] = None,
+        rotary_pos_emb: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         """``local_attention`` over the whole sequence for this rank's heads, between the two
         all-to-alls (collective); the output has the inputs' layout and this rank's tokens."""
 
         def local():  # every check before the first all-to-all, agreed
             if rotary_pos_emb is not None:
-                raise _ulysses.Error("rotary_pos_emb is not supported: apply RoPE before the call "
-                                     "(ulysses.positions gives each local token's global position)")
+                raise _ulysses.Error(
+                    "rotary_pos_emb is not supported: apply RoPE before the call "
+                    "(ulysses.positions gives each local token's global position)"
+                )
             for t, name in ((query, "query"), (key, "key"), (value, "value")):
                 check(t, name)
             seq_first = self.gather_idx == 0 if batch_dim_idx is None else batch_dim_idx == 1

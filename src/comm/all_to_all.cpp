@@ -112,11 +112,11 @@ namespace {
 //   head-sharded side      rows [Σ_{i<j} n_i, Σ_{i<=j} n_i) of [s, b, H_me, d];
 // H_j being every tensor's heads on rank j. Own counts are 0: the caller moves that block.
 struct Blocks {
-  std::vector<std::int64_t> heads;                 // H_j
-  std::vector<std::vector<std::int64_t>> slot;     // [t][j]: where tensor t's heads start in H_j
+  std::vector<std::int64_t> heads;              // H_j
+  std::vector<std::vector<std::int64_t>> slot;  // [t][j]: where tensor t's heads start in H_j
   std::vector<std::size_t> seq_bytes, seq_offsets, head_bytes, head_offsets;
-  std::size_t seq_side_bytes = 0;                  // the other ranks' blocks on the sequence side
-  std::size_t own_offset = 0;                      // this rank's rows on the head-sharded side
+  std::size_t seq_side_bytes = 0;  // the other ranks' blocks on the sequence side
+  std::size_t own_offset = 0;      // this rank's rows on the head-sharded side
 };
 
 Blocks blocks_of(std::span<const SeqShard> shards, const std::vector<std::int64_t>& tokens, int me,
@@ -216,10 +216,10 @@ std::string head_side_error(const Communicator& comm, const FusedHeads& in, std:
   for (int t = 0; match && t < in.num_parts(); ++t)
     match = in.local_heads(t) == outputs[std::size_t(t)].heads[me].count;
   if (match) return "";
-  return fmt::format("head_to_seq: head-sharded input (b={}, s={}, d={}, {} parts) does not match the outputs "
-                     "(b={}, n_r={}, d={}, cp={}, {} parts)",
-                     in.batch(), in.seq(), in.head_dim(), in.num_parts(), sh0.b, sh0.s, sh0.d, comm.size(),
-                     outputs.size());
+  return fmt::format(
+      "head_to_seq: head-sharded input (b={}, s={}, d={}, {} parts) does not match the outputs "
+      "(b={}, n_r={}, d={}, cp={}, {} parts)",
+      in.batch(), in.seq(), in.head_dim(), in.num_parts(), sh0.b, sh0.s, sh0.d, comm.size(), outputs.size());
 }
 
 // head_to_seq's second half: a head one rank holds is copied back; one that several ranks hold

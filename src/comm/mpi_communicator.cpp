@@ -42,7 +42,7 @@ class ByteUnit {
   explicit ByteUnit(std::initializer_list<std::span<const std::size_t>> lists) {
     for (std::span<const std::size_t> l : lists)
       for (std::size_t x : l) unit_ = std::gcd(unit_, x);
-    if (unit_ == 0) unit_ = 1;                                                           // all empty
+    if (unit_ == 0) unit_ = 1;                                                        // all empty
     if (unit_ > std::size_t(INT_MAX)) unit_ = std::gcd(unit_, std::size_t(1) << 30);  // one huge block
     check_mpi(MPI_Type_contiguous(int(unit_), MPI_BYTE, &type_), "MPI_Type_contiguous");
     MPI_Type_commit(&type_);
@@ -55,8 +55,8 @@ class ByteUnit {
     std::vector<int> n;
     for (std::size_t b : bytes) {
       if (b / unit_ > std::size_t(INT_MAX))
-        throw Error(fmt::format("{}: {} bytes are more than MPI's int limit ({}) of {}-byte units", what, b, INT_MAX,
-                                unit_));
+        throw Error(
+            fmt::format("{}: {} bytes are more than MPI's int limit ({}) of {}-byte units", what, b, INT_MAX, unit_));
       n.push_back(int(b / unit_));
     }
     return n;
@@ -93,8 +93,8 @@ void wait_or_abort(MPI_Request& r, const Watchdog& dog, const MpiNames& names, c
 // A send or receive; what the watchdog says about it is composed only when it fires.
 class MpiRequest final : public Request::Impl {
  public:
-  MpiRequest(MPI_Request r, std::shared_ptr<const Watchdog> dog, std::shared_ptr<const MpiNames> names,
-             std::string op, int peer, int tag, std::size_t bytes)
+  MpiRequest(MPI_Request r, std::shared_ptr<const Watchdog> dog, std::shared_ptr<const MpiNames> names, std::string op,
+             int peer, int tag, std::size_t bytes)
       : req_(r), dog_(std::move(dog)), names_(std::move(names)), op_(std::move(op)), peer_(peer), tag_(tag),
         bytes_(bytes) {}
   ~MpiRequest() override {
@@ -110,7 +110,8 @@ class MpiRequest final : public Request::Impl {
 
  private:
   std::string what() const {
-    if (op_.empty()) return fmt::format("the receive from rank {} (tag {}, {} bytes)", names_->rank(peer_), tag_, bytes_);
+    if (op_.empty())
+      return fmt::format("the receive from rank {} (tag {}, {} bytes)", names_->rank(peer_), tag_, bytes_);
     return fmt::format("the send '{}' to rank {} (tag {}, {} bytes)", op_, names_->rank(peer_), tag_, bytes_);
   }
   MPI_Request req_;
@@ -252,17 +253,16 @@ std::unique_ptr<Request::Impl> MpiCommunicator::do_ialltoallv(const void* send, 
                                                               std::span<const std::size_t> recv_bytes,
                                                               std::span<const std::size_t> recv_offsets) {
   const ByteUnit su({send_bytes, send_offsets}), ru({recv_bytes, recv_offsets});  // freed types stay valid in flight
-  auto counts = std::make_unique<std::array<std::vector<int>, 4>>(std::array<std::vector<int>, 4>{
-      su.count(send_bytes, "alltoallv"), su.count(send_offsets, "alltoallv"), ru.count(recv_bytes, "alltoallv"),
-      ru.count(recv_offsets, "alltoallv")});
+  auto counts = std::make_unique<std::array<std::vector<int>, 4>>(
+      std::array<std::vector<int>, 4>{su.count(send_bytes, "alltoallv"), su.count(send_offsets, "alltoallv"),
+                                      ru.count(recv_bytes, "alltoallv"), ru.count(recv_offsets, "alltoallv")});
   auto& [sc, sd, rc, rd] = *counts;
   MPI_Request r;
   check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), su.type(), recv, rc.data(), rd.data(), ru.type(), comm_, &r),
             "MPI_Ialltoallv");
   const std::string op = current_op();
-  return std::make_unique<MpiCollectiveRequest>(
-      r, std::move(counts), shared_watchdog(), names_,
-      op.empty() ? "alltoallv" : fmt::format("alltoallv '{}'", op));
+  return std::make_unique<MpiCollectiveRequest>(r, std::move(counts), shared_watchdog(), names_,
+                                                op.empty() ? "alltoallv" : fmt::format("alltoallv '{}'", op));
 }
 
 void MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {

@@ -30,8 +30,10 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", int(c));
-    else out += c;
+    if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\u{:04x}", int(c));
+    else
+      out += c;
   }
   return out + "\"";
 }
@@ -43,18 +45,19 @@ std::string event_json(const TraceEvent& e, int rank) {
   std::string args;
   if (e.bytes >= 0) args += fmt::format("\"bytes\": {}", e.bytes);
   if (e.messages >= 0) args += fmt::format("{}\"messages\": {}", args.empty() ? "" : ", ", e.messages);
-  return fmt::format("{{\"name\": {}, \"cat\": {}, \"ph\": \"X\", \"pid\": {}, \"tid\": 0, \"ts\": {}.{:03}, "
-                     "\"dur\": {}.{:03}, \"args\": {{{}}}}}",
-                     json_string(e.name), json_string(e.category), rank, b / 1000, b % 1000, (end - b) / 1000,
-                     (end - b) % 1000, args);
+  return fmt::format(
+      "{{\"name\": {}, \"cat\": {}, \"ph\": \"X\", \"pid\": {}, \"tid\": 0, \"ts\": {}.{:03}, "
+      "\"dur\": {}.{:03}, \"args\": {{{}}}}}",
+      json_string(e.name), json_string(e.category), rank, b / 1000, b % 1000, (end - b) / 1000, (end - b) % 1000, args);
 }
 
 }  // namespace
 
 std::string chrome_trace_events(const std::vector<TraceEvent>& events, int rank) {
-  std::string out = fmt::format("{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {0}, \"tid\": 0, "
-                                "\"args\": {{\"name\": \"rank {0}\"}}}}",
-                                rank);
+  std::string out = fmt::format(
+      "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {0}, \"tid\": 0, "
+      "\"args\": {{\"name\": \"rank {0}\"}}}}",
+      rank);
   for (const TraceEvent& e : events) out += ",\n" + event_json(e, rank);
   return out;
 }

@@ -39,8 +39,10 @@ bool Watchdog::wait(const std::function<bool()>& done) const {
     if (done()) return true;
     const auto waited = Clock::now() - start;
     if (timeout_s_ > 0 && waited > limit) return false;
-    if (waited > kYieldFor) std::this_thread::sleep_for(kNap);
-    else if (waited > kSpinFor) sched_yield();
+    if (waited > kYieldFor)
+      std::this_thread::sleep_for(kNap);
+    else if (waited > kSpinFor)
+      sched_yield();
   }
 }
 

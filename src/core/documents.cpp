@@ -15,8 +15,7 @@ std::string cu_seqlens_error(std::span<const std::int64_t> cu, std::int64_t seq)
   for (std::size_t i = 1; i < cu.size(); ++i)
     if (cu[i] < cu[i - 1])
       return fmt::format("cu_seqlens must not decrease, got cu_seqlens[{}] = {} after {}", i, cu[i], cu[i - 1]);
-  if (cu.back() != seq)
-    return fmt::format("cu_seqlens must end at the sequence length {}, got {}", seq, cu.back());
+  if (cu.back() != seq) return fmt::format("cu_seqlens must end at the sequence length {}, got {}", seq, cu.back());
   return "";
 }
 
@@ -65,7 +64,8 @@ std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, 
   const std::int64_t span = std::max<std::int64_t>(0, std::max(sat_sub(b, k0), sat_sub(k1, a)));
   const std::int64_t left = w.left >= 0 ? std::min(w.left, span) : span;
   const std::int64_t right = causal ? 0 : w.right >= 0 ? std::min(w.right, span) : span;
-  const std::int64_t hi_stops = sat_sub(sat_sub(k1, right), 1), lo_starts = sat_add(k0, left);  // hi = k1 from here; lo = p − left
+  const std::int64_t hi_stops = sat_sub(sat_sub(k1, right), 1),
+                     lo_starts = sat_add(k0, left);  // hi = k1 from here; lo = p − left
   std::int64_t cuts[] = {a, std::clamp(hi_stops, a, b), std::clamp(lo_starts, a, b), b};
   std::sort(cuts + 1, cuts + 3);
   std::int64_t n = 0;

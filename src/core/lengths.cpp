@@ -40,7 +40,8 @@ std::int64_t parse_int(const std::string& text, const std::string& term, const c
     used = 0;
   }
   if (text.empty() || used != text.size() || v < lo || v > hi)
-    throw Error(fmt::format("--lengths term '{}': {} must be an integer in [{}, {}], got '{}'", term, what, lo, hi, text));
+    throw Error(
+        fmt::format("--lengths term '{}': {} must be an integer in [{}, {}], got '{}'", term, what, lo, hi, text));
   return v;
 }
 
@@ -89,8 +90,10 @@ std::vector<std::int64_t> parse_lengths(const std::string& spec) {
   std::vector<std::int64_t> out;
   for (const std::string& term : split(spec, ',')) {
     if (term.empty()) throw Error(fmt::format("--lengths '{}': an empty term (two commas, or one at an end)", spec));
-    if (term.rfind("pareto:", 0) == 0) add_pareto(term, out);
-    else add_repeat(term, out);
+    if (term.rfind("pareto:", 0) == 0)
+      add_pareto(term, out);
+    else
+      add_repeat(term, out);
     if (std::int64_t(out.size()) > kMaxLengths)
       throw Error(fmt::format("--lengths '{}': more than {} sequences", spec, kMaxLengths));
   }

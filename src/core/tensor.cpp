@@ -92,8 +92,7 @@ void load_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t 
   }
 }
 
-void store_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t h,
-               const float* in) {
+void store_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t h, const float* in) {
   if (v.dtype == DType::f32) {
     std::memcpy(v.f32(b, s, h), in, std::size_t(v.shape.d) * 4);
   } else {
@@ -143,7 +142,8 @@ void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_off
     for (std::int64_t b = 0; b < sh.b; ++b)
       for (std::int64_t s = 0; s < sh.s; ++s)
         for (std::int64_t h = 0; h < sh.h; ++h) {
-          std::uint64_t base = mix(mix(mix(mix(seed) ^ std::uint64_t(b)) ^ std::uint64_t(s + s_offset)) ^ std::uint64_t(h));
+          std::uint64_t base =
+              mix(mix(mix(mix(seed) ^ std::uint64_t(b)) ^ std::uint64_t(s + s_offset)) ^ std::uint64_t(h));
           for (std::int64_t d = 0; d < sh.d; ++d) {
             std::uint64_t r = mix(base ^ std::uint64_t(d));
             row[std::size_t(d)] = float(double(r >> 40) / double(1ull << 24) * 2.0 - 1.0);
@@ -162,7 +162,8 @@ std::string nonfinite_error(const char* name, const TensorView& v) {
         load_row(v, b, s, h, row.data());
         for (std::int64_t d = 0; d < sh.d; ++d)
           if (!std::isfinite(row[std::size_t(d)]))
-            return fmt::format("{} has a non-finite value ({}) at [{}, {}, {}, {}]", name, row[std::size_t(d)], b, s, h, d);
+            return fmt::format("{} has a non-finite value ({}) at [{}, {}, {}, {}]", name, row[std::size_t(d)], b, s, h,
+                               d);
       }
   return "";
 }

@@ -87,8 +87,8 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const
   return rank_traffic(find_strategy(config.cp_comm_type), config, cp, rank, q, kv_heads, dtype, kv_seq);
 }
 
-CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
-                                 DType dtype, std::int64_t kv_seq) {
+CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, DType dtype,
+                                 std::int64_t kv_seq) {
   if (cp < 1) throw Error(fmt::format("invalid volume query: cp {}", cp));
   validate_cp_config(config, cp, q, kv_heads, kv_seq);
   const Strategy& strategy = find_strategy(config.cp_comm_type);

@@ -38,7 +38,8 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   copy(ctx->out32.view(), out);
   stats.compute_s += comm.now() - t0;
   comm.trace("flash forward", t0, comm.now());
-  stats.score_pairs += visible_pairs(ctx->params, {ctx->params.q_offset, q.shape.s}, {0, k.shape.s}) * q.shape.b * q.shape.h;
+  stats.score_pairs +=
+      visible_pairs(ctx->params, {ctx->params.q_offset, q.shape.s}, {0, k.shape.s}) * q.shape.b * q.shape.h;
   return ctx;
 }
 
@@ -93,9 +94,10 @@ namespace {
 // Cross-attention's rules (is_cross), after the strategy's own.
 void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq) {
   if (config.causal && !config.q_offset)
-    throw Error(fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): "
-                            "k/v hold s_k = {} tokens, q holds s = {}",
-                            kv_seq, q.s));
+    throw Error(
+        fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): "
+                    "k/v hold s_k = {} tokens, q holds s = {}",
+                    kv_seq, q.s));
   if (!find_strategy(config.cp_comm_type).supports_cross()) {
     std::vector<std::string_view> cross;
     for (const Strategy* s : strategies())
@@ -134,15 +136,16 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   if (!find_strategy(config.cp_comm_type).supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
   if (q.b != 1)
-    throw Error(fmt::format("cu_seqlens (packed documents) needs batch 1: the documents are packed along the "
-                            "sequence (thd layout), got batch {}",
-                            q.b));
+    throw Error(
+        fmt::format("cu_seqlens (packed documents) needs batch 1: the documents are packed along the "
+                    "sequence (thd layout), got batch {}",
+                    q.b));
   if (const std::string e = cu_seqlens_error(config.cu_seqlens, q.s); !e.empty()) throw Error(e);
 }
 
 AttentionParams attention_params(const CpConfig& config) {
-  return {config.causal, config.scale, config.q_offset.value_or(0), 0, config.cu_seqlens, config.window_left,
-          config.window_right};
+  return {config.causal,     config.scale,       config.q_offset.value_or(0), 0,
+          config.cu_seqlens, config.window_left, config.window_right};
 }
 
 CpContext::CpContext() = default;
@@ -164,7 +167,8 @@ std::string describe(const CpConfig& config, const TensorView& q, const TensorVi
       "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]"
       " window ({}, {}) q_offset {} overlap_chunks {}",
       q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-      config.scale ? fmt::format("{}", *config.scale) : "unset", fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+      config.scale ? fmt::format("{}", *config.scale) : "unset",
+      fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
       fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
       config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks);
 }
@@ -212,11 +216,13 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   if (const std::string err = token_count_error(config, tokens, seq, ""); !err.empty()) throw Error(err);
   if (const std::string err = token_count_error(config, kv_tokens, kv_seq, "k/v "); !err.empty()) throw Error(err);
   CpContext ctx;
-  if (cp == 1) ctx.impl_ = local_forward(comm, config, out, q, k, v, ctx.stats_);
+  if (cp == 1)
+    ctx.impl_ = local_forward(comm, config, out, q, k, v, ctx.stats_);
   else if (is_cross(config, seq, kv_seq))
     ctx.impl_ = strategy_.forward_cross(*group_, config, all_rank_chunks(config, cp, seq),
                                         all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
-  else ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v, ctx.stats_);
+  else
+    ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v, ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;
@@ -244,9 +250,12 @@ CpStats ContextParallelAttention::run_backward(const CpContext& ctx, StrategyCon
   const double t0 = comm.now();
   comm.agree(backward_error(ctx, ctx.q_shape_, ctx.kv_shape_, ctx.dtype_, dq, dk, dv, dout));
   CpStats stats;
-  if (comm.size() == 1) local_backward(comm, static_cast<const LocalContext&>(*ctx.impl_), dq, dk, dv, dout, stats);
-  else if (consumed) strategy_.backward_consuming(*group_, *consumed, dq, dk, dv, dout, stats);
-  else strategy_.backward(*group_, *ctx.impl_, dq, dk, dv, dout, stats);
+  if (comm.size() == 1)
+    local_backward(comm, static_cast<const LocalContext&>(*ctx.impl_), dq, dk, dv, dout, stats);
+  else if (consumed)
+    strategy_.backward_consuming(*group_, *consumed, dq, dk, dv, dout, stats);
+  else
+    strategy_.backward(*group_, *ctx.impl_, dq, dk, dv, dout, stats);
   comm.trace("backward " + config_.cp_comm_type, t0, comm.now(), "phase");
   return stats;
 }

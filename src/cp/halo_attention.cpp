@@ -52,8 +52,10 @@ std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std:
     const std::int64_t c_end = c.begin + c.length;
     // Band ends saturate (saturating.hpp): a window up to INT64_MAX reaches every chunk.
     auto band_end = [&](const SeqChunk& a) { return sat_add(a.begin + a.length, right); };
-    const auto first = std::partition_point(q.begin(), q.end(), [&](const SeqChunk& a) { return band_end(a) <= c.begin; });
-    const auto last = std::partition_point(first, q.end(), [&](const SeqChunk& a) { return sat_sub(a.begin, left) < c_end; });
+    const auto first =
+        std::partition_point(q.begin(), q.end(), [&](const SeqChunk& a) { return band_end(a) <= c.begin; });
+    const auto last =
+        std::partition_point(first, q.end(), [&](const SeqChunk& a) { return sat_sub(a.begin, left) < c_end; });
     if (first == last) continue;
     const std::int64_t lo = std::max(c.begin, sat_sub(first->begin, left));
     const std::int64_t hi = std::min(c_end, band_end(*(last - 1)));
@@ -73,7 +75,8 @@ void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int 
   for (int step : {-1, 1})
     for (int r = me + step; r >= 0 && r < members; r += step) {
       const std::vector<SeqChunk> theirs = chunks_of(r);
-      const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)), in = total_tokens(halo_rows(mine, theirs, params));
+      const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)),
+                         in = total_tokens(halo_rows(mine, theirs, params));
       if (out == 0 && in == 0) break;
       given += out;
       held += in;
@@ -180,8 +183,8 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     grads[std::size_t(r)] = Tensor(halo.shape());
     backward_pairs(saved, dq, grads[std::size_t(r)].view(), dout, halo.view(), saved.halo_rows[std::size_t(r)], pair,
                    stats, progress);
-    sends[std::size_t(r)] = ring.isend(grads[std::size_t(r)].data(), bytes_of(grads[std::size_t(r)]), r, kTagHaloGrad,
-                                       "p2p_dkv");
+    sends[std::size_t(r)] =
+        ring.isend(grads[std::size_t(r)].data(), bytes_of(grads[std::size_t(r)]), r, kTagHaloGrad, "p2p_dkv");
   }
   const double t1 = ring.now();
   stats.compute_s += t1 - t0;

@@ -73,9 +73,9 @@ bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq) {
 
 std::unique_ptr<StrategyContext> Strategy::forward_cross(CpGroup&, const CpConfig&,
                                                          const std::vector<std::vector<SeqChunk>>&,
-                                                         const std::vector<std::vector<SeqChunk>>&,
+                                                         const std::vector<std::vector<SeqChunk>>&, const TensorView&,
                                                          const TensorView&, const TensorView&, const TensorView&,
-                                                         const TensorView&, CpStats&) const {
+                                                         CpStats&) const {
   throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
 }
 

@@ -16,7 +16,6 @@ namespace {
 constexpr int kTagKv = 1, kTagDkv = 2;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-
 std::int64_t max_length(const std::vector<std::vector<SeqChunk>>& chunks) {
   std::int64_t n = 0;
   for (const auto& list : chunks)
@@ -65,9 +64,7 @@ std::string ring_step_name(const char* pass, int step, int R) {
 }
 
 // Rows of ring member r.
-std::int64_t member_rows(const RingSaved& saved, int r) {
-  return total_tokens(saved.chunks[std::size_t(r)]);
-}
+std::int64_t member_rows(const RingSaved& saved, int r) { return total_tokens(saved.chunks[std::size_t(r)]); }
 
 }  // namespace
 
@@ -106,9 +103,8 @@ void for_each_visible_pair(const RingSaved& saved, const std::vector<SeqChunk>& 
 
 }  // namespace
 
-void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,
-                   const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
-                   const std::function<void()>& progress) {
+void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv, const std::vector<SeqChunk>& keys,
+                   PairScratch& scratch, CpStats& stats, const std::function<void()>& progress) {
   const std::vector<SeqChunk>& mine = saved.queries;
   const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
   for_each_visible_pair(saved, keys, stats, [&](std::size_t ia, std::size_t ic, const AttentionParams& p) {
@@ -143,9 +139,9 @@ void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorVi
 }
 
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
-                            const TensorView& k, const TensorView& v,
-                            const std::vector<std::vector<SeqChunk>>& chunks, const std::vector<SeqChunk>& queries,
-                            const AttentionParams& params, DType wire, CpStats& stats) {
+                            const TensorView& k, const TensorView& v, const std::vector<std::vector<SeqChunk>>& chunks,
+                            const std::vector<SeqChunk>& queries, const AttentionParams& params, DType wire,
+                            CpStats& stats) {
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
@@ -217,11 +213,10 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     dkv_send[cur].wait();  // the buffer's send from two steps ago
     const TensorView acc = member_kv(dkv[cur], src_rows);
     zero(acc);
-    backward_pairs(saved, dq, acc, dout, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats,
-                   [&] {
-                     recv.test();
-                     send.test();
-                   });
+    backward_pairs(saved, dq, acc, dout, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats, [&] {
+      recv.test();
+      send.test();
+    });
     const double t1 = ring.now();
     stats.compute_s += t1 - t0;
     ring.trace(fmt::format("bwd step {}/{}", step + 1, R), t0, t1);

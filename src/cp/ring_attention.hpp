@@ -40,12 +40,12 @@
 namespace ulysses {
 
 struct RingSaved {
-  TensorView q, out;           // float32 [b, n, h, d]; storage owned by the caller
-  Tensor kv;                   // float32 own K then V: [2b, own rows, h_kv, d]
-  std::vector<Tensor> lse;     // per local chunk (lse_tensor)
+  TensorView q, out;                          // float32 [b, n, h, d]; storage owned by the caller
+  Tensor kv;                                  // float32 own K then V: [2b, own rows, h_kv, d]
+  std::vector<Tensor> lse;                    // per local chunk (lse_tensor)
   std::vector<std::vector<SeqChunk>> chunks;  // per ring member: its K/V rows
   std::vector<SeqChunk> queries;              // this member's query rows at their key positions
-  AttentionParams params;      // causal and scale; offsets are per chunk
+  AttentionParams params;                     // causal and scale; offsets are per chunk
   DType wire = DType::f32;
   int me = 0;                                    // this member
   std::vector<std::vector<SeqChunk>> halo_rows;  // halo exchange: the rows of each member held
@@ -56,9 +56,9 @@ struct RingSaved {
 // `queries` this member's query rows at their global key positions (chunks[me] for
 // self-attention; cross-attention: shifted by q_offset, and no window).
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
-                            const TensorView& k, const TensorView& v,
-                            const std::vector<std::vector<SeqChunk>>& chunks, const std::vector<SeqChunk>& queries,
-                            const AttentionParams& params, DType wire, CpStats& stats);
+                            const TensorView& k, const TensorView& v, const std::vector<std::vector<SeqChunk>>& chunks,
+                            const std::vector<SeqChunk>& queries, const AttentionParams& params, DType wire,
+                            CpStats& stats);
 
 // `chunks` moved by `offset` positions (a cross-attention's queries to their key positions).
 std::vector<SeqChunk> shifted(std::vector<SeqChunk> chunks, std::int64_t offset);
@@ -96,9 +96,8 @@ struct PairScratch {
   PairScratch(const RingSaved& saved, bool backward);
 };
 // Partial results merged into out (and saved.lse) by their LSE.
-void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv,
-                   const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,
-                   const std::function<void()>& progress);
+void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv, const std::vector<SeqChunk>& keys,
+                   PairScratch& scratch, CpStats& stats, const std::function<void()>& progress);
 // dQ accumulated into dq, dK|dV of `keys` into dkv (float32 [2b, rows, h_kv, d]).
 void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorView& dkv, const TensorView& dout,
                     const TensorView& kv, const std::vector<SeqChunk>& keys, PairScratch& scratch, CpStats& stats,

@@ -34,12 +34,13 @@ SeqChunk chunk(const HeadRange& r) { return {r.first, r.count}; }
 bool zigzag_layout(const CpConfig& config, int cp, std::int64_t seq) {
   const bool zigzag = uses_zigzag(config);
   if (!zigzag && seq < cp)
-    throw Error(fmt::format("sequence length ({}) must be at least cp ({}): every rank holds at least one token",
-                            seq, cp));
+    throw Error(
+        fmt::format("sequence length ({}) must be at least cp ({}): every rank holds at least one token", seq, cp));
   if (zigzag && seq < 2 * std::int64_t(cp))
-    throw Error(fmt::format("sequence length ({}) must be at least 2*cp ({}) for cp_comm_type {} with a causal "
-                            "mask: the zigzag layout cuts it into 2*cp chunks of at least one token",
-                            seq, 2 * std::int64_t(cp), config.cp_comm_type));
+    throw Error(
+        fmt::format("sequence length ({}) must be at least 2*cp ({}) for cp_comm_type {} with a causal "
+                    "mask: the zigzag layout cuts it into 2*cp chunks of at least one token",
+                    seq, 2 * std::int64_t(cp), config.cp_comm_type));
   return zigzag;
 }
 
@@ -80,9 +81,7 @@ RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv
   return {{k * g + q.first, q.count}, {k, 1}};
 }
 
-std::int64_t ulysses_kv_heads_held(int group, std::int64_t kv_heads) {
-  return std::max<std::int64_t>(kv_heads, group);
-}
+std::int64_t ulysses_kv_heads_held(int group, std::int64_t kv_heads) { return std::max<std::int64_t>(kv_heads, group); }
 
 std::int64_t most_heads(const std::vector<HeadRange>& ranges) {
   std::int64_t n = 0;
@@ -140,21 +139,22 @@ std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks) {
 
 namespace {
 // Copies rows between a global tensor and the concatenation of its chunks.
-void move_rows(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks,
-               bool to_local) {
+void move_rows(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks, bool to_local) {
   if (total_tokens(chunks) != local.shape.s)
     throw Error(fmt::format("chunks hold {} tokens but the local tensor has {}", total_tokens(chunks), local.shape.s));
   std::int64_t row = 0;
   for (const SeqChunk& c : chunks) {
     if (c.begin < 0 || c.begin + c.length > global.shape.s)
-      throw Error(fmt::format("chunk [{}, {}) is outside the sequence of {} tokens", c.begin,
-                              c.begin + c.length, global.shape.s));
+      throw Error(fmt::format("chunk [{}, {}) is outside the sequence of {} tokens", c.begin, c.begin + c.length,
+                              global.shape.s));
     TensorView g = global, l = local;
     g.data = global.row(0, c.begin, 0);
     l.data = local.row(0, row, 0);
     g.shape.s = l.shape.s = c.length;
-    if (to_local) copy(g, l);
-    else copy(l, g);
+    if (to_local)
+      copy(g, l);
+    else
+      copy(l, g);
     row += c.length;
   }
 }

@@ -21,7 +21,8 @@ std::string named(const std::string& flag, const std::string& path) { return fla
 
 void require_regular(const std::string& flag, const std::string& path, const struct stat& st) {
   if (!S_ISREG(st.st_mode))
-    throw Error(fmt::format("{}: is {}, not a regular file: refusing to read it", named(flag, path), file_kind(st.st_mode)));
+    throw Error(
+        fmt::format("{}: is {}, not a regular file: refusing to read it", named(flag, path), file_kind(st.st_mode)));
 }
 
 }  // namespace
@@ -38,7 +39,8 @@ const char* file_kind(mode_t mode) {
 
 void check_regular_input(const std::string& flag, const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw Error(fmt::format("{}: cannot open: {}", named(flag, path), std::strerror(errno)));
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(fmt::format("{}: cannot open: {}", named(flag, path), std::strerror(errno)));
   require_regular(flag, path, st);
 }
 

@@ -102,8 +102,7 @@ NpyHeader read_header(std::ifstream& in, const std::string& path) {
   const std::string descr = dict_value(header, "descr");
   const std::string fortran = dict_value(header, "fortran_order");
   const std::string shape_str = dict_value(header, "shape");
-  if (descr.empty() || fortran.empty() || shape_str.empty())
-    bad(path, "header lacks descr, fortran_order or shape");
+  if (descr.empty() || fortran.empty() || shape_str.empty()) bad(path, "header lacks descr, fortran_order or shape");
   NpyHeader h;
   h.dtype = descr.substr(1, descr.size() - 2);
   if (fortran != "False") bad(path, "Fortran order is not supported (save C-ordered arrays)");
@@ -182,8 +181,10 @@ std::string npy_bytes(const float* data, const std::vector<std::int64_t>& shape)
     dims += fmt::format("{}, ", s);
     n *= s;
   }
-  if (shape.size() > 1) dims.resize(dims.size() - 2);
-  else if (shape.size() == 1) dims.resize(dims.size() - 1);
+  if (shape.size() > 1)
+    dims.resize(dims.size() - 2);
+  else if (shape.size() == 1)
+    dims.resize(dims.size() - 1);
   std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
   const std::size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');

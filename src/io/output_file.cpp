@@ -148,7 +148,8 @@ void check_creatable(const OutputSpec& o, const std::string& target) {
     while (!fs::exists(dir, ec) && dir.has_relative_path() && dir != parent_of(dir)) dir = parent_of(dir);
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw Error(fmt::format("{}: cannot write here: {} is not a directory", name, dir.string()));
-  const std::string probe = o.make_dirs && dir != parent_of(target) ? temp_name((dir / "probe").string()) : temp_name(target);
+  const std::string probe =
+      o.make_dirs && dir != parent_of(target) ? temp_name((dir / "probe").string()) : temp_name(target);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(fmt::format("{}: cannot write here: {}", name, std::strerror(errno)));
   ::close(fd);
@@ -159,7 +160,8 @@ void check_output(const OutputSpec& o) {
   const std::string name = fmt::format("{} {}", o.flag, o.path);
   if (o.path == "-") {
     if (o.stdout_ok) return;
-    throw Error(fmt::format("{}: {} cannot go to standard output; name a file (./- for a file named '-')", name, o.flag));
+    throw Error(
+        fmt::format("{}: {} cannot go to standard output; name a file (./- for a file named '-')", name, o.flag));
   }
   const std::string target = output_target(o.path);
   struct stat st {};

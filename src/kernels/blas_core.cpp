@@ -31,8 +31,8 @@ namespace {
 
 // 1: pre-AVX2 generic cores; 2: AVX2 + FMA; 3: AVX-512. 0: not ranked here (left alone).
 int rank(const char* core) {
-  static const char* const kGeneric[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
-                                          "Sandybridge", "Katmai", "Coppermine", "Northwood", "Banias", "unknown"};
+  static const char* const kGeneric[] = {"Prescott",    "Core2",  "Penryn",     "Dunnington", "Nehalem", "Atom",
+                                         "Sandybridge", "Katmai", "Coppermine", "Northwood",  "Banias",  "unknown"};
   for (const char* name : kGeneric)
     if (strcasecmp(core, name) == 0) return 1;
   if (strcasecmp(core, "Haswell") == 0) return 2;

@@ -49,8 +49,8 @@ struct GemmEngine {
   void (*scores)(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt,
                  float* s, std::int64_t lds, std::int64_t diag);
   // o[m, d] += p[m, k] · b[k, d], b = pack_b image at key j0. p[i, j] == 0 for j > diag + i.
-  void (*pv)(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* b,
-             float* o, std::int64_t ldo, std::int64_t diag);
+  void (*pv)(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* b, float* o,
+             std::int64_t ldo, std::int64_t diag);
   // c[k, d] += p[m, k]ᵀ · b[m, d]; b rows of dtype, ldb elements apart, read in place.
   // p[i, j] == 0 for j > diag + i.
   void (*pt_b)(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::int64_t ldp, const void* b,

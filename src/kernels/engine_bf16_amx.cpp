@@ -175,11 +175,15 @@ inline void with_block_shape(i64 mb, i64 nb, F&& f) {
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   if (mb == 2) {
-    if (nb == 2) f(Two{}, Two{});
-    else f(Two{}, One{});
+    if (nb == 2)
+      f(Two{}, Two{});
+    else
+      f(Two{}, One{});
   } else {
-    if (nb == 2) f(One{}, Two{});
-    else f(One{}, One{});
+    if (nb == 2)
+      f(One{}, Two{});
+    else
+      f(One{}, One{});
   }
 }
 
@@ -197,8 +201,10 @@ inline CWindow window(float* base, i64 ld, i64 row0, i64 nrows, i64 col0, i64 nc
 // An accumulating C tile starts from the caller's values when the window is whole (loaded in
 // place) and from zero otherwise (the partial sums are added on the way out).
 inline void c_begin(int t, const CWindow& w) {
-  if (w.whole()) tile_load(t, w.p, w.ld * 4);
-  else tile_zero(t);
+  if (w.whole())
+    tile_load(t, w.p, w.ld * 4);
+  else
+    tile_zero(t);
 }
 
 // A whole tile into a 16 × 16 buffer that vector code reads next (fenced: see tile_fence).
@@ -363,8 +369,7 @@ inline void pack_pairs_tile(const bf16* rows, i64 ld, i64 nrows, i64 ncols, u32*
 void pack_pairs(const bf16* rows, i64 ld, i64 nrows, i64 ncols, i64 blocks, i64 col_tiles, u32* out) {
   for (i64 k = 0; k < blocks; ++k)
     for (i64 n = 0; n < col_tiles; ++n)
-      pack_pairs_tile(rows + 32 * k * ld + 16 * n, ld, nrows - 32 * k, ncols - 16 * n,
-                      out + (k * col_tiles + n) * 256);
+      pack_pairs_tile(rows + 32 * k * ld + 16 * n, ld, nrows - 32 * k, ncols - 16 * n, out + (k * col_tiles + n) * 256);
 }
 
 // ---- pack_bt / pack_b / sizes -----------------------------------------------------------
@@ -449,7 +454,7 @@ void scores(i64 m, i64 n, i64 d, const void* a, i64 lda, const void* bt, float* 
       // Visibility grows with the row and shrinks with the key, so (last row, first key
       // tile) is the block's most visible tile and (first row, last key tile) its least.
       if (!tile_visible(r0 + mb - 1, t0, diag)) break;  // this block and every later one are past the diagonal
-      i64 ra = r0, ma = mb;  // the rows of the block that see some of its keys
+      i64 ra = r0, ma = mb;                             // the rows of the block that see some of its keys
       if (ma == 2 && !tile_visible(r0, t0, diag)) ra = r0 + 1, ma = 1;
       i64 nb = std::min<i64>(2, key_tiles - t0);
       if (nb == 2 && !tile_visible(ra + ma - 1, t0 + 1, diag)) nb = 1;  // the second key tile is past it for both rows
@@ -469,8 +474,10 @@ void scores(i64 m, i64 n, i64 d, const void* a, i64 lda, const void* bt, float* 
                 c_write<false>(c_tile(i, j), window(s, lds, (ra + i) * kTile, m, (t0 + j) * kTile, n));
         };
         if constexpr (MB == 2 && NB == 2) {
-          if (skip01) finish(std::true_type{});
-          else finish(std::false_type{});
+          if (skip01)
+            finish(std::true_type{});
+          else
+            finish(std::false_type{});
         } else {
           finish(std::false_type{});
         }
@@ -496,7 +503,8 @@ void round_p_rows(const float* p, i64 ldp, i64 m, i64 k, i64 i0, i64 rows, i64 k
     i64 j = 0;
 #ifndef ULYSSES_AMX_EMULATION
     for (; j + 32 <= valid; j += 32)  // second source → the low 16 bf16
-      _mm512_storeu_si512(dst + j, __m512i(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j))));
+      _mm512_storeu_si512(dst + j,
+                          __m512i(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j))));
     for (; j + 16 <= valid; j += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), __m256i(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + j))));
 #else
@@ -633,7 +641,6 @@ void pt_b(i64 k, i64 d, i64 m, const float* p, i64 ldp, const void* b, i64 ldb, 
 }  // namespace
 
 extern const GemmEngine amx_bf16;
-const GemmEngine amx_bf16 = {"amx-bf16", DType::bf16, packed_bytes, packed_offset, pack_bt, pack_b,
-                             scores,     pv,          pt_b};
+const GemmEngine amx_bf16 = {"amx-bf16", DType::bf16, packed_bytes, packed_offset, pack_bt, pack_b, scores, pv, pt_b};
 
 }  // namespace ulysses::kernels::ULYSSES_KERNEL_NS

@@ -139,8 +139,8 @@ inline bf16 round_to_bf16(float f) {
 // acc[r][v] += Σ_t A(r, t) · B(t, v): A(r, t) is the bf16 pair at a + r·a_rs + t·a_ts
 // (strides in bf16 elements), B(t, v) the 16 words at b + t·ldb + v·W.
 template <int R, int NB>
-[[gnu::always_inline]] inline void dp_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b,
-                                            i64 ldb, vf (&acc)[R][NB]) {
+[[gnu::always_inline]] inline void dp_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b, i64 ldb,
+                                            vf (&acc)[R][NB]) {
   for (i64 t = 0; t < pairs; ++t) {
     vu bv[NB];
 #pragma GCC unroll 4
@@ -341,8 +341,7 @@ void pack_b(const void* rows, i64 ld, i64 n, i64 d, void* packed) {
 
 // ---- the ops ----------------------------------------------------------------------------
 
-void scores(i64 m, i64 n, i64 d, const void* av, i64 lda, const void* bt, float* s, i64 lds,
-            i64 diag) {
+void scores(i64 m, i64 n, i64 d, const void* av, i64 lda, const void* bt, float* s, i64 lds, i64 diag) {
   if (m <= 0 || n <= 0) return;
   if (d <= 0) {  // an empty inner dimension: every score is 0
     for (i64 i = 0; i < m; ++i)
@@ -388,8 +387,8 @@ void pv(i64 m, i64 d, i64 k, const float* p, i64 ldp, const void* bv, float* o, 
     for (i64 c = 0; c < dp; c += NR) {
       const i64 nb = imin(NV, (dp - c) / W), cols = imin(d - c, nb * W);
       with_shape(mr, nb, [&](auto R, auto NB) {
-        accumulate_block<decltype(R)::value, decltype(NB)::value>(pairs, pa, ks, 2, b + c, dp, o + i0 * ldo + c,
-                                                                  ldo, cols);
+        accumulate_block<decltype(R)::value, decltype(NB)::value>(pairs, pa, ks, 2, b + c, dp, o + i0 * ldo + c, ldo,
+                                                                  cols);
       });
     }
   }
@@ -431,7 +430,7 @@ void pt_b(i64 k, i64 d, i64 m, const float* p, i64 ldp, const void* bv, i64 ldb,
 }  // namespace
 
 extern const GemmEngine avx512_bf16;
-const GemmEngine avx512_bf16 = {"avx512bf16-bf16", DType::bf16, packed_bytes, packed_offset, pack_bt, pack_b,
-                                scores,            pv,          pt_b};
+const GemmEngine avx512_bf16 = {
+    "avx512bf16-bf16", DType::bf16, packed_bytes, packed_offset, pack_bt, pack_b, scores, pv, pt_b};
 
 }  // namespace ulysses::kernels::ULYSSES_KERNEL_NS

@@ -15,11 +15,13 @@ namespace {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(m), int(n),
+              int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-std::int64_t packed_bytes(std::int64_t n, std::int64_t d) { return (n + kKeyAlign - 1) / kKeyAlign * kKeyAlign * d * 4; }
+std::int64_t packed_bytes(std::int64_t n, std::int64_t d) {
+  return (n + kKeyAlign - 1) / kKeyAlign * kKeyAlign * d * 4;
+}
 std::int64_t packed_offset(std::int64_t j0, std::int64_t d) { return j0 * d * 4; }
 
 // Both images are dense rows [n][d] (BLAS takes Kᵀ by a transpose flag).
@@ -29,10 +31,9 @@ void pack_rows(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d
   for (std::int64_t j = 0; j < n; ++j) std::memcpy(dst + j * d, src + j * ld, std::size_t(d) * 4);
 }
 
-void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt,
-            float* s, std::int64_t lds, std::int64_t) {
-  gemm(false, true, m, n, d, 1.0f, static_cast<const float*>(a), lda, static_cast<const float*>(bt), d, 0.0f, s,
-       lds);
+void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt, float* s,
+            std::int64_t lds, std::int64_t) {
+  gemm(false, true, m, n, d, 1.0f, static_cast<const float*>(a), lda, static_cast<const float*>(bt), d, 0.0f, s, lds);
 }
 
 void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* b, float* o,
@@ -84,8 +85,8 @@ float row_max(const float* x, std::int64_t n, float init, float scale) {
 }  // namespace
 
 extern const GemmEngine blas_f32;
-const GemmEngine blas_f32 = {"blas-f32", DType::f32, packed_bytes, packed_offset, pack_rows, pack_rows,
-                             scores, pv, pt_b};
+const GemmEngine blas_f32 = {"blas-f32", DType::f32, packed_bytes, packed_offset, pack_rows,
+                             pack_rows,  scores,     pv,           pt_b};
 extern const VectorOps scalar_vec;
 const VectorOps scalar_vec = {exp_shifted_sum, row_max};
 

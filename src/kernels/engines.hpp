@@ -10,9 +10,9 @@
 namespace ulysses::kernels {
 
 namespace native {
-extern const GemmEngine blas_f32;    // engine_blas.cpp
-extern const VectorOps scalar_vec;   // engine_blas.cpp
-extern const GemmEngine avx2_f32;    // engine_simd_avx2.cpp
+extern const GemmEngine blas_f32;   // engine_blas.cpp
+extern const VectorOps scalar_vec;  // engine_blas.cpp
+extern const GemmEngine avx2_f32;   // engine_simd_avx2.cpp
 extern const VectorOps avx2_vec;
 extern const GemmEngine avx512_f32;  // engine_simd_avx512.cpp
 extern const VectorOps avx512_vec;

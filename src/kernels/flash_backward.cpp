@@ -27,10 +27,9 @@
 
 namespace ulysses {
 
-void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const TensorView& dout, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& out, const TensorView& lse,
-                              const AttentionParams& params) {
+void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                              const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                              const TensorView& lse, const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
   check_offsets(params, q, k);
@@ -73,14 +72,16 @@ struct BackwardArgs {
 // forward, a merged ring lse): exp never overflows. Where |lse| >= 2^24 its float32 rounding
 // (>= 1) swallows log l: P is then exact for one-hot rows and up to l times too large for a
 // row spread over l tied keys (finite; FlashAttention's float32 lse has the same limit).
-void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq,
-                   std::int64_t j0, std::int64_t nk) {
+void probabilities(const BackwardArgs& a, float* p, const float* lse, std::int64_t i0, std::int64_t mq, std::int64_t j0,
+                   std::int64_t nk) {
   for (std::int64_t i = 0; i < mq; ++i) {
     float* prow = p + i * kBlockKBackward;
     const KeyRange r = in_block(visible_keys(a.params, i0 + i, a.k.shape.s), j0, nk);
     std::fill(prow, prow + r.lo, 0.0f);
-    if (lse[i0 + i] == kNegInf) std::fill(prow + r.lo, prow + r.hi, 0.0f);  // row sees no key at all
-    else a.level.vec.exp_shifted_sum(prow + r.lo, prow + r.lo, r.hi - r.lo, a.scale, lse[i0 + i]);
+    if (lse[i0 + i] == kNegInf)
+      std::fill(prow + r.lo, prow + r.hi, 0.0f);  // row sees no key at all
+    else
+      a.level.vec.exp_shifted_sum(prow + r.lo, prow + r.lo, r.hi - r.lo, a.scale, lse[i0 + i]);
     std::fill(prow + r.hi, prow + nk, 0.0f);
   }
 }
@@ -93,8 +94,10 @@ std::pair<std::int64_t, std::int64_t> rows_seeing(const AttentionParams& p, std:
     std::int64_t lo = 0, hi = sq;
     while (lo < hi) {
       const std::int64_t mid = lo + (hi - lo) / 2;
-      if (pred(visible_keys(p, mid, sk))) hi = mid;
-      else lo = mid + 1;
+      if (pred(visible_keys(p, mid, sk)))
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     return lo;
   };
@@ -104,8 +107,8 @@ std::pair<std::int64_t, std::int64_t> rows_seeing(const AttentionParams& p, std:
 }
 
 // One task: keys [j0, j0 + nk) of KV head g in batch bb. dq_acc is where dQ accumulates.
-void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_acc, std::int64_t bb,
-                   std::int64_t g, std::int64_t j0, std::int64_t nk) {
+void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_acc, std::int64_t bb, std::int64_t g,
+                   std::int64_t j0, std::int64_t nk) {
   const std::int64_t d = a.q.shape.d, sq = a.q.shape.s, H = a.q.shape.h, Hkv = a.k.shape.h;
   const std::int64_t group = H / Hkv, bk = kBlockKBackward, off = a.e.packed_offset(j0, d);
   const std::byte* kt = a.kt.at(bb, g, Hkv) + off;
@@ -251,8 +254,10 @@ void flash_backward(const KernelLevel& level, const TensorView& dq, const Tensor
   const std::int64_t nkb = (k.shape.s + kBlockKBackward - 1) / kBlockKBackward;
   const int threads = omp_get_max_threads();
   const bool by_pairs = (q.shape.b * k.shape.h >= 2 * threads || threads == 1) && dq.dtype == DType::f32;
-  if (by_pairs) backward_by_pairs(a, dq, nkb);
-  else backward_by_key_blocks(a, dq, nkb);
+  if (by_pairs)
+    backward_by_pairs(a, dq, nkb);
+  else
+    backward_by_key_blocks(a, dq, nkb);
 }
 
 }  // namespace kernels

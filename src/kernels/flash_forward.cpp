@@ -34,19 +34,19 @@ float effective_scale(const AttentionParams& params, std::int64_t head_dim) {
   return params.scale.value_or(1.0f / std::sqrt(float(head_dim)));
 }
 
-double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h,
-                               std::int64_t d, bool causal) {
+double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h, std::int64_t d,
+                               bool causal) {
   double f = 4.0 * double(b) * double(sq) * double(sk) * double(h) * double(d);
   return causal ? f / 2 : f;
 }
 
-void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out) {
+void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
   auto fail = [](const std::string& m) { throw Error("attention: " + m); };
   // The kernel table is chosen per device, then (on the CPU) per ISA: the CPU is the only
   // device with kernels today; a GPU backend adds its table and its case here.
   for (const TensorView* t : {&k, &v, &out})
-    if (t->device != q.device) fail(fmt::format("q is on {}, another tensor on {}", to_string(q.device), to_string(t->device)));
+    if (t->device != q.device)
+      fail(fmt::format("q is on {}, another tensor on {}", to_string(q.device), to_string(t->device)));
   if (q.device != Device::cpu) fail(fmt::format("no attention kernels for device {}", to_string(q.device)));
   if (k.dtype != q.dtype || v.dtype != q.dtype)
     fail(fmt::format("q, k and v must share one dtype, got {}, {}, {}", to_string(q.dtype), to_string(k.dtype),
@@ -58,8 +58,7 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
     fail(fmt::format("k must be [{}, sk, h_kv, {}], got {}", s.b, s.d, k.shape.str()));
   if (!(v.shape == k.shape)) fail(fmt::format("v must be {} like k, got {}", k.shape.str(), v.shape.str()));
   if (!(out.shape == s)) fail(fmt::format("out must be {} like q, got {}", s.str(), out.shape.str()));
-  if (s.h % k.shape.h != 0)
-    fail(fmt::format("num_heads ({}) must be divisible by num_kv_heads ({})", s.h, k.shape.h));
+  if (s.h % k.shape.h != 0) fail(fmt::format("num_heads ({}) must be divisible by num_kv_heads ({})", s.h, k.shape.h));
 }
 
 const char* kernel_isa() { return kernels::active_level().name; }
@@ -74,8 +73,10 @@ void check_lse(const TensorView& lse, const TensorView& q) {
   const Shape want{q.shape.b, q.shape.s, q.shape.h, 1};
   if (lse.dtype != DType::f32 || !(lse.shape == want) || !lse.is_dense(Layout::bhsd) || lse.device != q.device ||
       lse.data == nullptr)
-    throw Error(fmt::format("attention: lse must be a dense float32 {} bhsd tensor on q's device (lse_tensor(q.shape)), "
-                            "got {} {}", want.str(), to_string(lse.dtype), lse.shape.str()));
+    throw Error(
+        fmt::format("attention: lse must be a dense float32 {} bhsd tensor on q's device (lse_tensor(q.shape)), "
+                    "got {} {}",
+                    want.str(), to_string(lse.dtype), lse.shape.str()));
 }
 
 void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k) {
@@ -84,7 +85,8 @@ void check_documents(const AttentionParams& params, const TensorView& q, const T
   if (q.shape.b != 1)
     throw Error(fmt::format("attention: cu_seqlens (packed documents) needs batch 1, got {}", q.shape.b));
   if (std::string e = cu_seqlens_error(params.cu_seqlens, end); !e.empty()) throw Error("attention: " + e);
-  if (params.q_offset < 0 || params.k_offset < 0 || params.q_offset + q.shape.s > end || params.k_offset + k.shape.s > end)
+  if (params.q_offset < 0 || params.k_offset < 0 || params.q_offset + q.shape.s > end ||
+      params.k_offset + k.shape.s > end)
     throw Error(fmt::format("attention: queries [{}, {}) and keys [{}, {}) must lie inside cu_seqlens' [0, {})",
                             params.q_offset, params.q_offset + q.shape.s, params.k_offset, params.k_offset + k.shape.s,
                             end));
@@ -97,20 +99,20 @@ void check_window(const AttentionParams& params) {
 }
 
 void check_offsets(const AttentionParams& params, const TensorView& q, const TensorView& k) {
-  for (const auto& [name, offset, n] : {std::tuple{"q_offset", params.q_offset, q.shape.s},
-                                        std::tuple{"k_offset", params.k_offset, k.shape.s}})
+  for (const auto& [name, offset, n] :
+       {std::tuple{"q_offset", params.q_offset, q.shape.s}, std::tuple{"k_offset", params.k_offset, k.shape.s}})
     if (std::int64_t end; __builtin_add_overflow(offset, n, &end))
       throw Error(fmt::format("attention: {} {} + {} rows passes the largest position (int64)", name, offset, n));
 }
 
 void check_scale(const AttentionParams& params) {
   if (params.scale && !(std::isfinite(*params.scale) && *params.scale > 0.0f))
-    throw Error(fmt::format("attention: scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", *params.scale));
+    throw Error(
+        fmt::format("attention: scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", *params.scale));
 }
 
-void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
-                             const TensorView& k, const TensorView& v,
-                             const AttentionParams& params) {
+void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                             const TensorView& v, const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
   check_offsets(params, q, k);
@@ -240,8 +242,8 @@ void flash_forward(const KernelLevel& level, const TensorView& out, float* lse, 
       // Last query blocks first: under a causal mask they are the most expensive.
       const std::int64_t qb = nqb - 1 - task % nqb, bh = task / nqb, bb = bh / H, h = bh % H;
       const std::int64_t i0 = qb * kBlockQ, mq = std::min(kBlockQ, sq - i0);
-      forward_block(tile, a, pk.at(bb, h / group, Hkv), pv.at(bb, h / group, Hkv), lse + (bb * H + h) * sq + i0,
-                    bb, h, i0, mq);
+      forward_block(tile, a, pk.at(bb, h / group, Hkv), pv.at(bb, h / group, Hkv), lse + (bb * H + h) * sq + i0, bb, h,
+                    i0, mq);
     }
   }
 }

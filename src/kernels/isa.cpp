@@ -35,7 +35,7 @@ Cpuid7 leaf7() {
 bool os_saves_zmm() {
   std::uint32_t a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
-  return (xcr0() & 0xe6) == 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+  return (xcr0() & 0xe6) == 0xe6;                                          // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
 }
 
 bool has_avx512() {
@@ -108,7 +108,7 @@ const KernelLevel& level(Isa isa) {
       {"portable", &blas_f32, nullptr, scalar_vec},
       {"avx2", &avx2_f32, nullptr, avx2_vec},
       {"avx512", &avx512_f32, best() >= Isa::avx512 && has_avx512_bf16() ? &avx512_bf16 : nullptr, avx512_vec},
-            {"amx", &avx512_f32, &amx_bf16, avx512_vec},
+      {"amx", &avx512_f32, &amx_bf16, avx512_vec},
   };
   return levels[int(isa)];
 }

@@ -23,8 +23,8 @@ enum class Isa { portable = 0, avx2 = 1, avx512 = 2, amx = 3 };
 const char* to_string(Isa isa);
 bool parse_isa(const char* name, Isa* out);  // false on an unknown name
 
-Isa best_supported_isa();              // what this CPU and OS can run
-std::vector<Isa> supported_isas();     // portable … best_supported_isa()
+Isa best_supported_isa();           // what this CPU and OS can run
+std::vector<Isa> supported_isas();  // portable … best_supported_isa()
 Isa active_isa();
 // Use `isa` from now on (clamped to what the CPU supports); returns the level in use.
 Isa force_isa(Isa isa);

@@ -40,8 +40,8 @@ double scale_of(const AttentionParams& p, std::int64_t d) {
 }
 
 // Softmax probabilities of query row i of head h against every key; returns the row's lse.
-double probabilities(std::vector<double>& prob, const RefTensor& q, const RefTensor& k,
-                     const AttentionParams& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+double probabilities(std::vector<double>& prob, const RefTensor& q, const RefTensor& k, const AttentionParams& p,
+                     std::int64_t b, std::int64_t h, std::int64_t i) {
   const std::int64_t sk = k.shape.s, D = q.shape.d, g = h / (q.shape.h / k.shape.h);
   const double scale = scale_of(p, D);
   double mx = -std::numeric_limits<double>::infinity();
@@ -63,9 +63,8 @@ double probabilities(std::vector<double>& prob, const RefTensor& q, const RefTen
 
 }  // namespace
 
-void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const RefTensor& q,
-                                 const RefTensor& k, const RefTensor& v,
-                                 const AttentionParams& params) {
+void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const RefTensor& q, const RefTensor& k,
+                                 const RefTensor& v, const AttentionParams& params) {
   const Shape& s = q.shape;
   out = RefTensor(s);
   lse.assign(std::size_t(s.b * s.h * s.s), 0.0);
@@ -84,9 +83,9 @@ void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const
   }
 }
 
-void reference_attention_backward(RefTensor& dq, RefTensor& dk, RefTensor& dv,
-                                  const RefTensor& dout, const RefTensor& q, const RefTensor& k,
-                                  const RefTensor& v, const AttentionParams& params) {
+void reference_attention_backward(RefTensor& dq, RefTensor& dk, RefTensor& dv, const RefTensor& dout,
+                                  const RefTensor& q, const RefTensor& k, const RefTensor& v,
+                                  const AttentionParams& params) {
   const Shape& s = q.shape;
   const std::int64_t sk = k.shape.s, D = s.d, group = s.h / k.shape.h;
   const double scale = scale_of(params, D);

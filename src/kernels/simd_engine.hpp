@@ -117,8 +117,8 @@ inline void accumulate_block(std::int64_t k, const float* a, std::int64_t lda, c
 // c[R rows, n columns] += A · B for any n: blocks of NV vectors, then single vectors, then a
 // scalar tail (head dims that are not a multiple of W).
 template <int R, bool TRANS_A>
-void accumulate_rows(std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                     std::int64_t ldb, float* c, std::int64_t ldc) {
+void accumulate_rows(std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                     float* c, std::int64_t ldc) {
   std::int64_t j = 0;
   for (; j + NR <= n; j += NR) accumulate_block<R, NV, TRANS_A>(k, a, lda, b + j, ldb, c + j, ldc);
   for (; j + W <= n; j += W) accumulate_block<R, 1, TRANS_A>(k, a, lda, b + j, ldb, c + j, ldc);
@@ -156,8 +156,8 @@ void pack_b(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, v
 }
 
 template <int R>
-void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float* panel, float* s,
-                  std::int64_t lds, std::int64_t cols) {
+void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float* panel, float* s, std::int64_t lds,
+                  std::int64_t cols) {
   vf acc[R][NV] = {};
   fma_block<R, NV, false>(d, a, lda, panel, NR, acc);
   for (int r = 0; r < R; ++r) {
@@ -171,8 +171,8 @@ void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float*
   }
 }
 
-void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std::int64_t lda,
-            const void* bt, float* s, std::int64_t lds, std::int64_t diag) {
+void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std::int64_t lda, const void* bt, float* s,
+            std::int64_t lds, std::int64_t diag) {
   const float* a = static_cast<const float*>(av);
   const float* panels = static_cast<const float*>(bt);
   for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
@@ -181,18 +181,20 @@ void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std:
     for (std::int64_t j = 0; j < seen; j += NR)
       with_rows(mr, [&](auto R) {
         scores_block<decltype(R)::value>(d, a + i0 * lda, lda, panels + j * d, s + i0 * lds + j, lds,
-                        std::min<std::int64_t>(NR, n - j));
+                                         std::min<std::int64_t>(NR, n - j));
       });
   }
 }
 
-void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* bv,
-        float* o, std::int64_t ldo, std::int64_t diag) {
+void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* bv, float* o,
+        std::int64_t ldo, std::int64_t diag) {
   const float* b = static_cast<const float*>(bv);
   for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
     const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
     const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
-    with_rows(mr, [&](auto R) { accumulate_rows<decltype(R)::value, false>(d, kk, p + i0 * ldp, ldp, b, d, o + i0 * ldo, ldo); });
+    with_rows(mr, [&](auto R) {
+      accumulate_rows<decltype(R)::value, false>(d, kk, p + i0 * ldp, ldp, b, d, o + i0 * ldo, ldo);
+    });
   }
 }
 
@@ -204,7 +206,8 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
     // Key c0 is seen by query rows i >= c0 − diag; earlier rows have P = 0 there.
     const std::int64_t first = std::clamp<std::int64_t>(c0 - diag, 0, m);
     with_rows(mr, [&](auto R) {
-      accumulate_rows<decltype(R)::value, true>(d, m - first, p + first * ldp + c0, ldp, b + first * ldb, ldb, c + c0 * ldc, ldc);
+      accumulate_rows<decltype(R)::value, true>(d, m - first, p + first * ldp + c0, ldp, b + first * ldb, ldb,
+                                                c + c0 * ldc, ldc);
     });
   }
 }
@@ -277,8 +280,8 @@ float row_max(const float* x, std::int64_t n, float init, float scale) {
 }  // namespace
 
 extern const GemmEngine ULYSSES_SIMD_ENGINE;
-const GemmEngine ULYSSES_SIMD_ENGINE = {ULYSSES_SIMD_NAME "-f32", DType::f32, packed_bytes, packed_offset,
-                                        pack_bt, pack_b, scores, pv, pt_b};
+const GemmEngine ULYSSES_SIMD_ENGINE = {
+    ULYSSES_SIMD_NAME "-f32", DType::f32, packed_bytes, packed_offset, pack_bt, pack_b, scores, pv, pt_b};
 extern const VectorOps ULYSSES_SIMD_VEC;
 const VectorOps ULYSSES_SIMD_VEC = {exp_shifted_sum, row_max};
 

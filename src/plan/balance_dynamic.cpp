@@ -73,7 +73,8 @@ std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<s
         best = &o, best_end = end;
     }
     groups[i] = best->group;
-    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size, best_end);
+    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size,
+              best_end);
   }
   return groups;
 }
@@ -86,7 +87,8 @@ std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const std::
   for (std::size_t i = 0; i < sized.size(); ++i) {
     double start = 0;
     groups.push_back(least_loaded(free, placements(in.model.cluster, in.world, sized[i].size), sized[i].size, &start));
-    std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size, start + seconds[i]);
+    std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size,
+              start + seconds[i]);
   }
   return groups;
 }
@@ -123,7 +125,8 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   double work = 0;
   for (std::size_t i = n; i-- > 0;) {
     double least = -1;
-    for (const Option& o : options[i]) least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
+    for (const Option& o : options[i])
+      least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
     rest[i] = rest[i + 1] + least;
     work += double(options[i].size()) * (double(options[i].back().group.size) + 8) + double(world);
   }
@@ -133,10 +136,12 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   // scan of those sequences' options per child, so it is used only while it leaves a wide beam.
   double ahead_work = 0;  // per beam state, over all levels
   for (std::size_t i = 0; i < n; ++i)
-    ahead_work += double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
+    ahead_work +=
+        double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
   const bool look_ahead = kBeamBudget / (work + ahead_work) >= 16;
-  const std::size_t width = std::clamp<std::size_t>(
-      std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1, kMaxBeam);
+  const std::size_t width =
+      std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1,
+                              kMaxBeam);
   std::vector<std::vector<std::size_t>> longest_after(n + 1);
   for (std::size_t i = n; i-- > 0;) {
     std::vector<std::size_t>& l = longest_after[i];
@@ -303,6 +308,5 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   improve(in, option_sets[set_of[best]], groups, seconds);
   return groups;
 }
-
 
 }  // namespace ulysses::balance_detail

@@ -97,7 +97,8 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
     return c;
   }
   if (in.max_memory > 0 && c.memory > in.max_memory) {
-    c.reason = fmt::format("needs {:.0f} bytes per rank on {} ranks, over the cap of {:.0f}", c.memory, size, in.max_memory);
+    c.reason =
+        fmt::format("needs {:.0f} bytes per rank on {} ranks, over the cap of {:.0f}", c.memory, size, in.max_memory);
     return c;
   }
   const Strategy& strategy = find_strategy(in.cp_comm_type);
@@ -124,12 +125,14 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
     if (first == nullptr) first = &r;
     if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
   }
-  if (first == nullptr) throw Error(fmt::format("balance: cp_comm_type '{}' is not a registered strategy", in.cp_comm_type));
+  if (first == nullptr)
+    throw Error(fmt::format("balance: cp_comm_type '{}' is not a registered strategy", in.cp_comm_type));
   if (best == nullptr) {
     c.reason = first->reason;
     return c;
   }
-  const double rate = in.gemm_flops_rate > 0 ? in.gemm_flops_rate : in.model.cluster.peak_flops * in.model.cluster.efficiency;
+  const double rate =
+      in.gemm_flops_rate > 0 ? in.gemm_flops_rate : in.model.cluster.peak_flops * in.model.cluster.efficiency;
   const std::int64_t tokens = (length + size - 1) / size;
   c.valid = true;
   c.config = best->config;
@@ -147,14 +150,18 @@ void check_input(const BalanceInput& in) {
   if (in.dp < 1 || in.world % in.dp != 0)
     throw Error(fmt::format("balance: dp {} does not divide the world size {}", in.dp, in.world));
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
-    if (in.lengths[i] < 1) throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
-  if (in.max_memory < 0) throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
+    if (in.lengths[i] < 1)
+      throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
+  if (in.max_memory < 0)
+    throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
   if (!(in.gemm_flops_rate >= 0))
-    throw Error(fmt::format("balance: gemm_flops_rate must be >= 0 (0: the cluster's rate), got {}", in.gemm_flops_rate));
+    throw Error(
+        fmt::format("balance: gemm_flops_rate must be >= 0 (0: the cluster's rate), got {}", in.gemm_flops_rate));
   if (in.gemm_flops_per_token < 0)
     throw Error(fmt::format("balance: gemm_flops_per_token must be >= 0, got {}", in.gemm_flops_per_token));
   if (in.max_tokens_per_rank < 0)
-    throw Error(fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
+    throw Error(
+        fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
   find_strategy(in.cp_comm_type);
 }
 
@@ -171,7 +178,8 @@ Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std:
     const auto first = s.finish.begin() + groups[i].first_rank, last = first + groups[i].size;
     const double end = *std::max_element(first, last) + seconds[i];
     std::fill(first, last, end);
-    for (int r = groups[i].first_rank; r < groups[i].first_rank + groups[i].size; ++r) s.busy[std::size_t(r)] += seconds[i];
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + groups[i].size; ++r)
+      s.busy[std::size_t(r)] += seconds[i];
   }
   s.step = *std::max_element(s.finish.begin(), s.finish.end());
   s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
@@ -199,9 +207,10 @@ std::vector<int> placements(const Cluster& cluster, int world, int size) {
       if (in.memory_per_rank(len, c) < in.memory_per_rank(len, smallest)) smallest = c;
     const double need = in.memory_per_rank(len, smallest);
     if (need > in.max_memory)
-      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group under the memory cap of {:.0f} bytes per "
-                              "rank{}: it needs {:.0f} bytes per rank even on {} rank(s)",
-                              i, len, in.max_memory, where, need, smallest));
+      throw Error(
+          fmt::format("balance: sequence {} ({} tokens) fits no group under the memory cap of {:.0f} bytes per "
+                      "rank{}: it needs {:.0f} bytes per rank even on {} rank(s)",
+                      i, len, in.max_memory, where, need, smallest));
   }
   throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group{}: on 1 rank, {}", i, len, where,
                           costs.of(i, 1).reason));
@@ -233,7 +242,8 @@ namespace {
 using namespace balance_detail;
 
 // A plan's predictions for its groups (and the checks that every sequence can run there).
-BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy policy, std::vector<BalanceGroup> groups) {
+BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy policy,
+                        std::vector<BalanceGroup> groups) {
   BalancePlan p;
   p.policy = policy;
   const std::size_t world = std::size_t(in.world);
@@ -242,8 +252,8 @@ BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy 
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const BalanceGroup g = groups[i];
     if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
-      throw Error(fmt::format("balance: sequence {}'s group [{}, {}) is not inside the world of {} ranks", i, g.first_rank,
-                              g.first_rank + g.size, in.world));
+      throw Error(fmt::format("balance: sequence {}'s group [{}, {}) is not inside the world of {} ranks", i,
+                              g.first_rank, g.first_rank + g.size, in.world));
     const SequenceCost& c = costs.of(i, g.size);
     if (!c.valid)
       throw Error(fmt::format("balance: sequence {} ({} tokens) cannot run on its group of {} ranks: {}", i,
@@ -268,8 +278,9 @@ std::vector<BalanceGroup> static_groups(const BalanceInput& in, CostTable& costs
   std::vector<BalanceGroup> groups;
   for (std::size_t i = 0; i < in.lengths.size(); ++i) {
     if (!costs.of(i, cp).valid)
-      throw Error(fmt::format("balance: sequence {} ({} tokens) fits no static group of {} ranks (world {} / dp {}): {}",
-                              i, in.lengths[i], cp, in.world, in.dp, costs.of(i, cp).reason));
+      throw Error(
+          fmt::format("balance: sequence {} ({} tokens) fits no static group of {} ranks (world {} / dp {}): {}", i,
+                      in.lengths[i], cp, in.world, in.dp, costs.of(i, cp).reason));
     groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
   }
   return groups;
@@ -277,7 +288,8 @@ std::vector<BalanceGroup> static_groups(const BalanceInput& in, CostTable& costs
 
 std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) {
   const std::int64_t longest = *std::max_element(in.lengths.begin(), in.lengths.end());
-  const std::int64_t per_rank = in.max_tokens_per_rank > 0 ? in.max_tokens_per_rank : (longest + in.world - 1) / in.world;
+  const std::int64_t per_rank =
+      in.max_tokens_per_rank > 0 ? in.max_tokens_per_rank : (longest + in.world - 1) / in.world;
   int top = 1;
   while (2 * top <= in.world) top *= 2;
   const std::size_t n = in.lengths.size();
@@ -304,7 +316,8 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
     for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
     double busiest = 0;
     groups[i] = least_loaded(load, blocks, size[i], &busiest);
-    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += costs.of(i, size[i]).seconds;
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r)
+      load[std::size_t(r)] += costs.of(i, size[i]).seconds;
   }
   return groups;
 }

@@ -73,8 +73,10 @@ std::int64_t cross_work(const Strategy& strategy, const CpConfig& cfg, int cp, i
   const std::int64_t below = strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2;  // n·a
   const std::int64_t a = below / n;
   if (below % n != 0 || a < 0 || a + n > q.s)
-    throw Error(fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
-                            "planner's cross-attention work assumes", strategy.name(), rank));
+    throw Error(
+        fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
+                    "planner's cross-attention work assumes",
+                    strategy.name(), rank));
   return heads * visible_pairs(attention_params(cfg), {a + cfg.q_offset.value_or(0), n}, {0, kv_seq});
 }
 
@@ -123,7 +125,8 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
 // Throws unless the document lengths (if any) are non-negative and add up to seq, at batch 1.
 void check_documents(const PlanInput& in) {
   if (in.documents.empty()) return;
-  if (in.batch != 1) throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
+  if (in.batch != 1)
+    throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
   for (std::int64_t n : in.documents)
     if (n < 0) throw Error(fmt::format("document lengths must not be negative, got {}", n));
   const std::int64_t total = cu_seqlens_of(in.documents).back();
@@ -150,8 +153,9 @@ const PlanRow* row_named(const Plan& p, const std::string& name) {
 }  // namespace
 
 double parse_bandwidth(const std::string& text) {
-  static const std::map<std::string, double> units{{"B/s", 1.0},  {"KB/s", 1e3},     {"MB/s", 1e6},     {"GB/s", 1e9},
-                                                   {"TB/s", 1e12}, {"Gb/s", 1e9 / 8}, {"Tb/s", 1e12 / 8}, {"Mb/s", 1e6 / 8}};
+  static const std::map<std::string, double> units{{"B/s", 1.0},       {"KB/s", 1e3},    {"MB/s", 1e6},
+                                                   {"GB/s", 1e9},      {"TB/s", 1e12},   {"Gb/s", 1e9 / 8},
+                                                   {"Tb/s", 1e12 / 8}, {"Mb/s", 1e6 / 8}};
   return parse_quantity(text, units, "bandwidth");
 }
 
@@ -230,8 +234,13 @@ OverlapPlan plan_overlap(const PlanInput& in) {
 }
 
 std::string plan_input_error(const PlanInput& in) {
-  for (auto [name, v] : {std::pair{"seq", in.seq}, {"batch", in.batch}, {"heads", in.heads}, {"kv_heads", in.kv_heads},
-                         {"head_dim", in.head_dim}, {"layers", in.layers}, {"cp", std::int64_t(in.cp)},
+  for (auto [name, v] : {std::pair{"seq", in.seq},
+                         {"batch", in.batch},
+                         {"heads", in.heads},
+                         {"kv_heads", in.kv_heads},
+                         {"head_dim", in.head_dim},
+                         {"layers", in.layers},
+                         {"cp", std::int64_t(in.cp)},
                          {"ranks_per_node", std::int64_t(in.cluster.ranks_per_node)}})
     if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
   if (in.kv_seq < 0) return fmt::format("kv_seq must be positive (or 0: seq), got {}", in.kv_seq);
@@ -239,15 +248,19 @@ std::string plan_input_error(const PlanInput& in) {
   for (auto [side, w] : {std::pair{"left", in.window_left}, {"right", in.window_right}})
     if (w < -1) return fmt::format("window_{} must be -1 (unbounded) or >= 0, got {}", side, w);
   std::int64_t n = 0;
-  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) || __builtin_mul_overflow(n, std::max(in.seq, in.kv_seq), &n) ||
+  if (__builtin_mul_overflow(in.batch, std::int64_t(64), &n) ||
+      __builtin_mul_overflow(n, std::max(in.seq, in.kv_seq), &n) ||
       __builtin_mul_overflow(n, std::max(in.heads, in.kv_heads), &n) || __builtin_mul_overflow(n, in.head_dim, &n) ||
       __builtin_mul_overflow(n, in.layers, &n))
-    return fmt::format("the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
-                       "does not fit 64 bits with room for byte counts", in.batch, in.seq, in.heads, in.head_dim,
-                       in.layers);
+    return fmt::format(
+        "the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
+        "does not fit 64 bits with room for byte counts",
+        in.batch, in.seq, in.heads, in.head_dim, in.layers);
   if (in.causal && kv_seq_of(in) != in.seq && !in.q_offset)
-    return fmt::format("cross-attention with a causal mask needs q_offset (the key position of query 0): k/v hold "
-                       "s_k = {} tokens, q holds s = {}", kv_seq_of(in), in.seq);
+    return fmt::format(
+        "cross-attention with a causal mask needs q_offset (the key position of query 0): k/v hold "
+        "s_k = {} tokens, q holds s = {}",
+        kv_seq_of(in), in.seq);
   if (std::int64_t end; in.q_offset && __builtin_add_overflow(*in.q_offset, in.seq, &end))
     return fmt::format("q_offset {} + seq {} passes the largest position (int64)", *in.q_offset, in.seq);
   if (in.heads % in.kv_heads != 0)
@@ -283,10 +296,11 @@ Plan make_plan(const PlanInput& in) {
   }
   const PlanRow& b = p.rows[std::size_t(p.best)];
   const double exposed = b.comm_s - b.hidden_s;
-  p.recommendation = fmt::format("{}: {:.3g} s per step, {:.0f}% of it attention compute; {:.3g} ms of communication "
-                                 "per layer, {:.0f}% hidden",
-                                 b.name, b.predicted_step_s, 100 * b.compute_s / (b.compute_s + exposed),
-                                 b.comm_s * 1e3, b.comm_s > 0 ? 100 * b.hidden_s / b.comm_s : 100.0);
+  p.recommendation = fmt::format(
+      "{}: {:.3g} s per step, {:.0f}% of it attention compute; {:.3g} ms of communication "
+      "per layer, {:.0f}% hidden",
+      b.name, b.predicted_step_s, 100 * b.compute_s / (b.compute_s + exposed), b.comm_s * 1e3,
+      b.comm_s > 0 ? 100 * b.hidden_s / b.comm_s : 100.0);
   if (const PlanRow* a2a = row_named(p, "a2a"); a2a && !a2a->valid)
     p.recommendation += "; a2a is ruled out: " + a2a->reason;
   int second = -1;

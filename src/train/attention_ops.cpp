@@ -61,13 +61,14 @@ void CpAttention::backward(int layer, float* dq, float* dk, float* dv, const flo
   const std::size_t l = std::size_t(layer);
   if (dtype_ == DType::bf16) {
     to_bf16(o16_, dout);
-    stats_[l] += attention_.backward(std::move(contexts_[l]), view(q16_, q_), view(k16_, kv_), view(v16_, kv_),
-                                     view(o16_, q_));
+    stats_[l] +=
+        attention_.backward(std::move(contexts_[l]), view(q16_, q_), view(k16_, kv_), view(v16_, kv_), view(o16_, q_));
     to_f32(dq, q16_);
     to_f32(dk, k16_);
     to_f32(dv, v16_);
   } else {  // the context's last use: the strategy may compute in its buffers (and frees them)
-    stats_[l] += attention_.backward(std::move(contexts_[l]), view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
+    stats_[l] +=
+        attention_.backward(std::move(contexts_[l]), view(dq, q_), view(dk, kv_), view(dv, kv_), view(dout, q_));
   }
 }
 

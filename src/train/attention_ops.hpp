@@ -35,8 +35,8 @@ class CpAttention : public AttentionOp<float> {
   // bf16 only: one layer's q | k | v | out in the forward, dq | dk | dv | dout in the backward.
   std::vector<std::uint16_t> q16_, k16_, v16_, o16_;
   ContextParallelAttention attention_;
-  std::vector<CpContext> contexts_;       // per layer, from its forward
-  std::vector<CpStats> stats_;            // per layer, forward + backward
+  std::vector<CpContext> contexts_;  // per layer, from its forward
+  std::vector<CpStats> stats_;       // per layer, forward + backward
   std::vector<std::int64_t> documents_;
 };
 

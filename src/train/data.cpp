@@ -59,7 +59,8 @@ DataSource DataSource::packed_documents(const std::string& path, const std::stri
   const std::string_view text(reinterpret_cast<const char*>(d.text_.data()), d.text_.size());
   for (std::size_t pos = 0; pos <= text.size();) {
     const std::size_t end = std::min(text.find(separator, pos), text.size());
-    if (end > pos) (std::int64_t(pos) < d.cut_ ? d.documents_ : d.held_documents_).push_back({std::int64_t(pos), std::int64_t(end)});
+    if (end > pos)
+      (std::int64_t(pos) < d.cut_ ? d.documents_ : d.held_documents_).push_back({std::int64_t(pos), std::int64_t(end)});
     pos = end + separator.size();
   }
   if (d.documents_.empty() && d.held_documents_.empty())
@@ -89,16 +90,20 @@ std::string DataSource::error_for(std::int64_t seq) const {
   if (packed() || whole_documents_) {
     if (documents_.empty()) return fmt::format("--data {} leaves no document to train on{}", path_, held);
     if (holdout_ > 0 && held_documents_.empty())
-      return fmt::format("--data {}: --holdout {} holds out no whole document (the last one starts before the cut); "
-                         "use a larger --holdout", path_, holdout_);
+      return fmt::format(
+          "--data {}: --holdout {} holds out no whole document (the last one starts before the cut); "
+          "use a larger --holdout",
+          path_, holdout_);
     return "";
   }
   if (cut_ < seq + 1)
-    return fmt::format("--data {} has {} bytes to train on{}; sequences of {} tokens need at least {}", path_, cut_, held,
-                       seq, seq + 1);
+    return fmt::format("--data {} has {} bytes to train on{}; sequences of {} tokens need at least {}", path_, cut_,
+                       held, seq, seq + 1);
   if (holdout_ > 0 && held_out_bytes() < seq + 1)
-    return fmt::format("--data {}: --holdout {} holds out {} bytes; held-out sequences of {} tokens need at least {} "
-                       "(a larger --holdout or a shorter --seq)", path_, holdout_, held_out_bytes(), seq, seq + 1);
+    return fmt::format(
+        "--data {}: --holdout {} holds out {} bytes; held-out sequences of {} tokens need at least {} "
+        "(a larger --holdout or a shorter --seq)",
+        path_, holdout_, held_out_bytes(), seq, seq + 1);
   return "";
 }
 
@@ -107,17 +112,17 @@ std::string DataSource::error_for(const StepShape& shape) const {
     return fmt::format("--tokens-per-step {} samples whole documents: it needs --data FILE (without --pack)",
                        shape.tokens_per_step);
   if (whole_documents_) {
-    if (shape.tokens_per_step <= 0)
-      return "whole documents are sampled by a token budget: give --tokens-per-step N";
+    if (shape.tokens_per_step <= 0) return "whole documents are sampled by a token budget: give --tokens-per-step N";
     if (std::string e = error_for(std::int64_t(0)); !e.empty()) return e;
     const Docs* sets[2] = {&documents_, &held_documents_};
     for (const Docs* docs : sets)
       for (std::size_t k = 0; k < docs->size(); ++k) {
         const std::int64_t len = (*docs)[k].second - (*docs)[k].first;
         if (len > shape.tokens_per_step)
-          return fmt::format("--tokens-per-step {} is smaller than a document of --data {}: the one at byte {} has {} "
-                             "tokens (a budget of at least the longest document is needed)",
-                             shape.tokens_per_step, path_, (*docs)[k].first, len);
+          return fmt::format(
+              "--tokens-per-step {} is smaller than a document of --data {}: the one at byte {} has {} "
+              "tokens (a budget of at least the longest document is needed)",
+              shape.tokens_per_step, path_, (*docs)[k].first, len);
       }
     return "";
   }
@@ -128,16 +133,21 @@ std::string DataSource::error_for(const StepShape& shape) const {
 }
 
 std::string DataSource::describe() const {
-  const std::string held =
-      held_out_bytes() > 0 ? fmt::format("; the last {} bytes held out (--holdout {})", held_out_bytes(), holdout_) : "";
+  const std::string held = held_out_bytes() > 0
+                               ? fmt::format("; the last {} bytes held out (--holdout {})", held_out_bytes(), holdout_)
+                               : "";
   if (whole_documents_)
     return fmt::format("byte-level documents from {} ({} documents, {} bytes), one sequence each, of its own length{}",
                        path_, documents_.size() + held_documents_.size(), text_.size(), held);
   if (packed())
-    return fmt::format("byte-level documents from {} ({} documents, {} bytes), packed with document masking and "
-                       "per-document positions{}", path_, documents_.size() + held_documents_.size(), text_.size(), held);
-  return synthetic_ ? fmt::format("synthetic needle retrieval: one value token hidden at a random position, {} "
-                                  "queries for it at the end", kQueries)
+    return fmt::format(
+        "byte-level documents from {} ({} documents, {} bytes), packed with document masking and "
+        "per-document positions{}",
+        path_, documents_.size() + held_documents_.size(), text_.size(), held);
+  return synthetic_ ? fmt::format(
+                          "synthetic needle retrieval: one value token hidden at a random position, {} "
+                          "queries for it at the end",
+                          kQueries)
                     : fmt::format("byte-level text from {} ({} bytes){}", path_, text_.size(), held);
 }
 
@@ -255,8 +265,12 @@ std::vector<SequenceLayout> DataSource::step_layout(const StepShape& shape, std:
 Batch DataSource::sequence(const SequenceLayout& l, std::uint64_t seed, std::int64_t step, bool held_out) const {
   if (synthetic_ && held_out) held_out_synthetic(seed, step, held_out);
   const std::int64_t S = l.length;
-  Batch out{1, S, std::vector<int>(std::size_t(S)), std::vector<int>(std::size_t(S)),
-            std::vector<std::uint8_t>(std::size_t(S), 0), l.cu_seqlens};
+  Batch out{1,
+            S,
+            std::vector<int>(std::size_t(S)),
+            std::vector<int>(std::size_t(S)),
+            std::vector<std::uint8_t>(std::size_t(S), 0),
+            l.cu_seqlens};
   std::vector<int> seqbuf(std::size_t(S + 1));
   std::vector<std::uint8_t> is_answer(std::size_t(S + 1), 0);
   if (synthetic_) {

@@ -22,11 +22,11 @@ namespace ulysses::train {
 
 struct Batch {
   std::int64_t batch = 0, seq = 0;
-  std::vector<int> tokens, labels;    // [batch, seq]; labels[i] = token i+1 of the sequence, or
-                                      // kNoLabel where i ends a packed document
-  std::vector<std::uint8_t> scored;   // [batch, seq]: 1 where the label is a retrieval answer
+  std::vector<int> tokens, labels;            // [batch, seq]; labels[i] = token i+1 of the sequence, or
+                                              // kNoLabel where i ends a packed document
+  std::vector<std::uint8_t> scored;           // [batch, seq]: 1 where the label is a retrieval answer
   std::vector<std::int64_t> cu_seqlens = {};  // packed documents (batch 1); empty: one document
-  std::int64_t targets() const;       // labels that count in the loss
+  std::int64_t targets() const;               // labels that count in the loss
 };
 
 constexpr int kNoLabel = -1;  // a token whose next token belongs to another document

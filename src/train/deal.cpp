@@ -33,7 +33,8 @@ std::map<int, Shard> deal_sequences(Communicator& world, const BalancePlan& plan
   for (int d = 0; d < W; ++d) {
     send_off[std::size_t(d)] = send.size() * sizeof(std::int32_t);
     for (const auto& [i, seq] : loaded)
-      if (plan.groups[std::size_t(i)].contains(d)) append_shard(send, seq, chunks(i, d - plan.groups[std::size_t(i)].first_rank));
+      if (plan.groups[std::size_t(i)].contains(d))
+        append_shard(send, seq, chunks(i, d - plan.groups[std::size_t(i)].first_rank));
     send_bytes[std::size_t(d)] = send.size() * sizeof(std::int32_t) - send_off[std::size_t(d)];
   }
   // Receive: from each loader, in sequence order, this rank's shard of every sequence of its groups.

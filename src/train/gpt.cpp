@@ -8,8 +8,13 @@
 namespace ulysses::train {
 
 std::string GptConfig::error() const {
-  for (auto [name, v] : {std::pair{"vocab", vocab}, {"layers", layers}, {"width", width}, {"heads", heads},
-                         {"kv_heads", kv_heads}, {"head_dim", head_dim}, {"hidden", hidden}})
+  for (auto [name, v] : {std::pair{"vocab", vocab},
+                         {"layers", layers},
+                         {"width", width},
+                         {"heads", heads},
+                         {"kv_heads", kv_heads},
+                         {"head_dim", head_dim},
+                         {"hidden", hidden}})
     if (v <= 0) return fmt::format("{} must be positive, got {}", name, v);
   if (heads % kv_heads != 0) return fmt::format("heads ({}) must be divisible by kv_heads ({})", heads, kv_heads);
   if (head_dim % 2 != 0) return fmt::format("head_dim ({}) must be even for RoPE", head_dim);
@@ -23,7 +28,11 @@ i64 GptConfig::num_params() const { return ParamLayout(*this).total; }
 
 ParamLayout::ParamLayout(const GptConfig& c) {
   i64 at = 0;
-  auto take = [&](i64 n) { const i64 o = at; at += n; return o; };
+  auto take = [&](i64 n) {
+    const i64 o = at;
+    at += n;
+    return o;
+  };
   const i64 C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim, F = c.hidden;
   wte = take(c.vocab * C);
   for (i64 l = 0; l < c.layers; ++l) {
@@ -73,7 +82,8 @@ void Gpt<T>::init_params(std::uint64_t seed) {
     fill(L.wq, c.width * c.heads * c.head_dim, s_in);
     fill(L.wk, c.width * c.kv_heads * c.head_dim, s_in);
     fill(L.wv, c.width * c.kv_heads * c.head_dim, s_in);
-    fill(L.wo, c.heads * c.head_dim * c.width, std::sqrt(3.0 / double(c.heads * c.head_dim)) / std::sqrt(2.0 * double(c.layers)));
+    fill(L.wo, c.heads * c.head_dim * c.width,
+         std::sqrt(3.0 / double(c.heads * c.head_dim)) / std::sqrt(2.0 * double(c.layers)));
     fill(L.w1, c.width * c.hidden, s_in);
     fill(L.w3, c.width * c.hidden, s_in);
     fill(L.w2, c.hidden * c.width, std::sqrt(3.0 / double(c.hidden)) / std::sqrt(2.0 * double(c.layers)));
@@ -95,8 +105,8 @@ void for_tiles(i64 N, i64 tile, Fn&& fn) {
 }  // namespace
 
 template <class T>
-T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, const i64* pos, i64 B, i64 n,
-                  T grad_scale, int* argmax) {
+T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, const i64* pos, i64 B, i64 n, T grad_scale,
+                  int* argmax) {
   const GptConfig& c = config;
   const i64 N = B * n, C = c.width;
   N_ = N;
@@ -129,8 +139,15 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
   const i64 N = N_, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim;
   const auto& L = layout.layer[std::size_t(l)];
   const T* P = params.data();
-  for (auto [v, cols] : {std::pair{&A.xn1, C}, {&A.rstd1, 1}, {&A.q, QD}, {&A.k, KD}, {&A.v, KD}, {&A.att, QD},
-                         {&A.x2, C}, {&A.xn2, C}, {&A.rstd2, 1}})
+  for (auto [v, cols] : {std::pair{&A.xn1, C},
+                         {&A.rstd1, 1},
+                         {&A.q, QD},
+                         {&A.k, KD},
+                         {&A.v, KD},
+                         {&A.att, QD},
+                         {&A.x2, C},
+                         {&A.xn2, C},
+                         {&A.rstd2, 1}})
     v->resize(std::size_t(N * cols));
   rmsnorm_forward(A.xn1.data(), A.rstd1.data(), x, P + L.rms1, N, C);
   matmul_forward(A.q.data(), A.xn1.data(), P + L.wq, N, C, QD);
@@ -245,7 +262,8 @@ void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerA
   mlp_backward(A, L, G, dx.data());
   rmsnorm_backward(G.dx2.data(), W + L.rms2, G.dxn2.data(), A.x2.data(), P + L.rms2, A.rstd2.data(), N, C);
   // Attention branch: x2 = x + wo·attention(rope(wq·xn1), rope(wk·xn1), wv·xn1).
-  for (auto [v, cols] : {std::pair{&G.datt, QD}, {&G.dq, QD}, {&G.dk, KD}, {&G.dv, KD}, {&G.dxn1, C}}) zeroed(*v, N * cols);
+  for (auto [v, cols] : {std::pair{&G.datt, QD}, {&G.dq, QD}, {&G.dk, KD}, {&G.dv, KD}, {&G.dxn1, C}})
+    zeroed(*v, N * cols);
   matmul_backward(G.datt.data(), W + L.wo, G.dx2.data(), A.att.data(), P + L.wo, N, QD, C);
   att.backward(int(l), G.dq.data(), G.dk.data(), G.dv.data(), G.datt.data());
   rope_backward(G.dq.data(), pos_rows_.data(), N, c.heads, c.head_dim);

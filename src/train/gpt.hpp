@@ -39,7 +39,9 @@ struct MemoryOptions {
 
 // Offsets of every weight in the one parameter slab (and the same for gradients).
 struct ParamLayout {
-  struct Layer { i64 rms1, wq, wk, wv, wo, rms2, w1, w3, w2; };
+  struct Layer {
+    i64 rms1, wq, wk, wv, wo, rms2, w1, w3, w2;
+  };
   i64 wte = 0, rmsf = 0, lm_head = 0, total = 0;
   std::vector<Layer> layer;
   explicit ParamLayout(const GptConfig& c);
@@ -80,9 +82,13 @@ class Gpt {
   // One layer's forward state: its input x and what its backward reads (a, g, h stay empty
   // under tiled_mlp; q, k, v only live until the attention forward, whose op keeps its own
   // copies: the backward needs xn1 and dq, dk, dv only).
-  struct LayerActs { std::vector<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h; };
+  struct LayerActs {
+    std::vector<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h;
+  };
   // The layer's gradient temporaries, allocated per layer of the backward.
-  struct LayerGrads { std::vector<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1; };
+  struct LayerGrads {
+    std::vector<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1;
+  };
   void layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A, T* x_out);
   void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, std::vector<T>& dx);
   void mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out);

@@ -26,8 +26,8 @@ class GroupCache {
  private:
   using Key = std::pair<int, int>;  // (first_rank, size)
   Communicator& world_;
-  std::set<Key> split_;                                  // every group split so far (all ranks)
-  std::map<Key, std::unique_ptr<Communicator>> mine_;    // those this rank is in
+  std::set<Key> split_;                                // every group split so far (all ranks)
+  std::map<Key, std::unique_ptr<Communicator>> mine_;  // those this rank is in
 };
 
 }  // namespace ulysses::train

@@ -61,7 +61,7 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
   // the attention op holds its copies), floats.
   const double layer = N * (3 * C + 2 + QD) + (o.tiled_mlp ? 0.0 : 3 * N * F);
-  const double kept = L * N * C + (ckpt ? 1 : L) * layer + N * (2 * C + 1);  // + x_final, xf, rstdf
+  const double kept = L * N * C + (ckpt ? 1 : L) * layer + N * (2 * C + 1);     // + x_final, xf, rstdf
   const double data = double(c.batch * c.seq) * 9 + N * (13 + 8 + 16) + n * 8;  // bytes: batch, shard, copies
   // Forward's end: the logits (and their gradient unless tiled) on top of what is kept.
   const double fwd_end = kept + (o.tiled_loss ? tl * V : 2 * N * V);
@@ -89,9 +89,9 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const double transient = cp == 1 ? 0.5 : a2a ? (c.dtype == DType::f32 ? 0.1 + 0.92 * others : 1.7) : 3.5;
   const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
   const double f32_context = context_bytes(c, cp, N, DType::f32);
-  e.attention = context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
-                (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0))
-                           : context_bytes(c, cp, N, c.dtype) * transient);
+  e.attention =
+      context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
+      (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0)) : context_bytes(c, cp, N, c.dtype) * transient);
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }
@@ -135,8 +135,8 @@ double parse_bytes(const std::string& text) {
   std::string unit(end);
   unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
   static const std::pair<const char*, double> units[] = {
-      {"", 1},       {"B", 1},       {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},   {"kB", 1e3},    {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
+      {"", 1},     {"B", 1},    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
   for (const auto& [name, scale] : units)
     if (end != p && unit == name && x > 0 && std::isfinite(x)) return x * scale;
   throw Error(fmt::format("'{}' is not a memory size (like 2GiB, 512MiB, 1.5GB)", text));

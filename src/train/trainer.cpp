@@ -25,9 +25,9 @@
 namespace ulysses::train {
 
 bool TrainConfig::same_run(const TrainConfig& o) const {
-  return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr &&
-         beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip &&
-         seed == o.seed && dtype == o.dtype;
+  return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr && beta1 == o.beta1 &&
+         beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip && seed == o.seed &&
+         dtype == o.dtype;
 }
 
 namespace {
@@ -68,7 +68,7 @@ std::string config_error(const TrainConfig& c, int world) {
   const bool fixed = c.lengths.empty() && c.tokens_per_step == 0;
   // static: the strategy at its groups' size, on the longest sequence a step may hold. Every
   // policy's steps are checked again, each sequence at its group's size, when they are planned.
-  const std::int64_t longest = fixed ? c.seq
+  const std::int64_t longest = fixed               ? c.seq
                                : c.lengths.empty() ? c.tokens_per_step
                                                    : *std::max_element(c.lengths.begin(), c.lengths.end());
   try {
@@ -83,10 +83,11 @@ std::string config_error(const TrainConfig& c, int world) {
   one.batch = (c.batch + c.dp - 1) / c.dp;
   const MemoryEstimate need = predict_memory(one, cp);
   if (fixed && c.balance == BalancePolicy::static_ && c.max_memory > 0 && need.total() > c.max_memory)
-    return fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: turn on "
-                       "--checkpoint-activations --tiled-mlp --tiled-loss, use more ranks, or a shorter --seq "
-                       "(`ulysses plan --train` gives the longest that fits)",
-                       need.describe(), format_bytes(c.max_memory));
+    return fmt::format(
+        "the run needs a predicted {} per rank, more than --max-memory {}: turn on "
+        "--checkpoint-activations --tiled-mlp --tiled-loss, use more ranks, or a shorter --seq "
+        "(`ulysses plan --train` gives the longest that fits)",
+        need.describe(), format_bytes(c.max_memory));
   return "";
 }
 
@@ -121,8 +122,10 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.shape());
   if (err.empty() && data_.packed() && cfg_.batch != 1 && cfg_.lengths.empty())
-    err = fmt::format("--pack puts the documents into one sequence per step: use --batch 1 (and a longer --seq), "
-                      "got --batch {}", cfg_.batch);
+    err = fmt::format(
+        "--pack puts the documents into one sequence per step: use --batch 1 (and a longer --seq), "
+        "got --batch {}",
+        cfg_.batch);
   comm.agree(err);
   cfg_.cp.causal = true;
   model_.init_params(cfg_.seed);
@@ -176,9 +179,10 @@ Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
                          cfg_.model.kv_heads);
       const double need = memory_need(cfg_, 1, len, size);
       if (cfg_.max_memory > 0 && need > cfg_.max_memory)
-        throw Error(fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
-                                "({} policy), more than --max-memory {}", i, len, format_bytes(need), size,
-                                policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
+        throw Error(
+            fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
+                        "({} policy), more than --max-memory {}",
+                        i, len, format_bytes(need), size, policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
     }
     const TrainConfig c = cfg_;
     p.runs = runs_of(p.sequences, p.plan, [&c](std::size_t batch, std::int64_t len, int cp) {
@@ -201,8 +205,8 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
                             bool train, Sums& sums) {
   const BalanceGroup g = run.group;
   const SequenceLayout& first = p.sequences[std::size_t(run.sequences.front())];
-  const std::vector<SeqChunk> chunks = rank_chunks(config_at(cfg_.cp, g.size), g.size, comm_.rank() - g.first_rank,
-                                                   first.length);
+  const std::vector<SeqChunk> chunks =
+      rank_chunks(config_at(cfg_.cp, g.size), g.size, comm_.rank() - g.first_rank, first.length);
   std::vector<std::int64_t> pos = token_positions(chunks);
   for (std::int64_t& q : pos) q -= document_of(first.cu_seqlens, q).begin;  // RoPE: each document from 0
   const std::int64_t n = std::int64_t(pos.size()), B = std::int64_t(run.sequences.size());
@@ -235,8 +239,8 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
       sums.correct += argmax[i] == labels[i];
       sums.answers += 1;
     }
-  comm_.trace(fmt::format("{} x {} tokens on ranks {}-{}", B, first.length, g.first_rank, g.first_rank + g.size - 1), t0,
-              comm_.now(), "compute");
+  comm_.trace(fmt::format("{} x {} tokens on ranks {}-{}", B, first.length, g.first_rank, g.first_rank + g.size - 1),
+              t0, comm_.now(), "compute");
 }
 
 Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool held_out, bool train) {
@@ -281,8 +285,10 @@ StepResult Trainer::step() {
   for (float g : model_.grads) norm2 += double(g) * double(g);
   r.grad_norm = std::sqrt(norm2);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))  // the same on every rank: both are all-reduced
-    throw Error(fmt::format("training diverged at step {}: loss {}, gradient norm {}; stopped before the update "
-                            "(the last checkpoint is kept; try a smaller --lr)", step_ + 1, r.loss, r.grad_norm));
+    throw Error(
+        fmt::format("training diverged at step {}: loss {}, gradient norm {}; stopped before the update "
+                    "(the last checkpoint is kept; try a smaller --lr)",
+                    step_ + 1, r.loss, r.grad_norm));
   const float clip = r.grad_norm > cfg_.clip ? float(cfg_.clip / r.grad_norm) : 1.0f;
   const std::int64_t t = step_ + 1;
   const float lr = cfg_.lr * std::min(1.0f, float(t) / float(std::max<std::int64_t>(1, cfg_.warmup)));
@@ -295,8 +301,10 @@ StepResult Trainer::step() {
     model_.params[i] -= lr * (update + (decay_[i] ? cfg_.weight_decay * model_.params[i] : 0.0f));
   }
   if (!std::all_of(model_.params.begin(), model_.params.end(), [](float p) { return std::isfinite(p); }))
-    throw Error(fmt::format("training diverged at step {}: the update made weights non-finite (the last checkpoint "
-                            "is kept; try a smaller --lr)", t));
+    throw Error(
+        fmt::format("training diverged at step {}: the update made weights non-finite (the last checkpoint "
+                    "is kept; try a smaller --lr)",
+                    t));
   step_ = t;
   r.step = t;
   r.attention = sums.attention;
@@ -386,12 +394,13 @@ struct Field {
   const char* key;
   double lo, hi;
 };
-constexpr Field kFields[] = {
-    {"vocab", 1, 256},        {"layers", 1, 4096},      {"width", 1, 1 << 20},   {"heads", 1, 1 << 16},
-    {"kv_heads", 1, 1 << 16}, {"head_dim", 1, 1 << 16}, {"hidden", 1, 1 << 22},  {"batch", 1, 1 << 30},
-    {"seq", 1, 1ll << 40},    {"steps", 0, 1ll << 62},  {"warmup", 0, 1ll << 62}, {"lr", 0, 1e6},
-    {"beta1", 0, 1},          {"beta2", 0, 1},          {"eps", 0, 1},           {"weight_decay", 0, 1e6},
-    {"clip", 0, 1e30},        {"seed", 0, 1.9e19},      {"step", 0, 1ll << 62}};
+constexpr Field kFields[] = {{"vocab", 1, 256},        {"layers", 1, 4096},      {"width", 1, 1 << 20},
+                             {"heads", 1, 1 << 16},    {"kv_heads", 1, 1 << 16}, {"head_dim", 1, 1 << 16},
+                             {"hidden", 1, 1 << 22},   {"batch", 1, 1 << 30},    {"seq", 1, 1ll << 40},
+                             {"steps", 0, 1ll << 62},  {"warmup", 0, 1ll << 62}, {"lr", 0, 1e6},
+                             {"beta1", 0, 1},          {"beta2", 0, 1},          {"eps", 0, 1},
+                             {"weight_decay", 0, 1e6}, {"clip", 0, 1e30},        {"seed", 0, 1.9e19},
+                             {"step", 0, 1ll << 62}};
 
 // The header's fields by name, each parsed and checked against kFields; `bad` makes the Error.
 template <class Bad>
@@ -413,7 +422,8 @@ std::map<std::string, std::string> header_fields(const std::string& text, const 
 // Field `key` as an integer in its range.
 template <class T, class Bad>
 T int_field(const std::map<std::string, std::string>& fields, const char* key, const Bad& bad) {
-  const Field& f = *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
+  const Field& f =
+      *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
   const std::string& val = fields.at(key);
   T x{};
   const auto [end, ec] = std::from_chars(val.data(), val.data() + val.size(), x);
@@ -425,7 +435,8 @@ T int_field(const std::map<std::string, std::string>& fields, const char* key, c
 // Field `key` as a finite float in its range (the writer uses hex floats, "{:a}").
 template <class Bad>
 float float_field(const std::map<std::string, std::string>& fields, const char* key, const Bad& bad) {
-  const Field& f = *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
+  const Field& f =
+      *std::find_if(std::begin(kFields), std::end(kFields), [&](const Field& x) { return !std::strcmp(key, x.key); });
   const std::string& val = fields.at(key);
   char* end = nullptr;
   const float x = std::strtof(val.c_str(), &end);
@@ -456,7 +467,8 @@ void parse_header(const std::string& text, Checkpoint& c, const Bad& bad) {
   t.seed = int_field<std::uint64_t>(fields, "seed", bad);
   c.step = i("step");
   if (const auto d = fields.find("dtype"); d != fields.end()) {
-    if (d->second != "f32" && d->second != "bf16") throw bad(fmt::format("field dtype '{}' is not f32 or bf16", d->second.substr(0, 40)));
+    if (d->second != "f32" && d->second != "bf16")
+      throw bad(fmt::format("field dtype '{}' is not f32 or bf16", d->second.substr(0, 40)));
     t.dtype = parse_dtype(d->second);
   }
   if (const std::string e = m.error(); !e.empty()) throw bad(e);
@@ -474,12 +486,14 @@ Checkpoint read_checkpoint(const std::string& dir) {
   const std::string path = dir + "/checkpoint.bin";
   const std::string s = read_input_within_memory("--resume", path);
   auto bad = [&](const std::string& why) { return Error(fmt::format("corrupt checkpoint {}: {}", path, why)); };
-  if (s.size() < 24 || std::memcmp(s.data(), kMagic, 8) != 0) throw bad("not a ulysses checkpoint (bad magic or too short)");
+  if (s.size() < 24 || std::memcmp(s.data(), kMagic, 8) != 0)
+    throw bad("not a ulysses checkpoint (bad magic or too short)");
   const std::uint64_t hl = get_u64(s, 8);
   if (hl > 1 << 16 || 16 + hl + 8 > s.size()) throw bad(fmt::format("truncated ({} bytes)", s.size()));
   const std::uint64_t n = get_u64(s, 16 + hl);
   if (n > (std::uint64_t(1) << 36) || s.size() != 16 + hl + 8 + 12 * n + 8)
-    throw bad(fmt::format("truncated or padded: {} bytes, expected {}", s.size(), 16 + hl + 8 + 12 * std::min<std::uint64_t>(n, 1ull << 36) + 8));
+    throw bad(fmt::format("truncated or padded: {} bytes, expected {}", s.size(),
+                          16 + hl + 8 + 12 * std::min<std::uint64_t>(n, 1ull << 36) + 8));
   if (fnv1a(s.data(), s.size() - 8) != get_u64(s, s.size() - 8)) throw bad("checksum mismatch: the file is corrupted");
   Checkpoint c;
   try {
@@ -514,7 +528,8 @@ void Trainer::save(const std::string& dir) const {
       put_u64(s, hdr.size());
       s += hdr;
       put_u64(s, model_.params.size());
-      for (const auto* vec : {&model_.params, &m_, &v_}) s.append(reinterpret_cast<const char*>(vec->data()), vec->size() * 4);
+      for (const auto* vec : {&model_.params, &m_, &v_})
+        s.append(reinterpret_cast<const char*>(vec->data()), vec->size() * 4);
       put_u64(s, fnv1a(s.data(), s.size()));
       write_file_atomic(dir + "/checkpoint.bin", s);
     } catch (const std::exception& e) {
@@ -532,10 +547,12 @@ void Trainer::load(const std::string& dir) {
   try {
     c = read_checkpoint(dir);
     if (c.config.dtype != cfg_.dtype)
-      throw Error(fmt::format("checkpoint {} was trained with --dtype {}; this run has --dtype {} (resume with --dtype {})",
-                              dir, to_string(c.config.dtype), to_string(cfg_.dtype), to_string(c.config.dtype)));
+      throw Error(
+          fmt::format("checkpoint {} was trained with --dtype {}; this run has --dtype {} (resume with --dtype {})",
+                      dir, to_string(c.config.dtype), to_string(cfg_.dtype), to_string(c.config.dtype)));
     if (!c.config.same_run(cfg_))
-      throw Error(fmt::format("checkpoint {} belongs to another run (model, batch, seq, optimizer or seed differ)", dir));
+      throw Error(
+          fmt::format("checkpoint {} belongs to another run (model, batch, seq, optimizer or seed differ)", dir));
   } catch (const Error& e) {
     err = e.what();
   }

@@ -37,7 +37,7 @@ struct TrainConfig {
   // The step: batch × seq unless lengths (--lengths) or tokens_per_step (whole documents).
   std::vector<std::int64_t> lengths;
   std::int64_t tokens_per_step = 0;
-  MemoryOptions memory;  // how activations are kept (no effect on the numbers, to rounding)
+  MemoryOptions memory;   // how activations are kept (no effect on the numbers, to rounding)
   double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
   // The attention's dtype (--dtype): bf16 runs it on the bf16 kernels; weights, gradients,
   // AdamW and every GEMM stay float32 (mixed precision).
@@ -51,18 +51,18 @@ struct TrainConfig {
 };
 
 struct StepResult {
-  std::int64_t step = 0;          // the step just taken (1-based)
-  double loss = 0;                // mean over every token of every rank
-  double accuracy = -1;           // retrieval answers right (synthetic task), else -1
-  double grad_norm = 0;           // before clipping
-  double seconds = 0;             // wall time of the step (slowest rank)
-  double peak_rss = 0;            // the RSS high-water mark so far, bytes (the largest over ranks)
-  CpStats attention;              // this rank's attention time split, summed over layers
-  std::int64_t tokens = 0;        // tokens of the step's sequences (no padding)
+  std::int64_t step = 0;    // the step just taken (1-based)
+  double loss = 0;          // mean over every token of every rank
+  double accuracy = -1;     // retrieval answers right (synthetic task), else -1
+  double grad_norm = 0;     // before clipping
+  double seconds = 0;       // wall time of the step (slowest rank)
+  double peak_rss = 0;      // the RSS high-water mark so far, bytes (the largest over ranks)
+  CpStats attention;        // this rank's attention time split, summed over layers
+  std::int64_t tokens = 0;  // tokens of the step's sequences (no padding)
   std::int64_t sequences = 0;
-  std::vector<double> idle_s;     // each rank's: the step's wall time minus its busy time (its
-                                  // sequences' compute and communication that was not waiting)
-  double predicted_s = 0;         // the balancer's predicted step time (0: the policy has no model)
+  std::vector<double> idle_s;  // each rank's: the step's wall time minus its busy time (its
+                               // sequences' compute and communication that was not waiting)
+  double predicted_s = 0;      // the balancer's predicted step time (0: the policy has no model)
 };
 
 // What evaluate() measured on held-out batches.

@@ -26,8 +26,10 @@ std::vector<std::string> words_of(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> words{"ulysses"};
   std::string word;
   for (std::size_t i = 0; i < size; ++i) {
-    if (data[i] == '\n') words.push_back(std::exchange(word, std::string()));
-    else word += char(data[i]);
+    if (data[i] == '\n')
+      words.push_back(std::exchange(word, std::string()));
+    else
+      word += char(data[i]);
   }
   words.push_back(word);
   return words;

@@ -35,9 +35,9 @@ namespace {
 
 // One chunk of every rank's heads (all of them without overlap) on this rank.
 struct HeadChunk {
-  HeadSplit heads;          // every rank's query and KV heads of this chunk
-  FusedHeads qkv;           // head-sharded q | k | v in the wire dtype, [s, b, h_c + 2·h_kv_c, d]
-  FusedHeads kv;            // cross-attention: k | v apart ([s_k, b, 2·h_kv_c, d]); qkv holds q only
+  HeadSplit heads;  // every rank's query and KV heads of this chunk
+  FusedHeads qkv;   // head-sharded q | k | v in the wire dtype, [s, b, h_c + 2·h_kv_c, d]
+  FusedHeads kv;    // cross-attention: k | v apart ([s_k, b, 2·h_kv_c, d]); qkv holds q only
   TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
   TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
   FusedHeads out;           // float32 head-sharded output
@@ -46,8 +46,8 @@ struct HeadChunk {
 
 struct UlyssesContext final : StrategyContext {
   std::vector<HeadChunk> chunks;
-  HeadSplit heads;                  // every rank's query and KV heads
-  std::vector<std::int64_t> tokens;  // every rank's n_r
+  HeadSplit heads;                      // every rank's query and KV heads
+  std::vector<std::int64_t> tokens;     // every rank's n_r
   std::vector<std::int64_t> kv_tokens;  // cross-attention: every rank's k/v tokens; else empty
   AttentionParams params;
   DType dtype = DType::f32;  // storage / wire dtype
@@ -168,12 +168,12 @@ class A2aStrategy final : public Strategy {
       const std::int64_t n = pieces_of(ch.qkv, c > 1);
       for (std::int64_t p = 0; p < n; ++p) {
         ch.lse.push_back(lse_tensor(piece(hq, p, n).shape));
-        flash_attention_forward(piece(ch.out.part(0), p, n), ch.lse.back().view(), piece(hq, p, n),
-                                piece(ch.k(), p, n), piece(ch.v(), p, n), ctx->params);
+        flash_attention_forward(piece(ch.out.part(0), p, n), ch.lse.back().view(), piece(hq, p, n), piece(ch.k(), p, n),
+                                piece(ch.v(), p, n), ctx->params);
         progress();
       }
-      stats.score_pairs += visible_pairs(ctx->params, {ctx->params.q_offset, hq.shape.s}, {0, ch.k().shape.s}) *
-                           hq.shape.b * hq.shape.h;
+      stats.score_pairs +=
+          visible_pairs(ctx->params, {ctx->params.q_offset, hq.shape.s}, {0, ch.k().shape.s}) * hq.shape.b * hq.shape.h;
     };
     auto post_out = [&](int i) {
       const HeadChunk& ch = ctx->chunks[std::size_t(i)];
@@ -242,7 +242,8 @@ class A2aStrategy final : public Strategy {
     auto post_out = [&](int i) {
       const HeadSplit& h = ctx.chunks[std::size_t(i)].heads;
       const std::array<SeqShard, 3> part{{{dq, h.q}, {dk, h.kv}, {dv, h.kv}}};
-      if (!cross) return post_head_to_seq(comm, in_place ? ctx.chunks[std::size_t(i)].qkv : grads[std::size_t(i)], part);
+      if (!cross)
+        return post_head_to_seq(comm, in_place ? ctx.chunks[std::size_t(i)].qkv : grads[std::size_t(i)], part);
       post_head_to_seq(comm, kv_grads, std::span<const SeqShard>(part).last(2)).wait();
       return post_head_to_seq(comm, grads[std::size_t(i)], std::span<const SeqShard>(part).first(1));
     };
@@ -264,8 +265,8 @@ class A2aStrategy final : public Strategy {
     if (!dense(dq) || !dense(dout) || dq.dtype != ctx.dtype || (g < lo + have && lo < g + have)) return at;
     std::size_t used = 0;
     for (std::size_t i = 0; i < at.size(); ++i) {
-      const std::size_t bytes = FusedHeads::bytes_for(ctx.dtype, dq.shape.b, ctx.tokens, dq.shape.d,
-                                                      {ctx.chunks[i].qkv.local_heads(0)});
+      const std::size_t bytes =
+          FusedHeads::bytes_for(ctx.dtype, dq.shape.b, ctx.tokens, dq.shape.d, {ctx.chunks[i].qkv.local_heads(0)});
       if (used + bytes > have) return std::vector<void*>(ctx.chunks.size(), nullptr);
       at[i] = lo + used;
       used += bytes;
@@ -331,9 +332,11 @@ class A2aStrategy final : public Strategy {
     const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
     const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
     // q, out (s tokens) and k, v (s_k under cross-attention), sequence-sharded then head-sharded
-    const double seq_side = 2 * (double(in.heads) * double(busiest_tokens(in)) + double(in.kv_heads) * double(busiest_kv_tokens(in))) * row;
-    r.memory_bytes = seq_side + 2 * (double(most_heads(split.q)) * double(in.seq) +
-                                     double(most_heads(split.kv)) * double(kv_seq_of(in))) * row;
+    const double seq_side =
+        2 * (double(in.heads) * double(busiest_tokens(in)) + double(in.kv_heads) * double(busiest_kv_tokens(in))) * row;
+    r.memory_bytes =
+        seq_side +
+        2 * (double(most_heads(split.q)) * double(in.seq) + double(most_heads(split.kv)) * double(kv_seq_of(in))) * row;
     return r;
   }
 };

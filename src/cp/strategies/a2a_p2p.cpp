@@ -34,9 +34,9 @@ struct HierarchicalContext final : StrategyContext {
   FusedHeads kv;              // cross-attention: k | v apart (float32); qkv holds q only
   TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
   TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
-  RingSaved ring;             // the outer ring's (points into qkv and out_heads)
-  HeadSplit heads;            // every inner rank's query and KV heads
-  DType dtype = DType::f32;   // storage / wire dtype
+  RingSaved ring;            // the outer ring's (points into qkv and out_heads)
+  HeadSplit heads;           // every inner rank's query and KV heads
+  DType dtype = DType::f32;  // storage / wire dtype
   Communicator* inner = nullptr;
   Communicator* outer = nullptr;
 };
@@ -67,9 +67,10 @@ class A2aP2pStrategy final : public Strategy {
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     const auto& hs = config.hierarchical_context_parallel_sizes;
     if (hs.size() != 2 || hs[0] < 1 || hs[1] < 1 || hs[0] * hs[1] != cp)
-      throw Error(fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] with "
-                              "inner * outer == cp ({}), got [{}]",
-                              cp, fmt::join(hs, ", ")));
+      throw Error(
+          fmt::format("a2a+p2p needs hierarchical_context_parallel_sizes = [inner, outer] with "
+                      "inner * outer == cp ({}), got [{}]",
+                      cp, fmt::join(hs, ", ")));
     check_ulysses_heads(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
   }
   RankHeads heads_of(const CpConfig& config, int, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
@@ -106,8 +107,8 @@ class A2aP2pStrategy final : public Strategy {
     FusedHeads grads(DType::f32, x.batch(), x.rank_tokens(), x.head_dim(),
                      cross ? std::vector<std::int64_t>{x.local_heads(0)}
                            : std::vector<std::int64_t>{x.local_heads(0), hkv, hkv});
-    FusedHeads kv_grads = cross ? FusedHeads(DType::f32, x.batch(), ctx.kv.rank_tokens(), x.head_dim(), {hkv, hkv})
-                                : FusedHeads();
+    FusedHeads kv_grads =
+        cross ? FusedHeads(DType::f32, x.batch(), ctx.kv.rank_tokens(), x.head_dim(), {hkv, hkv}) : FusedHeads();
     const FusedHeads& gkv = cross ? kv_grads : grads;
     const int first_kv = cross ? 0 : 1;
     ring_attention_backward(*ctx.outer, grads.part(0), gkv.part(first_kv), gkv.part(first_kv + 1), hdout.part(0),
@@ -235,10 +236,11 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   // head_to_seq of the float32 `x` in the storage dtype.
-  static void head_to_seq_in(Communicator& inner, const FusedHeads& x, std::span<const SeqShard> outputs,
-                             DType dtype) {
-    if (dtype == DType::f32) head_to_seq(inner, x, outputs);
-    else head_to_seq(inner, x.converted(dtype), outputs);
+  static void head_to_seq_in(Communicator& inner, const FusedHeads& x, std::span<const SeqShard> outputs, DType dtype) {
+    if (dtype == DType::f32)
+      head_to_seq(inner, x, outputs);
+    else
+      head_to_seq(inner, x.converted(dtype), outputs);
   }
 };
 

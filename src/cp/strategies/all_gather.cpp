@@ -187,7 +187,8 @@ class AllGatherStrategy final : public Strategy {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim) * es;
     const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row;
-    const double kv = 2 * double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k tokens under cross-attention
+    const double kv =
+        2 * double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k tokens under cross-attention
     const Link& l = ring_link(in.cluster, in.cp, 1);
     const double comm = (in.cp - 1) * (message_seconds(l, kv) + message_seconds(l, kv / es * 4));
     return {comm, 0.0, qo + kv + double(in.cp) * kv};  // the full K and V

@@ -67,12 +67,13 @@ class P2pStrategy final : public Strategy {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
-      add_halo_volume(v, "", cp, rank, [&](int r) { return rank_chunks(config, cp, r, q.s); }, p, per_token,
-                      std::int64_t(dtype_size(dtype)));
+      add_halo_volume(
+          v, "", cp, rank, [&](int r) { return rank_chunks(config, cp, r, q.s); }, p, per_token,
+          std::int64_t(dtype_size(dtype)));
       return v;
     }
-    add_ring_volume(v, "", cp, per_token * kv_seq,
-                    per_token * tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq), std::int64_t(dtype_size(dtype)));
+    add_ring_volume(v, "", cp, per_token * kv_seq, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq),
+                    std::int64_t(dtype_size(dtype)));
     return v;
   }
 
@@ -87,8 +88,7 @@ class P2pStrategy final : public Strategy {
       const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
       return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
     }
-    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * kv_rows * 4,
-                                       fwd_s, bwd_s);
+    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * kv_rows * 4, fwd_s, bwd_s);
     return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
   }
 };
