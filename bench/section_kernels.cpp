@@ -13,7 +13,7 @@
 //   Q·Kᵀ with BLAS, mask, softmax with std::exp, P·V with BLAS, P kept for the backward as
 //   autograd would, so its memory grows with s²), float32 only; peak working memory.
 // [1c] Every level the CPU supports, forced in turn, at one shape: the gain of each level.
-// [1d] PyTorch SDPA (bench/sdpa_anchor.py, in a Python with torch >= 2.0) on the shape.
+// [1d] PyTorch SDPA (bench/sdpa_anchor.py, in a Python with torch >= 2.0) on the anchor table's shape.
 // [1e] Packed documents: 1, 16 and 64 documents in the same s; time against counted work.
 // FLOP rates use FlashAttention's count for everything (backward 2.5× forward, causal halves
 // it), so a ratio of rates is a ratio of times.
@@ -48,7 +48,7 @@ using i64 = std::int64_t;
 using nlohmann::json;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// The anchor table: s = 4096, h = 8, batch 1. [1c] uses the same shape at d = 64,
+// The anchor table: s = 4096, h = 8, batch 1. [1c] uses the same shape at d = 64,
 // so [1d] reuses its measurements of the active level.
 constexpr i64 kAnchorSeq = 4096, kAnchorHeads = 8;
 constexpr const char* kAnchorHowTo =

@@ -170,7 +170,7 @@ nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
       cfg.overlap_chunks = chunks;
       configs.emplace_back(fmt::format("a2a overlap {}", chunks), cfg);
     }
-  // Issue 14: the ring under a causal sliding window of s/16 (its halo exchange), zigzag and
+  // The ring under a causal sliding window of s/16 (its halo exchange), zigzag and
   // contiguous ("c"), beside the plain ring above.
   for (bool zigzag : {true, false})
     configs.emplace_back(fmt::format("p2p W={}{}", o.seq / 16, zigzag ? "" : " c"),

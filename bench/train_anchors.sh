@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15, "against the anchors": `ulysses train` (mpirun -n 2, CORES/2 threads per rank) beside
+# Against the anchors: `ulysses train` (mpirun -n 2, CORES/2 threads per rank) beside
 # the same model in PyTorch (bench/train_anchor.py: one process x CORES threads) and in
 # DeepSpeed-Ulysses (DistributedAttention around SDPA, mpirun -n 2 over gloo, CORES/2 threads per
 # rank), interleaved in one run (ulysses, torch, deepspeed for each case, ROUNDS times), on

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's headline: for one model and a memory cap per rank, the longest sequence that trains
+# The headline: for one model and a memory cap per rank, the longest sequence that trains
 # (2 steps, loss finite) at cp = 1, 2, 4 with activation checkpointing, tiled MLP and tiled
 # loss, beside the memory model's prediction (`ulysses plan --train`), and tokens/s there.
 # Measured longest: the peak RSS per rank (largest over ranks) is measured at half the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11's probes of the CLI as a hostile user: every one ends on every rank within seconds
+# Probes of the CLI as a hostile user: every one ends on every rank within seconds
 # with a clear message and a non-zero exit, and leaves no output behind.
 # usage: hardening_cli_test.sh ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
 source "$(dirname "$0")/cli_lib.sh" "$@"
@@ -124,7 +124,7 @@ run 1 attention "${files[@]}" --out "$dir/single.npy" > /dev/null 2>&1
   bad "concurrent writers"
 ls "$dir"/shared.npy.tmp.* > /dev/null 2>&1 && bad "concurrent writers left temp files" || ok "concurrent writers: no temp files"
 
-# Issue 28's messages: integer .npy cu_seqlens, a directory for a file, --resume with other flags.
+# Messages: integer .npy cu_seqlens, a directory for a file, --resume with other flags.
 npy "$dir/cu_int32.npy" "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }" 0
 printf '\x00\x00\x00\x00\x06\x00\x00\x00\x10\x00\x00\x00' >> "$dir/cu_int32.npy"  # 0, 6, 16
 npy "$dir/cu_int64.npy" "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }" 0

@@ -434,7 +434,7 @@ TEST(Errors, NonFiniteAndNonPositiveScalesAreRefusedEverywhere) {
     }
 }
 
-// Which heads the all-to-all strategies give each rank: the examples at cp = 4.
+// Which heads the all-to-all strategies give each rank: the worked examples at cp = 4.
 TEST(Strategies, HeadsPerRankFollowTheGqaGroups) {
   const Strategy& a2a = find_strategy("a2a");
   auto counts = [&](std::int64_t h, std::int64_t hkv) {

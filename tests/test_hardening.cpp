@@ -1,4 +1,4 @@
-// Hostile sizes and files (issue 11's probes): overflow-checked shapes, the .npy reader's
+// Hostile sizes and files: overflow-checked shapes, the .npy reader's
 // bounds, atomic files (errno, stale temp files, all-or-none), the planner's bounds, sharding
 // at cp near 2^31, and the search for non-finite values.
 #include <gtest/gtest.h>
@@ -66,7 +66,7 @@ TEST(Checked, ProductsThatOverflowAreErrors) {
   EXPECT_EQ(checked_product({4, 1 << 20, 2, 4}, "x"), std::int64_t(32) << 20);
   EXPECT_NE(error_of([] { checked_product({4, 1152921504606846978, 2, 4}, "q"); }).find("q: "), std::string::npos);
   EXPECT_NE(error_of([] { checked_mul(-1, 2, "q"); }).find("negative"), std::string::npos);
-  // Issue 11, defect 1: both reproducers' shapes are refused, not wrapped.
+  // Both overflow reproducers' shapes are refused, not wrapped.
   EXPECT_EQ(error_of([] {
               (void)Shape{4, 1152921504606846978, 2, 4}.numel();
             }),

@@ -131,7 +131,7 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
 }
 
 TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {
-  // The example: ring with W = 4k at s = 128k, cp = 16 (bf16, 8 KV heads, d = 128).
+  // A worked example: ring with W = 4k at s = 128k, cp = 16 (bf16, 8 KV heads, d = 128).
   // Zigzag chunks of s/32 = 4k tokens each need the last W rows of one neighbour chunk: two
   // halos of W rows forward, their float32 dK/dV back; doubling s changes nothing.
   PlanInput in = gpt(131072, 32, 8, 16);

@@ -143,7 +143,7 @@ TEST(Training, SequencesThatDoNotDivideTrainLikeOneRank) {
   }
 }
 
-// Issue 15: each memory technique, and all of them together, gives the loss and weight
+// Each memory technique, and all of them together, gives the loss and weight
 // gradients of keeping everything, at this job's cp (tiles of 40 rows: several, the last partial).
 TEST(Training, MemoryTechniquesGiveTheSameLossAndGradients) {
   MpiCommunicator world;

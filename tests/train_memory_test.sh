@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: `ulysses train`'s memory model against the measured peak RSS per rank, f32 and bf16 (each shape
+# `ulysses train`'s memory model against the measured peak RSS per rank, f32 and bf16 (each shape
 # its own job: peak RSS is per process and only grows), within 15 %; --max-memory refuses a run
 # the model says will not fit, with both numbers (on every rank: test_train); `plan --train` answers.
 # arguments: ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL

@@ -29,6 +29,12 @@ class Communicator:
     def reset_counters(self) -> None: ...
     def default_threads(self) -> int:
         """Collective: cores on this node / ranks on this node."""
+    def agree(self, local_error: str) -> None:
+        """Collective: "" when this rank is fine, else its error; when any rank has one, every rank
+        raises the lowest failing rank's."""
+    def agree_identical(self, what: str, description: str) -> None:
+        """Collective: every rank raises the same Error naming both texts when a rank's
+        description differs from rank 0's."""
 
 class Context:
     """What one forward keeps for its backward."""

@@ -26,7 +26,7 @@ struct GptConfig {
   static i64 swiglu_hidden(i64 width);
 };
 
-// How the activations are kept (issue 15); each technique gives the same loss and gradients
+// How the activations are kept; each technique gives the same loss and gradients
 // as none, to rounding (the tiles sum in another order).
 struct MemoryOptions {
   bool checkpoint_activations = false;  // keep each layer's input only; recompute the layer (its

@@ -1,4 +1,4 @@
-// Issue 15: what one rank of `ulysses train` needs in memory, predicted from the configuration
+// What one rank of `ulysses train` needs in memory, predicted from the configuration
 // and measured (the RSS high-water mark), so a user can ask "how long a sequence fits in M
 // bytes per rank on cp ranks" before running. Every term follows an allocation in gpt.cpp,
 // trainer.cpp or the attention strategies; the baseline (MPI, BLAS, the program) is measured.
