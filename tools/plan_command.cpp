@@ -119,14 +119,7 @@ double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of 
     flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
                              lse.view(), p);
   };
-  run();
-  std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
-    const double t0 = comm.now();
-    run();
-    t.push_back(comm.now() - t0);
-  }
-  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / median(t);
+  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / local_median_seconds(comm, run);
 }
 
 // Ping-pong between rank 0 and `peer`: α from 8 B, β from 16 MB. Collective (the others wait).
@@ -490,6 +483,17 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 }
 
 }  // namespace
+
+double local_median_seconds(const Communicator& comm, const std::function<void()>& run) {
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = comm.now();
+    run();
+    t.push_back(comm.now() - t0);
+  }
+  return median(t);
+}
 
 void calibrate_cluster(MpiCommunicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));

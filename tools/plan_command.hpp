@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -46,5 +47,7 @@ int run_plan_train(const PlanOptions& opt);
 int run_plan_lengths(const PlanOptions& opt);
 // Collective. This machine's attention rate and links (plan --calibrate), into in.cluster.
 void calibrate_cluster(MpiCommunicator& comm, PlanInput& in);
+// Not collective: the seconds `run` takes on this rank, the median of 3 calls after a warm-up.
+double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
 
 }  // namespace ulysses::cli

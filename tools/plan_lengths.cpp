@@ -41,15 +41,7 @@ double gemm_rate(const Communicator& comm, const train::GptConfig& m) {
     train::matmul_forward(y.data(), x.data(), w.data(), n, ic, oc);
     train::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
   };
-  run();
-  std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
-    const double t0 = comm.now();
-    run();
-    t.push_back(comm.now() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return 6.0 * double(n) * double(ic) * double(oc) / t[1];
+  return 6.0 * double(n) * double(ic) * double(oc) / local_median_seconds(comm, run);
 }
 
 // The balancer's input for `world` ranks (checked: throws Error).
