@@ -18,8 +18,9 @@
 #include "bench.hpp"
 #include "seed.hpp"
 #include "seed_kernels.hpp"
-#include "seed_svg.hpp"
+#include "svg.hpp"
 #include "ulysses/output_file.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/threads.hpp"
@@ -108,11 +109,11 @@ json counted_runs(MpiCommunicator& world) {
 }
 
 // Claim 2: forward bytes per rank against cp from the library's formulas (busiest rank).
-json formula_curves(std::vector<seed::Series>& plot) {
+json formula_curves(std::vector<svg::Series>& plot) {
   json rows = json::array();
   for (const seed::PlotShape& shape : seed::plot_shapes())
     for (const char* strategy : {"a2a", "p2p"}) {
-      seed::Series line{fmt::format("{} {}", strategy, shape.name), {}, {}};
+      svg::Series line{fmt::format("{} {}", strategy, shape.name), {}, {}};
       for (int cp = 2; cp <= 64; cp *= 2) {
         const std::int64_t bytes =
             predicted_comm_volume({strategy, {}, true}, cp, shape.q, shape.kv_heads, DType::bf16).total_forward_bytes();
@@ -302,8 +303,8 @@ void print_cp_table(const json& rows) {
 }
 
 // Claim 6's plot: peak working memory over local q+k+v against cp, MHA shape.
-seed::Series memory_series(const json& counted, const std::string& strategy) {
-  seed::Series s{strategy, {}, {}};
+svg::Series memory_series(const json& counted, const std::string& strategy) {
+  svg::Series s{strategy, {}, {}};
   for (const json& r : counted)
     if (r["strategy"] == strategy && r["shape"] == seed::run_shapes()[0].name) {
       s.x.push_back(double(r["cp"]));
@@ -312,45 +313,45 @@ seed::Series memory_series(const json& counted, const std::string& strategy) {
   return s;
 }
 
-std::vector<seed::BarGroup> balance_bars(const std::vector<seed::BalanceRow>& rows) {
-  std::vector<seed::BarGroup> groups;
+std::vector<svg::BarGroup> balance_bars(const std::vector<seed::BalanceRow>& rows) {
+  std::vector<svg::BarGroup> groups;
   for (const seed::BalanceRow& r : rows) {
-    seed::BarGroup g{fmt::format("{} cp {}", r.layout, r.cp), {}};
+    svg::BarGroup g{fmt::format("{} cp {}", r.layout, r.cp), {}};
     for (double s : r.seconds) g.values.push_back(s * 1e3);
     groups.push_back(g);
   }
   return groups;
 }
 
-seed::Series kernel_series(const std::vector<seed::KernelRow>& rows, const std::string& name,
-                           double seed::KernelRow::*field) {
-  seed::Series s{name, {}, {}};
+svg::Series kernel_series(const std::vector<seed::KernelRow>& rows, const std::string& name,
+                          double seed::KernelRow::*field) {
+  svg::Series s{name, {}, {}};
   for (const seed::KernelRow& r : rows) s.x.push_back(r.cp), s.y.push_back(r.*field);
   return s;
 }
 
-void write_plots(const std::string& dir, const json& report, const std::vector<seed::Series>& bytes,
+void write_plots(const std::string& dir, const json& report, const std::vector<svg::Series>& bytes,
                  const std::vector<seed::BalanceRow>& balance, const std::vector<seed::KernelRow>& kernels,
                  const std::string& trace) {
   std::filesystem::create_directories(dir);
   const auto put = [&](const char* name, const std::string& text) { write_file_atomic(dir + "/" + name, text); };
   put("claim2_bytes.svg",
-      seed::svg_lines("forward MB per rank per layer (s = 128k, h = 64, d = 128, bf16)", "cp", "MB", bytes, true));
+      svg::lines("forward MB per rank per layer (s = 128k, h = 64, d = 128, bf16)", "cp", "MB", bytes, true));
   put("claim3_trace.json", trace);
   put("claim3_timeline.svg",
-      seed::svg_timeline("one causal fwd+bwd on 2 ranks: a2a, then p2p (zigzag)", json::parse(trace)));
+      svg::timeline("one causal fwd+bwd on 2 ranks: a2a, then p2p (zigzag)", json::parse(trace)));
   put("claim4_balance.svg",
-      seed::svg_bars("causal: each rank's fwd+bwd kernel time (bars: ranks)", "ms", balance_bars(balance)));
-  put("claim5_kernel.svg", seed::svg_lines("forward GFLOP/s per call shape", "cp", "GFLOP/s",
-                                           {kernel_series(kernels, "a2a [s, h/cp]", &seed::KernelRow::ulysses_gflops),
-                                            kernel_series(kernels, "ring [s/cp]", &seed::KernelRow::ring_gflops),
-                                            kernel_series(kernels, "zigzag [s/2cp]", &seed::KernelRow::zigzag_gflops)},
-                                           false));
+      svg::bars("causal: each rank's fwd+bwd kernel time (bars: ranks)", "ms", balance_bars(balance)));
+  put("claim5_kernel.svg", svg::lines("forward GFLOP/s per call shape", "cp", "GFLOP/s",
+                                      {kernel_series(kernels, "a2a [s, h/cp]", &seed::KernelRow::ulysses_gflops),
+                                       kernel_series(kernels, "ring [s/cp]", &seed::KernelRow::ring_gflops),
+                                       kernel_series(kernels, "zigzag [s/2cp]", &seed::KernelRow::zigzag_gflops)},
+                                      false));
   const json& counted = report["counted"];
-  put("claim6_memory.svg", seed::svg_lines("peak working memory per rank / local q+k+v", "cp", "x local qkv",
-                                           {memory_series(counted, "a2a"), memory_series(counted, "p2p"),
-                                            memory_series(counted, "all_gather")},
-                                           false));
+  put("claim6_memory.svg",
+      svg::lines("peak working memory per rank / local q+k+v", "cp", "x local qkv",
+                 {memory_series(counted, "a2a"), memory_series(counted, "p2p"), memory_series(counted, "all_gather")},
+                 false));
 }
 
 }  // namespace
@@ -378,7 +379,7 @@ nlohmann::json seed_section(MpiCommunicator& world, const Options& o) {
   }
   idle_barrier(world.native());
   if (!root) return json();
-  std::vector<seed::Series> bytes;
+  std::vector<svg::Series> bytes;
   report["bytes_formula"] = formula_curves(bytes);
   print_curves(report["bytes_formula"]);
   report["cp_table"] = cp_table();

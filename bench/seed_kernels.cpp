@@ -8,7 +8,6 @@
 #include <functional>
 #include <memory>
 
-#include "../src/cp/tensor_ops.hpp"
 #include "bench.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/documents.hpp"

@@ -67,7 +67,7 @@ for f in $(ls "$dir" | grep '^pass\.' | sort -t. -k2 -n); do cat "$dir/$f"; done
 for f in "$dir"/fail.*; do [ -e "$f" ] && { cat "$f"; fails=$((fails + 1)); }; done
 mkdir -p "$dir/work"
 
-# The messages the issue asks for, word for word.
+# The messages users see, word for word.
 (cd "$dir/work" && timeout 30 "$mpiexec" $flags -n 1 "$bin" attention --seq 4096 --heads 2 --head-dim 8 : \
                                        -n 1 "$bin" attention --seq 2048 --heads 2 --head-dim 8) > "$dir/log" 2>&1
 grep -qF "ulysses: error: ranks were given different --seq: rank 0 has 4096, rank 1 has 2048" "$dir/log" ||

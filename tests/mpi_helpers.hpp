@@ -11,6 +11,7 @@
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/reference.hpp"
+#include "ulysses/sharding.hpp"
 
 namespace ulysses::testing {
 
@@ -49,6 +50,18 @@ SentCounters forward_backward_counted(Communicator& comm, ContextParallelAttenti
   sent.bwd = comm.counters();
   if (stats) *stats = {ctx.stats(), bwd};
   return sent;
+}
+
+// One causal forward + backward of `cfg` on comm, global q `g` with kv_heads KV heads, on
+// random inputs that do not depend on cp.
+inline void run_layer(Communicator& comm, const CpConfig& cfg, const Shape& g, std::int64_t kv_heads) {
+  const auto chunks = rank_chunks(cfg, comm.size(), comm.rank(), g.s);
+  const Shape qs{g.b, total_tokens(chunks), g.h, g.d}, ks{g.b, qs.s, kv_heads, g.d};
+  Tensor q(qs), k(ks), v(ks), out(qs), dout(qs), dq(qs), dk(ks), dv(ks);
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&dout, 4}}) fill_uniform_shard(t->view(), seed, chunks);
+  ContextParallelAttention attn(comm, cfg);
+  const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
+  attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
 }
 
 // The rows of t [b, s, h, d] at `positions`, in that order (a rank's tokens of a global tensor).

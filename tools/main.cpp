@@ -10,7 +10,7 @@
 #include "agreement.hpp"
 #include "attention_command.hpp"
 #include "plan_command.hpp"
-#include "report.hpp"
+#include "rank_errors.hpp"
 #include "train_command.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"

@@ -10,10 +10,15 @@
 #include <tuple>
 
 #include "guard.hpp"
+#include "options.hpp"
+#include "rank_errors.hpp"
 #include "report.hpp"
+#include "svg.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/communicator.hpp"
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/output_file.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/threads.hpp"
@@ -406,16 +411,8 @@ std::string svg_plot(const PlanInput& in) {
   auto X = [&](std::size_t i) {
     return L + (W - L - R) * double(i) / double(std::max<std::size_t>(1, seqs.size() - 1));
   };
-  auto Y = [&](double v) {
-    return T + (H - T - B) * (1 - (std::log10(v) - std::log10(lo)) / std::max(1e-9, std::log10(hi) - std::log10(lo)));
-  };
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{}\" y=\"24\" font-size=\"14\">predicted step time vs sequence length (cp {}, log-log)</text>\n",
-      W, H, L, in.cp);
+  const svg::Axis Y{lo, hi, H - B, T, true};
+  std::string s = svg::open(W, H, fmt::format("predicted step time vs sequence length (cp {}, log-log)", in.cp), L);
   for (std::size_t i = 0; i < seqs.size(); ++i)
     s += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(i), H - B + 16, seqs[i]);
   s += fmt::format(
@@ -426,9 +423,8 @@ std::string svg_plot(const PlanInput& in) {
     std::string pts;
     for (std::size_t i = 0; i < seqs.size(); ++i)
       if (series[k][i] > 0) pts += fmt::format("{:.1f},{:.1f} ", X(i), Y(series[k][i]));
-    s +=
-        fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n", colors[k % 9], pts);
-    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), colors[k % 9],
+    s += svg::polyline(pts, svg::color(k), 1.5);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), svg::color(k),
                      names[k]);
   }
   return s + "</svg>\n";

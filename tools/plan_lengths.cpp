@@ -9,7 +9,7 @@
 
 #include "guard.hpp"
 #include "plan_command.hpp"
-#include "report.hpp"
+#include "rank_errors.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
 #include "ulysses/output_file.hpp"

@@ -15,8 +15,11 @@
 
 #include "agreement.hpp"
 #include "guard.hpp"
+#include "options.hpp"
 #include "plan_command.hpp"
+#include "rank_errors.hpp"
 #include "report.hpp"
+#include "svg.hpp"
 #include "train/log.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
@@ -156,19 +159,17 @@ std::string svg_curve(const std::vector<double>& loss, const std::string& title)
   const double W = 640, H = 360, L = 60, R = 20, T = 40, B = 40;
   const double hi = *std::max_element(loss.begin(), loss.end()),
                lo = std::min(0.0, *std::min_element(loss.begin(), loss.end()));
+  const svg::Axis Y{lo, hi + 1e-12, H - B, T, false};
   std::string pts;
   for (std::size_t i = 0; i < loss.size(); ++i) {
     const double x = L + (W - L - R) * (loss.size() > 1 ? double(i) / double(loss.size() - 1) : 0.0);
-    const double y = T + (H - T - B) * (1.0 - (loss[i] - lo) / (hi - lo + 1e-12));
-    pts += fmt::format("{:.1f},{:.1f} ", x, y);
+    pts += fmt::format("{:.1f},{:.1f} ", x, Y(loss[i]));
   }
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n"
-      "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n<text x=\"{2}\" y=\"24\" font-size=\"14\">{3}</text>\n"
-      "<line x1=\"{2}\" y1=\"{4}\" x2=\"{2}\" y2=\"{5}\" stroke=\"black\"/>\n"
-      "<line x1=\"{2}\" y1=\"{5}\" x2=\"{6}\" y2=\"{5}\" stroke=\"black\"/>\n",
-      W, H, L, title, T, H - B, W - R);
+  std::string s =
+      svg::open(W, H, title, L) + fmt::format(
+                                      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n"
+                                      "<line x1=\"{0}\" y1=\"{2}\" x2=\"{3}\" y2=\"{2}\" stroke=\"black\"/>\n",
+                                      L, T, H - B, W - R);
   for (int k = 0; k <= 4; ++k) {
     const double v = lo + (hi - lo) * k / 4.0, y = T + (H - T - B) * (1.0 - k / 4.0);
     s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n", L - 6, y + 4, v);
@@ -177,8 +178,7 @@ std::string svg_curve(const std::vector<double>& loss, const std::string& title)
                    loss.size());
   s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">loss</text>\n",
                    H / 2, H / 2);
-  s += "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n</svg>\n";
-  return s;
+  return s + svg::polyline(pts, svg::color(0), 1.5) + "</svg>\n";
 }
 
 std::string clock(double seconds) {

@@ -27,16 +27,10 @@
 #include <vector>
 
 #include "ulysses/communicator.hpp"
+#include "ulysses/ranges.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
-
-// Source heads [first, first + count) of one tensor.
-struct HeadRange {
-  std::int64_t first = 0;
-  std::int64_t count = 0;
-  bool operator==(const HeadRange&) const = default;
-};
 
 // One tensor on the sequence-sharded side: view [b, n_r, h, d]; heads[j] are the heads rank j
 // gets (one entry per rank, the same on every rank; ranges may overlap).

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/documents.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -79,6 +80,13 @@ void check_window(const AttentionParams& params);
 void check_offsets(const AttentionParams& params, const TensorView& q, const TensorView& k);
 // Throws ulysses::Error unless params.scale is unset or finite and > 0.
 void check_scale(const AttentionParams& params);
+
+// Visible (query, key) pairs between chunks q and k per (batch, head) under the whole mask
+// `params` describes (causal, cu_seqlens, window; its offsets are ignored: q and k are global
+// positions): documents.hpp's count, for the kernels' parameters.
+inline std::int64_t visible_pairs(const AttentionParams& params, const SeqChunk& q, const SeqChunk& k) {
+  return visible_pairs(params.cu_seqlens, params.causal, q, k, {params.window_left, params.window_right});
+}
 
 // out and lse are overwritten.
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,

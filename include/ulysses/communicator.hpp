@@ -146,6 +146,9 @@ class Communicator {
   // Not collective. The Tracer recording this communicator's timeline (trace.hpp), or null:
   // its own, else the one of the communicator it was split from by trace_through.
   Tracer* tracer() const;
+  // Not collective. Makes `tracer` record this communicator's timeline, or with null stops
+  // it: what a Tracer calls on construction and destruction (it must outlive the attachment).
+  void attach_tracer(Tracer* tracer) { tracer_ = tracer; }
   // Not collective. Records [begin_s, end_s] (now()'s clock) as `name` when a tracer is
   // attached: how strategies put their compute on the timeline.
   void trace(const std::string& name, double begin_s, double end_s, const char* category = "compute",
@@ -194,7 +197,6 @@ class Communicator {
   const std::string& current_op() const;
 
  private:
-  friend class Tracer;  // attaches itself
   // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
   // Counts an all-to-all(v): the bytes and non-empty blocks sent to other ranks.
@@ -212,5 +214,11 @@ class Communicator {
   std::shared_ptr<Watchdog> watchdog_ = std::make_shared<Watchdog>();
   const std::string* op_ = nullptr;
 };
+
+// Collective over `comm`. The node's cores divided by the ranks of `comm` on this node
+// (at least 1), and never more than the cores this process may run on (its affinity mask,
+// which mpirun's binding may restrict): the default never oversubscribes. set_threads
+// (threads.hpp) applies it.
+int default_threads(Communicator& comm);
 
 }  // namespace ulysses

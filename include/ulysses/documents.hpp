@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/ranges.hpp"
 
 namespace ulysses {
 
@@ -48,10 +47,6 @@ Document visible_keys(std::span<const std::int64_t> cu_seqlens, bool causal, std
 // attention work they cost, exactly (closed form per document).
 std::int64_t visible_pairs(std::span<const std::int64_t> cu_seqlens, bool causal, const SeqChunk& q, const SeqChunk& k,
                            Window window = {});
-
-// The same under the whole mask `params` describes (causal, cu_seqlens, window; its offsets
-// are ignored: q and k are global positions).
-std::int64_t visible_pairs(const AttentionParams& params, const SeqChunk& q, const SeqChunk& k);
 
 // Document lengths → cu_seqlens ({3, 5} → {0, 3, 8}).
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths);

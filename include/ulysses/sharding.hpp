@@ -21,15 +21,10 @@
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/cp_config.hpp"
+#include "ulysses/ranges.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
-
-struct SeqChunk {
-  std::int64_t begin = 0;   // first global position
-  std::int64_t length = 0;  // tokens
-  bool operator==(const SeqChunk&) const = default;
-};
 
 bool uses_zigzag(const CpConfig& config);
 
@@ -45,11 +40,6 @@ std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ran
 // rank_chunks of every rank, in rank order.
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
 
-// The local row where chunk i starts (the lengths of the chunks before it).
-std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i);
-// The tokens `chunks` hold: the local length of a rank's tensors.
-std::int64_t total_tokens(const std::vector<SeqChunk>& chunks);
-
 // Heads. A Ulysses all-to-all over `group` ranks gives rank `rank` these query and KV heads of
 // `heads` query heads in GQA groups over `kv_heads` KV heads (parts cut as for tokens):
 //   kv_heads >= group: whole GQA groups: the KV heads cut into `group` parts, each rank with
@@ -60,9 +50,6 @@ std::int64_t total_tokens(const std::vector<SeqChunk>& chunks);
 // GQA, and an even split (heads % group == 0 with kv_heads % group == 0 or group % kv_heads ==
 // 0) is the seed's h/group heads per rank. Precondition: heads % kv_heads == 0 and heads >=
 // group (Strategy::validate's rule: every rank of the all-to-all gets a head).
-struct RankHeads {
-  HeadRange q, kv;
-};
 RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv_heads);
 
 // The KV heads all ranks of the group hold together: kv_heads when whole groups split,
@@ -70,9 +57,6 @@ RankHeads ulysses_heads(int group, int rank, std::int64_t heads, std::int64_t kv
 std::int64_t ulysses_kv_heads_held(int group, std::int64_t kv_heads);
 
 // Every rank's ulysses_heads, as the all-to-all takes them (SeqShard::heads).
-struct HeadSplit {
-  std::vector<HeadRange> q, kv;
-};
 HeadSplit ulysses_head_split(int group, std::int64_t heads, std::int64_t kv_heads);
 // The most heads any rank gets in `ranges` (the busiest rank's share).
 std::int64_t most_heads(const std::vector<HeadRange>& ranges);
@@ -84,9 +68,6 @@ int ulysses_overlap_chunks(int requested, int group, std::int64_t kv_heads);
 // Chunk i of `chunks` of every rank's heads in `split` (ulysses_head_split; chunks no more than
 // ulysses_overlap_chunks): each rank's KV heads cut like tokens, with their query heads.
 HeadSplit ulysses_head_chunk(const HeadSplit& split, int chunks, int i);
-
-// Global position of every local token, in local order.
-std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks);
 
 // Copies the rows of `global` [b, s, h, d] that `chunks` name into `local` [b, Σlen, h, d].
 void shard_sequence(const TensorView& global, const TensorView& local, const std::vector<SeqChunk>& chunks);

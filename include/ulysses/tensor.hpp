@@ -64,6 +64,9 @@ struct TensorView {
   bool is_dense(Layout layout) const;
 };
 
+// Rows [row, row + n) of a [b, s, h, d] view: the same view, n tokens long from token `row`.
+TensorView rows(const TensorView& v, std::int64_t row, std::int64_t n);
+
 // Read one d-long row as float32 / write one float32 row in the view's dtype.
 void load_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h, float* out);
 void store_row(const TensorView& view, std::int64_t b, std::int64_t s, std::int64_t h, const float* in);

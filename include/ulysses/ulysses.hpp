@@ -1,4 +1,5 @@
-// Umbrella header.
+// Umbrella header: everything but the MPI backend (mpi_communicator.hpp, which includes
+// <mpi.h>; link ulysses::mpi to use it).
 #pragma once
 
 #include "ulysses/all_to_all.hpp"
@@ -8,7 +9,6 @@
 #include "ulysses/checked.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/comm_volume.hpp"
-#include "ulysses/mpi_communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"

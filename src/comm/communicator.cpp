@@ -2,8 +2,10 @@
 #include "ulysses/communicator.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "ulysses/error.hpp"
@@ -282,6 +284,15 @@ void Communicator::agree_identical(const std::string& what, const std::string& d
   for (int r = 1; r < size_; ++r)
     if (text(r) != text(0))
       throw Error(fmt::format("{} differ between ranks: rank 0 has {}, rank {} has {}", what, text(0), r, text(r)));
+}
+
+int default_threads(Communicator& comm) {
+  const int ranks_on_node = comm.ranks_on_this_node();
+  int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  int allowed = cores;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) allowed = CPU_COUNT(&set);
+  return std::max(1, std::min(cores / std::max(1, ranks_on_node), allowed));
 }
 
 }  // namespace ulysses

@@ -13,10 +13,10 @@ namespace ulysses {
 Tracer::Tracer(Communicator& comm) : comm_(comm) {
   comm.barrier();
   origin_s_ = comm.now();
-  comm.tracer_ = this;
+  comm.attach_tracer(this);
 }
 
-Tracer::~Tracer() { comm_.tracer_ = nullptr; }
+Tracer::~Tracer() { comm_.attach_tracer(nullptr); }
 
 void Tracer::record(std::string name, std::string category, double begin_s, double end_s, std::int64_t bytes,
                     std::int64_t messages) {

@@ -96,10 +96,6 @@ std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const 
   return n;
 }
 
-std::int64_t visible_pairs(const AttentionParams& p, const SeqChunk& q, const SeqChunk& k) {
-  return visible_pairs(p.cu_seqlens, p.causal, q, k, {p.window_left, p.window_right});
-}
-
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths) {
   std::vector<std::int64_t> cu{0};
   for (std::int64_t n : lengths) cu.push_back(cu.back() + n);

@@ -83,6 +83,13 @@ bool TensorView::is_dense(Layout layout) const {
   return d.stride_b == stride_b && d.stride_s == stride_s && d.stride_h == stride_h;
 }
 
+TensorView rows(const TensorView& v, std::int64_t row, std::int64_t n) {
+  TensorView r = v;
+  r.data = v.row(0, row, 0);
+  r.shape.s = n;
+  return r;
+}
+
 void load_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t h, float* out) {
   if (v.dtype == DType::f32) {
     std::memcpy(out, v.f32(b, s, h), std::size_t(v.shape.d) * 4);

@@ -31,11 +31,11 @@
 #include <vector>
 
 #include "ulysses/attention.hpp"
-#include "ulysses/comm_volume.hpp"
 #include "ulysses/communicator.hpp"
+#include "ulysses/cost_model.hpp"
 #include "ulysses/cp_config.hpp"
-#include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/traffic.hpp"
 
 namespace ulysses {
 

@@ -4,13 +4,6 @@
 
 namespace ulysses {
 
-TensorView rows(const TensorView& v, std::int64_t row, std::int64_t n) {
-  TensorView r = v;
-  r.data = v.row(0, row, 0);
-  r.shape.s = n;
-  return r;
-}
-
 TensorView kv_half(const TensorView& kv, int which) {
   TensorView v = kv;
   v.shape.b /= 2;

@@ -170,53 +170,6 @@ std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpCo
   return cross_work(strategy, config, in.cp, rank, q, kv_seq_of(in), in.kv_heads);
 }
 
-std::int64_t busiest_tokens(const PlanInput& in) { return (in.seq + in.cp - 1) / in.cp; }
-
-std::int64_t kv_seq_of(const PlanInput& in) { return in.kv_seq > 0 ? in.kv_seq : in.seq; }
-
-std::int64_t busiest_kv_tokens(const PlanInput& in) { return (kv_seq_of(in) + in.cp - 1) / in.cp; }
-
-double message_seconds(const Link& l, double bytes) { return l.latency + bytes / l.bandwidth; }
-
-double all_to_all_seconds(const Cluster& c, int g, double bytes) {
-  if (g <= 1 || bytes == 0) return 0;
-  const int intra_peers = std::min(g, c.ranks_per_node) - 1, inter_peers = g - 1 - intra_peers;
-  const Link& intra = c.alltoall_intra.bandwidth > 0 ? c.alltoall_intra : c.intra;
-  const Link inter = inter_link(c, std::min(g, c.ranks_per_node));
-  const double per_peer = bytes / (g - 1);
-  return double(g - 1) * std::max(intra.latency, inter_peers ? inter.latency : 0.0) +
-         std::max(intra_peers * per_peer / intra.bandwidth, inter_peers * per_peer / inter.bandwidth);
-}
-
-Link inter_link(const Cluster& c, int flows) {
-  if (c.inter_concurrent.bandwidth <= 0 || flows <= 1) return c.inter;
-  const double node = c.inter_concurrent.bandwidth * c.ranks_per_node;
-  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency};
-}
-
-Link ring_link(const Cluster& c, int members, int stride) {
-  return members * stride <= c.ranks_per_node ? c.intra : inter_link(c, std::min(stride, c.ranks_per_node));
-}
-
-RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s) {
-  RingSeconds t;
-  if (members <= 1) return t;
-  const double fstep = fwd_s / members, bstep = bwd_s / members;
-  const double kv = message_seconds(link, kv_bytes), dkv = message_seconds(link, dkv_bytes);
-  t.comm = (members - 1) * kv + (members - 1) * kv + members * dkv;
-  t.hidden = (members - 1) * std::min(kv, fstep) + (members - 1) * std::min(kv + dkv, bstep);
-  return t;
-}
-
-double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s) {
-  double exposed = in_s + out_s;
-  for (int i = 0; i < chunks; ++i) {
-    const double travelling = (i + 1 < chunks ? in_s : 0) + (i > 0 ? out_s : 0);
-    exposed += std::max(0.0, travelling - compute_s);
-  }
-  return exposed;
-}
-
 OverlapPlan plan_overlap(const PlanInput& in) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   OverlapPlan best;

@@ -39,6 +39,43 @@ double context_bytes(const TrainConfig& c, int cp, double N, DType dtype) {
   return E * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
 }
 
+// The strategy's buffers in the backward on top of the contexts (head-sharded dout and
+// gradients, send buffers; the ring's K/V and dK/dV in flight), in contexts: fitted to the
+// peak RSS (VmHWM) of real runs, each number with the runs it was fitted to.
+struct TransientFit {
+  // cp = 1, plain flash attention and no communication buffers: one one-rank run of
+  // train_memory_test.sh.
+  double one_rank;
+  // a2a in float32 computes its gradients in the context's buffers and receives dout into dq's
+  // (the consuming backward, strategies/a2a.cpp): what is left grows with the other ranks'
+  // share of the transposes' send and receive buffers, base + per_other·(cp − 1)/cp; fitted to
+  // bench/train_headline.sh at cp = 2 and 4 and the a2a shapes of train_memory_test.sh.
+  double a2a_f32_base, a2a_f32_per_other;
+  // a2a in bf16 (no consuming backward): the a2a shapes of train_memory_test.sh (three shapes).
+  double a2a_bf16;
+  // Every other strategy: the p2p shape of train_memory_test.sh.
+  double other;
+  // bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
+  // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
+  // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. Fitted to
+  // the a2a, p2p and all_gather shapes of train_memory_test.sh at bf16, within 4 %.
+  double converted, converted_one_rank;
+};
+constexpr TransientFit kTransient{.one_rank = 0.5,
+                                  .a2a_f32_base = 0.1,
+                                  .a2a_f32_per_other = 0.92,
+                                  .a2a_bf16 = 1.7,
+                                  .other = 3.5,
+                                  .converted = 1.0,
+                                  .converted_one_rank = 2.4};
+
+double transient_contexts(const TrainConfig& c, int cp) {
+  if (cp == 1) return kTransient.one_rank;
+  if (c.cp.cp_comm_type != "a2a") return kTransient.other;
+  if (c.dtype != DType::f32) return kTransient.a2a_bf16;
+  return kTransient.a2a_f32_base + kTransient.a2a_f32_per_other * double(cp - 1) / double(cp);
+}
+
 }  // namespace
 
 std::string MemoryEstimate::describe() const {
@@ -71,27 +108,13 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
                      (o.tiled_mlp ? 3 * tm * F : 0.0);
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
-  // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
-  // flight), in contexts: fitted to the measured peaks, a2a on three shapes, p2p and one rank
-  // (plain flash attention, no communication buffers) on one each.
-  // bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
-  // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
-  // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. Fitted:
-  // 1 and 2.4 float32 contexts (the a2a, p2p and all_gather shapes of train_memory_test.sh at
-  // bf16 within 4 %).
-  // a2a in float32 computes its gradients in the context's buffers and receives dout into dq's
-  // (the consuming backward, strategies/a2a.cpp): what is left grows with the other ranks'
-  // share of the transposes' send and receive buffers, 0.1 + 0.92·(cp − 1)/cp contexts, fitted
-  // to the headline at cp = 2 and 4 and the a2a shapes of train_memory_test.sh (1.7 before,
-  // as bf16 still is).
-  const bool a2a = c.cp.cp_comm_type == "a2a";
-  const double others = double(cp - 1) / double(cp);
-  const double transient = cp == 1 ? 0.5 : a2a ? (c.dtype == DType::f32 ? 0.1 + 0.92 * others : 1.7) : 3.5;
+  // the backward (kTransient; a CPU without a bf16 engine adds float32 copies).
   const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
-  const double f32_context = context_bytes(c, cp, N, DType::f32);
-  e.attention =
-      context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
-      (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0)) : context_bytes(c, cp, N, c.dtype) * transient);
+  const double f32_context = context_bytes(c, cp, N, DType::f32), transient = transient_contexts(c, cp);
+  const double extra =
+      converted ? f32_context * (transient + (cp == 1 ? kTransient.converted_one_rank : kTransient.converted))
+                : context_bytes(c, cp, N, c.dtype) * transient;
+  e.attention = context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) + extra;
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }

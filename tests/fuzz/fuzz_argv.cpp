@@ -13,8 +13,8 @@
 
 #include "agreement.hpp"
 #include "attention_command.hpp"
+#include "options.hpp"
 #include "plan_command.hpp"
-#include "report.hpp"
 #include "train/memory.hpp"
 #include "train_command.hpp"
 #include "ulysses/error.hpp"

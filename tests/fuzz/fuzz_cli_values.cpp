@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "report.hpp"
+#include "options.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/tensor.hpp"

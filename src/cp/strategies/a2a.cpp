@@ -24,10 +24,10 @@
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
-#include "ulysses/comm_volume.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/traffic.hpp"
 
 namespace ulysses {
 

@@ -20,10 +20,10 @@
 #include "../ring_attention.hpp"
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
-#include "ulysses/comm_volume.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/traffic.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "seed_svg.hpp"
+#include "svg.hpp"
 
 #include <fmt/format.h>
 
@@ -6,35 +6,36 @@
 #include <cmath>
 #include <map>
 
-namespace ulysses::seed {
+namespace ulysses::svg {
 
 namespace {
+constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
+}  // namespace
 
-constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
-
-std::string header(double w, double h, const std::string& title) {
+std::string open(double w, double h, const std::string& title, double title_x) {
   return fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"10\" y=\"22\" font-size=\"14\">{}</text>\n",
-      w, h, title);
+      "<text x=\"{}\" y=\"22\" font-size=\"14\">{}</text>\n",
+      w, h, title_x, title);
 }
 
-// Maps [lo, hi] (log10 when log) onto [a, b].
-struct Axis {
-  double lo, hi, a, b;
-  bool log;
-  double operator()(double v) const {
-    const double t = log ? (std::log10(v) - std::log10(lo)) / std::max(1e-12, std::log10(hi) - std::log10(lo))
-                         : (v - lo) / std::max(1e-300, hi - lo);
-    return a + (b - a) * t;
-  }
-};
+const char* color(std::size_t k) { return kColors[k % std::size(kColors)]; }
 
-}  // namespace
+double Axis::operator()(double v) const {
+  const double t = log ? (std::log10(v) - std::log10(lo)) / std::max(1e-12, std::log10(hi) - std::log10(lo))
+                       : (v - lo) / std::max(1e-300, hi - lo);
+  return a + (b - a) * t;
+}
 
-std::string svg_lines(const std::string& title, const std::string& x_label, const std::string& y_label,
-                      const std::vector<Series>& series, bool log_y) {
+std::string polyline(const std::string& points, const char* color, double width) {
+  return fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"{}\" points=\"{}\"/>\n", color, width,
+                     points);
+}
+
+std::string lines(const std::string& title, const std::string& x_label, const std::string& y_label,
+                  const std::vector<Series>& series, bool log_y) {
   double xlo = 1e300, xhi = 0, ylo = 1e300, yhi = 0;
   for (const Series& s : series)
     for (std::size_t i = 0; i < s.x.size(); ++i)
@@ -44,7 +45,7 @@ std::string svg_lines(const std::string& title, const std::string& x_label, cons
   if (!log_y) ylo = 0;
   const double W = 760, H = 440, L = 80, R = 230, T = 40, B = 50;
   const Axis X{xlo, xhi, L, W - R, true}, Y{ylo, yhi * (log_y ? 1.0 : 1.05), H - B, T, log_y};
-  std::string svg = header(W, H, title);
+  std::string svg = open(W, H, title);
   for (double x = xlo; x <= xhi * 1.0001; x *= 2)
     svg += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n", X(x), H - B + 16, x);
   svg += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", (L + W - R) / 2, H - 8, x_label);
@@ -55,15 +56,15 @@ std::string svg_lines(const std::string& title, const std::string& x_label, cons
     std::string pts;
     for (std::size_t i = 0; i < series[k].x.size(); ++i)
       if (series[k].y[i] > 0) pts += fmt::format("{:.1f},{:.1f} ", X(series[k].x[i]), Y(series[k].y[i]));
-    const char* color = kColors[k % 7];
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" points=\"{}\"/>\n", color, pts);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), color,
+    const char* c = color(k);
+    svg += polyline(pts, c, 1.8);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 10, T + 16 * double(k), c,
                        series[k].name);
   }
   return svg + "</svg>\n";
 }
 
-std::string svg_bars(const std::string& title, const std::string& y_label, const std::vector<BarGroup>& groups) {
+std::string bars(const std::string& title, const std::string& y_label, const std::vector<BarGroup>& groups) {
   double hi = 0;
   std::size_t bars = 0;
   for (const BarGroup& g : groups) {
@@ -73,7 +74,7 @@ std::string svg_bars(const std::string& title, const std::string& y_label, const
   const double W = std::max(600.0, 14.0 * double(bars) + 120), H = 420, L = 70, T = 40, B = 70;
   const double bw = (W - L - 20) / double(std::max<std::size_t>(1, bars));
   const Axis Y{0, hi * 1.05, H - B, T, false};
-  std::string svg = header(W, H, title);
+  std::string svg = open(W, H, title);
   svg += fmt::format(
       "<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g}</text>\n<text x=\"{}\" y=\"{}\" "
       "text-anchor=\"end\">0</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
@@ -82,7 +83,7 @@ std::string svg_bars(const std::string& title, const std::string& y_label, const
   for (const BarGroup& g : groups) {
     for (std::size_t r = 0; r < g.values.size(); ++r, x += bw)
       svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x,
-                         Y(g.values[r]), bw * 0.9, H - B - Y(g.values[r]), kColors[r % 7]);
+                         Y(g.values[r]), bw * 0.9, H - B - Y(g.values[r]), color(r));
     const double left = x - bw * double(g.values.size());
     svg +=
         fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" font-size=\"10\" transform=\"rotate(30 {0:.1f} {1})\">{2}</text>\n",
@@ -92,7 +93,7 @@ std::string svg_bars(const std::string& title, const std::string& y_label, const
   return svg + "</svg>\n";
 }
 
-std::string svg_timeline(const std::string& title, const nlohmann::json& trace) {
+std::string timeline(const std::string& title, const nlohmann::json& trace) {
   double end = 0;
   int tracks = 0;
   for (const auto& e : trace["traceEvents"])
@@ -106,7 +107,7 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& trace) 
                                                   {"phase", "#bbbbbb"}};
   const double W = 1000, row = 46, L = 60, T = 40, H = T + row * tracks + 40;
   const Axis X{0, std::max(end, 1.0), L, W - 10, false};
-  std::string svg = header(W, H, title);
+  std::string svg = open(W, H, title);
   for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     const std::string cat = e["cat"];
@@ -128,4 +129,4 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& trace) 
   return svg + "</svg>\n";
 }
 
-}  // namespace ulysses::seed
+}  // namespace ulysses::svg

@@ -1,0 +1,86 @@
+// The planner's cost model, its inputs and its primitives: a layer and its cluster
+// (PlanInput), an α–β model per link (latency α per message, bandwidth β), and the seconds of
+// the transfers the strategies make. It sits below the strategies, whose Strategy::cost is
+// written in these terms, and below the planner (planner.hpp), which asks every strategy.
+//
+// Links between ranks of one node are "intra" (NVLink by default), others "inter"
+// (InfiniBand); ranks are placed contiguously, ranks_per_node per node.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+struct Link {
+  double bandwidth = 450e9;  // bytes per second, one direction, per rank
+  double latency = 2e-6;     // seconds per message
+};
+
+struct Cluster {
+  int ranks_per_node = 8;
+  Link intra{450e9, 2e-6};  // NVLink 4 (H100): ~450 GB/s per direction per GPU
+  Link inter{50e9, 5e-6};   // 400 Gb/s InfiniBand per GPU
+  // All-to-all inside a node, when it behaves unlike point-to-point (a calibrated fit);
+  // a bandwidth of 0 means "use intra".
+  Link alltoall_intra{0, 0};
+  // The inter-node link per rank when every rank of a node sends across at once (a calibrated
+  // fit): ranks that share one NIC (or one shaped link) split it. A bandwidth of 0 means "a
+  // link per rank" (one NIC per GPU): concurrent flows cost what one does.
+  Link inter_concurrent{0, 0};
+  double peak_flops = 989e12;  // H100 dense bf16
+  double efficiency = 0.5;     // achieved fraction of peak in attention
+};
+
+struct PlanInput {
+  std::int64_t seq = 0, batch = 1, heads = 0, kv_heads = 0, head_dim = 128, layers = 1;
+  int cp = 1;
+  bool causal = true;
+  DType dtype = DType::bf16;
+  // Packed documents: their lengths, summing to seq (batch 1); empty: one document.
+  std::vector<std::int64_t> documents;
+  Cluster cluster;
+  // Sliding window (FlashAttention's window_size); -1: unbounded side.
+  std::int64_t window_left = -1, window_right = -1;
+  // Cross-attention (is_cross in strategy.hpp): k/v of kv_seq tokens (0: seq) and queries at key
+  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic_cross, work the
+  // visible pairs against the k/v; strategies without Strategy::supports_cross are refused.
+  std::int64_t kv_seq = 0;
+  std::optional<std::int64_t> q_offset;
+};
+
+// The most tokens a rank holds: ceil(seq / cp), whatever the token layout.
+std::int64_t busiest_tokens(const PlanInput& in);
+// The most k/v tokens a rank holds: ceil(s_k / cp) (busiest_tokens without cross-attention).
+std::int64_t busiest_kv_tokens(const PlanInput& in);
+// The k/v length s_k: in.kv_seq, or in.seq when it is 0.
+std::int64_t kv_seq_of(const PlanInput& in);
+// One message of `bytes` on a link: latency + bytes / bandwidth.
+double message_seconds(const Link& link, double bytes);
+// An all-to-all over `group` contiguous ranks, `bytes` sent per rank: intra- and inter-node
+// peers send in parallel, and the group's ranks on one node share its inter-node link
+// (inter_link); each peer costs one latency.
+double all_to_all_seconds(const Cluster& cluster, int group, double bytes);
+// The inter-node link each of `flows` ranks of one node gets while they all send across at
+// once: the point-to-point fit, or the node's share (inter_concurrent × ranks_per_node) split
+// `flows` ways when that is less.
+Link inter_link(const Cluster& cluster, int flows);
+// The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement): when it
+// leaves the node, min(stride, ranks_per_node) ranks of each node send across at once.
+Link ring_link(const Cluster& cluster, int members, int stride);
+// A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
+// backward K/V steps plus dK/dV steps, the last dK/dV hop exposed.
+struct RingSeconds {
+  double comm = 0, hidden = 0;
+};
+RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s);
+
+// A pipeline of `chunks` steps (overlapped Ulysses): step i computes for `compute_s` while the
+// next chunk's input (`in_s`) and the previous chunk's output (`out_s`) travel; what does not
+// fit behind the compute is exposed, and so are the first input and the last output.
+double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s);
+
+}  // namespace ulysses

@@ -1,0 +1,20 @@
+#include "ulysses/ranges.hpp"
+
+namespace ulysses {
+
+std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i) {
+  std::int64_t r = 0;
+  for (std::size_t j = 0; j < i; ++j) r += chunks[j].length;
+  return r;
+}
+
+std::int64_t total_tokens(const std::vector<SeqChunk>& chunks) { return chunk_row(chunks, chunks.size()); }
+
+std::vector<std::int64_t> token_positions(const std::vector<SeqChunk>& chunks) {
+  std::vector<std::int64_t> pos;
+  for (const SeqChunk& c : chunks)
+    for (std::int64_t i = 0; i < c.length; ++i) pos.push_back(c.begin + i);
+  return pos;
+}
+
+}  // namespace ulysses
