@@ -24,11 +24,13 @@ std::int64_t packed_bytes(std::int64_t n, std::int64_t d) {
 }
 std::int64_t packed_offset(std::int64_t j0, std::int64_t d) { return j0 * d * 4; }
 
-// Both images are dense rows [n][d] (BLAS takes Kᵀ by a transpose flag).
+// Both images are dense rows [n][d] (BLAS takes Kᵀ by a transpose flag), the padding rows
+// up to the next kKeyAlign zero as the contract says.
 void pack_rows(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed) {
   const float* src = static_cast<const float*>(rows);
   float* dst = static_cast<float*>(packed);
   for (std::int64_t j = 0; j < n; ++j) std::memcpy(dst + j * d, src + j * ld, std::size_t(d) * 4);
+  std::memset(dst + n * d, 0, std::size_t(packed_bytes(n, d) - n * d * 4));
 }
 
 void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt, float* s,
