@@ -1,16 +1,21 @@
-// .npy reader/writer: round trip, and every kind of malformed file rejected with a reason.
+// .npy reader/writer: round trip, and every kind of malformed or hostile file (a declared shape
+// bigger than the file, a huge descr) rejected with a reason, before allocating.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <vector>
 
+#include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/npy.hpp"
 
 using namespace ulysses;
+using test_util::error_of;
+using test_util::scratch;
 
 namespace {
 
@@ -123,3 +128,60 @@ TEST(Npy, IntegerReaderRefusesOtherDtypesAndFractions) {
           "truncated data: expected 16 bytes");
   std::remove(path.c_str());
 }
+
+namespace {
+
+// A version-2 .npy file of `total` bytes whose header declares `shape` (a tuple's text) and
+// `descr`: hostile headers the writer never makes.
+std::string npy_with(const std::string& descr, const std::string& shape, std::size_t total) {
+  std::string h = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + h.size() + 1) % 64 != 0) h += ' ';
+  h += '\n';
+  std::string out = std::string("\x93NUMPY\x02\x00", 8);
+  for (int i = 0; i < 4; ++i) out += char((h.size() >> (8 * i)) & 0xff);
+  out += h;
+  out.resize(std::max(out.size(), total), '\0');
+  return out;
+}
+
+std::string write_temp(const std::string& name, const std::string& bytes) {
+  const std::string path = scratch(name);
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST(NpyHostile, DeclaredShapeBiggerThanTheFileIsRefusedBeforeAllocating) {
+  // Defect 2: 192 bytes declaring 2^36 x 16 floats, and 2^32 floats (16 GiB).
+  const std::string a = write_temp("big1.npy", npy_with("<f4", "(1, 68719476736, 4, 4)", 192));
+  EXPECT_NE(error_of([&] { read_npy(a); }).find("truncated data: expected 4398046511104 bytes"), std::string::npos);
+  const std::string huge = write_temp("big3.npy", npy_with("<f4", "(1, 68719476736, 4, 8)", 192));
+  EXPECT_NE(error_of([&] { read_npy(huge); }).find("shape too large"), std::string::npos);
+  const std::string b = write_temp("big2.npy", npy_with("<f4", "(1, 4294967296, 1, 1)", 192));
+  const std::string e = error_of([&] { read_npy(b); });
+  EXPECT_NE(e.find("truncated data: expected 17179869184 bytes for shape (1, 4294967296, 1, 1), found "),
+            std::string::npos)
+      << e;
+  const std::string c = write_temp("pad.npy", npy_with("<f4", "(1, 2)", 128 + 12));
+  EXPECT_NE(error_of([&] { read_npy(c); }).find("trailing bytes"), std::string::npos);
+}
+
+TEST(NpyHostile, HugeDescrIsRefusedBrieflyWithoutRegex) {
+  // Defect 3: a 60 000-character descr crashed std::regex; the error echoed all of it.
+  const std::string path = write_temp("descr.npy", npy_with(std::string(60000, 'x'), "(1,)", 0));
+  const std::string e = error_of([&] { read_npy(path); });
+  EXPECT_NE(e.find("is not little-endian float32"), std::string::npos);
+  EXPECT_LT(e.size(), 200u + path.size()) << e.size();
+  const std::string shape = write_temp("shape.npy", npy_with("<f4", "'12'", 0));
+  EXPECT_NE(error_of([&] { read_npy(shape); }).find("is not a tuple"), std::string::npos);
+}
+
+TEST(NpyHostile, GoodFilesStillRoundTrip) {
+  const std::string path = scratch("ok.npy");
+  const float data[6] = {1, 2, 3, 4, 5, 6};
+  write_npy(path, data, {2, 3});
+  const NpyArray a = read_npy(path);
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(a.data, std::vector<float>(data, data + 6));
+}
+
+}  // namespace
