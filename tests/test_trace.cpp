@@ -1,18 +1,20 @@
-// The timeline trace (trace.hpp) and the seed section's tables (bench/seed.hpp), on every rank
-// count: the trace is valid Chrome JSON with one track per rank whose intervals nest and whose
-// communication events carry exactly the bytes the counters counted; the counted operations,
-// messages and bytes equal the formulas the seed section plots; the valid-cp table equals
-// what the library accepts.
+// The timeline trace (trace.hpp) and the seed's claims that the benchmark's seed section
+// tabulates, on every rank count: the trace is valid Chrome JSON with one track per rank whose
+// intervals nest and whose communication events carry exactly the bytes the counters counted;
+// on the seed section's shapes the counted operations, messages and bytes equal the formulas
+// (predicted_comm_volume) and the seed's operation counts; the cps a model's heads allow are
+// what the library accepts, written out against the seed's rule.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
 
-#include "../bench/seed.hpp"
 #include "mpi_helpers.hpp"
+#include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/trace.hpp"
@@ -149,35 +151,62 @@ TEST(Trace, IntervalsThatOverlapWithoutNestingAreCaught) {
   EXPECT_FALSE(nests({{0, 10}, {5, 12}}));
 }
 
+// The shapes the seed section runs (h = 64, MHA and GQA h_kv = 8, s = 512, d = 16) at its cps.
+struct SeedShape {
+  const char* name;
+  Shape q;
+  std::int64_t kv_heads;
+};
+const SeedShape kSeedShapes[] = {{"MHA", {1, 512, 64, 16}, 64}, {"GQA", {1, 512, 64, 16}, 8}};
+const int kSeedCps[] = {2, 4, 8};
+
+// Every counter but the validation's small all-gathers equals the formula's bytes and
+// messages for its name; returns the operations counted.
+std::int64_t expect_formula(const std::map<std::string, CommCounter>& counted,
+                            const std::map<std::string, std::int64_t>& bytes,
+                            const std::map<std::string, std::int64_t>& messages, const std::string& what) {
+  std::int64_t calls = 0;
+  for (const auto& [op, c] : counted) {
+    if (op.ends_with("validate")) continue;
+    calls += c.calls;
+    EXPECT_EQ(c.bytes_sent, bytes.contains(op) ? bytes.at(op) : 0) << what << " " << op;
+    EXPECT_EQ(c.messages, messages.contains(op) ? messages.at(op) : 0) << what << " " << op;
+  }
+  for (const auto& [op, n] : bytes) EXPECT_TRUE(counted.contains(op) || n == 0) << what << " never sent " << op;
+  return calls;
+}
+
 // Claims 1 and 2 at cp = this job's size, for every shape the seed section measures: the
-// counters equal the formulas on every rank, and the seed's count of forward operations.
+// counters equal the formulas on every rank, and the seed's count of forward operations
+// (a2a: 2 all-to-alls of cp − 1 messages; the ring: cp − 1 steps, 2·cp − 1 backward).
 TEST(SeedTables, CountedTrafficEqualsTheFormulas) {
   MpiCommunicator world;
   const int cp = world.size();
-  const std::vector<int> cps = seed::run_cps();
-  if (std::find(cps.begin(), cps.end(), cp) == cps.end()) GTEST_SKIP() << "cp " << cp << " is not plotted";
-  for (const seed::PlotShape& shape : seed::run_shapes())
+  if (std::find(std::begin(kSeedCps), std::end(kSeedCps), cp) == std::end(kSeedCps))
+    GTEST_SKIP() << "cp " << cp << " is not plotted";
+  for (const SeedShape& shape : kSeedShapes)
     for (const std::string strategy : {"a2a", "p2p", "all_gather"}) {
+      const std::string what = strategy + " " + shape.name;
       const CpConfig cfg{strategy, {}, true};
       const auto chunks = rank_chunks(cfg, cp, world.rank(), shape.q.s);
       const Shape qs{1, total_tokens(chunks), shape.q.h, shape.q.d}, ks{1, qs.s, shape.kv_heads, shape.q.d};
       Tensor q(qs), k(ks), v(ks), out(qs), dout(qs), dq(qs), dk(ks), dv(ks);
       ContextParallelAttention attn(world, cfg);
+      const CommVolume formula = predicted_comm_volume(cfg, cp, world.rank(), shape.q, shape.kv_heads, DType::f32);
       world.reset_counters();
       const CpContext ctx = attn.forward(out.view(), q.view(), k.view(), v.view());
-      const seed::Traffic fwd = seed::counted_traffic(world.counters());
+      const std::map<std::string, CommCounter> fwd = world.counters();
       world.reset_counters();
       attn.backward(ctx, dq.view(), dk.view(), dv.view(), dout.view());
-      const seed::Traffic bwd = seed::counted_traffic(world.counters());
-      const auto formula = [&](bool b) {
-        return seed::formula_traffic(cfg, cp, world.rank(), shape.q, shape.kv_heads, DType::f32, b);
-      };
-      EXPECT_EQ(fwd, formula(false)) << strategy << " " << shape.name;
-      EXPECT_EQ(bwd, formula(true)) << strategy << " " << shape.name;
-      // The seed's counts: a2a 2 all-to-alls of cp − 1 messages; the ring cp − 1 steps.
-      if (strategy != "all_gather") EXPECT_EQ(fwd.calls, seed::seed_forward_calls(strategy, cp)) << strategy;
-      EXPECT_EQ(fwd.messages, strategy == "a2a" ? 2 * (cp - 1) : cp - 1) << strategy;
-      if (strategy == "p2p") EXPECT_EQ(bwd.calls, 2 * cp - 1);
+      const std::int64_t fwd_calls = expect_formula(fwd, formula.forward_bytes, formula.forward_messages, what);
+      const std::int64_t bwd_calls =
+          expect_formula(world.counters(), formula.backward_bytes, formula.backward_messages, what);
+      std::int64_t fwd_messages = 0;
+      for (const auto& [op, n] : formula.forward_messages) fwd_messages += n;
+      EXPECT_EQ(fwd_messages, strategy == "a2a" ? 2 * (cp - 1) : cp - 1) << what;
+      if (strategy == "a2a") EXPECT_EQ(fwd_calls, 2) << what;
+      if (strategy == "p2p") EXPECT_EQ(fwd_calls, cp - 1) << what;
+      if (strategy == "p2p") EXPECT_EQ(bwd_calls, 2 * cp - 1) << what;
     }
 }
 
@@ -190,43 +219,68 @@ TEST(SeedTables, RingWithoutZigzagHoldsContiguousChunks) {
   EXPECT_EQ(rank_chunks(zigzag, 4, 3, 16), (std::vector<SeqChunk>{{6, 2}, {8, 2}}));
 }
 
-// Claim 7 at cp = this job's size: a real a2a forward runs exactly where the table says the
-// library accepts it (the other cps through validate_cp_config, the same rule).
+// Claim 7's models (heads, KV heads) and the cps of its table.
+struct SeedModel {
+  const char* name;
+  std::int64_t heads, kv_heads;
+};
+const SeedModel kSeedModels[] = {{"Llama-3-8B", 32, 8},
+                                 {"Llama-3-70B", 64, 8},
+                                 {"Mistral-7B", 32, 8},
+                                 {"Qwen2-7B", 28, 4}};
+const int kTableCps[] = {2, 4, 7, 8, 14, 16, 28, 32, 64};
+
+// Whether validate_cp_config accepts `config` on cp ranks for these heads (a long sequence).
+bool library_accepts(const CpConfig& config, int cp, std::int64_t heads, std::int64_t kv_heads) {
+  try {
+    validate_cp_config(config, cp, {1, std::int64_t(1) << 20, heads, 128}, kv_heads);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Claim 7 at cp = this job's size: a real a2a forward runs exactly where validate_cp_config
+// (the table's rule) accepts it, errors agreed on every rank.
 TEST(SeedTables, ValidCpTableEqualsTheLibrary) {
   MpiCommunicator world;
   const int cp = world.size();
-  for (const seed::Model& m : seed::common_models()) {
-    for (int c : seed::table_cps())
-      EXPECT_EQ(seed::cp_validity(m.heads, m.kv_heads, c).library_a2a,
-                seed::library_accepts({"a2a"}, c, m.heads, m.kv_heads))
-          << m.name << " cp " << c;
-    const auto cps = seed::table_cps();
-    if (std::find(cps.begin(), cps.end(), cp) == cps.end()) continue;
+  if (std::find(std::begin(kTableCps), std::end(kTableCps), cp) == std::end(kTableCps))
+    GTEST_SKIP() << "cp " << cp << " is not in the table";
+  for (const SeedModel& m : kSeedModels) {
     bool ran = true;
     try {
       run_layer(world, {"a2a", {}, true}, {1, 2 * cp, m.heads, 4}, m.kv_heads);
     } catch (const Error&) {  // agreed on every rank
       ran = false;
     }
-    EXPECT_EQ(ran, seed::cp_validity(m.heads, m.kv_heads, cp).library_a2a) << m.name << " cp " << cp;
+    EXPECT_EQ(ran, library_accepts({"a2a"}, cp, m.heads, m.kv_heads)) << m.name << " cp " << cp;
   }
 }
 
-// The table's rows for two models, written out: the seed's rules and the library's.
+// The table's rows for two models, written out: the seed's rules (a2a needs h % cp == 0, and
+// h_kv % cp == 0 without replicating KV heads) and what the library accepts.
 TEST(SeedTables, ValidCpRowsOfQwen2AndLlama70B) {
-  const auto cps_where = [](std::int64_t h, std::int64_t kv, bool seed::CpValidity::*field) {
+  const auto cps_where = [](auto rule) {
     std::vector<int> out;
-    for (int c : seed::table_cps())
-      if (seed::cp_validity(h, kv, c).*field) out.push_back(c);
+    for (int c : kTableCps)
+      if (rule(c)) out.push_back(c);
     return out;
   };
-  EXPECT_EQ(cps_where(28, 4, &seed::CpValidity::seed_rule), (std::vector<int>{2, 4, 7, 14, 28}));
-  EXPECT_EQ(cps_where(28, 4, &seed::CpValidity::seed_kv_rule), (std::vector<int>{2, 4}));
-  EXPECT_EQ(cps_where(28, 4, &seed::CpValidity::library_a2a), (std::vector<int>{2, 4, 7, 8, 14, 16, 28}));
-  EXPECT_EQ(cps_where(64, 8, &seed::CpValidity::seed_kv_rule), (std::vector<int>{2, 4, 8}));
-  EXPECT_EQ(cps_where(64, 8, &seed::CpValidity::library_a2a), (std::vector<int>{2, 4, 7, 8, 14, 16, 28, 32, 64}));
-  EXPECT_EQ(seed::cp_validity(28, 4, 64).hierarchical,
-            (std::vector<std::array<int, 2>>{{2, 32}, {4, 16}, {8, 8}, {16, 4}}));
+  const auto seed_rule = [](std::int64_t h) { return [h](int c) { return c <= h && h % c == 0; }; };
+  const auto a2a = [](std::int64_t h, std::int64_t kv) {
+    return [h, kv](int c) { return library_accepts({"a2a"}, c, h, kv); };
+  };
+  EXPECT_EQ(cps_where(seed_rule(28)), (std::vector<int>{2, 4, 7, 14, 28}));
+  EXPECT_EQ(cps_where([&](int c) { return seed_rule(28)(c) && 4 % c == 0; }), (std::vector<int>{2, 4}));
+  EXPECT_EQ(cps_where(a2a(28, 4)), (std::vector<int>{2, 4, 7, 8, 14, 16, 28}));
+  EXPECT_EQ(cps_where([&](int c) { return seed_rule(64)(c) && 8 % c == 0; }), (std::vector<int>{2, 4, 8}));
+  EXPECT_EQ(cps_where(a2a(64, 8)), (std::vector<int>{2, 4, 7, 8, 14, 16, 28, 32, 64}));
+  std::vector<std::array<int, 2>> hierarchical;  // a2a+p2p [inner, outer], both > 1
+  for (int inner = 2; inner < 64; ++inner)
+    if (64 % inner == 0 && library_accepts({"a2a+p2p", {inner, 64 / inner}}, 64, 28, 4))
+      hierarchical.push_back({inner, 64 / inner});
+  EXPECT_EQ(hierarchical, (std::vector<std::array<int, 2>>{{2, 32}, {4, 16}, {8, 8}, {16, 4}}));
 }
 
 }  // namespace
