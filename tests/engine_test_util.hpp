@@ -146,39 +146,37 @@ Expected ref_scores(i64 m, i64 n, i64 d, const std::vector<T>& a, i64 lda, const
   return e;
 }
 
-// o + P · v over keys [j0, j0 + k) of v, P rounded as the engine rounds it. NaN in P marks
-// an element the engine must not read (past a block's diagonal).
-template <class T>
-Expected ref_pv(i64 m, i64 d, i64 k, const std::vector<float>& p, i64 ldp, const std::vector<T>& v, i64 ldv, i64 j0,
-                const std::vector<float>& o, i64 ldo) {
-  Expected e(m, d, ldo);
-  for (i64 i = 0; i < m; ++i)
-    for (i64 c = 0; c < d; ++c) {
-      e.add(i, c, o[i * ldo + c]);
-      for (i64 j = 0; j < k; ++j) {
-        const float pij = p[i * ldp + j];
-        if (std::isnan(pij)) continue;
-        e.add(i, c, rounded<T>(pij) * value(v[(j0 + j) * ldv + c]));
-      }
+// acc + P-products, out[r][c] = acc[r][c] + Σ_x P(r, x) · B(x, c) with P rounded as the
+// engine rounds it; NaN in P marks an element the engine must not read (past a block's
+// diagonal) and is skipped.
+template <class T, class P, class B>
+Expected ref_product(i64 rows, i64 cols, i64 inner, const std::vector<float>& acc, i64 ld, P p_at, B b_at) {
+  Expected e(rows, cols, ld);
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) {
+      e.add(r, c, acc[r * ld + c]);
+      for (i64 x = 0; x < inner; ++x)
+        if (const float p = p_at(r, x); !std::isnan(p)) e.add(r, c, rounded<T>(p) * b_at(x, c));
     }
   return e;
 }
 
-// c + Pᵀ · b, P rounded as the engine rounds it (NaN: not to be read).
+// o + P · v over keys [j0, j0 + k) of v.
+template <class T>
+Expected ref_pv(i64 m, i64 d, i64 k, const std::vector<float>& p, i64 ldp, const std::vector<T>& v, i64 ldv, i64 j0,
+                const std::vector<float>& o, i64 ldo) {
+  return ref_product<T>(
+      m, d, k, o, ldo, [&](i64 i, i64 j) { return p[i * ldp + j]; },
+      [&](i64 j, i64 c) { return value(v[(j0 + j) * ldv + c]); });
+}
+
+// c + Pᵀ · b.
 template <class T>
 Expected ref_pt_b(i64 k, i64 d, i64 m, const std::vector<float>& p, i64 ldp, const std::vector<T>& b, i64 ldb,
                   const std::vector<float>& c, i64 ldc) {
-  Expected e(k, d, ldc);
-  for (i64 j = 0; j < k; ++j)
-    for (i64 col = 0; col < d; ++col) {
-      e.add(j, col, c[j * ldc + col]);
-      for (i64 i = 0; i < m; ++i) {
-        const float pij = p[i * ldp + j];
-        if (std::isnan(pij)) continue;
-        e.add(j, col, rounded<T>(pij) * value(b[i * ldb + col]));
-      }
-    }
-  return e;
+  return ref_product<T>(
+      k, d, m, c, ldc, [&](i64 j, i64 i) { return p[i * ldp + j]; },
+      [&](i64 i, i64 col) { return value(b[i * ldb + col]); });
 }
 
 // An identity-like [n][d] operand: 1 on the diagonal.

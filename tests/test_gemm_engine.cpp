@@ -121,9 +121,17 @@ class EngineTest : public ::testing::Test {
     if (!E::available()) GTEST_SKIP() << "this CPU cannot run " << E::kTestName;
   }
   static const GemmEngine& engine() { return E::engine(); }
-  // A packed image, prefilled with garbage so unwritten padding shows.
-  static std::vector<std::uint8_t> garbage_image(i64 n, i64 d) {
-    return std::vector<std::uint8_t>(engine().packed_bytes(n, d), 0xab);
+  // The pack_bt (pack_b) image of rows [n][d] (stride ld), packed over garbage so that
+  // unwritten padding shows.
+  static std::vector<std::uint8_t> packed_bt(const std::vector<T>& rows, i64 ld, i64 n, i64 d) {
+    std::vector<std::uint8_t> image(engine().packed_bytes(n, d), 0xab);
+    engine().pack_bt(rows.data(), ld, n, d, image.data());
+    return image;
+  }
+  static std::vector<std::uint8_t> packed_b(const std::vector<T>& rows, i64 ld, i64 n, i64 d) {
+    std::vector<std::uint8_t> image(engine().packed_bytes(n, d), 0xab);
+    engine().pack_b(rows.data(), ld, n, d, image.data());
+    return image;
   }
 };
 
@@ -173,9 +181,7 @@ TYPED_TEST(GemmEngineTest, PackLayouts) {
       SCOPED_TRACE("d=" + std::to_string(d) + " n=" + std::to_string(n));
       const i64 ld = d + 3, dp = round_up(d, TypeParam::kPadD), np = round_up(n, kKeyAlign);
       const auto k = rng.matrix<T>(n, d, ld);
-      auto bt = this->garbage_image(n, d), b = this->garbage_image(n, d);
-      this->engine().pack_bt(k.data(), ld, n, d, bt.data());
-      this->engine().pack_b(k.data(), ld, n, d, b.data());
+      const auto bt = this->packed_bt(k, ld, n, d), b = this->packed_b(k, ld, n, d);
       int bad_bt = 0, bad_b = 0;
       for (i64 j = 0; j < np; ++j) {
         for (i64 e = 0; e < dp; ++e) {
@@ -200,8 +206,7 @@ TYPED_TEST(GemmEngineTest, Scores) {
     for (i64 n : kNs) {
       const i64 n_total = j0 + n + 7, ldk = d + 3;
       const auto k = rng.matrix<T>(n_total, d, ldk);
-      auto bt = this->garbage_image(n_total, d);
-      this->engine().pack_bt(k.data(), ldk, n_total, d, bt.data());
+      const auto bt = this->packed_bt(k, ldk, n_total, d);
       const void* block = bt.data() + this->engine().packed_offset(j0, d);
       for (i64 m : kMs) {
         const i64 lda = d + 5, lds = n + 3;
@@ -225,15 +230,13 @@ TYPED_TEST(GemmEngineTest, Pv) {
   const i64 j0 = 2 * kKeyAlign;
   for (i64 d : kDs) {
     for (i64 k : kNs) {
-      const i64 n_total = j0 + k + 9, ldv = d + 1;
+      const i64 n_total = j0 + k + 9, ldv = d + 1, ldp = k + 3, ldo = d + 5;
       const auto v = rng.matrix<T>(n_total, d, ldv);
-      auto img = this->garbage_image(n_total, d);
-      this->engine().pack_b(v.data(), ldv, n_total, d, img.data());
+      const auto img = this->packed_b(v, ldv, n_total, d);
       const void* block = img.data() + this->engine().packed_offset(j0, d);
       for (i64 m : kMs) {
         for (i64 diag : kDiags) {
           SCOPED_TRACE(shape("m", m, "k", k, d, diag));
-          const i64 ldp = k + 3, ldo = d + 5;
           const auto p = rng.p_matrix(m, k, ldp, diag);
           auto o = rng.c_matrix(m, d, ldo);  // pv accumulates
           const Expected ref = ref_pv(m, d, k, p, ldp, v, ldv, j0, o, ldo);
@@ -251,11 +254,10 @@ TYPED_TEST(GemmEngineTest, PtB) {
   for (i64 d : kDs) {
     for (i64 k : kNs) {
       for (i64 m : kMs) {
-        const i64 ldb = d + 5;
+        const i64 ldb = d + 5, ldp = k + 3, ldc = d + 1;
         const auto b = rng.matrix<T>(m, d, ldb);
         for (i64 diag : kDiags) {
           SCOPED_TRACE(shape("m", m, "k", k, d, diag));
-          const i64 ldp = k + 3, ldc = d + 1;
           const auto p = rng.p_matrix(m, k, ldp, diag);
           auto c = rng.c_matrix(k, d, ldc);  // pt_b accumulates
           const Expected ref = ref_pt_b(k, d, m, p, ldp, b, ldb, c, ldc);
@@ -293,8 +295,7 @@ TYPED_TEST(GemmEngineTest, RoundsPToNearestEven) {
   for (i64 i = 0; i < m; ++i)
     for (i64 j = 0; j < k; ++j) p[i * ldp + j] = tricky_value(rng, int(i * k + j) % 16);
   const auto eye = identity<T>(k, d);
-  auto img = this->garbage_image(k, d);
-  this->engine().pack_b(eye.data(), d, k, d, img.data());
+  const auto img = this->packed_b(eye, d, k, d);
   std::vector<float> o(m * d, 0.0f);
   this->engine().pv(m, d, k, p.data(), ldp, img.data(), o.data(), d, kNoDiagonal);
   int bad = 0;
@@ -329,8 +330,7 @@ TYPED_TEST(GemmEngineTest, RoundingIsNotTruncation) {
   std::vector<float> p(n * k, 0.0f);
   for (i64 i = 0; i < n; ++i) p[i * k + i] = cases[i][0];
   const auto eye = identity<T>(k, d);
-  auto img = this->garbage_image(k, d);
-  this->engine().pack_b(eye.data(), d, k, d, img.data());
+  const auto img = this->packed_b(eye, d, k, d);
   std::vector<float> o(n * d, 0.0f);
   this->engine().pv(n, d, k, p.data(), k, img.data(), o.data(), d, kNoDiagonal);
   const int rounds = std::is_same_v<T, bf16> ? 1 : 0;
@@ -360,8 +360,7 @@ TYPED_TEST(GemmEngineTest, RoundsSpecialValues) {
     std::vector<float> p(n * k, 0.5f);
     for (i64 i = 0; i < n; ++i) p[i * k + off + i] = values[i];
     const auto eye = identity<T>(k, d);
-    auto img = this->garbage_image(k, d);
-    this->engine().pack_b(eye.data(), d, k, d, img.data());
+    const auto img = this->packed_b(eye, d, k, d);
     std::vector<float> o(n * d, 0.0f);
     this->engine().pv(n, d, k, p.data(), k, img.data(), o.data(), d, kNoDiagonal);
     std::vector<float> c(k * n, 0.0f);  // pt_b with B = I [n][n]: C[j][c] = P[c][j]
@@ -392,9 +391,7 @@ TYPED_TEST(GemmEngineTest, OddShapes) {
       SCOPED_TRACE("d=" + std::to_string(d) + " n=" + std::to_string(n));
       const i64 m = 37, ld = d + 2, lds = n + 1;
       const auto kv = rng.matrix<T>(n, d, ld), a = rng.matrix<T>(m, d, ld);
-      auto bt = this->garbage_image(n, d), b = this->garbage_image(n, d);
-      this->engine().pack_bt(kv.data(), ld, n, d, bt.data());
-      this->engine().pack_b(kv.data(), ld, n, d, b.data());
+      const auto bt = this->packed_bt(kv, ld, n, d), b = this->packed_b(kv, ld, n, d);
       for (i64 diag : {kNoDiagonal, i64(-2), i64(9)}) {
         SCOPED_TRACE("diag=" + diag_str(diag));
         std::vector<float> s(extent(m, n, lds), sentinel());
@@ -486,8 +483,7 @@ TYPED_TEST(BlockedEngineTest, ScoresSkipVectorsPastTheDiagonal) {
   Rng rng(3);
   const i64 m = 64, n = 256, d = 64;
   const auto k = rng.matrix<T>(n, d, d), a = rng.matrix<T>(m, d, d);
-  auto bt = this->garbage_image(n, d);
-  this->engine().pack_bt(k.data(), d, n, d, bt.data());
+  const auto bt = this->packed_bt(k, d, n, d);
   for (i64 diag : {i64(0), i64(40), i64(-20), i64(200)}) {
     std::vector<float> s(m * n, sentinel());
     this->engine().scores(m, n, d, a.data(), d, bt.data(), s.data(), n, diag);
@@ -515,8 +511,7 @@ TYPED_TEST(BlockedEngineTest, PvReadsNoPPastTheBlockDiagonal) {
   Rng rng(5);
   const i64 m = 64, k = 256, d = 40, ldp = k + 1;
   const auto v = rng.matrix<T>(k, d, d);
-  auto img = this->garbage_image(k, d);
-  this->engine().pack_b(v.data(), d, k, d, img.data());
+  const auto img = this->packed_b(v, d, k, d);
   for (i64 diag : {i64(0), i64(-3), i64(31)}) {
     SCOPED_TRACE("diag=" + std::to_string(diag));
     auto p = rng.p_matrix(m, k, ldp, diag);
@@ -566,8 +561,7 @@ TYPED_TEST(AmxTileTest, ScoresSkipTilesPastTheDiagonal) {
   Rng rng(3);
   const i64 m = 64, n = 256, d = 64;
   const auto k = rng.matrix<bf16>(n, d, d), a = rng.matrix<bf16>(m, d, d);
-  auto bt = this->garbage_image(n, d);
-  this->engine().pack_bt(k.data(), d, n, d, bt.data());
+  const auto bt = this->packed_bt(k, d, n, d);
   std::vector<float> s(m * n);
   for (i64 diag : {kNoDiagonal, i64(0), i64(40), i64(-20)}) {
     i64 tiles = 0;
@@ -583,8 +577,7 @@ TYPED_TEST(AmxTileTest, PvSkipsKeysPastTheDiagonal) {
   Rng rng(5);
   const i64 m = 64, k = 256, d = 64;
   const auto v = rng.matrix<bf16>(k, d, d);
-  auto img = this->garbage_image(k, d);
-  this->engine().pack_b(v.data(), d, k, d, img.data());
+  const auto img = this->packed_b(v, d, k, d);
   std::vector<float> o(m * d, 0.0f);
   const auto p_full = rng.p_matrix(m, k, k, kNoDiagonal), p_causal = rng.p_matrix(m, k, k, 0);
   i64 before = this->dp_count();

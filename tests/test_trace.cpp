@@ -14,6 +14,7 @@
 #include <set>
 
 #include "mpi_helpers.hpp"
+#include "test_util.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/sharding.hpp"
@@ -160,6 +161,11 @@ struct SeedShape {
 const SeedShape kSeedShapes[] = {{"MHA", {1, 512, 64, 16}, 64}, {"GQA", {1, 512, 64, 16}, 8}};
 const int kSeedCps[] = {2, 4, 8};
 
+template <std::size_t N>
+bool listed(const int (&cps)[N], int cp) {
+  return std::find(std::begin(cps), std::end(cps), cp) != std::end(cps);
+}
+
 // Every counter but the validation's small all-gathers equals the formula's bytes and
 // messages for its name; returns the operations counted.
 std::int64_t expect_formula(const std::map<std::string, CommCounter>& counted,
@@ -182,8 +188,7 @@ std::int64_t expect_formula(const std::map<std::string, CommCounter>& counted,
 TEST(SeedTables, CountedTrafficEqualsTheFormulas) {
   MpiCommunicator world;
   const int cp = world.size();
-  if (std::find(std::begin(kSeedCps), std::end(kSeedCps), cp) == std::end(kSeedCps))
-    GTEST_SKIP() << "cp " << cp << " is not plotted";
+  if (!listed(kSeedCps, cp)) GTEST_SKIP() << "cp " << cp << " is not plotted";
   for (const SeedShape& shape : kSeedShapes)
     for (const std::string strategy : {"a2a", "p2p", "all_gather"}) {
       const std::string what = strategy + " " + shape.name;
@@ -232,12 +237,10 @@ const int kTableCps[] = {2, 4, 7, 8, 14, 16, 28, 32, 64};
 
 // Whether validate_cp_config accepts `config` on cp ranks for these heads (a long sequence).
 bool library_accepts(const CpConfig& config, int cp, std::int64_t heads, std::int64_t kv_heads) {
-  try {
-    validate_cp_config(config, cp, {1, std::int64_t(1) << 20, heads, 128}, kv_heads);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
+  return test_util::error_of([&] {
+           validate_cp_config(config, cp, {1, std::int64_t(1) << 20, heads, 128}, kv_heads);
+         })
+      .empty();
 }
 
 // Claim 7 at cp = this job's size: a real a2a forward runs exactly where validate_cp_config
@@ -245,15 +248,12 @@ bool library_accepts(const CpConfig& config, int cp, std::int64_t heads, std::in
 TEST(SeedTables, ValidCpTableEqualsTheLibrary) {
   MpiCommunicator world;
   const int cp = world.size();
-  if (std::find(std::begin(kTableCps), std::end(kTableCps), cp) == std::end(kTableCps))
-    GTEST_SKIP() << "cp " << cp << " is not in the table";
+  if (!listed(kTableCps, cp)) GTEST_SKIP() << "cp " << cp << " is not in the table";
   for (const SeedModel& m : kSeedModels) {
-    bool ran = true;
-    try {
-      run_layer(world, {"a2a", {}, true}, {1, 2 * cp, m.heads, 4}, m.kv_heads);
-    } catch (const Error&) {  // agreed on every rank
-      ran = false;
-    }
+    // An error is agreed on every rank.
+    const bool ran = test_util::error_of([&] {
+                       run_layer(world, {"a2a", {}, true}, {1, 2 * cp, m.heads, 4}, m.kv_heads);
+                     }).empty();
     EXPECT_EQ(ran, library_accepts({"a2a"}, cp, m.heads, m.kv_heads)) << m.name << " cp " << cp;
   }
 }
