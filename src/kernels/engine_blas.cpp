@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "engines.hpp"
+#include "exp_poly.hpp"
 
 namespace ulysses::kernels::native {
 
@@ -55,13 +56,7 @@ float exp_one(float x) {
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + (r + 1.0f);
+  const float p = exp_poly(r);
   const std::int32_t bits = (std::int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
