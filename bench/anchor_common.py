@@ -47,18 +47,29 @@ def sdpa_backend(q, k, v, causal, **kw):
 
 
 def add_attention_args(p, seq, dtypes):
-    """The options every attention anchor takes: the shape, --dtype (default `dtypes`),
-    --threads, --reps and --seed."""
+    """The options every attention anchor takes: the shape, --dtype (default: the list
+    `dtypes`), --threads, --reps and --seed; parse_attention_args reads them."""
     p.add_argument("--seq", type=int, default=seq, help=f"global sequence length s (default {seq})")
     p.add_argument("--heads", type=int, default=8, help="query heads h (default 8)")
     p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
     p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
     p.add_argument(
-        "--dtype", action="append", default=None, help=f"f32|bf16|f16, repeatable or comma list (default {dtypes})"
+        "--dtype",
+        action="append",
+        default=None,
+        help=f"f32|bf16|f16, repeatable or comma list (default {','.join(dtypes)})",
     )
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank (default 1)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(default_dtypes=dtypes)
+
+
+def parse_attention_args(p, argv, prog):
+    """p's arguments, with a.dtypes the list of --dtype values (or the default)."""
+    a = p.parse_args(argv)
+    a.dtypes = split_list(a.dtype, DTYPES, "dtype", prog) or a.default_dtypes
+    return a
 
 
 def require_positive(p, a, names):

@@ -82,7 +82,13 @@ try:
 except (ImportError, AttributeError) as e:
     _die(f"needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})")
 
-from anchor_common import DTYPES, add_attention_args, require_positive, sdpa_backend, split_list  # noqa: E402 - after the torch check
+from anchor_common import (  # noqa: E402 - after the torch check
+    DTYPES,
+    add_attention_args,
+    parse_attention_args,
+    require_positive,
+    sdpa_backend,
+)
 
 
 def _import_deepspeed():
@@ -138,7 +144,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="DeepSpeed-Ulysses DistributedAttention + SDPA anchor over gloo (JSON on stdout)"
     )
-    add_attention_args(p, 8192, "f32,bf16")
+    add_attention_args(p, 8192, ["f32", "bf16"])
     p.add_argument("--causal", action="store_true", help="causal mask (default: full)")
     p.add_argument(
         "--check-seq", type=int, default=256, help="global s of the correctness check (0 disables; default 256)"
@@ -155,8 +161,7 @@ def parse_args(argv=None):
         default=29531,
         help="MASTER_PORT when launched by mpirun and MASTER_PORT is unset (default 29531)",
     )
-    a = p.parse_args(argv)
-    a.dtypes = split_list(a.dtype, DTYPES, "dtype", "deepspeed_anchor") or ["f32", "bf16"]
+    a = parse_attention_args(p, argv, "deepspeed_anchor")
     require_positive(p, a, ("seq", "heads", "head_dim", "batch", "threads", "reps"))
     if a.check_seq < 0:
         p.error("--check-seq must be >= 0")

@@ -49,14 +49,21 @@ except (ImportError, AttributeError) as e:
     print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})", file=sys.stderr)
     sys.exit(3)
 
-from anchor_common import DTYPES, add_attention_args, require_positive, sdpa_backend, split_list  # noqa: E402 - after the torch check
+from anchor_common import (  # noqa: E402 - after the torch check
+    DTYPES,
+    add_attention_args,
+    parse_attention_args,
+    require_positive,
+    sdpa_backend,
+    split_list,
+)
 
 MASKS = ("full", "causal")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch CPU SDPA forward/backward anchor (JSON on stdout)")
-    add_attention_args(p, 4096, "f32")
+    add_attention_args(p, 4096, ["f32"])
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA when < heads; default = heads)")
     p.add_argument(
         "--masks",
@@ -77,8 +84,7 @@ def parse_args(argv=None):
         default=1,
         help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)",
     )
-    a = p.parse_args(argv)
-    a.dtypes = split_list(a.dtype, DTYPES, "dtype", "sdpa_anchor") or ["f32"]
+    a = parse_attention_args(p, argv, "sdpa_anchor")
     masks = split_list(a.masks, MASKS, "mask", "sdpa_anchor") + split_list(a.mask_flags, MASKS, "mask", "sdpa_anchor")
     a.mask_list = [m for m in MASKS if m in masks] or ["full", "causal"]
     if a.kv_heads is None:
