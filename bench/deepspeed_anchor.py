@@ -82,15 +82,13 @@ try:
 except (ImportError, AttributeError) as e:
     _die(f"needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})")
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-BACKEND_NAMES = {
-    -1: "error",
-    0: "math",
-    1: "flash_attention",
-    2: "efficient_attention",
-    3: "cudnn_attention",
-    4: "overrideable",
-}
+from anchor_common import (  # noqa: E402 - after the torch check
+    DTYPES,
+    add_attention_args,
+    parse_attention_args,
+    require_positive,
+    sdpa_backend,
+)
 
 
 def _import_deepspeed():
@@ -142,36 +140,12 @@ def init_deepspeed_comm(ds_comm, build_shm_op):
     return shm_op
 
 
-def split_list(values, allowed, what):
-    out = []
-    for v in values or []:
-        for item in v.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            if item not in allowed:
-                print(f"deepspeed_anchor: unknown {what} '{item}' (use {', '.join(allowed)})", file=sys.stderr)
-                sys.exit(2)
-            if item not in out:
-                out.append(item)
-    return out
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="DeepSpeed-Ulysses DistributedAttention + SDPA anchor over gloo (JSON on stdout)"
     )
-    p.add_argument("--seq", type=int, default=8192, help="global sequence length s (default 8192)")
-    p.add_argument("--heads", type=int, default=8, help="heads h (default 8)")
-    p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
-    p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
-    p.add_argument(
-        "--dtype", action="append", default=None, help="f32|bf16|f16, repeatable or comma list (default f32,bf16)"
-    )
+    add_attention_args(p, 8192, ["f32", "bf16"])
     p.add_argument("--causal", action="store_true", help="causal mask (default: full)")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank (default 1)")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--check-seq", type=int, default=256, help="global s of the correctness check (0 disables; default 256)"
     )
@@ -187,11 +161,8 @@ def parse_args(argv=None):
         default=29531,
         help="MASTER_PORT when launched by mpirun and MASTER_PORT is unset (default 29531)",
     )
-    a = p.parse_args(argv)
-    a.dtypes = split_list(a.dtype, DTYPES, "dtype") or ["f32", "bf16"]
-    for name in ("seq", "heads", "head_dim", "batch", "threads", "reps"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    a = parse_attention_args(p, argv, "deepspeed_anchor")
+    require_positive(p, a, ("seq", "heads", "head_dim", "batch", "threads", "reps"))
     if a.check_seq < 0:
         p.error("--check-seq must be >= 0")
     return a
@@ -213,15 +184,8 @@ class LocalSDPA(torch.nn.Module):
 
 def detect_backend(shape, dtype, causal):
     """SDPA backend torch's dispatcher picks for the local [b, h/cp, s, d] problem (private API)."""
-    fn = getattr(torch, "_fused_sdp_choice", None)
-    if fn is None:
-        return None
-    try:
-        x = torch.zeros(shape, dtype=dtype).transpose(1, 2)
-        code = int(fn(x, x, x, attn_mask=None, dropout_p=0.0, is_causal=causal))
-    except Exception:  # noqa: BLE001 - private API, signature varies across versions
-        return None
-    return BACKEND_NAMES.get(code, str(code))
+    x = torch.zeros(shape, dtype=dtype).transpose(1, 2)
+    return sdpa_backend(x, x, x, causal)
 
 
 def gather_seq(x, world):

@@ -49,43 +49,22 @@ except (ImportError, AttributeError) as e:
     print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})", file=sys.stderr)
     sys.exit(3)
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from anchor_common import (  # noqa: E402 - after the torch check
+    DTYPES,
+    add_attention_args,
+    parse_attention_args,
+    require_positive,
+    sdpa_backend,
+    split_list,
+)
+
 MASKS = ("full", "causal")
-BACKEND_NAMES = {
-    -1: "error",
-    0: "math",
-    1: "flash_attention",
-    2: "efficient_attention",
-    3: "cudnn_attention",
-    4: "overrideable",
-}
-
-
-def split_list(values, allowed, what):
-    out = []
-    for v in values or []:
-        for item in v.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            if item not in allowed:
-                print(f"sdpa_anchor: unknown {what} '{item}' (use {', '.join(allowed)})", file=sys.stderr)
-                sys.exit(2)
-            if item not in out:
-                out.append(item)
-    return out
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch CPU SDPA forward/backward anchor (JSON on stdout)")
-    p.add_argument("--seq", type=int, default=4096, help="sequence length s (default 4096)")
-    p.add_argument("--heads", type=int, default=8, help="query heads h (default 8)")
+    add_attention_args(p, 4096, ["f32"])
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA when < heads; default = heads)")
-    p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
-    p.add_argument("--batch", type=int, default=1, help="batch b (default 1)")
-    p.add_argument(
-        "--dtype", action="append", default=None, help="f32|bf16|f16, repeatable or comma list (default f32)"
-    )
     p.add_argument(
         "--masks",
         action="append",
@@ -94,9 +73,6 @@ def parse_args(argv=None):
     )
     p.add_argument("--causal", dest="mask_flags", action="append_const", const="causal", help="add the causal mask")
     p.add_argument("--full", dest="mask_flags", action="append_const", const="full", help="add the full (no) mask")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions; median reported (default 3)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--gemm", action="store_true", help="also measure a GEMM ceiling (torch.mm, median of --gemm-reps) at --threads"
     )
@@ -108,15 +84,12 @@ def parse_args(argv=None):
         default=1,
         help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)",
     )
-    a = p.parse_args(argv)
-    a.dtypes = split_list(a.dtype, DTYPES, "dtype") or ["f32"]
-    masks = split_list(a.masks, MASKS, "mask") + split_list(a.mask_flags, MASKS, "mask")
+    a = parse_attention_args(p, argv, "sdpa_anchor")
+    masks = split_list(a.masks, MASKS, "mask", "sdpa_anchor") + split_list(a.mask_flags, MASKS, "mask", "sdpa_anchor")
     a.mask_list = [m for m in MASKS if m in masks] or ["full", "causal"]
     if a.kv_heads is None:
         a.kv_heads = a.heads
-    for name in ("seq", "heads", "kv_heads", "head_dim", "batch", "threads", "reps", "gemm_reps"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, a, ("seq", "heads", "kv_heads", "head_dim", "batch", "threads", "reps", "gemm_reps"))
     if a.heads % a.kv_heads:
         p.error("--heads must be a multiple of --kv-heads")
     return a
@@ -134,14 +107,7 @@ def sdpa_supports_gqa():
 
 def detect_backend(q, k, v, causal, gqa_kw):
     """Backend torch's dispatcher picks for these inputs (private API; None if unavailable)."""
-    fn = getattr(torch, "_fused_sdp_choice", None)
-    if fn is None:
-        return None
-    try:
-        code = int(fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=causal, **gqa_kw))
-    except Exception:  # noqa: BLE001 - private API, signature varies across versions
-        return None
-    return BACKEND_NAMES.get(code, str(code))
+    return sdpa_backend(q, k, v, causal, **gqa_kw)
 
 
 def profiled_ops(fn):

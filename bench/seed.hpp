@@ -1,6 +1,6 @@
-// The seed's claims (shared/seeds/, section 3: ring vs Ulysses), measured: what the
-// benchmark's seed section and its tests share. Pure functions over the library's rules and
-// formulas; nothing here times anything.
+// The seed's claims (shared/seeds/, section 3: ring vs Ulysses), measured: the tables of the
+// benchmark's seed section (tests/test_trace.cpp checks the same claims against the library).
+// Pure functions over the library's rules and formulas; nothing here times anything.
 #pragma once
 
 #include <array>

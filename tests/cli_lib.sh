@@ -1,5 +1,6 @@
 # Shared by the CLI test scripts (sourced with their arguments): the arguments, a scratch
-# directory $dir, and run / ok / bad. The caller sets its own EXIT trap (it owns $dir).
+# directory $dir, run / ok / bad, and the checks of a refusal (expect, no_file). The caller
+# sets its own EXIT trap (it owns $dir).
 # arguments: ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS" NPY_TOOL
 set -u
 bin=$1 mpiexec=$2 flags=$3 tool=$4
@@ -8,3 +9,15 @@ fails=0
 run() { local n=$1; shift; timeout 60 "$mpiexec" -n "$n" $flags "$bin" "$@"; }
 ok() { echo "PASS: $1"; }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+# expect NAME NP MESSAGE ARGS...: a non-zero exit (not a timeout) within 30 s, MESSAGE in the output.
+expect() {
+  local name=$1 n=$2 msg=$3; shift 3
+  local start=$SECONDS
+  run "$n" "$@" > "$dir/err.log" 2>&1
+  local rc=$? took=$((SECONDS - start))
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 30 ]; then bad "$name: exit code $rc after $took s"; cat "$dir/err.log"; return 1; fi
+  if ! grep -qF -- "$msg" "$dir/err.log"; then bad "$name: message '$msg' missing"; cat "$dir/err.log"; return 1; fi
+  ok "$name ($took s, rc $rc)"
+}
+# no_file PATH NAME: neither PATH nor a temp file of its writer was left behind.
+no_file() { if [ -e "$1" ] || ls "$1".tmp.* > /dev/null 2>&1; then bad "$2: $1 was written"; else ok "$2: nothing written"; fi; }

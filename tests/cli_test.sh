@@ -87,13 +87,7 @@ grep -q '"forward_s"' "$dir/r2.json" && grep -q '"seq_to_head"' "$dir/r2.json" &
 expect_error() {
   local name=$1 n=$2 msg=$3; shift 3
   rm -f "$dir/never.npy"
-  local start=$SECONDS
-  run "$n" attention "$@" --out "$dir/never.npy" > "$dir/err.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc"; cat "$dir/err.log"; return; fi
-  if ! grep -qF -- "$msg" "$dir/err.log"; then bad "$name: message '$msg' missing"; cat "$dir/err.log"; return; fi
-  if [ -e "$dir/never.npy" ] || ls "$dir"/never.npy.tmp.* > /dev/null 2>&1; then bad "$name: partial output left"; return; fi
-  ok "$name ($((SECONDS - start)) s, rc $rc)"
+  expect "$name" "$n" "$msg" attention "$@" --out "$dir/never.npy" && no_file "$dir/never.npy" "$name"
 }
 printf 'GARBAGE, NOT AN NPY FILE' > "$dir/garbage.npy"
 head -c 200 "$dir/q.npy" > "$dir/truncated.npy"
@@ -129,10 +123,7 @@ if [ "$(tail -n 3 "$dir/full.jsonl" | cut -d, -f1-2)" = "$(cut -d, -f1-2 "$dir/r
 grep -q "<polyline" "$dir/loss.svg" && ok "train --svg" || bad "train --svg"
 expect_train_error() {
   local name=$1 n=$2 msg=$3; shift 3
-  run "$n" train "$@" > "$dir/err.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc"; cat "$dir/err.log"; return; fi
-  grep -qF -- "$msg" "$dir/err.log" && ok "$name (rc $rc)" || { bad "$name: message '$msg' missing"; cat "$dir/err.log"; }
+  expect "$name" "$n" "$msg" train "$@"
 }
 expect_train_error "train heads < cp" 4 "num_heads (2) must be at least cp (4)" "${tiny[@]}" --heads 2 --kv-heads 2
 run 2 train "${tiny[@]}" --seq 65 --steps 2 --strategy a2a > "$dir/t4.log" 2>&1 && ok "train --seq 65 on 2 ranks" || { bad "train --seq 65"; cat "$dir/t4.log"; }

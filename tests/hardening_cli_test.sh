@@ -5,17 +5,6 @@
 source "$(dirname "$0")/cli_lib.sh" "$@"
 trap 'umount "$dir/full" 2> /dev/null; rm -rf "$dir"' EXIT
 
-# expect NAME NP MESSAGE ARGS...: a non-zero exit (not a timeout) within 30 s, MESSAGE in the output.
-expect() {
-  local name=$1 n=$2 msg=$3; shift 3
-  local start=$SECONDS
-  run "$n" "$@" > "$dir/err.log" 2>&1
-  local rc=$? took=$((SECONDS - start))
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 30 ]; then bad "$name: exit code $rc after $took s"; cat "$dir/err.log"; return 1; fi
-  if ! grep -qF -- "$msg" "$dir/err.log"; then bad "$name: message '$msg' missing"; cat "$dir/err.log"; return 1; fi
-  ok "$name ($took s, rc $rc)"
-}
-no_file() { if [ -e "$1" ] || ls "$1".tmp.* > /dev/null 2>&1; then bad "$2: $1 was written"; else ok "$2: nothing written"; fi; }
 
 "$tool" make "$dir" 1 16 2 2 8 || { echo "cannot make inputs"; exit 1; }
 files=(--q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy")

@@ -25,21 +25,39 @@ std::int64_t brute_pairs(const std::vector<std::int64_t>& cu, bool causal, const
   return n;
 }
 
+// Random document lengths below `bound` (0: an empty document) that add up to s.
+std::vector<std::int64_t> random_lengths(std::mt19937& rng, std::int64_t s, std::int64_t bound) {
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t left = s; left > 0;) {
+    const std::int64_t n = std::min<std::int64_t>(left, std::int64_t(rng() % std::uint64_t(bound)));
+    lengths.push_back(n);
+    left -= n;
+  }
+  return lengths;
+}
+
+// A random case on at most 90 tokens: documents shorter than `bound` (none when `plain`), a
+// query chunk and a key chunk.
+struct PairCase {
+  std::vector<std::int64_t> cu;
+  SeqChunk q, k;
+};
+PairCase random_case(std::mt19937& rng, std::int64_t bound, bool plain) {
+  const std::int64_t s = 1 + std::int64_t(rng() % 90);
+  const std::vector<std::int64_t> lengths = random_lengths(rng, s, bound);
+  PairCase c;
+  if (!plain) c.cu = cu_seqlens_of(lengths);
+  const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
+  c.q = {qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))};
+  c.k = {kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+  EXPECT_EQ(cu_seqlens_error(c.cu, s), "");
+  return c;
+}
+
 TEST(Documents, VisiblePairsEqualABruteForceCount) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
-    const std::int64_t s = 1 + std::int64_t(rng() % 90);
-    std::vector<std::int64_t> lengths;
-    for (std::int64_t left = s; left > 0;) {
-      const std::int64_t n = std::min<std::int64_t>(left, std::int64_t(rng() % 12));  // 0: an empty document
-      lengths.push_back(n);
-      left -= n;
-    }
-    const std::vector<std::int64_t> cu = trial % 5 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
-    ASSERT_EQ(cu_seqlens_error(cu, s), "");
-    const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
-    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))},
-        k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    const auto [cu, q, k] = random_case(rng, 12, trial % 5 == 0);
     for (bool causal : {false, true})
       ASSERT_EQ(visible_pairs(cu, causal, q, k), brute_pairs(cu, causal, q, k))
           << "trial " << trial << " causal " << causal << " q " << q.begin << "+" << q.length << " k " << k.begin << "+"
@@ -50,17 +68,7 @@ TEST(Documents, VisiblePairsEqualABruteForceCount) {
 TEST(Documents, WindowedVisiblePairsEqualABruteForceCount) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 400; ++trial) {
-    const std::int64_t s = 1 + std::int64_t(rng() % 90);
-    std::vector<std::int64_t> lengths;
-    for (std::int64_t left = s; left > 0;) {
-      const std::int64_t n = std::min<std::int64_t>(left, std::int64_t(rng() % 40));
-      lengths.push_back(n);
-      left -= n;
-    }
-    const std::vector<std::int64_t> cu = trial % 3 == 0 ? std::vector<std::int64_t>{} : cu_seqlens_of(lengths);
-    const std::int64_t qb = std::int64_t(rng() % std::uint64_t(s)), kb = std::int64_t(rng() % std::uint64_t(s));
-    const SeqChunk q{qb, 1 + std::int64_t(rng() % std::uint64_t(s - qb))},
-        k{kb, 1 + std::int64_t(rng() % std::uint64_t(s - kb))};
+    const auto [cu, q, k] = random_case(rng, 40, trial % 3 == 0);
     auto side = [&] {
       return rng() % 4 == 0 ? std::int64_t(-1) : std::int64_t(rng() % 3 == 0 ? rng() % 3 : rng() % 100);
     };

@@ -1,6 +1,8 @@
-// The output layer's rules (output_file.hpp), the bounded reader (input_file.hpp) and the
-// training log's cut on --resume (train/log.hpp), each against exact bytes on disk.
+// The output layer's rules (output_file.hpp): checked before any work, atomic writes (all or
+// none, the old file kept on a full disk), and the bounded reader (input_file.hpp), each
+// against exact bytes on disk.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -9,13 +11,16 @@
 #include <fstream>
 #include <sstream>
 
-#include "train/log.hpp"
+#include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/input_file.hpp"
 #include "ulysses/output_file.hpp"
 
 using namespace ulysses;
 namespace fs = std::filesystem;
+using test_util::error_of;
+using test_util::scratch;
+using test_util::slurp;
 
 namespace {
 
@@ -196,18 +201,6 @@ TEST_F(OutputFileTest, AppendFileCutsToKeepAndAppends) {
   EXPECT_THROW(AppendFile("--log", path("fifo"), 0), Error);
 }
 
-TEST(TrainLog, ResumeKeepsTheStepsThroughTheCheckpoint) {
-  const std::string log = "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 1}\n{\"step\": 3, \"loss\": 0.5}\n";
-  EXPECT_EQ(train::log_bytes_through_step(log, 2), log.find("{\"step\": 3"));
-  EXPECT_EQ(train::log_bytes_through_step(log, 3), log.size());
-  EXPECT_EQ(train::log_bytes_through_step(log, 0), 0u);
-  EXPECT_EQ(train::log_bytes_through_step(log + "{\"step\": 4, \"lo", 9), log.size());  // a line cut by a kill
-  const std::string repeated = log + "{\"step\": 2, \"loss\": 1}\n";                    // an earlier resume's repeat
-  EXPECT_EQ(train::log_bytes_through_step(repeated, 3), log.size());
-  EXPECT_EQ(train::log_bytes_through_step("garbage\n" + log, 3), 0u);
-  EXPECT_EQ(train::log_bytes_through_step("{\"step\": 12x, \"a\": 1}\n", 20), 0u);
-}
-
 TEST_F(OutputFileTest, ReadsOnlyRegularFilesWithinTheirBound) {
   put(path("text"), "0123456789");
   EXPECT_EQ(read_input_file("--data", path("text"), 10, "the cap"), "0123456789");
@@ -230,6 +223,55 @@ TEST_F(OutputFileTest, ReadsOnlyRegularFilesWithinTheirBound) {
   EXPECT_THROW(check_regular_input("", path("fifo")), Error);
   EXPECT_THROW(read_input_file("--data", path("missing"), 100, "the cap"), Error);
   EXPECT_THROW(read_input_file("--data", dir_.string(), 100, "the cap"), Error);
+}
+
+TEST(AtomicFile, ErrorsNameTheReason) {
+  const std::string e = error_of([] { write_file_atomic("/nonexistent_dir_ulysses/x", "abc"); });
+  EXPECT_NE(e.find("No such file or directory"), std::string::npos) << e;
+  const auto check = [](const std::string& p) { check_outputs({{"--out", p}}); };
+  EXPECT_NE(error_of([&] { check("/nonexistent_dir_ulysses/x"); }).find("cannot write here"), std::string::npos);
+  EXPECT_NE(error_of([&] { check("/tmp"); }).find("is a directory"), std::string::npos);
+  const std::string ok = scratch("writable");
+  EXPECT_EQ(error_of([&] { check(ok); }), "");
+  EXPECT_FALSE(fs::exists(ok));
+}
+
+TEST(AtomicFile, TempFilesOfDeadWritersAreRemoved) {
+  std::int64_t pid_max = 0;  // pid_max + 1 is never a live process
+  std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+  ASSERT_GT(pid_max, 0);
+  const std::string path = scratch("stale.txt");
+  const std::string dead = path + ".tmp." + std::to_string(pid_max + 1), alive = path + ".tmp.1";
+  std::ofstream(dead) << "half";
+  std::ofstream(alive) << "someone else";
+  write_file_atomic(path, "whole");
+  EXPECT_EQ(slurp(path), "whole");
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));  // pid 1 is alive: its writer may still be at work
+  fs::remove(alive);
+}
+
+TEST(AtomicFile, SeveralFilesAreWrittenAllOrNone) {
+  const std::string a = scratch("a.txt"), b = scratch("b.txt");
+  EXPECT_NE(error_of([&] { write_files_atomic({{a, "A"}, {"/nonexistent_dir_ulysses/b", "B"}}); }), "");
+  EXPECT_FALSE(fs::exists(a));
+  EXPECT_FALSE(fs::exists(a + ".tmp." + std::to_string(getpid())));
+  write_files_atomic({{a, "A"}, {b, "B"}});
+  EXPECT_EQ(slurp(a) + slurp(b), "AB");
+}
+
+TEST(AtomicFile, FullDiskKeepsTheOldFileAndNamesErrno) {
+  const std::string dir = scratch("tmpfs");
+  fs::create_directories(dir);
+  if (getuid() != 0 || mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0)
+    GTEST_SKIP() << "cannot mount a 64 KiB tmpfs here (needs root): the full-disk case is not tested";
+  const std::string path = dir + "/out.bin";
+  write_file_atomic(path, "old");
+  const std::string e = error_of([&] { write_file_atomic(path, std::string(1 << 20, 'x')); });
+  EXPECT_NE(e.find(path + ": write failed: No space left on device"), std::string::npos) << e;
+  EXPECT_EQ(slurp(path), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);  // no temp file left
+  umount(dir.c_str());
 }
 
 }  // namespace

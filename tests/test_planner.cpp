@@ -8,12 +8,14 @@
 
 #include "cp/ring_attention.hpp"
 #include "ulysses/comm_volume.hpp"
+#include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 
 using namespace ulysses;
+using test_util::error_of;
 
 namespace {
 
@@ -364,3 +366,33 @@ TEST(PlannerCross, CausalWithoutAnOffsetIsAnInputError) {
   }
   EXPECT_THROW(make_plan(cross(4096, -1, 0, true, 4)), Error);
 }
+
+namespace {
+
+TEST(PlannerBounds, HugeSizesAndRankCountsAreRefused) {
+  PlanInput in;
+  in.seq = 288230376151711744;  // 2^58: s *= 2 used to overflow in the SVG's loop
+  in.heads = in.kv_heads = 8;
+  EXPECT_NE(plan_input_error(in).find("too large to plan"), std::string::npos);
+  EXPECT_THROW(make_plan(in), Error);
+  in.seq = 1024;
+  in.cp = 2000000000;
+  EXPECT_EQ(plan_input_error(in), "cp must be at most 65536, got 2000000000");
+  in.cp = 8;
+  in.heads = in.kv_heads = 2147483647;  // near 2^31: the byte counts fit int64
+  in.head_dim = 128;
+  EXPECT_EQ(plan_input_error(in), "");
+  const Plan p = make_plan(in);
+  for (const PlanRow& r : p.rows)
+    if (r.valid) EXPECT_GT(r.forward_bytes_per_rank, 0) << r.name;
+}
+
+TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
+  EXPECT_EQ(parse_bandwidth("450GB/s"), 450e9);
+  EXPECT_NE(error_of([] { parse_bandwidth("1e308TB/s"); }).find("must be positive and finite"), std::string::npos);
+  EXPECT_THROW(parse_latency("1e-320ns"), Error);  // underflows
+  const std::string e = error_of([] { parse_latency(std::string(5000, '9') + "parsecs"); });
+  EXPECT_LT(e.size(), 300u) << e;  // the text is clipped, not echoed whole
+}
+
+}  // namespace

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "mpi_helpers.hpp"
+#include "train_test_util.hpp"
 #include "train/attention_ops.hpp"
 #include "train/gpt.hpp"
 #include "train/memory.hpp"
@@ -22,6 +23,7 @@
 
 using namespace ulysses;
 using namespace ulysses::train;
+using train_test::small_config;
 
 namespace {
 
@@ -62,19 +64,6 @@ TEST(Gpt, GradientMatchesFiniteDifferencesInFloat64) {
   EXPECT_LT(worst, 1e-8);
 }
 
-TrainConfig small_config(const CpConfig& cp) {
-  TrainConfig t;
-  t.model = GptConfig{256, 2, 32, 4, 2, 8, 64};
-  t.cp = cp;
-  t.batch = 2;
-  t.seq = 96;
-  t.steps = 20;
-  t.warmup = 5;
-  t.lr = 1e-2f;
-  t.seed = 3;
-  return t;
-}
-
 std::vector<CpConfig> strategies(int cp) {
   std::vector<CpConfig> out{{"a2a", {}, true, std::nullopt},
                             {"p2p", {}, true, std::nullopt},
@@ -111,20 +100,31 @@ std::vector<float> one_rank_gradients(const TrainConfig& config) {
   return one.gradients();
 }
 
+// The losses of 20 steps of one rank training `config` on `data` alone.
+std::vector<double> one_rank_losses(const TrainConfig& config, DataSource data) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  Trainer one(self, config, std::move(data));
+  std::vector<double> out;
+  for (int i = 0; i < 20; ++i) out.push_back(one.step().loss);
+  return out;
+}
+
+// The largest relative difference of the next ref.size() losses of `run` from `ref`.
+double worst_loss_difference(Trainer& run, const std::vector<double>& ref) {
+  double worst = 0;
+  for (double want : ref) worst = std::max(worst, std::abs(run.step().loss - want) / want);
+  return worst;
+}
+
 TEST(Training, EveryStrategyMatchesOneRankStepByStep) {
   MpiCommunicator world;
-  MpiCommunicator self(MPI_COMM_SELF);
-  Trainer one(self, small_config({}), DataSource::synthetic());
-  std::vector<double> ref;
-  for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
+  const std::vector<double> ref = one_rank_losses(small_config({}), DataSource::synthetic());
   const std::vector<float> g1 = one_rank_gradients(small_config({}));
   for (const CpConfig& cp : strategies(world.size())) {
     SCOPED_TRACE(cp.cp_comm_type + " on " + std::to_string(world.size()) + " ranks");
     EXPECT_LT(gradient_distance(world, small_config(cp), g1), 1e-5) << "weight gradients differ from cp = 1";
     Trainer run(world, small_config(cp), DataSource::synthetic());
-    double worst = 0;
-    for (int i = 0; i < 20; ++i)
-      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    const double worst = worst_loss_difference(run, ref);
     EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
   }
 }
@@ -220,21 +220,16 @@ TEST(Training, PackedDocumentsTrainLikeOneRank) {
   // Per-document masks and RoPE positions: every strategy at cp ranks gives the losses of one
   // rank, step by step, on 20 steps of packed documents (other documents every step).
   MpiCommunicator world;
-  MpiCommunicator self(MPI_COMM_SELF);
   const std::string path = documents_file(world);
   TrainConfig c = small_config({});
   c.batch = 1;
   c.seq = 160;
-  Trainer one(self, c, DataSource::packed_documents(path, "\n"));
-  std::vector<double> ref;
-  for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
+  const std::vector<double> ref = one_rank_losses(c, DataSource::packed_documents(path, "\n"));
   for (const CpConfig& cp : strategies(world.size())) {
     SCOPED_TRACE(cp.cp_comm_type + " on " + std::to_string(world.size()) + " ranks");
     c.cp = cp;
     Trainer run(world, c, DataSource::packed_documents(path, "\n"));
-    double worst = 0;
-    for (int i = 0; i < 20; ++i)
-      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    const double worst = worst_loss_difference(run, ref);
     EXPECT_LT(worst, 1e-5) << "loss differs from cp = 1";
   }
   c.batch = 2;
@@ -449,16 +444,11 @@ TrainConfig bf16_config(const CpConfig& cp) {
 
 TEST(TrainingBf16, EveryStrategyFollowsOneRankBf16) {
   MpiCommunicator world;
-  MpiCommunicator self(MPI_COMM_SELF);
-  Trainer one(self, bf16_config({}), DataSource::synthetic());
-  std::vector<double> ref;
-  for (int i = 0; i < 20; ++i) ref.push_back(one.step().loss);
+  const std::vector<double> ref = one_rank_losses(bf16_config({}), DataSource::synthetic());
   for (const CpConfig& cp : strategies(world.size())) {
     SCOPED_TRACE(cp.cp_comm_type + " on " + std::to_string(world.size()) + " ranks");
     Trainer run(world, bf16_config(cp), DataSource::synthetic());
-    double worst = 0;
-    for (int i = 0; i < 20; ++i)
-      worst = std::max(worst, std::abs(run.step().loss - ref[std::size_t(i)]) / ref[std::size_t(i)]);
+    const double worst = worst_loss_difference(run, ref);
     // Measured: 1e-4 to 2.4e-4 at cp = 2 and 3 (the merges and reductions round in another order).
     EXPECT_LT(worst, 2e-3) << "bf16 loss differs from bf16 at cp = 1 by more than bf16 rounding";
   }

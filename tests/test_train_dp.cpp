@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "mpi_helpers.hpp"
+#include "train_test_util.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/lengths.hpp"
@@ -24,14 +25,12 @@ namespace {
 
 constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic};
 
+// The small model on batches of 4, a few steps of the default 300-step schedule.
 TrainConfig tiny(const std::string& strategy) {
-  TrainConfig t;
-  t.model = GptConfig{256, 2, 32, 4, 2, 8, 64};
-  t.cp = {strategy, {}, true, std::nullopt};
+  TrainConfig t = train_test::small_config({strategy, {}, true, std::nullopt});
   t.batch = 4;
-  t.seq = 96;
+  t.steps = 300;
   t.warmup = 2;
-  t.lr = 1e-2f;
   t.seed = 5;
   return t;
 }

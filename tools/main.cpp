@@ -8,10 +8,8 @@
 #include <string>
 
 #include "agreement.hpp"
-#include "attention_command.hpp"
-#include "plan_command.hpp"
+#include "commands.hpp"
 #include "rank_errors.hpp"
-#include "train_command.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/version.hpp"
@@ -23,13 +21,8 @@ int main(int argc, char** argv) {
       "ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
       "Run under mpirun; every rank holds s/cp tokens of every sequence."};
   app.set_version_flag("--version", std::string("ulysses ") + ulysses::version());
-  app.require_subcommand(1);
-  ulysses::cli::AttentionOptions attention;
-  ulysses::cli::add_attention_command(app, attention);
-  ulysses::cli::TrainOptions train;
-  ulysses::cli::add_train_command(app, train);
-  ulysses::cli::PlanOptions plan;
-  ulysses::cli::add_plan_command(app, plan);
+  ulysses::cli::Commands commands;
+  ulysses::cli::add_commands(app, commands);
 
   // ULYSSES_PRINT_OPTIONS=<subcommand>: its options, one a line (for the divergence test).
   if (const char* name = std::getenv("ULYSSES_PRINT_OPTIONS")) {
@@ -54,9 +47,9 @@ int main(int argc, char** argv) {
     ulysses::cli::agree_parse_outcome(world, parse_error);
     if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
     ulysses::cli::agree_command_line(world, *app.get_subcommands().front());
-    if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(attention);
-    if (app.got_subcommand("train")) code = ulysses::cli::run_train(train);
-    if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(plan);
+    if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(commands.attention);
+    if (app.got_subcommand("train")) code = ulysses::cli::run_train(commands.train);
+    if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(commands.plan);
   } catch (const CLI::ParseError& e) {
     // Every rank's parse failed alike (agreed above), so every rank stops here; one prints.
     if (rank == 0)

@@ -108,27 +108,35 @@ void store_row(const TensorView& v, std::int64_t b, std::int64_t s, std::int64_t
   }
 }
 
-void copy(const TensorView& src, const TensorView& dst) {
-  if (!(src.shape == dst.shape))
-    throw Error(fmt::format("copy: shapes differ, {} vs {}", src.shape.str(), dst.shape.str()));
-  const Shape& sh = src.shape;
-  const bool same = src.dtype == dst.dtype;
-  const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(src.dtype);
+namespace {
+// f(b, s, h, row) for every row of `sh`, in parallel; `row` is a per-thread scratch of d floats.
+template <class F>
+void parallel_rows(const Shape& sh, F f) {
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<std::size_t>(sh.d));
 #pragma omp for collapse(2) schedule(static)
     for (std::int64_t b = 0; b < sh.b; ++b)
       for (std::int64_t s = 0; s < sh.s; ++s)
-        for (std::int64_t h = 0; h < sh.h; ++h) {
-          if (same) {
-            std::memcpy(dst.row(b, s, h), src.row(b, s, h), row_bytes);
-          } else {
-            load_row(src, b, s, h, row.data());
-            store_row(dst, b, s, h, row.data());
-          }
-        }
+        for (std::int64_t h = 0; h < sh.h; ++h) f(b, s, h, row.data());
   }
+}
+}  // namespace
+
+void copy(const TensorView& src, const TensorView& dst) {
+  if (!(src.shape == dst.shape))
+    throw Error(fmt::format("copy: shapes differ, {} vs {}", src.shape.str(), dst.shape.str()));
+  const Shape& sh = src.shape;
+  const bool same = src.dtype == dst.dtype;
+  const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(src.dtype);
+  parallel_rows(sh, [&](std::int64_t b, std::int64_t s, std::int64_t h, float* row) {
+    if (same) {
+      std::memcpy(dst.row(b, s, h), src.row(b, s, h), row_bytes);
+    } else {
+      load_row(src, b, s, h, row);
+      store_row(dst, b, s, h, row);
+    }
+  });
 }
 
 namespace {
@@ -141,23 +149,15 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 }  // namespace
 
 void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset) {
-  const Shape& sh = view.shape;
-#pragma omp parallel
-  {
-    std::vector<float> row(static_cast<std::size_t>(sh.d));
-#pragma omp for collapse(2) schedule(static)
-    for (std::int64_t b = 0; b < sh.b; ++b)
-      for (std::int64_t s = 0; s < sh.s; ++s)
-        for (std::int64_t h = 0; h < sh.h; ++h) {
-          std::uint64_t base =
-              mix(mix(mix(mix(seed) ^ std::uint64_t(b)) ^ std::uint64_t(s + s_offset)) ^ std::uint64_t(h));
-          for (std::int64_t d = 0; d < sh.d; ++d) {
-            std::uint64_t r = mix(base ^ std::uint64_t(d));
-            row[std::size_t(d)] = float(double(r >> 40) / double(1ull << 24) * 2.0 - 1.0);
-          }
-          store_row(view, b, s, h, row.data());
-        }
-  }
+  parallel_rows(view.shape, [&](std::int64_t b, std::int64_t s, std::int64_t h, float* row) {
+    const std::uint64_t base =
+        mix(mix(mix(mix(seed) ^ std::uint64_t(b)) ^ std::uint64_t(s + s_offset)) ^ std::uint64_t(h));
+    for (std::int64_t d = 0; d < view.shape.d; ++d) {
+      const std::uint64_t r = mix(base ^ std::uint64_t(d));
+      row[d] = float(double(r >> 40) / double(1ull << 24) * 2.0 - 1.0);
+    }
+    store_row(view, b, s, h, row);
+  });
 }
 
 std::string nonfinite_error(const char* name, const TensorView& v) {

@@ -43,22 +43,14 @@
 #include <utility>
 
 #include "amx_tiles.hpp"
+#include "bf16_lanes.hpp"
 #include "engines.hpp"
 #include "ulysses/bf16.hpp"
-
-#ifndef ULYSSES_KERNEL_NS
-#define ULYSSES_KERNEL_NS native
-#endif
 
 namespace ulysses::kernels::ULYSSES_KERNEL_NS {
 
 namespace {
 
-using i64 = std::int64_t;
-using bf16 = std::uint16_t;
-using u32 = std::uint32_t;
-
-typedef u32 v16u __attribute__((vector_size(64)));
 typedef bf16 v16h __attribute__((vector_size(32)));
 
 constexpr i64 kTile = 16;         // rows of every tile, and f32 columns of a C tile
@@ -233,53 +225,12 @@ inline void c_write(int t, const CWindow& w) {
     }
 }
 
-// ---- scratch --------------------------------------------------------------------------
-
-// Per-thread, 64-byte aligned (tile rows = cache lines), grown on demand and never shrunk.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() { ::operator delete(data_, kAlign); }
-
-  template <class T>
-  T* get(i64 count) {
-    const std::size_t bytes = std::size_t(count) * sizeof(T);
-    if (bytes > size_) {
-      ::operator delete(data_, kAlign);
-      data_ = nullptr;
-      size_ = round_up(i64(bytes), 64 << 10);
-      data_ = ::operator new(size_, kAlign);
-    }
-    return static_cast<T*>(data_);
-  }
-
- private:
-  static constexpr std::align_val_t kAlign{64};
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
-};
+// ---- scratch (Scratch: bf16_lanes.hpp; 64-byte aligned, so tile rows are cache lines) ----
 
 thread_local Scratch a_scratch;  // the A operand of the current call (Q, P or Pᵀ as bf16)
 thread_local Scratch b_scratch;  // pt_b's B in VNNI pairs
 
 // ---- bf16 conversion and pair packing -----------------------------------------------
-
-inline v16u load16(const void* p) {
-  v16u x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-inline void store16(void* p, v16u x) { std::memcpy(p, &x, sizeof x); }
-
-// float32 bits → the bf16 of them in the top 16 bits of each lane: round to nearest even,
-// NaN stays a (quiet) NaN. ulysses::float_to_bf16, 16 lanes at a time.
-inline v16u round_to_bf16_high(v16u u) {
-  const v16u rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const v16u quiet_nan = u | 0x00400000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-}
 
 // bf16 pairs (lo, hi) of two float32 rows, 16 lanes: the VNNI word of rows 2t and 2t + 1.
 inline v16u pair_rounded(const float* lo, const float* hi) {

@@ -50,25 +50,18 @@
 #include <type_traits>
 #include <utility>
 
+#include "bf16_lanes.hpp"
 #include "engines.hpp"
-
-#ifndef ULYSSES_KERNEL_NS
-#define ULYSSES_KERNEL_NS native
-#endif
 
 namespace ulysses::kernels::ULYSSES_KERNEL_NS {
 
 namespace {
 
-using i64 = std::int64_t;
-using u32 = std::uint32_t;
-using bf16 = std::uint16_t;
-
 constexpr int W = 16, NV = 4, MR = 6, NR = NV * W;
 static_assert(kKeyAlign % NR == 0, "score panels of NR keys must tile the key blocks");
 
 typedef float vf __attribute__((vector_size(64)));
-typedef u32 vu __attribute__((vector_size(64)));
+using vu = v16u;
 typedef bf16 vh __attribute__((vector_size(32)));
 
 inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
@@ -82,12 +75,6 @@ inline vf loadf(const float* p) {
   return r;
 }
 inline void storef(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-inline vu loadu(const void* p) {
-  vu r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
-inline void storeu(void* p, vu x) { std::memcpy(p, &x, sizeof x); }
 
 template <std::size_t... I>
 inline vu splat_lanes(u32 x, std::index_sequence<I...>) {
@@ -117,15 +104,8 @@ inline vf dpbf16(vf acc, vu a, vu b) {
 
 // ---- bf16 rounding ------------------------------------------------------------------
 
-// float32 bits → the bf16 of them in the top 16 bits of each lane: round to nearest even,
-// NaN stays a (quiet) NaN.
-inline vu round_to_bf16_high(vu u) {
-  const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const vu quiet_nan = u | 0x00400000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-}
-
-// The same for one float (ulysses::float_to_bf16, kept local: no weak symbol here).
+// round_to_bf16_high (bf16_lanes.hpp) for one float (ulysses::float_to_bf16, kept local: no
+// weak symbol here).
 inline bf16 round_to_bf16(float f) {
   u32 u;
   std::memcpy(&u, &f, 4);
@@ -144,7 +124,7 @@ template <int R, int NB>
   for (i64 t = 0; t < pairs; ++t) {
     vu bv[NB];
 #pragma GCC unroll 4
-    for (int v = 0; v < NB; ++v) bv[v] = loadu(b + t * ldb + v * W);
+    for (int v = 0; v < NB; ++v) bv[v] = load16(b + t * ldb + v * W);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const vu x = broadcast_pair(a + r * a_rs + t * a_ts);
@@ -222,33 +202,7 @@ void scores_block(i64 pairs, const bf16* a, i64 lda, const u32* panel, float* s,
   }
 }
 
-// ---- scratch ----------------------------------------------------------------------------
-
-// Per-thread, 64-byte aligned, grown on demand and never shrunk.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() { ::operator delete(data_, kAlign); }
-
-  template <class T>
-  T* get(i64 count) {
-    const std::size_t bytes = std::size_t(count) * sizeof(T);
-    if (bytes > size_) {
-      ::operator delete(data_, kAlign);
-      data_ = nullptr;
-      size_ = std::size_t(round_up(i64(bytes), 64 << 10));
-      data_ = ::operator new(size_, kAlign);
-    }
-    return static_cast<T*>(data_);
-  }
-
- private:
-  static constexpr std::align_val_t kAlign{64};
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
-};
+// ---- scratch (Scratch: bf16_lanes.hpp) ---------------------------------------------------
 
 thread_local Scratch a_scratch;  // the A operand of the current call (Q, P or Pᵀ as bf16)
 thread_local Scratch b_scratch;  // pt_b's B in pairs
@@ -263,7 +217,7 @@ void pair_rows(const bf16* lo, const bf16* hi, i64 cols, i64 width, u32* out) {
       vh x, y;
       std::memcpy(&x, lo + c, sizeof x);
       std::memcpy(&y, hi + c, sizeof y);
-      storeu(out + c, __builtin_convertvector(x, vu) | (__builtin_convertvector(y, vu) << 16));
+      store16(out + c, __builtin_convertvector(x, vu) | (__builtin_convertvector(y, vu) << 16));
     }
   }
   if (lo || hi)
@@ -276,10 +230,10 @@ void pair_rows_rounded(const float* lo, const float* hi, i64 cols, u32* out) {
   i64 j = 0;
   if (hi) {
     for (; j + W <= cols; j += W)
-      storeu(out + j, (round_to_bf16_high(loadu(lo + j)) >> 16) | (round_to_bf16_high(loadu(hi + j)) & 0xffff0000u));
+      store16(out + j, (round_to_bf16_high(load16(lo + j)) >> 16) | (round_to_bf16_high(load16(hi + j)) & 0xffff0000u));
     for (; j < cols; ++j) out[j] = u32(round_to_bf16(lo[j])) | u32(round_to_bf16(hi[j])) << 16;
   } else {
-    for (; j + W <= cols; j += W) storeu(out + j, round_to_bf16_high(loadu(lo + j)) >> 16);
+    for (; j + W <= cols; j += W) store16(out + j, round_to_bf16_high(load16(lo + j)) >> 16);
     for (; j < cols; ++j) out[j] = round_to_bf16(lo[j]);
   }
 }
@@ -288,7 +242,7 @@ void pair_rows_rounded(const float* lo, const float* hi, i64 cols, u32* out) {
 void round_row(const float* src, i64 cols, i64 width, bf16* out) {
   i64 j = 0;
   for (; j + W <= cols; j += W) {
-    const vh h = __builtin_convertvector(round_to_bf16_high(loadu(src + j)) >> 16, vh);
+    const vh h = __builtin_convertvector(round_to_bf16_high(load16(src + j)) >> 16, vh);
     std::memcpy(out + j, &h, sizeof h);
   }
   for (; j < cols; ++j) out[j] = round_to_bf16(src[j]);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "engines.hpp"
+#include "exp_poly.hpp"
 
 namespace ulysses::kernels::native {
 
@@ -24,11 +25,13 @@ std::int64_t packed_bytes(std::int64_t n, std::int64_t d) {
 }
 std::int64_t packed_offset(std::int64_t j0, std::int64_t d) { return j0 * d * 4; }
 
-// Both images are dense rows [n][d] (BLAS takes Kᵀ by a transpose flag).
+// Both images are dense rows [n][d] (BLAS takes Kᵀ by a transpose flag), the padding rows
+// up to the next kKeyAlign zero as the contract says.
 void pack_rows(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, void* packed) {
   const float* src = static_cast<const float*>(rows);
   float* dst = static_cast<float*>(packed);
   for (std::int64_t j = 0; j < n; ++j) std::memcpy(dst + j * d, src + j * ld, std::size_t(d) * 4);
+  std::memset(dst + n * d, 0, std::size_t(packed_bytes(n, d) - n * d * 4));
 }
 
 void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* a, std::int64_t lda, const void* bt, float* s,
@@ -53,13 +56,7 @@ float exp_one(float x) {
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + (r + 1.0f);
+  const float p = exp_poly(r);
   const std::int32_t bits = (std::int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);

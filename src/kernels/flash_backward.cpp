@@ -30,12 +30,7 @@ namespace ulysses {
 void flash_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                               const TensorView& lse, const AttentionParams& params) {
-  check_attention_shapes(q, k, v, out);
-  check_lse(lse, q);
-  check_offsets(params, q, k);
-  check_documents(params, q, k);
-  check_window(params);
-  check_scale(params);
+  check_attention_call(q, k, v, out, lse, params);
   if (!(dk.shape == k.shape) || !(dv.shape == k.shape) || !(dout.shape == q.shape) || !(dq.shape == q.shape))
     throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
   kernels::flash_backward(kernels::active_level(), dq, dk, dv, dout, q, k, v, out, static_cast<const float*>(lse.data),

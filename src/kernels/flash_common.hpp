@@ -12,8 +12,11 @@
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
-// Throws Error unless `lse` is the dense float32 [b, sq, h, 1] bhsd tensor for q.
-void check_lse(const TensorView& lse, const TensorView& q);
+// Every check of a flash forward or backward call, before any work: the shapes, `lse` the
+// dense float32 [b, sq, h, 1] bhsd tensor for q, the offsets, documents, window and scale.
+// Throws Error naming the first that fails.
+void check_attention_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const TensorView& lse, const AttentionParams& params);
 }  // namespace ulysses
 
 namespace ulysses::kernels {

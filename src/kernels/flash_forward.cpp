@@ -69,6 +69,7 @@ std::string kernel_engine(DType dtype) {
   return std::string(l.f32->name) + " (" + to_string(dtype) + " converted)";
 }
 
+namespace {
 void check_lse(const TensorView& lse, const TensorView& q) {
   const Shape want{q.shape.b, q.shape.s, q.shape.h, 1};
   if (lse.dtype != DType::f32 || !(lse.shape == want) || !lse.is_dense(Layout::bhsd) || lse.device != q.device ||
@@ -78,6 +79,7 @@ void check_lse(const TensorView& lse, const TensorView& q) {
                     "got {} {}",
                     want.str(), to_string(lse.dtype), lse.shape.str()));
 }
+}  // namespace
 
 void check_documents(const AttentionParams& params, const TensorView& q, const TensorView& k) {
   if (params.cu_seqlens.empty()) return;
@@ -111,14 +113,19 @@ void check_scale(const AttentionParams& params) {
         fmt::format("attention: scale must be finite and > 0 (unset: 1/sqrt(head_dim)), got {}", *params.scale));
 }
 
-void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
-                             const TensorView& v, const AttentionParams& params) {
+void check_attention_call(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                          const TensorView& lse, const AttentionParams& params) {
   check_attention_shapes(q, k, v, out);
   check_lse(lse, q);
   check_offsets(params, q, k);
   check_documents(params, q, k);
   check_window(params);
   check_scale(params);
+}
+
+void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                             const TensorView& v, const AttentionParams& params) {
+  check_attention_call(q, k, v, out, lse, params);
   kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "engines.hpp"
+#include "exp_poly.hpp"
 
 namespace ulysses::kernels::ULYSSES_KERNEL_NS {
 
@@ -224,13 +225,7 @@ inline vf vexp(vf x) {
   const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + (r + 1.0f);
+  const vf p = exp_poly(r);
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   return (vf)((vi)(p * (vf)bits) & valid);
 }

@@ -12,11 +12,9 @@
 #include <vector>
 
 #include "agreement.hpp"
-#include "attention_command.hpp"
+#include "commands.hpp"
 #include "options.hpp"
-#include "plan_command.hpp"
 #include "train/memory.hpp"
-#include "train_command.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/tensor.hpp"
 
@@ -36,9 +34,11 @@ std::vector<std::string> words_of(const std::uint8_t* data, std::size_t size) {
 }
 
 // What the commands do with the values before any collective (their value parsers).
-void parse_values(const CLI::App& app, const ulysses::cli::AttentionOptions& a, const ulysses::cli::TrainOptions& t,
-                  const ulysses::cli::PlanOptions& p) {
+void parse_values(const CLI::App& app, const ulysses::cli::Commands& c) {
   using namespace ulysses;
+  const cli::AttentionOptions& a = c.attention;
+  const cli::TrainOptions& t = c.train;
+  const cli::PlanOptions& p = c.plan;
   if (app.got_subcommand("attention")) {
     cli::parse_strategy(a.strategy, a.cp_sizes, 4);
     parse_dtype(a.dtype);
@@ -67,18 +67,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<char*> argv;
   for (std::string& w : words) argv.push_back(w.data());
   CLI::App app{"ulysses"};
-  app.require_subcommand(1);
-  ulysses::cli::AttentionOptions attention;
-  ulysses::cli::add_attention_command(app, attention);
-  ulysses::cli::TrainOptions train;
-  ulysses::cli::add_train_command(app, train);
-  ulysses::cli::PlanOptions plan;
-  ulysses::cli::add_plan_command(app, plan);
+  ulysses::cli::Commands commands;
+  ulysses::cli::add_commands(app, commands);
   try {
     app.parse(int(argv.size()), argv.data());
     for (const ulysses::cli::OptionValue& v : ulysses::cli::option_values(*app.get_subcommands().front()))
       if (v.name.empty()) __builtin_trap();  // every option contributes a named line
-    parse_values(app, attention, train, plan);
+    parse_values(app, commands);
   } catch (const CLI::ParseError&) {
   } catch (const ulysses::Error&) {
   }

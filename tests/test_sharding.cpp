@@ -1,6 +1,5 @@
-// The LSE merge (split keys in two, attend to each half, merge: equals attending to all) and
-// the sharding helpers (zigzag as in Megatron/TE, uneven token and head splits, shard/unshard
-// round trips).
+// The sharding helpers (sharding.hpp): zigzag as in Megatron/TE, uneven token and head splits,
+// shard/unshard round trips, and rank counts near int's range.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,69 +7,15 @@
 #include <cstring>
 #include <limits>
 
-#include "cp/merge.hpp"
-#include "ulysses/attention.hpp"
+#include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 
 using namespace ulysses;
+using test_util::error_of;
 
 namespace {
-
-TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
-  const std::int64_t b = 2, s = 40, h = 3, d = 16, sk = 90;
-  Tensor q({b, s, h, d}), k({b, sk, h, d}), v({b, sk, h, d});
-  fill_uniform(q.view(), 1);
-  fill_uniform(k.view(), 2);
-  fill_uniform(v.view(), 3);
-  for (std::optional<float> scale :
-       {std::optional<float>(), std::optional<float>(30.0f)}) {  // 30: large logits, where a naive merge overflows
-    // Queries at positions 50..89 against keys 0..89, causal; split the keys at 37.
-    AttentionParams all{true, scale, 50, 0};
-    Tensor o_all({b, s, h, d});
-    std::vector<float> lse_all(std::size_t(b * h * s));
-    flash_attention_forward(o_all.view(), TensorView::dense(lse_all.data(), DType::f32, {b, s, h, 1}, Layout::bhsd),
-                            q.view(), k.view(), v.view(), all);
-    auto part = [&](std::int64_t k0, std::int64_t n, Tensor& o, std::vector<float>& lse) {
-      TensorView kk = k.view(), vv = v.view();
-      kk.data = k.view().row(0, k0, 0);
-      vv.data = v.view().row(0, k0, 0);
-      kk.shape.s = vv.shape.s = n;
-      const TensorView l = TensorView::dense(lse.data(), DType::f32, {b, s, h, 1}, Layout::bhsd);
-      flash_attention_forward(o.view(), l, q.view(), kk, vv, {true, scale, 50, k0});
-    };
-    Tensor o1({b, s, h, d}), o2({b, s, h, d});
-    std::vector<float> l1(lse_all.size()), l2(lse_all.size());
-    part(0, 37, o1, l1);
-    part(37, sk - 37, o2, l2);  // rows before position 37 see none of these keys: lse -inf
-    merge_attention(o1.view(), l1.data(), o2.view(), l2.data());
-    double worst = 0;
-    for (std::int64_t i = 0; i < o_all.shape().numel(); ++i)
-      worst = std::max(worst, double(std::abs(o1.f32()[i] - o_all.f32()[i])));
-    EXPECT_LT(worst, 1e-5) << "scale " << scale.value_or(0.0f);
-    for (std::size_t i = 0; i < l1.size(); ++i)
-      EXPECT_NEAR(l1[i], lse_all[i], 1e-4 * std::max(1.0f, std::abs(lse_all[i])));
-  }
-}
-
-TEST(Merge, EmptyRowsStayEmptyAndNeverNaN) {
-  const float inf = std::numeric_limits<float>::infinity();
-  Tensor acc({1, 3, 1, 2}), part({1, 3, 1, 2});
-  float* a = acc.f32();
-  float* p = part.f32();
-  for (int i = 0; i < 6; ++i) p[i] = float(i + 1);
-  std::vector<float> la = {-inf, -inf, 2.0f}, lp = {-inf, 1.0f, -inf};
-  a[4] = 7.0f;
-  a[5] = 8.0f;
-  merge_attention(acc.view(), la.data(), part.view(), lp.data());
-  EXPECT_EQ(la[0], -inf);  // both empty
-  EXPECT_EQ(a[0], 0.0f);
-  EXPECT_EQ(la[1], 1.0f);  // first contribution is taken as is
-  EXPECT_EQ(a[2], 3.0f);
-  EXPECT_EQ(la[2], 2.0f);  // an empty part changes nothing
-  EXPECT_EQ(a[4], 7.0f);
-}
 
 TEST(Sharding, ZigzagMatchesMegatronAndTE) {
   const CpConfig ring{"p2p", {}, true, std::nullopt};
@@ -166,6 +111,20 @@ TEST(Sharding, ShardThenUnshardIsTheIdentity) {
     unshard_sequence(local.view(), back.view(), chunks);
   }
   EXPECT_EQ(std::memcmp(global.data(), back.data(), global.nbytes()), 0);
+}
+
+TEST(ShardingBounds, ZigzagAtTwoBillionRanksDoesNotWrap) {
+  const CpConfig ring{"p2p", {}, true, std::nullopt};
+  const int cp = 1500000000;  // 2 * cp overflows int
+  const std::int64_t seq = 6000000000;
+  const auto c = rank_chunks(ring, cp, cp - 1, seq);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].begin, 2 * std::int64_t(cp - 1));
+  EXPECT_EQ(c[1].begin, 2 * std::int64_t(cp));
+  EXPECT_EQ(c[0].length + c[1].length, 4);
+  EXPECT_EQ(tokens_held(ring, cp, 0, cp, seq), seq);
+  EXPECT_NE(error_of([&] { rank_chunks(ring, cp, 0, 5); }).find("must be at least 2*cp (3000000000)"),
+            std::string::npos);
 }
 
 }  // namespace
