@@ -1,0 +1,648 @@
+// The local backend of Communicator: ranks as threads sharing memory. Every collective is one
+// exchange (an all-to-all of byte blocks: all-gather, gather, broadcast and barrier are
+// all-to-alls with some blocks empty), a reduction or a split; each rank's thread copies or
+// reduces what it receives itself, from the other ranks' published buffers.
+#include "ulysses/local_communicator.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ulysses/error.hpp"
+#include "ulysses/threads.hpp"
+
+namespace ulysses {
+
+namespace local {
+
+// One epoch for every local communicator of the process, so that their times compare.
+const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock::now();
+
+// What every group split from one run_local shares: whether it failed. A failed world
+// releases every wait of every group in it.
+class World {
+ public:
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The first failure wins; the world rank it names is the one run_local rethrows for.
+  void fail(int world_rank, const std::string& why) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) return;
+    origin_ = world_rank;
+    why_ = why;
+    failed_.store(true, std::memory_order_release);
+  }
+  int origin() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return origin_;
+  }
+  std::string why() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return fmt::format("rank {} of the local world failed: {}", origin_, why_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  int origin_ = -1;
+  std::string why_;
+};
+
+enum class Kind { exchange, allreduce, reduce_scatter, split };
+
+// One rank's share of a collective: its buffers and sizes, which the other ranks read while
+// the collective is in progress.
+struct Part {
+  Kind kind = Kind::exchange;
+  const char* call = "";  // "alltoallv", "allgather", ... (for messages)
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<std::size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;  // exchange (size() each)
+  std::vector<std::byte> input;                                                  // allreduce: a copy
+  std::size_t n = 0;                                                             // allreduce elements
+  ScalarType type = ScalarType::f32;
+  ReduceOp op = ReduceOp::sum;
+  std::vector<std::size_t> counts;  // reduce_scatter: floats per rank
+  int color = 0, key = 0;           // split
+  std::shared_ptr<Group>* child = nullptr;
+  int* child_rank = nullptr;
+};
+
+// One collective in progress: every rank's part, and who has read what it receives. A rank's
+// buffers stay valid until every rank has read them (done == size).
+struct Op {
+  std::mutex mu;
+  std::vector<Part> parts;
+  std::vector<char> arrived_from, pulled_by;
+  int arrived = 0, done = 0, readers = 0;
+  bool cancelled = false;                          // a rank left early: nobody starts reading
+  std::map<int, std::shared_ptr<Group>> children;  // split: the new group of each color
+};
+
+// A posted send or receive that has not met its partner yet.
+struct P2pState {
+  std::atomic<bool> done{false};
+  std::string error;  // set before done
+};
+struct Pending {
+  int src, tag;
+  void* data;  // the receive buffer, or the send buffer (never written)
+  std::size_t bytes;
+  std::shared_ptr<P2pState> state;
+};
+struct Mailbox {
+  std::mutex mu;
+  std::deque<Pending> sends, recvs;  // to this rank, in posting order
+};
+
+class Group {
+ public:
+  Group(std::shared_ptr<World> w, std::vector<int> world_ranks)
+      : world(std::move(w)), world_rank(std::move(world_ranks)), boxes(world_rank.size()) {}
+  int size() const { return int(world_rank.size()); }
+  // The collective with this sequence number, made by the first rank to get there.
+  std::shared_ptr<Op> op(std::uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(mu);
+    std::shared_ptr<Op>& o = ops[seq];
+    if (!o) {
+      o = std::make_shared<Op>();
+      o->parts.resize(std::size_t(size()));
+      o->arrived_from.assign(std::size_t(size()), 0);
+      o->pulled_by.assign(std::size_t(size()), 0);
+    }
+    return o;
+  }
+  void retire(std::uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(mu);
+    ops.erase(seq);
+  }
+  std::string me(int rank) const {
+    const int w = world_rank[std::size_t(rank)];
+    if (w == rank) return fmt::format("local rank {} of {}", rank, size());
+    return fmt::format("local rank {} of {} (world rank {})", rank, size(), w);
+  }
+  std::string name() const {
+    std::string list;
+    for (int w : world_rank) list += fmt::format("{}{}", list.empty() ? "" : ",", w);
+    return fmt::format("the local group of {} ranks (world ranks {})", size(), list);
+  }
+
+  const std::shared_ptr<World> world;
+  const std::vector<int> world_rank;  // of each member
+  std::vector<Mailbox> boxes;         // one per destination
+
+ private:
+  std::mutex mu;
+  std::map<std::uint64_t, std::shared_ptr<Op>> ops;
+};
+
+}  // namespace local
+
+namespace {
+
+using local::Group;
+using local::Kind;
+using local::Op;
+using local::Part;
+
+// ---- what a rank does with the others' parts ---------------------------------------------
+
+std::string check_exchange(const std::vector<Part>& parts, int me) {
+  const Part& mine = parts[std::size_t(me)];
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    const std::size_t sent = parts[j].send_bytes[std::size_t(me)];
+    if (sent != mine.recv_bytes[j])
+      return fmt::format("{}: rank {} sends {} bytes to rank {}, which expects {}", mine.call, j, sent, me,
+                         mine.recv_bytes[j]);
+  }
+  return "";
+}
+
+std::string pull_exchange(const std::vector<Part>& parts, int me) {
+  if (std::string e = check_exchange(parts, me); !e.empty()) return e;
+  const Part& mine = parts[std::size_t(me)];
+  for (std::size_t j = 0; j < parts.size(); ++j)
+    if (mine.recv_bytes[j] > 0)
+      std::memcpy(static_cast<std::byte*>(mine.recv) + mine.recv_offsets[j],
+                  static_cast<const std::byte*>(parts[j].send) + parts[j].send_offsets[std::size_t(me)],
+                  mine.recv_bytes[j]);
+  return "";
+}
+
+template <class T>
+T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return a + b;
+    case ReduceOp::min: return std::min(a, b);
+    case ReduceOp::max: return std::max(a, b);
+  }
+  return a;
+}
+
+// out[i] = part 0's element i combined with part 1's, then part 2's, ...: in rank order, so
+// the same on every rank and every run.
+template <class T>
+void reduce_in_rank_order(const std::vector<Part>& parts, T* out, std::size_t n, ReduceOp op) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T acc = reinterpret_cast<const T*>(parts[0].input.data())[i];
+    for (std::size_t j = 1; j < parts.size(); ++j) acc = combine(acc, reinterpret_cast<const T*>(parts[j].input.data())[i], op);
+    out[i] = acc;
+  }
+}
+
+std::string pull_allreduce(const std::vector<Part>& parts, int me) {
+  const Part& mine = parts[std::size_t(me)];
+  for (std::size_t j = 0; j < parts.size(); ++j)
+    if (parts[j].n != mine.n || parts[j].type != mine.type || parts[j].op != mine.op)
+      return fmt::format("allreduce: rank {} reduces {} elements, rank {} {} (or another type or operation)", j,
+                         parts[j].n, me, mine.n);
+  switch (mine.type) {
+    case ScalarType::f32: reduce_in_rank_order(parts, static_cast<float*>(mine.recv), mine.n, mine.op); break;
+    case ScalarType::f64: reduce_in_rank_order(parts, static_cast<double*>(mine.recv), mine.n, mine.op); break;
+    case ScalarType::i64: reduce_in_rank_order(parts, static_cast<std::int64_t*>(mine.recv), mine.n, mine.op); break;
+  }
+  return "";
+}
+
+std::string pull_reduce_scatter(const std::vector<Part>& parts, int me) {
+  const Part& mine = parts[std::size_t(me)];
+  for (std::size_t j = 0; j < parts.size(); ++j)
+    if (parts[j].counts != mine.counts)
+      return fmt::format("reduce_scatter: ranks {} and {} give different block counts", j, me);
+  std::size_t offset = 0;
+  for (int j = 0; j < me; ++j) offset += mine.counts[std::size_t(j)];
+  float* out = static_cast<float*>(mine.recv);
+  for (std::size_t i = 0; i < mine.counts[std::size_t(me)]; ++i) {
+    float acc = static_cast<const float*>(parts[0].send)[offset + i];
+    for (std::size_t j = 1; j < parts.size(); ++j) acc += static_cast<const float*>(parts[j].send)[offset + i];
+    out[i] = acc;
+  }
+  return "";
+}
+
+// This rank's new group: the ranks of its color ordered by (key, rank), made once per color.
+std::string pull_split(Op& op, const Group& g, int me) {
+  const Part& mine = op.parts[std::size_t(me)];
+  std::vector<std::pair<int, int>> members;  // (key, rank)
+  for (int j = 0; j < g.size(); ++j)
+    if (op.parts[std::size_t(j)].color == mine.color) members.emplace_back(op.parts[std::size_t(j)].key, j);
+  std::sort(members.begin(), members.end());
+  std::vector<int> world_ranks;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    world_ranks.push_back(g.world_rank[std::size_t(members[i].second)]);
+    if (members[i].second == me) *mine.child_rank = int(i);
+  }
+  const std::lock_guard<std::mutex> lock(op.mu);
+  std::shared_ptr<Group>& child = op.children[mine.color];
+  if (!child) child = std::make_shared<Group>(g.world, std::move(world_ranks));
+  *mine.child = child;
+  return "";
+}
+
+std::string pull(Op& op, const Group& g, int me) {
+  switch (op.parts[std::size_t(me)].kind) {
+    case Kind::exchange: return pull_exchange(op.parts, me);
+    case Kind::allreduce: return pull_allreduce(op.parts, me);
+    case Kind::reduce_scatter: return pull_reduce_scatter(op.parts, me);
+    case Kind::split: return pull_split(op, g, me);
+  }
+  return "";
+}
+
+// ---- waiting -----------------------------------------------------------------------------
+
+// Waits under the watchdog until done() or the world fails. On a failure or a timeout,
+// leave() runs (so nobody reads this rank's buffers any more) and an Error is thrown: the
+// watchdog's line (also printed, and failing the world), or the world's failure.
+template <class Done, class Leave>
+void wait_local(const Watchdog& dog, const Group& g, int rank, const std::string& what, Done&& done, Leave&& leave) {
+  const bool ok = dog.wait([&] { return done() || g.world->failed(); });
+  if (ok && done()) return;
+  std::string msg;
+  if (ok) {
+    msg = fmt::format("{}; {} was released from {}", g.world->why(), g.me(rank), what);
+  } else {
+    msg = dog.message(g.me(rank), what);
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+    g.world->fail(g.world_rank[std::size_t(rank)], msg);
+  }
+  leave();
+  throw Error(msg);
+}
+
+class CollectiveRequest final : public Request::Impl {
+ public:
+  CollectiveRequest(std::shared_ptr<Group> g, std::shared_ptr<Op> op, int rank, std::shared_ptr<const Watchdog> dog,
+                    std::string what)
+      : g_(std::move(g)), op_(std::move(op)), rank_(rank), dog_(std::move(dog)), what_(std::move(what)) {}
+  ~CollectiveRequest() override {
+    try {
+      wait();
+    } catch (const Error&) {  // released while unwinding: the error in flight says more
+    }
+  }
+  bool test() override { return finished_ || (finished_ = progress()); }
+  void wait() override {
+    if (finished_) return;
+    wait_local(*dog_, *g_, rank_, what_, [this] { return test(); }, [this] { leave(); });
+  }
+
+ private:
+  // Reads what this rank receives once every rank has arrived; true when every rank has.
+  bool progress() {
+    std::unique_lock<std::mutex> lock(op_->mu);
+    const int n = g_->size();
+    if (!op_->pulled_by[std::size_t(rank_)] && op_->arrived == n && !op_->cancelled) {
+      op_->pulled_by[std::size_t(rank_)] = 1;
+      ++op_->readers;
+      lock.unlock();
+      const std::string error = pull(*op_, *g_, rank_);
+      lock.lock();
+      --op_->readers;
+      ++op_->done;
+      if (!error.empty()) {
+        lock.unlock();
+        g_->world->fail(g_->world_rank[std::size_t(rank_)], error);
+        leave();
+        finished_ = true;  // nothing left to wait for
+        throw Error(error);
+      }
+    }
+    return op_->done == n;
+  }
+  // No rank starts reading this collective's buffers any more; waits for those reading now.
+  void leave() {
+    for (;;) {
+      {
+        const std::lock_guard<std::mutex> lock(op_->mu);
+        op_->cancelled = true;
+        if (op_->readers == 0) return;
+      }
+      sched_yield();
+    }
+  }
+  std::shared_ptr<Group> g_;
+  std::shared_ptr<Op> op_;
+  int rank_;
+  std::shared_ptr<const Watchdog> dog_;
+  std::string what_;
+  bool finished_ = false;
+};
+
+// ---- point to point ----------------------------------------------------------------------
+
+// Copies a matched message (the receive buffer may be larger, as with MPI, never smaller).
+void deliver(const local::Pending& send, const local::Pending& recv) {
+  if (send.bytes > recv.bytes) {
+    const std::string e = fmt::format("a message of {} bytes (tag {}) does not fit its receive buffer of {} bytes",
+                                      send.bytes, send.tag, recv.bytes);
+    send.state->error = e;
+    recv.state->error = e;
+  } else if (send.bytes > 0) {
+    std::memcpy(recv.data, send.data, send.bytes);
+  }
+  send.state->done.store(true, std::memory_order_release);
+  recv.state->done.store(true, std::memory_order_release);
+}
+
+// Posts a send (or a receive) into `box`: delivered now if its partner is waiting there (the
+// first with the same source and tag), else queued behind the earlier ones.
+std::shared_ptr<local::P2pState> post_p2p(local::Mailbox& box, local::Pending mine, bool is_send) {
+  mine.state = std::make_shared<local::P2pState>();
+  const std::lock_guard<std::mutex> lock(box.mu);
+  std::deque<local::Pending>& partners = is_send ? box.recvs : box.sends;
+  auto it = std::find_if(partners.begin(), partners.end(),
+                         [&](const local::Pending& p) { return p.src == mine.src && p.tag == mine.tag; });
+  if (it == partners.end()) {
+    (is_send ? box.sends : box.recvs).push_back(mine);
+  } else {
+    is_send ? deliver(mine, *it) : deliver(*it, mine);
+    partners.erase(it);
+  }
+  return mine.state;
+}
+
+class P2pRequest final : public Request::Impl {
+ public:
+  P2pRequest(std::shared_ptr<Group> g, int rank, int box, std::shared_ptr<local::P2pState> st,
+             std::shared_ptr<const Watchdog> dog, std::string what)
+      : g_(std::move(g)), rank_(rank), box_(box), st_(std::move(st)), dog_(std::move(dog)), what_(std::move(what)) {}
+  // An unmatched message is withdrawn when its rank is unwinding (MPI_Cancel): its partner
+  // may never come, and nobody holds its buffer yet. Otherwise the destructor waits.
+  ~P2pRequest() override {
+    if (std::uncaught_exceptions() > 0) {
+      withdraw();
+      return;
+    }
+    try {
+      wait();
+    } catch (const Error&) {
+    }
+  }
+  bool test() override { return st_->done.load(std::memory_order_acquire); }
+  void wait() override {
+    wait_local(*dog_, *g_, rank_, what_, [this] { return test(); }, [this] { withdraw(); });
+    if (!st_->error.empty()) throw Error(st_->error);
+  }
+
+ private:
+  void withdraw() {
+    local::Mailbox& box = g_->boxes[std::size_t(box_)];
+    const std::lock_guard<std::mutex> lock(box.mu);
+    for (auto* q : {&box.sends, &box.recvs})
+      q->erase(std::remove_if(q->begin(), q->end(), [&](const local::Pending& p) { return p.state == st_; }),
+               q->end());
+  }
+  std::shared_ptr<Group> g_;
+  int rank_, box_;
+  std::shared_ptr<local::P2pState> st_;
+  std::shared_ptr<const Watchdog> dog_;
+  std::string what_;
+};
+
+// Where blocks of these sizes start when they lie back to back.
+std::vector<std::size_t> back_to_back(const std::vector<std::size_t>& bytes) {
+  std::vector<std::size_t> offsets(bytes.size(), 0);
+  for (std::size_t j = 1; j < bytes.size(); ++j) offsets[j] = offsets[j - 1] + bytes[j - 1];
+  return offsets;
+}
+
+Part exchange(const char* call, const void* send, void* recv, std::size_t n) {
+  Part p;
+  p.call = call;
+  p.send = send;
+  p.recv = recv;
+  p.send_bytes.assign(n, 0);
+  p.send_offsets.assign(n, 0);
+  p.recv_bytes.assign(n, 0);
+  p.recv_offsets.assign(n, 0);
+  return p;
+}
+
+thread_local Communicator* t_world = nullptr;
+
+}  // namespace
+
+// ---- the communicator ----------------------------------------------------------------------
+
+LocalCommunicator::LocalCommunicator()
+    : LocalCommunicator(std::make_shared<Group>(std::make_shared<local::World>(), std::vector<int>{0}), 0) {}
+
+LocalCommunicator::LocalCommunicator(std::shared_ptr<Group> group, int rank)
+    : Communicator(rank, group->size()), group_(std::move(group)) {}
+
+LocalCommunicator::~LocalCommunicator() = default;
+
+double LocalCommunicator::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - local::g_epoch).count();
+}
+
+std::unique_ptr<Request::Impl> LocalCommunicator::post(Part part) {
+  const std::uint64_t seq = next_op_++;
+  std::shared_ptr<Op> op = group_->op(seq);
+  const std::string& name = current_op();
+  std::string what = fmt::format("{}{} on {}", part.call, name.empty() ? "" : fmt::format(" '{}'", name),
+                                 group_->name());
+  std::string mismatch;
+  bool last = false;
+  {
+    const std::lock_guard<std::mutex> lock(op->mu);
+    for (int j = 0; j < size(); ++j)
+      if (op->arrived_from[std::size_t(j)] && std::strcmp(op->parts[std::size_t(j)].call, part.call) != 0)
+        mismatch = fmt::format("collectives out of order: rank {} called {} where rank {} called {}", rank(),
+                               part.call, j, op->parts[std::size_t(j)].call);
+    if (mismatch.empty()) {
+      op->parts[std::size_t(rank())] = std::move(part);
+      op->arrived_from[std::size_t(rank())] = 1;
+      last = ++op->arrived == size();
+    }
+  }
+  if (!mismatch.empty()) {
+    group_->world->fail(group_->world_rank[std::size_t(rank())], mismatch);
+    throw Error(mismatch);
+  }
+  if (last) group_->retire(seq);
+  return std::make_unique<CollectiveRequest>(group_, std::move(op), rank(), shared_watchdog(), std::move(what));
+}
+
+void LocalCommunicator::run(Part part) { post(std::move(part))->wait(); }
+
+void LocalCommunicator::do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) {
+  Part p = exchange("alltoall", send, recv, std::size_t(size()));
+  for (std::size_t j = 0; j < std::size_t(size()); ++j) {
+    p.send_bytes[j] = p.recv_bytes[j] = bytes_per_rank;
+    p.send_offsets[j] = p.recv_offsets[j] = j * bytes_per_rank;
+  }
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                     std::span<const std::size_t> send_offsets, void* recv,
+                                     std::span<const std::size_t> recv_bytes,
+                                     std::span<const std::size_t> recv_offsets) {
+  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
+}
+
+std::unique_ptr<Request::Impl> LocalCommunicator::do_ialltoallv(const void* send,
+                                                                std::span<const std::size_t> send_bytes,
+                                                                std::span<const std::size_t> send_offsets,
+                                                                void* recv, std::span<const std::size_t> recv_bytes,
+                                                                std::span<const std::size_t> recv_offsets) {
+  Part p = exchange("alltoallv", send, recv, 0);
+  p.send_bytes.assign(send_bytes.begin(), send_bytes.end());
+  p.send_offsets.assign(send_offsets.begin(), send_offsets.end());
+  p.recv_bytes.assign(recv_bytes.begin(), recv_bytes.end());
+  p.recv_offsets.assign(recv_offsets.begin(), recv_offsets.end());
+  return post(std::move(p));
+}
+
+void LocalCommunicator::do_allgather(const void* send, void* recv, std::size_t bytes) {
+  Part p = exchange("allgather", send, recv, std::size_t(size()));
+  for (std::size_t j = 0; j < std::size_t(size()); ++j) {
+    p.send_bytes[j] = p.recv_bytes[j] = bytes;
+    p.recv_offsets[j] = j * bytes;
+  }
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes) {
+  Part p = exchange("allgatherv", send, recv, std::size_t(size()));
+  p.recv_bytes.assign(bytes.begin(), bytes.end());
+  p.recv_offsets = back_to_back(p.recv_bytes);
+  p.send_bytes.assign(std::size_t(size()), bytes[std::size_t(rank())]);
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_gather(const void* send, void* recv, std::size_t bytes, int root) {
+  Part p = exchange("gather", send, recv, std::size_t(size()));
+  p.send_bytes[std::size_t(root)] = bytes;
+  if (rank() == root)
+    for (std::size_t j = 0; j < std::size_t(size()); ++j) {
+      p.recv_bytes[j] = bytes;
+      p.recv_offsets[j] = j * bytes;
+    }
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
+  do_reduce_scatter_sum_v(send, recv, std::vector<std::size_t>(std::size_t(size()), count));
+}
+
+void LocalCommunicator::do_reduce_scatter_sum_v(const float* send, float* recv, std::span<const std::size_t> counts) {
+  Part p;
+  p.kind = Kind::reduce_scatter;
+  p.call = "reduce_scatter";
+  p.send = send;
+  p.recv = recv;
+  p.counts.assign(counts.begin(), counts.end());
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_allreduce(void* data, std::size_t n, ScalarType type, ReduceOp op) {
+  Part p;
+  p.kind = Kind::allreduce;
+  p.call = "allreduce";
+  p.recv = data;
+  p.n = n;
+  p.type = type;
+  p.op = op;
+  const std::size_t bytes = n * (type == ScalarType::f32 ? sizeof(float) : sizeof(double));
+  p.input.resize(bytes);
+  if (bytes > 0) std::memcpy(p.input.data(), data, bytes);  // in place: the others read the copy
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_broadcast(void* data, std::size_t bytes, int root) {
+  Part p = exchange("broadcast", data, data, std::size_t(size()));
+  if (rank() == root)
+    p.send_bytes.assign(std::size_t(size()), bytes);
+  p.send_bytes[std::size_t(rank())] = 0;  // the root keeps its own data
+  if (rank() != root) p.recv_bytes[std::size_t(root)] = bytes;
+  run(std::move(p));
+}
+
+void LocalCommunicator::do_barrier() { run(exchange("barrier", nullptr, nullptr, std::size_t(size()))); }
+
+std::unique_ptr<Request::Impl> LocalCommunicator::do_isend(const void* data, std::size_t bytes, int dest, int tag) {
+  if (dest < 0 || dest >= size()) throw Error(fmt::format("isend: no rank {} among {}", dest, size()));
+  auto st = post_p2p(group_->boxes[std::size_t(dest)], {rank(), tag, const_cast<void*>(data), bytes, nullptr}, true);
+  const std::string& op = current_op();
+  return std::make_unique<P2pRequest>(
+      group_, rank(), dest, std::move(st), shared_watchdog(),
+      fmt::format("the send '{}' to rank {} (tag {}, {} bytes)", op.empty() ? "isend" : op, dest, tag, bytes));
+}
+
+std::unique_ptr<Request::Impl> LocalCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
+  if (src < 0 || src >= size()) throw Error(fmt::format("irecv: no rank {} among {}", src, size()));
+  auto st = post_p2p(group_->boxes[std::size_t(rank())], {src, tag, data, bytes, nullptr}, false);
+  return std::make_unique<P2pRequest>(group_, rank(), rank(), std::move(st), shared_watchdog(),
+                                      fmt::format("the receive from rank {} (tag {}, {} bytes)", src, tag, bytes));
+}
+
+std::unique_ptr<Communicator> LocalCommunicator::split(int color, int key) {
+  if (color < 0) throw Error(fmt::format("split: color must be >= 0, got {}", color));
+  std::shared_ptr<Group> child;
+  int child_rank = 0;
+  Part p;
+  p.kind = Kind::split;
+  p.call = "split";
+  p.color = color;
+  p.key = key;
+  p.child = &child;
+  p.child_rank = &child_rank;
+  run(std::move(p));
+  auto sub = std::make_unique<LocalCommunicator>(std::move(child), child_rank);
+  share_watchdog(*sub);
+  return sub;
+}
+
+// ---- ranks as threads ----------------------------------------------------------------------
+
+Communicator* local_world() { return t_world; }
+
+void run_local(int n, const std::function<void(Communicator&)>& fn) {
+  if (n < 1) throw Error(fmt::format("run_local: the number of ranks must be >= 1, got {}", n));
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) ranks[std::size_t(r)] = r;
+  auto world = std::make_shared<local::World>();
+  auto group = std::make_shared<Group>(world, ranks);
+  const int threads = std::max(1, omp_get_max_threads() / n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> pool;
+  for (int r = 0; r < n; ++r)
+    pool.emplace_back([&, r] {
+      set_threads(threads);
+      LocalCommunicator comm(group, r);
+      t_world = &comm;
+      try {
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[std::size_t(r)] = std::current_exception();
+        world->fail(r, e.what());
+      } catch (...) {
+        errors[std::size_t(r)] = std::current_exception();
+        world->fail(r, "an exception that is not a std::exception");
+      }
+      t_world = nullptr;
+    });
+  for (std::thread& t : pool) t.join();
+  const int origin = world->origin();
+  if (origin >= 0 && errors[std::size_t(origin)]) std::rethrow_exception(errors[std::size_t(origin)]);
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace ulysses
