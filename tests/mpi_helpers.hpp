@@ -1,4 +1,4 @@
-// Helpers shared by the MPI tests.
+// Helpers shared by the communicator tests (over MPI, or ranks as threads: worlds.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/reference.hpp"
+#include "worlds.hpp"
 
 namespace ulysses::testing {
 

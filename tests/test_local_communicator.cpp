@@ -51,7 +51,8 @@ TEST(Local, AlltoallAndAlltoallvDeliverEveryBlockAndCountLikeMpi) {
       for (std::size_t i = 0; i < b; ++i) EXPECT_EQ(recv[std::size_t(j) * b + i], mark(j, me, i));
     EXPECT_EQ(sent(c, "a2a"), std::int64_t(b) * (n - 1));
     // Blocks of size (from + to) % 3: some empty, each sized by who sends it to whom.
-    std::vector<std::size_t> sb(static_cast<std::size_t>(n)), so(static_cast<std::size_t>(n)), rb(static_cast<std::size_t>(n)), ro(static_cast<std::size_t>(n));
+    std::vector<std::size_t> sb(static_cast<std::size_t>(n)), so(static_cast<std::size_t>(n)),
+        rb(static_cast<std::size_t>(n)), ro(static_cast<std::size_t>(n));
     std::size_t st = 0, rt = 0;
     for (int j = 0; j < n; ++j) {
       sb[std::size_t(j)] = std::size_t((me + j) % 3);

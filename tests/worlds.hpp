@@ -40,15 +40,15 @@ void on_every_world(Body&& body) {
 
 }  // namespace ulysses::testing
 
-#define COMM_TEST(suite, name)                                                                    \
-  static void suite##_##name##_OnEveryRank(::ulysses::Communicator& comm);                        \
-  TEST(suite, name) { ::ulysses::testing::on_every_world(&suite##_##name##_OnEveryRank); }        \
+#define COMM_TEST(suite, name)                                                             \
+  static void suite##_##name##_OnEveryRank(::ulysses::Communicator& comm);                 \
+  TEST(suite, name) { ::ulysses::testing::on_every_world(&suite##_##name##_OnEveryRank); } \
   static void suite##_##name##_OnEveryRank(::ulysses::Communicator& comm)
 
 // The body is a static member of a class derived from the fixture, so GetParam() works in it.
-#define COMM_TEST_P(fixture, name)                                                                \
-  struct fixture##_##name##_OnEveryRank : fixture {                                               \
-    static void body(::ulysses::Communicator& comm);                                              \
-  };                                                                                              \
+#define COMM_TEST_P(fixture, name)                                                                     \
+  struct fixture##_##name##_OnEveryRank : fixture {                                                    \
+    static void body(::ulysses::Communicator& comm);                                                   \
+  };                                                                                                   \
   TEST_P(fixture, name) { ::ulysses::testing::on_every_world(&fixture##_##name##_OnEveryRank::body); } \
   void fixture##_##name##_OnEveryRank::body(::ulysses::Communicator& comm)

@@ -20,8 +20,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
     if (Communicator* world = local_world()) return world->split(0, world->rank());
     return std::make_unique<LocalCommunicator>();
   }
-  throw Error(fmt::format("unknown communicator backend '{}' (known: {})", backend,
-                          fmt::join(communicator_backends(), ", ")));
+  throw Error(
+      fmt::format("unknown communicator backend '{}' (known: {})", backend, fmt::join(communicator_backends(), ", ")));
 }
 
 std::unique_ptr<Communicator> make_self_communicator(const Communicator& like) {

@@ -70,8 +70,8 @@ struct Part {
   const void* send = nullptr;
   void* recv = nullptr;
   std::vector<std::size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;  // exchange (size() each)
-  std::vector<std::byte> input;                                                  // allreduce: a copy
-  std::size_t n = 0;                                                             // allreduce elements
+  std::vector<std::byte> input;                                                 // allreduce: a copy
+  std::size_t n = 0;                                                            // allreduce elements
   ScalarType type = ScalarType::f32;
   ReduceOp op = ReduceOp::sum;
   std::vector<std::size_t> counts;  // reduce_scatter: floats per rank
@@ -197,7 +197,8 @@ template <class T>
 void reduce_in_rank_order(const std::vector<Part>& parts, T* out, std::size_t n, ReduceOp op) {
   for (std::size_t i = 0; i < n; ++i) {
     T acc = reinterpret_cast<const T*>(parts[0].input.data())[i];
-    for (std::size_t j = 1; j < parts.size(); ++j) acc = combine(acc, reinterpret_cast<const T*>(parts[j].input.data())[i], op);
+    for (std::size_t j = 1; j < parts.size(); ++j)
+      acc = combine(acc, reinterpret_cast<const T*>(parts[j].input.data())[i], op);
     out[i] = acc;
   }
 }
@@ -297,7 +298,8 @@ class CollectiveRequest final : public Request::Impl {
   bool test() override { return finished_ || (finished_ = progress()); }
   void wait() override {
     if (finished_) return;
-    wait_local(*dog_, *g_, rank_, what_, [this] { return test(); }, [this] { leave(); });
+    wait_local(
+        *dog_, *g_, rank_, what_, [this] { return test(); }, [this] { leave(); });
   }
 
  private:
@@ -394,7 +396,8 @@ class P2pRequest final : public Request::Impl {
   }
   bool test() override { return st_->done.load(std::memory_order_acquire); }
   void wait() override {
-    wait_local(*dog_, *g_, rank_, what_, [this] { return test(); }, [this] { withdraw(); });
+    wait_local(
+        *dog_, *g_, rank_, what_, [this] { return test(); }, [this] { withdraw(); });
     if (!st_->error.empty()) throw Error(st_->error);
   }
 
@@ -403,8 +406,7 @@ class P2pRequest final : public Request::Impl {
     local::Mailbox& box = g_->boxes[std::size_t(box_)];
     const std::lock_guard<std::mutex> lock(box.mu);
     for (auto* q : {&box.sends, &box.recvs})
-      q->erase(std::remove_if(q->begin(), q->end(), [&](const local::Pending& p) { return p.state == st_; }),
-               q->end());
+      q->erase(std::remove_if(q->begin(), q->end(), [&](const local::Pending& p) { return p.state == st_; }), q->end());
   }
   std::shared_ptr<Group> g_;
   int rank_, box_;
@@ -454,16 +456,16 @@ std::unique_ptr<Request::Impl> LocalCommunicator::post(Part part) {
   const std::uint64_t seq = next_op_++;
   std::shared_ptr<Op> op = group_->op(seq);
   const std::string& name = current_op();
-  std::string what = fmt::format("{}{} on {}", part.call, name.empty() ? "" : fmt::format(" '{}'", name),
-                                 group_->name());
+  std::string what =
+      fmt::format("{}{} on {}", part.call, name.empty() ? "" : fmt::format(" '{}'", name), group_->name());
   std::string mismatch;
   bool last = false;
   {
     const std::lock_guard<std::mutex> lock(op->mu);
     for (int j = 0; j < size(); ++j)
       if (op->arrived_from[std::size_t(j)] && std::strcmp(op->parts[std::size_t(j)].call, part.call) != 0)
-        mismatch = fmt::format("collectives out of order: rank {} called {} where rank {} called {}", rank(),
-                               part.call, j, op->parts[std::size_t(j)].call);
+        mismatch = fmt::format("collectives out of order: rank {} called {} where rank {} called {}", rank(), part.call,
+                               j, op->parts[std::size_t(j)].call);
     if (mismatch.empty()) {
       op->parts[std::size_t(rank())] = std::move(part);
       op->arrived_from[std::size_t(rank())] = 1;
@@ -498,8 +500,8 @@ void LocalCommunicator::do_alltoallv(const void* send, std::span<const std::size
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_ialltoallv(const void* send,
                                                                 std::span<const std::size_t> send_bytes,
-                                                                std::span<const std::size_t> send_offsets,
-                                                                void* recv, std::span<const std::size_t> recv_bytes,
+                                                                std::span<const std::size_t> send_offsets, void* recv,
+                                                                std::span<const std::size_t> recv_bytes,
                                                                 std::span<const std::size_t> recv_offsets) {
   Part p = exchange("alltoallv", send, recv, 0);
   p.send_bytes.assign(send_bytes.begin(), send_bytes.end());
@@ -567,8 +569,7 @@ void LocalCommunicator::do_allreduce(void* data, std::size_t n, ScalarType type,
 
 void LocalCommunicator::do_broadcast(void* data, std::size_t bytes, int root) {
   Part p = exchange("broadcast", data, data, std::size_t(size()));
-  if (rank() == root)
-    p.send_bytes.assign(std::size_t(size()), bytes);
+  if (rank() == root) p.send_bytes.assign(std::size_t(size()), bytes);
   p.send_bytes[std::size_t(rank())] = 0;  // the root keeps its own data
   if (rank() != root) p.recv_bytes[std::size_t(root)] = bytes;
   run(std::move(p));
@@ -580,9 +581,9 @@ std::unique_ptr<Request::Impl> LocalCommunicator::do_isend(const void* data, std
   if (dest < 0 || dest >= size()) throw Error(fmt::format("isend: no rank {} among {}", dest, size()));
   auto st = post_p2p(group_->boxes[std::size_t(dest)], {rank(), tag, const_cast<void*>(data), bytes, nullptr}, true);
   const std::string& op = current_op();
-  return std::make_unique<P2pRequest>(
-      group_, rank(), dest, std::move(st), shared_watchdog(),
-      fmt::format("the send '{}' to rank {} (tag {}, {} bytes)", op.empty() ? "isend" : op, dest, tag, bytes));
+  return std::make_unique<P2pRequest>(group_, rank(), dest, std::move(st), shared_watchdog(),
+                                      fmt::format("the send '{}' to rank {} (tag {}, {} bytes)",
+                                                  op.empty() ? "isend" : op, dest, tag, bytes));
 }
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
