@@ -99,6 +99,20 @@ TEST(Local, SeveralIalltoallvInFlightCompleteInAnyOrder) {
   });
 }
 
+// Rank 0 waits for the all-to-all before the barrier, the others the other way round: a rank
+// blocked in the barrier must still hand over its all-to-all data (as MPI's progress does).
+TEST(Local, ARankBlockedElsewhereStillServesItsCollectivesInFlight) {
+  run_local(3, [](Communicator& c) {
+    const std::vector<std::size_t> bytes(3, 1), offs{0, 1, 2};
+    std::uint8_t send[3] = {std::uint8_t(c.rank()), std::uint8_t(c.rank()), std::uint8_t(c.rank())}, recv[3] = {};
+    Request r = c.ialltoallv(send, bytes, offs, recv, bytes, offs);
+    if (c.rank() == 0) r.wait();
+    c.barrier();
+    r.wait();
+    EXPECT_EQ(recv[2], 2);
+  });
+}
+
 TEST(Local, GathersBroadcastAndBarrier) {
   on_1_to_4([](Communicator& c) {
     const int n = c.size(), me = c.rank();

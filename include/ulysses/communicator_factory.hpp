@@ -8,6 +8,7 @@
 //           this thread alone, as an MPI program started without mpirun is a world of one.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,10 @@ std::vector<std::string> communicator_backends();
 
 // Throws Error naming the known backends for any other name.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "mpi");
+
+// Collective over the MPI communicator with this Fortran handle (mpi4py's comm.py2f()): a dup
+// of it. How Python hands over any MPI communicator without <mpi.h>.
+std::unique_ptr<Communicator> make_mpi_communicator(std::int64_t fortran_handle);
 
 // Not collective. A communicator of this rank alone on `like`'s backend (MPI_COMM_SELF for
 // MPI), on the same clock: what a rank uses to time or compute something by itself.

@@ -24,6 +24,10 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
       fmt::format("unknown communicator backend '{}' (known: {})", backend, fmt::join(communicator_backends(), ", ")));
 }
 
+std::unique_ptr<Communicator> make_mpi_communicator(std::int64_t fortran_handle) {
+  return std::make_unique<MpiCommunicator>(MPI_Comm_f2c(MPI_Fint(fortran_handle)));
+}
+
 std::unique_ptr<Communicator> make_self_communicator(const Communicator& like) {
   if (std::strcmp(like.backend(), "mpi") == 0) return std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
   if (std::strcmp(like.backend(), "local") == 0) return std::make_unique<LocalCommunicator>();

@@ -36,12 +36,13 @@ const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock:
 class World {
  public:
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // The first failure wins; the world rank it names is the one run_local rethrows for.
+  // The first failure wins; the world rank it names is the one run_local rethrows for. Its
+  // first line is what the released ranks quote (a Python error carries its traceback).
   void fail(int world_rank, const std::string& why) {
     const std::lock_guard<std::mutex> lock(mu_);
     if (failed()) return;
     origin_ = world_rank;
-    why_ = why;
+    why_ = why.substr(0, why.find('\n'));
     failed_.store(true, std::memory_order_release);
   }
   int origin() const {
@@ -264,12 +265,20 @@ std::string pull(Op& op, const Group& g, int me) {
 
 // ---- waiting -----------------------------------------------------------------------------
 
+// Reads every collective this rank thread has in flight whose ranks have all arrived: the
+// local backend's progress engine. Without it a rank blocked in one operation would never read
+// another's data, and a peer waiting for that would wait forever (MPI progresses them all).
+void progress_inflight();
+
 // Waits under the watchdog until done() or the world fails. On a failure or a timeout,
 // leave() runs (so nobody reads this rank's buffers any more) and an Error is thrown: the
 // watchdog's line (also printed, and failing the world), or the world's failure.
 template <class Done, class Leave>
 void wait_local(const Watchdog& dog, const Group& g, int rank, const std::string& what, Done&& done, Leave&& leave) {
-  const bool ok = dog.wait([&] { return done() || g.world->failed(); });
+  const bool ok = dog.wait([&] {
+    progress_inflight();
+    return done() || g.world->failed();
+  });
   if (ok && done()) return;
   std::string msg;
   if (ok) {
@@ -288,12 +297,24 @@ class CollectiveRequest final : public Request::Impl {
  public:
   CollectiveRequest(std::shared_ptr<Group> g, std::shared_ptr<Op> op, int rank, std::shared_ptr<const Watchdog> dog,
                     std::string what)
-      : g_(std::move(g)), op_(std::move(op)), rank_(rank), dog_(std::move(dog)), what_(std::move(what)) {}
+      : g_(std::move(g)), op_(std::move(op)), rank_(rank), dog_(std::move(dog)), what_(std::move(what)) {
+    inflight().push_back(this);
+  }
   ~CollectiveRequest() override {
     try {
       wait();
     } catch (const Error&) {  // released while unwinding: the error in flight says more
     }
+    std::erase(inflight(), this);
+  }
+  // This thread's requests in flight (a rank's, as one thread drives a communicator).
+  static std::vector<CollectiveRequest*>& inflight() {
+    thread_local std::vector<CollectiveRequest*> requests;
+    return requests;
+  }
+  static void progress_all() {
+    for (CollectiveRequest* r : inflight())
+      if (!r->finished_) r->progress();
   }
   bool test() override { return finished_ || (finished_ = progress()); }
   void wait() override {
@@ -343,6 +364,8 @@ class CollectiveRequest final : public Request::Impl {
   std::string what_;
   bool finished_ = false;
 };
+
+void progress_inflight() { CollectiveRequest::progress_all(); }
 
 // ---- point to point ----------------------------------------------------------------------
 
