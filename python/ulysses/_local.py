@@ -20,7 +20,8 @@ class LocalGroup:
     the results in rank order. The ranks' C++ work runs in parallel (the library releases the
     GIL while it computes or waits). An exception on a rank releases the ranks waiting on it
     (with ``ulysses.Error``) and is raised by ``run`` once every rank has ended. ``threads``
-    sets each rank's kernel threads; by default this process's threads shared out.
+    sets each rank's kernel threads; by default this process's threads shared out. A rank's
+    ``comm`` (and what is built on it) is valid while ``fn`` runs: return results, not modules.
 
     >>> import ulysses
     >>> ulysses.local_group(3).run(lambda comm: (comm.rank, comm.size))
