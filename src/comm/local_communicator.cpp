@@ -102,7 +102,13 @@ struct Pending {
   void* data;  // the receive buffer, or the send buffer (never written)
   std::size_t bytes;
   std::shared_ptr<P2pState> state;
+  std::shared_ptr<std::vector<std::byte>> copy;  // an eager send's bytes
 };
+
+// A send this small that finds no receive waiting is copied and complete at once, as MPI's
+// eager protocol does: code that waits for a small send before posting its receive works on
+// both backends (a large one waits for its receive, as over MPI).
+constexpr std::size_t kEagerBytes = 64 << 10;
 struct Mailbox {
   std::mutex mu;
   std::deque<Pending> sends, recvs;  // to this rank, in posting order
@@ -374,12 +380,12 @@ void deliver(const local::Pending& send, const local::Pending& recv) {
   if (send.bytes > recv.bytes) {
     const std::string e = fmt::format("a message of {} bytes (tag {}) does not fit its receive buffer of {} bytes",
                                       send.bytes, send.tag, recv.bytes);
-    send.state->error = e;
+    if (!send.copy) send.state->error = e;  // an eager send has completed: only its receive fails
     recv.state->error = e;
   } else if (send.bytes > 0) {
     std::memcpy(recv.data, send.data, send.bytes);
   }
-  send.state->done.store(true, std::memory_order_release);
+  send.state->done.store(true, std::memory_order_release);  // an eager one already was
   recv.state->done.store(true, std::memory_order_release);
 }
 
@@ -392,6 +398,12 @@ std::shared_ptr<local::P2pState> post_p2p(local::Mailbox& box, local::Pending mi
   auto it = std::find_if(partners.begin(), partners.end(),
                          [&](const local::Pending& p) { return p.src == mine.src && p.tag == mine.tag; });
   if (it == partners.end()) {
+    if (is_send && mine.bytes <= local::kEagerBytes) {
+      const auto* from = static_cast<const std::byte*>(mine.data);
+      mine.copy = std::make_shared<std::vector<std::byte>>(from, from + mine.bytes);
+      mine.data = mine.copy->data();
+      mine.state->done.store(true, std::memory_order_release);
+    }
     (is_send ? box.sends : box.recvs).push_back(mine);
   } else {
     is_send ? deliver(mine, *it) : deliver(*it, mine);
@@ -429,7 +441,9 @@ class P2pRequest final : public Request::Impl {
     local::Mailbox& box = g_->boxes[std::size_t(box_)];
     const std::lock_guard<std::mutex> lock(box.mu);
     for (auto* q : {&box.sends, &box.recvs})
-      q->erase(std::remove_if(q->begin(), q->end(), [&](const local::Pending& p) { return p.state == st_; }), q->end());
+      q->erase(std::remove_if(q->begin(), q->end(),
+                              [&](const local::Pending& p) { return p.state == st_ && !p.state->done; }),
+               q->end());  // an eager send, complete, stays queued: it has been sent
   }
   std::shared_ptr<Group> g_;
   int rank_, box_;
@@ -602,7 +616,8 @@ void LocalCommunicator::do_barrier() { run(exchange("barrier", nullptr, nullptr,
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_isend(const void* data, std::size_t bytes, int dest, int tag) {
   if (dest < 0 || dest >= size()) throw Error(fmt::format("isend: no rank {} among {}", dest, size()));
-  auto st = post_p2p(group_->boxes[std::size_t(dest)], {rank(), tag, const_cast<void*>(data), bytes, nullptr}, true);
+  auto st =
+      post_p2p(group_->boxes[std::size_t(dest)], {rank(), tag, const_cast<void*>(data), bytes, nullptr, nullptr}, true);
   const std::string& op = current_op();
   return std::make_unique<P2pRequest>(group_, rank(), dest, std::move(st), shared_watchdog(),
                                       fmt::format("the send '{}' to rank {} (tag {}, {} bytes)",
@@ -611,7 +626,7 @@ std::unique_ptr<Request::Impl> LocalCommunicator::do_isend(const void* data, std
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
   if (src < 0 || src >= size()) throw Error(fmt::format("irecv: no rank {} among {}", src, size()));
-  auto st = post_p2p(group_->boxes[std::size_t(rank())], {src, tag, data, bytes, nullptr}, false);
+  auto st = post_p2p(group_->boxes[std::size_t(rank())], {src, tag, data, bytes, nullptr, nullptr}, false);
   return std::make_unique<P2pRequest>(group_, rank(), rank(), std::move(st), shared_watchdog(),
                                       fmt::format("the receive from rank {} (tag {}, {} bytes)", src, tag, bytes));
 }
