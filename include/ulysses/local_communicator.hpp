@@ -7,7 +7,9 @@
 // has arrived each rank copies what it receives straight from the others' buffers, then waits
 // until every rank has read its own. Reductions add in rank order, so results are the same run
 // to run. Point-to-point messages match by (source, tag) in posting order, as MPI's do, and are
-// copied when both sides are posted.
+// copied when both sides are posted (a small send with no receive yet is copied at once, as
+// MPI's eager protocol does). Every wait on a rank thread also reads the rank's other
+// collectives in flight (MPI's progress), so waits in different orders cannot deadlock.
 //
 // Every blocking wait runs under the watchdog. When it fires, the waiting rank prints the
 // watchdog's one line on stderr and the whole local group fails (see run_local): the process
