@@ -1,7 +1,8 @@
 // The local backend of Communicator: ranks as threads sharing memory. Every collective is one
 // exchange (an all-to-all of byte blocks: all-gather, gather, broadcast and barrier are
-// all-to-alls with some blocks empty), a reduction or a split; each rank's thread copies or
-// reduces what it receives itself, from the other ranks' published buffers.
+// all-to-alls with some blocks empty), a reduction or a split, posted into the group's shared
+// state (local_group.hpp) and completed under the watchdog; each rank's thread copies or
+// reduces what it receives itself (local_group.cpp).
 #include "ulysses/local_communicator.hpp"
 
 #include <fmt/format.h>
@@ -13,261 +14,27 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "ulysses/error.hpp"
+#include "local_group.hpp"
 #include "ulysses/threads.hpp"
 
 namespace ulysses {
 
-namespace local {
+namespace {
 
 // One epoch for every local communicator of the process, so that their times compare.
 const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock::now();
-
-// What every group split from one run_local shares: whether it failed. A failed world
-// releases every wait of every group in it.
-class World {
- public:
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // The first failure wins; the world rank it names is the one run_local rethrows for. Its
-  // first line is what the released ranks quote (a Python error carries its traceback).
-  void fail(int world_rank, const std::string& why) {
-    const std::lock_guard<std::mutex> lock(mu_);
-    if (failed()) return;
-    origin_ = world_rank;
-    why_ = why.substr(0, why.find('\n'));
-    failed_.store(true, std::memory_order_release);
-  }
-  int origin() const {
-    const std::lock_guard<std::mutex> lock(mu_);
-    return origin_;
-  }
-  std::string why() const {
-    const std::lock_guard<std::mutex> lock(mu_);
-    return fmt::format("rank {} of the local world failed: {}", origin_, why_);
-  }
-
- private:
-  std::atomic<bool> failed_{false};
-  mutable std::mutex mu_;
-  int origin_ = -1;
-  std::string why_;
-};
-
-enum class Kind { exchange, allreduce, reduce_scatter, split };
-
-// One rank's share of a collective: its buffers and sizes, which the other ranks read while
-// the collective is in progress.
-struct Part {
-  Kind kind = Kind::exchange;
-  const char* call = "";  // "alltoallv", "allgather", ... (for messages)
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::vector<std::size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;  // exchange (size() each)
-  std::vector<std::byte> input;                                                 // allreduce: a copy
-  std::size_t n = 0;                                                            // allreduce elements
-  ScalarType type = ScalarType::f32;
-  ReduceOp op = ReduceOp::sum;
-  std::vector<std::size_t> counts;  // reduce_scatter: floats per rank
-  int color = 0, key = 0;           // split
-  std::shared_ptr<Group>* child = nullptr;
-  int* child_rank = nullptr;
-};
-
-// One collective in progress: every rank's part, and who has read what it receives. A rank's
-// buffers stay valid until every rank has read them (done == size).
-struct Op {
-  std::mutex mu;
-  std::vector<Part> parts;
-  std::vector<char> arrived_from, pulled_by;
-  int arrived = 0, done = 0, readers = 0;
-  bool cancelled = false;                          // a rank left early: nobody starts reading
-  std::map<int, std::shared_ptr<Group>> children;  // split: the new group of each color
-};
-
-// A posted send or receive that has not met its partner yet.
-struct P2pState {
-  std::atomic<bool> done{false};
-  std::string error;  // set before done
-};
-struct Pending {
-  int src, tag;
-  void* data;  // the receive buffer, or the send buffer (never written)
-  std::size_t bytes;
-  std::shared_ptr<P2pState> state;
-  std::shared_ptr<std::vector<std::byte>> copy;  // an eager send's bytes
-};
-
-// A send this small that finds no receive waiting is copied and complete at once, as MPI's
-// eager protocol does: code that waits for a small send before posting its receive works on
-// both backends (a large one waits for its receive, as over MPI).
-constexpr std::size_t kEagerBytes = 64 << 10;
-struct Mailbox {
-  std::mutex mu;
-  std::deque<Pending> sends, recvs;  // to this rank, in posting order
-};
-
-class Group {
- public:
-  Group(std::shared_ptr<World> w, std::vector<int> world_ranks)
-      : world(std::move(w)), world_rank(std::move(world_ranks)), boxes(world_rank.size()) {}
-  int size() const { return int(world_rank.size()); }
-  // The collective with this sequence number, made by the first rank to get there.
-  std::shared_ptr<Op> op(std::uint64_t seq) {
-    const std::lock_guard<std::mutex> lock(mu);
-    std::shared_ptr<Op>& o = ops[seq];
-    if (!o) {
-      o = std::make_shared<Op>();
-      o->parts.resize(std::size_t(size()));
-      o->arrived_from.assign(std::size_t(size()), 0);
-      o->pulled_by.assign(std::size_t(size()), 0);
-    }
-    return o;
-  }
-  void retire(std::uint64_t seq) {
-    const std::lock_guard<std::mutex> lock(mu);
-    ops.erase(seq);
-  }
-  std::string me(int rank) const {
-    const int w = world_rank[std::size_t(rank)];
-    if (w == rank) return fmt::format("local rank {} of {}", rank, size());
-    return fmt::format("local rank {} of {} (world rank {})", rank, size(), w);
-  }
-  std::string name() const {
-    std::string list;
-    for (int w : world_rank) list += fmt::format("{}{}", list.empty() ? "" : ",", w);
-    return fmt::format("the local group of {} ranks (world ranks {})", size(), list);
-  }
-
-  const std::shared_ptr<World> world;
-  const std::vector<int> world_rank;  // of each member
-  std::vector<Mailbox> boxes;         // one per destination
-
- private:
-  std::mutex mu;
-  std::map<std::uint64_t, std::shared_ptr<Op>> ops;
-};
-
-}  // namespace local
-
-namespace {
 
 using local::Group;
 using local::Kind;
 using local::Op;
 using local::Part;
-
-// ---- what a rank does with the others' parts ---------------------------------------------
-
-std::string check_exchange(const std::vector<Part>& parts, int me) {
-  const Part& mine = parts[std::size_t(me)];
-  for (std::size_t j = 0; j < parts.size(); ++j) {
-    const std::size_t sent = parts[j].send_bytes[std::size_t(me)];
-    if (sent != mine.recv_bytes[j])
-      return fmt::format("{}: rank {} sends {} bytes to rank {}, which expects {}", mine.call, j, sent, me,
-                         mine.recv_bytes[j]);
-  }
-  return "";
-}
-
-std::string pull_exchange(const std::vector<Part>& parts, int me) {
-  if (std::string e = check_exchange(parts, me); !e.empty()) return e;
-  const Part& mine = parts[std::size_t(me)];
-  for (std::size_t j = 0; j < parts.size(); ++j)
-    if (mine.recv_bytes[j] > 0)
-      std::memcpy(static_cast<std::byte*>(mine.recv) + mine.recv_offsets[j],
-                  static_cast<const std::byte*>(parts[j].send) + parts[j].send_offsets[std::size_t(me)],
-                  mine.recv_bytes[j]);
-  return "";
-}
-
-template <class T>
-T combine(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return a + b;
-    case ReduceOp::min: return std::min(a, b);
-    case ReduceOp::max: return std::max(a, b);
-  }
-  return a;
-}
-
-// out[i] = part 0's element i combined with part 1's, then part 2's, ...: in rank order, so
-// the same on every rank and every run.
-template <class T>
-void reduce_in_rank_order(const std::vector<Part>& parts, T* out, std::size_t n, ReduceOp op) {
-  for (std::size_t i = 0; i < n; ++i) {
-    T acc = reinterpret_cast<const T*>(parts[0].input.data())[i];
-    for (std::size_t j = 1; j < parts.size(); ++j)
-      acc = combine(acc, reinterpret_cast<const T*>(parts[j].input.data())[i], op);
-    out[i] = acc;
-  }
-}
-
-std::string pull_allreduce(const std::vector<Part>& parts, int me) {
-  const Part& mine = parts[std::size_t(me)];
-  for (std::size_t j = 0; j < parts.size(); ++j)
-    if (parts[j].n != mine.n || parts[j].type != mine.type || parts[j].op != mine.op)
-      return fmt::format("allreduce: rank {} reduces {} elements, rank {} {} (or another type or operation)", j,
-                         parts[j].n, me, mine.n);
-  switch (mine.type) {
-    case ScalarType::f32: reduce_in_rank_order(parts, static_cast<float*>(mine.recv), mine.n, mine.op); break;
-    case ScalarType::f64: reduce_in_rank_order(parts, static_cast<double*>(mine.recv), mine.n, mine.op); break;
-    case ScalarType::i64: reduce_in_rank_order(parts, static_cast<std::int64_t*>(mine.recv), mine.n, mine.op); break;
-  }
-  return "";
-}
-
-std::string pull_reduce_scatter(const std::vector<Part>& parts, int me) {
-  const Part& mine = parts[std::size_t(me)];
-  for (std::size_t j = 0; j < parts.size(); ++j)
-    if (parts[j].counts != mine.counts)
-      return fmt::format("reduce_scatter: ranks {} and {} give different block counts", j, me);
-  std::size_t offset = 0;
-  for (int j = 0; j < me; ++j) offset += mine.counts[std::size_t(j)];
-  float* out = static_cast<float*>(mine.recv);
-  for (std::size_t i = 0; i < mine.counts[std::size_t(me)]; ++i) {
-    float acc = static_cast<const float*>(parts[0].send)[offset + i];
-    for (std::size_t j = 1; j < parts.size(); ++j) acc += static_cast<const float*>(parts[j].send)[offset + i];
-    out[i] = acc;
-  }
-  return "";
-}
-
-// This rank's new group: the ranks of its color ordered by (key, rank), made once per color.
-std::string pull_split(Op& op, const Group& g, int me) {
-  const Part& mine = op.parts[std::size_t(me)];
-  std::vector<std::pair<int, int>> members;  // (key, rank)
-  for (int j = 0; j < g.size(); ++j)
-    if (op.parts[std::size_t(j)].color == mine.color) members.emplace_back(op.parts[std::size_t(j)].key, j);
-  std::sort(members.begin(), members.end());
-  std::vector<int> world_ranks;
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    world_ranks.push_back(g.world_rank[std::size_t(members[i].second)]);
-    if (members[i].second == me) *mine.child_rank = int(i);
-  }
-  const std::lock_guard<std::mutex> lock(op.mu);
-  std::shared_ptr<Group>& child = op.children[mine.color];
-  if (!child) child = std::make_shared<Group>(g.world, std::move(world_ranks));
-  *mine.child = child;
-  return "";
-}
-
-std::string pull(Op& op, const Group& g, int me) {
-  switch (op.parts[std::size_t(me)].kind) {
-    case Kind::exchange: return pull_exchange(op.parts, me);
-    case Kind::allreduce: return pull_allreduce(op.parts, me);
-    case Kind::reduce_scatter: return pull_reduce_scatter(op.parts, me);
-    case Kind::split: return pull_split(op, g, me);
-  }
-  return "";
-}
 
 // ---- waiting -----------------------------------------------------------------------------
 
@@ -486,7 +253,7 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<Group> group, int rank)
 LocalCommunicator::~LocalCommunicator() = default;
 
 double LocalCommunicator::now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - local::g_epoch).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_epoch).count();
 }
 
 std::unique_ptr<Request::Impl> LocalCommunicator::post(Part part) {
