@@ -21,7 +21,6 @@ namespace ulysses::local {
 
 class Group;
 
-
 // What every group split from one run_local shares: whether it failed. A failed world
 // releases every wait of every group in it.
 class World {
