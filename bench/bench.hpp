@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
 
 namespace ulysses::bench {
 
@@ -80,9 +80,9 @@ inline void idle_barrier(MPI_Comm comm) {
 }
 
 // Sections. Each prints its table on rank 0 and returns its JSON (rank 0; null elsewhere).
-nlohmann::json kernels_section(MpiCommunicator& world, const Options& o);     // rank 0 alone, all cores
-nlohmann::json alltoall_section(MpiCommunicator& world, const Options& o);    // all ranks
-nlohmann::json strategies_section(MpiCommunicator& world, const Options& o);  // all ranks (+ rank 0 alone)
-nlohmann::json seed_section(MpiCommunicator& world, const Options& o);        // all ranks (+ rank 0 alone)
+nlohmann::json kernels_section(Communicator& world, const Options& o);     // rank 0 alone, all cores
+nlohmann::json alltoall_section(Communicator& world, const Options& o);    // all ranks
+nlohmann::json strategies_section(Communicator& world, const Options& o);  // all ranks (+ rank 0 alone)
+nlohmann::json seed_section(Communicator& world, const Options& o);        // all ranks (+ rank 0 alone)
 
 }  // namespace ulysses::bench

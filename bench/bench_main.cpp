@@ -45,7 +45,7 @@ bool agree_outputs(Communicator& world, const std::string& json, const std::stri
 
 // Collective. Every section asked for, the report written to `json` (rank 0). Returns the exit
 // code: 1 when the report cannot be written.
-int run_sections(MpiCommunicator& world, MpiCommunicator& self, bench::Options& o, const std::string& only,
+int run_sections(Communicator& world, Communicator& self, bench::Options& o, const std::string& only,
                  const std::string& json) {
   o.cores = default_threads(self);
   o.threads_per_rank = default_threads(world);
@@ -94,7 +94,10 @@ int main(int argc, char** argv) {
   }
   int rc = 2;
   {
-    MpiCommunicator world, self(MPI_COMM_SELF);
+    const std::unique_ptr<Communicator> world_owned = make_communicator(),
+                                        self_owned = make_self_communicator(*world_owned);
+    Communicator& world = *world_owned;
+    Communicator& self = *self_owned;
     world.set_timeout(o.timeout);
     if (agree_outputs(world, json, o.plots)) rc = run_sections(world, self, o, only, json);
   }

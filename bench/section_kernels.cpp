@@ -603,7 +603,7 @@ void print_header(int T) {
 
 }  // namespace
 
-nlohmann::json kernels_section(MpiCommunicator& world, const Options& o) {
+nlohmann::json kernels_section(Communicator& world, const Options& o) {
   json result;
   if (world.rank() == 0) {
     const int T = o.cores;
@@ -626,7 +626,7 @@ nlohmann::json kernels_section(MpiCommunicator& world, const Options& o) {
     result["documents"] = documents_table(T, o);
     set_threads(o.threads_per_rank);
   }
-  idle_barrier(world.native());
+  idle_barrier(MPI_COMM_WORLD);
   return result;
 }
 

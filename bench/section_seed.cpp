@@ -87,13 +87,13 @@ json counted_run(Communicator& comm, const CpConfig& cfg, const seed::PlotShape&
 
 // Collective over world: `fn(sub)` on the first cp ranks while the others sleep.
 template <class Fn>
-void on_first_ranks(MpiCommunicator& world, int cp, Fn&& fn) {
+void on_first_ranks(Communicator& world, int cp, Fn&& fn) {
   const std::unique_ptr<Communicator> sub = world.split(world.rank() < cp ? 0 : 1, world.rank());
   if (world.rank() < cp) fn(*sub);
-  idle_barrier(world.native());
+  idle_barrier(MPI_COMM_WORLD);
 }
 
-json counted_runs(MpiCommunicator& world) {
+json counted_runs(Communicator& world) {
   json rows = json::array();
   for (int cp : seed::run_cps()) {
     if (cp > world.size()) continue;
@@ -165,7 +165,7 @@ std::vector<std::pair<std::string, CpConfig>> overlap_configs() {
 std::int64_t overlap_seq(const Options& o) { return o.quick ? 1024 : 4096; }
 
 // Claim 3 on the first two ranks: the measured runs, then one traced fwd+bwd of a2a and p2p.
-json overlap_runs(MpiCommunicator& world, const Options& o, std::string& trace) {
+json overlap_runs(Communicator& world, const Options& o, std::string& trace) {
   json rows = json::array();
   const Shape g{1, overlap_seq(o), 8, 64};
   on_first_ranks(world, 2, [&](Communicator& sub) {
@@ -356,7 +356,7 @@ void write_plots(const std::string& dir, const json& report, const std::vector<s
 
 }  // namespace
 
-nlohmann::json seed_section(MpiCommunicator& world, const Options& o) {
+nlohmann::json seed_section(Communicator& world, const Options& o) {
   set_threads(o.threads_per_rank);
   json report;
   const bool root = world.rank() == 0;
@@ -377,7 +377,7 @@ nlohmann::json seed_section(MpiCommunicator& world, const Options& o) {
     report["kernels"] = print_kernels(kernels, ks);
     set_threads(o.threads_per_rank);
   }
-  idle_barrier(world.native());
+  idle_barrier(MPI_COMM_WORLD);
   if (!root) return json();
   std::vector<svg::Series> bytes;
   report["bytes_formula"] = formula_curves(bytes);

@@ -150,16 +150,17 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
 
 }  // namespace
 
-nlohmann::json strategies_section(MpiCommunicator& world, const Options& o) {
+nlohmann::json strategies_section(Communicator& world, const Options& o) {
   const int cp = world.size();
   std::vector<Result> results;
   // 1 rank × all cores: rank 0 alone, the others asleep.
   if (world.rank() == 0) {
-    MpiCommunicator self(MPI_COMM_SELF);
+    const std::unique_ptr<Communicator> alone = make_self_communicator(world);
+    Communicator& self = *alone;
     set_threads(o.cores);
     results.push_back(run(self, CpConfig{"a2a", {}, true, std::nullopt}, o, "1 rank (no CP)", o.cores));
   }
-  idle_barrier(world.native());
+  idle_barrier(MPI_COMM_WORLD);
   set_threads(o.threads_per_rank);
   std::vector<std::pair<std::string, CpConfig>> configs;
   for (const Strategy* strategy : strategies())

@@ -1,4 +1,4 @@
-// Helpers shared by the MPI tests.
+// Helpers shared by the communicator tests (over MPI, or ranks as threads: worlds.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
+#include "worlds.hpp"
 
 namespace ulysses::testing {
 

@@ -87,8 +87,7 @@ std::int64_t ring_work(const Strategy& s, const CpConfig& cfg, int cp, int rank,
 }  // namespace
 
 // Every strategy, and a2a+p2p at every [inner, outer] with inner · outer = cp.
-TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
-  MpiCommunicator comm;
+COMM_TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
   const int cp = comm.size(), me = comm.rank();
   for (const Case& c : cases(cp))
     for (const Strategy* s : strategies()) {
@@ -128,8 +127,7 @@ TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
     }
 }
 
-TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
-  MpiCommunicator comm;
+COMM_TEST(Cross, RefusalsAreTheSameErrorEverywhereBeforeAnyData) {
   const int cp = comm.size();
   Tensor q({1, 3, 2 * cp, 8}), out(q.shape()), kv({1, 5, cp, 8});
   auto expect = [&](CpConfig cfg, const std::string& needle) {

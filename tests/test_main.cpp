@@ -5,9 +5,11 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstring>
 
-#include "ulysses/threads.hpp"
 #include "ulysses/mpi_communicator.hpp"
+#include "ulysses/threads.hpp"
+#include "worlds.hpp"
 
 namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {
@@ -27,6 +29,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--local") == 0) ulysses::testing::local_worlds() = true;  // worlds.hpp
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) {  // one rank's full report is enough; the others print only failures

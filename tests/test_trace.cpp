@@ -85,8 +85,8 @@ void check_trace(const json& doc, const std::vector<std::int64_t>& counted, cons
   }
 }
 
-TEST(Trace, OneTrackPerRankNestedIntervalsCarryingTheCountedBytes) {
-  MpiCommunicator world;
+COMM_TEST(Trace, OneTrackPerRankNestedIntervalsCarryingTheCountedBytes) {
+  Communicator& world = comm;
   const std::vector<CpConfig> configs = traced_configs(world.size());
   std::string text;
   std::int64_t counted = 0;
@@ -107,8 +107,8 @@ TEST(Trace, OneTrackPerRankNestedIntervalsCarryingTheCountedBytes) {
   check_trace(doc, all, configs);
 }
 
-TEST(Trace, AttachedOnlyWhileTheTracerLives) {
-  MpiCommunicator world;
+COMM_TEST(Trace, AttachedOnlyWhileTheTracerLives) {
+  Communicator& world = comm;
   EXPECT_EQ(world.tracer(), nullptr);
   {
     Tracer tracer(world);

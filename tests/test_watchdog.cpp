@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "ulysses/error.hpp"
-#include "ulysses/mpi_communicator.hpp"
+#include "worlds.hpp"
 
 using namespace ulysses;
 
@@ -32,8 +32,8 @@ TEST(Watchdog, WaitReturnsWhenDoneAndGivesUpAfterTheTimeout) {
   EXPECT_LT(waited, 1.0);
 }
 
-TEST(Watchdog, SplitsShareTheSettingAndTheSteps) {
-  MpiCommunicator world;
+COMM_TEST(Watchdog, SplitsShareTheSettingAndTheSteps) {
+  Communicator& world = comm;
   world.set_timeout(42);
   std::unique_ptr<Communicator> sub = world.split(world.rank() % 2, world.rank());
   EXPECT_EQ(sub->timeout(), 42);
@@ -50,8 +50,8 @@ TEST(Watchdog, SplitsShareTheSettingAndTheSteps) {
             "ulysses watchdog: rank 0 waited 42 s (the timeout) for x; ending the job");
 }
 
-TEST(Watchdog, CollectivesAndMessagesCompleteUnderADeadline) {
-  MpiCommunicator world;
+COMM_TEST(Watchdog, CollectivesAndMessagesCompleteUnderADeadline) {
+  Communicator& world = comm;
   world.set_timeout(60);
   double x = 1;
   world.allreduce_sum(&x, 1);

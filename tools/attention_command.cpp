@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -642,7 +642,8 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
 }  // namespace
 
 int run_attention(const AttentionOptions& o) {
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  const std::unique_ptr<Communicator> world = make_communicator();
+  Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const Setup s = setup(comm, o);
   if (comm.rank() == 0) print_header(s);

@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
 #include "agreement.hpp"
 #include "commands.hpp"
 #include "rank_errors.hpp"
+#include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/version.hpp"
@@ -43,7 +45,8 @@ int main(int argc, char** argv) {
     parse_error = std::current_exception();
   }
   try {
-    ulysses::MpiCommunicator world(MPI_COMM_WORLD);
+    const std::unique_ptr<ulysses::Communicator> world_owned = ulysses::make_communicator();
+    ulysses::Communicator& world = *world_owned;
     ulysses::cli::agree_parse_outcome(world, parse_error);
     if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
     ulysses::cli::agree_command_line(world, *app.get_subcommands().front());

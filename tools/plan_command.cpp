@@ -1,7 +1,7 @@
 #include "plan_command.hpp"
 
 #include <fmt/format.h>
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -491,7 +491,7 @@ double local_median_seconds(const Communicator& comm, const std::function<void()
   return median(t);
 }
 
-void calibrate_cluster(MpiCommunicator& comm, PlanInput& in) {
+void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
   double rate = attention_rate(comm, in.head_dim);
   comm.allreduce_max(&rate, 1);
@@ -505,7 +505,8 @@ void calibrate_cluster(MpiCommunicator& comm, PlanInput& in) {
 int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
   if (!o.lengths.empty()) return run_plan_lengths(o);
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  const std::unique_ptr<Communicator> world = make_communicator();
+  Communicator& comm = *world;
   PlanInput in;
   on_every_rank(comm, [&] {
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}, {"--svg", o.svg}});  // before any work

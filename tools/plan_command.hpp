@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator.hpp"
 #include "ulysses/planner.hpp"
 
 namespace ulysses::cli {
@@ -46,7 +46,7 @@ int run_plan_train(const PlanOptions& opt);
 // Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
 int run_plan_lengths(const PlanOptions& opt);
 // Collective. This machine's attention rate and links (plan --calibrate), into in.cluster.
-void calibrate_cluster(MpiCommunicator& comm, PlanInput& in);
+void calibrate_cluster(Communicator& comm, PlanInput& in);
 // Not collective: the seconds `run` takes on this rank, the median of 3 calls after a warm-up.
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
 

@@ -14,6 +14,7 @@
 #include "train/memory.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/balancer.hpp"
+#include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
 
@@ -140,7 +141,8 @@ nlohmann::json plan_world(const BalanceInput& in) {
 }  // namespace
 
 int run_plan_lengths(const PlanOptions& o) {
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  const std::unique_ptr<Communicator> world = make_communicator();
+  Communicator& comm = *world;
   BalanceInput in;
   std::vector<int> worlds;
   on_every_rank(comm, [&] {

@@ -1,7 +1,7 @@
 #include "train_command.hpp"
 
 #include <fmt/format.h>
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -394,7 +394,8 @@ void check_files(const TrainOptions& o) {
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  const std::unique_ptr<Communicator> world = make_communicator();
+  Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const int rank = comm.rank();
   const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
@@ -474,7 +475,8 @@ int run_train(const TrainOptions& o) {
 // ---- ulysses plan --train --------------------------------------------------------------------
 
 int run_plan_train(const PlanOptions& o) {
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  const std::unique_ptr<Communicator> world = make_communicator();
+  Communicator& comm = *world;
   on_root(comm, [&] {
     train::TrainConfig cfg;
     const std::int64_t width = o.width > 0 ? o.width : o.heads * o.head_dim;

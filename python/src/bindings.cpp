@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/numpy.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -19,7 +20,8 @@
 #include "ulysses/balancer.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
+#include "ulysses/local_communicator.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
@@ -168,6 +170,23 @@ void add_balance_bindings(py::module_& m) {
 
 }  // namespace
 
+// run_local for Python: each rank thread takes the GIL to call fn, which every collective of
+// the binding releases again, so the ranks' C++ work runs in parallel; the caller waits without
+// it. The communicator handed to fn lives while fn runs.
+py::list run_local_py(int size, const py::function& fn) {
+  std::vector<py::object> results(static_cast<std::size_t>(std::max(size, 0)));
+  {
+    py::gil_scoped_release nogil;
+    run_local(size, [&](Communicator& comm) {
+      py::gil_scoped_acquire gil;
+      results[std::size_t(comm.rank())] = fn(py::cast(&comm, py::return_value_policy::reference));
+    });
+  }
+  py::list out;
+  for (py::object& r : results) out.append(std::move(r));
+  return out;
+}
+
 PYBIND11_MODULE(_ulysses, m) {
   m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
   m.attr("__version__") = ulysses::version();
@@ -175,7 +194,7 @@ PYBIND11_MODULE(_ulysses, m) {
 
   py::class_<Communicator>(m, "Communicator")
       .def(py::init([](std::intptr_t fortran_handle) -> std::unique_ptr<Communicator> {
-             return std::make_unique<MpiCommunicator>(MPI_Comm_f2c(MPI_Fint(fortran_handle)));
+             return make_mpi_communicator(fortran_handle);
            }),
            py::arg("fortran_handle"), py::call_guard<py::gil_scoped_release>(),
            "Collective: a communicator over a duplicate of the MPI communicator with this Fortran handle "
@@ -202,6 +221,10 @@ PYBIND11_MODULE(_ulysses, m) {
       .def(
           "default_threads", [](Communicator& c) { return default_threads(c); },
           py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
+
+  m.def("run_local", &run_local_py, py::arg("size"), py::arg("fn"),
+        "fn(comm) on `size` threads, one per rank of a new local group; returns the results in rank order. An "
+        "exception on a rank releases the others and is re-raised here once every rank has ended.");
 
   py::class_<CpContext>(m, "Context", "What one forward keeps for its backward.")
       .def_property_readonly("valid", &CpContext::valid)

@@ -7,6 +7,9 @@
     attn = ulysses.torch.ContextParallelAttention(comm, strategy="a2a", causal=True)
     out = attn(q, k, v)                                   # this rank's [b, s/cp, h, d] shards
 
+Without mpirun, ``ulysses.local_group(n).run(fn)`` runs ``fn(comm)`` on n ranks that are
+threads of this process (tests, notebooks), with the same strategies, counters and errors.
+
 ``shard`` / ``unshard`` / ``positions`` move between global tensors and the tokens each rank
 holds for a strategy (zigzag for the ring under a causal mask).
 
@@ -23,6 +26,7 @@ The strategies are Megatron's ``cp_comm_type`` names, from the library's registr
 
 from ._balance import BalancePlan, balance
 from ._comm import Communicator
+from ._local import LocalGroup, local_group
 from ._sharding import positions, shard, unshard
 from ._ulysses import Error, __version__, strategy_names
 
@@ -30,8 +34,10 @@ __all__ = [
     "BalancePlan",
     "Communicator",
     "Error",
+    "LocalGroup",
     "__version__",
     "balance",
+    "local_group",
     "positions",
     "shard",
     "strategy_names",

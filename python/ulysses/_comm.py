@@ -1,4 +1,5 @@
-"""The communicator a context-parallel group runs on, made from an mpi4py communicator."""
+"""The communicator a context-parallel group runs on: made from an mpi4py communicator, or a
+rank of a local group (``ulysses.local_group``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ class Communicator:
         fallback = self._impl.default_threads()  # collective: on every rank, threads given or not
         n = agreed(self, lambda: None if threads is None else integer("threads", threads, 1, MAX_THREADS))
         _ulysses.set_threads(fallback if n is None else n)
+
+    @classmethod
+    def _of(cls, impl: Any) -> "Communicator":
+        """Wraps a communicator the library made (a local group's rank): no MPI, threads as they are."""
+        comm = cls.__new__(cls)
+        comm.mpi, comm._impl = None, impl
+        return comm
+
+    @property
+    def backend(self) -> str:
+        """ "mpi" or "local" (ranks as threads: ``ulysses.local_group``)."""
+        return self._impl.backend
 
     @property
     def rank(self) -> int:

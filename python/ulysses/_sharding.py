@@ -118,6 +118,11 @@ def unshard(
     >>> bool((ulysses.unshard(ulysses.shard(x, comm, "p2p", causal=True), comm, "p2p", causal=True) == x).all())
     True
     """
+    if comm.mpi is None:  # the same on every rank of a local group: nothing has moved yet
+        raise _ulysses.Error(
+            "unshard needs an MPI communicator; on a local group, return each rank's shard from run() "
+            "and place its rows with ulysses.positions"
+        )
     from mpi4py import MPI
 
     d, layout = agreed(comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)))

@@ -2,7 +2,7 @@
 plain tuples. Tensors cross as views, (data pointer, dtype name "f32" | "bf16", shape [b, s, h, d],
 strides of b, s and h in elements), made by ulysses._tensors.spec."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -63,6 +63,10 @@ class ContextParallelAttention:
 
 class HeadBuffer:
     """The head-sharded side of the fused all-to-all."""
+
+def run_local(size: int, fn: Callable[[Communicator], Any]) -> List[Any]:
+    """fn(comm) on `size` threads, one per rank of a new local group; the results in rank order.
+    An exception on a rank releases the others and is re-raised here once every rank has ended."""
 
 def seq_to_head(comm: Communicator, views: List[View], heads: List[HeadRanges]) -> np.ndarray:
     """Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of

@@ -1,0 +1,34 @@
+// make_communicator — the one place that turns a backend's name into a Communicator, so that
+// tools, benchmarks and the Python binding never name a backend's class.
+//
+//   "mpi"   every process of the MPI job (a dup of MPI_COMM_WORLD; an MpiSession initialises
+//           MPI first). Collective over MPI_COMM_WORLD.
+//   "local" ranks as threads (local_communicator.hpp): on a rank thread of run_local, a dup of
+//           that rank's local world (collective over it); on any other thread, a world of
+//           this thread alone, as an MPI program started without mpirun is a world of one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ulysses/communicator.hpp"
+
+namespace ulysses {
+
+// The backends' names, the default ("mpi") first.
+std::vector<std::string> communicator_backends();
+
+// Throws Error naming the known backends for any other name.
+std::unique_ptr<Communicator> make_communicator(const std::string& backend = "mpi");
+
+// Collective over the MPI communicator with this Fortran handle (mpi4py's comm.py2f()): a dup
+// of it. How Python hands over any MPI communicator without <mpi.h>.
+std::unique_ptr<Communicator> make_mpi_communicator(std::int64_t fortran_handle);
+
+// Not collective. A communicator of this rank alone on `like`'s backend (MPI_COMM_SELF for
+// MPI), on the same clock: what a rank uses to time or compute something by itself.
+std::unique_ptr<Communicator> make_self_communicator(const Communicator& like);
+
+}  // namespace ulysses

@@ -1,0 +1,93 @@
+"""ulysses.local_group: every strategy on 1 to 4 ranks that are threads of this one process,
+forward and gradients against float64 textbook attention; per-rank arguments; a failing rank
+releases the others and its own exception reaches the caller."""
+
+import pytest
+import torch
+import ulysses
+import ulysses.torch as ut
+from conftest import configs, rel, textbook_attention
+from mpi4py import MPI
+
+# One process is the point: under mpirun only the first rank's run would add anything.
+pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="local groups run in one process")
+
+
+def reference(gq, gk, gv, gdout, causal):
+    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
+    out = textbook_attention(q, k, v, causal)
+    out.backward(gdout.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def forward_backward(comm, strategy, sizes, causal, gq, gk, gv, gdout):
+    """This rank's out, dq, dk, dv and the global positions of its tokens."""
+    attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=sizes)
+    sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=sizes)
+    q, k, v = (sh(x).requires_grad_() for x in (gq, gk, gv))
+    out = attn(q, k, v)
+    out.backward(sh(gdout))
+    pos = ulysses.positions(gq.shape[1], comm, strategy, causal, cp_sizes=sizes)
+    return (out.detach(), q.grad, k.grad, v.grad), pos
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_strategy_matches_float64(n, causal):
+    torch.manual_seed(n)
+    b, s, h, hkv, d = 2, 6 * n + 1, 4, 2, 8  # s % n != 0: ranks hold different counts
+    gq, gdout = torch.randn(b, s, h, d), torch.randn(b, s, h, d)
+    gk, gv = torch.randn(b, s, hkv, d), torch.randn(b, s, hkv, d)
+    want = reference(gq, gk, gv, gdout, causal)
+    group = ulysses.local_group(n)
+    for strategy, sizes in configs(n):
+        ranks = group.run(lambda comm: forward_backward(comm, strategy, sizes, causal, gq, gk, gv, gdout))
+        for r, (got, pos) in enumerate(ranks):
+            errs = [rel(x, ref[:, pos]) for x, ref in zip(got, want)]
+            assert errs[0] <= 1e-5 and max(errs[1:]) <= 1e-5, (strategy, sizes, r, errs)
+
+
+def test_per_rank_arguments_and_counters():
+    group = ulysses.local_group(3, threads=1)
+
+    def rank_main(comm, x):
+        attn = ut.ContextParallelAttention(comm, "a2a")
+        comm.reset_counters()
+        attn(x, x, x)
+        return comm.backend, comm.rank, x.shape[1], comm.counters()
+
+    gx = torch.randn(1, 9, 3, 4)
+    got = group.run(rank_main, [gx[:, 3 * r : 3 * r + 3] for r in range(3)])
+    assert [g[:3] for g in got] == [("local", r, 3) for r in range(3)]
+    # Ulysses' forward: q, k, v in and the output back, (s/cp)·h·d·(cp-1)/cp elements each.
+    sent = [sum(c["bytes_sent"] for op, c in g[3].items() if op != "validate") for g in got]
+    assert sent == [4 * 3 * 1 * 4 * 2 * 4] * 3, got
+
+
+def test_a_failing_rank_releases_the_others_and_raises_its_own_error():
+    released = {}
+
+    def rank_main(comm):
+        if comm.rank == 1:
+            raise ValueError("rank 1 gives up")
+        try:
+            comm._impl.agree("")  # a collective rank 1 never joins
+        except ulysses.Error as e:
+            released[comm.rank] = str(e)
+            raise
+
+    with pytest.raises(ValueError, match="rank 1 gives up"):
+        ulysses.local_group(3).run(rank_main)
+    assert sorted(released) == [0, 2]
+    assert all("rank 1 of the local world failed: ValueError: rank 1 gives up;" in m for m in released.values()), (
+        released
+    )
+
+
+def test_bad_sizes_are_errors():
+    with pytest.raises(ulysses.Error, match="local_group size"):
+        ulysses.local_group(0)
+    with pytest.raises(ulysses.Error, match="2 entries for 3 ranks"):
+        ulysses.local_group(3).run(lambda comm, x: x, [1, 2])
+    with pytest.raises(ulysses.Error, match="unshard needs an MPI communicator"):
+        ulysses.local_group(1).run(lambda comm: ulysses.unshard(torch.zeros(1, 2, 1, 1), comm))
