@@ -254,7 +254,7 @@ TEST(Documents, EveryStrategyMatchesFloat64Reference) {
           EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
           // What the planner predicts for this rank is what it computed.
           EXPECT_EQ(ctx.stats().score_pairs,
-                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, hkv));
+                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, s, hkv));
         }
 }
 
@@ -361,7 +361,7 @@ TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           double total = double(ctx.stats().score_pairs);
           comm.allreduce_sum(&total, 1);
           EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
-          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, hkv));
+          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, s, hkv));
           const CommVolume predicted = predicted_comm_volume(cfg, cp, me, {1, s, h, d}, hkv, dtype);
           for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op), n) << op;
           for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op), n) << op;

@@ -75,7 +75,8 @@ class ToyAllGatherHalves final : public Strategy {
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& chunks,
+                                           const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
@@ -129,7 +130,7 @@ class ToyAllGatherHalves final : public Strategy {
   }
 
   // Each half: this rank's rows to the cp − 1 others; back, the others' rows of the gradient.
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t, std::int64_t kv_heads,
                      DType) const override {
     CommVolume v;
     const std::int64_t per_token = q.b * kv_heads * q.d * 4, mine = tokens_held(config, cp, rank, 1, q.s);

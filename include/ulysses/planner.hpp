@@ -54,8 +54,8 @@ struct PlanInput {
   // Sliding window (FlashAttention's window_size); -1: unbounded side.
   std::int64_t window_left = -1, window_right = -1;
   // Cross-attention (is_cross in strategy.hpp): k/v of kv_seq tokens (0: seq) and queries at key
-  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic_cross, work the
-  // visible pairs against the k/v; strategies without Strategy::supports_cross are refused.
+  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic, work the
+  // visible pairs against the k/v (Strategy::work); strategies without Strategy::supports_cross are refused.
   std::int64_t kv_seq = 0;
   std::optional<std::int64_t> q_offset;
 };
@@ -117,8 +117,7 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
 double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s);
 
 // The attention work the planner counts for rank `rank` of `strategy` under `config` (a row's
-// config): Strategy::work, or under cross-attention (in.kv_seq, in.q_offset) the same rank's
-// queries counted against the k/v under the mask at q_offset.
+// config): Strategy::work against the k/v (in.kv_seq; queries at in.q_offset).
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank);
 
 // The most ranks the planner models (its per-rank formulas run once per rank).

@@ -81,8 +81,8 @@ class Strategy {
   // The same for config.window_left / window_right (a sliding window over global positions).
   virtual bool supports_window() const { return false; }
   // True when the strategy runs cross-attention (is_cross): q of s tokens against k/v of s_k
-  // tokens, each sharded by rank_chunks over its own length, with forward_cross and
-  // traffic_cross. Others are refused cross-attention before any data moves.
+  // tokens, each sharded by rank_chunks over its own length. Others are refused cross-attention
+  // before any data moves, so their forward, traffic and work only ever see s_k == s.
   virtual bool supports_cross() const { return false; }
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
@@ -99,24 +99,21 @@ class Strategy {
 
   // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
   // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
-  // planner's compute time and load balance). By default a sequence-sharded strategy's: its
-  // tokens (rank_chunks) against the whole sequence, on every head.
-  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const;
+  // planner's compute time and load balance), for global q [b, s, h, d] against k/v of kv_seq
+  // tokens (s for self-attention). By default a sequence-sharded strategy's: its query tokens
+  // (rank_chunks over s, at q_offset) against every key, on every head.
+  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                            std::int64_t kv_heads) const;
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
-  // (context_parallel.hpp has the shapes); chunks[r] are rank r's tokens (rank_chunks, so the
-  // ranks' q may differ in length). Writes out; returns what the backward needs.
+  // (context_parallel.hpp has the shapes); q_chunks[r] are rank r's query tokens and
+  // kv_chunks[r] its K/V tokens (rank_chunks over s and s_k: the same chunks for
+  // self-attention; the ranks' q may differ in length). Writes out; returns what the backward
+  // needs.
   virtual std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                                   const std::vector<std::vector<SeqChunk>>& chunks,
+                                                   const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                   const std::vector<std::vector<SeqChunk>>& kv_chunks,
                                                    const TensorView& out, const TensorView& q, const TensorView& k,
                                                    const TensorView& v, CpStats& stats) const = 0;
-  // Collective. forward for cross-attention: kv_chunks[r] are rank r's K/V tokens (rank_chunks
-  // over s_k). By default throws Error (supports_cross() false).
-  virtual std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                         const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                         const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                         const TensorView& out, const TensorView& q,
-                                                         const TensorView& k, const TensorView& v,
-                                                         CpStats& stats) const;
   // Collective. Writes dq, dk, dv for the forward that made `context`.
   virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
@@ -129,12 +126,10 @@ class Strategy {
   }
 
   // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
-  // config; ranks differ when the tokens or heads do not split evenly).
-  virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                             DType dtype) const = 0;
-  // traffic() with k/v of kv_seq tokens (cross-attention). By default throws Error.
-  virtual CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                                   std::int64_t kv_heads, DType dtype) const;
+  // config; k/v of kv_seq tokens, s for self-attention; ranks differ when the tokens or heads do
+  // not split evenly).
+  virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                             std::int64_t kv_heads, DType dtype) const = 0;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
   // one per factorisation of cp.
@@ -154,6 +149,9 @@ AttentionParams attention_params(const CpConfig& config);
 
 // Cross-attention: k/v hold another length than q (kv_seq != q_seq) or config.q_offset is set.
 bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq);
+// The same for a forward's chunks (every rank's; the lengths they cover).
+bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
+              const std::vector<std::vector<SeqChunk>>& kv_chunks);
 
 // The registry, in registration order (the built-ins first, in the order listed above).
 const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones

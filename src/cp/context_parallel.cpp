@@ -218,11 +218,9 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   CpContext ctx;
   if (cp == 1)
     ctx.impl_ = local_forward(comm, config, out, q, k, v, ctx.stats_);
-  else if (is_cross(config, seq, kv_seq))
-    ctx.impl_ = strategy_.forward_cross(*group_, config, all_rank_chunks(config, cp, seq),
-                                        all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
   else
-    ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v, ctx.stats_);
+    ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq),
+                                  all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;

@@ -71,22 +71,22 @@ bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq) {
   return kv_seq != q_seq || config.q_offset.has_value();
 }
 
-std::unique_ptr<StrategyContext> Strategy::forward_cross(CpGroup&, const CpConfig&,
-                                                         const std::vector<std::vector<SeqChunk>>&,
-                                                         const std::vector<std::vector<SeqChunk>>&, const TensorView&,
-                                                         const TensorView&, const TensorView&, const TensorView&,
-                                                         CpStats&) const {
-  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
+bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
+              const std::vector<std::vector<SeqChunk>>& kv_chunks) {
+  auto length = [](const std::vector<std::vector<SeqChunk>>& chunks) {
+    std::int64_t n = 0;
+    for (const auto& c : chunks) n += total_tokens(c);
+    return n;
+  };
+  return is_cross(config, length(q_chunks), length(kv_chunks));
 }
 
-CommVolume Strategy::traffic_cross(const CpConfig&, int, int, const Shape&, std::int64_t, std::int64_t, DType) const {
-  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
-}
-
-std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {
+std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                            std::int64_t kv_heads) const {
+  const AttentionParams params = attention_params(config);
   std::int64_t pairs = 0;
   for (const SeqChunk& c : rank_chunks(config, cp, rank, q.s))
-    pairs += visible_pairs(attention_params(config), c, {0, q.s});
+    pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 

@@ -55,31 +55,6 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
   return double(most) * in.cp / double(total);
 }
 
-// Rank `rank`'s work (Strategy::work) when k/v hold s_k tokens and the queries sit at q_offset
-// (cross-attention: no documents, no window, contiguous chunks). Every strategy computes, on its
-// query heads, one contiguous range [a, a + n) of the queries then; its own work() without a mask
-// (n·s pairs per head) and with a causal one (Σ (t + 1) over the range per head) give n and a,
-// which are then counted against the k/v under the mask at q_offset.
-std::int64_t cross_work(const Strategy& strategy, const CpConfig& cfg, int cp, int rank, const Shape& q,
-                        std::int64_t kv_seq, std::int64_t kv_heads) {
-  const std::int64_t heads = q.b * strategy.heads_of(cfg, cp, rank, q.h, kv_heads).q.count;
-  CpConfig probe = cfg;
-  probe.q_offset.reset();
-  probe.zigzag = false;
-  probe.causal = false;
-  const std::int64_t n = heads > 0 ? strategy.work(probe, cp, rank, q, kv_heads) / (heads * q.s) : 0;
-  if (n == 0) return 0;
-  probe.causal = true;
-  const std::int64_t below = strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2;  // n·a
-  const std::int64_t a = below / n;
-  if (below % n != 0 || a < 0 || a + n > q.s)
-    throw Error(
-        fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
-                    "planner's cross-attention work assumes",
-                    strategy.name(), rank));
-  return heads * visible_pairs(attention_params(cfg), {a + cfg.q_offset.value_or(0), n}, {0, kv_seq});
-}
-
 PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
   cfg.window_left = in.window_left;
@@ -165,9 +140,7 @@ double parse_latency(const std::string& text) {
 }
 
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank) {
-  const Shape q{in.batch, in.seq, in.heads, in.head_dim};
-  if (!is_cross(config, in.seq, kv_seq_of(in))) return strategy.work(config, in.cp, rank, q, in.kv_heads);
-  return cross_work(strategy, config, in.cp, rank, q, kv_seq_of(in), in.kv_heads);
+  return strategy.work(config, in.cp, rank, {in.batch, in.seq, in.heads, in.head_dim}, kv_seq_of(in), in.kv_heads);
 }
 
 std::int64_t busiest_tokens(const PlanInput& in) { return (in.seq + in.cp - 1) / in.cp; }

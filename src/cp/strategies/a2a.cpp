@@ -108,9 +108,11 @@ class A2aStrategy final : public Strategy {
   RankHeads heads_of(const CpConfig&, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     return ulysses_heads(cp, rank, heads, kv_heads);
   }
-  // Every token's queries on this rank's heads.
-  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
-    return visible_pairs(attention_params(config), {0, q.s}, {0, q.s}) * q.b *
+  // Every token's queries (at q_offset) against every key, on this rank's heads.
+  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                    std::int64_t kv_heads) const override {
+    const AttentionParams params = attention_params(config);
+    return visible_pairs(params, {params.q_offset, q.s}, {0, kv_seq}) * q.b *
            ulysses_heads(cp, rank, q.h, kv_heads).q.count;
   }
   // Balanced by heads, so never zigzag.
@@ -119,17 +121,11 @@ class A2aStrategy final : public Strategy {
   bool supports_cross() const override { return true; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return run_forward(group, config, false, out, q, k, v, stats);
-  }
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>&,
-                                                 const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
-                                                 const TensorView& q, const TensorView& k, const TensorView& v,
-                                                 CpStats& stats) const override {
-    return run_forward(group, config, true, out, q, k, v, stats);
+    return run_forward(group, config, is_cross(config, q_chunks, kv_chunks), out, q, k, v, stats);
   }
 
  private:
@@ -291,14 +287,10 @@ class A2aStrategy final : public Strategy {
 
  public:
   // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
   // Cross-attention: q and k|v each transposed on their own token counts, so the q-only
   // directions keep one message per peer and the k|v ones add one.
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     if (is_cross(config, q.s, kv_seq)) {
       add_ulysses_cross_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s,

@@ -84,17 +84,10 @@ class AllGatherStrategy final : public Strategy {
   bool supports_cross() const override { return true; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return forward_cross(group, config, chunks, chunks, out, q, k, v, stats);
-  }
-
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                 const TensorView& out, const TensorView& q, const TensorView& k,
-                                                 const TensorView& v, CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<AllGatherContext>();
     ctx->chunks = kv_chunks;
@@ -168,12 +161,8 @@ class AllGatherStrategy final : public Strategy {
     g.store(dq, dk, dv);
   }
 
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, kv_seq);
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
