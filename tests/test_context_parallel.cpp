@@ -700,6 +700,33 @@ TEST(Registry, AStrategyFromItsOwnFileIsEverywhere) {
   EXPECT_THROW(find_strategy("no_such_strategy"), Error);
 }
 
+// What a forward keeps (the tensors alive while its context is, on the busiest rank) is what
+// the strategy's training memory model says (Strategy::context_memory, which train/memory.cpp
+// adds up): a2a's, and the toy's, which declares it in its own file. (The ring strategies'
+// models count the storage dtype and the sequence-sharded default; their fitted transients
+// absorb the difference.)
+TEST(Registry, AContextHoldsWhatItsMemoryModelSays) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  if (cp == 1) GTEST_SKIP() << "one rank runs plain flash attention, whatever the strategy";
+  const Shape global{2, 16 * cp, 2 * cp, 16};
+  const std::int64_t hkv = cp;
+  for (const DType dtype : {DType::f32, DType::bf16})
+    for (const char* name : {"a2a", "toy_all_gather_halves"}) {
+      SCOPED_TRACE(fmt::format("{} {}", name, to_string(dtype)));
+      const Strategy& strategy = find_strategy(name);
+      const CpConfig cfg = strategy.plan_configs(cp, true).front();
+      Tensor q({global.b, total_tokens(rank_chunks(cfg, cp, comm.rank(), global.s)), global.h, global.d}, dtype);
+      Tensor kv({q.shape().b, q.shape().s, hkv, global.d}, dtype), out(q.shape(), dtype);
+      ContextParallelAttention attn(comm, cfg);
+      double held = -double(tensor_bytes_in_use());
+      const CpContext ctx = attn.forward(out.view(), q.view(), kv.view(), kv.view());
+      held += double(tensor_bytes_in_use());
+      comm.allreduce_max(&held, 1);
+      EXPECT_EQ(held, strategy.context_memory(cfg, cp, global, hkv, dtype).bytes);
+    }
+}
+
 // Zigzag gives every rank the same causal work; when s % 2cp != 0, within one query row per
 // chunk (each of a rank's two chunks may hold one token more than another rank's, and a token
 // sees at most s keys). Every visible pair is computed exactly once.

@@ -145,6 +145,16 @@ class ToyAllGatherHalves final : public Strategy {
     return v;
   }
 
+  // Its context: float32 q, out and lse of the busiest rank's tokens, the full K and V in
+  // float32. The backward adds dq and dout of its tokens, then full-length dK, dV, two partials
+  // and the reduce-scatter's blocks.
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+    const double tokens = double(q.b) * double((q.s + cp - 1) / cp), qd = double(q.h * q.d);
+    const double full = double(q.b) * double(q.s) * double(kv_heads * q.d);
+    const double bytes = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
+    return {bytes, 4 * (2 * tokens * qd + 5 * full) / bytes};
+  }
+
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {
     const Link& l = ring_link(in.cluster, in.cp, 1);
     return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0, 0.0};

@@ -67,6 +67,14 @@ struct StrategyCost {
   double memory_bytes = 0;  // attention working set per rank
 };
 
+// The training memory model of one layer's context on the busiest rank (train/memory.cpp adds
+// it up over the layers in flight; train_memory_test.sh checks the sum against measured peaks).
+struct ContextMemory {
+  double bytes = 0;      // what one forward keeps for its backward (its StrategyContext)
+  double transient = 0;  // the backward's own buffers on top (head-sharded dout and gradients,
+                         // send buffers, the ring's K/V in flight), in contexts of `bytes`
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -130,6 +138,13 @@ class Strategy {
   // not split evenly).
   virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                              std::int64_t kv_heads, DType dtype) const = 0;
+
+  // The training memory model of its context for global q [b, s, h, d] with kv_heads KV heads
+  // stored in `dtype` on cp > 1 ranks (one rank runs plain flash attention, whatever the
+  // strategy). By default a sequence-sharded strategy's: q, out, k, v and lse of the busiest
+  // rank's tokens, and 3.5 contexts of transients (fitted to the measured peaks of p2p).
+  virtual ContextMemory context_memory(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+                                       DType dtype) const;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
   // one per factorisation of cp.

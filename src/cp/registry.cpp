@@ -90,6 +90,13 @@ std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shap
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 
+ContextMemory Strategy::context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                                       DType dtype) const {
+  const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
+  const double per_token = 2 * double(q.h * q.d) + 2 * double(kv_heads * q.d) + double(q.h);  // q, out, k, v, lse
+  return {double(dtype_size(dtype)) * tokens * per_token, 3.5};
+}
+
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {
   return {CpConfig{std::string(name()), {}, causal, std::nullopt}};
 }

@@ -10,7 +10,7 @@
 
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
 
 namespace ulysses::train {
 
@@ -21,22 +21,16 @@ constexpr double kFloat = 4;
 // OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
 constexpr double kBaselineBytes = 20.0 * (1 << 20);
 
-// One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps
-// (q, k, v and out in `dtype`; lse float32, counted at that width too; a2a keeps its
-// head-sharded out in float32 whatever the dtype).
-double context_bytes(const TrainConfig& c, int cp, double N, DType dtype) {
+// One layer's attention context on the busiest rank in `dtype`: its strategy's model
+// (Strategy::context_memory) on cp > 1 ranks; on one rank ContextParallelAttention's plain
+// flash attention, which keeps q, k, v, out and lse (each counted at `dtype` width),
+// and half a context of transients.
+ContextMemory context_of(const TrainConfig& c, int cp, DType dtype) {
   const GptConfig& m = c.model;
-  const double E = double(dtype_size(dtype));
-  const double B = double(c.batch), s = double(c.seq), D = double(m.head_dim);
-  const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
-  const std::string& type = c.cp.cp_comm_type;
-  if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
-    const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
-    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
-    return E * B * s * ((h + 2 * kv) * D) + kFloat * B * s * (h * D + h);
-  }
-  if (type == "all_gather" && cp > 1) return E * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
-  return E * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
+  const Shape q{c.batch, c.seq, m.heads, m.head_dim};
+  if (cp > 1) return find_strategy(c.cp.cp_comm_type).context_memory(c.cp, cp, q, m.kv_heads, dtype);
+  const double per_token = 2 * double(m.heads * m.head_dim) + 2 * double(m.kv_heads * m.head_dim) + double(m.heads);
+  return {double(dtype_size(dtype)) * double(c.batch) * double(c.seq) * per_token, 0.5};
 }
 
 }  // namespace
@@ -72,26 +66,17 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
-  // flight), in contexts: fitted to the measured peaks, a2a on three shapes, p2p and one rank
-  // (plain flash attention, no communication buffers) on one each.
+  // flight), in contexts (ContextMemory::transient, fitted to the measured peaks).
   // bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
   // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
   // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. Fitted:
   // 1 and 2.4 float32 contexts (the a2a, p2p and all_gather shapes of train_memory_test.sh at
   // bf16 within 4 %).
-  // a2a in float32 computes its gradients in the context's buffers and receives dout into dq's
-  // (the consuming backward, strategies/a2a.cpp): what is left grows with the other ranks'
-  // share of the transposes' send and receive buffers, 0.1 + 0.92·(cp − 1)/cp contexts, fitted
-  // to the headline at cp = 2 and 4 and the a2a shapes of train_memory_test.sh (1.7 before,
-  // as bf16 still is).
-  const bool a2a = c.cp.cp_comm_type == "a2a";
-  const double others = double(cp - 1) / double(cp);
-  const double transient = cp == 1 ? 0.5 : a2a ? (c.dtype == DType::f32 ? 0.1 + 0.92 * others : 1.7) : 3.5;
+  const ContextMemory context = context_of(c, cp, c.dtype);
   const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
-  const double f32_context = context_bytes(c, cp, N, DType::f32);
-  e.attention =
-      context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
-      (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0)) : context_bytes(c, cp, N, c.dtype) * transient);
+  const double f32_context = context_of(c, cp, DType::f32).bytes;
+  e.attention = context.bytes * (ckpt ? 1 : L) + (converted ? f32_context * (context.transient + (cp == 1 ? 2.4 : 1.0))
+                                                            : context.bytes * context.transient);
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }

@@ -306,6 +306,20 @@ class A2aStrategy final : public Strategy {
     return v;
   }
 
+  // Head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse. A float32
+  // backward computes in the context's buffers and receives dout into dq's (backward_consuming):
+  // what is left grows with the other ranks' share of the transposes' send and receive buffers,
+  // 0.1 + 0.92·(cp − 1)/cp contexts, fitted to the headline at cp = 2 and 4 and the a2a shapes
+  // of train_memory_test.sh (1.7 before, as bf16 still is).
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                               DType dtype) const override {
+    const HeadSplit split = ulysses_head_split(cp, q.h, kv_heads);
+    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
+    const double tokens = double(q.b) * double(q.s), d = double(q.d);
+    const double bytes = double(dtype_size(dtype)) * tokens * (h + 2 * kv) * d + 4 * tokens * (h * d + h);
+    return {bytes, dtype == DType::f32 ? 0.1 + 0.92 * double(cp - 1) / double(cp) : 1.7};
+  }
+
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
   // a chunk computes (pipeline_exposed).
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,

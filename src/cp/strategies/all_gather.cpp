@@ -172,6 +172,14 @@ class AllGatherStrategy final : public Strategy {
     return v;
   }
 
+  // q, out and lse of the busiest rank's tokens, the full K and V.
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                               DType dtype) const override {
+    const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
+    const double full_kv = 2 * double(q.b) * double(q.s) * double(kv_heads * q.d);
+    return {double(dtype_size(dtype)) * (2 * tokens * double(q.h * q.d) + full_kv + tokens * double(q.h)), 3.5};
+  }
+
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double, double) const override {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim) * es;
