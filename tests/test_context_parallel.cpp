@@ -21,6 +21,9 @@
 #include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
+#if ULYSSES_TEST_CLI
+#include "../tools/report.hpp"
+#endif
 
 using namespace ulysses;
 using ulysses::testing::forward_backward_counted;
@@ -700,6 +703,37 @@ TEST(Registry, AStrategyFromItsOwnFileIsEverywhere) {
   EXPECT_THROW(find_strategy("no_such_strategy"), Error);
 }
 
+#if ULYSSES_TEST_CLI
+// The toy's own option: a flag of the CLI's commands (which iterate the registry), parsed into
+// CpConfig::options, checked by its validate, refused on the command line and in the library
+// for any other strategy.
+TEST(Registry, AStrategysOptionReachesTheCommandLineAndValidation) {
+  CLI::App app;
+  cli::StrategyOptionTexts given;
+  cli::add_strategy_options(&app, given);
+  app.parse("--toy-max-cp 2", false);
+  const CpConfig cfg = cli::parse_strategy("toy_all_gather_halves", given, 4);
+  EXPECT_EQ(cfg.options.at("toy-max-cp"), std::vector<std::int64_t>{2});
+  const Shape q{1, 64, 8, 8};
+  EXPECT_EQ(config_error(cfg, 2, q, 8), "");
+  EXPECT_EQ(config_error(cfg, 4, q, 8), "toy_all_gather_halves: cp 4 is more than toy-max-cp 2");
+  for (const char* other : {"a2a", "p2p"}) {
+    try {
+      cli::parse_strategy(other, given, 4);
+      ADD_FAILURE() << other << " took --toy-max-cp";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "--toy-max-cp applies to --strategy toy_all_gather_halves only");
+    }
+    CpConfig elsewhere = cfg;
+    elsewhere.cp_comm_type = other;
+    EXPECT_EQ(config_error(elsewhere, 2, q, 8),
+              fmt::format("toy-max-cp must be unset for cp_comm_type {} (an option of toy_all_gather_halves), got 2",
+                          other));
+  }
+  EXPECT_THROW(cli::parse_strategy("toy_all_gather_halves", {{"toy-max-cp", "0"}}, 4), Error);
+}
+#endif
+
 // What a forward keeps (the tensors alive while its context is, on the busiest rank) is what
 // the strategy's training memory model says (Strategy::context_memory, which train/memory.cpp
 // adds up): a2a's, and the toy's, which declares it in its own file. (The ring strategies'
@@ -918,13 +952,23 @@ TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
   MpiCommunicator comm;
   const int cp = comm.size();
   const Shape q{1, 4 * cp, 2 * cp, 8};
-  for (auto [type, chunks] : {std::pair{"a2a", 0}, {"p2p", 2}, {"all_gather", 3}}) {
+  // a2a's own rule, and the registry's for an option set on a strategy that does not declare it.
+  for (auto [type, chunks, error] :
+       {std::tuple{"a2a", 0, "overlap_chunks must be 1, or more for cp_comm_type a2a; got 0 for a2a"},
+        {"p2p", 2, "overlap_chunks must be 1 for cp_comm_type p2p (an option of a2a), got 2"},
+        {"all_gather", 3, "overlap_chunks must be 1 for cp_comm_type all_gather (an option of a2a), got 3"}}) {
     CpConfig cfg{type, {}, false, std::nullopt};
     cfg.overlap_chunks = chunks;
-    EXPECT_NE(config_error(cfg, cp, q, cp).find("overlap_chunks must be 1, or more for cp_comm_type a2a"),
-              std::string::npos)
-        << type;
+    EXPECT_EQ(config_error(cfg, cp, q, cp), error);
   }
+  CpConfig sizes{"p2p", {1, cp}, false, std::nullopt};
+  EXPECT_EQ(config_error(sizes, cp, q, cp),
+            fmt::format("hierarchical_context_parallel_sizes must be empty for cp_comm_type p2p (an option of "
+                        "a2a+p2p), got 1, {}",
+                        cp));
+  CpConfig unknown{"a2a", {}, false, std::nullopt};
+  unknown.options["no-such-option"] = {1};
+  EXPECT_EQ(config_error(unknown, cp, q, cp), "cp_comm_type a2a has no option no-such-option");
   PlanInput in;
   in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
   const OverlapPlan o = plan_overlap(in);

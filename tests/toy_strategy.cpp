@@ -2,12 +2,14 @@
 // in two halves" — K and V gathered by two all-gathers (float32 on the wire), dK and dV
 // returned by two reduce-scatters. Written against the public headers only, it runs through
 // every generic strategy test of test_context_parallel.cpp (reference match, exact bytes
-// against its own traffic formula and the planner, equal causal work, errors), which is the
-// point: adding a strategy needs no edit anywhere else.
+// against its own traffic formula and the planner, equal causal work, errors), the training
+// memory model (test_train.cpp) and the command line's options, which is the point: adding a
+// strategy needs no edit anywhere else.
 #include <memory>
 
 #include "ulysses/attention.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -73,6 +75,17 @@ class ToyAllGatherHalves final : public Strategy {
   std::string_view name() const override { return "toy_all_gather_halves"; }
   bool supports_documents() const override { return true; }
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
+  // An option of its own (CpConfig::options["toy-max-cp"], --toy-max-cp on the command line).
+  std::vector<StrategyOption> options() const override {
+    return {{"toy-max-cp", "N", "refuse more ranks than N", "toy-max-cp", "unset"}};
+  }
+  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
+    Strategy::validate(config, cp, q, kv_heads);
+    const std::vector<std::int64_t> most = option_value(options().front(), config);
+    if (!most.empty() && cp > most.front())
+      throw Error("toy_all_gather_halves: cp " + std::to_string(cp) + " is more than toy-max-cp " +
+                  std::to_string(most.front()));
+  }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& chunks,

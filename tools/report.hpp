@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <string_view>
@@ -39,9 +40,17 @@ std::int64_t peak_rss_bytes();
 // "messages": {op: n}, "calls": {op: n}, "peak_rss_bytes"}; other ranks get an empty array.
 nlohmann::json gather_rank_stats(Communicator& comm, const std::vector<std::string>& ops);
 
-// Parses --strategy and --cp-sizes into a CpConfig (throws Error with the flag's name):
-// --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.
-CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks);
+// The text given for each option the registered strategies declare (StrategyOption), by flag;
+// "" when not given.
+using StrategyOptionTexts = std::map<std::string, std::string>;
+// Adds --<flag> for every option of every registered strategy, once per flag, writing `given`.
+void add_strategy_options(CLI::App* command, StrategyOptionTexts& given);
+// Parses --strategy and the options given into a CpConfig (throws Error with the flag's name):
+// each option's integers as its metavar says, only for a strategy that declares it; an
+// option the strategy requires must be given (a2a+p2p's --cp-sizes INNER,OUTER).
+CpConfig parse_strategy(const std::string& strategy, const StrategyOptionTexts& given, int ranks);
+// True when the strategy of `cfg` was given none of its options (the planner may choose them).
+bool no_option_given(const CpConfig& cfg, const StrategyOptionTexts& given);
 
 // True when all of `text` is one integer (no sign but '-', no spaces), stored in `value`.
 bool parse_int64(std::string_view text, std::int64_t& value);

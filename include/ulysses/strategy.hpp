@@ -2,11 +2,14 @@
 // finds it by Megatron's cp_comm_type name.
 //
 // A strategy knows everything about itself: which inputs it accepts, where tokens live, its
-// forward and backward, the exact bytes it sends, and what the planner should expect it to
-// cost. ContextParallelAttention, the planner, predicted_comm_volume, the CLI's help and the
-// parametrised tests all iterate the registry, so adding a strategy is one new file under
-// src/cp/strategies/ plus one line in src/cp/registry.cpp (or register_strategy() from
-// outside the library). The built-ins, in registry order:
+// forward and backward (one pair for self- and cross-attention: self-attention is the case
+// where the query and key/value chunks coincide), and, apart from the execution, its analytics:
+// the exact bytes it sends, its work, what the planner should expect it to cost, the training
+// memory model of its context, and the options it adds to CpConfig. ContextParallelAttention,
+// validate_cp_config, the planner, predicted_comm_volume, the training memory model, the CLI
+// (its flags and help) and the parametrised tests all iterate the registry and never compare a
+// strategy's name, so adding a strategy is one new file under src/cp/strategies/ plus one line
+// in src/cp/registry.cpp (or register_strategy() from outside the library). The built-ins, in registry order:
 //   a2a         DeepSpeed-Ulysses: all-to-all seq→head, local attention over the full
 //               sequence on h/cp heads, all-to-all head→seq.
 //   p2p         ring attention: K/V travel around the ring, overlapped with compute.
@@ -75,6 +78,25 @@ struct ContextMemory {
                          // send buffers, the ring's K/V in flight), in contexts of `bytes`
 };
 
+// A setting a strategy adds to CpConfig, declared by the strategy: the CLI's attention and
+// train commands make --<flag> of every registered strategy's options and refuse one that the
+// chosen strategy does not declare, and validate_cp_config refuses an option set on a strategy
+// that does not declare it. Values are positive integers.
+struct StrategyOption {
+  std::string flag;       // "cp-sizes": --cp-sizes on the command line, options["cp-sizes"] in a CpConfig
+  std::string metavar;    // "INNER,OUTER": the integers it takes, by their names
+  std::string help;       // one line
+  std::string name;       // in CpConfig and errors: "hierarchical_context_parallel_sizes"
+  std::string unset;      // what it must be on another strategy: "1", "empty"
+  std::int64_t most = 0;  // the largest value it takes; 0: int's
+  // Non-empty: the strategy needs the option and this is its rule, "{}" standing for cp.
+  std::string required = {};
+  // Its value in a config (empty: unset) and its setter. Null: CpConfig::options[flag], where
+  // a strategy from outside the library keeps its own; the built-ins' have fields of their own.
+  std::vector<std::int64_t> (*get)(const CpConfig&) = nullptr;
+  void (*set)(CpConfig&, const std::vector<std::int64_t>&) = nullptr;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -92,6 +114,14 @@ class Strategy {
   // tokens, each sharded by rank_chunks over its own length. Others are refused cross-attention
   // before any data moves, so their forward, traffic and work only ever see s_k == s.
   virtual bool supports_cross() const { return false; }
+
+  // The options it adds to CpConfig (none by default).
+  virtual std::vector<StrategyOption> options() const { return {}; }
+  // Lines about the options of `config` for a run's header, each "  ...\n" ("" by default).
+  virtual std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const;
+  // The variants of a validated `config` the planner picks from (plan_tuning) when the user set
+  // none of its options: a2a's overlap_chunks. None by default.
+  virtual std::vector<CpConfig> tunings(const CpConfig& config, int cp, std::int64_t kv_heads) const;
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
@@ -175,5 +205,10 @@ std::vector<const Strategy*> strategies();
 std::string strategy_names(std::string_view separator);
 // Adds a strategy; throws Error if its name is taken. Call before any attention runs.
 void register_strategy(std::unique_ptr<Strategy> strategy);
+
+// An option's value in `config` (empty: unset) and its setter (StrategyOption::get and set, or
+// config.options[option.flag]).
+std::vector<std::int64_t> option_value(const StrategyOption& option, const CpConfig& config);
+void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values);
 
 }  // namespace ulysses

@@ -97,6 +97,23 @@ ContextMemory Strategy::context_memory(const CpConfig&, int cp, const Shape& q, 
   return {double(dtype_size(dtype)) * tokens * per_token, 3.5};
 }
 
+std::string Strategy::describe(const CpConfig&, int, std::int64_t) const { return ""; }
+
+std::vector<CpConfig> Strategy::tunings(const CpConfig&, int, std::int64_t) const { return {}; }
+
+std::vector<std::int64_t> option_value(const StrategyOption& option, const CpConfig& config) {
+  if (option.get) return option.get(config);
+  const auto it = config.options.find(option.flag);
+  return it == config.options.end() ? std::vector<std::int64_t>() : it->second;
+}
+
+void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values) {
+  if (option.set)
+    option.set(config, values);
+  else
+    config.options[option.flag] = values;
+}
+
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {
   return {CpConfig{std::string(name()), {}, causal, std::nullopt}};
 }

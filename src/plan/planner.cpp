@@ -190,20 +190,44 @@ double pipeline_exposed(int chunks, double in_s, double out_s, double compute_s)
   return exposed;
 }
 
-OverlapPlan plan_overlap(const PlanInput& in) {
+namespace {
+
+// `config`'s tunings (Strategy::tunings) on `in`, their rows, and the fastest (the first on a
+// tie); best is -1 when there are none or one is invalid.
+struct Tunings {
+  std::vector<CpConfig> configs;
+  std::vector<PlanRow> rows;
+  int best = -1;
+};
+
+Tunings tunings_of(const PlanInput& in, const CpConfig& config) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
-  OverlapPlan best;
-  double best_s = 0;
-  for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, in.cp, in.kv_heads) == c; ++c) {
-    CpConfig cfg{"a2a", {}, in.causal, std::nullopt};
-    cfg.overlap_chunks = c;
-    const PlanRow r = evaluate(in, find_strategy("a2a"), cfg);
-    if (!r.valid) return {};
-    const double exposed = r.comm_s - r.hidden_s;
-    if (c == 1) best.plain_exposed_s = exposed;
-    if (c == 1 || r.predicted_step_s < best_s) best.chunks = c, best.exposed_s = exposed, best_s = r.predicted_step_s;
+  const Strategy& strategy = find_strategy(config.cp_comm_type);
+  Tunings t;
+  t.configs = strategy.tunings(config, in.cp, in.kv_heads);
+  for (const CpConfig& c : t.configs) {
+    t.rows.push_back(evaluate(in, strategy, c));
+    if (!t.rows.back().valid) return {};
+    if (t.best < 0 || t.rows.back().predicted_step_s < t.rows[std::size_t(t.best)].predicted_step_s)
+      t.best = int(t.rows.size()) - 1;
   }
-  return best;
+  return t;
+}
+
+double exposed_s(const PlanRow& r) { return r.comm_s - r.hidden_s; }
+
+}  // namespace
+
+CpConfig plan_tuning(const PlanInput& in, const CpConfig& config) {
+  const Tunings t = tunings_of(in, config);
+  return t.best < 0 ? config : t.configs[std::size_t(t.best)];
+}
+
+OverlapPlan plan_overlap(const PlanInput& in) {
+  const Tunings t = tunings_of(in, CpConfig{"a2a", {}, in.causal, std::nullopt});
+  if (t.best < 0) return {};
+  const PlanRow& best = t.rows[std::size_t(t.best)];
+  return {best.config.overlap_chunks, exposed_s(best), exposed_s(t.rows.front())};
 }
 
 std::string plan_input_error(const PlanInput& in) {

@@ -15,6 +15,8 @@
 //
 // Cross-attention (k/v of s_k tokens): q and k|v travel in separate transposes, their token
 // counts differing; no overlap (validate_cp_config refuses overlap_chunks > 1 with it).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <span>
@@ -102,8 +104,37 @@ class A2aStrategy final : public Strategy {
     return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
   }
 
-  void validate(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads) const override {
+  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     check_ulysses_heads(cp, q.h, kv_heads, "cp", "a2a");
+    if (config.overlap_chunks < 1)
+      throw Error(
+          fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for a2a", config.overlap_chunks));
+  }
+  std::vector<StrategyOption> options() const override {
+    return {{"overlap-chunks", "N",
+             "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
+             "the KV heads a rank holds; default: the planner's choice)",
+             "overlap_chunks", "1", 1024, "",
+             [](const CpConfig& c) {
+               return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
+             },
+             [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }}};
+  }
+  std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
+    if (cp == 1) return "";
+    return fmt::format("  overlap_chunks {}: {}\n", ulysses_overlap_chunks(config.overlap_chunks, cp, kv_heads),
+                       config.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute"
+                                                 : "plain all-to-alls");
+  }
+  // Every chunk count up to 8 that the KV heads allow (the planner weighs overlap against the
+  // messages it adds).
+  std::vector<CpConfig> tunings(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
+    std::vector<CpConfig> out;
+    for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, cp, kv_heads) == c; ++c) {
+      out.push_back(config);
+      out.back().overlap_chunks = c;
+    }
+    return out;
   }
   RankHeads heads_of(const CpConfig&, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     return ulysses_heads(cp, rank, heads, kv_heads);

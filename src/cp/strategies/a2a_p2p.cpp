@@ -63,6 +63,27 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   bool hierarchical() const override { return true; }
+  std::vector<StrategyOption> options() const override {
+    return {{"cp-sizes", "INNER,OUTER", "hierarchical_context_parallel_sizes INNER,OUTER",
+             "hierarchical_context_parallel_sizes", "empty", 0, "INNER * OUTER == {} (ranks)",
+             [](const CpConfig& c) {
+               const auto& hs = c.hierarchical_context_parallel_sizes;
+               return std::vector<std::int64_t>(hs.begin(), hs.end());
+             },
+             [](CpConfig& c, const std::vector<std::int64_t>& v) {
+               c.hierarchical_context_parallel_sizes.assign(v.begin(), v.end());
+             }}};
+  }
+  std::string describe(const CpConfig& config, int, std::int64_t) const override {
+    const auto& hs = config.hierarchical_context_parallel_sizes;
+    if (hs.size() != 2) return "";
+    return fmt::format(
+        "  hierarchical_context_parallel_sizes [{}, {}]: Ulysses in groups of {} contiguous ranks, ring over {}{}\n",
+        hs[0], hs[1], hs[0], hs[1],
+        hs[0] == 1   ? " (inner 1: this is plain p2p)"
+        : hs[1] == 1 ? " (outer 1: this is plain a2a)"
+                     : "");
+  }
 
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     const auto& hs = config.hierarchical_context_parallel_sizes;
