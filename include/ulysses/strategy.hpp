@@ -102,6 +102,8 @@ class Strategy {
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;     // Megatron's cp_comm_type
   virtual std::string_view summary() const = 0;  // one line, for help texts
+
+  // ---- What it accepts and adds: capabilities, options, validation, placement. ----
   // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
   virtual bool hierarchical() const { return false; }
   // True when forward and backward honour config.cu_seqlens (packed documents: pass
@@ -135,13 +137,7 @@ class Strategy {
   // (sequence-sharded strategies); Ulysses splits them (ulysses_heads in sharding.hpp).
   virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const;
 
-  // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
-  // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
-  // planner's compute time and load balance), for global q [b, s, h, d] against k/v of kv_seq
-  // tokens (s for self-attention). By default a sequence-sharded strategy's: its query tokens
-  // (rank_chunks over s, at q_offset) against every key, on every head.
-  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                            std::int64_t kv_heads) const;
+  // ---- Execution. ----
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
   // (context_parallel.hpp has the shapes); q_chunks[r] are rank r's query tokens and
   // kv_chunks[r] its K/V tokens (rank_chunks over s and s_k: the same chunks for
@@ -163,6 +159,14 @@ class Strategy {
     backward(group, context, dq, dk, dv, dout, stats);
   }
 
+  // ---- Analytics, apart from the execution: not collective, for a validated config. ----
+  // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
+  // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
+  // planner's compute time and load balance), for global q [b, s, h, d] against k/v of kv_seq
+  // tokens (s for self-attention). By default a sequence-sharded strategy's: its query tokens
+  // (rank_chunks over s, at q_offset) against every key, on every head.
+  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                            std::int64_t kv_heads) const;
   // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
   // config; k/v of kv_seq tokens, s for self-attention; ranks differ when the tokens or heads do
   // not split evenly).
