@@ -83,7 +83,7 @@ std::vector<BalanceRow> measure_balance(const Shape& s, const std::vector<int>& 
       const auto chunks = all_rank_chunks(cfg, cp, s.s);
       const auto rank_work = [&](int r) { ring ? ring_rank(g, chunks, r) : ulysses_rank(s, cp, r); };
       BalanceRow row{layout, cp, best_of_rounds(cp, rounds, rank_work), {}};
-      for (int r = 0; r < cp; ++r) row.pairs.push_back(find_strategy(cfg.cp_comm_type).work(cfg, cp, r, s, s.h));
+      for (int r = 0; r < cp; ++r) row.pairs.push_back(find_strategy(cfg.cp_comm_type).work(cfg, cp, r, s, s.s, s.h));
       rows.push_back(row);
     }
   return rows;

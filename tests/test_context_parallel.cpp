@@ -21,6 +21,9 @@
 #include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
+#if ULYSSES_TEST_CLI
+#include "options.hpp"
+#endif
 
 using namespace ulysses;
 using ulysses::testing::forward_backward_counted;
@@ -250,7 +253,7 @@ COMM_TEST(Documents, EveryStrategyMatchesFloat64Reference) {
           EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
           // What the planner predicts for this rank is what it computed.
           EXPECT_EQ(ctx.stats().score_pairs,
-                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, hkv));
+                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, s, hkv));
         }
 }
 
@@ -354,7 +357,7 @@ COMM_TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           double total = double(ctx.stats().score_pairs);
           comm.allreduce_sum(&total, 1);
           EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
-          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, hkv));
+          EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, s, hkv));
           const CommVolume predicted = predicted_comm_volume(cfg, cp, me, {1, s, h, d}, hkv, dtype);
           for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op), n) << op;
           for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(bwd, op), n) << op;
@@ -686,6 +689,64 @@ TEST(Registry, AStrategyFromItsOwnFileIsEverywhere) {
   EXPECT_THROW(find_strategy("no_such_strategy"), Error);
 }
 
+#if ULYSSES_TEST_CLI
+// The toy's own option: a flag of the CLI's commands (which iterate the registry), parsed into
+// CpConfig::options, checked by its validate, refused on the command line and in the library
+// for any other strategy.
+TEST(Registry, AStrategysOptionReachesTheCommandLineAndValidation) {
+  CLI::App app;
+  cli::StrategyOptionTexts given;
+  cli::add_strategy_options(&app, given);
+  app.parse("--toy-max-cp 2", false);
+  const CpConfig cfg = cli::parse_strategy("toy_all_gather_halves", given, 4);
+  EXPECT_EQ(cfg.options.at("toy-max-cp"), std::vector<std::int64_t>{2});
+  const Shape q{1, 64, 8, 8};
+  EXPECT_EQ(config_error(cfg, 2, q, 8), "");
+  EXPECT_EQ(config_error(cfg, 4, q, 8), "toy_all_gather_halves: cp 4 is more than toy-max-cp 2");
+  for (const char* other : {"a2a", "p2p"}) {
+    try {
+      cli::parse_strategy(other, given, 4);
+      ADD_FAILURE() << other << " took --toy-max-cp";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "--toy-max-cp applies to --strategy toy_all_gather_halves only");
+    }
+    CpConfig elsewhere = cfg;
+    elsewhere.cp_comm_type = other;
+    EXPECT_EQ(config_error(elsewhere, 2, q, 8),
+              fmt::format("toy-max-cp must be unset for cp_comm_type {} (an option of toy_all_gather_halves), got 2",
+                          other));
+  }
+  EXPECT_THROW(cli::parse_strategy("toy_all_gather_halves", {{"toy-max-cp", "0"}}, 4), Error);
+}
+#endif
+
+// What a forward keeps (the tensors alive while its context is, on the busiest rank) is what
+// the strategy's training memory model says (Strategy::context_memory, which train/memory.cpp
+// adds up): a2a's, and the toy's, which declares it in its own file. (The ring strategies'
+// models count the storage dtype and the sequence-sharded default; their fitted transients
+// absorb the difference.)
+TEST(Registry, AContextHoldsWhatItsMemoryModelSays) {
+  MpiCommunicator comm;
+  const int cp = comm.size();
+  if (cp == 1) GTEST_SKIP() << "one rank runs plain flash attention, whatever the strategy";
+  const Shape global{2, 16 * cp, 2 * cp, 16};
+  const std::int64_t hkv = cp;
+  for (const DType dtype : {DType::f32, DType::bf16})
+    for (const char* name : {"a2a", "toy_all_gather_halves"}) {
+      SCOPED_TRACE(fmt::format("{} {}", name, to_string(dtype)));
+      const Strategy& strategy = find_strategy(name);
+      const CpConfig cfg = strategy.plan_configs(cp, true).front();
+      Tensor q({global.b, total_tokens(rank_chunks(cfg, cp, comm.rank(), global.s)), global.h, global.d}, dtype);
+      Tensor kv({q.shape().b, q.shape().s, hkv, global.d}, dtype), out(q.shape(), dtype);
+      ContextParallelAttention attn(comm, cfg);
+      double held = -double(tensor_bytes_in_use());
+      const CpContext ctx = attn.forward(out.view(), q.view(), kv.view(), kv.view());
+      held += double(tensor_bytes_in_use());
+      comm.allreduce_max(&held, 1);
+      EXPECT_EQ(held, strategy.context_memory(cfg, cp, global, hkv, dtype).bytes);
+    }
+}
+
 // Zigzag gives every rank the same causal work; when s % 2cp != 0, within one query row per
 // chunk (each of a rank's two chunks may hold one token more than another rank's, and a token
 // sees at most s keys). Every visible pair is computed exactly once.
@@ -867,13 +928,23 @@ COMM_TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
   EXPECT_EQ(last.q[1], (HeadRange{12, 2}));
   const int cp = comm.size();
   const Shape q{1, 4 * cp, 2 * cp, 8};
-  for (auto [type, chunks] : {std::pair{"a2a", 0}, {"p2p", 2}, {"all_gather", 3}}) {
+  // a2a's own rule, and the registry's for an option set on a strategy that does not declare it.
+  for (auto [type, chunks, error] :
+       {std::tuple{"a2a", 0, "overlap_chunks must be 1, or more for cp_comm_type a2a; got 0 for a2a"},
+        {"p2p", 2, "overlap_chunks must be 1 for cp_comm_type p2p (an option of a2a), got 2"},
+        {"all_gather", 3, "overlap_chunks must be 1 for cp_comm_type all_gather (an option of a2a), got 3"}}) {
     CpConfig cfg{type, {}, false, std::nullopt};
     cfg.overlap_chunks = chunks;
-    EXPECT_NE(config_error(cfg, cp, q, cp).find("overlap_chunks must be 1, or more for cp_comm_type a2a"),
-              std::string::npos)
-        << type;
+    EXPECT_EQ(config_error(cfg, cp, q, cp), error);
   }
+  CpConfig sizes{"p2p", {1, cp}, false, std::nullopt};
+  EXPECT_EQ(config_error(sizes, cp, q, cp),
+            fmt::format("hierarchical_context_parallel_sizes must be empty for cp_comm_type p2p (an option of "
+                        "a2a+p2p), got 1, {}",
+                        cp));
+  CpConfig unknown{"a2a", {}, false, std::nullopt};
+  unknown.options["no-such-option"] = {1};
+  EXPECT_EQ(config_error(unknown, cp, q, cp), "cp_comm_type a2a has no option no-such-option");
   PlanInput in;
   in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
   const OverlapPlan o = plan_overlap(in);

@@ -2,7 +2,7 @@
 // every strategy that supports it (all four built-ins; a2a+p2p at every [inner, outer]) against
 // the float64 reference, forward and all gradients, with and without a causal mask at an
 // explicit q_offset, GQA/MQA, bf16 and f32, token counts that do not divide by cp; exact bytes
-// and messages against traffic_cross; the visible pairs computed (the ring skips fully masked
+// and messages against Strategy::traffic; the visible pairs computed (the ring skips fully masked
 // chunks, no pair counted twice); the same clear error on every rank for what is refused.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -112,9 +112,10 @@ COMM_TEST(Cross, EverySupportingStrategyMatchesFloat64ReferenceWithExactBytes) {
           const std::vector<std::int64_t> every = comm.allgather_value(pairs, "test");
           EXPECT_EQ(std::accumulate(every.begin(), every.end(), std::int64_t(0)), all_pairs);
           if (s->name() == "p2p" || s->hierarchical()) EXPECT_EQ(pairs, ring_work(*s, cfg, cp, me, c));
+          EXPECT_EQ(pairs, s->work(cfg, cp, me, {c.b, c.sq, c.h, c.d}, c.sk, c.hkv));
         }
         if (cp == 1) continue;
-        const CommVolume want = s->traffic_cross(cfg, cp, me, {c.b, c.sq, c.h, c.d}, c.sk, c.hkv, c.dtype);
+        const CommVolume want = s->traffic(cfg, cp, me, {c.b, c.sq, c.h, c.d}, c.sk, c.hkv, c.dtype);
         for (bool m : {false, true}) {
           for (const auto& [op, n] : m ? want.forward_messages : want.forward_bytes)
             EXPECT_EQ(counted(fwd, op, m), n) << op;

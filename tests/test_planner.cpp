@@ -303,7 +303,7 @@ TEST(PlannerCross, WorkIsTheVisiblePairsAgainstTheKv) {
     }
 }
 
-TEST(PlannerCross, BytesAreTrafficCrossAndTheOthersAreRefused) {
+TEST(PlannerCross, BytesAreTrafficAndTheOthersAreRefused) {
   const PlanInput in = [] {
     PlanInput x = cross(4096, 12288, 8192, true, 8);
     x.heads = 32, x.kv_heads = 8, x.head_dim = 128;
@@ -325,7 +325,7 @@ TEST(PlannerCross, BytesAreTrafficCrossAndTheOthersAreRefused) {
     // Each counter's busiest rank, from the strategy's own formula.
     std::map<std::string, std::int64_t> fwd, bwd;
     for (int rank = 0; rank < 8; ++rank) {
-      const CommVolume v = st.traffic_cross(r.config, 8, rank, q, 12288, 8, DType::bf16);
+      const CommVolume v = st.traffic(r.config, 8, rank, q, 12288, 8, DType::bf16);
       for (const auto& [op, b] : v.forward_bytes) fwd[op] = std::max(fwd[op], b);
       for (const auto& [op, b] : v.backward_bytes) bwd[op] = std::max(bwd[op], b);
     }

@@ -20,6 +20,7 @@
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/strategy.hpp"
 
 using namespace ulysses;
 using namespace ulysses::train;
@@ -490,6 +491,20 @@ TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
       EXPECT_EQ(b.weights, a.weights) << "master weights and AdamW stay float32";
       EXPECT_EQ(b.activations, a.activations) << "the model's own activations stay float32";
     }
+}
+
+TEST(TrainingMemory, AStrategyFromItsOwnFileBringsItsMemoryModel) {
+  // tests/toy_strategy.cpp registers itself with its context's model; predict_memory counts it
+  // per layer and its transients once, without a line about it anywhere else.
+  const TrainConfig c = small_config({"toy_all_gather_halves", {}, true, std::nullopt});
+  const int cp = 2;
+  const ContextMemory m =
+      find_strategy(c.cp.cp_comm_type)
+          .context_memory(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.model.kv_heads, DType::f32);
+  TrainConfig deeper = c;
+  deeper.model.layers += 2;
+  EXPECT_DOUBLE_EQ(predict_memory(deeper, cp).attention - predict_memory(c, cp).attention, 2 * m.bytes);
+  EXPECT_DOUBLE_EQ(predict_memory(c, cp).attention, (c.model.layers + m.transient) * m.bytes);
 }
 
 TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {

@@ -2,12 +2,14 @@
 // in two halves" — K and V gathered by two all-gathers (float32 on the wire), dK and dV
 // returned by two reduce-scatters. Written against the public headers only, it runs through
 // every generic strategy test of test_context_parallel.cpp (reference match, exact bytes
-// against its own traffic formula and the planner, equal causal work, errors), which is the
-// point: adding a strategy needs no edit anywhere else.
+// against its own traffic formula and the planner, equal causal work, errors), the training
+// memory model (test_train.cpp) and the command line's options, which is the point: adding a
+// strategy needs no edit anywhere else.
 #include <memory>
 
 #include "ulysses/attention.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 
@@ -73,9 +75,21 @@ class ToyAllGatherHalves final : public Strategy {
   std::string_view name() const override { return "toy_all_gather_halves"; }
   bool supports_documents() const override { return true; }
   std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
+  // An option of its own (CpConfig::options["toy-max-cp"], --toy-max-cp on the command line).
+  std::vector<StrategyOption> options() const override {
+    return {{"toy-max-cp", "N", "refuse more ranks than N", "toy-max-cp", "unset"}};
+  }
+  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
+    Strategy::validate(config, cp, q, kv_heads);
+    const std::vector<std::int64_t> most = option_value(options().front(), config);
+    if (!most.empty() && cp > most.front())
+      throw Error("toy_all_gather_halves: cp " + std::to_string(cp) + " is more than toy-max-cp " +
+                  std::to_string(most.front()));
+  }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& chunks,
+                                           const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     Communicator& comm = group.comm();
@@ -129,7 +143,7 @@ class ToyAllGatherHalves final : public Strategy {
   }
 
   // Each half: this rank's rows to the cp − 1 others; back, the others' rows of the gradient.
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t, std::int64_t kv_heads,
                      DType) const override {
     CommVolume v;
     const std::int64_t per_token = q.b * kv_heads * q.d * 4, mine = tokens_held(config, cp, rank, 1, q.s);
@@ -142,6 +156,16 @@ class ToyAllGatherHalves final : public Strategy {
       v.backward_messages[op] = cp - 1;
     }
     return v;
+  }
+
+  // Its context: float32 q, out and lse of the busiest rank's tokens, the full K and V in
+  // float32. The backward adds dq and dout of its tokens, then full-length dK, dV, two partials
+  // and the reduce-scatter's blocks.
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+    const double tokens = double(q.b) * double((q.s + cp - 1) / cp), qd = double(q.h * q.d);
+    const double full = double(q.b) * double(q.s) * double(kv_heads * q.d);
+    const double bytes = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
+    return {bytes, 4 * (2 * tokens * qd + 5 * full) / bytes};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {

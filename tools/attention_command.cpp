@@ -51,7 +51,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--dk", o.dk, "write the global dk here (.npy; needs a backward)");
   c->add_option("--dv", o.dv, "write the global dv here (.npy; needs a backward)");
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
-  c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
+  add_strategy_options(c, o.strategy_options);  // a2a+p2p's --cp-sizes, a2a's --overlap-chunks, ...
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
   input_path(
       c->add_option("--cu-seqlens", o.cu_seqlens,
@@ -93,10 +93,6 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_flag("--no-zigzag", o.no_zigzag,
               "causal p2p/all_gather/a2a+p2p: contiguous chunks instead of zigzag "
               "(shows the imbalance zigzag fixes)");
-  c->add_option("--overlap-chunks", o.overlap_chunks,
-                "a2a: cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain "
-                "Ulysses; at most the KV heads a rank holds; default: the planner's choice)")
-      ->check(CLI::Range(1, 1024));
   c->add_option("--kv-seq", o.kv_seq,
                 "random inputs: cross-attention, k/v of this many tokens (default: --seq; "
                 "--k/--v files may have another length than --q too); every built-in strategy")
@@ -252,7 +248,7 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     if (comm.rank() == 0) check_files(o);
     s.dtype = parse_dtype(o.dtype);
     s.layout = parse_layout(o.layout);
-    s.cfg = parse_strategy(o.strategy, o.cp_sizes, cp);
+    s.cfg = parse_strategy(o.strategy, o.strategy_options, cp);
     s.cfg.causal = o.causal;
     s.cfg.zigzag = !o.no_zigzag;
     if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0.0f))
@@ -265,11 +261,11 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
     if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
     if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);
-    if (o.overlap_chunks > 0)
-      s.cfg.overlap_chunks = o.overlap_chunks;
-    else if (s.cfg.cp_comm_type == "a2a" && cp > 1 && !cross) {
-      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);  // the strategy's own message before the planner's
-      s.cfg.overlap_chunks = plan_overlap(plan_input_of(s)).chunks;
+    const Strategy& strategy = find_strategy(s.cfg.cp_comm_type);
+    if (no_option_given(s.cfg, o.strategy_options) && cp > 1 && !cross &&
+        !strategy.tunings(s.cfg, cp, s.p.kv.h).empty()) {  // the planner's choice (a2a's overlap_chunks)
+      validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h);      // the strategy's own message before the planner's
+      s.cfg = plan_tuning(plan_input_of(s), s.cfg);
     }
     s.chunks = all_rank_chunks(s.cfg, cp, s.p.q.s);
     s.kv_chunks = all_rank_chunks(s.cfg, cp, s.p.kv.s);
@@ -285,18 +281,7 @@ void print_header(const Setup& s) {
   const CpConfig& cfg = s.cfg;
   std::printf("ulysses attention: cp_comm_type %s, cp = %d ranks x %d thread(s)\n", cfg.cp_comm_type.c_str(), s.cp,
               s.threads);
-  const auto& hs = cfg.hierarchical_context_parallel_sizes;
-  if (!hs.empty())
-    std::printf(
-        "  hierarchical_context_parallel_sizes [%d, %d]: Ulysses in groups of %d contiguous ranks, ring over %d%s\n",
-        hs[0], hs[1], hs[0], hs[1],
-        hs[0] == 1   ? " (inner 1: this is plain p2p)"
-        : hs[1] == 1 ? " (outer 1: this is plain a2a)"
-                     : "");
-  if (cfg.cp_comm_type == "a2a" && s.cp > 1)
-    std::printf("  overlap_chunks %d: %s\n", ulysses_overlap_chunks(cfg.overlap_chunks, s.cp, p.kv.h),
-                cfg.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute"
-                                       : "plain all-to-alls");
+  std::printf("%s", find_strategy(cfg.cp_comm_type).describe(cfg, s.cp, p.kv.h).c_str());
   std::printf("  kernels: isa %s, engine %s; OpenBLAS core %s\n", kernel_isa(), kernel_engine(s.dtype).c_str(),
               blas_core().c_str());
   std::printf("  global q %s, k/v %s, %s, %s%s, scale %.4g\n", p.q.str().c_str(), p.kv.str().c_str(),

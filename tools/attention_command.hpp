@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -13,9 +14,9 @@ struct AttentionOptions {
   std::string q, k, v, dout;                 // global inputs (.npy); empty = random
   std::string out, dq, dk, dv, json, trace;  // outputs written by rank 0
   std::string strategy = "a2a";
-  std::string cp_sizes;    // "INNER,OUTER" for a2a+p2p
-  std::string cu_seqlens;  // packed documents: a list or a file
-  std::string window;      // sliding window "L" or "L,R"
+  std::map<std::string, std::string> strategy_options;  // the text of each strategy's option (StrategyOption)
+  std::string cu_seqlens;                               // packed documents: a list or a file
+  std::string window;                                   // sliding window "L" or "L,R"
   std::string dtype = "f32", layout = "bshd";
   bool causal = false, backward = false, check = false, no_zigzag = false;
   bool allow_nonfinite = false;  // compute with NaN/Inf inputs instead of refusing them
@@ -24,7 +25,6 @@ struct AttentionOptions {
   std::uint64_t seed = 0;
   int repeat = 0, threads = 0;
   double timeout = 300;                  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
-  int overlap_chunks = 0;                // a2a: chunks of heads pipelined with compute; 0 = the planner's choice
   std::int64_t kv_seq = 0;               // random inputs: cross-attention's k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
 };

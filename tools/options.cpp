@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <limits>
 
 #include "ulysses/error.hpp"
 #include "ulysses/input_file.hpp"
@@ -80,31 +81,79 @@ std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg) {
   return parse_integer_list(read_input_within_memory("--cu-seqlens", arg), arg);
 }
 
-CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks) {
+namespace {
+
+// The strategies declaring `flag`, "a or b", and one of its declarations.
+std::pair<std::string, StrategyOption> declarations(const std::string& flag) {
+  std::string owners;
+  StrategyOption option;
+  for (const Strategy* s : strategies())
+    for (const StrategyOption& o : s->options())
+      if (o.flag == flag) {
+        owners += (owners.empty() ? "" : " or ") + std::string(s->name());
+        option = o;
+      }
+  return {owners, option};
+}
+
+// The integers of `text` for `o`: as many as its metavar names, each in [1, most].
+std::vector<std::int64_t> option_values(const StrategyOption& o, const std::string& text) {
+  const std::size_t count = std::size_t(std::count(o.metavar.begin(), o.metavar.end(), ',')) + 1;
+  const std::int64_t most = o.most > 0 ? o.most : std::numeric_limits<int>::max();
+  static const char* const counts[] = {"a positive integer", "two positive integers", "three positive integers"};
+  const std::string what = count <= 3 ? counts[count - 1] : fmt::format("{} positive integers", count);
+  std::vector<std::int64_t> values;
+  bool ok = true;
+  for (std::size_t pos = 0; ok;) {
+    const std::size_t comma = text.find(',', pos);
+    std::int64_t v = 0;
+    ok = parse_int64(std::string_view(text).substr(pos, comma == std::string::npos ? comma : comma - pos), v) &&
+         v >= 1 && v <= most;
+    values.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (!ok || values.size() != count)
+    throw Error(fmt::format("--{} must be {} ({}{}), got '{}'", o.flag, o.metavar, what,
+                            o.most > 0 ? fmt::format(", at most {}", o.most) : "", text.substr(0, 40)));
+  return values;
+}
+
+}  // namespace
+
+void add_strategy_options(CLI::App* command, StrategyOptionTexts& given) {
+  for (const Strategy* s : strategies())
+    for (const StrategyOption& o : s->options())
+      if (!given.count(o.flag)) {
+        const auto [owners, option] = declarations(o.flag);
+        command->add_option("--" + o.flag, given[o.flag], fmt::format("{}: {}", owners, o.help))->type_name(o.metavar);
+      }
+}
+
+CpConfig parse_strategy(const std::string& strategy, const StrategyOptionTexts& given, int ranks) {
   const Strategy& chosen = find_strategy(strategy);
   CpConfig cfg;
   cfg.cp_comm_type = chosen.name();
-  if (!cp_sizes.empty()) {
-    int inner = 0, outer = 0;
-    const char* end = cp_sizes.data() + cp_sizes.size();
-    const auto [comma, e1] = std::from_chars(cp_sizes.data(), end, inner);
-    const auto [last, e2] = comma < end && *comma == ',' ? std::from_chars(comma + 1, end, outer)
-                                                         : std::from_chars_result{comma, std::errc::invalid_argument};
-    if (e1 != std::errc() || e2 != std::errc() || last != end || inner < 1 || outer < 1)
-      throw Error(
-          fmt::format("--cp-sizes must be INNER,OUTER (two positive integers), got '{}'", cp_sizes.substr(0, 40)));
-    if (!chosen.hierarchical()) {
-      std::string takers;
-      for (const Strategy* t : strategies())
-        if (t->hierarchical()) takers += (takers.empty() ? "" : " or ") + std::string(t->name());
-      throw Error(fmt::format("--cp-sizes applies to --strategy {} only", takers));
-    }
-    cfg.hierarchical_context_parallel_sizes = {inner, outer};
-  } else if (chosen.hierarchical()) {
-    throw Error(fmt::format("--strategy {} needs --cp-sizes INNER,OUTER with INNER * OUTER == {} (ranks)",
-                            chosen.name(), ranks));
+  for (const auto& [flag, text] : given) {
+    if (text.empty()) continue;
+    const auto [owners, option] = declarations(flag);
+    const std::vector<std::int64_t> values = option_values(option, text);
+    const std::vector<StrategyOption> own = chosen.options();
+    const auto it = std::find_if(own.begin(), own.end(), [&](const StrategyOption& o) { return o.flag == flag; });
+    if (it == own.end()) throw Error(fmt::format("--{} applies to --strategy {} only", flag, owners));
+    set_option(*it, cfg, values);
   }
+  for (const StrategyOption& o : chosen.options())
+    if (!o.required.empty() && (!given.count(o.flag) || given.at(o.flag).empty()))
+      throw Error(fmt::format("--strategy {} needs --{} {} with {}", chosen.name(), o.flag, o.metavar,
+                              fmt::format(fmt::runtime(o.required), ranks)));
   return cfg;
+}
+
+bool no_option_given(const CpConfig& cfg, const StrategyOptionTexts& given) {
+  for (const StrategyOption& o : find_strategy(cfg.cp_comm_type).options())
+    if (given.count(o.flag) && !given.at(o.flag).empty()) return false;
+  return true;
 }
 
 }  // namespace ulysses::cli

@@ -1,10 +1,11 @@
-// The values of the CLI's shared options, parsed: --strategy and --cp-sizes, --cu-seqlens,
+// The values of the CLI's shared options, parsed: --strategy and the options strategies declare, --cu-seqlens,
 // --window, --timeout. Each throws Error naming the flag; the library checks the values.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,9 +15,17 @@
 
 namespace ulysses::cli {
 
-// Parses --strategy and --cp-sizes into a CpConfig (throws Error with the flag's name):
-// --cp-sizes must be INNER,OUTER and goes with a2a+p2p only, which needs it.
-CpConfig parse_strategy(const std::string& strategy, const std::string& cp_sizes, int ranks);
+// The text given for each option the registered strategies declare (StrategyOption), by flag;
+// "" when not given.
+using StrategyOptionTexts = std::map<std::string, std::string>;
+// Adds --<flag> for every option of every registered strategy, once per flag, writing `given`.
+void add_strategy_options(CLI::App* command, StrategyOptionTexts& given);
+// Parses --strategy and the options given into a CpConfig (throws Error with the flag's name):
+// each option's integers as its metavar says, only for a strategy that declares it; an
+// option the strategy requires must be given (a2a+p2p's --cp-sizes INNER,OUTER).
+CpConfig parse_strategy(const std::string& strategy, const StrategyOptionTexts& given, int ranks);
+// True when the strategy of `cfg` was given none of its options (the planner may choose them).
+bool no_option_given(const CpConfig& cfg, const StrategyOptionTexts& given);
 
 // True when all of `text` is one integer (no sign but '-', no spaces), stored in `value`.
 bool parse_int64(std::string_view text, std::int64_t& value);

@@ -40,7 +40,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
       "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
   c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
-  c->add_option("--cp-sizes", o.cp_sizes, "hierarchical_context_parallel_sizes INNER,OUTER (a2a+p2p)");
+  add_strategy_options(c, o.strategy_options);
   c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")
       ->capture_default_str()
       ->check(non_negative_number());
@@ -339,7 +339,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.balance = parse_policy(o.balance);
     if (o.lengths) cfg.lengths = parse_lengths(*o.lengths);
     cfg.tokens_per_step = o.tokens_per_step;
-    cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size() / o.dp);
+    cfg.cp = parse_strategy(o.strategy, o.strategy_options, comm.size() / o.dp);
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
     if (o.tokens_per_step > 0 && o.data.empty())
       throw Error(fmt::format("--tokens-per-step {} samples whole documents: it needs --data FILE", o.tokens_per_step));

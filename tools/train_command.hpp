@@ -5,18 +5,20 @@
 
 #include <cstdint>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
 namespace ulysses::cli {
 
 struct TrainOptions {
-  std::string strategy = "a2a", cp_sizes, data, log, save, resume, svg, trace;
-  std::optional<std::string> lengths;  // --lengths SPEC (lengths.hpp); none: --batch x --seq
-  std::string balance = "static";      // static | pow2 | dynamic (balancer.hpp)
-  int dp = 1;                          // data-parallel replicas (static: cp = world / dp)
-  std::int64_t tokens_per_step = 0;    // with --data: whole documents up to this many tokens a step
-  bool pack = false;                   // --data as documents packed into each sequence
+  std::string strategy = "a2a", data, log, save, resume, svg, trace;
+  std::map<std::string, std::string> strategy_options;  // the text of each strategy's option (StrategyOption)
+  std::optional<std::string> lengths;                   // --lengths SPEC (lengths.hpp); none: --batch x --seq
+  std::string balance = "static";                       // static | pow2 | dynamic (balancer.hpp)
+  int dp = 1;                                           // data-parallel replicas (static: cp = world / dp)
+  std::int64_t tokens_per_step = 0;                     // with --data: whole documents up to this many tokens a step
+  bool pack = false;                                    // --data as documents packed into each sequence
   bool checkpoint_activations = false, tiled_mlp = false, tiled_loss = false;  // memory techniques
   std::int64_t tile_rows = 1024;
   std::string max_memory;  // per rank, e.g. "2GiB"; empty: no cap

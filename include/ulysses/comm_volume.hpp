@@ -18,8 +18,8 @@ namespace ulysses {
 
 // For global q [b, s, h, d] with `kv_heads` KV heads on cp ranks: what rank `rank` sends, the
 // strategy's own formula (Strategy::traffic). Throws Error if the configuration is invalid
-// (the same rules as ContextParallelAttention). kv_seq: the k/v length s_k (cross-attention,
-// Strategy::traffic_cross); 0 means q.s.
+// (the same rules as ContextParallelAttention). kv_seq: the k/v length s_k (cross-attention);
+// 0 means q.s.
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                                  DType dtype, std::int64_t kv_seq = 0);
 // The same for the busiest rank of each counter: every rank's volume when the tokens and heads

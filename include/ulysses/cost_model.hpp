@@ -46,7 +46,7 @@ struct PlanInput {
   // Sliding window (FlashAttention's window_size); -1: unbounded side.
   std::int64_t window_left = -1, window_right = -1;
   // Cross-attention (is_cross in strategy.hpp): k/v of kv_seq tokens (0: seq) and queries at key
-  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic_cross, work the
+  // position q_offset (CpConfig::q_offset). Bytes follow Strategy::traffic, work the
   // visible pairs against the k/v; strategies without Strategy::supports_cross are refused.
   std::int64_t kv_seq = 0;
   std::optional<std::int64_t> q_offset;

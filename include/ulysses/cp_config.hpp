@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct CpConfig {
   // (there is no natural alignment); when set, every strategy keeps contiguous chunks. Unset
   // with s_k == s: self-attention.
   std::optional<std::int64_t> q_offset = std::nullopt;
+  // The options of a strategy registered from outside the library (StrategyOption in
+  // strategy.hpp), by flag; the same on every rank.
+  std::map<std::string, std::vector<std::int64_t>> options = {};
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.

@@ -47,8 +47,7 @@ struct Plan {
 };
 
 // The attention work the planner counts for rank `rank` of `strategy` under `config` (a row's
-// config): Strategy::work, or under cross-attention (in.kv_seq, in.q_offset) the same rank's
-// queries counted against the k/v under the mask at q_offset.
+// config): Strategy::work against the k/v (in.kv_seq; queries at in.q_offset).
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank);
 
 // The most ranks the planner models (its per-rank formulas run once per rank).
@@ -59,7 +58,12 @@ std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
 
-// CpConfig::overlap_chunks for a2a on `in`: the count (1 to 8, clamped by
+// The variant of a validated `config` (Strategy::tunings) whose predicted step time on `in` is
+// the lowest, the first listed on a tie; `config` itself when its strategy has none or one is
+// invalid. Impossible inputs throw as make_plan does.
+CpConfig plan_tuning(const PlanInput& in, const CpConfig& config);
+
+// CpConfig::overlap_chunks for a2a on `in` (plan_tuning's choice): the count (1 to 8, clamped by
 // ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie, and
 // the exposed communication per layer (forward + backward) it predicts against plain a2a's.
 // chunks is 1 when a2a is invalid for `in`; impossible inputs throw as make_plan does.

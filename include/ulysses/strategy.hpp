@@ -2,11 +2,14 @@
 // finds it by Megatron's cp_comm_type name.
 //
 // A strategy knows everything about itself: which inputs it accepts, where tokens live, its
-// forward and backward, the exact bytes it sends, and what the planner should expect it to
-// cost. ContextParallelAttention, the planner, predicted_comm_volume, the CLI's help and the
-// parametrised tests all iterate the registry, so adding a strategy is one new file under
-// src/cp/strategies/ plus one line in src/cp/registry.cpp (or register_strategy() from
-// outside the library). The built-ins, in registry order:
+// forward and backward (one pair for self- and cross-attention: self-attention is the case
+// where the query and key/value chunks coincide), and, apart from the execution, its analytics:
+// the exact bytes it sends, its work, what the planner should expect it to cost, the training
+// memory model of its context, and the options it adds to CpConfig. ContextParallelAttention,
+// validate_cp_config, the planner, predicted_comm_volume, the training memory model, the CLI
+// (its flags and help) and the parametrised tests all iterate the registry and never compare a
+// strategy's name, so adding a strategy is one new file under src/cp/strategies/ plus one line
+// in src/cp/registry.cpp (or register_strategy() from outside the library). The built-ins, in registry order:
 //   a2a         DeepSpeed-Ulysses: all-to-all seq→head, local attention over the full
 //               sequence on h/cp heads, all-to-all head→seq.
 //   p2p         ring attention: K/V travel around the ring, overlapped with compute.
@@ -67,11 +70,40 @@ struct StrategyCost {
   double memory_bytes = 0;  // attention working set per rank
 };
 
+// The training memory model of one layer's context on the busiest rank (train/memory.cpp adds
+// it up over the layers in flight; train_memory_test.sh checks the sum against measured peaks).
+struct ContextMemory {
+  double bytes = 0;      // what one forward keeps for its backward (its StrategyContext)
+  double transient = 0;  // the backward's own buffers on top (head-sharded dout and gradients,
+                         // send buffers, the ring's K/V in flight), in contexts of `bytes`
+};
+
+// A setting a strategy adds to CpConfig, declared by the strategy: the CLI's attention and
+// train commands make --<flag> of every registered strategy's options and refuse one that the
+// chosen strategy does not declare, and validate_cp_config refuses an option set on a strategy
+// that does not declare it. Values are positive integers.
+struct StrategyOption {
+  std::string flag;       // "cp-sizes": --cp-sizes on the command line, options["cp-sizes"] in a CpConfig
+  std::string metavar;    // "INNER,OUTER": the integers it takes, by their names
+  std::string help;       // one line
+  std::string name;       // in CpConfig and errors: "hierarchical_context_parallel_sizes"
+  std::string unset;      // what it must be on another strategy: "1", "empty"
+  std::int64_t most = 0;  // the largest value it takes; 0: int's
+  // Non-empty: the strategy needs the option and this is its rule, "{}" standing for cp.
+  std::string required = {};
+  // Its value in a config (empty: unset) and its setter. Null: CpConfig::options[flag], where
+  // a strategy from outside the library keeps its own; the built-ins' have fields of their own.
+  std::vector<std::int64_t> (*get)(const CpConfig&) = nullptr;
+  void (*set)(CpConfig&, const std::vector<std::int64_t>&) = nullptr;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;     // Megatron's cp_comm_type
   virtual std::string_view summary() const = 0;  // one line, for help texts
+
+  // ---- What it accepts and adds: capabilities, options, validation, placement. ----
   // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
   virtual bool hierarchical() const { return false; }
   // True when forward and backward honour config.cu_seqlens (packed documents: pass
@@ -81,9 +113,17 @@ class Strategy {
   // The same for config.window_left / window_right (a sliding window over global positions).
   virtual bool supports_window() const { return false; }
   // True when the strategy runs cross-attention (is_cross): q of s tokens against k/v of s_k
-  // tokens, each sharded by rank_chunks over its own length, with forward_cross and
-  // traffic_cross. Others are refused cross-attention before any data moves.
+  // tokens, each sharded by rank_chunks over its own length. Others are refused cross-attention
+  // before any data moves, so their forward, traffic and work only ever see s_k == s.
   virtual bool supports_cross() const { return false; }
+
+  // The options it adds to CpConfig (none by default).
+  virtual std::vector<StrategyOption> options() const { return {}; }
+  // Lines about the options of `config` for a run's header, each "  ...\n" ("" by default).
+  virtual std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const;
+  // The variants of a validated `config` the planner picks from (plan_tuning) when the user set
+  // none of its options: a2a's overlap_chunks. None by default.
+  virtual std::vector<CpConfig> tunings(const CpConfig& config, int cp, std::int64_t kv_heads) const;
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
@@ -97,26 +137,17 @@ class Strategy {
   // (sequence-sharded strategies); Ulysses splits them (ulysses_heads in sharding.hpp).
   virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const;
 
-  // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
-  // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
-  // planner's compute time and load balance). By default a sequence-sharded strategy's: its
-  // tokens (rank_chunks) against the whole sequence, on every head.
-  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const;
+  // ---- Execution. ----
   // Collective over group.comm() (size > 1). The inputs are validated and agreed across ranks
-  // (context_parallel.hpp has the shapes); chunks[r] are rank r's tokens (rank_chunks, so the
-  // ranks' q may differ in length). Writes out; returns what the backward needs.
+  // (context_parallel.hpp has the shapes); q_chunks[r] are rank r's query tokens and
+  // kv_chunks[r] its K/V tokens (rank_chunks over s and s_k: the same chunks for
+  // self-attention; the ranks' q may differ in length). Writes out; returns what the backward
+  // needs.
   virtual std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                                   const std::vector<std::vector<SeqChunk>>& chunks,
+                                                   const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                                   const std::vector<std::vector<SeqChunk>>& kv_chunks,
                                                    const TensorView& out, const TensorView& q, const TensorView& k,
                                                    const TensorView& v, CpStats& stats) const = 0;
-  // Collective. forward for cross-attention: kv_chunks[r] are rank r's K/V tokens (rank_chunks
-  // over s_k). By default throws Error (supports_cross() false).
-  virtual std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                         const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                         const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                         const TensorView& out, const TensorView& q,
-                                                         const TensorView& k, const TensorView& v,
-                                                         CpStats& stats) const;
   // Collective. Writes dq, dk, dv for the forward that made `context`.
   virtual void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const TensorView& dout, CpStats& stats) const = 0;
@@ -128,13 +159,26 @@ class Strategy {
     backward(group, context, dq, dk, dv, dout, stats);
   }
 
+  // ---- Analytics, apart from the execution: not collective, for a validated config. ----
+  // The attention work rank `rank` computes in one forward, exactly: visible (query, key)
+  // pairs summed over the batch and its query heads (what CpStats::score_pairs counts; the
+  // planner's compute time and load balance), for global q [b, s, h, d] against k/v of kv_seq
+  // tokens (s for self-attention). By default a sequence-sharded strategy's: its query tokens
+  // (rank_chunks over s, at q_offset) against every key, on every head.
+  virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                            std::int64_t kv_heads) const;
   // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
-  // config; ranks differ when the tokens or heads do not split evenly).
-  virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                             DType dtype) const = 0;
-  // traffic() with k/v of kv_seq tokens (cross-attention). By default throws Error.
-  virtual CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                                   std::int64_t kv_heads, DType dtype) const;
+  // config; k/v of kv_seq tokens, s for self-attention; ranks differ when the tokens or heads do
+  // not split evenly).
+  virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                             std::int64_t kv_heads, DType dtype) const = 0;
+
+  // The training memory model of its context for global q [b, s, h, d] with kv_heads KV heads
+  // stored in `dtype` on cp > 1 ranks (one rank runs plain flash attention, whatever the
+  // strategy). By default a sequence-sharded strategy's: q, out, k, v and lse of the busiest
+  // rank's tokens, and 3.5 contexts of transients (fitted to the measured peaks of p2p).
+  virtual ContextMemory context_memory(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
+                                       DType dtype) const;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
   // one per factorisation of cp.
@@ -154,6 +198,9 @@ AttentionParams attention_params(const CpConfig& config);
 
 // Cross-attention: k/v hold another length than q (kv_seq != q_seq) or config.q_offset is set.
 bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq);
+// The same for a forward's chunks (every rank's; the lengths they cover).
+bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
+              const std::vector<std::vector<SeqChunk>>& kv_chunks);
 
 // The registry, in registration order (the built-ins first, in the order listed above).
 const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones
@@ -162,5 +209,10 @@ std::vector<const Strategy*> strategies();
 std::string strategy_names(std::string_view separator);
 // Adds a strategy; throws Error if its name is taken. Call before any attention runs.
 void register_strategy(std::unique_ptr<Strategy> strategy);
+
+// An option's value in `config` (empty: unset) and its setter (StrategyOption::get and set, or
+// config.options[option.flag]).
+std::vector<std::int64_t> option_value(const StrategyOption& option, const CpConfig& config);
+void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values);
 
 }  // namespace ulysses

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -74,11 +75,13 @@ std::optional<float> scale_of(std::optional<double> scale) {
 // scale: None for 1/sqrt(d), else finite and > 0 (refused at the first forward, on every rank).
 CpConfig make_config(const std::string& type, bool causal, std::optional<double> scale,
                      const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window = {-1, -1},
-                     int overlap_chunks = 1, std::optional<std::int64_t> q_offset = std::nullopt) {
+                     int overlap_chunks = 1, std::optional<std::int64_t> q_offset = std::nullopt,
+                     std::map<std::string, std::vector<std::int64_t>> options = {}) {
   CpConfig c{std::string(find_strategy(type).name()), cp_sizes, causal, scale_of(scale)};
   std::tie(c.window_left, c.window_right) = window;
   c.overlap_chunks = overlap_chunks;
   c.q_offset = q_offset;
+  c.options = std::move(options);  // a registered strategy's own (StrategyOption), checked by the library
   return c;
 }
 
@@ -233,13 +236,16 @@ PYBIND11_MODULE(_ulysses, m) {
   py::class_<ContextParallelAttention>(m, "ContextParallelAttention")
       .def(py::init([](Communicator& comm, const std::string& type, bool causal, std::optional<double> scale,
                        const std::vector<int>& cp_sizes, std::pair<std::int64_t, std::int64_t> window,
-                       int overlap_chunks, std::optional<std::int64_t> q_offset) {
+                       int overlap_chunks, std::optional<std::int64_t> q_offset,
+                       std::map<std::string, std::vector<std::int64_t>> options) {
              return std::make_unique<ContextParallelAttention>(comm, make_config(type, causal, scale, cp_sizes, window,
-                                                                                 overlap_chunks, q_offset));
+                                                                                 overlap_chunks, q_offset,
+                                                                                 std::move(options)));
            }),
            py::arg("comm"), py::arg("cp_comm_type"), py::arg("causal"), py::arg("scale"), py::arg("cp_sizes"),
            py::arg("window") = std::pair<std::int64_t, std::int64_t>{-1, -1}, py::arg("overlap_chunks") = 1,
-           py::arg("q_offset") = std::nullopt, py::keep_alive<1, 2>())
+           py::arg("q_offset") = std::nullopt, py::arg("options") = std::map<std::string, std::vector<std::int64_t>>{},
+           py::keep_alive<1, 2>())
       .def(
           "forward",
           [](ContextParallelAttention& a, const py::tuple& out, const py::tuple& q, const py::tuple& k,
@@ -311,6 +317,14 @@ PYBIND11_MODULE(_ulysses, m) {
     validate_cp_config(make_config(type, causal, 0.0f, cp_sizes), cp,
                        {q_global[0], q_global[1], q_global[2], q_global[3]}, kv_heads);
   });
+  m.def(
+      "strategy_options",
+      [](const std::string& type) {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const StrategyOption& o : find_strategy(type).options()) out.emplace_back(o.flag, o.metavar, o.help);
+        return out;
+      },
+      py::arg("cp_comm_type"), "The options a strategy declares: (flag, metavar, help) each.");
   m.def("strategy_names", [] {
     std::vector<std::string> n;
     for (const Strategy* s : strategies()) n.emplace_back(s->name());

@@ -137,8 +137,11 @@ def test_bad_values_raise_the_library_error(comm):
     raises_everywhere(comm, "overlap_chunks: 0 is out of range [1, 1024]", lambda: A(comm, overlap_chunks=0))
     raises_everywhere(
         comm,
-        "overlap_chunks must be 1, or more for cp_comm_type a2a; got 2 for p2p",
+        "overlap_chunks must be 1 for cp_comm_type p2p (an option of a2a), got 2",
         lambda: A(comm, "p2p", overlap_chunks=2),
+    )
+    raises_everywhere(
+        comm, "cp_comm_type p2p has no option toy-max-cp", lambda: A(comm, "p2p", options={"toy-max-cp": [2]})
     )
     raises_everywhere(comm, "cross-attention with a causal mask needs q_offset", lambda: A(comm, causal=True), sk=3)
     raises_everywhere(
@@ -244,6 +247,7 @@ def test_every_keyword_argument_differing_on_one_rank_is_one_error(comm):
         "scale": (None, 0.5),
         "window_size": ((-1, -1), (1, 0)),
         "overlap_chunks": (1, 2),
+        "options": (None, {"toy-max-cp": [2]}),
     }
     calls = {
         ulysses.shard: lambda **kw: ulysses.shard(x, comm, **kw),

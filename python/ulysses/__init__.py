@@ -22,13 +22,19 @@ The strategies are Megatron's ``cp_comm_type`` names, from the library's registr
 >>> import ulysses
 >>> ulysses.strategy_names()
 ['a2a', 'p2p', 'all_gather', 'a2a+p2p']
+
+Each declares the options it adds (``ContextParallelAttention(..., options=...)`` for one
+registered from outside the library; the built-ins' have keywords of their own):
+
+>>> [flag for flag, values, help in ulysses.strategy_options("a2a+p2p")]
+['cp-sizes']
 """
 
 from ._balance import BalancePlan, balance
 from ._comm import Communicator
 from ._local import LocalGroup, local_group
 from ._sharding import positions, shard, unshard
-from ._ulysses import Error, __version__, strategy_names
+from ._ulysses import Error, __version__, strategy_names, strategy_options
 
 __all__ = [
     "BalancePlan",
@@ -41,5 +47,6 @@ __all__ = [
     "positions",
     "shard",
     "strategy_names",
+    "strategy_options",
     "unshard",
 ]

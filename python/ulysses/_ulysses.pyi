@@ -55,6 +55,7 @@ class ContextParallelAttention:
         window: Tuple[int, int] = (-1, -1),
         overlap_chunks: int = 1,
         q_offset: Optional[int] = None,
+        options: Dict[str, List[int]] = ...,
     ) -> None: ...
     def forward(self, out: View, q: View, k: View, v: View, cu_seqlens: List[int] = ...) -> Context:
         """Collective: writes out; returns the context for backward."""
@@ -85,6 +86,9 @@ def validate(cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, q_gl
 
 def strategy_names() -> List[str]:
     """The registered cp_comm_type names."""
+
+def strategy_options(cp_comm_type: str) -> List[Tuple[str, str, str]]:
+    """The options a strategy declares (StrategyOption): (flag, metavar, help) each."""
 
 def head_split(group: int, heads: int, kv_heads: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
     """Ulysses' head split over `group` ranks: (first, count) of query heads per rank, then of KV heads."""

@@ -4,7 +4,7 @@ signature, our fused all-to-all around any local attention)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -67,6 +67,10 @@ class ContextParallelAttention(torch.nn.Module):
     Ulysses, more than the KV heads a rank holds is clamped; below 1, or above 1 with another
     strategy, is an error.
 
+    ``options``: the options a registered strategy declares for itself, by flag
+    (``ulysses.strategy_options(strategy)``; ``{"toy-max-cp": [2]}``); the library refuses one
+    its strategy does not declare.
+
     Cross-attention: k and v may hold another global length ``s_k`` than q (each sharded over
     the ranks by its own length: ``ulysses.shard(k, comm, strategy, causal, q_offset=...)``);
     every built-in strategy supports it (a registered one that does not raises). ``q_offset`` is
@@ -90,6 +94,7 @@ class ContextParallelAttention(torch.nn.Module):
         window_size: Tuple[int, int] = (-1, -1),
         overlap_chunks: int = 1,
         q_offset: Optional[int] = None,
+        options: Optional[Mapping[str, Sequence[int]]] = None,
     ) -> None:
         super().__init__()
         self.comm, self.strategy, self.causal = comm, strategy, causal
@@ -99,6 +104,7 @@ class ContextParallelAttention(torch.nn.Module):
             chunks = integer("overlap_chunks", overlap_chunks, 1, MAX_OVERLAP_CHUNKS)
             offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
             sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
+            own = {str(flag): [integer(str(flag), n, 1, INT64_MAX) for n in v] for flag, v in (options or {}).items()}
             impl = _ulysses.ContextParallelAttention(
                 comm._impl,
                 strategy,
@@ -108,6 +114,7 @@ class ContextParallelAttention(torch.nn.Module):
                 window,
                 chunks,
                 offset,
+                own,
             )
             return dict(
                 strategy=strategy,
@@ -117,6 +124,7 @@ class ContextParallelAttention(torch.nn.Module):
                 window_size=window,
                 overlap_chunks=chunks,
                 q_offset=offset,
+                options=own,
             ), impl
 
         args, self._impl = agreed(comm, build)

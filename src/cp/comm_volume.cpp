@@ -10,23 +10,12 @@
 
 namespace ulysses {
 
-namespace {
-
-// Strategy::traffic, or traffic_cross for cross-attention (is_cross; kv_seq 0 means q.s).
-CommVolume rank_traffic(const Strategy& strategy, const CpConfig& config, int cp, int rank, const Shape& q,
-                        std::int64_t kv_heads, DType dtype, std::int64_t kv_seq) {
-  const std::int64_t sk = kv_seq == 0 ? q.s : kv_seq;
-  if (is_cross(config, q.s, sk)) return strategy.traffic_cross(config, cp, rank, q, sk, kv_heads, dtype);
-  return strategy.traffic(config, cp, rank, q, kv_heads, dtype);
-}
-
-}  // namespace
 
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                                  DType dtype, std::int64_t kv_seq) {
   if (rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
   validate_cp_config(config, cp, q, kv_heads, kv_seq);
-  return rank_traffic(find_strategy(config.cp_comm_type), config, cp, rank, q, kv_heads, dtype, kv_seq);
+  return find_strategy(config.cp_comm_type).traffic(config, cp, rank, q, kv_seq == 0 ? q.s : kv_seq, kv_heads, dtype);
 }
 
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, DType dtype,
@@ -39,7 +28,7 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
     for (const auto& [op, n] : from) into[op] = std::max(into[op], n);
   };
   for (int r = 0; r < cp; ++r) {
-    const CommVolume v = rank_traffic(strategy, config, cp, r, q, kv_heads, dtype, kv_seq);
+    const CommVolume v = strategy.traffic(config, cp, r, q, kv_seq == 0 ? q.s : kv_seq, kv_heads, dtype);
     take_max(busiest.forward_bytes, v.forward_bytes);
     take_max(busiest.backward_bytes, v.backward_bytes);
     take_max(busiest.forward_messages, v.forward_messages);

@@ -91,6 +91,24 @@ std::string backward_error(const CpContext& ctx, const Shape& q, const Shape& kv
 
 namespace {
 
+bool declares(const Strategy& strategy, const std::string& flag) {
+  for (const StrategyOption& o : strategy.options())
+    if (o.flag == flag) return true;
+  return false;
+}
+
+// Throws Error when `config` sets an option that its strategy does not declare.
+void check_options(const CpConfig& config, const Strategy& chosen) {
+  for (const Strategy* s : strategies())
+    for (const StrategyOption& o : s->options())
+      if (const std::vector<std::int64_t> v = option_value(o, config); !v.empty() && !declares(chosen, o.flag))
+        throw Error(fmt::format("{} must be {} for cp_comm_type {} (an option of {}), got {}", o.name, o.unset,
+                                chosen.name(), s->name(), fmt::join(v, ", ")));
+  for (const auto& [flag, v] : config.options)
+    if (!declares(chosen, flag))
+      throw Error(fmt::format("cp_comm_type {} has no option {}", chosen.name(), flag.substr(0, 40)));
+}
+
 // Cross-attention's rules (is_cross), after the strategy's own.
 void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq) {
   if (config.causal && !config.q_offset)
@@ -122,9 +140,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
-  if (config.overlap_chunks < 1 || (config.overlap_chunks > 1 && config.cp_comm_type != "a2a"))
-    throw Error(fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for {}",
-                            config.overlap_chunks, config.cp_comm_type));
+  check_options(config, find_strategy(config.cp_comm_type));
   rank_chunks(config, cp, 0, q.s);
   check_window(attention_params(config));
   check_scale(attention_params(config));
@@ -161,16 +177,25 @@ ContextParallelAttention::~ContextParallelAttention() = default;
 
 namespace {
 
+// " options {flag [values]; ...}" for a strategy's own options, "" without.
+std::string options_text(const CpConfig& config) {
+  std::string text;
+  for (const auto& [flag, v] : config.options) text += fmt::format("{} [{}]; ", flag, fmt::join(v, ", "));
+  return text.empty() ? "" : " options {" + text + "}";
+}
+
 // What every rank must agree on: all but the token count, which rank_chunks sets per rank.
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-      "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens [{}]"
-      " window ({}, {}) q_offset {} overlap_chunks {}",
-      q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-      config.scale ? fmt::format("{}", *config.scale) : "unset",
-      fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
-      fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
-      config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks);
+             "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens "
+             "[{}]"
+             " window ({}, {}) q_offset {} overlap_chunks {}",
+             q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
+             config.scale ? fmt::format("{}", *config.scale) : "unset",
+             fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+             fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
+             config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks) +
+         options_text(config);
 }
 
 // "" when rank r holds tokens[r] tokens, the count rank_chunks gives it for s = Σ tokens.
@@ -218,11 +243,9 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   CpContext ctx;
   if (cp == 1)
     ctx.impl_ = local_forward(comm, config, out, q, k, v, ctx.stats_);
-  else if (is_cross(config, seq, kv_seq))
-    ctx.impl_ = strategy_.forward_cross(*group_, config, all_rank_chunks(config, cp, seq),
-                                        all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
   else
-    ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq), out, q, k, v, ctx.stats_);
+    ctx.impl_ = strategy_.forward(*group_, config, all_rank_chunks(config, cp, seq),
+                                  all_rank_chunks(config, cp, kv_seq), out, q, k, v, ctx.stats_);
   ctx.q_shape_ = q.shape;
   ctx.kv_shape_ = k.shape;
   ctx.dtype_ = q.dtype;

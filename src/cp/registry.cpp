@@ -71,23 +71,47 @@ bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq) {
   return kv_seq != q_seq || config.q_offset.has_value();
 }
 
-std::unique_ptr<StrategyContext> Strategy::forward_cross(CpGroup&, const CpConfig&,
-                                                         const std::vector<std::vector<SeqChunk>>&,
-                                                         const std::vector<std::vector<SeqChunk>>&, const TensorView&,
-                                                         const TensorView&, const TensorView&, const TensorView&,
-                                                         CpStats&) const {
-  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
+bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
+              const std::vector<std::vector<SeqChunk>>& kv_chunks) {
+  auto length = [](const std::vector<std::vector<SeqChunk>>& chunks) {
+    std::int64_t n = 0;
+    for (const auto& c : chunks) n += total_tokens(c);
+    return n;
+  };
+  return is_cross(config, length(q_chunks), length(kv_chunks));
 }
 
-CommVolume Strategy::traffic_cross(const CpConfig&, int, int, const Shape&, std::int64_t, std::int64_t, DType) const {
-  throw Error(fmt::format("cp_comm_type {} does not support cross-attention", name()));
-}
-
-std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const {
+std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                            std::int64_t kv_heads) const {
+  const AttentionParams params = attention_params(config);
   std::int64_t pairs = 0;
   for (const SeqChunk& c : rank_chunks(config, cp, rank, q.s))
-    pairs += visible_pairs(attention_params(config), c, {0, q.s});
+    pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
+}
+
+ContextMemory Strategy::context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                                       DType dtype) const {
+  const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
+  const double per_token = 2 * double(q.h * q.d) + 2 * double(kv_heads * q.d) + double(q.h);  // q, out, k, v, lse
+  return {double(dtype_size(dtype)) * tokens * per_token, 3.5};
+}
+
+std::string Strategy::describe(const CpConfig&, int, std::int64_t) const { return ""; }
+
+std::vector<CpConfig> Strategy::tunings(const CpConfig&, int, std::int64_t) const { return {}; }
+
+std::vector<std::int64_t> option_value(const StrategyOption& option, const CpConfig& config) {
+  if (option.get) return option.get(config);
+  const auto it = config.options.find(option.flag);
+  return it == config.options.end() ? std::vector<std::int64_t>() : it->second;
+}
+
+void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values) {
+  if (option.set)
+    option.set(config, values);
+  else
+    config.options[option.flag] = values;
 }
 
 std::vector<CpConfig> Strategy::plan_configs(int, bool causal) const {

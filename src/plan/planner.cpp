@@ -55,31 +55,6 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
   return double(most) * in.cp / double(total);
 }
 
-// Rank `rank`'s work (Strategy::work) when k/v hold s_k tokens and the queries sit at q_offset
-// (cross-attention: no documents, no window, contiguous chunks). Every strategy computes, on its
-// query heads, one contiguous range [a, a + n) of the queries then; its own work() without a mask
-// (n·s pairs per head) and with a causal one (Σ (t + 1) over the range per head) give n and a,
-// which are then counted against the k/v under the mask at q_offset.
-std::int64_t cross_work(const Strategy& strategy, const CpConfig& cfg, int cp, int rank, const Shape& q,
-                        std::int64_t kv_seq, std::int64_t kv_heads) {
-  const std::int64_t heads = q.b * strategy.heads_of(cfg, cp, rank, q.h, kv_heads).q.count;
-  CpConfig probe = cfg;
-  probe.q_offset.reset();
-  probe.zigzag = false;
-  probe.causal = false;
-  const std::int64_t n = heads > 0 ? strategy.work(probe, cp, rank, q, kv_heads) / (heads * q.s) : 0;
-  if (n == 0) return 0;
-  probe.causal = true;
-  const std::int64_t below = strategy.work(probe, cp, rank, q, kv_heads) / heads - n * (n + 1) / 2;  // n·a
-  const std::int64_t a = below / n;
-  if (below % n != 0 || a < 0 || a + n > q.s)
-    throw Error(
-        fmt::format("internal: cp_comm_type {} rank {}: its queries are not one contiguous range, which the "
-                    "planner's cross-attention work assumes",
-                    strategy.name(), rank));
-  return heads * visible_pairs(attention_params(cfg), {a + cfg.q_offset.value_or(0), n}, {0, kv_seq});
-}
-
 PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
   cfg.window_left = in.window_left;
@@ -165,25 +140,47 @@ double parse_latency(const std::string& text) {
 }
 
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank) {
-  const Shape q{in.batch, in.seq, in.heads, in.head_dim};
-  if (!is_cross(config, in.seq, kv_seq_of(in))) return strategy.work(config, in.cp, rank, q, in.kv_heads);
-  return cross_work(strategy, config, in.cp, rank, q, kv_seq_of(in), in.kv_heads);
+  return strategy.work(config, in.cp, rank, {in.batch, in.seq, in.heads, in.head_dim}, kv_seq_of(in), in.kv_heads);
+}
+
+namespace {
+
+// `config`'s tunings (Strategy::tunings) on `in`, their rows, and the fastest (the first on a
+// tie); best is -1 when there are none or one is invalid.
+struct Tunings {
+  std::vector<CpConfig> configs;
+  std::vector<PlanRow> rows;
+  int best = -1;
+};
+
+Tunings tunings_of(const PlanInput& in, const CpConfig& config) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  const Strategy& strategy = find_strategy(config.cp_comm_type);
+  Tunings t;
+  t.configs = strategy.tunings(config, in.cp, in.kv_heads);
+  for (const CpConfig& c : t.configs) {
+    t.rows.push_back(evaluate(in, strategy, c));
+    if (!t.rows.back().valid) return {};
+    if (t.best < 0 || t.rows.back().predicted_step_s < t.rows[std::size_t(t.best)].predicted_step_s)
+      t.best = int(t.rows.size()) - 1;
+  }
+  return t;
+}
+
+double exposed_s(const PlanRow& r) { return r.comm_s - r.hidden_s; }
+
+}  // namespace
+
+CpConfig plan_tuning(const PlanInput& in, const CpConfig& config) {
+  const Tunings t = tunings_of(in, config);
+  return t.best < 0 ? config : t.configs[std::size_t(t.best)];
 }
 
 OverlapPlan plan_overlap(const PlanInput& in) {
-  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
-  OverlapPlan best;
-  double best_s = 0;
-  for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, in.cp, in.kv_heads) == c; ++c) {
-    CpConfig cfg{"a2a", {}, in.causal, std::nullopt};
-    cfg.overlap_chunks = c;
-    const PlanRow r = evaluate(in, find_strategy("a2a"), cfg);
-    if (!r.valid) return {};
-    const double exposed = r.comm_s - r.hidden_s;
-    if (c == 1) best.plain_exposed_s = exposed;
-    if (c == 1 || r.predicted_step_s < best_s) best.chunks = c, best.exposed_s = exposed, best_s = r.predicted_step_s;
-  }
-  return best;
+  const Tunings t = tunings_of(in, CpConfig{"a2a", {}, in.causal, std::nullopt});
+  if (t.best < 0) return {};
+  const PlanRow& best = t.rows[std::size_t(t.best)];
+  return {best.config.overlap_chunks, exposed_s(best), exposed_s(t.rows.front())};
 }
 
 std::string plan_input_error(const PlanInput& in) {

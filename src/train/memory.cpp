@@ -10,7 +10,7 @@
 
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
 
 namespace ulysses::train {
 
@@ -21,60 +21,27 @@ constexpr double kFloat = 4;
 // OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
 constexpr double kBaselineBytes = 20.0 * (1 << 20);
 
-// One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps
-// (q, k, v and out in `dtype`; lse float32, counted at that width too; a2a keeps its
-// head-sharded out in float32 whatever the dtype).
-double context_bytes(const TrainConfig& c, int cp, double N, DType dtype) {
+// One rank's transients in the backward, in contexts: fitted to one one-rank run of
+// train_memory_test.sh.
+constexpr double kOneRankTransient = 0.5;
+
+// One layer's attention context on the busiest rank in `dtype`: its strategy's model
+// (Strategy::context_memory) on cp > 1 ranks; on one rank ContextParallelAttention's plain
+// flash attention, which keeps q, k, v, out and lse (each counted at `dtype` width),
+// and half a context of transients.
+ContextMemory context_of(const TrainConfig& c, int cp, DType dtype) {
   const GptConfig& m = c.model;
-  const double E = double(dtype_size(dtype));
-  const double B = double(c.batch), s = double(c.seq), D = double(m.head_dim);
-  const double QD = double(m.heads) * D, KD = double(m.kv_heads) * D;
-  const std::string& type = c.cp.cp_comm_type;
-  if (type == "a2a" && cp > 1) {  // head-sharded q | k | v and out over the whole sequence, and lse
-    const HeadSplit split = ulysses_head_split(cp, m.heads, m.kv_heads);
-    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
-    return E * B * s * ((h + 2 * kv) * D) + kFloat * B * s * (h * D + h);
-  }
-  if (type == "all_gather" && cp > 1) return E * (2 * N * QD + 2 * B * s * KD + N * double(m.heads));
-  return E * N * (2 * QD + 2 * KD + double(m.heads));  // q, out, k, v, lse of this rank's tokens
+  const Shape q{c.batch, c.seq, m.heads, m.head_dim};
+  if (cp > 1) return find_strategy(c.cp.cp_comm_type).context_memory(c.cp, cp, q, m.kv_heads, dtype);
+  const double per_token = 2 * double(m.heads * m.head_dim) + 2 * double(m.kv_heads * m.head_dim) + double(m.heads);
+  return {double(dtype_size(dtype)) * double(c.batch) * double(c.seq) * per_token, kOneRankTransient};
 }
 
-// The strategy's buffers in the backward on top of the contexts (head-sharded dout and
-// gradients, send buffers; the ring's K/V and dK/dV in flight), in contexts: fitted to the
-// peak RSS (VmHWM) of real runs, each number with the runs it was fitted to.
-struct TransientFit {
-  // cp = 1, plain flash attention and no communication buffers: one one-rank run of
-  // train_memory_test.sh.
-  double one_rank;
-  // a2a in float32 computes its gradients in the context's buffers and receives dout into dq's
-  // (the consuming backward, strategies/a2a.cpp): what is left grows with the other ranks'
-  // share of the transposes' send and receive buffers, base + per_other·(cp − 1)/cp; fitted to
-  // bench/train_headline.sh at cp = 2 and 4 and the a2a shapes of train_memory_test.sh.
-  double a2a_f32_base, a2a_f32_per_other;
-  // a2a in bf16 (no consuming backward): the a2a shapes of train_memory_test.sh (three shapes).
-  double a2a_bf16;
-  // Every other strategy: the p2p shape of train_memory_test.sh.
-  double other;
-  // bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
-  // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
-  // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. Fitted to
-  // the a2a, p2p and all_gather shapes of train_memory_test.sh at bf16, within 4 %.
-  double converted, converted_one_rank;
-};
-constexpr TransientFit kTransient{.one_rank = 0.5,
-                                  .a2a_f32_base = 0.1,
-                                  .a2a_f32_per_other = 0.92,
-                                  .a2a_bf16 = 1.7,
-                                  .other = 3.5,
-                                  .converted = 1.0,
-                                  .converted_one_rank = 2.4};
-
-double transient_contexts(const TrainConfig& c, int cp) {
-  if (cp == 1) return kTransient.one_rank;
-  if (c.cp.cp_comm_type != "a2a") return kTransient.other;
-  if (c.dtype != DType::f32) return kTransient.a2a_bf16;
-  return kTransient.a2a_f32_base + kTransient.a2a_f32_per_other * double(cp - 1) / double(cp);
-}
+// bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
+// float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
+// contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. In float32
+// contexts, fitted to the a2a, p2p and all_gather shapes of train_memory_test.sh at bf16, within 4 %.
+constexpr double kConvertedContexts = 1.0, kConvertedOneRankContexts = 2.4;
 
 }  // namespace
 
@@ -108,13 +75,14 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
                      (o.tiled_mlp ? 3 * tm * F : 0.0);
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
-  // the backward (kTransient; a CPU without a bf16 engine adds float32 copies).
+  // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
+  // flight), in contexts (ContextMemory::transient, fitted to the measured peaks).
+  const ContextMemory context = context_of(c, cp, c.dtype);
   const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
-  const double f32_context = context_bytes(c, cp, N, DType::f32), transient = transient_contexts(c, cp);
-  const double extra =
-      converted ? f32_context * (transient + (cp == 1 ? kTransient.converted_one_rank : kTransient.converted))
-                : context_bytes(c, cp, N, c.dtype) * transient;
-  e.attention = context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) + extra;
+  const double f32_context = context_of(c, cp, DType::f32).bytes;
+  const double converted_transient = cp == 1 ? kConvertedOneRankContexts : kConvertedContexts;
+  e.attention = context.bytes * (ckpt ? 1 : L) + (converted ? f32_context * (context.transient + converted_transient)
+                                                            : context.bytes * context.transient);
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }

@@ -40,13 +40,13 @@ void parse_values(const CLI::App& app, const ulysses::cli::Commands& c) {
   const cli::TrainOptions& t = c.train;
   const cli::PlanOptions& p = c.plan;
   if (app.got_subcommand("attention")) {
-    cli::parse_strategy(a.strategy, a.cp_sizes, 4);
+    cli::parse_strategy(a.strategy, a.strategy_options, 4);
     parse_dtype(a.dtype);
     parse_layout(a.layout);
     if (!a.window.empty()) cli::parse_window(a.window);
   }
   if (app.got_subcommand("train")) {
-    cli::parse_strategy(t.strategy, t.cp_sizes, 4);
+    cli::parse_strategy(t.strategy, t.strategy_options, 4);
     if (!t.max_memory.empty()) train::parse_bytes(t.max_memory);
   }
   if (app.got_subcommand("plan")) {

@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::size_t comma = text.find('\n');
         const ulysses::CpConfig c =
             ulysses::cli::parse_strategy(text.substr(0, comma),
-                                         comma == std::string::npos ? "" : text.substr(comma + 1), 4);
+                                         {{"cp-sizes", comma == std::string::npos ? "" : text.substr(comma + 1)}}, 4);
         for (int s : c.hierarchical_context_parallel_sizes)
           if (s < 1) __builtin_trap();
         break;

@@ -15,6 +15,8 @@
 //
 // Cross-attention (k/v of s_k tokens): q and k|v travel in separate transposes, their token
 // counts differing; no overlap (validate_cp_config refuses overlap_chunks > 1 with it).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <span>
@@ -102,15 +104,46 @@ class A2aStrategy final : public Strategy {
     return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
   }
 
-  void validate(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads) const override {
+  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     check_ulysses_heads(cp, q.h, kv_heads, "cp", "a2a");
+    if (config.overlap_chunks < 1)
+      throw Error(
+          fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for a2a", config.overlap_chunks));
+  }
+  std::vector<StrategyOption> options() const override {
+    return {{"overlap-chunks", "N",
+             "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
+             "the KV heads a rank holds; default: the planner's choice)",
+             "overlap_chunks", "1", 1024, "",
+             [](const CpConfig& c) {
+               return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
+             },
+             [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }}};
+  }
+  std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
+    if (cp == 1) return "";
+    return fmt::format("  overlap_chunks {}: {}\n", ulysses_overlap_chunks(config.overlap_chunks, cp, kv_heads),
+                       config.overlap_chunks > 1 ? "heads in chunks, their all-to-alls pipelined with compute"
+                                                 : "plain all-to-alls");
+  }
+  // Every chunk count up to 8 that the KV heads allow (the planner weighs overlap against the
+  // messages it adds).
+  std::vector<CpConfig> tunings(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
+    std::vector<CpConfig> out;
+    for (int c = 1; c <= 8 && ulysses_overlap_chunks(c, cp, kv_heads) == c; ++c) {
+      out.push_back(config);
+      out.back().overlap_chunks = c;
+    }
+    return out;
   }
   RankHeads heads_of(const CpConfig&, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     return ulysses_heads(cp, rank, heads, kv_heads);
   }
-  // Every token's queries on this rank's heads.
-  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
-    return visible_pairs(attention_params(config), {0, q.s}, {0, q.s}) * q.b *
+  // Every token's queries (at q_offset) against every key, on this rank's heads.
+  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                    std::int64_t kv_heads) const override {
+    const AttentionParams params = attention_params(config);
+    return visible_pairs(params, {params.q_offset, q.s}, {0, kv_seq}) * q.b *
            ulysses_heads(cp, rank, q.h, kv_heads).q.count;
   }
   // Balanced by heads, so never zigzag.
@@ -119,17 +152,11 @@ class A2aStrategy final : public Strategy {
   bool supports_cross() const override { return true; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return run_forward(group, config, false, out, q, k, v, stats);
-  }
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>&,
-                                                 const std::vector<std::vector<SeqChunk>>&, const TensorView& out,
-                                                 const TensorView& q, const TensorView& k, const TensorView& v,
-                                                 CpStats& stats) const override {
-    return run_forward(group, config, true, out, q, k, v, stats);
+    return run_forward(group, config, is_cross(config, q_chunks, kv_chunks), out, q, k, v, stats);
   }
 
  private:
@@ -291,14 +318,10 @@ class A2aStrategy final : public Strategy {
 
  public:
   // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
   // Cross-attention: q and k|v each transposed on their own token counts, so the q-only
   // directions keep one message per peer and the k|v ones add one.
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     if (is_cross(config, q.s, kv_seq)) {
       add_ulysses_cross_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s,
@@ -312,6 +335,20 @@ class A2aStrategy final : public Strategy {
     for (auto* m : {&v.forward_messages, &v.backward_messages})
       for (auto& [op, n] : *m) n *= c;
     return v;
+  }
+
+  // Head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse. A float32
+  // backward computes in the context's buffers and receives dout into dq's (backward_consuming):
+  // what is left grows with the other ranks' share of the transposes' send and receive buffers,
+  // 0.1 + 0.92·(cp − 1)/cp contexts, fitted to the headline at cp = 2 and 4 and the a2a shapes
+  // of train_memory_test.sh (1.7 before, as bf16 still is).
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                               DType dtype) const override {
+    const HeadSplit split = ulysses_head_split(cp, q.h, kv_heads);
+    const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
+    const double tokens = double(q.b) * double(q.s), d = double(q.d);
+    const double bytes = double(dtype_size(dtype)) * tokens * (h + 2 * kv) * d + 4 * tokens * (h * d + h);
+    return {bytes, dtype == DType::f32 ? 0.1 + 0.92 * double(cp - 1) / double(cp) : 1.7};
   }
 
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while

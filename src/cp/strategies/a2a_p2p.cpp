@@ -63,6 +63,27 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   bool hierarchical() const override { return true; }
+  std::vector<StrategyOption> options() const override {
+    return {{"cp-sizes", "INNER,OUTER", "hierarchical_context_parallel_sizes INNER,OUTER",
+             "hierarchical_context_parallel_sizes", "empty", 0, "INNER * OUTER == {} (ranks)",
+             [](const CpConfig& c) {
+               const auto& hs = c.hierarchical_context_parallel_sizes;
+               return std::vector<std::int64_t>(hs.begin(), hs.end());
+             },
+             [](CpConfig& c, const std::vector<std::int64_t>& v) {
+               c.hierarchical_context_parallel_sizes.assign(v.begin(), v.end());
+             }}};
+  }
+  std::string describe(const CpConfig& config, int, std::int64_t) const override {
+    const auto& hs = config.hierarchical_context_parallel_sizes;
+    if (hs.size() != 2) return "";
+    return fmt::format(
+        "  hierarchical_context_parallel_sizes [{}, {}]: Ulysses in groups of {} contiguous ranks, ring over {}{}\n",
+        hs[0], hs[1], hs[0], hs[1],
+        hs[0] == 1   ? " (inner 1: this is plain p2p)"
+        : hs[1] == 1 ? " (outer 1: this is plain a2a)"
+                     : "");
+  }
 
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     const auto& hs = config.hierarchical_context_parallel_sizes;
@@ -78,19 +99,13 @@ class A2aP2pStrategy final : public Strategy {
     return ulysses_heads(I, rank % I, heads, kv_heads);
   }
 
+  bool supports_cross() const override { return true; }
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return run_forward(group, config, false, chunks, chunks, out, q, k, v, stats);
-  }
-  bool supports_cross() const override { return true; }
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                 const TensorView& out, const TensorView& q, const TensorView& k,
-                                                 const TensorView& v, CpStats& stats) const override {
-    return run_forward(group, config, true, q_chunks, kv_chunks, out, q, k, v, stats);
+    return run_forward(group, config, is_cross(config, q_chunks, kv_chunks), q_chunks, kv_chunks, out, q, k, v, stats);
   }
 
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
@@ -122,25 +137,24 @@ class A2aP2pStrategy final : public Strategy {
     group.absorb();
   }
 
-  // The inner group's tokens (every rank of it) on this rank's heads.
-  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads) const override {
+  // The inner group's query tokens (every rank of it, at q_offset) against every key, on this
+  // rank's heads.
+  std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                    std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], first = rank / I * I;
+    const AttentionParams params = attention_params(config);
     std::int64_t pairs = 0;
     for (int r = first; r < first + I; ++r)
       for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
-        pairs += visible_pairs(attention_params(config), c, {0, q.s});
+        pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
     return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
   }
 
   // Inner group g = rank / I holds the tokens of ranks [g·I, g·I + I); after the inner
   // all-to-all, outer member g of this rank's ring holds all of them, on this rank's heads.
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
   // Cross-attention: the inner transposes of q and k|v apart, the ring's K/V over s_k.
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
     const int group = rank / I;
     const std::int64_t es = std::int64_t(dtype_size(dtype));

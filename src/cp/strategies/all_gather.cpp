@@ -84,17 +84,10 @@ class AllGatherStrategy final : public Strategy {
   bool supports_cross() const override { return true; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return forward_cross(group, config, chunks, chunks, out, q, k, v, stats);
-  }
-
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                 const TensorView& out, const TensorView& q, const TensorView& k,
-                                                 const TensorView& v, CpStats& stats) const override {
     Communicator& comm = group.comm();
     auto ctx = std::make_unique<AllGatherContext>();
     ctx->chunks = kv_chunks;
@@ -168,12 +161,8 @@ class AllGatherStrategy final : public Strategy {
     g.store(dq, dk, dv);
   }
 
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, kv_seq);
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
@@ -181,6 +170,14 @@ class AllGatherStrategy final : public Strategy {
     v.forward_messages["all_gather_kv"] = cp - 1;
     v.backward_messages["all_gather_dkv"] = cp - 1;
     return v;
+  }
+
+  // q, out and lse of the busiest rank's tokens, the full K and V.
+  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
+                               DType dtype) const override {
+    const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
+    const double full_kv = 2 * double(q.b) * double(q.s) * double(kv_heads * q.d);
+    return {double(dtype_size(dtype)) * (2 * tokens * double(q.h * q.d) + full_kv + tokens * double(q.h)), 3.5};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double, double) const override {

@@ -28,17 +28,10 @@ class P2pStrategy final : public Strategy {
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
-                                           const std::vector<std::vector<SeqChunk>>& chunks, const TensorView& out,
+                                           const std::vector<std::vector<SeqChunk>>& q_chunks,
+                                           const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return forward_cross(group, config, chunks, chunks, out, q, k, v, stats);
-  }
-
-  std::unique_ptr<StrategyContext> forward_cross(CpGroup& group, const CpConfig& config,
-                                                 const std::vector<std::vector<SeqChunk>>& q_chunks,
-                                                 const std::vector<std::vector<SeqChunk>>& kv_chunks,
-                                                 const TensorView& out, const TensorView& q, const TensorView& k,
-                                                 const TensorView& v, CpStats& stats) const override {
     auto ctx = std::make_unique<RingContext>();
     ctx->f32 = Float32Forward(q);
     const AttentionParams params = attention_params(config);
@@ -57,13 +50,9 @@ class P2pStrategy final : public Strategy {
     g.store(dq, dk, dv);
   }
 
-  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
-                     DType dtype) const override {
-    return traffic_cross(config, cp, rank, q, q.s, kv_heads, dtype);
-  }
   // Every K/V row over s_k goes around the ring whatever the mask (no window with cross-attention).
-  CommVolume traffic_cross(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                           std::int64_t kv_heads, DType dtype) const override {
+  CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                     std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
