@@ -121,16 +121,17 @@ json gemm_section(MpiCommunicator& world, const Options& o) {
       bf16_peak = std::max(bf16_peak, kernels::peak_gflops(kernels::PeakUnit::bf16_dot));
     };
     const int rounds = o.quick ? 1 : std::max(o.reps, 3);
-    fmt::print("\n[5] the trainer's GEMMs by library, 1 thread, best of {} interleaved rounds (GFLOP/s; "
-               "fraction of the peak of the dtype's unit)\n",
-               rounds);
+    fmt::print(
+        "\n[5] the trainer's GEMMs by library, 1 thread, best of {} interleaved rounds (GFLOP/s; "
+        "fraction of the peak of the dtype's unit)\n",
+        rounds);
     static const Blis blis;
     auto* sbgemm = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
     fmt::print("  OpenBLAS core {}; BLIS {}; oneDNN bf16: {}; OpenBLAS cblas_sbgemm: {}\n", openblas_get_corename(),
                blis.sgemm ? "arch " + blis.arch : std::string("not installed"),
-               kernels::onednn_bf16_implementation(1024, 512, 512), sbgemm ? "exported (not measured)" : "not exported");
-    std::vector<Library> libs{{"openblas", false,
-                               [](const Shape& s, Operands& x) {
+               kernels::onednn_bf16_implementation(1024, 512, 512),
+               sbgemm ? "exported (not measured)" : "not exported");
+    std::vector<Library> libs{{"openblas", false, [](const Shape& s, Operands& x) {
                                  openblas_sgemm(s.ta, s.tb, s.m, s.n, s.k, x.a.data(), s.lda, x.b.data(), s.ldb,
                                                 x.c.data(), s.n, true);
                                }}};
@@ -173,10 +174,14 @@ json gemm_section(MpiCommunicator& world, const Options& o) {
 
     const std::string f32_unit = kernels::peak_unit_name(kernels::PeakUnit::f32_fma),
                       bf16_unit = kernels::peak_unit_name(kernels::PeakUnit::bf16_dot);
-    fmt::print("  peaks (register-resident, 12 chains; best over the rounds): f32 {} {:.1f}, bf16 {} {:.1f} "
-               "GFLOP/s per core\n",
-               f32_unit, f32_peak, bf16_peak > 0 ? bf16_unit : "none", bf16_peak);
-    out["peak"] = {{"f32_gflops", f32_peak}, {"f32_unit", f32_unit}, {"bf16_gflops", bf16_peak}, {"bf16_unit", bf16_unit}};
+    fmt::print(
+        "  peaks (register-resident, 12 chains; best over the rounds): f32 {} {:.1f}, bf16 {} {:.1f} "
+        "GFLOP/s per core\n",
+        f32_unit, f32_peak, bf16_peak > 0 ? bf16_unit : "none", bf16_peak);
+    out["peak"] = {{"f32_gflops", f32_peak},
+                   {"f32_unit", f32_unit},
+                   {"bf16_gflops", bf16_peak},
+                   {"bf16_unit", bf16_unit}};
     std::string head = fmt::format("  {:>5} {:>11} {:>4}", "N", "IC -> OC", "gemm");
     for (const Library& l : libs) head += fmt::format(" {:>18}", l.name);
     fmt::print("{}\n", head);

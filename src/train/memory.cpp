@@ -56,7 +56,9 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const bool ckpt = o.checkpoint_activations;
   MemoryEstimate e;
   const double P = double(m.num_params());
-  e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0);  // + the all-reduce's receive buffer
+  const bool bf16 = c.dtype == DType::bf16;
+  // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
+  e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0) + (bf16 ? 2 * P : 0.0);
   e.baseline = kBaselineBytes;
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
   // the attention op holds its copies), floats.
@@ -67,8 +69,10 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const double fwd_end = kept + (o.tiled_loss ? tl * V : 2 * N * V);
   // The top layer's backward: dx and the layer's gradient temporaries (gpt.hpp LayerGrads),
   // the recompute's output, the MLP's recomputed tile.
+  // Under bf16 the largest GEMM's bf16 copies of its inputs (the MLP's down projection: h and
+  // dout, half a float each) come on top.
   const double bwd = kept + N * C + N * (3 * C + 2 * QD + 2 * KD) + 3 * tm * F + (ckpt ? N * C : 0.0) +
-                     (o.tiled_mlp ? 3 * tm * F : 0.0);
+                     (o.tiled_mlp ? 3 * tm * F : 0.0) + (bf16 ? tm * (F + C) / 2 : 0.0);
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
@@ -92,7 +96,7 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   e.attention =
       context_bytes(c, cp, N, c.dtype) * (ckpt ? 1 : L) +
       (converted ? f32_context * (transient + (cp == 1 ? 2.4 : 1.0)) : context_bytes(c, cp, N, c.dtype) * transient);
-  if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
+  if (bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }
 

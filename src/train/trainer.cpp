@@ -118,7 +118,8 @@ std::vector<Trainer::Run> runs_of(const std::vector<SequenceLayout>& seqs, const
 }  // namespace
 
 Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
-    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model, cfg_.memory), groups_(comm) {
+    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)),
+      model_(cfg_.model, cfg_.memory, cfg_.dtype == DType::bf16), groups_(comm) {
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.shape());
   if (err.empty() && data_.packed() && cfg_.batch != 1 && cfg_.lengths.empty())

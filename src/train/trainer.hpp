@@ -39,8 +39,9 @@ struct TrainConfig {
   std::int64_t tokens_per_step = 0;
   MemoryOptions memory;   // how activations are kept (no effect on the numbers, to rounding)
   double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
-  // The attention's dtype (--dtype): bf16 runs it on the bf16 kernels; weights, gradients,
-  // AdamW and every GEMM stay float32 (mixed precision).
+  // --dtype: bf16 runs the attention on the bf16 kernels and the projections and the MLP as
+  // bf16 GEMMs with float32 accumulation; master weights, gradients, AdamW and the LM head stay
+  // float32 (mixed precision).
   DType dtype = DType::f32;
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
