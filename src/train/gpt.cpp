@@ -29,6 +29,14 @@ i64 GptConfig::swiglu_hidden(i64 width) { return ((8 * width + 2) / 3 + 3) / 4 *
 
 i64 GptConfig::num_params() const { return ParamLayout(*this).total; }
 
+double GptConfig::train_flops(i64 len) const {
+  const double C = double(width), QD = double(heads * head_dim), KD = double(kv_heads * head_dim), F = double(hidden);
+  const double s = double(len), L = double(layers);
+  const double gemms = 2.0 * s * (L * (C * QD + 2 * C * KD + QD * C + 3 * C * F) + C * double(vocab));
+  const double attention = L * 2.0 * s * s * QD;
+  return 3.0 * (gemms + attention);
+}
+
 ParamLayout::ParamLayout(const GptConfig& c) {
   i64 at = 0;
   auto take = [&](i64 n) {

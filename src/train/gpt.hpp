@@ -20,6 +20,11 @@ struct GptConfig {
   // "" when valid, else the first problem (names the values).
   std::string error() const;
   i64 num_params() const;
+  // Model FLOPs of one training step on one sequence of `len` tokens: the forward's GEMMs (2
+  // per weight per token: projections, MLP, LM head), its causal attention (2·len²·QD per layer,
+  // half of the 4·len²·QD of Q·Kᵀ and P·V), and a backward of twice the forward. Recompute
+  // (activation checkpointing, the flash backward's scores) is not model work: excluded.
+  double train_flops(i64 len) const;
   bool operator==(const GptConfig&) const = default;
   // The default SwiGLU hidden size for `width` (LLaMA's sizing): 8/3 · width, rounded up to a
   // multiple of 4 (172 at width 64, 344 at 128, 1368 at 512).

@@ -18,8 +18,10 @@ namespace {
 
 constexpr double kFloat = 4;
 // Measured: a rank of `ulysses train` before its model (MPI with shared-memory transport,
-// OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
-constexpr double kBaselineBytes = 20.0 * (1 << 20);
+// OpenBLAS, oneDNN, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB, and
+// 2.4 MiB more since libulysses links oneDNN (a 1-layer run at s 64: 21.9 -> 24.3 MiB). bf16's
+// GEMMs add oneDNN's generated kernels and scratchpads: 3.0 MiB more there (27.3 MiB).
+constexpr double kBaselineBytes = 22.4 * (1 << 20), kBf16GemmBytes = 3.0 * (1 << 20);
 
 // One layer's attention context (CpContext) on the busiest rank, bytes: what its strategy keeps
 // (q, k, v and out in `dtype`; lse float32, counted at that width too; a2a keeps its
@@ -59,7 +61,7 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const bool bf16 = c.dtype == DType::bf16;
   // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
   e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0) + (bf16 ? 2 * P : 0.0);
-  e.baseline = kBaselineBytes;
+  e.baseline = kBaselineBytes + (bf16 ? kBf16GemmBytes : 0.0);
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
   // the attention op holds its copies), floats.
   const double layer = N * (3 * C + 2 + QD) + (o.tiled_mlp ? 0.0 : 3 * N * F);

@@ -310,10 +310,9 @@ StepResult Trainer::step() {
   r.step = t;
   r.attention = sums.attention;
   r.sequences = std::int64_t(p.sequences.size());
-  last_lengths_.clear();
   for (const SequenceLayout& l : p.sequences) {
     r.tokens += l.length;
-    last_lengths_.push_back(l.length);
+    r.model_flops += cfg_.model.train_flops(l.length);
   }
   r.predicted_s = p.plan.step_seconds;
   const double wall = comm_.now() - t0;
@@ -342,16 +341,6 @@ Evaluation Trainer::evaluate(std::int64_t batches) {
     answers += s.answers;
   }
   return {loss / targets, data_.synthetic_task() && answers > 0 ? correct / answers : -1.0};
-}
-
-double Trainer::flops_per_step() const {
-  const GptConfig& c = cfg_.model;
-  const double matmul_params = double(model_.layout.total - c.vocab * c.width);  // the embedding is a lookup
-  double flops = 0;
-  for (std::int64_t len : last_lengths_)  // attention, causal: half of 4·s²·h·d per layer, 3.5 passes
-    flops += 6.0 * matmul_params * double(len) +
-             double(c.layers) * 3.5 * 2.0 * double(len) * double(len) * double(c.heads * c.head_dim);
-  return flops;
 }
 
 // ---- checkpoints --------------------------------------------------------------------------

@@ -64,6 +64,7 @@ struct StepResult {
   std::vector<double> idle_s;  // each rank's: the step's wall time minus its busy time (its
                                // sequences' compute and communication that was not waiting)
   double predicted_s = 0;      // the balancer's predicted step time (0: the policy has no model)
+  double model_flops = 0;      // GptConfig::train_flops summed over the step's sequences
 };
 
 // What evaluate() measured on held-out batches.
@@ -101,7 +102,6 @@ class Trainer {
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
   // FLOPs of the last step() over all ranks (matmuls 6·params·tokens + attention per sequence).
-  double flops_per_step() const;
 
   // A step as every rank plans it before any data moves: its sequences, their groups, and the
   // runs (sequences of one group and length, computed as one batch) in execution order.
@@ -139,7 +139,6 @@ class Trainer {
   Gpt<float> model_;
   GroupCache groups_;
   std::map<std::pair<int, int>, std::unique_ptr<CpAttention>> attention_;  // by (first_rank, size)
-  std::vector<std::int64_t> last_lengths_;
   std::vector<float> m_, v_;
   std::vector<std::uint8_t> decay_;
   std::int64_t step_ = 0;
