@@ -189,7 +189,7 @@ std::string clock(double seconds) {
 
 // The peak of the unit the run's GEMMs use (kernels/peak.hpp), over all the job's threads:
 // every rank probes at once, one probe per thread, so ranks sharing cores see their share.
-// Collective; a few tens of milliseconds.
+// Collective; a tenth of a second.
 struct Peak {
   std::string unit;   // what was measured
   double gflops = 0;  // all ranks and threads together
@@ -203,7 +203,7 @@ Peak measure_peak(Communicator& comm, DType dtype, int threads) {
                             : PeakUnit::f32_fma;
   double total[2] = {0, double(threads)};
 #pragma omp parallel num_threads(threads) reduction(+ : total[0])
-  total[0] += kernels::peak_gflops(unit);
+  total[0] += kernels::peak_gflops(unit, 0.1);
   comm.allreduce_sum(total, 2);
   return {kernels::peak_unit_name(unit), total[0], int(total[1])};
 }

@@ -18,8 +18,8 @@ enum class PeakUnit {
 std::string peak_unit_name(PeakUnit unit);
 
 // GFLOP/s of ONE thread on `unit`: independent accumulator chains that never touch memory,
-// enough of them to cover the unit's latency, timed for about `seconds` (best of 3). Not
-// collective; a few milliseconds; 0 where the unit is missing.
+// enough of them to cover the unit's latency, timed for about `seconds` in all (the best of 7
+// windows). Not collective; 0 where the unit is missing.
 double peak_gflops(PeakUnit unit, double seconds = 0.02);
 
 }  // namespace ulysses::kernels
