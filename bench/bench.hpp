@@ -84,5 +84,6 @@ nlohmann::json kernels_section(Communicator& world, const Options& o);     // ra
 nlohmann::json alltoall_section(Communicator& world, const Options& o);    // all ranks
 nlohmann::json strategies_section(Communicator& world, const Options& o);  // all ranks (+ rank 0 alone)
 nlohmann::json seed_section(Communicator& world, const Options& o);        // all ranks (+ rank 0 alone)
+nlohmann::json gemm_section(Communicator& world, const Options& o);        // rank 0 alone, one thread
 
 }  // namespace ulysses::bench

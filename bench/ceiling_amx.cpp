@@ -62,31 +62,6 @@ bool request_tiles() {
 #endif
 }
 
-float peak_loop(i64 iters) {
-  // Small non-zero operands: the sums stay far from overflow and denormals for any iters.
-  alignas(64) bf16 ab[512];
-  alignas(64) float c[4][256];
-  for (bf16& x : ab) x = 0x3a80;  // 2^-10
-  asm volatile("" ::: "memory");  // tileloadd is asm without a memory input: keep these stores
-  configure_tiles();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, ab, 64);
-  _tile_loadd(5, ab, 64);
-  _tile_loadd(6, ab, 64);
-  _tile_loadd(7, ab, 64);
-  for (i64 i = 0; i < iters; ++i) multiply_block();
-  _tile_stored(0, c[0], 64);
-  _tile_stored(1, c[1], 64);
-  _tile_stored(2, c[2], 64);
-  _tile_stored(3, c[3], 64);
-  _tile_release();
-  asm volatile("" ::: "memory");  // the tile stores are asm without a memory output
-  return c[0][0] + c[1][0] + c[2][0] + c[3][0];
-}
-
 void pack_vnni(i64 k, i64 n, const bf16* rows, bf16* b_packed) {
   for (i64 r = 0; r < k; ++r)
     for (i64 j = 0; j < n; ++j) b_packed[((j / 16) * (k / 2) + r / 2) * 32 + (j % 16) * 2 + r % 2] = rows[r * n + j];

@@ -1,4 +1,5 @@
-// The AMX bfloat16 ceilings of section [1]: per-thread kernels, timed by the caller.
+// The AMX bfloat16 ceilings of section [1]: per-thread kernels, timed by the caller (the
+// register-resident peak loop is the library's, kernels/peak_loops.hpp).
 //
 // ceiling_amx.cpp is compiled with -mamx-tile -mamx-bf16 -mavx512f, so it defines no inline
 // function or template that another file also instantiates (no std containers, no fmt, no
@@ -13,10 +14,6 @@ namespace ulysses::bench::amx {
 // Linux's per-process permission for the tile data (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)); false when the OS refuses. Idempotent.
 bool request_tiles();
-
-// Register-resident peak: 4 C tiles, 2 A and 2 B tiles loaded once, then `iters` rounds of
-// 4 TDPBF16PS (2×2 blocking). FLOPs = iters · 4 · 16·16·32·2. Returns a checksum.
-float peak_loop(std::int64_t iters);
 
 // b_packed (k·n elements) = rows [k][n] (row-major bf16) in the VNNI pair layout, one
 // contiguous 1 KiB tile per 16 columns × 16 row pairs (as the amx-bf16 engine packs K and V):

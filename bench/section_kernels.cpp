@@ -34,6 +34,7 @@
 
 #include "bench.hpp"
 #include "ceiling_amx.hpp"
+#include "kernels/peak_loops.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
 #include "ulysses/attention.hpp"
@@ -108,7 +109,7 @@ double amx_peak_gflops(int threads, int reps) {
   constexpr i64 iters = i64(1) << 20;
   const double t = time_median(reps, [&] {
 #pragma omp parallel num_threads(threads)
-    amx::peak_loop(iters);
+    kernels::peak_loops::tdpbf16_amx(iters);  // the library's probe loop (kernels/peak.hpp)
   });
   return 4.0 * 16 * 16 * 32 * 2 * double(iters) * threads / t * 1e-9;
 }

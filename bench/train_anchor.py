@@ -25,9 +25,12 @@ AdamW stay float32); f32 runs everything in float32.
 Timing: per step, a barrier, then data, forward, backward, all-reduce, clipping and AdamW; the
 slowest rank's time. tokens/s = batch*seq / median step time over the steps after the first
 (the first is the warm-up; --warmup-seq runs it shorter). Peak memory: VmHWM of
-/proc/self/status at the end, the largest over ranks. FLOPs per step as
-Trainer::flops_per_step: 6 * (params - vocab*width) * tokens +
-layers * 3.5 * 2 * b * s^2 * heads * head_dim (causal attention forward + backward).
+/proc/self/status at the end, the largest over ranks. Model FLOPs per step as
+GptConfig::train_flops (src/train/gpt.cpp): 3 x the forward (backward = 2 x forward, recompute
+excluded), the forward being 2 FLOPs per weight per token of the projections, the MLP and the LM
+head, plus the causal attention's 2 * s^2 * heads * head_dim per layer. --peak-gflops (one
+thread's register-resident peak of the dtype's unit, as `ulysses train` prints it: "peak for
+MFU") gives "mfu" = model FLOPs / (median step time * peak * threads * ranks), as the trainer's.
 
 Rank 0 prints ONE JSON line on stdout; logs go to stderr. Needs torch >= 2.5 (SDPA with
 enable_gqa) and, for --mode deepspeed, deepspeed; exits with code 3 and says so otherwise.
@@ -210,12 +213,11 @@ class LocalSDPA(torch.nn.Module):
 # ---- the trainer -----------------------------------------------------------------------------
 
 
-def flops_per_step(a, params):
-    tokens = a.batch * a.seq
-    return (
-        6.0 * (params - a.vocab * a.width) * tokens
-        + a.layers * 3.5 * 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim
-    )
+def flops_per_step(a):
+    C, QD, KD, F = a.width, a.heads * a.head_dim, a.kv_heads * a.head_dim, a.hidden
+    gemms = 2.0 * a.seq * (a.layers * (C * QD + 2 * C * KD + QD * C + 3 * C * F) + C * a.vocab)
+    attention = a.layers * 2.0 * a.seq * a.seq * QD
+    return 3.0 * a.batch * (gemms + attention)
 
 
 def proc_status_mib(key):
@@ -255,6 +257,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (single: 2, deepspeed: 1)")
     p.add_argument("--port", type=int, default=29533, help="MASTER_PORT under mpirun (default 29533)")
+    p.add_argument(
+        "--peak-gflops",
+        type=float,
+        default=None,
+        help="one thread's peak of the dtype's unit (`ulysses train`'s \"peak for MFU\"): adds mfu",
+    )
     a = p.parse_args(argv)
     if a.threads is None:
         a.threads = 2 if a.mode == "single" else 1
@@ -344,7 +352,8 @@ def main():
         tdist.all_reduce(peak, op=tdist.ReduceOp.MAX)
     timed = seconds[1:] or seconds
     med = float(np.median(timed))
-    fl = flops_per_step(a, params)
+    fl = flops_per_step(a)
+    mfu = fl / med / (a.peak_gflops * 1e9 * a.threads * world) if a.peak_gflops else None
     if rank == 0:
         print(
             json.dumps(
@@ -373,6 +382,8 @@ def main():
                     "tokens_per_s": round(a.batch * a.seq / med, 1),
                     "flops_per_step": fl,
                     "gflops": round(fl / med * 1e-9, 2),
+                    "peak_gflops_per_thread": a.peak_gflops,
+                    "mfu": None if mfu is None else round(mfu, 4),
                     "peak_rss_mib": round(float(peak[0]), 1),
                     "rss_after_import_mib": round(float(peak[1]), 1),
                     "timing": "per step: barrier, then data + forward + backward + all-reduce + clip + AdamW; "

@@ -32,19 +32,16 @@ def cell(runner, seq, dtype, key):
 def num(x, fmt="{:.0f}"):
     return "—" if x is None else fmt.format(x)
 print("| s | dtype | ulysses tokens/s | PyTorch tokens/s | DeepSpeed tokens/s | ulysses / max | "
-      "ulysses MiB/rank | PyTorch MiB | DeepSpeed MiB/rank | ulysses GFLOP/s (of its sgemm ceiling) |")
+      "ulysses MiB/rank | PyTorch MiB | DeepSpeed MiB/rank | MFU ulysses / PyTorch / DeepSpeed |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for seq, dtype in dict.fromkeys((r["seq"], r["dtype"]) for r in rs):
     t = {x: cell(x, seq, dtype, "tokens_per_s") for x in runners}
     m = {x: cell(x, seq, dtype, "peak_rss_mib") for x in runners}
     anchors = [t[x] for x in runners[1:] if t[x] is not None]
     ratio = t["ulysses"] / max(anchors) if anchors and t["ulysses"] else None
-    flops = cell("torch", seq, dtype, "flops_per_step") or cell("deepspeed", seq, dtype, "flops_per_step")
-    ceil = cell("ulysses", seq, dtype, "sgemm_ceiling_gflops")
-    gf = "—"
-    if flops and t["ulysses"] and ceil:
-        g = flops * t["ulysses"] / seq * 1e-9
-        gf = f"{g:.1f} ({100 * g / ceil:.0f}% of {ceil:.1f})"
+    mfu = {x: cell(x, seq, dtype, "mfu") if all(r.get("mfu") for r in rs if r["runner"] == x) else None
+           for x in runners}
+    gf = " / ".join(num(None if mfu[x] is None else 100 * mfu[x], "{:.0f}%") for x in runners)
     print(f"| {seq} | {dtype} | {num(t['ulysses'])} | {num(t['torch'])} | {num(t['deepspeed'])} | "
           f"{num(ratio, '{:.2f}x')} | {num(m['ulysses'])} | {num(m['torch'])} | {num(m['deepspeed'])} | {gf} |")
 PY
@@ -77,6 +74,7 @@ mkdir -p "$out"
 results=$out/train_anchors.jsonl
 : > "$results"
 export OMP_NUM_THREADS=$half
+declare -A peak  # by dtype: one thread's peak of its unit, from the ulysses run (which runs first)
 
 # run RUNNER SEQ DTYPE STEPS WARMUP_SEQ: appends one JSON line {runner, seq, dtype, ...} to $results.
 run() {
@@ -92,17 +90,20 @@ out = open(sys.argv[2]).read()
 timed = [r["tokens_per_s"] for r in steps[1:]] or [steps[0]["tokens_per_s"]]
 print(json.dumps({"tokens_per_s": statistics.median(timed), "peak_rss_mib": max(r["peak_rss_bytes"] for r in steps) / 2**20,
                   "losses": [r["loss"] for r in steps], "params": int(re.search(r"(\d+) parameters", out).group(1)),
-                  "sgemm_ceiling_gflops": float(re.search(r"sgemm ceiling \(([\d.]+) GFLOP/s", out).group(1))}))
+                  "mfu": statistics.median([r["mfu"] for r in steps[1:]] or [steps[0]["mfu"]]),
+                  "peak_gflops_per_thread": float(re.search(r"peak for MFU: .* ([\d.]+) GFLOP/s per thread", out).group(1))}))
 PY
 )
+      peak[$dtype]=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["peak_gflops_per_thread"])' "$json")
       ;;
     torch)
       json=$("$py" "$root/bench/train_anchor.py" --mode single "${model[@]}" --seq "$seq" --dtype "$dtype" \
-               --steps "$steps" --warmup-seq "$warm" --threads "$cores" 2> "$out/torch.err")
+               --steps "$steps" --warmup-seq "$warm" --threads "$cores" --peak-gflops "${peak[$dtype]}" 2> "$out/torch.err")
       ;;
     deepspeed)
       json=$("${MPIRUN[@]}" -n 2 -x OMP_NUM_THREADS "$py" "$root/bench/train_anchor.py" --mode deepspeed "${model[@]}" \
-               --seq "$seq" --dtype "$dtype" --steps "$steps" --warmup-seq "$warm" --threads "$half" 2> "$out/deepspeed.err")
+               --seq "$seq" --dtype "$dtype" --steps "$steps" --warmup-seq "$warm" --threads "$half" \
+               --peak-gflops "${peak[$dtype]}" 2> "$out/deepspeed.err")
       ;;
   esac
   python3 -c 'import json,sys; r=json.loads(sys.argv[4]); r.update(runner=sys.argv[1], seq=int(sys.argv[2]), dtype=sys.argv[3]); print(json.dumps(r))' \

@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cblas.h>
-#include <omp.h>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -14,6 +12,8 @@
 #include <tuple>
 
 #include "agreement.hpp"
+#include "kernels/onednn_gemm.hpp"
+#include "kernels/peak.hpp"
 #include "guard.hpp"
 #include "options.hpp"
 #include "plan_command.hpp"
@@ -116,8 +116,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "refuse at start-up a run predicted to need more than this per rank "
                 "(e.g. 2GiB, 512MiB)");
   c->add_option("--dtype", o.dtype,
-                "attention dtype: f32 (default) or bf16 (mixed precision: q, k, v and the "
-                "attention in bfloat16 on the bf16 kernels; weights, AdamW and the GEMMs float32)")
+                "compute dtype: f32 (default) or bf16 (mixed precision: the attention on the bf16 "
+                "kernels, the projections and the MLP as bf16 GEMMs with float32 accumulation; master "
+                "weights, gradients, AdamW and the LM head float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
   c->add_option("--eval-batches", o.eval_batches,
@@ -186,22 +187,30 @@ std::string clock(double seconds) {
   return fmt::format("{:02}:{:02}", s / 60, s % 60);
 }
 
-double sgemm_ceiling_gflops() {  // this rank's threads, a model-sized GEMM
-  const int n = 512;
-  std::vector<float> a(std::size_t(n) * n, 0.5f), b(a), c(a);
-  openblas_set_num_threads(omp_get_max_threads());
-  auto run = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  };
-  for (int i = 0; i < 3; ++i) run();
-  std::vector<double> t;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 10; ++i) run();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  openblas_set_num_threads(1);
-  return 10.0 * 2.0 * n * double(n) * n / median(t) * 1e-9;
+// The peak of the unit the run's GEMMs use (kernels/peak.hpp), over all the job's threads:
+// every rank probes at once, one probe per thread, so ranks sharing cores see their share.
+// Collective; a tenth of a second.
+struct Peak {
+  std::string unit;   // what was measured
+  double gflops = 0;  // all ranks and threads together
+  int threads = 0;    // over all ranks
+};
+
+Peak measure_peak(Communicator& comm, DType dtype, int threads) {
+  using kernels::PeakUnit;
+  const PeakUnit unit = dtype == DType::bf16 && !kernels::peak_unit_name(PeakUnit::bf16_dot).empty()
+                            ? PeakUnit::bf16_dot
+                            : PeakUnit::f32_fma;
+  double total[2] = {0, double(threads)};
+#pragma omp parallel num_threads(threads) reduction(+ : total[0])
+  total[0] += kernels::peak_gflops(unit, 0.1);
+  comm.allreduce_sum(total, 2);
+  return {kernels::peak_unit_name(unit), total[0], int(total[1])};
+}
+
+// Model FLOPs utilisation: the step's model FLOPs over what the peak does in its time.
+double mfu(double model_flops, double seconds, const Peak& peak) {
+  return peak.gflops > 0 ? model_flops / seconds / (peak.gflops * 1e9) : 0.0;
 }
 
 // Where a run stands, for rank 0's progress lines.
@@ -210,6 +219,7 @@ struct Progress {
   std::chrono::steady_clock::time_point start;
   double predicted_bytes = 0;  // memory.hpp's prediction per rank
   std::string dtype;           // the attention's
+  Peak peak;                   // of the dtype's unit, measured at the start
 };
 
 // Rank 0, after step `s` (and the held-out evaluation after it, if one ran): its JSON line in
@@ -228,17 +238,18 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
                     "\"tokens_per_s\": {:.1f}, \"attention_compute_s\": {:.5f}, \"attention_comm_exposed_s\": "
                     "{:.5f}, \"peak_rss_bytes\": {:.0f}, \"predicted_bytes\": {:.0f}, \"dtype\": \"{}\", "
                     "\"sequences\": {}, \"tokens\": {}, \"step_s\": {:.6f}, \"predicted_step_s\": {:.6f}, "
-                    "\"idle_ms\": [{}]{}}}\n",
+                    "\"idle_ms\": [{}], \"model_flops\": {:.6g}, \"mfu\": {:.4f}{}}}\n",
                     r.step, r.loss, r.accuracy, r.grad_norm, tps, r.attention.compute_s, r.attention.comm_exposed_s,
                     r.peak_rss, p.predicted_bytes, p.dtype, r.sequences, r.tokens, r.seconds, r.predicted_s, idle,
-                    held));
+                    r.model_flops, mfu(r.model_flops, r.seconds, p.peak), held));
   const double done = double(s + 1 - p.first), total = double(p.steps - p.first);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   const int width = 30, filled = int(width * done / total);
   std::string line =
-      fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  idle ms [{}]  ETA {}",
+      fmt::format("[{}{}] step {}/{}  loss {:.4f}  acc {:.2f}  {:.0f} tok/s  MFU {:.0f}%  idle ms [{}]  ETA {}",
                   std::string(std::size_t(filled), '#'), std::string(std::size_t(width - filled), '.'), r.step, p.steps,
-                  r.loss, acc_recent, tps, idle, clock(elapsed / done * (total - done)));
+                  r.loss, acc_recent, tps, 100 * mfu(r.model_flops, r.seconds, p.peak), idle,
+                  clock(elapsed / done * (total - done)));
   if (held_out) line += fmt::format("  held-out {:.4f} ({:.3f} bits/byte)", held_out->loss, held_out->bits_per_byte());
   const std::int64_t every = std::max<std::int64_t>(1, (p.steps - p.first) / 20);
   if ((s + 1 - p.first) % every == 0 || s + 1 == p.steps || s == p.first || held_out) fmt::print("{}\n", line);
@@ -247,12 +258,14 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
 
 // Rank 0's summary of a run that took at least one step.
 void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
-                   const std::vector<double>& step_tps, const std::vector<double>& step_idle,
-                   const train::Evaluation& final_eval,
+                   const std::vector<double>& step_tps, const std::vector<double>& step_flops,
+                   const std::vector<double>& step_idle, const train::Evaluation& final_eval,
                    const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals, const train::DataSource& data,
-                   double ceiling, double flops_per_step, const train::TrainConfig& cfg, double peak_rss, int cp) {
+                   const Peak& peak, const train::TrainConfig& cfg, double peak_rss, int cp) {
   const double med = median(step_seconds);
-  const double tps = median(step_tps), gflops = flops_per_step / med * 1e-9;
+  std::vector<double> rates;  // model FLOP/s of each step
+  for (std::size_t i = 0; i < step_seconds.size(); ++i) rates.push_back(step_flops[i] / step_seconds[i]);
+  const double tps = median(step_tps), flops = median(rates);
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
   double last = 0;
   for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
@@ -271,9 +284,9 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
                                               evals.front().second.loss, evals.front().second.bits_per_byte())
                                 : std::string());
   fmt::print(
-      "throughput: {:.0f} tokens/s (median step {:.1f} ms); {:.2f} GFLOP/s = {:.0f}% of the sgemm ceiling "
-      "({:.1f} GFLOP/s over all ranks)\n",
-      tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
+      "throughput: {:.0f} tokens/s (median step {:.1f} ms); model FLOPs {:.2f} GFLOP/s = MFU {:.1f}% of the peak "
+      "({:.1f} GFLOP/s: {} threads × {} measured at the start)\n",
+      tps, med * 1e3, flops * 1e-9, 100 * mfu(flops, 1.0, peak), peak.gflops, peak.threads, peak.unit);
   fmt::print(
       "idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
       median(step_idle) * 1e3);
@@ -372,8 +385,13 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              cfg.cp.cp_comm_type, threads, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
   const train::MemoryOptions& mo = cfg.memory;
   fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
-             cfg.dtype == DType::bf16 ? " (mixed precision: weights, AdamW and the GEMMs float32)" : "");
-  fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
+             cfg.dtype == DType::bf16 ? " (mixed precision: master weights, gradients, AdamW and the LM head float32)"
+                                      : "");
+  if (cfg.dtype == DType::bf16)
+    fmt::print("  GEMMs: projections and MLP bf16 on oneDNN ({}), LM head float32 on OpenBLAS, core {}\n",
+               kernels::onednn_bf16_implementation(cfg.seq, cfg.model.width, cfg.model.width), blas_core());
+  else
+    fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
   fmt::print("  memory per rank (predicted{}): {}{}{}{}\n",
              cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
              predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",
@@ -416,10 +434,17 @@ int run_train(const TrainOptions& o) {
   });
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  std::vector<double> losses, step_seconds, step_tps, step_idle;
+  std::vector<double> losses, step_seconds, step_tps, step_flops, step_idle;
   double acc_recent = -1;
-  const Progress progress{trainer.current_step(), cfg.steps, std::chrono::steady_clock::now(),
-                          predicted_memory(cfg, cp).total(), to_string(cfg.dtype)};
+  const Peak peak = measure_peak(comm, cfg.dtype, threads);
+  if (rank == 0)
+    fmt::print(
+        "  peak for MFU: {} {:.1f} GFLOP/s per thread, {:.1f} over the job's {} threads (register-resident, "
+        "measured now)\n",
+        peak.unit, peak.gflops / peak.threads, peak.gflops, peak.threads);
+  const Progress progress{
+      trainer.current_step(), cfg.steps, std::chrono::steady_clock::now(), predicted_memory(cfg, cp).total(),
+      to_string(cfg.dtype),   peak};
   // Text with a held-out tail: its loss every eval_every steps and after the last.
   const bool held_out = !data.synthetic_task() && data.held_out_bytes() > 0 && o.eval_batches > 0;
   const std::int64_t eval_every = o.eval_every >= 0 ? o.eval_every : std::max<std::int64_t>(1, cfg.steps / 10);
@@ -431,6 +456,7 @@ int run_train(const TrainOptions& o) {
     losses.push_back(r.loss);
     step_seconds.push_back(r.seconds);
     step_tps.push_back(double(r.tokens) / r.seconds);
+    step_flops.push_back(r.model_flops);
     step_idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
     peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
@@ -457,14 +483,12 @@ int run_train(const TrainOptions& o) {
   const train::Evaluation final_eval = !evals.empty() && evals.back().first == trainer.current_step()
                                            ? evals.back().second
                                            : trainer.evaluate(o.eval_batches);
-  double ceiling = sgemm_ceiling_gflops();
-  comm.allreduce_sum(&ceiling, 1);  // all ranks together
   on_root(comm, [&] {
     if (losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, step_tps, step_idle, final_eval, evals, data, ceiling,
-                    trainer.flops_per_step(), cfg, peak_rss, cp);
+      print_summary(losses, step_seconds, step_tps, step_flops, step_idle, final_eval, evals, data, peak, cfg, peak_rss,
+                    cp);
     if (!o.svg.empty() && !losses.empty())
       write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
                                                              cfg.cp.cp_comm_type, cp)));

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "train/gemm.hpp"
 
 namespace ulysses::train {
 
@@ -25,6 +28,14 @@ std::string GptConfig::error() const {
 i64 GptConfig::swiglu_hidden(i64 width) { return ((8 * width + 2) / 3 + 3) / 4 * 4; }
 
 i64 GptConfig::num_params() const { return ParamLayout(*this).total; }
+
+double GptConfig::train_flops(i64 len) const {
+  const double C = double(width), QD = double(heads * head_dim), KD = double(kv_heads * head_dim), F = double(hidden);
+  const double s = double(len), L = double(layers);
+  const double gemms = 2.0 * s * (L * (C * QD + 2 * C * KD + QD * C + 3 * C * F) + C * double(vocab));
+  const double attention = L * 2.0 * s * s * QD;
+  return 3.0 * (gemms + attention);
+}
 
 ParamLayout::ParamLayout(const GptConfig& c) {
   i64 at = 0;
@@ -54,9 +65,23 @@ ParamLayout::ParamLayout(const GptConfig& c) {
 }
 
 template <class T>
-Gpt<T>::Gpt(const GptConfig& c, MemoryOptions m)
-    : config(c), memory(m), layout(c), params(std::size_t(layout.total)), grads(std::size_t(layout.total)),
-      acts_(std::size_t(c.layers)) {}
+Gpt<T>::Gpt(const GptConfig& c, MemoryOptions m, bool bf16)
+    : config(c), memory(m), bf16_matmuls(bf16 && std::is_same_v<T, float>), layout(c),
+      params(std::size_t(layout.total)), grads(std::size_t(layout.total)), acts_(std::size_t(c.layers)) {}
+
+template <class T>
+void Gpt<T>::linear_forward(T* out, const T* inp, i64 w, i64 N, i64 IC, i64 OC) {
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_matmuls) return matmul_forward_bf16(out, inp, params16_.data() + w, N, IC, OC);
+  matmul_forward(out, inp, params.data() + w, N, IC, OC);
+}
+
+template <class T>
+void Gpt<T>::linear_backward(T* dinp, const T* dout, const T* inp, i64 w, i64 N, i64 IC, i64 OC) {
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_matmuls) return matmul_backward_bf16(dinp, grads.data() + w, dout, inp, params16_.data() + w, N, IC, OC);
+  matmul_backward(dinp, grads.data() + w, dout, inp, params.data() + w, N, IC, OC);
+}
 
 template <class T>
 void Gpt<T>::init_params(std::uint64_t seed) {
@@ -117,6 +142,8 @@ T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, con
   grad_scale_ = grad_scale;
   pos_rows_.resize(std::size_t(N));
   for (i64 r = 0; r < N; ++r) pos_rows_[std::size_t(r)] = pos[r % n];
+  if constexpr (std::is_same_v<T, float>)  // the weights changed since the last step
+    if (bf16_matmuls) round_to_bf16(params16_, params.data(), layout.total);
   std::vector<T> x(std::size_t(N * C));
   embedding_forward(x.data(), tokens, params.data() + layout.wte, N, C);
   for (i64 l = 0; l < c.layers; ++l) {
@@ -150,14 +177,14 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
                          {&A.rstd2, 1}})
     v->resize(std::size_t(N * cols));
   rmsnorm_forward(A.xn1.data(), A.rstd1.data(), x, P + L.rms1, N, C);
-  matmul_forward(A.q.data(), A.xn1.data(), P + L.wq, N, C, QD);
-  matmul_forward(A.k.data(), A.xn1.data(), P + L.wk, N, C, KD);
-  matmul_forward(A.v.data(), A.xn1.data(), P + L.wv, N, C, KD);
+  linear_forward(A.q.data(), A.xn1.data(), L.wq, N, C, QD);
+  linear_forward(A.k.data(), A.xn1.data(), L.wk, N, C, KD);
+  linear_forward(A.v.data(), A.xn1.data(), L.wv, N, C, KD);
   rope_forward(A.q.data(), pos_rows_.data(), N, c.heads, c.head_dim);
   rope_forward(A.k.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
   att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
   for (auto* v : {&A.q, &A.k, &A.v}) std::vector<T>().swap(*v);  // the op keeps what its backward needs
-  matmul_forward(x_out, A.att.data(), P + L.wo, N, QD, C);
+  linear_forward(x_out, A.att.data(), L.wo, N, QD, C);
   for (i64 i = 0; i < N * C; ++i) A.x2[std::size_t(i)] = x[i] + x_out[i];
   rmsnorm_forward(A.xn2.data(), A.rstd2.data(), A.x2.data(), P + L.rms2, N, C);
   mlp_forward(A, L, x_out);
@@ -168,12 +195,11 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
 template <class T>
 void Gpt<T>::mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out) {
   const i64 N = N_, C = config.width, F = config.hidden;
-  const T* P = params.data();
   auto rows = [&](i64 r0, i64 n, T* a, T* g, T* h) {
-    matmul_forward(a, A.xn2.data() + r0 * C, P + L.w1, n, C, F);
-    matmul_forward(g, A.xn2.data() + r0 * C, P + L.w3, n, C, F);
+    linear_forward(a, A.xn2.data() + r0 * C, L.w1, n, C, F);
+    linear_forward(g, A.xn2.data() + r0 * C, L.w3, n, C, F);
     swiglu_forward(h, a, g, n * F);
-    matmul_forward(out + r0 * C, h, P + L.w2, n, F, C);
+    linear_forward(out + r0 * C, h, L.w2, n, F, C);
   };
   if (!memory.tiled_mlp) {
     for (auto* v : {&A.a, &A.g, &A.h}) v->resize(std::size_t(N * F));
@@ -264,13 +290,13 @@ void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerA
   // Attention branch: x2 = x + wo·attention(rope(wq·xn1), rope(wk·xn1), wv·xn1).
   for (auto [v, cols] : {std::pair{&G.datt, QD}, {&G.dq, QD}, {&G.dk, KD}, {&G.dv, KD}, {&G.dxn1, C}})
     zeroed(*v, N * cols);
-  matmul_backward(G.datt.data(), W + L.wo, G.dx2.data(), A.att.data(), P + L.wo, N, QD, C);
+  linear_backward(G.datt.data(), G.dx2.data(), A.att.data(), L.wo, N, QD, C);
   att.backward(int(l), G.dq.data(), G.dk.data(), G.dv.data(), G.datt.data());
   rope_backward(G.dq.data(), pos_rows_.data(), N, c.heads, c.head_dim);
   rope_backward(G.dk.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
-  matmul_backward(G.dxn1.data(), W + L.wq, G.dq.data(), A.xn1.data(), P + L.wq, N, C, QD);
-  matmul_backward(G.dxn1.data(), W + L.wk, G.dk.data(), A.xn1.data(), P + L.wk, N, C, KD);
-  matmul_backward(G.dxn1.data(), W + L.wv, G.dv.data(), A.xn1.data(), P + L.wv, N, C, KD);
+  linear_backward(G.dxn1.data(), G.dq.data(), A.xn1.data(), L.wq, N, C, QD);
+  linear_backward(G.dxn1.data(), G.dk.data(), A.xn1.data(), L.wk, N, C, KD);
+  linear_backward(G.dxn1.data(), G.dv.data(), A.xn1.data(), L.wv, N, C, KD);
   dx = G.dx2;
   rmsnorm_backward(dx.data(), W + L.rms1, G.dxn1.data(), x, P + L.rms1, A.rstd1.data(), N, C);
 }
@@ -280,18 +306,16 @@ void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerA
 template <class T>
 void Gpt<T>::mlp_backward(const LayerActs& A, const typename ParamLayout::Layer& L, LayerGrads& G, const T* dout) {
   const i64 N = N_, C = config.width, F = config.hidden;
-  const T* P = params.data();
-  T* W = grads.data();
   zeroed(G.dxn2, N * C);
   const i64 tile = memory.tiled_mlp ? std::min(memory.tile_rows, N) : N;
   for (auto* v : {&G.dh, &G.da, &G.dg}) v->resize(std::size_t(tile * F));
   auto rows = [&](i64 r0, i64 n, const T* a, const T* g, const T* h) {
     for (auto* v : {&G.dh, &G.da, &G.dg}) std::fill_n(v->begin(), n * F, T(0));
     const T* xn2 = A.xn2.data() + r0 * C;
-    matmul_backward(G.dh.data(), W + L.w2, dout + r0 * C, h, P + L.w2, n, F, C);
+    linear_backward(G.dh.data(), dout + r0 * C, h, L.w2, n, F, C);
     swiglu_backward(G.da.data(), G.dg.data(), G.dh.data(), a, g, n * F);
-    matmul_backward(G.dxn2.data() + r0 * C, W + L.w1, G.da.data(), xn2, P + L.w1, n, C, F);
-    matmul_backward(G.dxn2.data() + r0 * C, W + L.w3, G.dg.data(), xn2, P + L.w3, n, C, F);
+    linear_backward(G.dxn2.data() + r0 * C, G.da.data(), xn2, L.w1, n, C, F);
+    linear_backward(G.dxn2.data() + r0 * C, G.dg.data(), xn2, L.w3, n, C, F);
   };
   if (!memory.tiled_mlp) {
     rows(0, N, A.a.data(), A.g.data(), A.h.data());
@@ -299,8 +323,8 @@ void Gpt<T>::mlp_backward(const LayerActs& A, const typename ParamLayout::Layer&
   }
   std::vector<T> a(std::size_t(tile * F)), g(a.size()), h(a.size());
   for_tiles(N, tile, [&](i64 r0, i64 n) {
-    matmul_forward(a.data(), A.xn2.data() + r0 * C, P + L.w1, n, C, F);
-    matmul_forward(g.data(), A.xn2.data() + r0 * C, P + L.w3, n, C, F);
+    linear_forward(a.data(), A.xn2.data() + r0 * C, L.w1, n, C, F);
+    linear_forward(g.data(), A.xn2.data() + r0 * C, L.w3, n, C, F);
     swiglu_forward(h.data(), a.data(), g.data(), n * F);
     rows(r0, n, a.data(), g.data(), h.data());
   });

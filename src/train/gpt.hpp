@@ -20,6 +20,11 @@ struct GptConfig {
   // "" when valid, else the first problem (names the values).
   std::string error() const;
   i64 num_params() const;
+  // Model FLOPs of one training step on one sequence of `len` tokens: the forward's GEMMs (2
+  // per weight per token: projections, MLP, LM head), its causal attention (2·len²·QD per layer,
+  // half of the 4·len²·QD of Q·Kᵀ and P·V), and a backward of twice the forward. Recompute
+  // (activation checkpointing, the flash backward's scores) is not model work: excluded.
+  double train_flops(i64 len) const;
   bool operator==(const GptConfig&) const = default;
   // The default SwiGLU hidden size for `width` (LLaMA's sizing): 8/3 · width, rounded up to a
   // multiple of 4 (172 at width 64, 344 at 128, 1368 at 512).
@@ -62,7 +67,9 @@ class AttentionOp {
 template <class T>
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& c, MemoryOptions memory = {});
+  // bf16_matmuls (float only): the projections and the MLP multiply in bfloat16 with float32
+  // accumulation (train/gemm.hpp); the LM head, the master weights and the gradients stay float32.
+  explicit Gpt(const GptConfig& c, MemoryOptions memory = {}, bool bf16_matmuls = false);
   void init_params(std::uint64_t seed);  // deterministic, identical on every rank
 
   // tokens, labels: [B·n] for this rank's rows; pos: [n] global positions of those rows.
@@ -75,6 +82,7 @@ class Gpt {
 
   GptConfig config;
   MemoryOptions memory;
+  bool bf16_matmuls;
   ParamLayout layout;
   std::vector<T> params, grads;
 
@@ -93,11 +101,16 @@ class Gpt {
   void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, std::vector<T>& dx);
   void mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out);
   void mlp_backward(const LayerActs& A, const typename ParamLayout::Layer& L, LayerGrads& G, const T* dout);
+  // out[N, OC] = inp[N, IC] · the weight at slab offset w, and its backward (+= into dinp and
+  // the weight's gradient): in bf16 under bf16_matmuls.
+  void linear_forward(T* out, const T* inp, i64 w, i64 N, i64 IC, i64 OC);
+  void linear_backward(T* dinp, const T* dout, const T* inp, i64 w, i64 N, i64 IC, i64 OC);
   T loss_forward(const int* labels, T grad_scale, int* argmax);
   void loss_backward(T* dxf);
   std::vector<LayerActs> acts_;  // per layer (only x under checkpoint_activations)
   LayerActs work_;               // the recomputed layer under checkpoint_activations
   std::vector<T> x_final_, xf_, rstdf_, dlogits_;
+  std::vector<std::uint16_t> params16_;  // bf16_matmuls: the weights rounded, once per forward
   std::vector<int> labels_;
   T grad_scale_ = 1;
   std::vector<int> tokens_;

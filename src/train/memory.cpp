@@ -18,8 +18,10 @@ namespace {
 
 constexpr double kFloat = 4;
 // Measured: a rank of `ulysses train` before its model (MPI with shared-memory transport,
-// OpenBLAS, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB.
-constexpr double kBaselineBytes = 20.0 * (1 << 20);
+// OpenBLAS, oneDNN, the program): VmHWM of a width-8 run on 1 and 2 ranks, 19.7-19.9 MiB, and
+// 2.4 MiB more since libulysses links oneDNN (a 1-layer run at s 64: 21.9 -> 24.3 MiB). bf16's
+// GEMMs add oneDNN's generated kernels and scratchpads: 3.0 MiB more there (27.3 MiB).
+constexpr double kBaselineBytes = 22.4 * (1 << 20), kBf16GemmBytes = 3.0 * (1 << 20);
 
 // One rank's transients in the backward, in contexts: fitted to one one-rank run of
 // train_memory_test.sh.
@@ -60,8 +62,10 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const bool ckpt = o.checkpoint_activations;
   MemoryEstimate e;
   const double P = double(m.num_params());
-  e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0);  // + the all-reduce's receive buffer
-  e.baseline = kBaselineBytes;
+  const bool bf16 = c.dtype == DType::bf16;
+  // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
+  e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0) + (bf16 ? 2 * P : 0.0);
+  e.baseline = kBaselineBytes + (bf16 ? kBf16GemmBytes : 0.0);
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
   // the attention op holds its copies), floats.
   const double layer = N * (3 * C + 2 + QD) + (o.tiled_mlp ? 0.0 : 3 * N * F);
@@ -71,8 +75,10 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const double fwd_end = kept + (o.tiled_loss ? tl * V : 2 * N * V);
   // The top layer's backward: dx and the layer's gradient temporaries (gpt.hpp LayerGrads),
   // the recompute's output, the MLP's recomputed tile.
+  // Under bf16 the largest GEMM's bf16 copies of its inputs (the MLP's down projection: h and
+  // dout, half a float each) come on top.
   const double bwd = kept + N * C + N * (3 * C + 2 * QD + 2 * KD) + 3 * tm * F + (ckpt ? N * C : 0.0) +
-                     (o.tiled_mlp ? 3 * tm * F : 0.0);
+                     (o.tiled_mlp ? 3 * tm * F : 0.0) + (bf16 ? tm * (F + C) / 2 : 0.0);
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in

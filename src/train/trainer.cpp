@@ -112,7 +112,8 @@ std::vector<Trainer::Run> runs_of(const std::vector<SequenceLayout>& seqs, const
 }  // namespace
 
 Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
-    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)), model_(cfg_.model, cfg_.memory), groups_(comm) {
+    : comm_(comm), cfg_(std::move(config)), data_(std::move(data)),
+      model_(cfg_.model, cfg_.memory, cfg_.dtype == DType::bf16), groups_(comm) {
   std::string err = config_error(cfg_, comm.size());
   if (err.empty()) err = data_.error_for(cfg_.shape());
   if (err.empty() && data_.packed() && cfg_.batch != 1 && cfg_.lengths.empty())
@@ -303,10 +304,9 @@ StepResult Trainer::step() {
   r.step = t;
   r.attention = sums.attention;
   r.sequences = std::int64_t(p.sequences.size());
-  last_lengths_.clear();
   for (const SequenceLayout& l : p.sequences) {
     r.tokens += l.length;
-    last_lengths_.push_back(l.length);
+    r.model_flops += cfg_.model.train_flops(l.length);
   }
   r.predicted_s = p.plan.step_seconds;
   const double wall = comm_.now() - t0;
@@ -335,16 +335,6 @@ Evaluation Trainer::evaluate(std::int64_t batches) {
     answers += s.answers;
   }
   return {loss / targets, data_.synthetic_task() && answers > 0 ? correct / answers : -1.0};
-}
-
-double Trainer::flops_per_step() const {
-  const GptConfig& c = cfg_.model;
-  const double matmul_params = double(model_.layout.total - c.vocab * c.width);  // the embedding is a lookup
-  double flops = 0;
-  for (std::int64_t len : last_lengths_)  // attention, causal: half of 4·s²·h·d per layer, 3.5 passes
-    flops += 6.0 * matmul_params * double(len) +
-             double(c.layers) * 3.5 * 2.0 * double(len) * double(len) * double(c.heads * c.head_dim);
-  return flops;
 }
 
 void Trainer::save(const std::string& dir) const {

@@ -39,8 +39,9 @@ struct TrainConfig {
   std::int64_t tokens_per_step = 0;
   MemoryOptions memory;   // how activations are kept (no effect on the numbers, to rounding)
   double max_memory = 0;  // bytes per rank the run may need (memory.hpp's prediction); 0: no cap
-  // The attention's dtype (--dtype): bf16 runs it on the bf16 kernels; weights, gradients,
-  // AdamW and every GEMM stay float32 (mixed precision).
+  // --dtype: bf16 runs the attention on the bf16 kernels and the projections and the MLP as
+  // bf16 GEMMs with float32 accumulation; master weights, gradients, AdamW and the LM head stay
+  // float32 (mixed precision).
   DType dtype = DType::f32;
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
@@ -63,6 +64,7 @@ struct StepResult {
   std::vector<double> idle_s;  // each rank's: the step's wall time minus its busy time (its
                                // sequences' compute and communication that was not waiting)
   double predicted_s = 0;      // the balancer's predicted step time (0: the policy has no model)
+  double model_flops = 0;      // GptConfig::train_flops summed over the step's sequences
 };
 
 // What evaluate() measured on held-out batches.
@@ -100,7 +102,6 @@ class Trainer {
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
   // FLOPs of the last step() over all ranks (matmuls 6·params·tokens + attention per sequence).
-  double flops_per_step() const;
 
   // A step as every rank plans it before any data moves: its sequences, their groups, and the
   // runs (sequences of one group and length, computed as one batch) in execution order.
@@ -138,7 +139,6 @@ class Trainer {
   Gpt<float> model_;
   GroupCache groups_;
   std::map<std::pair<int, int>, std::unique_ptr<CpAttention>> attention_;  // by (first_rank, size)
-  std::vector<std::int64_t> last_lengths_;
   std::vector<float> m_, v_;
   std::vector<std::uint8_t> decay_;
   std::int64_t step_ = 0;
