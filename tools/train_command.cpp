@@ -246,13 +246,17 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
 }
 
 // Rank 0's summary of a run that took at least one step.
-void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
-                   const std::vector<double>& step_tps, const std::vector<double>& step_idle,
-                   const train::Evaluation& final_eval,
+// Each step's numbers, for the summary.
+struct Steps {
+  std::vector<double> losses, seconds, tps, idle, predicted;
+};
+
+void print_summary(const Steps& steps, const train::Evaluation& final_eval,
                    const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals, const train::DataSource& data,
                    double ceiling, double flops_per_step, const train::TrainConfig& cfg, double peak_rss, int cp) {
-  const double med = median(step_seconds);
-  const double tps = median(step_tps), gflops = flops_per_step / med * 1e-9;
+  const std::vector<double>& losses = steps.losses;
+  const double med = median(steps.seconds);
+  const double tps = median(steps.tps), gflops = flops_per_step / med * 1e-9;
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
   double last = 0;
   for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
@@ -276,7 +280,10 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
       tps, med * 1e3, gflops, 100 * gflops / ceiling, ceiling);
   fmt::print(
       "idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
-      median(step_idle) * 1e3);
+      median(steps.idle) * 1e3);
+  const double predicted = median(steps.predicted);
+  fmt::print("step time: measured {:.3f} s, the balancer predicted {:.3f} s (medians; measured/predicted {:.2f})\n",
+             med, predicted, med / predicted);
   const train::MemoryEstimate need = predicted_memory(cfg, cp);
   fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
@@ -329,6 +336,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
+    cfg.calibrate = true;                                    // the balancer predicts for this machine
     if (!o.dtype.empty()) cfg.dtype = parse_dtype(o.dtype);  // a mismatch with a checkpoint is refused by load()
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
     if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
@@ -352,7 +360,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
 }
 
 void print_header(const train::TrainConfig& cfg, const train::DataSource& data, int cp, int threads,
-                  const TrainOptions& o, std::int64_t resumed_at) {
+                  const TrainOptions& o, std::int64_t resumed_at, const std::optional<Calibration>& calibration) {
   const auto& m = cfg.model;
   fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
              m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
@@ -378,6 +386,11 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
              predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",
              mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
+  if (const auto& c = calibration)
+    fmt::print(
+        "  calibrated: attention {:.1f} GFLOP/s, GEMMs {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
+        c->cluster.peak_flops / 1e9, c->gemm_flops / 1e9, c->cluster.intra.bandwidth / 1e9,
+        c->cluster.intra.latency * 1e6);
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
   std::fflush(stdout);
 }
@@ -406,7 +419,7 @@ int run_train(const TrainOptions& o) {
   const int cp = comm.size() / cfg.dp;
   train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
   if (!o.resume.empty()) trainer.load(o.resume);
-  if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
+  if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step(), trainer.calibration());
 
   std::optional<AppendFile> log;  // rank 0's; a resumed run's keeps the lines through its checkpoint
   on_root(comm, [&] {
@@ -415,7 +428,7 @@ int run_train(const TrainOptions& o) {
   });
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  std::vector<double> losses, step_seconds, step_tps, step_idle;
+  Steps steps;
   double acc_recent = -1;
   const Progress progress{trainer.current_step(), cfg.steps, std::chrono::steady_clock::now(),
                           predicted_memory(cfg, cp).total(), to_string(cfg.dtype)};
@@ -427,10 +440,11 @@ int run_train(const TrainOptions& o) {
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
     const train::StepResult r = trainer.step();
-    losses.push_back(r.loss);
-    step_seconds.push_back(r.seconds);
-    step_tps.push_back(double(r.tokens) / r.seconds);
-    step_idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
+    steps.losses.push_back(r.loss);
+    steps.seconds.push_back(r.seconds);
+    steps.tps.push_back(double(r.tokens) / r.seconds);
+    steps.idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
+    steps.predicted.push_back(r.predicted_s);
     peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
@@ -459,14 +473,13 @@ int run_train(const TrainOptions& o) {
   double ceiling = sgemm_ceiling_gflops();
   comm.allreduce_sum(&ceiling, 1);  // all ranks together
   on_root(comm, [&] {
-    if (losses.empty())
+    if (steps.losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, step_tps, step_idle, final_eval, evals, data, ceiling,
-                    trainer.flops_per_step(), cfg, peak_rss, cp);
-    if (!o.svg.empty() && !losses.empty())
-      write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
-                                                             cfg.cp.cp_comm_type, cp)));
+      print_summary(steps, final_eval, evals, data, ceiling, trainer.flops_per_step(), cfg, peak_rss, cp);
+    if (!o.svg.empty() && !steps.losses.empty())
+      write_file_atomic(o.svg, svg_curve(steps.losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
+                                                                   cfg.cp.cp_comm_type, cp)));
   });
   return 0;
 }
