@@ -14,7 +14,8 @@
 
 namespace ulysses {
 
-// Not collective: the seconds `run` takes on this rank, the median of 3 calls after a warm-up.
+// Not collective: the seconds `run` takes on this rank, the median of 5 calls after a warm-up (on
+// a shared machine the load changes from second to second: more calls, a steadier rate).
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
 
 // Not collective: FLOP/s of the local flash attention kernels on this rank, forward and backward

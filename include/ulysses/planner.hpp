@@ -128,6 +128,9 @@ inline constexpr int kMaxPlanRanks = 1 << 16;
 std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
+// make_plan's rows of one strategy alone (its plan_configs at in.cp): what the balancer prices a
+// sequence with, without the other strategies' rows. Throws as make_plan does.
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy);
 
 // CpConfig::overlap_chunks for a2a on `in`: the count (1 to 8, clamped by
 // ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie, and

@@ -142,7 +142,7 @@ std::pair<std::int64_t, std::int64_t> my_range(std::int64_t n) {
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run) {
   run();
   std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const double t0 = comm.now();
     run();
     t.push_back(comm.now() - t0);
