@@ -186,6 +186,12 @@ double gemm_rate(const Communicator& comm, std::int64_t n, std::int64_t ic, std:
 
 Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, std::int64_t gemm_in,
                       std::int64_t gemm_out) {
+  // Arguments every rank was given alike: the same Error everywhere, before any measurement.
+  if (head_dim < 1 || gemm_in < 0 || gemm_out < 0 || (gemm_in > 0) != (gemm_out > 0))
+    throw Error(
+        fmt::format("calibrate: head_dim must be >= 1 and the GEMM layer [in, out] both 0 (none) or both "
+                    ">= 1; got head_dim {}, [{}, {}]",
+                    head_dim, gemm_in, gemm_out));
   Calibration c;
   // Seconds per FLOP, so the all-reduce's max is the slowest rank's rate.
   double per_flop[2] = {1.0 / attention_rate(comm, head_dim, dtype),
