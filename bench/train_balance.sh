@@ -10,7 +10,7 @@ build=${1:-build} lengths=${2:-1x16384,32x512}
 source scripts/mpi_env
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-model="--width 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 2 --hidden 1376 --steps 2 --threads 1"
+model="--width 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 2 --hidden 1376 --steps 2 --threads 1 --eval-batches 0"
 for run in "--dp 1" "--dp 2" "--balance pow2" "--balance dynamic"; do
   echo "== $run"
   "${MPIRUN[@]}" -n 2 "$build/ulysses" train $model --lengths "$lengths" $run --log "$scratch/log.jsonl" |
