@@ -282,8 +282,9 @@ void print_summary(const Steps& steps, const train::Evaluation& final_eval,
       "idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
       median(steps.idle) * 1e3);
   const double predicted = median(steps.predicted);
-  fmt::print("step time: measured {:.3f} s, the balancer predicted {:.3f} s (medians; measured/predicted {:.2f})\n",
-             med, predicted, med / predicted);
+  if (cfg.calibrate)
+    fmt::print("step time: measured {:.3f} s, the balancer predicted {:.3f} s (medians; measured/predicted {:.2f})\n",
+               med, predicted, med / predicted);
   const train::MemoryEstimate need = predicted_memory(cfg, cp);
   fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
@@ -336,7 +337,6 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
       cfg.seed = o.seed;
     }
     cfg.steps = o.steps;
-    cfg.calibrate = true;                                    // the balancer predicts for this machine
     if (!o.dtype.empty()) cfg.dtype = parse_dtype(o.dtype);  // a mismatch with a checkpoint is refused by load()
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
     if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
@@ -347,6 +347,10 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.balance = parse_policy(o.balance);
     if (o.lengths) cfg.lengths = parse_lengths(*o.lengths);
     cfg.tokens_per_step = o.tokens_per_step;
+    // A step the balancer decides on is predicted for this machine (a fixed batch on one replica
+    // has nothing to decide: no calibration, whose seconds would lengthen every small run).
+    cfg.calibrate =
+        !cfg.lengths.empty() || cfg.tokens_per_step > 0 || cfg.dp > 1 || cfg.balance != BalancePolicy::static_;
     cfg.cp = parse_strategy(o.strategy, o.cp_sizes, comm.size() / o.dp);
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
     if (o.tokens_per_step > 0 && o.data.empty())
