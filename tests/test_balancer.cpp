@@ -1,6 +1,6 @@
 // The balancer (balancer.hpp): its execution model against an independent simulation, dynamic
 // against the brute-force optimum of small instances and against static and pow2, determinism,
-// and bad input.
+// and bad input; the calibration the trainer gives it (calibrate.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <random>
 
 #include "ulysses/balancer.hpp"
+#include "ulysses/calibrate.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
 #include "ulysses/mpi_communicator.hpp"
@@ -256,6 +257,39 @@ TEST(Balancer, BadInputNamesTheRule) {
       "gemm_flops_rate must be >= 0");
   has(error_of([] { parse_policy("best"); }), "'best': expected static, pow2 or dynamic");
   has(error_of([] { predict_plan(small_model(2, {8, 8}), {{0, 2}, {1, 2}}); }), "sequence 1's group [1, 3)");
+}
+
+// Every rank gets the same measured rates (the slowest rank's), so every rank plans alike; one
+// host: every rank on one node.
+TEST(Calibrate, AgreedOnEveryRank) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const Calibration c = calibrate(comm, 64, DType::f32, 256, 512);
+  EXPECT_GT(c.cluster.peak_flops, 1e8);
+  EXPECT_EQ(c.cluster.efficiency, 1.0);
+  EXPECT_GT(c.gemm_flops, 1e8);
+  EXPECT_EQ(c.cluster.ranks_per_node, comm.size());
+  double mine[4] = {c.cluster.peak_flops, c.gemm_flops, c.cluster.intra.bandwidth, c.cluster.alltoall_intra.latency};
+  double most[4], least[4];
+  std::copy(mine, mine + 4, most);
+  for (int i = 0; i < 4; ++i) least[i] = -mine[i];
+  comm.allreduce_max(most, 4);
+  comm.allreduce_max(least, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(most[i], -least[i]) << "value " << i << " differs across ranks";
+  EXPECT_EQ(calibrate(comm, 64, DType::f32).gemm_flops, 0.0);  // no layer: no GEMM rate
+  // A balance input with the calibration predicts with its rates: the GEMMs of one token at its rate.
+  BalanceInput in = small_model(1, {512});
+  in.model.cluster = c.cluster;
+  in.gemm_flops_rate = c.gemm_flops;
+  BalanceInput no_gemms = in;
+  no_gemms.gemm_flops_per_token = 0;
+  EXPECT_NEAR(sequence_cost(in, 512, 1).seconds - sequence_cost(no_gemms, 512, 1).seconds,
+              in.gemm_flops_per_token * 512 / c.gemm_flops, 1e-9);
+}
+
+TEST(Calibrate, BadInputIsRefusedOnEveryRank) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  EXPECT_NE(error_of([&] { calibrate(comm, 0, DType::f32); }).find("head_dim must be >= 1"), std::string::npos);
+  EXPECT_NE(error_of([&] { calibrate(comm, 64, DType::f32, 256, 0); }).find("[256, 0]"), std::string::npos);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "report.hpp"
 #include "svg.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/calibrate.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
@@ -109,126 +110,6 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
 }
 
 namespace {
-
-// ---- calibration: this machine's compute rate and links ------------------------------------
-
-double attention_rate(const Communicator& comm, std::int64_t d) {  // FLOP/s of the local kernels, this rank's threads
-  const std::int64_t s = 2048, h = 2;
-  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
-      dv(q.shape());
-  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
-  const Tensor lse = lse_tensor(q.shape());
-  const AttentionParams p{.causal = true};
-  auto run = [&] {
-    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
-                             lse.view(), p);
-  };
-  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / local_median_seconds(comm, run);
-}
-
-// Ping-pong between rank 0 and `peer`: α from 8 B, β from 16 MB. Collective (the others wait).
-Link fit_link(Communicator& comm, int peer) {
-  Link l;
-  if (peer <= 0 || peer >= comm.size()) return l;
-  auto one_way = [&](std::size_t bytes) {
-    std::vector<char> buf(bytes, 1);
-    std::vector<double> t;
-    for (int i = 0; i < 5; ++i) {
-      comm.barrier();
-      const double t0 = comm.now();
-      if (comm.rank() == 0) {
-        comm.isend(buf.data(), bytes, peer, 9, "calibrate").wait();
-        comm.irecv(buf.data(), bytes, peer, 9).wait();
-      } else if (comm.rank() == peer) {
-        comm.irecv(buf.data(), bytes, 0, 9).wait();
-        comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
-      }
-      t.push_back((comm.now() - t0) / 2);
-    }
-    double m = median(t);
-    comm.broadcast(&m, sizeof(m), 0);
-    return m;
-  };
-  const double small = one_way(8), large = one_way(16 << 20);
-  l.latency = small;
-  l.bandwidth = double(16 << 20) / std::max(1e-9, large - small);
-  return l;
-}
-
-// Median over 5 runs of `op` (each after a barrier) of the slowest rank's seconds. Collective.
-template <class Op>
-double slowest_median(Communicator& comm, Op&& op) {
-  std::vector<double> t;
-  for (int i = 0; i < 5; ++i) {
-    comm.barrier();
-    const double t0 = comm.now();
-    op();
-    double dt = comm.now() - t0;
-    comm.allreduce_max(&dt, 1);
-    t.push_back(dt);
-  }
-  return median(t);
-}
-
-// Every rank exchanges with the same slot on the next node and the previous one at once, so
-// each node's inter-node link carries all its ranks' flows both ways: α from 8 B, β per rank
-// from 16 MB. Collective; needs 2 nodes or more.
-Link fit_concurrent(Communicator& comm, int per_node) {
-  const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
-  auto timed = [&](std::size_t bytes) {
-    std::vector<char> send(bytes, 1), recv(bytes);
-    return slowest_median(comm, [&] {
-      Request r = comm.irecv(recv.data(), bytes, from, 10);
-      comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
-      r.wait();
-    });
-  };
-  const std::size_t large = 16 << 20;
-  const double small = timed(8), big = timed(large);
-  return {double(large) / std::max(1e-9, big - small), small};
-}
-
-Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
-  const int g = comm.size();
-  auto timed = [&](std::size_t block) {
-    std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
-    return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
-  };
-  const std::size_t large = 4 << 20;
-  const double small = timed(8), big = timed(large);
-  return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
-}
-
-// Collective. Ranks per node, when every node holds as many contiguous ranks (mpirun's
-// --map-by slot), as the planner's model assumes; else Error.
-int contiguous_ranks_per_node(Communicator& comm) {
-  std::int64_t n = comm.ranks_on_this_node(), lo = n, hi = n;
-  comm.allreduce_min(&lo, 1);
-  comm.allreduce_max(&hi, 1);
-  std::unique_ptr<Communicator> node = comm.split(int(comm.rank() / n), comm.rank());
-  std::int64_t split_ok = node->ranks_on_this_node() == node->size() ? 1 : 0;  // my slot group is my node
-  comm.allreduce_min(&split_ok, 1);
-  if (lo != hi || !split_ok)
-    throw Error(
-        fmt::format("--calibrate needs the same number of ranks on every node, placed contiguously "
-                    "(mpirun --map-by slot); nodes hold {} to {} ranks",
-                    lo, hi));
-  return int(n);
-}
-
-// Collective. Fits the links inside a node (ranks 0 and 1) and between nodes (rank 0 and the
-// first rank of the next node; then every rank across at once), and the all-to-all inside a
-// node, into in.cluster.
-void calibrate_links(Communicator& comm, int per_node, PlanInput& in) {
-  in.cluster.ranks_per_node = per_node;
-  in.cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
-  in.cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : in.cluster.intra;
-  if (per_node < comm.size()) in.cluster.inter_concurrent = fit_concurrent(comm, per_node);
-  if (per_node == 1) in.cluster.intra = in.cluster.inter;
-  std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
-  in.cluster.alltoall_intra = fit_alltoall(*node);
-}
 
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
@@ -480,26 +361,9 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 
 }  // namespace
 
-double local_median_seconds(const Communicator& comm, const std::function<void()>& run) {
-  run();
-  std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
-    const double t0 = comm.now();
-    run();
-    t.push_back(comm.now() - t0);
-  }
-  return median(t);
-}
-
 void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
-  double rate = attention_rate(comm, in.head_dim);
-  comm.allreduce_max(&rate, 1);
-  in.cluster.peak_flops = rate;
-  in.cluster.efficiency = 1.0;
-  int per_node = 1;
-  on_every_rank(comm, [&] { per_node = contiguous_ranks_per_node(comm); });
-  calibrate_links(comm, per_node, in);
+  in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
 }
 
 int run_plan(const PlanOptions& o) {

@@ -45,9 +45,8 @@ int run_plan_train(const PlanOptions& opt);
 // `ulysses plan --lengths`: each balance policy's plan and predictions (plan_lengths.cpp).
 // Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
 int run_plan_lengths(const PlanOptions& opt);
-// Collective. This machine's attention rate and links (plan --calibrate), into in.cluster.
+// Collective. This machine's attention rate and links (ulysses/calibrate.hpp), on the default
+// threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);
-// Not collective: the seconds `run` takes on this rank, the median of 3 calls after a warm-up.
-double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
 
 }  // namespace ulysses::cli

@@ -10,13 +10,16 @@
 #include "guard.hpp"
 #include "plan_command.hpp"
 #include "rank_errors.hpp"
+#include "report.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/balancer.hpp"
+#include "ulysses/calibrate.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
+#include "ulysses/threads.hpp"
 
 namespace ulysses::cli {
 
@@ -30,19 +33,6 @@ train::GptConfig model_of(const PlanOptions& o) {
   train::GptConfig m{256, o.layers, width, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, hidden};
   if (const std::string e = m.error(); !e.empty()) throw Error(e);
   return m;
-}
-
-// FLOP/s of this rank's GEMMs (its threads): the model's MLP up-projection over 1024 tokens,
-// forward and backward as the trainer runs them, median of 3 after a warm-up.
-double gemm_rate(const Communicator& comm, const train::GptConfig& m) {
-  const std::int64_t n = 1024, ic = m.width, oc = m.hidden;
-  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)),
-      dy(y.size(), 1.0f), dx(x.size()), dw(w.size());
-  auto run = [&] {
-    train::matmul_forward(y.data(), x.data(), w.data(), n, ic, oc);
-    train::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
-  };
-  return 6.0 * double(n) * double(ic) * double(oc) / local_median_seconds(comm, run);
 }
 
 // The balancer's input for `world` ranks (checked: throws Error).
@@ -162,10 +152,11 @@ int run_plan_lengths(const PlanOptions& o) {
     if (const std::string e = plan_input_error(probe); !e.empty()) throw Error(e);
   });
   if (o.calibrate) {
-    calibrate_cluster(comm, in.model);
-    double seconds_per_flop = 1.0 / gemm_rate(comm, model_of(o));
-    comm.allreduce_max(&seconds_per_flop, 1);  // the slowest rank's
-    in.gemm_flops_rate = 1.0 / seconds_per_flop;
+    set_threads(default_threads(comm));
+    const train::GptConfig m = model_of(o);
+    const Calibration c = calibrate(comm, m.head_dim, in.model.dtype, m.width, m.hidden);
+    in.model.cluster = c.cluster;
+    in.gemm_flops_rate = c.gemm_flops;
   }
   on_root(comm, [&] {
     const train::GptConfig m = model_of(o);

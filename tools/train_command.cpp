@@ -256,16 +256,20 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
   std::fflush(stdout);
 }
 
+// Each step's numbers, for the summary.
+struct Steps {
+  std::vector<double> losses, seconds, tps, flops, idle, predicted;
+};
+
 // Rank 0's summary of a run that took at least one step.
-void print_summary(const std::vector<double>& losses, const std::vector<double>& step_seconds,
-                   const std::vector<double>& step_tps, const std::vector<double>& step_flops,
-                   const std::vector<double>& step_idle, const train::Evaluation& final_eval,
+void print_summary(const Steps& steps, const train::Evaluation& final_eval,
                    const std::vector<std::pair<std::int64_t, train::Evaluation>>& evals, const train::DataSource& data,
                    const Peak& peak, const train::TrainConfig& cfg, double peak_rss, int cp) {
-  const double med = median(step_seconds);
+  const std::vector<double>& losses = steps.losses;
+  const double med = median(steps.seconds);
   std::vector<double> rates;  // model FLOP/s of each step
-  for (std::size_t i = 0; i < step_seconds.size(); ++i) rates.push_back(step_flops[i] / step_seconds[i]);
-  const double tps = median(step_tps), flops = median(rates);
+  for (std::size_t i = 0; i < steps.seconds.size(); ++i) rates.push_back(steps.flops[i] / steps.seconds[i]);
+  const double tps = median(steps.tps), flops = median(rates);
   const std::size_t tail = std::min<std::size_t>(10, losses.size());
   double last = 0;
   for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
@@ -289,7 +293,11 @@ void print_summary(const std::vector<double>& losses, const std::vector<double>&
       tps, med * 1e3, flops * 1e-9, 100 * mfu(flops, 1.0, peak), peak.gflops, peak.threads, peak.unit);
   fmt::print(
       "idle: the busiest-idle rank waits {:.1f} ms a step (median), for its groups and the gradient all-reduce\n",
-      median(step_idle) * 1e3);
+      median(steps.idle) * 1e3);
+  const double predicted = median(steps.predicted);
+  if (cfg.calibrate)
+    fmt::print("step time: measured {:.3f} s, the balancer predicted {:.3f} s (medians; measured/predicted {:.2f})\n",
+               med, predicted, med / predicted);
   const train::MemoryEstimate need = predicted_memory(cfg, cp);
   fmt::print("memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
              need.describe(), train::format_bytes(peak_rss), peak_rss / need.total());
@@ -352,6 +360,10 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.balance = parse_policy(o.balance);
     if (o.lengths) cfg.lengths = parse_lengths(*o.lengths);
     cfg.tokens_per_step = o.tokens_per_step;
+    // A step the balancer decides on is predicted for this machine (a fixed batch on one replica
+    // has nothing to decide: no calibration, whose seconds would lengthen every small run).
+    cfg.calibrate =
+        !cfg.lengths.empty() || cfg.tokens_per_step > 0 || cfg.dp > 1 || cfg.balance != BalancePolicy::static_;
     cfg.cp = parse_strategy(o.strategy, o.strategy_options, comm.size() / o.dp);
     if (o.pack && o.data.empty()) throw Error("--pack needs --data FILE (the documents to pack)");
     if (o.tokens_per_step > 0 && o.data.empty())
@@ -365,7 +377,7 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
 }
 
 void print_header(const train::TrainConfig& cfg, const train::DataSource& data, int cp, int threads,
-                  const TrainOptions& o, std::int64_t resumed_at) {
+                  const TrainOptions& o, std::int64_t resumed_at, const std::optional<Calibration>& calibration) {
   const auto& m = cfg.model;
   fmt::print("ulysses train: {} parameters ({} layers, width {}, {} heads / {} KV heads of {}, SwiGLU {})\n",
              m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim, m.hidden);
@@ -396,6 +408,11 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
              predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",
              mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
+  if (const auto& c = calibration)
+    fmt::print(
+        "  calibrated: attention {:.1f} GFLOP/s, GEMMs {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
+        c->cluster.peak_flops / 1e9, c->gemm_flops / 1e9, c->cluster.intra.bandwidth / 1e9,
+        c->cluster.intra.latency * 1e6);
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
   std::fflush(stdout);
 }
@@ -425,7 +442,7 @@ int run_train(const TrainOptions& o) {
   const int cp = comm.size() / cfg.dp;
   train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
   if (!o.resume.empty()) trainer.load(o.resume);
-  if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step());
+  if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step(), trainer.calibration());
 
   std::optional<AppendFile> log;  // rank 0's; a resumed run's keeps the lines through its checkpoint
   on_root(comm, [&] {
@@ -434,7 +451,7 @@ int run_train(const TrainOptions& o) {
   });
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  std::vector<double> losses, step_seconds, step_tps, step_flops, step_idle;
+  Steps steps;
   double acc_recent = -1;
   const Peak peak = measure_peak(comm, cfg.dtype, threads);
   if (rank == 0)
@@ -453,11 +470,12 @@ int run_train(const TrainOptions& o) {
   for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
     const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
     const train::StepResult r = trainer.step();
-    losses.push_back(r.loss);
-    step_seconds.push_back(r.seconds);
-    step_tps.push_back(double(r.tokens) / r.seconds);
-    step_flops.push_back(r.model_flops);
-    step_idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
+    steps.losses.push_back(r.loss);
+    steps.seconds.push_back(r.seconds);
+    steps.tps.push_back(double(r.tokens) / r.seconds);
+    steps.flops.push_back(r.model_flops);
+    steps.idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
+    steps.predicted.push_back(r.predicted_s);
     peak_rss = r.peak_rss;
     if (r.accuracy >= 0) acc_recent = r.accuracy;
     const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
@@ -484,14 +502,13 @@ int run_train(const TrainOptions& o) {
                                            ? evals.back().second
                                            : trainer.evaluate(o.eval_batches);
   on_root(comm, [&] {
-    if (losses.empty())
+    if (steps.losses.empty())
       fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
     else
-      print_summary(losses, step_seconds, step_tps, step_flops, step_idle, final_eval, evals, data, peak, cfg, peak_rss,
-                    cp);
-    if (!o.svg.empty() && !losses.empty())
-      write_file_atomic(o.svg, svg_curve(losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
-                                                             cfg.cp.cp_comm_type, cp)));
+      print_summary(steps, final_eval, evals, data, peak, cfg, peak_rss, cp);
+    if (!o.svg.empty() && !steps.losses.empty())
+      write_file_atomic(o.svg, svg_curve(steps.losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
+                                                                   cfg.cp.cp_comm_type, cp)));
   });
   return 0;
 }

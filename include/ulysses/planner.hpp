@@ -57,6 +57,9 @@ inline constexpr int kMaxPlanRanks = 1 << 16;
 std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
+// make_plan's rows of one strategy alone (its plan_configs at in.cp): what the balancer prices a
+// sequence with, without the other strategies' rows. Throws as make_plan does.
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy);
 
 // The variant of a validated `config` (Strategy::tunings) whose predicted step time on `in` is
 // the lowest, the first listed on a tie; `config` itself when its strategy has none or one is

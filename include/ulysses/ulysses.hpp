@@ -5,6 +5,7 @@
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/balancer.hpp"
+#include "ulysses/calibrate.hpp"
 #include "ulysses/bf16.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/communicator.hpp"

@@ -117,18 +117,14 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   m.seq = length;
   m.cp = size;
   m.documents.clear();
-  const Plan plan = make_plan(m);
+  const std::vector<PlanRow> rows = strategy_rows(m, strategy);
   const PlanRow* best = nullptr;
-  const PlanRow* first = nullptr;
-  for (const PlanRow& r : plan.rows) {
-    if (r.config.cp_comm_type != in.cp_comm_type) continue;
-    if (first == nullptr) first = &r;
+  for (const PlanRow& r : rows)
     if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
-  }
-  if (first == nullptr)
-    throw Error(fmt::format("balance: cp_comm_type '{}' is not a registered strategy", in.cp_comm_type));
+  if (rows.empty())
+    throw Error(fmt::format("balance: cp_comm_type '{}' plans no configuration at {} ranks", in.cp_comm_type, size));
   if (best == nullptr) {
-    c.reason = first->reason;
+    c.reason = rows.front().reason;
     return c;
   }
   const double rate =

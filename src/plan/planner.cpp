@@ -220,12 +220,20 @@ std::string plan_input_error(const PlanInput& in) {
   return "";
 }
 
-Plan make_plan(const PlanInput& in) {
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   check_documents(in);
+  std::vector<PlanRow> rows;
+  for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal)) rows.push_back(evaluate(in, strategy, cfg));
+  return rows;
+}
+
+Plan make_plan(const PlanInput& in) {
   Plan p;
-  for (const Strategy* strategy : strategies())
-    for (const CpConfig& cfg : strategy->plan_configs(in.cp, in.causal)) p.rows.push_back(evaluate(in, *strategy, cfg));
+  for (const Strategy* strategy : strategies()) {
+    std::vector<PlanRow> rows = strategy_rows(in, *strategy);
+    p.rows.insert(p.rows.end(), rows.begin(), rows.end());
+  }
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
     if (!r.valid) continue;

@@ -123,6 +123,8 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
         cfg_.batch);
   comm.agree(err);
   cfg_.cp.causal = true;
+  if (cfg_.calibrate)
+    calibration_ = calibrate(comm, cfg_.model.head_dim, cfg_.dtype, cfg_.model.width, cfg_.model.hidden);
   model_.init_params(cfg_.seed);
   m_.assign(model_.params.size(), 0.0f);
   v_.assign(model_.params.size(), 0.0f);
@@ -148,6 +150,10 @@ BalanceInput Trainer::balance_input(const std::vector<SequenceLayout>& seqs) con
   in.model.causal = true;
   in.model.dtype = cfg_.dtype;
   in.cp_comm_type = cfg_.cp.cp_comm_type;
+  if (calibration_) {
+    in.model.cluster = calibration_->cluster;
+    in.gemm_flops_rate = calibration_->gemm_flops;
+  }
   in.gemm_flops_per_token = 6.0 * double(model_.layout.total - m.vocab * m.width);  // the embedding is a lookup
   const TrainConfig c = cfg_;
   in.memory_per_rank = [c](std::int64_t len, int cp) { return memory_need(c, 1, len, cp); };

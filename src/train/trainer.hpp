@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "train/gpt.hpp"
 #include "train/groups.hpp"
 #include "ulysses/balancer.hpp"
+#include "ulysses/calibrate.hpp"
 #include "ulysses/sharding.hpp"
 
 namespace ulysses::train {
@@ -43,6 +45,10 @@ struct TrainConfig {
   // bf16 GEMMs with float32 accumulation; master weights, gradients, AdamW and the LM head stay
   // float32 (mixed precision).
   DType dtype = DType::f32;
+  // Measure this machine once at start (calibrate.hpp, collective) and give the balancer its
+  // rates and links, so predicted step times are this machine's; false: the planner's default
+  // GPU cluster model.
+  bool calibrate = false;
   std::int64_t batch = 4, seq = 512, steps = 300, warmup = 20;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   std::uint64_t seed = 0;
@@ -63,7 +69,7 @@ struct StepResult {
   std::int64_t sequences = 0;
   std::vector<double> idle_s;  // each rank's: the step's wall time minus its busy time (its
                                // sequences' compute and communication that was not waiting)
-  double predicted_s = 0;      // the balancer's predicted step time (0: the policy has no model)
+  double predicted_s = 0;      // the balancer's predicted step time (TrainConfig::calibrate: this machine's)
   double model_flops = 0;      // GptConfig::train_flops summed over the step's sequences
 };
 
@@ -101,7 +107,8 @@ class Trainer {
   const std::vector<float>& parameters() const { return model_.params; }
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
-  // FLOPs of the last step() over all ranks (matmuls 6·params·tokens + attention per sequence).
+  // The rates and links measured at start (TrainConfig::calibrate), else empty.
+  const std::optional<Calibration>& calibration() const { return calibration_; }
 
   // A step as every rank plans it before any data moves: its sequences, their groups, and the
   // runs (sequences of one group and length, computed as one batch) in execution order.
@@ -138,6 +145,7 @@ class Trainer {
   DataSource data_;
   Gpt<float> model_;
   GroupCache groups_;
+  std::optional<Calibration> calibration_;
   std::map<std::pair<int, int>, std::unique_ptr<CpAttention>> attention_;  // by (first_rank, size)
   std::vector<float> m_, v_;
   std::vector<std::uint8_t> decay_;

@@ -1,0 +1,46 @@
+// Measuring this machine: the rates and links the planner's and the balancer's cost models need
+// to predict for it instead of for the default GPU cluster (planner.hpp's Cluster).
+//
+// Each rate is timed on the rank's current threads (set_threads) with every rank measuring at
+// once, as they compute at once in a step; the collective calibrate() then agrees on the slowest
+// rank's numbers, so every rank plans identically and for the rank a step waits on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "ulysses/communicator.hpp"
+#include "ulysses/planner.hpp"
+
+namespace ulysses {
+
+// Not collective: the seconds `run` takes on this rank, the median of 5 calls after a warm-up (on
+// a shared machine the load changes from second to second: more calls, a steadier rate).
+double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
+
+// Not collective: FLOP/s of the local flash attention kernels on this rank, forward and backward
+// of a causal self-attention (2048 tokens, 2 heads of head_dim) counted as the planner counts
+// them (3.5 × attention_forward_flops).
+double attention_rate(const Communicator& comm, std::int64_t head_dim, DType dtype);
+
+// Not collective: FLOP/s of this rank's BLAS on a linear layer [rows, in] · [in, out], forward
+// and backward (6 · rows · in · out FLOPs), the threads splitting it as the training demo's
+// layers do (rows forward and for the input gradient, columns for the weight gradient).
+double gemm_rate(const Communicator& comm, std::int64_t rows, std::int64_t in, std::int64_t out);
+
+struct Calibration {
+  // Links fitted (send/recv inside and between nodes, every rank sending across at once, the
+  // all-to-all inside a node), ranks_per_node measured, peak_flops the attention rate at
+  // efficiency 1.
+  Cluster cluster;
+  double gemm_flops = 0;  // gemm_rate of the layer calibrate() was given (0: none)
+};
+
+// Collective over `comm`. Measures the attention rate at head_dim in dtype, gemm_rate(1024,
+// gemm_in, gemm_out) (unless gemm_in is 0: gemm_flops 0) and the links, and returns the slowest
+// rank's rates (the same on every rank). Throws Error on every rank when the nodes do not hold the same number of contiguous
+// ranks (mpirun --map-by slot), which the planner's placement assumes.
+Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, std::int64_t gemm_in = 0,
+                      std::int64_t gemm_out = 0);
+
+}  // namespace ulysses

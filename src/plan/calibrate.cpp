@@ -1,0 +1,207 @@
+// This machine's rates and links (calibrate.hpp): timed locally, fitted to the α–β model of
+// planner.hpp, agreed on across ranks.
+#include "ulysses/calibrate.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "ulysses/attention.hpp"
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+namespace {
+
+double median_of(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Ping-pong between rank 0 and `peer`: α from 8 B, β from 16 MB. Collective (the others wait).
+Link fit_link(Communicator& comm, int peer) {
+  Link l;
+  if (peer <= 0 || peer >= comm.size()) return l;
+  auto one_way = [&](std::size_t bytes) {
+    std::vector<char> buf(bytes, 1);
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      comm.barrier();
+      const double t0 = comm.now();
+      if (comm.rank() == 0) {
+        comm.isend(buf.data(), bytes, peer, 9, "calibrate").wait();
+        comm.irecv(buf.data(), bytes, peer, 9).wait();
+      } else if (comm.rank() == peer) {
+        comm.irecv(buf.data(), bytes, 0, 9).wait();
+        comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
+      }
+      t.push_back((comm.now() - t0) / 2);
+    }
+    double m = median_of(t);
+    comm.broadcast(&m, sizeof(m), 0);
+    return m;
+  };
+  const double small = one_way(8), large = one_way(16 << 20);
+  l.latency = small;
+  l.bandwidth = double(16 << 20) / std::max(1e-9, large - small);
+  return l;
+}
+
+// Median over 5 runs of `op` (each after a barrier) of the slowest rank's seconds. Collective.
+template <class Op>
+double slowest_median(Communicator& comm, Op&& op) {
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    comm.barrier();
+    const double t0 = comm.now();
+    op();
+    double dt = comm.now() - t0;
+    comm.allreduce_max(&dt, 1);
+    t.push_back(dt);
+  }
+  return median_of(t);
+}
+
+// Every rank exchanges with the same slot on the next node and the previous one at once, so
+// each node's inter-node link carries all its ranks' flows both ways: α from 8 B, β per rank
+// from 16 MB. Collective; needs 2 nodes or more.
+Link fit_concurrent(Communicator& comm, int per_node) {
+  const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
+  auto timed = [&](std::size_t bytes) {
+    std::vector<char> send(bytes, 1), recv(bytes);
+    return slowest_median(comm, [&] {
+      Request r = comm.irecv(recv.data(), bytes, from, 10);
+      comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
+      r.wait();
+    });
+  };
+  const std::size_t large = 16 << 20;
+  const double small = timed(8), big = timed(large);
+  return {double(large) / std::max(1e-9, big - small), small};
+}
+
+Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
+  const int g = comm.size();
+  auto timed = [&](std::size_t block) {
+    std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
+    return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
+  };
+  const std::size_t large = 4 << 20;
+  const double small = timed(8), big = timed(large);
+  return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
+}
+
+// Collective. Ranks per node, when every node holds as many contiguous ranks (mpirun's
+// --map-by slot), as the planner's model assumes; else Error on every rank.
+int contiguous_ranks_per_node(Communicator& comm) {
+  std::int64_t n = comm.ranks_on_this_node(), lo = n, hi = n;
+  comm.allreduce_min(&lo, 1);
+  comm.allreduce_max(&hi, 1);
+  std::unique_ptr<Communicator> node = comm.split(int(comm.rank() / n), comm.rank());
+  std::int64_t split_ok = node->ranks_on_this_node() == node->size() ? 1 : 0;  // my slot group is my node
+  comm.allreduce_min(&split_ok, 1);
+  if (lo != hi || !split_ok)
+    throw Error(
+        fmt::format("calibration needs the same number of ranks on every node, placed contiguously "
+                    "(mpirun --map-by slot); nodes hold {} to {} ranks",
+                    lo, hi));
+  return int(n);
+}
+
+// Collective. The links inside a node (ranks 0 and 1) and between nodes (rank 0 and the first
+// rank of the next node; then every rank across at once), and the all-to-all inside a node.
+void calibrate_links(Communicator& comm, int per_node, Cluster& cluster) {
+  cluster.ranks_per_node = per_node;
+  cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
+  cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : cluster.intra;
+  if (per_node < comm.size()) cluster.inter_concurrent = fit_concurrent(comm, per_node);
+  if (per_node == 1) cluster.intra = cluster.inter;
+  std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
+  cluster.alltoall_intra = fit_alltoall(*node);
+}
+
+// C[m, n] (+)= op(A) · op(B), row-major (one BLAS thread per caller).
+void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+           const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0f, a, int(lda), b, int(ldb), accumulate ? 1.0f : 0.0f, c, int(ldc));
+}
+
+// [begin, end) of `n` for this OpenMP thread: the same contiguous split the layers use.
+std::pair<std::int64_t, std::int64_t> my_range(std::int64_t n) {
+  const std::int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+  return {n * t / T, n * (t + 1) / T};
+}
+
+}  // namespace
+
+double local_median_seconds(const Communicator& comm, const std::function<void()>& run) {
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = comm.now();
+    run();
+    t.push_back(comm.now() - t0);
+  }
+  return median_of(t);
+}
+
+double attention_rate(const Communicator& comm, std::int64_t d, DType dtype) {
+  const std::int64_t s = 2048, h = 2;
+  Tensor q({1, s, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype), o(q.shape(), dtype), g(q.shape(), dtype),
+      dq(q.shape(), dtype), dk(q.shape(), dtype), dv(q.shape(), dtype);
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const Tensor lse = lse_tensor(q.shape());
+  const AttentionParams p{.causal = true};
+  auto run = [&] {
+    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
+                             lse.view(), p);
+  };
+  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / local_median_seconds(comm, run);
+}
+
+double gemm_rate(const Communicator& comm, std::int64_t n, std::int64_t ic, std::int64_t oc) {
+  std::vector<float> x(std::size_t(n * ic), 0.5f), w(std::size_t(ic * oc), 0.25f), y(std::size_t(n * oc)),
+      dy(y.size(), 1.0f), dx(x.size()), dw(w.size());
+  auto run = [&] {
+#pragma omp parallel
+    {
+      const auto [r0, r1] = my_range(n);
+      if (r0 < r1) {
+        sgemm(false, false, r1 - r0, oc, ic, x.data() + r0 * ic, ic, w.data(), oc, y.data() + r0 * oc, oc, false);
+        sgemm(false, true, r1 - r0, ic, oc, dy.data() + r0 * oc, oc, w.data(), oc, dx.data() + r0 * ic, ic, true);
+      }
+#pragma omp barrier
+      const auto [c0, c1] = my_range(oc);
+      if (c0 < c1) sgemm(true, false, ic, c1 - c0, n, x.data(), ic, dy.data() + c0, oc, dw.data() + c0, oc, true);
+    }
+  };
+  return 6.0 * double(n) * double(ic) * double(oc) / local_median_seconds(comm, run);
+}
+
+Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, std::int64_t gemm_in,
+                      std::int64_t gemm_out) {
+  // Arguments every rank was given alike: the same Error everywhere, before any measurement.
+  if (head_dim < 1 || gemm_in < 0 || gemm_out < 0 || (gemm_in > 0) != (gemm_out > 0))
+    throw Error(
+        fmt::format("calibrate: head_dim must be >= 1 and the GEMM layer [in, out] both 0 (none) or both "
+                    ">= 1; got head_dim {}, [{}, {}]",
+                    head_dim, gemm_in, gemm_out));
+  Calibration c;
+  // Seconds per FLOP, so the all-reduce's max is the slowest rank's rate.
+  double per_flop[2] = {1.0 / attention_rate(comm, head_dim, dtype),
+                        gemm_in > 0 ? 1.0 / gemm_rate(comm, 1024, gemm_in, gemm_out) : 0.0};
+  comm.allreduce_max(per_flop, 2);
+  c.cluster.peak_flops = 1.0 / per_flop[0];
+  c.cluster.efficiency = 1.0;
+  c.gemm_flops = gemm_in > 0 ? 1.0 / per_flop[1] : 0.0;
+  calibrate_links(comm, contiguous_ranks_per_node(comm), c.cluster);  // its Error is the same on every rank
+  return c;
+}
+
+}  // namespace ulysses
