@@ -10,7 +10,6 @@
 
 namespace ulysses {
 
-
 CommVolume predicted_comm_volume(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_heads,
                                  DType dtype, std::int64_t kv_seq) {
   if (rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
