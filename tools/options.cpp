@@ -134,7 +134,8 @@ CpConfig parse_strategy(const std::string& strategy, const StrategyOptionTexts& 
   const Strategy& chosen = find_strategy(strategy);
   CpConfig cfg;
   cfg.cp_comm_type = chosen.name();
-  for (const auto& [flag, text] : given) {
+  for (const auto& entry : given) {  // not a structured binding: clang's lambdas cannot capture one
+    const std::string &flag = entry.first, &text = entry.second;
     if (text.empty()) continue;
     const auto [owners, option] = declarations(flag);
     const std::vector<std::int64_t> values = option_values(option, text);
