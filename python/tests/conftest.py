@@ -4,6 +4,7 @@
 import pytest
 import torch
 import ulysses
+import ulysses.torch as ut
 from mpi4py import MPI
 
 
@@ -45,3 +46,21 @@ def configs(cp):
         else:
             out.append((name, None))
     return out
+
+
+def reference(gq, gk, gv, gdout, causal):
+    """float64 textbook out, dq, dk, dv of the global tensors."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
+    out = textbook_attention(q, k, v, causal)
+    out.backward(gdout.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def sharded_forward_backward(comm, strategy, cp_sizes, causal, gq, gk, gv, gdout):
+    """This rank's shards of out, dq, dk, dv from our forward and backward."""
+    attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=cp_sizes)
+    sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=cp_sizes)
+    q, k, v = (sh(x).requires_grad_() for x in (gq, gk, gv))
+    out = attn(q, k, v)
+    out.backward(sh(gdout))
+    return out.detach(), q.grad, k.grad, v.grad

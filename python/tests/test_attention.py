@@ -7,26 +7,14 @@ import torch
 import torch.utils.checkpoint
 import ulysses
 import ulysses.torch as ut
-from conftest import agreed_max, configs, rel, textbook_attention
+from conftest import agreed_max, configs, reference, rel, sharded_forward_backward, textbook_attention
 from mpi4py import MPI
 
 
 def run(comm, strategy, cp_sizes, causal, gq, gk, gv, gdout):
     """Shards, our forward and backward, and the gathered out, dq, dk, dv."""
-    attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=cp_sizes)
-    sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=cp_sizes)
-    q, k, v = (sh(x).requires_grad_() for x in (gq, gk, gv))
-    out = attn(q, k, v)
-    out.backward(sh(gdout))
     un = lambda x: ulysses.unshard(x, comm, strategy, causal, cp_sizes=cp_sizes)
-    return un(out.detach()), un(q.grad), un(k.grad), un(v.grad)
-
-
-def reference(gq, gk, gv, gdout, causal):
-    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
-    out = textbook_attention(q, k, v, causal)
-    out.backward(gdout.double())
-    return out.detach(), q.grad, k.grad, v.grad
+    return tuple(un(x) for x in sharded_forward_backward(comm, strategy, cp_sizes, causal, gq, gk, gv, gdout))
 
 
 @pytest.mark.parametrize("causal", [False, True])

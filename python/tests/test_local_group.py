@@ -6,29 +6,17 @@ import pytest
 import torch
 import ulysses
 import ulysses.torch as ut
-from conftest import configs, rel, textbook_attention
+from conftest import configs, reference, rel, sharded_forward_backward
 from mpi4py import MPI
 
 # One process is the point: under mpirun only the first rank's run would add anything.
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="local groups run in one process")
 
 
-def reference(gq, gk, gv, gdout, causal):
-    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
-    out = textbook_attention(q, k, v, causal)
-    out.backward(gdout.double())
-    return out.detach(), q.grad, k.grad, v.grad
-
-
 def forward_backward(comm, strategy, sizes, causal, gq, gk, gv, gdout):
     """This rank's out, dq, dk, dv and the global positions of its tokens."""
-    attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=sizes)
-    sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=sizes)
-    q, k, v = (sh(x).requires_grad_() for x in (gq, gk, gv))
-    out = attn(q, k, v)
-    out.backward(sh(gdout))
     pos = ulysses.positions(gq.shape[1], comm, strategy, causal, cp_sizes=sizes)
-    return (out.detach(), q.grad, k.grad, v.grad), pos
+    return sharded_forward_backward(comm, strategy, sizes, causal, gq, gk, gv, gdout), pos
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
