@@ -43,10 +43,11 @@ class FusedHeads {
  public:
   FusedHeads() = default;
   // local_heads[t] heads of tensor t on this rank; rank_tokens[r] rows came from rank r
-  // (the full sequence is their sum). storage: null for a buffer of its own, else caller
-  // memory of at least bytes_for(...) that outlives this object's use (scratch the caller lends).
+  // (the full sequence is their sum). storage: null for a buffer of its own on `device`, else
+  // caller memory on `device` of at least bytes_for(...) that outlives this object's use
+  // (scratch the caller lends).
   FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
-             std::vector<std::int64_t> local_heads, void* storage = nullptr);
+             std::vector<std::int64_t> local_heads, void* storage = nullptr, Device device = Device::cpu);
   static std::size_t bytes_for(DType dtype, std::int64_t batch, const std::vector<std::int64_t>& rank_tokens,
                                std::int64_t head_dim, const std::vector<std::int64_t>& local_heads);
 
@@ -61,6 +62,7 @@ class FusedHeads {
   const std::vector<std::int64_t>& rank_tokens() const { return rank_tokens_; }
   std::int64_t head_dim() const { return head_dim_; }
   DType dtype() const { return whole_.dtype; }
+  Device device() const { return whole_.device; }
   // The whole buffer as a dense [s, b, H, d] (sbhd) view.
   TensorView whole() const { return whole_; }
   std::size_t nbytes() const { return std::size_t(whole_.shape.numel()) * dtype_size(whole_.dtype); }

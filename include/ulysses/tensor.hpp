@@ -44,8 +44,8 @@ struct TensorView {
   std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;  // in elements; d has stride 1
   Device device = Device::cpu;
 
-  // A densely packed view of `data` in `layout`.
-  static TensorView dense(void* data, DType dtype, Shape shape, Layout layout);
+  // A densely packed view of `data` (memory of `device`) in `layout`.
+  static TensorView dense(void* data, DType dtype, Shape shape, Layout layout, Device device = Device::cpu);
 
   std::int64_t offset(std::int64_t b, std::int64_t s, std::int64_t h) const {
     return b * stride_b + s * stride_s + h * stride_h;
@@ -78,21 +78,23 @@ std::string shape_error(const char* name, const TensorView& view, const Shape& e
 // [b, s, h, d]" naming the first one in [b, s, h, d] order. Not collective.
 std::string nonfinite_error(const char* name, const TensorView& view);
 
-// Copy every element of src into dst (same shape; dtypes and strides may differ).
+// Copy every element of src into dst (same shape and device; dtypes and strides may differ),
+// through the device's table (device_ops.hpp).
 void copy(const TensorView& src, const TensorView& dst);
 
 class Tensor;
-// A new dense bshd tensor holding src's elements in `dtype` (a float32 working copy, or a
-// saved copy of an input in its own dtype).
+// A new dense bshd tensor on src's device holding src's elements in `dtype` (a float32
+// working copy, or a saved copy of an input in its own dtype).
 Tensor copy_of(const TensorView& src, DType dtype);
 
-// Fill with uniform values in [-1, 1) that depend only on (seed, b, s_offset + s, h, d):
+// Host memory only (tests, tools, the planner's probes). Fill with uniform values in [-1, 1) that depend only on (seed, b, s_offset + s, h, d):
 // a shard filled with its global sequence offset equals the same slice of the full tensor.
 void fill_uniform(const TensorView& view, std::uint64_t seed, std::int64_t s_offset = 0);
 
 // The log-sum-exp of attention rows for queries of shape q [b, s, h, d]: float32 [b, h, s]
-// (as a [b, s, h, 1] tensor in bhsd layout), FlashAttention's softmax_lse. Uninitialised.
-Tensor lse_tensor(const Shape& q);
+// (as a [b, s, h, 1] tensor in bhsd layout), FlashAttention's softmax_lse, on `device`.
+// Uninitialised.
+Tensor lse_tensor(const Shape& q, Device device = Device::cpu);
 
 // Bytes held by all live Tensors of this process, and the peak since the last reset: the
 // library's working memory, which the memory models of the strategies are checked against.
@@ -122,6 +124,10 @@ class Tensor {
   // (receive buffers, kernel outputs), where zeroing would be a wasted pass over memory.
   static Tensor uninitialized(Shape shape, DType dtype = DType::f32, Layout layout = Layout::bshd,
                               Allocator& allocator = host_allocator());
+  // The same on `device`, from its allocator (device_allocator): what code that moves data of
+  // any device allocates its buffers with.
+  Tensor(Shape shape, DType dtype, Layout layout, Device device);
+  static Tensor uninitialized(Shape shape, DType dtype, Layout layout, Device device);
 
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

@@ -4,27 +4,27 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <memory>
 #include <numeric>
 #include <utility>
 #include <vector>
 
+#include "ulysses/device_ops.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
 
 FusedHeads::FusedHeads(DType dtype, std::int64_t batch, std::vector<std::int64_t> rank_tokens, std::int64_t head_dim,
-                       std::vector<std::int64_t> local_heads, void* storage)
+                       std::vector<std::int64_t> local_heads, void* storage, Device device)
     : local_heads_(std::move(local_heads)), rank_tokens_(std::move(rank_tokens)), batch_(batch), head_dim_(head_dim) {
   total_heads_ = std::accumulate(local_heads_.begin(), local_heads_.end(), std::int64_t(0));
   seq_ = std::accumulate(rank_tokens_.begin(), rank_tokens_.end(), std::int64_t(0));
   const Shape shape{batch, seq_, total_heads_, head_dim};
   if (storage == nullptr) {
-    buffer_ = Tensor::uninitialized(shape, dtype, Layout::sbhd);
+    buffer_ = Tensor::uninitialized(shape, dtype, Layout::sbhd, device);
     storage = buffer_.data();
   }
-  whole_ = TensorView::dense(storage, dtype, shape, Layout::sbhd);
+  whole_ = TensorView::dense(storage, dtype, shape, Layout::sbhd, device);
 }
 
 std::size_t FusedHeads::bytes_for(DType dtype, std::int64_t batch, const std::vector<std::int64_t>& rank_tokens,
@@ -46,7 +46,7 @@ TensorView FusedHeads::part(int t) const {
 }
 
 FusedHeads FusedHeads::converted(DType dtype) const {
-  FusedHeads out(dtype, batch_, rank_tokens_, head_dim_, local_heads_);
+  FusedHeads out(dtype, batch_, rank_tokens_, head_dim_, local_heads_, nullptr, device());
   copy(whole(), out.whole());
   return out;
 }
@@ -77,6 +77,8 @@ std::string shard_error(std::span<const SeqShard> shards, std::size_t t, int cp,
   const TensorView& v = shards[t].view;
   const TensorView& v0 = shards[0].view;
   if (v.data == nullptr && v.shape.numel() > 0) return fmt::format("{}: tensor {} has no data", op, t);
+  if (v.device != v0.device)
+    return fmt::format("{}: tensor {} is on {} but tensor 0 on {}", op, t, to_string(v.device), to_string(v0.device));
   if (v.dtype != v0.dtype || v.shape.b != v0.shape.b || v.shape.s != v0.shape.s || v.shape.d != v0.shape.d)
     return fmt::format("{}: tensor {} is {} {} but tensor 0 is {} {}; b, n_r, d and dtype must match", op, t,
                        v.shape.str(), to_string(v.dtype), v0.shape.str(), to_string(v0.dtype));
@@ -160,38 +162,54 @@ Holders holders_of(std::span<const SeqShard> shards, const Blocks& k) {
   return out;
 }
 
+// Heads [slot, slot + count) of rank j's block [n, b, H_j, d] at `base`, as a [b, n, count, d]
+// view (n, b, d and the dtype of `like`).
+TensorView seq_block(const Blocks& k, std::byte* base, int j, std::int64_t slot, std::int64_t count,
+                     const TensorView& like) {
+  const std::int64_t d = like.shape.d, hj = k.heads[std::size_t(j)];
+  TensorView v{base + std::size_t(slot * d) * dtype_size(like.dtype),
+               like.dtype,
+               {like.shape.b, like.shape.s, count, d},
+               hj * d,
+               like.shape.b * hj * d,
+               d,
+               like.device};
+  return v;
+}
+
 }  // namespace
 
 PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> inputs,
                                   const std::vector<std::int64_t>& rank_tokens, FusedHeads& out, void* storage) {
   const Shape& sh0 = inputs[0].view.shape;
-  const std::int64_t b = sh0.b, n = sh0.s;
   const DType dtype = inputs[0].view.dtype;
   const std::size_t row_bytes = std::size_t(sh0.d) * dtype_size(dtype);
   const int me = comm.rank(), cp = comm.size();
   std::vector<std::int64_t> local_heads;
   for (const SeqShard& t : inputs) local_heads.push_back(t.heads[std::size_t(me)].count);
-  out = FusedHeads(dtype, b, rank_tokens, sh0.d, local_heads, storage);
+  out = FusedHeads(dtype, sh0.b, rank_tokens, sh0.d, local_heads, storage, inputs[0].view.device);
   auto k = std::make_shared<const Blocks>(blocks_of(inputs, out.rank_tokens(), me, row_bytes));
 
   // Rank j's block [n, b, H_j, d]: ours packed straight into place in the output, the others
   // into the send buffer.
-  auto send = std::make_shared<Tensor>(
-      Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d}, dtype));
+  auto send = std::make_shared<Tensor>(Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d},
+                                                             dtype, Layout::bshd, out.device()));
   std::byte* sbuf = static_cast<std::byte*>(send->data());
   std::byte* obuf = static_cast<std::byte*>(out.whole().data);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t j = 0; j < cp; ++j)
-    for (std::int64_t s = 0; s < n; ++s) {
-      const std::size_t J = std::size_t(j);
-      std::byte* base = j == me ? obuf + k->own_offset : sbuf + k->seq_offsets[J];
-      for (std::int64_t bb = 0; bb < b; ++bb) {
-        std::byte* dst = base + std::size_t((s * b + bb) * k->heads[J]) * row_bytes;
-        for (const SeqShard& t : inputs)
-          for (std::int64_t i = 0; i < t.heads[J].count; ++i, dst += row_bytes)
-            std::memcpy(dst, t.view.row(bb, s, t.heads[J].first + i), row_bytes);
-      }
+  std::vector<ViewCopy> pack;
+  for (int j = 0; j < cp; ++j) {
+    const std::size_t J = std::size_t(j);
+    std::byte* base = j == me ? obuf + k->own_offset : sbuf + k->seq_offsets[J];
+    for (std::size_t t = 0; t < inputs.size(); ++t) {
+      const TensorView& in = inputs[t].view;
+      const HeadRange& r = inputs[t].heads[J];
+      TensorView src = in;
+      src.data = in.row(0, 0, r.first);
+      src.shape.h = r.count;
+      pack.push_back({src, seq_block(*k, base, j, k->slot[t][J], r.count, in)});
     }
+  }
+  device_ops(out.device()).copy(pack);
   // The other ranks' blocks land in place too.
   Request r = comm.ialltoallv(sbuf, k->seq_bytes, k->seq_offsets, obuf, k->head_bytes, k->head_offsets, "seq_to_head");
   return PendingTranspose(std::move(r), [send, k] {});
@@ -211,8 +229,8 @@ std::string head_side_error(const Communicator& comm, const FusedHeads& in, std:
   const Shape& sh0 = outputs[0].view.shape;
   const std::size_t me = std::size_t(comm.rank());
   bool match = in.batch() == sh0.b && in.head_dim() == sh0.d && in.dtype() == outputs[0].view.dtype &&
-               in.num_parts() == int(outputs.size()) && in.rank_tokens().size() == std::size_t(comm.size()) &&
-               in.rank_tokens()[me] == sh0.s;
+               in.device() == outputs[0].view.device && in.num_parts() == int(outputs.size()) &&
+               in.rank_tokens().size() == std::size_t(comm.size()) && in.rank_tokens()[me] == sh0.s;
   for (int t = 0; match && t < in.num_parts(); ++t)
     match = in.local_heads(t) == outputs[std::size_t(t)].heads[me].count;
   if (match) return "";
@@ -222,47 +240,44 @@ std::string head_side_error(const Communicator& comm, const FusedHeads& in, std:
       in.batch(), in.seq(), in.head_dim(), in.num_parts(), sh0.b, sh0.s, sh0.d, comm.size(), outputs.size());
 }
 
-// head_to_seq's second half: a head one rank holds is copied back; one that several ranks hold
-// (a shared KV head) is the sum of their gradients (in float32).
+// head_to_seq's second half: a head one rank holds is copied back (the heads of a rank's range
+// as one view); one that several ranks hold (a shared KV head) is the sum of their gradients
+// (in float32, in rank order).
 void unpack_seq_side(const FusedHeads& in, std::span<const SeqShard> outputs, const Blocks& k, const Tensor& recv,
                      int me) {
-  const Shape& sh0 = outputs[0].view.shape;
-  const std::int64_t b = sh0.b, n = sh0.s, d = sh0.d;
-  const DType dtype = in.dtype();
-  const std::size_t row_bytes = std::size_t(d) * dtype_size(dtype);
-  const std::byte* rbuf = static_cast<const std::byte*>(recv.data());
-  const std::byte* own = static_cast<const std::byte*>(in.whole().data) + k.own_offset;
+  std::byte* rbuf = static_cast<std::byte*>(recv.data());
+  std::byte* own = static_cast<std::byte*>(in.whole().data) + k.own_offset;
   const Holders holders = holders_of(outputs, k);
-#pragma omp parallel
-  {
-    std::vector<float> acc(static_cast<std::size_t>(d)), row(static_cast<std::size_t>(d));
-#pragma omp for collapse(2) schedule(static)
-    for (std::int64_t s = 0; s < n; ++s)
-      for (std::int64_t bb = 0; bb < b; ++bb)
-        for (std::size_t t = 0; t < outputs.size(); ++t) {
-          const TensorView& o = outputs[t].view;
-          auto src_row = [&](std::pair<std::size_t, std::int64_t> copy) {
-            const auto [j, slot] = copy;
-            const std::byte* base = j == std::size_t(me) ? own : rbuf + k.seq_offsets[j];
-            return base + std::size_t((s * b + bb) * k.heads[j] + slot) * row_bytes;
-          };
-          for (std::int64_t head = 0; head < o.shape.h; ++head) {
-            const auto& copies = holders[t][std::size_t(head)];
-            if (copies.empty()) continue;  // another chunk's head (post_head_to_seq of some heads)
-            if (copies.size() == 1) {
-              std::memcpy(o.row(bb, s, head), src_row(copies[0]), row_bytes);
-              continue;
-            }
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (const auto& c : copies) {
-              TensorView one{const_cast<std::byte*>(src_row(c)), dtype, {1, 1, 1, d}, 0, 0, 0};
-              load_row(one, 0, 0, 0, row.data());
-              for (std::int64_t x = 0; x < d; ++x) acc[std::size_t(x)] += row[std::size_t(x)];
-            }
-            store_row(o, bb, s, head, acc.data());
-          }
-        }
+  auto block = [&](const TensorView& o, std::pair<std::size_t, std::int64_t> holder) {
+    const std::size_t j = holder.first;
+    return seq_block(k, j == std::size_t(me) ? own : rbuf + k.seq_offsets[j], int(j), holder.second, 1, o);
+  };
+  std::vector<ViewCopy> copies;
+  std::vector<std::pair<TensorView, std::vector<TensorView>>> sums;
+  for (std::size_t t = 0; t < outputs.size(); ++t) {
+    const TensorView& o = outputs[t].view;
+    std::pair<std::size_t, std::int64_t> next{std::size_t(-1), 0};  // the holder extending the last copy
+    for (std::int64_t head = 0; head < o.shape.h; ++head) {
+      const auto& held = holders[t][std::size_t(head)];
+      TensorView dst = o;
+      dst.data = o.row(0, 0, head);
+      dst.shape.h = 1;
+      if (held.size() == 1 && held[0] == next) {
+        ++copies.back().src.shape.h;
+        ++copies.back().dst.shape.h;
+      } else if (held.size() == 1) {
+        copies.push_back({block(o, held[0]), dst});
+      } else if (held.size() > 1) {  // none: another chunk's head (post_head_to_seq of some heads)
+        sums.push_back({dst, {}});
+        for (const auto& c : held) sums.back().second.push_back(block(o, c));
+      }
+      next =
+          held.size() == 1 ? std::pair{held[0].first, held[0].second + 1} : std::pair{std::size_t(-1), std::int64_t(0)};
+    }
   }
+  const DeviceOps& ops = device_ops(in.device());
+  ops.copy(copies);
+  for (const auto& [dst, srcs] : sums) ops.sum(dst, srcs);
 }
 
 }  // namespace
@@ -274,8 +289,8 @@ PendingTranspose post_head_to_seq(Communicator& comm, const FusedHeads& in, std:
   auto k = std::make_shared<const Blocks>(blocks_of(outputs, in.rank_tokens(), comm.rank(), row_bytes));
   // The head-sharded buffer already is the send buffer; our own block is unpacked straight
   // from it, the others arrive back to back.
-  auto recv = std::make_shared<Tensor>(
-      Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d}, dtype));
+  auto recv = std::make_shared<Tensor>(Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d},
+                                                             dtype, Layout::bshd, in.device()));
   Request r = comm.ialltoallv(in.whole().data, k->head_bytes, k->head_offsets, recv->data(), k->seq_bytes,
                               k->seq_offsets, "head_to_seq");
   std::vector<SeqShard> outs(outputs.begin(), outputs.end());

@@ -13,6 +13,7 @@
 
 #include "ulysses/bf16.hpp"
 #include "ulysses/checked.hpp"
+#include "ulysses/device_ops.hpp"
 #include "ulysses/error.hpp"
 
 namespace ulysses {
@@ -56,8 +57,8 @@ std::int64_t Shape::numel() const {
   return n;
 }
 
-TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout) {
-  TensorView v{data, dtype, shape, 0, 0, 0};
+TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout, Device device) {
+  TensorView v{data, dtype, shape, 0, 0, 0, device};
   switch (layout) {
     case Layout::bshd:
       v.stride_h = shape.d;
@@ -79,7 +80,7 @@ TensorView TensorView::dense(void* data, DType dtype, Shape shape, Layout layout
 }
 
 bool TensorView::is_dense(Layout layout) const {
-  TensorView d = dense(data, dtype, shape, layout);
+  TensorView d = dense(data, dtype, shape, layout, device);
   return d.stride_b == stride_b && d.stride_s == stride_s && d.stride_h == stride_h;
 }
 
@@ -126,17 +127,8 @@ void parallel_rows(const Shape& sh, F f) {
 void copy(const TensorView& src, const TensorView& dst) {
   if (!(src.shape == dst.shape))
     throw Error(fmt::format("copy: shapes differ, {} vs {}", src.shape.str(), dst.shape.str()));
-  const Shape& sh = src.shape;
-  const bool same = src.dtype == dst.dtype;
-  const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(src.dtype);
-  parallel_rows(sh, [&](std::int64_t b, std::int64_t s, std::int64_t h, float* row) {
-    if (same) {
-      std::memcpy(dst.row(b, s, h), src.row(b, s, h), row_bytes);
-    } else {
-      load_row(src, b, s, h, row);
-      store_row(dst, b, s, h, row);
-    }
-  });
+  const ViewCopy c{src, dst};
+  ops_for({&src, &dst}).copy({&c, 1});
 }
 
 namespace {
@@ -263,23 +255,28 @@ void Tensor::Free::operator()(void* p) const {
 Tensor::Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator)
     : Tensor(shape, dtype, layout, allocator, true) {}
 
+Tensor::Tensor(Shape shape, DType dtype, Layout layout, Device device)
+    : Tensor(shape, dtype, layout, device_allocator(device), true) {}
+
 Tensor copy_of(const TensorView& src, DType dtype) {
-  Tensor t = Tensor::uninitialized(src.shape, dtype);
+  Tensor t = Tensor::uninitialized(src.shape, dtype, Layout::bshd, src.device);
   copy(src, t.view());
   return t;
 }
 
-Tensor lse_tensor(const Shape& q) { return Tensor::uninitialized({q.b, q.s, q.h, 1}, DType::f32, Layout::bhsd); }
+Tensor lse_tensor(const Shape& q, Device device) {
+  return Tensor::uninitialized({q.b, q.s, q.h, 1}, DType::f32, Layout::bhsd, device);
+}
 
 Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout, Allocator& allocator) {
   return Tensor(shape, dtype, layout, allocator, false);
 }
 
-TensorView Tensor::view() const {
-  TensorView v = TensorView::dense(data(), dtype_, shape_, layout_);
-  v.device = device();
-  return v;
+Tensor Tensor::uninitialized(Shape shape, DType dtype, Layout layout, Device device) {
+  return Tensor(shape, dtype, layout, device_allocator(device), false);
 }
+
+TensorView Tensor::view() const { return TensorView::dense(data(), dtype_, shape_, layout_, device()); }
 
 Tensor::Tensor(Shape shape, DType dtype, Layout layout, Allocator& allocator, bool zero)
     : shape_(shape), dtype_(dtype), layout_(layout) {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "ring_attention.hpp"
+#include "ulysses/device_ops.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
@@ -31,8 +32,8 @@ std::unique_ptr<StrategyContext> local_forward(const Communicator& comm, const C
   ctx->q = copy_of(q, q.dtype);
   ctx->k = copy_of(k, k.dtype);
   ctx->v = copy_of(v, v.dtype);
-  ctx->out32 = Tensor::uninitialized(q.shape);
-  ctx->lse = lse_tensor(q.shape);
+  ctx->out32 = Tensor::uninitialized(q.shape, DType::f32, Layout::bshd, q.device);
+  ctx->lse = lse_tensor(q.shape, q.device);
   ctx->params = attention_params(config);
   flash_attention_forward(ctx->out32.view(), ctx->lse.view(), ctx->q.view(), ctx->k.view(), ctx->v.view(), ctx->params);
   copy(ctx->out32.view(), out);
@@ -54,6 +55,16 @@ void local_backward(const Communicator& comm, const LocalContext& ctx, const Ten
   stats.score_pairs += visible_pairs(ctx.params, {ctx.params.q_offset, s}, {0, sk}) * ctx.q.shape().b * ctx.q.shape().h;
 }
 
+// "" when every tensor is on the first one's device and that device has an operations table.
+std::string device_error(std::initializer_list<const TensorView*> views) {
+  try {
+    ops_for(views);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Local checks of one rank's tensors: "" or the first problem found.
 std::string local_error(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v) {
   const Shape& s = q.shape;
@@ -72,7 +83,7 @@ std::string local_error(const TensorView& out, const TensorView& q, const Tensor
                          to_string(t->dtype));
   for (const TensorView* t : {&q, &k, &v, &out})
     if (t->data == nullptr) return "a tensor has no data (null pointer)";
-  return "";
+  return device_error({&q, &k, &v, &out});
 }
 
 // "" or the first gradient/dout that does not match the forward's inputs.
@@ -84,7 +95,7 @@ std::string backward_error(const CpContext& ctx, const Shape& q, const Shape& kv
     if (!e.empty()) return e;
     if (view->dtype != dtype) return fmt::format("{} must be {} like the forward's inputs", name, to_string(dtype));
   }
-  return "";
+  return device_error({&dout, &dq, &dk, &dv});
 }
 
 }  // namespace

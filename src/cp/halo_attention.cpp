@@ -115,12 +115,13 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     if (r == me) continue;
     saved.halo_rows[std::size_t(r)] = halo_rows(mine, saved.chunks[std::size_t(r)], saved.params);
     if (const std::int64_t n = total_tokens(saved.halo_rows[std::size_t(r)]); n > 0) {
-      in[std::size_t(r)] = Tensor::uninitialized({ks.b, n, ks.h, ks.d}, saved.wire);
+      in[std::size_t(r)] = Tensor::uninitialized({ks.b, n, ks.h, ks.d}, saved.wire, Layout::bshd, saved.q.device);
       recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHalo);
     }
     const std::vector<SeqChunk> theirs = halo_rows(saved.chunks[std::size_t(r)], mine, saved.params);
     if (theirs.empty()) continue;
-    Tensor& t = give[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs), ks.h, ks.d}, saved.wire);
+    Tensor& t = give[std::size_t(r)] =
+        Tensor::uninitialized({ks.b, total_tokens(theirs), ks.h, ks.d}, saved.wire, Layout::bshd, saved.q.device);
     for_each_piece(mine, theirs, [&](std::int64_t own, std::int64_t at, std::int64_t n) {
       copy(rows(saved.kv.view(), own, n), rows(t.view(), at, n));
     });
@@ -166,7 +167,8 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     theirs[std::size_t(r)] = halo_rows(saved.chunks[std::size_t(r)], mine, saved.params);
     if (theirs[std::size_t(r)].empty()) continue;
     const Shape ks = saved.kv.shape();
-    in[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs[std::size_t(r)]), ks.h, ks.d});
+    in[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs[std::size_t(r)]), ks.h, ks.d}, DType::f32,
+                                               Layout::bshd, saved.q.device);
     recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHaloGrad);
   }
   PairScratch pair(saved, true);
@@ -174,13 +176,13 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     for (Request& x : recvs) x.test();
     for (Request& x : sends) x.test();
   };
-  Tensor own(saved.kv.shape());  // float32 dK|dV of the own rows, zeroed
+  Tensor own(saved.kv.shape(), DType::f32, Layout::bshd, saved.q.device);  // float32 dK|dV of the own rows, zeroed
   zero(dq);
   backward_pairs(saved, dq, own.view(), dout, saved.kv.view(), mine, pair, stats, progress);
   for (int r = 0; r < R; ++r) {
     const Tensor& halo = saved.halos[std::size_t(r)];
     if (halo.data() == nullptr) continue;
-    grads[std::size_t(r)] = Tensor(halo.shape());
+    grads[std::size_t(r)] = Tensor(halo.shape(), DType::f32, Layout::bshd, saved.q.device);
     backward_pairs(saved, dq, grads[std::size_t(r)].view(), dout, halo.view(), saved.halo_rows[std::size_t(r)], pair,
                    stats, progress);
     sends[std::size_t(r)] =

@@ -12,7 +12,8 @@
 namespace ulysses {
 
 // acc [b, n, h, d] float32 view and acc_lse [b, h, n] (contiguous) are updated in place with
-// part [b, n, h, d] and part_lse [b, h, n].
+// part [b, n, h, d] and part_lse [b, h, n], all in the memory of acc's device, by its table
+// (device_ops.hpp; the loop is the CPU's there).
 void merge_attention(const TensorView& acc, float* acc_lse, const TensorView& part, const float* part_lse);
 
 }  // namespace ulysses

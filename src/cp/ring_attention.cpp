@@ -34,7 +34,7 @@ std::int64_t max_rows(const std::vector<std::vector<SeqChunk>>& chunks) {
 // what travels is exactly the member's rows, never the buffer's padding.
 TensorView member_kv(const Tensor& buffer, std::int64_t rows) {
   const Shape& s = buffer.shape();
-  return TensorView::dense(buffer.data(), buffer.dtype(), {s.b, rows, s.h, s.d}, Layout::bshd);
+  return TensorView::dense(buffer.data(), buffer.dtype(), {s.b, rows, s.h, s.d}, Layout::bshd, buffer.device());
 }
 
 std::size_t bytes_of(const TensorView& v) { return std::size_t(v.shape.numel()) * dtype_size(v.dtype); }
@@ -72,14 +72,15 @@ PairScratch::PairScratch(const RingSaved& saved, bool backward) {
   const std::int64_t B = saved.q.shape.b, H = saved.q.shape.h;
   const std::int64_t n = std::max(max_length(saved.chunks), max_length({saved.queries}));  // keys', queries' rows
   const Shape kvs = saved.kv.shape();
+  const Device dev = saved.q.device;
   if (!backward) {
-    o = Tensor::uninitialized({B, n, H, saved.q.shape.d});
-    lse = lse_tensor({B, n, H, 1});
+    o = Tensor::uninitialized({B, n, H, saved.q.shape.d}, DType::f32, Layout::bshd, dev);
+    lse = lse_tensor({B, n, H, 1}, dev);
     return;
   }
-  dq = Tensor::uninitialized({B, n, H, saved.q.shape.d});
-  dk = Tensor::uninitialized({kvs.b / 2, n, kvs.h, kvs.d});
-  dv = Tensor::uninitialized(dk.shape());
+  dq = Tensor::uninitialized({B, n, H, saved.q.shape.d}, DType::f32, Layout::bshd, dev);
+  dk = Tensor::uninitialized({kvs.b / 2, n, kvs.h, kvs.d}, DType::f32, Layout::bshd, dev);
+  dv = Tensor::uninitialized(dk.shape(), DType::f32, Layout::bshd, dev);
 }
 
 namespace {
@@ -111,7 +112,8 @@ void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv
     const SeqChunk &a = mine[ia], &c = keys[ic];
     const std::int64_t ra = chunk_row(mine, ia), rc = chunk_row(keys, ic);
     const TensorView op = rows(scratch.o.view(), 0, a.length);
-    const TensorView lp = TensorView::dense(scratch.lse.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd);
+    const TensorView lp =
+        TensorView::dense(scratch.lse.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd, scratch.lse.device());
     flash_attention_forward(op, lp, rows(saved.q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                             rows(kv_half(kv, 1), rc, c.length), p);
     merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, scratch.lse.f32());
@@ -145,19 +147,24 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
-  saved = RingSaved{q, out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}), {}, chunks, queries, params, wire, me, {}, {}};
+  const Device dev = q.device;
+  saved = RingSaved{q,      out,    Tensor({2 * ks.b, ks.s, ks.h, ks.d}, DType::f32, Layout::bshd, dev),
+                    {},     chunks, queries,
+                    params, wire,   me,
+                    {},     {}};
   copy(k, kv_half(saved.kv.view(), 0));
   copy(v, kv_half(saved.kv.view(), 1));
   zero(out);
   for (const SeqChunk& a : saved.queries) {
-    saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}));
-    std::fill_n(saved.lse.back().f32(), B * H * a.length, kNegInf);
+    saved.lse.push_back(lse_tensor({B, a.length, H, q.shape.d}, dev));
+    fill(saved.lse.back().view(), kNegInf);
   }
   if (uses_halo(params)) return halo_attention_forward(ring, out, saved, stats);
 
   const Shape cap{2 * ks.b, max_rows(saved.chunks), ks.h, ks.d};
-  Tensor buf[2] = {Tensor::uninitialized(cap, wire), Tensor::uninitialized(cap, wire)};
-  Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
+  Tensor buf[2] = {Tensor::uninitialized(cap, wire, Layout::bshd, dev),
+                   Tensor::uninitialized(cap, wire, Layout::bshd, dev)};
+  Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap, DType::f32, Layout::bshd, dev);
   copy(saved.kv.view(), member_kv(buf[0], ks.s));
   PairScratch pair(saved, false);
   for (int step = 0; step < R; ++step) {
@@ -190,12 +197,15 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   if (uses_halo(saved.params)) return halo_attention_backward(ring, dq, dk, dv, dout, saved, stats);
   const int R = ring.size(), me = ring.rank();
   const Shape kvs = saved.kv.shape();
+  const Device dev = saved.q.device;
 
   const Shape cap{kvs.b, max_rows(saved.chunks), kvs.h, kvs.d};
-  Tensor buf[2] = {Tensor::uninitialized(cap, saved.wire), Tensor::uninitialized(cap, saved.wire)};
-  Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap);
+  Tensor buf[2] = {Tensor::uninitialized(cap, saved.wire, Layout::bshd, dev),
+                   Tensor::uninitialized(cap, saved.wire, Layout::bshd, dev)};
+  Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap, DType::f32, Layout::bshd, dev);
   copy(saved.kv.view(), member_kv(buf[0], kvs.s));
-  Tensor dkv[2] = {Tensor(cap), Tensor(cap)}, dkv_in(cap);
+  Tensor dkv[2] = {Tensor(cap, DType::f32, Layout::bshd, dev), Tensor(cap, DType::f32, Layout::bshd, dev)},
+         dkv_in(cap, DType::f32, Layout::bshd, dev);
   PairScratch pair(saved, true);
   zero(dq);
   Request dkv_send[2];

@@ -177,7 +177,8 @@ std::string shard_length_error(const std::vector<std::vector<SeqChunk>>& chunks_
 
 Tensor shard_of(const TensorView& global, const std::vector<SeqChunk>& chunks, DType dtype, Layout layout) {
   const Shape& g = global.shape;
-  Tensor t = Tensor::uninitialized({g.b, total_tokens(chunks), g.h, g.d}, dtype, layout);  // every row is copied
+  Tensor t = Tensor::uninitialized({g.b, total_tokens(chunks), g.h, g.d}, dtype, layout,
+                                   global.device);  // every row is copied
   shard_sequence(global, t.view(), chunks);
   return t;
 }
@@ -206,10 +207,13 @@ Tensor gather_global(Communicator& comm, const TensorView& shard,
     comm.isend(mine.data(), mine.nbytes(), root, kTag, "report").wait();
     return {};
   }
-  Tensor global({sh.b, std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)), sh.h, sh.d});
+  Tensor global({sh.b, std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)), sh.h, sh.d}, DType::f32,
+                Layout::bshd, shard.device);
   for (int r = 0; r < comm.size(); ++r) {
     const std::size_t i = std::size_t(r);
-    Tensor theirs = r == root ? Tensor() : Tensor::uninitialized({sh.b, lengths[i], sh.h, sh.d});
+    Tensor theirs = r == root
+                        ? Tensor()
+                        : Tensor::uninitialized({sh.b, lengths[i], sh.h, sh.d}, DType::f32, Layout::bshd, shard.device);
     if (r != root) comm.irecv(theirs.data(), theirs.nbytes(), r, kTag).wait();
     unshard_sequence(r == root ? mine.view() : theirs.view(), global.view(), chunks_per_rank[i]);
   }

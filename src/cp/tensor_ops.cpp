@@ -1,8 +1,10 @@
 #include "tensor_ops.hpp"
 
-#include <vector>
+#include "ulysses/device_ops.hpp"
 
 namespace ulysses {
+
+Tensor f32_like(const TensorView& t) { return Tensor::uninitialized(t.shape, DType::f32, Layout::bshd, t.device); }
 
 TensorView kv_half(const TensorView& kv, int which) {
   TensorView v = kv;
@@ -11,33 +13,17 @@ TensorView kv_half(const TensorView& kv, int which) {
   return v;
 }
 
-void zero(const TensorView& t) {
-  const std::vector<float> z(static_cast<std::size_t>(t.shape.d), 0.0f);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t b = 0; b < t.shape.b; ++b)
-    for (std::int64_t s = 0; s < t.shape.s; ++s)
-      for (std::int64_t h = 0; h < t.shape.h; ++h) store_row(t, b, s, h, z.data());
-}
+void zero(const TensorView& t) { fill(t, 0.0f); }
 
-void accumulate(const TensorView& dst, const TensorView& src) {
-  const Shape& s = dst.shape;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (std::int64_t b = 0; b < s.b; ++b)
-    for (std::int64_t i = 0; i < s.s; ++i)
-      for (std::int64_t h = 0; h < s.h; ++h) {
-        float* o = dst.f32(b, i, h);
-        const float* x = src.f32(b, i, h);
-        for (std::int64_t c = 0; c < s.d; ++c) o[c] += x[c];
-      }
-}
+void fill(const TensorView& t, float value) { ops_for({&t}).fill(t, value); }
 
-Float32Forward::Float32Forward(const TensorView& q_in)
-    : q(copy_of(q_in, DType::f32)), out(Tensor::uninitialized(q_in.shape)) {}
+void accumulate(const TensorView& dst, const TensorView& src) { ops_for({&dst, &src}).accumulate(dst, src); }
+
+Float32Forward::Float32Forward(const TensorView& q_in) : q(copy_of(q_in, DType::f32)), out(f32_like(q_in)) {}
 
 Float32Backward::Float32Backward(const TensorView& dout_in, const TensorView& dq_out, const TensorView& dk_out,
                                  const TensorView& dv_out)
-    : dout(copy_of(dout_in, DType::f32)), dq(Tensor::uninitialized(dq_out.shape)),
-      dk(Tensor::uninitialized(dk_out.shape)), dv(Tensor::uninitialized(dv_out.shape)) {}
+    : dout(copy_of(dout_in, DType::f32)), dq(f32_like(dq_out)), dk(f32_like(dk_out)), dv(f32_like(dv_out)) {}
 
 void Float32Backward::store(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out) const {
   copy(dq.view(), dq_out);

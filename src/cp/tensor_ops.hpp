@@ -1,15 +1,20 @@
-// Small float32 view operations the strategies share.
+// Small float32 view operations the strategies share, through the views' device table
+// (device_ops.hpp).
 #pragma once
 
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
 
+// An uninitialised dense float32 bshd tensor of t's shape on t's device.
+Tensor f32_like(const TensorView& t);
+
 // K (which = 0) or V (which = 1) of a fused [2b, s, h_kv, d] buffer.
 TensorView kv_half(const TensorView& kv, int which);
 
-// t = 0 (any dtype).
+// t = 0 / t = value (any dtype).
 void zero(const TensorView& t);
+void fill(const TensorView& t, float value);
 
 // dst += src (float32 views of one shape).
 void accumulate(const TensorView& dst, const TensorView& src);

@@ -191,7 +191,7 @@ class A2aStrategy final : public Strategy {
     auto compute = [&](int i, auto progress) {
       HeadChunk& ch = ctx->chunks[std::size_t(i)];
       const TensorView hq = ch.qkv.part(0);
-      ch.out = FusedHeads(DType::f32, hq.shape.b, ch.qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
+      ch.out = FusedHeads(DType::f32, hq.shape.b, ch.qkv.rank_tokens(), hq.shape.d, {hq.shape.h}, nullptr, hq.device);
       const std::int64_t n = pieces_of(ch.qkv, c > 1);
       for (std::int64_t p = 0; p < n; ++p) {
         ch.lse.push_back(lse_tensor(piece(hq, p, n).shape));
@@ -308,11 +308,13 @@ class A2aStrategy final : public Strategy {
     const FusedHeads& qkv = ch.qkv;
     const std::int64_t hkv = ch.k().shape.h;
     if (ctx.kv_tokens.empty()) {
-      grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0), hkv, hkv});
+      grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0), hkv, hkv},
+                         nullptr, qkv.device());
       return {grads.part(0), grads.part(1), grads.part(2)};
     }
-    grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0)});
-    kv_grads = FusedHeads(ctx.dtype, qkv.batch(), ctx.kv_tokens, qkv.head_dim(), {hkv, hkv});
+    grads = FusedHeads(ctx.dtype, qkv.batch(), qkv.rank_tokens(), qkv.head_dim(), {qkv.local_heads(0)}, nullptr,
+                       qkv.device());
+    kv_grads = FusedHeads(ctx.dtype, qkv.batch(), ctx.kv_tokens, qkv.head_dim(), {hkv, hkv}, nullptr, qkv.device());
     return {grads.part(0), kv_grads.part(0), kv_grads.part(1)};
   }
 

@@ -121,9 +121,11 @@ class A2aP2pStrategy final : public Strategy {
     const std::int64_t hkv = ctx.k().shape.h;
     FusedHeads grads(DType::f32, x.batch(), x.rank_tokens(), x.head_dim(),
                      cross ? std::vector<std::int64_t>{x.local_heads(0)}
-                           : std::vector<std::int64_t>{x.local_heads(0), hkv, hkv});
+                           : std::vector<std::int64_t>{x.local_heads(0), hkv, hkv},
+                     nullptr, x.device());
     FusedHeads kv_grads =
-        cross ? FusedHeads(DType::f32, x.batch(), ctx.kv.rank_tokens(), x.head_dim(), {hkv, hkv}) : FusedHeads();
+        cross ? FusedHeads(DType::f32, x.batch(), ctx.kv.rank_tokens(), x.head_dim(), {hkv, hkv}, nullptr, x.device())
+              : FusedHeads();
     const FusedHeads& gkv = cross ? kv_grads : grads;
     const int first_kv = cross ? 0 : 1;
     ring_attention_backward(*ctx.outer, grads.part(0), gkv.part(first_kv), gkv.part(first_kv + 1), hdout.part(0),
@@ -236,7 +238,8 @@ class A2aP2pStrategy final : public Strategy {
     ctx->qkv = as_float32(seq_to_head(*ctx->inner, cross ? all.first(1) : all));
     stats.comm_exposed_s += comm.now() - t0;
     const TensorView hq = ctx->qkv.part(0);
-    ctx->out_heads = FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h});
+    ctx->out_heads =
+        FusedHeads(DType::f32, hq.shape.b, ctx->qkv.rank_tokens(), hq.shape.d, {hq.shape.h}, nullptr, hq.device);
     const AttentionParams params = attention_params(config);
     const std::vector<SeqChunk> queries = outer_chunks(q_chunks, I)[std::size_t(ctx->outer->rank())];
     ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->k(), ctx->v(),

@@ -44,7 +44,8 @@ class RankBlocks {
     std::size_t offset = 0;
     for (int i = 0; i < r; ++i) offset += elements(i);
     void* data = static_cast<std::byte*>(buffer.data()) + offset * dtype_size(buffer.dtype());
-    return TensorView::dense(data, buffer.dtype(), {row_.b, rows_[std::size_t(r)], row_.h, row_.d}, Layout::bshd);
+    return TensorView::dense(data, buffer.dtype(), {row_.b, rows_[std::size_t(r)], row_.h, row_.d}, Layout::bshd,
+                             buffer.device());
   }
 
  private:
@@ -57,15 +58,15 @@ class RankBlocks {
 void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, const TensorView& v) {
   const Shape& ks = k.shape;
   const RankBlocks blocks(ctx.chunks, {2 * ks.b, 1, ks.h, ks.d});
-  Tensor local = Tensor::uninitialized({2 * ks.b, ks.s, ks.h, ks.d}, k.dtype);
+  Tensor local = Tensor::uninitialized({2 * ks.b, ks.s, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);
   copy(k, kv_half(local.view(), 0));
   copy(v, kv_half(local.view(), 1));
   std::vector<std::size_t> bytes = blocks.all_elements();
   for (std::size_t& b : bytes) b *= dtype_size(k.dtype);
   const std::int64_t seq = blocks.total_rows();
-  Tensor gathered = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype);  // as many elements as the blocks
+  Tensor gathered = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);  // the blocks'
   comm.allgatherv(local.data(), gathered.data(), bytes, "all_gather_kv");
-  ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d});
+  ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, DType::f32, Layout::bshd, k.device);
   for (int r = 0; r < comm.size(); ++r)
     for (int which = 0; which < 2; ++which)
       unshard_sequence(kv_half(blocks.block(gathered, r), which), kv_half(ctx.kv_full.view(), which),
@@ -108,7 +109,7 @@ class AllGatherStrategy final : public Strategy {
       AttentionParams p = ctx->params;
       p.q_offset += a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
-      ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}));
+      ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}, q.device));
       flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(q32, ra, a.length), kf, vf, p);
       stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, S}) * q.shape.b * q.shape.h;
     }
@@ -130,7 +131,7 @@ class AllGatherStrategy final : public Strategy {
     const TensorView q32 = ctx.f32.q.view(), out32 = ctx.f32.out.view();
 
     const double t0 = comm.now();
-    Tensor dkv_full(full), dk_part = Tensor::uninitialized(kf.shape), dv_part = Tensor::uninitialized(kf.shape);
+    Tensor dkv_full(full, DType::f32, Layout::bshd, kf.device), dk_part = f32_like(kf), dv_part = f32_like(kf);
     for (std::size_t ia = 0; ia < mine.size(); ++ia) {
       const SeqChunk& a = mine[ia];
       AttentionParams p = ctx.params;
@@ -145,7 +146,7 @@ class AllGatherStrategy final : public Strategy {
     }
     // Rank r's rows of dK/dV, in its local order, as block r of the reduce-scatter.
     const RankBlocks layout(ctx.chunks, {full.b, 1, full.h, full.d});
-    Tensor blocks = Tensor::uninitialized(full);  // as many elements as the blocks
+    Tensor blocks = Tensor::uninitialized(full, DType::f32, Layout::bshd, kf.device);  // as many elements as the blocks
     for (int r = 0; r < R; ++r)
       for (int which = 0; which < 2; ++which)
         shard_sequence(kv_half(dkv_full.view(), which), kv_half(layout.block(blocks, r), which),
@@ -153,7 +154,8 @@ class AllGatherStrategy final : public Strategy {
     const double t1 = comm.now();
     stats.compute_s += t1 - t0;
     comm.trace("attention backward", t0, t1);
-    Tensor mine_total = Tensor::uninitialized({full.b, g.dk.shape().s, full.h, full.d});
+    Tensor mine_total =
+        Tensor::uninitialized({full.b, g.dk.shape().s, full.h, full.d}, DType::f32, Layout::bshd, kf.device);
     comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), layout.all_elements(), "all_gather_dkv");
     stats.comm_exposed_s += comm.now() - t1;
     copy(kv_half(mine_total.view(), 0), g.dk.view());

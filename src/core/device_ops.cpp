@@ -1,0 +1,147 @@
+// The device table registry and the CPU's table: host loops over strided views, OpenMP over
+// rows.
+#include "ulysses/device_ops.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses {
+
+namespace {
+
+void cpu_copy(std::span<const ViewCopy> copies) {
+#pragma omp parallel
+  {
+    std::vector<float> row;
+    for (const ViewCopy& c : copies) {
+      const Shape& sh = c.src.shape;
+      const bool same = c.src.dtype == c.dst.dtype;
+      const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(c.src.dtype);
+      row.resize(std::size_t(sh.d));
+      // No barrier between copies: their destinations are disjoint.
+#pragma omp for collapse(2) schedule(static) nowait
+      for (std::int64_t b = 0; b < sh.b; ++b)
+        for (std::int64_t s = 0; s < sh.s; ++s)
+          for (std::int64_t h = 0; h < sh.h; ++h) {
+            if (same) {
+              std::memcpy(c.dst.row(b, s, h), c.src.row(b, s, h), row_bytes);
+            } else {
+              load_row(c.src, b, s, h, row.data());
+              store_row(c.dst, b, s, h, row.data());
+            }
+          }
+    }
+  }
+}
+
+void cpu_fill(const TensorView& t, float value) {
+  const std::vector<float> z(static_cast<std::size_t>(t.shape.d), value);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t b = 0; b < t.shape.b; ++b)
+    for (std::int64_t s = 0; s < t.shape.s; ++s)
+      for (std::int64_t h = 0; h < t.shape.h; ++h) store_row(t, b, s, h, z.data());
+}
+
+void cpu_accumulate(const TensorView& dst, const TensorView& src) {
+  const Shape& s = dst.shape;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t b = 0; b < s.b; ++b)
+    for (std::int64_t i = 0; i < s.s; ++i)
+      for (std::int64_t h = 0; h < s.h; ++h) {
+        float* o = dst.f32(b, i, h);
+        const float* x = src.f32(b, i, h);
+        for (std::int64_t c = 0; c < s.d; ++c) o[c] += x[c];
+      }
+}
+
+void cpu_sum(const TensorView& dst, std::span<const TensorView> srcs) {
+  const Shape& sh = dst.shape;
+  const std::size_t d = std::size_t(sh.d);
+#pragma omp parallel
+  {
+    std::vector<float> acc(d), row(d);
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t b = 0; b < sh.b; ++b)
+      for (std::int64_t s = 0; s < sh.s; ++s)
+        for (std::int64_t h = 0; h < sh.h; ++h) {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (const TensorView& src : srcs) {
+            load_row(src, b, s, h, row.data());
+            for (std::size_t x = 0; x < d; ++x) acc[x] += row[x];
+          }
+          store_row(dst, b, s, h, acc.data());
+        }
+  }
+}
+
+void cpu_merge(const TensorView& acc, const TensorView& acc_lse, const TensorView& part, const TensorView& part_lse) {
+  const Shape& s = acc.shape;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t b = 0; b < s.b; ++b)
+    for (std::int64_t h = 0; h < s.h; ++h)
+      for (std::int64_t i = 0; i < s.s; ++i) {
+        float& L = *acc_lse.f32(b, i, h);
+        const float Li = *part_lse.f32(b, i, h);
+        if (std::isinf(Li) && Li < 0) continue;  // the part saw no key for this row
+        float* o = acc.f32(b, i, h);
+        const float* oi = part.f32(b, i, h);
+        if (std::isinf(L) && L < 0) {  // first contribution
+          for (std::int64_t x = 0; x < s.d; ++x) o[x] = oi[x];
+          L = Li;
+          continue;
+        }
+        // σ(Li − L) = weight of the new part; log σ(L − Li) = −softplus(Li − L).
+        const float w = 1.0f / (1.0f + std::exp(L - Li));
+        for (std::int64_t x = 0; x < s.d; ++x) o[x] -= w * (o[x] - oi[x]);
+        // max(L, Li) + softplus(−|Li − L|): never below either lse (the backward's exp relies on
+        // lse >= every scaled score, flash_backward.cpp), finite for finite L, Li.
+        L = std::max(L, Li) + std::log1p(std::exp(-std::abs(Li - L)));
+      }
+}
+
+void host_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+
+constexpr std::size_t kDevices = 8;  // Device values a table can be registered for
+
+std::array<const DeviceOps*, kDevices>& tables() {
+  static const DeviceOps cpu{Device::cpu,     &host_allocator(), cpu_copy,   cpu_fill,  cpu_accumulate,
+                             cpu_sum,         cpu_merge,         host_bytes, host_bytes};
+  static std::array<const DeviceOps*, kDevices> t{&cpu};
+  return t;
+}
+
+std::size_t index_of(Device device) {
+  const auto i = std::size_t(device);
+  if (i >= kDevices) throw Error(fmt::format("device {} is out of the table's range", int(device)));
+  return i;
+}
+
+}  // namespace
+
+const DeviceOps& device_ops(Device device) {
+  const DeviceOps* t = tables()[index_of(device)];
+  if (t == nullptr) throw Error(fmt::format("no operations table for device {}", to_string(device)));
+  return *t;
+}
+
+Allocator& device_allocator(Device device) { return *device_ops(device).allocator; }
+
+void register_device_ops(const DeviceOps& ops) { tables()[index_of(ops.device)] = &ops; }
+
+const DeviceOps& ops_for(std::initializer_list<const TensorView*> views) {
+  const Device d = (*views.begin())->device;
+  for (const TensorView* v : views)
+    if (v->device != d)
+      throw Error(fmt::format("views on two devices, {} and {}: data moves within one device", to_string(d),
+                              to_string(v->device)));
+  return device_ops(d);
+}
+
+}  // namespace ulysses
