@@ -101,6 +101,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "cross-attention with --causal: query i sees keys j <= q_offset + i "
                 "(required when the k/v length differs from q's)");
   add_timeout_option(c, o.timeout);
+  add_backend_options(c, o.backend);
 }
 
 namespace {
@@ -627,7 +628,7 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
 }  // namespace
 
 int run_attention(const AttentionOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const Setup s = setup(comm, o);

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <limits>
 
+#include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/input_file.hpp"
 #include "ulysses/npy.hpp"
@@ -21,6 +22,31 @@ void add_timeout_option(CLI::App* command, double& seconds) {
                    "naming the operation, the rank and its peer or group (0 = wait forever)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+}
+
+void add_backend_options(CLI::App* command, BackendOptions& backend) {
+  command
+      ->add_option("--comm", backend.comm,
+                   "the communicator: mpi (the processes mpirun started) or local (--ranks ranks as threads of "
+                   "this one process, no mpirun)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(communicator_backends()));
+  command
+      ->add_option("--ranks", backend.ranks, fmt::format("with --comm local: how many ranks (1 to {})", kMaxLocalRanks))
+      ->check(CLI::Range(1, kMaxLocalRanks));
+}
+
+int local_ranks(const BackendOptions& backend, int mpi_ranks) {
+  const bool local = backend.comm == "local";
+  if (!local && backend.ranks > 0)
+    throw Error(fmt::format("--ranks {} needs --comm local: over MPI the launcher starts the ranks (mpirun -n {})",
+                            backend.ranks, backend.ranks));
+  if (local && mpi_ranks > 1)
+    throw Error(
+        fmt::format("--comm local runs its ranks as threads of one process, but the launcher started {} processes: "
+                    "run it without mpirun, or use --comm mpi",
+                    mpi_ranks));
+  return local ? std::max(backend.ranks, 1) : 0;
 }
 
 bool parse_int64(std::string_view text, std::int64_t& value) {

@@ -121,6 +121,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "weights, gradients, AdamW and the LM head float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
+  add_backend_options(c, o.backend);
   c->add_option("--eval-batches", o.eval_batches,
                 "held-out batches of each evaluation (the final accuracy; "
                 "with --data, the held-out loss)")
@@ -429,7 +430,7 @@ void check_files(const TrainOptions& o) {
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const int rank = comm.rank();
@@ -516,7 +517,7 @@ int run_train(const TrainOptions& o) {
 // ---- ulysses plan --train --------------------------------------------------------------------
 
 int run_plan_train(const PlanOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   on_root(comm, [&] {
     train::TrainConfig cfg;
