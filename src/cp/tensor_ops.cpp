@@ -31,13 +31,12 @@ void accumulate(const TensorView& dst, const TensorView& src) {
       }
 }
 
-Float32Forward::Float32Forward(const TensorView& q_in)
-    : q(copy_of(q_in, DType::f32)), out(Tensor::uninitialized(q_in.shape)) {}
+SavedForward::SavedForward(const TensorView& q_in)
+    : q(copy_of(q_in, q_in.dtype)), out(Tensor::uninitialized(q_in.shape)) {}
 
-Float32Backward::Float32Backward(const TensorView& dout_in, const TensorView& dq_out, const TensorView& dk_out,
-                                 const TensorView& dv_out)
-    : dout(copy_of(dout_in, DType::f32)), dq(Tensor::uninitialized(dq_out.shape)),
-      dk(Tensor::uninitialized(dk_out.shape)), dv(Tensor::uninitialized(dv_out.shape)) {}
+Float32Backward::Float32Backward(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out)
+    : dq(Tensor::uninitialized(dq_out.shape)), dk(Tensor::uninitialized(dk_out.shape)),
+      dv(Tensor::uninitialized(dv_out.shape)) {}
 
 void Float32Backward::store(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out) const {
   copy(dq.view(), dq_out);
