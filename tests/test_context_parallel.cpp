@@ -9,15 +9,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
+#include "kernels/engines.hpp"
+#include "kernels/isa.hpp"
 #include "mpi_helpers.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/local_communicator.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
@@ -959,4 +964,125 @@ TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide)
   EXPECT_DOUBLE_EQ(pipeline_exposed(1, 2, 3, 10), 5);
   EXPECT_DOUBLE_EQ(pipeline_exposed(4, 1, 1, 10), 2);                 // all hidden but the ends
   EXPECT_DOUBLE_EQ(pipeline_exposed(3, 4, 4, 5), 4 + 4 + 0 + 3 + 0);  // middle step: 8 in flight, 5 of compute
+}
+
+// bf16 compute in every strategy: Q, K, V stay bf16 on the wire and in the kernels while the
+// partial outputs, their LSE merges and the gradient sums stay float32 across ring steps and
+// ranks, rounded to bf16 once. So the error against float64 is within a2a's bf16 bound and no
+// more than 1.5× that of one process computing the same bf16 inputs (cp = 1): rounding a
+// partial to bf16 at every ring step would make it grow with the ring size. Run on the CPU's
+// own level and, where that has no bf16 engine, on the emulated AVX512_BF16 one (P and dS
+// rounded to bf16 for their GEMMs, as on Zen 4), GQA/MQA, uneven, documents and windows.
+namespace {
+
+struct Bf16Case {
+  const char* name;
+  bool causal;
+  int extra_tokens;  // s = 16·cp + extra_tokens
+  int kv;            // KV heads: 0 means cp
+  bool documents;
+  Window window;
+};
+
+const Bf16Case kBf16Cases[] = {{"causal GQA", true, 0, 0, false, {}},
+                               {"full MQA uneven", false, 5, 1, false, {}},
+                               {"causal documents uneven", true, 3, 0, true, {}},
+                               {"causal window (halo)", true, 1, 1, false, {7, -1}},
+                               {"full window", false, 0, 0, false, {9, 4}}};
+
+// One process's flash kernels on a global problem's inputs (the cp = 1 run), outputs rounded
+// to the inputs' dtype once per element, as a strategy's are.
+struct OneProcess {
+  Tensor out, dq, dk, dv;
+  OneProcess(const GlobalProblem& g, const AttentionParams& p)
+      : out(g.q.shape()), dq(g.q.shape(), g.q.dtype()), dk(g.k.shape(), g.q.dtype()), dv(g.k.shape(), g.q.dtype()) {
+    const Tensor lse = lse_tensor(g.q.shape());
+    flash_attention_forward(out.view(), lse.view(), g.q.view(), g.k.view(), g.v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.dout.view(), g.q.view(), g.k.view(), g.v.view(),
+                             out.view(), lse.view(), p);
+  }
+  // Its relative errors (out, dq, dk, dv) on the rows of `chunks` against `rows`' reference.
+  std::array<double, 4> errors(const std::vector<SeqChunk>& chunks, const Problem& rows) const {
+    auto err = [&](const Tensor& t, const RefTensor& ref) {
+      return relative_error(shard_of(t.view(), chunks, dq.dtype(), Layout::bshd).view(), ref);
+    };
+    return {err(out, rows.rout), err(dq, rows.rdq), err(dk, rows.rdk), err(dv, rows.rdv)};
+  }
+};
+
+// True when some rank computes a KV head without all of its query heads (a head-split strategy
+// whose ranks share that KV head): its partial dK/dV travel in bf16 to be summed, one more bf16
+// rounding per rank sharing the head (at most h/h_kv of them, whatever the ring size).
+bool partial_kv_gradients(const Strategy& strategy, const CpConfig& cfg, int cp, std::int64_t h, std::int64_t hkv) {
+  for (int r = 0; r < cp; ++r)
+    if (const RankHeads mine = strategy.heads_of(cfg, cp, r, h, hkv); mine.q.count < mine.kv.count * (h / hkv))
+      return true;
+  return false;
+}
+
+void expect_bf16_compute_bounded(Communicator& comm, const Bf16Case& c) {
+  const int cp = comm.size();
+  const std::int64_t s = 16 * cp + c.extra_tokens, h = 2 * cp, hkv = c.kv == 0 ? cp : c.kv;
+  const std::vector<std::int64_t> cu =
+      c.documents ? std::vector<std::int64_t>{0, s / 3, s / 3 + 1, s - 2, s} : std::vector<std::int64_t>{};
+  const GlobalProblem global({1, s, h, 32}, hkv, DType::bf16, c.causal, 11, cu, nullptr, c.window);
+  const OneProcess one(global, {c.causal, std::nullopt, 0, 0, cu, c.window.left, c.window.right});
+  for (const CpConfig& base : strategies(cp, c.causal)) {
+    const Strategy& strategy = find_strategy(base.cp_comm_type);
+    if ((c.documents && !strategy.supports_documents()) || (c.window.bounded() && !strategy.supports_window()))
+      continue;
+    CpConfig cfg = base;
+    cfg.cu_seqlens = cu;
+    cfg.window_left = c.window.left;
+    cfg.window_right = c.window.right;
+    SCOPED_TRACE(fmt::format("{}, {}, {}", describe(cfg), c.name, kernels::active_level().name));
+    Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
+    ContextParallelAttention attn(comm, cfg);
+    p.run(attn);
+    p.expect_matches(1e-2, 2.5e-2);
+    const std::array<double, 4> at_cp = {relative_error(p.out.view(), p.rout), relative_error(p.dq.view(), p.rdq),
+                                         relative_error(p.dk.view(), p.rdk), relative_error(p.dv.view(), p.rdv)},
+                                at_1 = one.errors(rank_chunks(cfg, cp, comm.rank(), s), p);
+    const std::size_t checked = partial_kv_gradients(strategy, cfg, cp, h, hkv) ? 2 : 4;  // out, dq [, dk, dv]
+    for (std::size_t i = 0; i < checked; ++i)
+      EXPECT_LE(at_cp[i], 1.5 * at_1[i]) << std::array{"out", "dq", "dk", "dv"}[i] << " at cp " << cp;
+  }
+}
+
+// The levels of the bf16 tests, for the time one runs (nullptr: the CPU's own).
+class Bf16Levels {
+ public:
+  static std::vector<const kernels::KernelLevel*> all() {
+    static const kernels::KernelLevel emulated{"emulated-avx512bf16", &kernels::emulated::avx512_f32,
+                                               &kernels::emulated::avx512_bf16, kernels::emulated::avx512_vec};
+    std::vector<const kernels::KernelLevel*> v{nullptr};
+    if (kernels::active_level().bf16 == nullptr) v.push_back(&emulated);
+    return v;
+  }
+  explicit Bf16Levels(const kernels::KernelLevel* level) { kernels::use_level_for_testing(level); }
+  ~Bf16Levels() { kernels::use_level_for_testing(nullptr); }
+  Bf16Levels(const Bf16Levels&) = delete;
+  Bf16Levels& operator=(const Bf16Levels&) = delete;
+};
+
+}  // namespace
+
+// Set outside the worlds: the level is the process's, which a local world's rank threads share.
+TEST(Bf16Compute, EveryStrategyWithinTheBoundAndNotGrowingWithTheRing) {
+  for (const kernels::KernelLevel* level : Bf16Levels::all()) {
+    const Bf16Levels use(level);
+    ulysses::testing::on_every_world([](Communicator& comm) {
+      for (const Bf16Case& c : kBf16Cases) expect_bf16_compute_bounded(comm, c);
+    });
+  }
+}
+
+// Eight ranks as threads (cheaper than eight processes on a small machine).
+TEST(Bf16Compute, EightLocalRanksDoNotGrowTheError) {
+  if (!ulysses::testing::local_worlds()) GTEST_SKIP() << "runs with --local";
+  for (const kernels::KernelLevel* level : Bf16Levels::all()) {
+    const Bf16Levels use(level);
+    for (const Bf16Case& c : kBf16Cases)
+      run_local(8, [&](Communicator& comm) { expect_bf16_compute_bounded(comm, c); });
+  }
 }

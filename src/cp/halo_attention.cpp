@@ -1,12 +1,14 @@
 // Sliding-window attention over sequence chunks without a ring: a halo exchange (see
 // ring_attention.hpp). Every member posts its receives and sends of exactly the K/V rows the
 // others' bands reach, computes its own chunks meanwhile, then the halos as they arrive. The
-// halos are kept for the backward, which sends their float32 dK/dV home.
+// halos are kept (in the wire dtype, which the kernels compute in) for the backward, which
+// sends their float32 dK/dV home.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "ring_attention.hpp"
 #include "tensor_ops.hpp"
@@ -142,7 +144,7 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     recvs[std::size_t(r)].wait();
     t1 = ring.now();
     stats.comm_exposed_s += t1 - t2;
-    saved.halos[std::size_t(r)] = copy_of(in[std::size_t(r)].view(), DType::f32);
+    saved.halos[std::size_t(r)] = std::move(in[std::size_t(r)]);
     forward_pairs(saved, out, saved.halos[std::size_t(r)].view(), saved.halo_rows[std::size_t(r)], pair, stats,
                   progress);
   }
