@@ -377,6 +377,13 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
   return cfg;
 }
 
+// " (zigzag)" or " (per-document zigzag)" when `packed` documents change the layout, "" when contiguous.
+std::string layout_note(const CpConfig& config, bool packed) {
+  CpConfig probe = config;
+  if (packed) probe.cu_seqlens = {0, 1};  // any documents: the layout packed steps get
+  return uses_zigzag(probe) ? fmt::format(" ({})", layout_name(token_layout(probe))) : "";
+}
+
 void print_header(const train::TrainConfig& cfg, const train::DataSource& data, int cp, int threads,
                   const TrainOptions& o, std::int64_t resumed_at, const std::optional<Calibration>& calibration) {
   const auto& m = cfg.model;
@@ -395,7 +402,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              policy_name(cfg.balance),
              cfg.balance == BalancePolicy::static_ ? "every sequence on one replica's ranks, dealt round-robin"
                                                    : "a CP group of its own size for every sequence",
-             cfg.cp.cp_comm_type, threads, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+             cfg.cp.cp_comm_type, threads, layout_note(cfg.cp, o.pack));
   const train::MemoryOptions& mo = cfg.memory;
   fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
              cfg.dtype == DType::bf16 ? " (mixed precision: master weights, gradients, AdamW and the LM head float32)"

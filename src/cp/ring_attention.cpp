@@ -132,6 +132,23 @@ void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorVi
   });
 }
 
+StrategyOption per_document_option() {
+  StrategyOption o{"per-document",
+                   "0|1",
+                   "with packed documents under zigzag: 1 (the default) cuts every document into 2*cp chunks and "
+                   "zigzags each, balancing the causal work; 0 zigzags the whole sequence",
+                   "per_document",
+                   "1",
+                   1,
+                   "",
+                   [](const CpConfig& c) {
+                     return c.per_document ? std::vector<std::int64_t>() : std::vector<std::int64_t>{0};
+                   },
+                   [](CpConfig& c, const std::vector<std::int64_t>& v) { c.per_document = v.at(0) != 0; }};
+  o.least = 0;
+  return o;
+}
+
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v, const std::vector<std::vector<SeqChunk>>& chunks,
                             const std::vector<SeqChunk>& queries, const AttentionParams& params, CpStats& stats) {

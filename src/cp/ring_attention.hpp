@@ -41,9 +41,14 @@
 #include "ulysses/cost_model.hpp"
 #include "ulysses/cp_config.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
 #include "ulysses/traffic.hpp"
 
 namespace ulysses {
+
+// --per-document 0|1 (CpConfig::per_document), declared by both ring strategies: with packed
+// documents under zigzag, the ring's layout is per-document zigzag (per_document_layout) unless 0.
+StrategyOption per_document_option();
 
 struct RingSaved {
   TensorView q, out;                             // [b, n, h, d], q in `wire`, out float32; storage owned by the caller

@@ -38,6 +38,14 @@ CpConfig config_at(const CpConfig& base, int size) {
   return c;
 }
 
+// Rank `rank` of a group of `size`'s tokens of `sequence`: its documents choose the layout
+// (per-document zigzag on a ring), as they do inside the attention.
+std::vector<SeqChunk> chunks_of(const CpConfig& base, int size, int rank, const SequenceLayout& sequence) {
+  CpConfig c = config_at(base, size);
+  c.cu_seqlens = sequence.cu_seqlens;
+  return rank_chunks(c, size, rank, sequence.length);
+}
+
 // What one rank of a group of `cp` needs for `batch` sequences of `seq` tokens at once.
 double memory_need(TrainConfig c, std::int64_t batch, std::int64_t seq, int cp) {
   c.batch = batch;
@@ -206,8 +214,7 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
                             bool train, Sums& sums) {
   const BalanceGroup g = run.group;
   const SequenceLayout& first = p.sequences[std::size_t(run.sequences.front())];
-  const std::vector<SeqChunk> chunks =
-      rank_chunks(config_at(cfg_.cp, g.size), g.size, comm_.rank() - g.first_rank, first.length);
+  const std::vector<SeqChunk> chunks = chunks_of(cfg_.cp, g.size, comm_.rank() - g.first_rank, first);
   std::vector<std::int64_t> pos = token_positions(chunks);
   for (std::int64_t& q : pos) q -= document_of(first.cu_seqlens, q).begin;  // RoPE: each document from 0
   const std::int64_t n = std::int64_t(pos.size()), B = std::int64_t(run.sequences.size());
@@ -250,7 +257,7 @@ Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool 
       comm_, p.plan,
       [&](int i, int j) {
         const BalanceGroup& g = p.plan.groups[std::size_t(i)];
-        return rank_chunks(config_at(cfg_.cp, g.size), g.size, j, p.sequences[std::size_t(i)].length);
+        return chunks_of(cfg_.cp, g.size, j, p.sequences[std::size_t(i)]);
       },
       [&](int i) { return data_.sequence(p.sequences[std::size_t(i)], cfg_.seed, data_step, held_out); });
   if (train) std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);

@@ -62,6 +62,9 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   bool hierarchical() const override { return true; }
+  TokenLayout token_layout(const CpConfig& config) const override {
+    return per_document_layout(Strategy::token_layout(config), config);
+  }
   std::vector<StrategyOption> options() const override {
     return {{"cp-sizes", "INNER,OUTER", "hierarchical_context_parallel_sizes INNER,OUTER",
              "hierarchical_context_parallel_sizes", "empty", 0, "INNER * OUTER == {} (ranks)",
@@ -71,7 +74,8 @@ class A2aP2pStrategy final : public Strategy {
              },
              [](CpConfig& c, const std::vector<std::int64_t>& v) {
                c.hierarchical_context_parallel_sizes.assign(v.begin(), v.end());
-             }}};
+             }},
+            per_document_option()};
   }
   std::string describe(const CpConfig& config, int, std::int64_t) const override {
     const auto& hs = config.hierarchical_context_parallel_sizes;

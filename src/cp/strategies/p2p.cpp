@@ -24,6 +24,10 @@ class P2pStrategy final : public Strategy {
   bool supports_documents() const override { return true; }
   bool supports_window() const override { return true; }
   bool supports_cross() const override { return true; }
+  TokenLayout token_layout(const CpConfig& config) const override {
+    return per_document_layout(Strategy::token_layout(config), config);
+  }
+  std::vector<StrategyOption> options() const override { return {per_document_option()}; }
   std::string_view summary() const override {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
            "(with a sliding window: only the halo the band reaches)";
