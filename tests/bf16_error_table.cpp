@@ -26,8 +26,8 @@ struct Problem {
   Tensor q, k, v, dout;
   RefTensor out, dq, dk, dv;
   Problem(std::int64_t s, bool causal)
-      : q({1, s, kHeads, kHeadDim}, DType::bf16), k({1, s, kKvHeads, kHeadDim}, DType::bf16),
-        v(k.shape(), DType::bf16), dout(q.shape(), DType::bf16) {
+      : q({1, s, kHeads, kHeadDim}, DType::bf16), k({1, s, kKvHeads, kHeadDim}, DType::bf16), v(k.shape(), DType::bf16),
+        dout(q.shape(), DType::bf16) {
     std::uint64_t seed = 1;
     for (Tensor* t : {&q, &k, &v, &dout}) fill_uniform(t->view(), seed++);
     const RefTensor rq = RefTensor::from(q.view()), rk = RefTensor::from(k.view()), rv = RefTensor::from(v.view());
@@ -97,8 +97,9 @@ int main(int argc, char** argv) {
     fmt::print("{} | float32 compute, one process | {}\n", causal ? "causal" : "full", float32_compute(p, causal));
     kernels::use_level_for_testing(emulate ? &emulated : nullptr);
     for (const auto& [cp, cfg] : configs(causal))
-      fmt::print("{} | {} cp {} on {} | {}\n", causal ? "causal" : "full", find_strategy(cfg.cp_comm_type).config_name(cfg),
-                 cp, kernels::active_level().name, strategy_errors(p, cfg, cp));
+      fmt::print("{} | {} cp {} on {} | {}\n", causal ? "causal" : "full",
+                 find_strategy(cfg.cp_comm_type).config_name(cfg), cp, kernels::active_level().name,
+                 strategy_errors(p, cfg, cp));
     std::fflush(stdout);
     kernels::use_level_for_testing(nullptr);
   }
