@@ -27,6 +27,8 @@ import pathlib
 import re
 import sys
 
+import tree_checks
+
 SCANNED = ["include/ulysses", "src", "tools", "python/src", "examples", "tests", "bench"]
 SUFFIXES = {".cpp", ".hpp", ".h", ".cc", ".cu"}
 # The include folders the build gives its targets (CMakeLists.txt), after the file's own.
@@ -162,9 +164,7 @@ def selftest():
         root = pathlib.Path(tmp)
 
         def write(files):
-            for path, text in files.items():
-                (root / path).parent.mkdir(parents=True, exist_ok=True)
-                (root / path).write_text(text)
+            tree_checks.write_tree(root, files)
 
         write({"docs/architecture.md": SELFTEST_DOC, **SELFTEST_FILES})
         errors, *_ = check(root)
@@ -182,18 +182,14 @@ def selftest():
     print(f"layering selftest OK: a clean tree passes, {len(SELFTEST_MISTAKES) + 1} kinds of mistake are reported")
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    if sys.argv[1] == "selftest":
-        return selftest()
-    errors, files, edges, layers = check(pathlib.Path(sys.argv[1]))
-    for e in errors:
-        print(e)
-    if errors:
-        sys.exit(f"layering: {len(errors)} problem(s) (docs/architecture.md's table is the rule)")
-    print(f"layering OK: {files} files in {layers} layers, {edges} includes, none upward")
+def report(root):
+    errors, files, edges, layers = check(root)
+    return (
+        errors,
+        f"layering OK: {files} files in {layers} layers, {edges} includes, none upward",
+        f"layering: {len(errors)} problem(s) (docs/architecture.md's table is the rule)",
+    )
 
 
 if __name__ == "__main__":
-    main()
+    tree_checks.main(__doc__, report, selftest)

@@ -148,7 +148,21 @@ struct Problem {
     EXPECT_LT(relative_error(dk.view(), rdk), tol_grad);
     EXPECT_LT(relative_error(dv.view(), rdv), tol_grad);
   }
+  // At the tolerances of dtype's kernels.
+  void expect_matches(DType dtype) const {
+    if (dtype == DType::f32)
+      expect_matches();
+    else
+      expect_matches(1e-2, 2.5e-2);
+  }
 };
+
+// Collective: the visible (query, key) pairs every rank computed in ctx's forward, summed.
+double summed_pairs(Communicator& comm, const CpContext& ctx) {
+  double total = double(ctx.stats().score_pairs);
+  comm.allreduce_sum(&total, 1);
+  return total;
+}
 
 class StrategyTest : public ::testing::TestWithParam<Case> {};
 
@@ -274,13 +288,8 @@ COMM_TEST(Documents, EveryStrategyMatchesFloat64Reference) {
             ContextParallelAttention attn(comm, cfg);
             const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
             attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-            if (dtype == DType::f32)
-              p.expect_matches();
-            else
-              p.expect_matches(1e-2, 2.5e-2);
-            double total = double(ctx.stats().score_pairs);
-            comm.allreduce_sum(&total, 1);
-            EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
+            p.expect_matches(dtype);
+            EXPECT_EQ(summed_pairs(comm, ctx), double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
             // What the planner predicts for this rank is what it computed.
             EXPECT_EQ(ctx.stats().score_pairs,
                       find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, s, hkv));
@@ -437,13 +446,8 @@ COMM_TEST(Windows, EveryStrategyMatchesFloat64ReferenceAndItsTraffic) {
           comm.reset_counters();
           attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
           const auto bwd = comm.counters();
-          if (dtype == DType::f32)
-            p.expect_matches();
-          else
-            p.expect_matches(1e-2, 2.5e-2);
-          double total = double(ctx.stats().score_pairs);
-          comm.allreduce_sum(&total, 1);
-          EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
+          p.expect_matches(dtype);
+          EXPECT_EQ(summed_pairs(comm, ctx), double(h * visible_pairs(whole, {0, s}, {0, s})));
           EXPECT_EQ(ctx.stats().score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, s, hkv));
           const CommVolume predicted = predicted_comm_volume(cfg, cp, me, {1, s, h, d}, hkv, dtype);
           for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(fwd, op), n) << op;
@@ -851,9 +855,7 @@ COMM_TEST(Strategies, ZigzagGivesEveryRankTheSameCausalWork) {
       comm.allreduce_max(&w[1], 1);
       if (s % (2 * cp) == 0) EXPECT_EQ(w[0], w[1]) << "ranks do different amounts of causal work";
       EXPECT_LE(w[1] - w[0], 2 * s * b * h) << "more than one query row per chunk apart";
-      double total = double(ctx.stats().score_pairs);
-      comm.allreduce_sum(&total, 1);
-      EXPECT_EQ(total, double(b * h * s * (s + 1) / 2));  // every visible pair exactly once
+      EXPECT_EQ(summed_pairs(comm, ctx), double(b * h * s * (s + 1) / 2));  // every visible pair exactly once
     }
 }
 
@@ -1034,12 +1036,17 @@ COMM_TEST(Overlap, MoreChunksThanKvHeadsAreClampedAndBadCountsRefused) {
   EXPECT_EQ(config_error(unknown, cp, q, cp), "cp_comm_type a2a has no option no-such-option");
   PlanInput in;
   in.seq = 1 << 17, in.heads = 32, in.kv_heads = 8, in.cp = 4;
-  const OverlapPlan o = plan_overlap(in);
-  EXPECT_GE(o.chunks, 1);
-  EXPECT_LE(o.chunks, 2);
-  EXPECT_LE(o.exposed_s, o.plain_exposed_s);
+  // a2a alone has tunings among the built-ins (the toy strategy declares none).
+  const std::vector<TuningPlan> tuned = plan_tunings(in);
+  ASSERT_EQ(tuned.size(), 1u);
+  EXPECT_EQ(tuned[0].config.cp_comm_type, "a2a");
+  EXPECT_GE(tuned[0].config.overlap_chunks, 1);
+  EXPECT_LE(tuned[0].config.overlap_chunks, 2);
+  EXPECT_LE(tuned[0].exposed_s, tuned[0].plain_exposed_s);
   in.cluster.intra.latency = 1;  // a second per message: chunks only cost
-  EXPECT_EQ(plan_overlap(in).chunks, 1);
+  EXPECT_EQ(plan_tunings(in).at(0).config.overlap_chunks, 1);
+  in.heads = in.kv_heads = 2;  // fewer heads than ranks: a2a cannot run, nothing to tune
+  EXPECT_TRUE(plan_tunings(in).empty());
 }
 
 TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide) {

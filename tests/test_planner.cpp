@@ -80,6 +80,17 @@ TEST(Planner, FollowsTheSeedsJudgement) {
   ASSERT_GE(p.best, 0);
   EXPECT_NE(p.rows[std::size_t(p.best)].name, "a2a");
   EXPECT_NE(p.recommendation.find("a2a is ruled out"), std::string::npos);
+  // Nothing valid: every strategy's reason, each once (its first row's, in registry order).
+  PlanInput tiny = gpt(4, 8, 8, 8);
+  tiny.causal = true;
+  const Plan none = make_plan(tiny);
+  EXPECT_EQ(none.best, -1);
+  for (const std::string& type : {"a2a", "p2p", "all_gather"}) {
+    const std::string& reason = row(none, type).reason;
+    const std::size_t at = none.recommendation.find(reason);
+    EXPECT_NE(at, std::string::npos) << type;
+    EXPECT_EQ(none.recommendation.find(reason, at + 1), std::string::npos) << type << " said twice";
+  }
   // all_gather holds the full K and V whatever cp is; Ulysses' memory shrinks as 1/cp.
   const double full_kv = 2.0 * 131072 * 8 * 128 * 2;
   const double ag8 = row(make_plan(gpt(131072, 32, 8, 8)), "all_gather").memory_bytes;

@@ -9,13 +9,14 @@
 #include <string>
 
 #include "options.hpp"
+#include "ulysses/cp_config.hpp"
 
 namespace ulysses::cli {
 
 struct AttentionOptions {
   std::string q, k, v, dout;                 // global inputs (.npy); empty = random
   std::string out, dq, dk, dv, json, trace;  // outputs written by rank 0
-  std::string strategy = "a2a";
+  std::string strategy = CpConfig().cp_comm_type;
   std::map<std::string, std::string> strategy_options;  // the text of each strategy's option (StrategyOption)
   std::string cu_seqlens;                               // packed documents: a list or a file
   std::string window;                                   // sliding window "L" or "L,R"

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -176,6 +177,14 @@ bool no_option_given(const CpConfig& cfg, const StrategyOptionTexts& given) {
   for (const StrategyOption& o : find_strategy(cfg.cp_comm_type).options())
     if (given.count(o.flag) && !given.at(o.flag).empty()) return false;
   return true;
+}
+
+std::string option_flags(const CpConfig& cfg) {
+  std::string out;
+  for (const StrategyOption& o : find_strategy(cfg.cp_comm_type).options())
+    if (const std::vector<std::int64_t> v = option_value(o, cfg); !v.empty())
+      out += fmt::format(" --{} {}", o.flag, fmt::join(v, ","));
+  return out;
 }
 
 }  // namespace ulysses::cli

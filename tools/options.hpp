@@ -26,6 +26,9 @@ void add_strategy_options(CLI::App* command, StrategyOptionTexts& given);
 CpConfig parse_strategy(const std::string& strategy, const StrategyOptionTexts& given, int ranks);
 // True when the strategy of `cfg` was given none of its options (the planner may choose them).
 bool no_option_given(const CpConfig& cfg, const StrategyOptionTexts& given);
+// The options of the strategy of `cfg` set in it, as its command line gives them:
+// " --overlap-chunks 4" ("" when none is set).
+std::string option_flags(const CpConfig& cfg);
 
 // True when all of `text` is one integer (no sign but '-', no spaces), stored in `value`.
 bool parse_int64(std::string_view text, std::int64_t& value);

@@ -1,7 +1,6 @@
 #include "plan_command.hpp"
 
 #include <fmt/format.h>
-#include "ulysses/communicator_factory.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -17,11 +16,13 @@
 #include "ulysses/attention.hpp"
 #include "ulysses/calibrate.hpp"
 #include "ulysses/communicator.hpp"
+#include "ulysses/communicator_factory.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
 
 namespace ulysses::cli {
@@ -227,11 +228,10 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
                int(i) == p.best ? "  <- recommended" : "");
   }
   fmt::print("recommendation: {}\n", p.recommendation);
-  if (const OverlapPlan o = plan_overlap(in); o.plain_exposed_s > 0)
-    fmt::print(
-        "a2a overlap: {} chunk(s) of heads (--overlap-chunks): {:.3g} ms exposed communication per layer "
-        "against {:.3g} ms plain\n",
-        o.chunks, o.exposed_s * 1e3, o.plain_exposed_s * 1e3);
+  for (const TuningPlan& t : plan_tunings(in))
+    if (t.plain_exposed_s > 0)
+      fmt::print("{} tuned{}: {:.3g} ms exposed communication per layer against {:.3g} ms untuned\n",
+                 t.config.cp_comm_type, option_flags(t.config), t.exposed_s * 1e3, t.plain_exposed_s * 1e3);
 }
 
 // Per-GPU communication of one layer as GPUs and sequence grow together (the paper's claim).

@@ -31,7 +31,7 @@ struct PlanOptions {
   std::int64_t kv_seq = 0;               // cross-attention: k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
   // --lengths: balance a variable-length step over --world ranks (0: 2, 4, ... 1024).
-  std::string lengths, cp_comm_type = "a2a";
+  std::string lengths, cp_comm_type = CpConfig().cp_comm_type;
   int world = 0, dp = 1;
   std::int64_t max_tokens_per_rank = 0;
   BackendOptions backend;  // --comm, --ranks

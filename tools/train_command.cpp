@@ -1,7 +1,6 @@
 #include "train_command.hpp"
 
 #include <fmt/format.h>
-#include "ulysses/communicator_factory.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,9 +23,12 @@
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/communicator_factory.hpp"
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
 #include "ulysses/output_file.hpp"
+#include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
 
@@ -523,6 +525,26 @@ int run_train(const TrainOptions& o) {
 
 // ---- ulysses plan --train --------------------------------------------------------------------
 
+namespace {
+
+// The first registered strategy that runs `cfg`'s model on cp ranks with none of its options
+// set (a2a while there are heads for every rank, then the ring): the one plan --train sizes.
+std::string first_runnable(const train::TrainConfig& cfg, int cp) {
+  for (const Strategy* strategy : strategies()) {
+    CpConfig c = cfg.cp;
+    c.cp_comm_type = strategy->name();
+    try {
+      validate_cp_config(c, cp, Shape{cfg.batch, 2 * cp, cfg.model.heads, cfg.model.head_dim}, cfg.model.kv_heads);
+      return c.cp_comm_type;
+    } catch (const Error&) {
+      // not this one: the next
+    }
+  }
+  throw Error(fmt::format("no strategy runs {} heads on {} ranks", cfg.model.heads, cp));
+}
+
+}  // namespace
+
 int run_plan_train(const PlanOptions& o) {
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
@@ -543,7 +565,7 @@ int run_plan_train(const PlanOptions& o) {
     fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", "cp", "strategy", "longest s (plain)", "longest s (ckpt+tiled)",
                "gain");
     for (int cp = 1; cp <= std::min(o.cp, 65536); cp *= 2) {
-      cfg.cp.cp_comm_type = cfg.model.heads >= cp ? "a2a" : "p2p";
+      cfg.cp.cp_comm_type = first_runnable(cfg, cp);
       cfg.memory = {};
       const std::int64_t plain = train::longest_sequence(cfg, cp, cap);
       cfg.memory = {true, true, true, o.tile_rows};

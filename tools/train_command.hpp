@@ -10,11 +10,12 @@
 #include <vector>
 
 #include "options.hpp"
+#include "ulysses/cp_config.hpp"
 
 namespace ulysses::cli {
 
 struct TrainOptions {
-  std::string strategy = "a2a", data, log, save, resume, svg, trace;
+  std::string strategy = CpConfig().cp_comm_type, data, log, save, resume, svg, trace;
   std::map<std::string, std::string> strategy_options;  // the text of each strategy's option (StrategyOption)
   std::optional<std::string> lengths;                   // --lengths SPEC (lengths.hpp); none: --batch x --seq
   std::string balance = "static";                       // static | pow2 | dynamic (balancer.hpp)

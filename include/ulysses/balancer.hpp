@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/cp_config.hpp"
 #include "ulysses/planner.hpp"
 
 namespace ulysses {
@@ -40,7 +41,7 @@ struct BalanceInput {
   // causal, window, dtype, cluster and the strategy (cp_comm_type); seq, cp and documents
   // are set per sequence by the balancer.
   PlanInput model;
-  std::string cp_comm_type = "a2a";
+  std::string cp_comm_type = CpConfig().cp_comm_type;
   // Projections and MLP: FLOPs per token, forward + backward, all layers (6 · weights for a
   // dense model); they run sequence-sharded, so a group of c ranks does 1/c of them each.
   double gemm_flops_per_token = 0;

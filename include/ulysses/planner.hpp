@@ -66,15 +66,17 @@ std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy
 // invalid. Impossible inputs throw as make_plan does.
 CpConfig plan_tuning(const PlanInput& in, const CpConfig& config);
 
-// CpConfig::overlap_chunks for a2a on `in` (plan_tuning's choice): the count (1 to 8, clamped by
-// ulysses_overlap_chunks) whose predicted step time is the lowest, the fewest on a tie, and
-// the exposed communication per layer (forward + backward) it predicts against plain a2a's.
-// chunks is 1 when a2a is invalid for `in`; impossible inputs throw as make_plan does.
-struct OverlapPlan {
-  int chunks = 1;
+// One strategy's tuning on `in`: the variant of its configuration plan_tuning chooses (a2a's
+// overlap_chunks: 1 to 8, clamped by ulysses_overlap_chunks, the fewest on a tie) and the
+// exposed communication per layer (forward + backward) it predicts against the untuned one's
+// (the first of Strategy::tunings).
+struct TuningPlan {
+  CpConfig config;
   double exposed_s = 0, plain_exposed_s = 0;
 };
-OverlapPlan plan_overlap(const PlanInput& in);
+// Every registered strategy whose tunings are valid on `in`, in registry order: the planner's
+// advice on the options it would choose. Impossible inputs throw as make_plan does.
+std::vector<TuningPlan> plan_tunings(const PlanInput& in);
 
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
 // Throws Error naming the text and the accepted units.

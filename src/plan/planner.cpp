@@ -1,6 +1,7 @@
 #include "ulysses/planner.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -125,6 +126,18 @@ const PlanRow* row_named(const Plan& p, const std::string& name) {
   return nullptr;
 }
 
+// When nothing is valid, why not: each strategy's first row's reason, in registry order, once
+// each (a shape too short for any strategy says so once; no strategy's rule stands for all).
+std::string invalid_reasons(const Plan& p) {
+  std::vector<std::string> seen_types, reasons;
+  for (const PlanRow& r : p.rows) {
+    if (std::find(seen_types.begin(), seen_types.end(), r.config.cp_comm_type) != seen_types.end()) continue;
+    seen_types.push_back(r.config.cp_comm_type);
+    if (std::find(reasons.begin(), reasons.end(), r.reason) == reasons.end()) reasons.push_back(r.reason);
+  }
+  return fmt::format("{}", fmt::join(reasons, "; "));
+}
+
 }  // namespace
 
 double parse_bandwidth(const std::string& text) {
@@ -176,11 +189,15 @@ CpConfig plan_tuning(const PlanInput& in, const CpConfig& config) {
   return t.best < 0 ? config : t.configs[std::size_t(t.best)];
 }
 
-OverlapPlan plan_overlap(const PlanInput& in) {
-  const Tunings t = tunings_of(in, CpConfig{"a2a", {}, in.causal, std::nullopt});
-  if (t.best < 0) return {};
-  const PlanRow& best = t.rows[std::size_t(t.best)];
-  return {best.config.overlap_chunks, exposed_s(best), exposed_s(t.rows.front())};
+std::vector<TuningPlan> plan_tunings(const PlanInput& in) {
+  std::vector<TuningPlan> out;
+  for (const Strategy* strategy : strategies()) {
+    const Tunings t = tunings_of(in, CpConfig{std::string(strategy->name()), {}, in.causal, std::nullopt});
+    if (t.best < 0) continue;
+    const PlanRow& best = t.rows[std::size_t(t.best)];
+    out.push_back({t.configs[std::size_t(t.best)], exposed_s(best), exposed_s(t.rows.front())});
+  }
+  return out;
 }
 
 std::string plan_input_error(const PlanInput& in) {
@@ -248,8 +265,7 @@ Plan make_plan(const PlanInput& in) {
       p.best = int(i);
   }
   if (p.best < 0) {
-    const PlanRow* ring = row_named(p, "p2p");
-    p.recommendation = "no strategy is valid for this shape: " + (ring ? ring->reason : p.rows.front().reason);
+    p.recommendation = "no strategy is valid for this shape: " + invalid_reasons(p);
     return p;
   }
   const PlanRow& b = p.rows[std::size_t(p.best)];
@@ -259,8 +275,9 @@ Plan make_plan(const PlanInput& in) {
       "per layer, {:.0f}% hidden",
       b.name, b.predicted_step_s, 100 * b.compute_s / (b.compute_s + exposed), b.comm_s * 1e3,
       b.comm_s > 0 ? 100 * b.hidden_s / b.comm_s : 100.0);
-  if (const PlanRow* a2a = row_named(p, "a2a"); a2a && !a2a->valid)
-    p.recommendation += "; a2a is ruled out: " + a2a->reason;
+  // The default strategy, when it cannot run, says why (what a user who set nothing expected).
+  if (const PlanRow* d = row_named(p, CpConfig().cp_comm_type); d && !d->valid)
+    p.recommendation += fmt::format("; {} is ruled out: {}", d->name, d->reason);
   int second = -1;
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (int(i) != p.best && p.rows[i].valid &&
