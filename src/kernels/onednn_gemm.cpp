@@ -4,6 +4,9 @@
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <vector>
+
+#include "ulysses/bf16.hpp"
 
 namespace ulysses::kernels {
 
@@ -64,6 +67,30 @@ void run(dt in, bool ta, bool tb, i64 m, i64 n, i64 k, const void* a, i64 lda, c
   stream.wait();
 }
 
+// Whether this CPU has a bf16 matmul in oneDNN: Debian's oneDNN implements one only from
+// AVX-512 up, and on AVX2 refuses to create the primitive.
+bool bf16_matmul_available() {
+  static const bool available = [] {
+    try {
+      describe(dt::bf16, false, false, 16, 16, 16, 16, 16, 16, false);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+// A stored row-major matrix of `rows` rows with leading dimension ld (cols used) widened to
+// float32 in the same layout: the bf16 GEMM's fallback. Products of bf16 values are exact in
+// float32, so the result is the bf16 GEMM's contract (bf16 inputs, float32 accumulation).
+std::vector<float> widened(const std::uint16_t* x, i64 rows, i64 cols, i64 ld) {
+  std::vector<float> w(std::size_t(rows > 0 ? (rows - 1) * ld + cols : 0));
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) w[std::size_t(r * ld + c)] = bf16_to_float(x[r * ld + c]);
+  return w;
+}
+
 }  // namespace
 
 void onednn_gemm_f32(bool ta, bool tb, i64 m, i64 n, i64 k, const float* a, i64 lda, const float* b, i64 ldb, float* c,
@@ -73,10 +100,14 @@ void onednn_gemm_f32(bool ta, bool tb, i64 m, i64 n, i64 k, const float* a, i64 
 
 void onednn_gemm_bf16(bool ta, bool tb, i64 m, i64 n, i64 k, const std::uint16_t* a, i64 lda, const std::uint16_t* b,
                       i64 ldb, float* c, i64 ldc, bool accumulate) {
-  run(dt::bf16, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  if (bf16_matmul_available()) return run(dt::bf16, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  const std::vector<float> a32 = widened(a, ta ? k : m, ta ? m : k, lda), b32 = widened(b, tb ? n : k, tb ? k : n, ldb);
+  run(dt::f32, ta, tb, m, n, k, a32.data(), lda, b32.data(), ldb, c, ldc, accumulate);
 }
 
 std::string onednn_bf16_implementation(i64 m, i64 n, i64 k) {
+  if (!bf16_matmul_available())
+    return std::string("f32 ") + describe(dt::f32, false, false, m, n, k, k, n, n, false).impl_info_str() + " (no bf16 matmul here)";
   return describe(dt::bf16, false, false, m, n, k, k, n, n, false).impl_info_str();
 }
 

@@ -1,6 +1,7 @@
 // GEMMs through oneDNN's matmul primitive, row-major like cblas: C[m, n] (+)= op(A) · op(B).
 // The bf16 form takes bfloat16 A and B and accumulates and writes float32 C (on AVX512_BF16
-// with vdpbf16ps, on AMX with tiles, elsewhere oneDNN converts); it is the trainer's GEMM
+// with vdpbf16ps, on AMX with tiles, on AVX-512 oneDNN converts; on AVX2, where oneDNN has no
+// bf16 matmul, the inputs are widened to float32 first, exactly); it is the trainer's GEMM
 // under --dtype bf16 because it was the fastest library measured for that (docs/perf.md,
 // "GEMM libraries"; OpenBLAS 0.3.21 as Debian builds it has no bf16 GEMM). The float32 form is
 // here for that comparison.
