@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -108,32 +107,28 @@ void cpu_merge(const TensorView& acc, const TensorView& acc_lse, const TensorVie
 
 void host_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 
-constexpr std::size_t kDevices = 8;  // Device values a table can be registered for
-
-std::array<const DeviceOps*, kDevices>& tables() {
-  static const DeviceOps cpu{Device::cpu,     &host_allocator(), cpu_copy,   cpu_fill,  cpu_accumulate,
-                             cpu_sum,         cpu_merge,         host_bytes, host_bytes};
-  static std::array<const DeviceOps*, kDevices> t{&cpu};
+PerDevice<DeviceOps>& tables() {
+  static const DeviceOps cpu{Device::cpu, &host_allocator(), cpu_copy,   cpu_fill,  cpu_accumulate,
+                             cpu_sum,     cpu_merge,         host_bytes, host_bytes};
+  static PerDevice<DeviceOps> t = [] {
+    PerDevice<DeviceOps> p;
+    p.set(cpu);
+    return p;
+  }();
   return t;
-}
-
-std::size_t index_of(Device device) {
-  const auto i = std::size_t(device);
-  if (i >= kDevices) throw Error(fmt::format("device {} is out of the table's range", int(device)));
-  return i;
 }
 
 }  // namespace
 
 const DeviceOps& device_ops(Device device) {
-  const DeviceOps* t = tables()[index_of(device)];
+  const DeviceOps* t = tables().find(device);
   if (t == nullptr) throw Error(fmt::format("no operations table for device {}", to_string(device)));
   return *t;
 }
 
 Allocator& device_allocator(Device device) { return *device_ops(device).allocator; }
 
-void register_device_ops(const DeviceOps& ops) { tables()[index_of(ops.device)] = &ops; }
+void register_device_ops(const DeviceOps& ops) { tables().set(ops); }
 
 const DeviceOps& ops_for(std::initializer_list<const TensorView*> views) {
   const Device d = (*views.begin())->device;
