@@ -114,8 +114,8 @@ void Communicator::reduce_scatter_sum(const Buffer& send, const Buffer& recv, st
                                       const std::string& op) {
   check_per_rank("reduce_scatter_sum", {counts.size()});
   if (send.dtype != DType::f32 || recv.dtype != DType::f32)
-    throw Error(fmt::format("reduce_scatter_sum adds float32, got {} and {}", to_string(send.dtype),
-                            to_string(recv.dtype)));
+    throw Error(
+        fmt::format("reduce_scatter_sum adds float32, got {} and {}", to_string(send.dtype), to_string(recv.dtype)));
   check_holds(send, std::accumulate(counts.begin(), counts.end(), std::size_t(0)) * 4, "reduce_scatter_sum send");
   check_holds(recv, counts[std::size_t(rank_)] * 4, "reduce_scatter_sum recv");
   Staged s(*this, send, true), r(*this, recv, false);
