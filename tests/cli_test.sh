@@ -55,6 +55,19 @@ for args in "--strategy a2a" "--strategy p2p --causal" "--strategy all_gather" "
   done
 done
 
+# Per-document zigzag (the ring's default with documents) and plain zigzag (--per-document 0),
+# both against the reference; the header names the layout.
+for args in "--strategy p2p" "--strategy p2p --per-document 0" "--strategy a2a+p2p --cp-sizes 1,3" \
+            "--strategy a2a+p2p --cp-sizes 1,3 --per-document 1"; do
+  want="(per-document zigzag)"; case "$args" in *"--per-document 0"*) want="(zigzag)";; esac
+  if run 3 attention --seq 1001 --heads 6 --kv-heads 3 --head-dim 16 --causal --backward --check \
+       --cu-seqlens 0,1,4,100,333,334,1001 $args > "$dir/pd.log" 2>&1 && grep -qF "$want" "$dir/pd.log"; then
+    ok "np=3 documents causal $args: $want"
+  else
+    bad "np=3 documents causal $args"; cat "$dir/pd.log"
+  fi
+done
+
 # Sliding windows: the ring's halo exchange and Ulysses' kernel mask against the reference.
 for args in "--strategy p2p --causal --window 40" "--strategy p2p --window 30,7" "--strategy a2a --causal --window 5" \
             "--strategy a2a+p2p --cp-sizes 1,3 --causal --window 100"; do
@@ -113,6 +126,9 @@ expect_error "a2a+p2p sizes product" 4 "inner * outer == cp (4)" --strategy a2a+
 expect_error "a2a+p2p heads < inner" 4 "must be at least the inner (a2a) size (4)" --strategy a2a+p2p --cp-sizes 4,1 --heads 2 --seq 64
 expect_error "bad cp sizes" 2 "--cp-sizes must be INNER,OUTER" --strategy a2a+p2p --cp-sizes 2x1 --seq 64
 expect_error "dq without backward" 2 "need a backward" --seq 64 --dq "$dir/dq.npy"
+expect_error "per-document on a2a" 2 "--per-document applies to --strategy p2p or a2a+p2p only" --strategy a2a --per-document 0 --seq 64
+expect_error "per-document 2" 2 "--per-document must be 0|1 (an integer in [0, 1]), got '2'" --strategy p2p --per-document 2 --seq 64
+expect_error "per-document text" 2 "--per-document must be 0|1 (an integer in [0, 1]), got 'no'" --strategy p2p --per-document no --seq 64
 
 # Training: a short run with a checkpoint, resumed to the end, equals the uninterrupted run.
 tiny=(--steps 6 --seq 64 --batch 2 --width 16 --heads 2 --kv-heads 1 --head-dim 8 --hidden 24)

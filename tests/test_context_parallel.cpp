@@ -9,15 +9,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
+#include "kernels/engines.hpp"
+#include "kernels/isa.hpp"
 #include "mpi_helpers.hpp"
+#include "test_util.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/documents.hpp"
+#include "ulysses/local_communicator.hpp"
 #include "ulysses/planner.hpp"
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
@@ -69,6 +75,18 @@ std::int64_t bytes(const std::map<std::string, CommCounter>& m, const std::strin
 std::int64_t msgs(const std::map<std::string, CommCounter>& m, const std::string& op) {
   auto it = m.find(op);
   return it == m.end() ? std::int64_t(0) : it->second.messages;
+}
+
+// Every counter of one forward and backward equals the strategy's traffic(), and nothing else
+// was sent (but the validation's all-gathers).
+void expect_traffic(const ulysses::testing::SentCounters& sent, const CommVolume& predicted) {
+  for (const auto& [op, n] : predicted.forward_bytes) EXPECT_EQ(bytes(sent.fwd, op), n) << op;
+  for (const auto& [op, n] : predicted.backward_bytes) EXPECT_EQ(bytes(sent.bwd, op), n) << op;
+  for (const auto& [op, n] : predicted.forward_messages) EXPECT_EQ(msgs(sent.fwd, op), n) << op;
+  for (const auto& [op, n] : predicted.backward_messages) EXPECT_EQ(msgs(sent.bwd, op), n) << op;
+  for (const auto& [op, c] : sent.fwd) EXPECT_TRUE(op.ends_with("validate") || predicted.forward_bytes.count(op)) << op;
+  for (const auto& [op, c] : sent.bwd)
+    EXPECT_TRUE(op.ends_with("validate") || predicted.backward_bytes.count(op)) << op;
 }
 
 // The strategy's own error for this shape, or "" (the same on every rank: no collective).
@@ -213,18 +231,29 @@ COMM_TEST(Strategies, UnevenHeadSplitsMatchFloat64Reference) {
 }
 
 // Packed documents (cu_seqlens) of every awkward kind, every strategy, forward and gradients:
-// lengths 1 and prime, an empty document, one longer than a shard, one inside a shard, and
-// boundaries exactly on every chunk boundary of the strategy's layout; the work counted is
-// exactly the documents' visible pairs.
+// lengths 1 and prime, an empty document, one longer than a shard, one inside a shard,
+// boundaries exactly on every chunk boundary of the strategy's (plain zigzag) layout, and
+// documents shorter than 2·cp; the ring strategies in per-document zigzag and in plain zigzag;
+// the work counted is exactly the documents' visible pairs.
 std::vector<std::vector<std::int64_t>> document_sets(const CpConfig& cfg, int cp, std::int64_t s) {
   std::vector<std::int64_t> on_chunks{0};
   for (const auto& chunks : all_rank_chunks(cfg, cp, s))
     for (const SeqChunk& c : chunks) on_chunks.push_back(c.begin + c.length);
   std::sort(on_chunks.begin(), on_chunks.end());
   const std::int64_t long_doc = s / 2;
+  const std::int64_t two_cp = 2 * std::int64_t(cp);
   return {cu_seqlens_of(std::vector<std::int64_t>{1, 0, 5, 13, long_doc, s - 19 - long_doc}),
           on_chunks,
-          {0, s / 3, s / 3 + 1, s}};
+          {0, s / 3, s / 3 + 1, s},
+          cu_seqlens_of(std::vector<std::int64_t>{2, two_cp - 1, 1, two_cp + 1, 3, s - 3 * two_cp - 5, two_cp - 1})};
+}
+
+// `base` and, when documents make it per-document zigzag, the same in plain zigzag.
+std::vector<CpConfig> with_plain_zigzag(const CpConfig& base) {
+  if (token_layout(base) != TokenLayout::per_document) return {base};
+  CpConfig plain = base;
+  plain.per_document = false;
+  return {base, plain};
 }
 
 COMM_TEST(Documents, EveryStrategyMatchesFloat64Reference) {
@@ -235,25 +264,27 @@ COMM_TEST(Documents, EveryStrategyMatchesFloat64Reference) {
       for (const std::vector<std::int64_t>& cu : document_sets(base, cp, s))
         for (auto [hkv, dtype] : {std::pair{h, DType::f32}, {std::int64_t(1), DType::f32}, {h / 2, DType::bf16}}) {
           if (hkv < 1) continue;
-          CpConfig cfg = base;
-          cfg.cu_seqlens = cu;
-          SCOPED_TRACE(
-              fmt::format("{} h_kv {} {} cu_seqlens [{}]", describe(cfg), hkv, to_string(dtype), fmt::join(cu, ",")));
-          const GlobalProblem global({1, s, h, 16}, hkv, dtype, causal, 7, cu);
-          Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
-          ContextParallelAttention attn(comm, cfg);
-          const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
-          attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
-          if (dtype == DType::f32)
-            p.expect_matches();
-          else
-            p.expect_matches(1e-2, 2.5e-2);
-          double total = double(ctx.stats().score_pairs);
-          comm.allreduce_sum(&total, 1);
-          EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
-          // What the planner predicts for this rank is what it computed.
-          EXPECT_EQ(ctx.stats().score_pairs,
-                    find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, s, hkv));
+          CpConfig with_documents = base;
+          with_documents.cu_seqlens = cu;
+          for (const CpConfig& cfg : with_plain_zigzag(with_documents)) {
+            SCOPED_TRACE(fmt::format("{} ({}) h_kv {} {} cu_seqlens [{}]", describe(cfg),
+                                     layout_name(token_layout(cfg)), hkv, to_string(dtype), fmt::join(cu, ",")));
+            const GlobalProblem global({1, s, h, 16}, hkv, dtype, causal, 7, cu);
+            Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
+            ContextParallelAttention attn(comm, cfg);
+            const CpContext ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+            attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view());
+            if (dtype == DType::f32)
+              p.expect_matches();
+            else
+              p.expect_matches(1e-2, 2.5e-2);
+            double total = double(ctx.stats().score_pairs);
+            comm.allreduce_sum(&total, 1);
+            EXPECT_EQ(total, double(h * visible_pairs(cu, causal, {0, s}, {0, s})));
+            // What the planner predicts for this rank is what it computed.
+            EXPECT_EQ(ctx.stats().score_pairs,
+                      find_strategy(cfg.cp_comm_type).work(cfg, cp, comm.rank(), {1, s, h, 16}, s, hkv));
+          }
         }
 }
 
@@ -293,6 +324,61 @@ COMM_TEST(Documents, NothingLeaksAcrossABoundary) {
   }
 }
 
+// Per-document zigzag under sliding windows (the halo exchange, every member asked) and
+// without (the ring), with documents shorter than 2·cp, GQA and MQA: forward and gradients
+// against float64, the work counted exactly, and every counter equal to traffic().
+COMM_TEST(Documents, PerDocumentZigzagWithWindowsMatchesFloat64AndItsTraffic) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t s = 10 * cp + 7, h = 2 * cp, d = 8;
+  const std::vector<std::int64_t> cu = cu_seqlens_of(std::vector<std::int64_t>{1, 2 * cp - 1, 3, s - 2 * cp - 9, 5});
+  for (const Window window : {Window{}, Window{0, -1}, Window{3, -1}, Window{2 * cp + 1, -1}})
+    for (std::int64_t hkv : {h, std::int64_t(1)}) {
+      const GlobalProblem global({1, s, h, d}, hkv, DType::f32, true, 11, cu, nullptr, window);
+      const AttentionParams whole{true, std::nullopt, 0, 0, cu, window.left, window.right};
+      for (CpConfig cfg : strategies(cp, true)) {
+        cfg.cu_seqlens = cu;
+        cfg.window_left = window.left;
+        if (token_layout(cfg) != TokenLayout::per_document) continue;
+        SCOPED_TRACE(fmt::format("{} window {} h_kv {}", describe(cfg), window.left, hkv));
+        if (!config_error(cfg, cp, global.q.shape(), hkv).empty()) continue;  // heads for the inner a2a
+        Problem p(global, cfg, cp, me, Layout::bshd);
+        ContextParallelAttention attn(comm, cfg);
+        p.run(attn);  // creates sub-communicators first
+        std::pair<CpStats, CpStats> stats;
+        const auto sent = forward_backward_counted(comm, attn, p, &stats);
+        p.expect_matches();
+        double total = double(stats.first.score_pairs);
+        comm.allreduce_sum(&total, 1);
+        EXPECT_EQ(total, double(h * visible_pairs(whole, {0, s}, {0, s})));
+        EXPECT_EQ(stats.first.score_pairs, find_strategy(cfg.cp_comm_type).work(cfg, cp, me, {1, s, h, d}, s, hkv));
+        expect_traffic(sent, predicted_comm_volume(cfg, cp, me, {1, s, h, d}, hkv, DType::f32));
+      }
+    }
+}
+
+// The option on a strategy that does not declare it, and values it does not take: the same
+// error on every rank, before any data moves.
+COMM_TEST(Errors, PerDocumentOptionIsRefusedWhereItMeansNothing) {
+  const int cp = comm.size();
+  const std::int64_t s = 4 * cp;
+  for (const char* type : {"a2a", "all_gather"}) {
+    CpConfig cfg{type, {}, true, std::nullopt};
+    cfg.cu_seqlens = {0, 1, s};
+    cfg.per_document = false;
+    Tensor q({1, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), 2 * cp, 8}), out(q.shape());
+    ContextParallelAttention attn(comm, cfg);
+    ulysses::testing::expect_same_error_everywhere(
+        comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); },
+        fmt::format("per_document must be 1 for cp_comm_type {} (an option of p2p), got 0", type));
+  }
+  const StrategyOption option = find_strategy("p2p").options().at(0);
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  EXPECT_EQ(test_util::error_of([&] { set_option(option, cfg, {2}); }),
+            "per_document must be 0|1 (an integer in [0, 1]), got [2]");
+  set_option(option, cfg, {0});
+  EXPECT_FALSE(cfg.per_document);
+}
+
 COMM_TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
   const int cp = comm.size();
   const std::int64_t s = 4 * cp;
@@ -301,7 +387,8 @@ COMM_TEST(Errors, BadDocumentsAreRefusedEverywhereBeforeAnyData) {
                                {std::vector<std::int64_t>{0, s - 1}, 1, "must end at the sequence length"},
                                {std::vector<std::int64_t>{0, s}, 2, "needs batch 1"}}) {
     CpConfig cfg{"p2p", {}, true, std::nullopt, true, cu};
-    Tensor q({b, total_tokens(rank_chunks(cfg, cp, comm.rank(), s)), cp, 8}), out(q.shape());
+    const CpConfig one_document{"p2p", {}, true, std::nullopt};  // bad documents have no layout
+    Tensor q({b, total_tokens(rank_chunks(one_document, cp, comm.rank(), s)), cp, 8}), out(q.shape());
     ContextParallelAttention attn(comm, cfg);
     ulysses::testing::expect_same_error_everywhere(
         comm, [&] { (void)attn.forward(out.view(), q.view(), q.view(), q.view()); }, needle);
@@ -959,4 +1046,125 @@ TEST(Overlap, PipelineExposesTheFirstInputTheLastOutputAndWhatComputeCannotHide)
   EXPECT_DOUBLE_EQ(pipeline_exposed(1, 2, 3, 10), 5);
   EXPECT_DOUBLE_EQ(pipeline_exposed(4, 1, 1, 10), 2);                 // all hidden but the ends
   EXPECT_DOUBLE_EQ(pipeline_exposed(3, 4, 4, 5), 4 + 4 + 0 + 3 + 0);  // middle step: 8 in flight, 5 of compute
+}
+
+// bf16 compute in every strategy: Q, K, V stay bf16 on the wire and in the kernels while the
+// partial outputs, their LSE merges and the gradient sums stay float32 across ring steps and
+// ranks, rounded to bf16 once. So the error against float64 is within a2a's bf16 bound and no
+// more than 1.5× that of one process computing the same bf16 inputs (cp = 1): rounding a
+// partial to bf16 at every ring step would make it grow with the ring size. Run on the CPU's
+// own level and, where that has no bf16 engine, on the emulated AVX512_BF16 one (P and dS
+// rounded to bf16 for their GEMMs, as on Zen 4), GQA/MQA, uneven, documents and windows.
+namespace {
+
+struct Bf16Case {
+  const char* name;
+  bool causal;
+  int extra_tokens;  // s = 16·cp + extra_tokens
+  int kv;            // KV heads: 0 means cp
+  bool documents;
+  Window window;
+};
+
+const Bf16Case kBf16Cases[] = {{"causal GQA", true, 0, 0, false, {}},
+                               {"full MQA uneven", false, 5, 1, false, {}},
+                               {"causal documents uneven", true, 3, 0, true, {}},
+                               {"causal window (halo)", true, 1, 1, false, {7, -1}},
+                               {"full window", false, 0, 0, false, {9, 4}}};
+
+// One process's flash kernels on a global problem's inputs (the cp = 1 run), outputs rounded
+// to the inputs' dtype once per element, as a strategy's are.
+struct OneProcess {
+  Tensor out, dq, dk, dv;
+  OneProcess(const GlobalProblem& g, const AttentionParams& p)
+      : out(g.q.shape()), dq(g.q.shape(), g.q.dtype()), dk(g.k.shape(), g.q.dtype()), dv(g.k.shape(), g.q.dtype()) {
+    const Tensor lse = lse_tensor(g.q.shape());
+    flash_attention_forward(out.view(), lse.view(), g.q.view(), g.k.view(), g.v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.dout.view(), g.q.view(), g.k.view(), g.v.view(),
+                             out.view(), lse.view(), p);
+  }
+  // Its relative errors (out, dq, dk, dv) on the rows of `chunks` against `rows`' reference.
+  std::array<double, 4> errors(const std::vector<SeqChunk>& chunks, const Problem& rows) const {
+    auto err = [&](const Tensor& t, const RefTensor& ref) {
+      return relative_error(shard_of(t.view(), chunks, dq.dtype(), Layout::bshd).view(), ref);
+    };
+    return {err(out, rows.rout), err(dq, rows.rdq), err(dk, rows.rdk), err(dv, rows.rdv)};
+  }
+};
+
+// True when some rank computes a KV head without all of its query heads (a head-split strategy
+// whose ranks share that KV head): its partial dK/dV travel in bf16 to be summed, one more bf16
+// rounding per rank sharing the head (at most h/h_kv of them, whatever the ring size).
+bool partial_kv_gradients(const Strategy& strategy, const CpConfig& cfg, int cp, std::int64_t h, std::int64_t hkv) {
+  for (int r = 0; r < cp; ++r)
+    if (const RankHeads mine = strategy.heads_of(cfg, cp, r, h, hkv); mine.q.count < mine.kv.count * (h / hkv))
+      return true;
+  return false;
+}
+
+void expect_bf16_compute_bounded(Communicator& comm, const Bf16Case& c) {
+  const int cp = comm.size();
+  const std::int64_t s = 16 * cp + c.extra_tokens, h = 2 * cp, hkv = c.kv == 0 ? cp : c.kv;
+  const std::vector<std::int64_t> cu =
+      c.documents ? std::vector<std::int64_t>{0, s / 3, s / 3 + 1, s - 2, s} : std::vector<std::int64_t>{};
+  const GlobalProblem global({1, s, h, 32}, hkv, DType::bf16, c.causal, 11, cu, nullptr, c.window);
+  const OneProcess one(global, {c.causal, std::nullopt, 0, 0, cu, c.window.left, c.window.right});
+  for (const CpConfig& base : strategies(cp, c.causal)) {
+    const Strategy& strategy = find_strategy(base.cp_comm_type);
+    if ((c.documents && !strategy.supports_documents()) || (c.window.bounded() && !strategy.supports_window()))
+      continue;
+    CpConfig cfg = base;
+    cfg.cu_seqlens = cu;
+    cfg.window_left = c.window.left;
+    cfg.window_right = c.window.right;
+    SCOPED_TRACE(fmt::format("{}, {}, {}", describe(cfg), c.name, kernels::active_level().name));
+    Problem p(global, cfg, cp, comm.rank(), Layout::bshd);
+    ContextParallelAttention attn(comm, cfg);
+    p.run(attn);
+    p.expect_matches(1e-2, 2.5e-2);
+    const std::array<double, 4> at_cp = {relative_error(p.out.view(), p.rout), relative_error(p.dq.view(), p.rdq),
+                                         relative_error(p.dk.view(), p.rdk), relative_error(p.dv.view(), p.rdv)},
+                                at_1 = one.errors(rank_chunks(cfg, cp, comm.rank(), s), p);
+    const std::size_t checked = partial_kv_gradients(strategy, cfg, cp, h, hkv) ? 2 : 4;  // out, dq [, dk, dv]
+    for (std::size_t i = 0; i < checked; ++i)
+      EXPECT_LE(at_cp[i], 1.5 * at_1[i]) << std::array{"out", "dq", "dk", "dv"}[i] << " at cp " << cp;
+  }
+}
+
+// The levels of the bf16 tests, for the time one runs (nullptr: the CPU's own).
+class Bf16Levels {
+ public:
+  static std::vector<const kernels::KernelLevel*> all() {
+    static const kernels::KernelLevel emulated{"emulated-avx512bf16", &kernels::emulated::avx512_f32,
+                                               &kernels::emulated::avx512_bf16, kernels::emulated::avx512_vec};
+    std::vector<const kernels::KernelLevel*> v{nullptr};
+    if (kernels::active_level().bf16 == nullptr) v.push_back(&emulated);
+    return v;
+  }
+  explicit Bf16Levels(const kernels::KernelLevel* level) { kernels::use_level_for_testing(level); }
+  ~Bf16Levels() { kernels::use_level_for_testing(nullptr); }
+  Bf16Levels(const Bf16Levels&) = delete;
+  Bf16Levels& operator=(const Bf16Levels&) = delete;
+};
+
+}  // namespace
+
+// Set outside the worlds: the level is the process's, which a local world's rank threads share.
+TEST(Bf16Compute, EveryStrategyWithinTheBoundAndNotGrowingWithTheRing) {
+  for (const kernels::KernelLevel* level : Bf16Levels::all()) {
+    const Bf16Levels use(level);
+    ulysses::testing::on_every_world([](Communicator& comm) {
+      for (const Bf16Case& c : kBf16Cases) expect_bf16_compute_bounded(comm, c);
+    });
+  }
+}
+
+// Eight ranks as threads (cheaper than eight processes on a small machine).
+TEST(Bf16Compute, EightLocalRanksDoNotGrowTheError) {
+  if (!ulysses::testing::local_worlds()) GTEST_SKIP() << "runs with --local";
+  for (const kernels::KernelLevel* level : Bf16Levels::all()) {
+    const Bf16Levels use(level);
+    for (const Bf16Case& c : kBf16Cases)
+      run_local(8, [&](Communicator& comm) { expect_bf16_compute_bounded(comm, c); });
+  }
 }

@@ -174,6 +174,26 @@ TEST(DpTimesCp, StepsReportEveryRanksIdleTimeAndTheirTokens) {
   }
 }
 
+TEST(DpTimesCp, CalibrationTimesTheModelAndLeavesItAsItWas) {
+  // Static at dp 1 plans the same groups whatever the rates, so the probe's forward + backward
+  // may change nothing: the gradient and the step equal an uncalibrated run's exactly.
+  MpiCommunicator world;
+  TrainConfig c = tiny("p2p");
+  c.lengths = parse_lengths("97,2x64");
+  Trainer plain(world, c, DataSource::synthetic());
+  c.calibrate = true;
+  Trainer timed(world, c, DataSource::synthetic());
+  ASSERT_TRUE(timed.calibration().has_value());
+  const double rate = timed.calibration()->gemm_flops;
+  EXPECT_TRUE(rate > 0 && std::isfinite(rate)) << rate;
+  plain.compute_gradients(0);
+  timed.compute_gradients(0);
+  EXPECT_EQ(timed.gradients(), plain.gradients());
+  const double loss = plain.step().loss;  // collective: one trainer at a time, in the same order on every rank
+  EXPECT_EQ(timed.step().loss, loss);
+  EXPECT_EQ(timed.parameters(), plain.parameters());
+}
+
 // ---- bad input: the same error on every rank, before any data moves --------------------------
 
 TEST(DpTimesCpBadInput, DpThatDoesNotDivideTheWorld) {

@@ -101,6 +101,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "cross-attention with --causal: query i sees keys j <= q_offset + i "
                 "(required when the k/v length differs from q's)");
   add_timeout_option(c, o.timeout);
+  add_backend_options(c, o.backend);
 }
 
 namespace {
@@ -288,7 +289,10 @@ void print_header(const Setup& s) {
               to_string(s.dtype), to_string(s.layout), cfg.causal ? ", causal" : "",
               effective_scale(attention_params(cfg), p.q.d));
   std::string where;
-  for (const SeqChunk& c : s.chunks[0]) where += fmt::format(" [{}, {})", c.begin, c.begin + c.length);
+  constexpr std::size_t kShown = 4;  // per-document zigzag: two chunks per document
+  for (std::size_t i = 0; i < std::min(s.chunks[0].size(), kShown); ++i)
+    where += fmt::format(" [{}, {})", s.chunks[0][i].begin, s.chunks[0][i].begin + s.chunks[0][i].length);
+  if (s.chunks[0].size() > kShown) where += fmt::format(" ... ({} chunks)", s.chunks[0].size());
   std::vector<std::int64_t> tokens;
   std::vector<std::string> heads;
   for (int r = 0; r < s.cp; ++r) {
@@ -297,7 +301,7 @@ void print_header(const Setup& s) {
     heads.push_back(fmt::format("{}/{}", h.q.count, h.kv.count));
   }
   std::printf("  tokens per rank: %s; rank 0 holds tokens%s%s\n", fmt::format("{}", fmt::join(tokens, ", ")).c_str(),
-              where.c_str(), uses_zigzag(cfg) ? " (zigzag)" : "");
+              where.c_str(), uses_zigzag(cfg) ? fmt::format(" ({})", layout_name(token_layout(cfg))).c_str() : "");
   std::printf("  query/KV heads per rank: %s\n", fmt::format("{}", fmt::join(heads, ", ")).c_str());
   if (cfg.window_left >= 0 || cfg.window_right >= 0)
     std::printf("  sliding window (%lld, %lld): query i sees keys i-%lld..i+%lld%s\n", (long long)cfg.window_left,
@@ -627,7 +631,7 @@ void write_outputs(const AttentionOptions& o, const Setup& s, const Results& g, 
 }  // namespace
 
 int run_attention(const AttentionOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const Setup s = setup(comm, o);

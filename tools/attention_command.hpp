@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "options.hpp"
+
 namespace ulysses::cli {
 
 struct AttentionOptions {
@@ -24,6 +26,7 @@ struct AttentionOptions {
   std::int64_t batch = 1, seq = 1024, heads = 8, kv_heads = 0, head_dim = 64;
   std::uint64_t seed = 0;
   int repeat = 0, threads = 0;
+  BackendOptions backend;                // --comm, --ranks
   double timeout = 300;                  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
   std::int64_t kv_seq = 0;               // random inputs: cross-attention's k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0

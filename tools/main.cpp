@@ -1,4 +1,4 @@
-// The `ulysses` command line: subcommands over the library, run under mpirun.
+// The `ulysses` command line: subcommands over the library, run under mpirun or as ranks in threads.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -13,23 +13,62 @@
 #include "rank_errors.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/local_communicator.hpp"
 #include "ulysses/mpi_communicator.hpp"
 #include "ulysses/version.hpp"
 
+namespace {
+
+using namespace ulysses;
+
+const cli::BackendOptions& chosen_backend(const CLI::App& app, const cli::Commands& c) {
+  if (app.got_subcommand("attention")) return c.attention.backend;
+  if (app.got_subcommand("train")) return c.train.backend;
+  return c.plan.backend;
+}
+
+// Collective over the chosen backend's world (every rank thread of a local one).
+int run_subcommand(const CLI::App& app, const cli::Commands& c) {
+  if (app.got_subcommand("attention")) return cli::run_attention(c.attention);
+  if (app.got_subcommand("train")) return cli::run_train(c.train);
+  return cli::run_plan(c.plan);
+}
+
+// Collective over MPI_COMM_WORLD: the ranks agree on their command line, then run it, as
+// processes or, with --comm local, as threads of this process. An Error every rank throws
+// (agreed) comes out of run_local as the first failing rank's own.
+int run_agreed(CLI::App& app, const cli::Commands& commands, const std::exception_ptr& parse_error) {
+  const std::unique_ptr<Communicator> world = make_communicator();
+  cli::agree_parse_outcome(*world, parse_error);
+  if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
+  cli::agree_command_line(*world, *app.get_subcommands().front());
+  const int threads = cli::local_ranks(chosen_backend(app, commands), world->size());
+  if (threads == 0) return run_subcommand(app, commands);
+  int code = 0;
+  run_local(threads, [&](Communicator& comm) {
+    const int mine = run_subcommand(app, commands);
+    if (comm.rank() == 0) code = mine;  // the commands agree on their exit code
+  });
+  return code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  const ulysses::MpiSession mpi(argc, argv);
+  const MpiSession mpi(argc, argv);
   const int rank = mpi.world_rank();
   CLI::App app{
       "ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"
-      "Run under mpirun; every rank holds s/cp tokens of every sequence."};
-  app.set_version_flag("--version", std::string("ulysses ") + ulysses::version());
-  ulysses::cli::Commands commands;
-  ulysses::cli::add_commands(app, commands);
+      "Run under mpirun, or with --comm local --ranks N as threads of one process; every rank holds "
+      "s/cp tokens of every sequence."};
+  app.set_version_flag("--version", std::string("ulysses ") + version());
+  cli::Commands commands;
+  cli::add_commands(app, commands);
 
   // ULYSSES_PRINT_OPTIONS=<subcommand>: its options, one a line (for the divergence test).
   if (const char* name = std::getenv("ULYSSES_PRINT_OPTIONS")) {
     try {
-      if (rank == 0) ulysses::cli::print_options(*app.get_subcommand(name));
+      if (rank == 0) cli::print_options(*app.get_subcommand(name));
       return 0;
     } catch (const CLI::OptionNotFound&) {
       if (rank == 0) std::fprintf(stderr, "ulysses: ULYSSES_PRINT_OPTIONS=%s: no such subcommand\n", name);
@@ -45,27 +84,20 @@ int main(int argc, char** argv) {
     parse_error = std::current_exception();
   }
   try {
-    const std::unique_ptr<ulysses::Communicator> world_owned = ulysses::make_communicator();
-    ulysses::Communicator& world = *world_owned;
-    ulysses::cli::agree_parse_outcome(world, parse_error);
-    if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
-    ulysses::cli::agree_command_line(world, *app.get_subcommands().front());
-    if (app.got_subcommand("attention")) code = ulysses::cli::run_attention(commands.attention);
-    if (app.got_subcommand("train")) code = ulysses::cli::run_train(commands.train);
-    if (app.got_subcommand("plan")) code = ulysses::cli::run_plan(commands.plan);
+    code = run_agreed(app, commands, parse_error);
   } catch (const CLI::ParseError& e) {
     // Every rank's parse failed alike (agreed above), so every rank stops here; one prints.
     if (rank == 0)
       code = app.exit(e);
     else
       code = e.get_exit_code();
-  } catch (const ulysses::Error& e) {  // agreed: every rank throws it, rank 0 says it
+  } catch (const Error& e) {  // agreed: every rank throws it, rank 0 says it
     if (rank == 0) std::fprintf(stderr, "ulysses: error: %s\n", e.what());
     code = 2;
   } catch (const std::bad_alloc&) {  // this rank alone, maybe: end every rank, never hang
-    ulysses::cli::abort_job(rank, "out of memory");
+    cli::abort_job(rank, "out of memory");
   } catch (const std::exception& e) {
-    ulysses::cli::abort_job(rank, e.what());
+    cli::abort_job(rank, e.what());
   }
   return code;
 }

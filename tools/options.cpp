@@ -7,6 +7,7 @@
 #include <charconv>
 #include <limits>
 
+#include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/input_file.hpp"
 #include "ulysses/npy.hpp"
@@ -21,6 +22,31 @@ void add_timeout_option(CLI::App* command, double& seconds) {
                    "naming the operation, the rank and its peer or group (0 = wait forever)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+}
+
+void add_backend_options(CLI::App* command, BackendOptions& backend) {
+  command
+      ->add_option("--comm", backend.comm,
+                   "the communicator: mpi (the processes mpirun started) or local (--ranks ranks as threads of "
+                   "this one process, no mpirun)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(communicator_backends()));
+  command
+      ->add_option("--ranks", backend.ranks, fmt::format("with --comm local: how many ranks (1 to {})", kMaxLocalRanks))
+      ->check(CLI::Range(1, kMaxLocalRanks));
+}
+
+int local_ranks(const BackendOptions& backend, int mpi_ranks) {
+  const bool local = backend.comm == "local";
+  if (!local && backend.ranks > 0)
+    throw Error(fmt::format("--ranks {} needs --comm local: over MPI the launcher starts the ranks (mpirun -n {})",
+                            backend.ranks, backend.ranks));
+  if (local && mpi_ranks > 1)
+    throw Error(
+        fmt::format("--comm local runs its ranks as threads of one process, but the launcher started {} processes: "
+                    "run it without mpirun, or use --comm mpi",
+                    mpi_ranks));
+  return local ? std::max(backend.ranks, 1) : 0;
 }
 
 bool parse_int64(std::string_view text, std::int64_t& value) {
@@ -96,26 +122,21 @@ std::pair<std::string, StrategyOption> declarations(const std::string& flag) {
   return {owners, option};
 }
 
-// The integers of `text` for `o`: as many as its metavar names, each in [1, most].
+// The integers of `text` for `o` (option_values_error has the rule).
 std::vector<std::int64_t> option_values(const StrategyOption& o, const std::string& text) {
-  const std::size_t count = std::size_t(std::count(o.metavar.begin(), o.metavar.end(), ',')) + 1;
-  const std::int64_t most = o.most > 0 ? o.most : std::numeric_limits<int>::max();
-  static const char* const counts[] = {"a positive integer", "two positive integers", "three positive integers"};
-  const std::string what = count <= 3 ? counts[count - 1] : fmt::format("{} positive integers", count);
   std::vector<std::int64_t> values;
   bool ok = true;
   for (std::size_t pos = 0; ok;) {
     const std::size_t comma = text.find(',', pos);
     std::int64_t v = 0;
-    ok = parse_int64(std::string_view(text).substr(pos, comma == std::string::npos ? comma : comma - pos), v) &&
-         v >= 1 && v <= most;
+    ok = parse_int64(std::string_view(text).substr(pos, comma == std::string::npos ? comma : comma - pos), v);
     values.push_back(v);
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
-  if (!ok || values.size() != count)
-    throw Error(fmt::format("--{} must be {} ({}{}), got '{}'", o.flag, o.metavar, what,
-                            o.most > 0 ? fmt::format(", at most {}", o.most) : "", text.substr(0, 40)));
+  std::string error = option_values_error(o, values);
+  if (!ok) error = option_values_error(o, {});  // what they must be
+  if (!error.empty()) throw Error(fmt::format("--{} {}, got '{}'", o.flag, error, text.substr(0, 40)));
   return values;
 }
 

@@ -1,5 +1,5 @@
 // The values of the CLI's shared options, parsed: --strategy and the options strategies declare, --cu-seqlens,
-// --window, --timeout. Each throws Error naming the flag; the library checks the values.
+// --window, --timeout, --comm and --ranks. Each throws Error naming the flag; the library checks the values.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -43,5 +43,21 @@ std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg);
 
 // Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
 void add_timeout_option(CLI::App* command, double& seconds);
+
+// Which communicator a command runs on (make_communicator's backend) and, for ranks as threads
+// of this process, how many.
+struct BackendOptions {
+  std::string comm = "mpi";
+  int ranks = 0;  // 0: not given
+};
+// The most --ranks one process runs as threads: far more than this machine's cores already
+// measures nothing but the scheduler, and a typo (--ranks 40000) should not start that many.
+inline constexpr int kMaxLocalRanks = 256;
+// Adds --comm BACKEND and --ranks N.
+void add_backend_options(CLI::App* command, BackendOptions& backend);
+// Not collective. The ranks to start as threads (0: none, the MPI job's processes are the
+// ranks) for `backend` in an MPI job of mpi_ranks processes; throws Error for --ranks without
+// --comm local, and for --comm local under a launcher that started more than one process.
+int local_ranks(const BackendOptions& backend, int mpi_ranks);
 
 }  // namespace ulysses::cli

@@ -102,6 +102,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")
       ->capture_default_str()
       ->check(positive_number());
+  add_backend_options(c, o.backend);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
   c->parse_complete_callback([&o, c] {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
@@ -369,7 +370,7 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
 int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
   if (!o.lengths.empty()) return run_plan_lengths(o);
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   PlanInput in;
   on_every_rank(comm, [&] {

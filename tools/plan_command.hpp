@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "options.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/planner.hpp"
 
@@ -33,6 +34,7 @@ struct PlanOptions {
   std::string lengths, cp_comm_type = "a2a";
   int world = 0, dp = 1;
   std::int64_t max_tokens_per_rank = 0;
+  BackendOptions backend;  // --comm, --ranks
   bool max_memory_given = false;
 };
 

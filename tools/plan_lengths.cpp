@@ -131,7 +131,7 @@ nlohmann::json plan_world(const BalanceInput& in) {
 }  // namespace
 
 int run_plan_lengths(const PlanOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   BalanceInput in;
   std::vector<int> worlds;

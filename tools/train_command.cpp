@@ -121,6 +121,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "weights, gradients, AdamW and the LM head float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_timeout_option(c, o.timeout);
+  add_backend_options(c, o.backend);
   c->add_option("--eval-batches", o.eval_batches,
                 "held-out batches of each evaluation (the final accuracy; "
                 "with --data, the held-out loss)")
@@ -376,6 +377,13 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
   return cfg;
 }
 
+// " (zigzag)" or " (per-document zigzag)" when `packed` documents change the layout, "" when contiguous.
+std::string layout_note(const CpConfig& config, bool packed) {
+  CpConfig probe = config;
+  if (packed) probe.cu_seqlens = {0, 1};  // any documents: the layout packed steps get
+  return uses_zigzag(probe) ? fmt::format(" ({})", layout_name(token_layout(probe))) : "";
+}
+
 void print_header(const train::TrainConfig& cfg, const train::DataSource& data, int cp, int threads,
                   const TrainOptions& o, std::int64_t resumed_at, const std::optional<Calibration>& calibration) {
   const auto& m = cfg.model;
@@ -394,7 +402,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              policy_name(cfg.balance),
              cfg.balance == BalancePolicy::static_ ? "every sequence on one replica's ranks, dealt round-robin"
                                                    : "a CP group of its own size for every sequence",
-             cfg.cp.cp_comm_type, threads, uses_zigzag(cfg.cp) ? " (zigzag)" : "");
+             cfg.cp.cp_comm_type, threads, layout_note(cfg.cp, o.pack));
   const train::MemoryOptions& mo = cfg.memory;
   fmt::print("  attention dtype {} on {}{}\n", to_string(cfg.dtype), kernel_engine(cfg.dtype),
              cfg.dtype == DType::bf16 ? " (mixed precision: master weights, gradients, AdamW and the LM head float32)"
@@ -410,7 +418,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
   if (const auto& c = calibration)
     fmt::print(
-        "  calibrated: attention {:.1f} GFLOP/s, GEMMs {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
+        "  calibrated: attention {:.1f} GFLOP/s, layers {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
         c->cluster.peak_flops / 1e9, c->gemm_flops / 1e9, c->cluster.intra.bandwidth / 1e9,
         c->cluster.intra.latency * 1e6);
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
@@ -429,7 +437,7 @@ void check_files(const TrainOptions& o) {
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   comm.set_timeout(o.timeout);
   const int rank = comm.rank();
@@ -516,7 +524,7 @@ int run_train(const TrainOptions& o) {
 // ---- ulysses plan --train --------------------------------------------------------------------
 
 int run_plan_train(const PlanOptions& o) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   on_root(comm, [&] {
     train::TrainConfig cfg;

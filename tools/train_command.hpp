@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
+
 namespace ulysses::cli {
 
 struct TrainOptions {
@@ -32,6 +34,7 @@ struct TrainOptions {
   float lr = 3e-3f;
   std::uint64_t seed = 0;
   int threads = 0;
+  BackendOptions backend;          // --comm, --ranks
   double timeout = 300;            // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
   std::vector<std::string> given;  // the options named on the command line (--resume checks them)
 };

@@ -66,7 +66,7 @@ class FusedHeads {
   // The whole buffer as a dense [s, b, H, d] (sbhd) view.
   TensorView whole() const { return whole_; }
   std::size_t nbytes() const { return std::size_t(whole_.shape.numel()) * dtype_size(whole_.dtype); }
-  // A copy with the same parts in another dtype (bf16 wire data → float32 compute, and back).
+  // A copy with the same parts in another dtype (float32 results → a bf16 wire, and back).
   FusedHeads converted(DType dtype) const;
 
  private:

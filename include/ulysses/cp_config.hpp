@@ -41,6 +41,11 @@ struct CpConfig {
   // The options of a strategy registered from outside the library (StrategyOption in
   // strategy.hpp), by flag; the same on every rank.
   std::map<std::string, std::vector<std::int64_t>> options = {};
+  // Packed documents under zigzag (p2p and a2a+p2p: their option --per-document 0|1): true cuts
+  // every document into 2·cp chunks and zigzags each one (TransformerEngine's thd layout,
+  // PyTorch's PerDocumentHeadTail), so every rank does the same causal work whatever the
+  // documents; false zigzags the whole sequence, as without documents.
+  bool per_document = true;
 };
 
 // Where the time of one forward or backward went, and the attention work this rank did.

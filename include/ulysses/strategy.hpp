@@ -57,12 +57,6 @@ class CpGroup {
   std::vector<std::pair<std::string, std::unique_ptr<Communicator>>> subgroups_;
 };
 
-// Which tokens a rank holds (rank_chunks in sharding.hpp has the exact rule for any s).
-enum class TokenLayout {
-  contiguous,  // s cut into cp parts; rank r holds part r
-  zigzag,      // s cut into 2·cp chunks; rank r holds chunks r and 2·cp−1−r: equal causal work per rank
-};
-
 // The planner's estimate for one configuration, one layer.
 struct StrategyCost {
   double comm_s = 0;        // all transfers, forward + backward
@@ -95,6 +89,7 @@ struct StrategyOption {
   // a strategy from outside the library keeps its own; the built-ins' have fields of their own.
   std::vector<std::int64_t> (*get)(const CpConfig&) = nullptr;
   void (*set)(CpConfig&, const std::vector<std::int64_t>&) = nullptr;
+  std::int64_t least = 1;  // the smallest value it takes
 };
 
 class Strategy {
@@ -130,7 +125,8 @@ class Strategy {
   // is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
-  // work per rank) unless config.zigzag is false, contiguous otherwise.
+  // work per rank) unless config.zigzag is false, contiguous otherwise. The ring strategies
+  // refine zigzag to per_document_layout's with packed documents.
   virtual TokenLayout token_layout(const CpConfig& config) const;
 
   // The query and KV heads rank `rank` computes attention on. By default all of them
@@ -211,8 +207,12 @@ std::string strategy_names(std::string_view separator);
 void register_strategy(std::unique_ptr<Strategy> strategy);
 
 // An option's value in `config` (empty: unset) and its setter (StrategyOption::get and set, or
-// config.options[option.flag]).
+// config.options[option.flag]). set_option throws Error naming option.name unless the values
+// pass option_values_error.
 std::vector<std::int64_t> option_value(const StrategyOption& option, const CpConfig& config);
 void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values);
+// "" when `values` are as many as the option's metavar names, each in [least, most]; else what
+// they must be: "must be 0|1 (an integer in [0, 1])".
+std::string option_values_error(const StrategyOption& option, const std::vector<std::int64_t>& values);
 
 }  // namespace ulysses

@@ -81,7 +81,15 @@ CpConfig make_config(const std::string& type, bool causal, std::optional<double>
   std::tie(c.window_left, c.window_right) = window;
   c.overlap_chunks = overlap_chunks;
   c.q_offset = q_offset;
-  c.options = std::move(options);  // a registered strategy's own (StrategyOption), checked by the library
+  const std::vector<StrategyOption> own = find_strategy(type).options();
+  for (const auto& entry : options) {  // the strategy's own through their setters; others refused later
+    const std::string& flag = entry.first;
+    const auto it = std::find_if(own.begin(), own.end(), [&](const StrategyOption& o) { return o.flag == flag; });
+    if (it != own.end())
+      set_option(*it, c, entry.second);
+    else
+      c.options[flag] = entry.second;
+  }
   return c;
 }
 
@@ -301,16 +309,19 @@ PYBIND11_MODULE(_ulysses, m) {
   m.def(
       "rank_chunks",
       [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq,
-         std::optional<std::int64_t> q_offset) {
+         std::optional<std::int64_t> q_offset, std::vector<std::int64_t> cu_seqlens,
+         std::map<std::string, std::vector<std::int64_t>> options) {
         std::vector<std::pair<std::int64_t, std::int64_t>> out;
-        const CpConfig config = make_config(type, causal, 0.0f, cp_sizes, {-1, -1}, 1, q_offset);
+        CpConfig config = make_config(type, causal, 0.0f, cp_sizes, {-1, -1}, 1, q_offset, std::move(options));
+        config.cu_seqlens = std::move(cu_seqlens);
         for (const SeqChunk& c : rank_chunks(config, cp, rank, seq)) out.emplace_back(c.begin, c.length);
         return out;
       },
       py::arg("cp_comm_type"), py::arg("causal"), py::arg("cp_sizes"), py::arg("cp"), py::arg("rank"), py::arg("seq"),
-      py::arg("q_offset") = std::nullopt,
+      py::arg("q_offset") = std::nullopt, py::arg("cu_seqlens") = std::vector<std::int64_t>{},
+      py::arg("options") = std::map<std::string, std::vector<std::int64_t>>{},
       "The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order (contiguous "
-      "under cross-attention: q_offset set).");
+      "under cross-attention: q_offset set; per-document zigzag on a ring with cu_seqlens).");
   m.def("validate", [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp,
                        const std::vector<std::int64_t>& q_global, std::int64_t kv_heads) {
     if (q_global.size() != 4) throw Error("validate: q_global is [b, s, h, d]");

@@ -4,7 +4,7 @@ before any data moves, so a rank that differs raises the same ``ulysses.Error`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,13 +16,15 @@ if TYPE_CHECKING:
     from ._comm import Communicator
 
 
-def _layout(strategy, causal, cp_sizes, q_offset):
+def _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options):
     """The arguments every function shares, checked and normalised (not collective)."""
     if strategy not in _ulysses.strategy_names():
         raise _ulysses.Error(f"unknown cp_comm_type {strategy!r}; one of {', '.join(_ulysses.strategy_names())}")
     sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
     offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
-    return strategy, bool(causal), sizes, offset
+    cu = [integer("cu_seqlens", x, -INT64_MAX - 1, INT64_MAX) for x in (cu_seqlens if cu_seqlens is not None else [])]
+    own = {str(f): [integer(str(f), n, 0, INT64_MAX) for n in v] for f, v in sorted((options or {}).items())}
+    return strategy, bool(causal), sizes, offset, cu, own
 
 
 def _tensor_dim(x, dim):
@@ -36,8 +38,8 @@ def _tensor_dim(x, dim):
 
 
 def _chunks(comm, seq, layout, rank):
-    strategy, causal, sizes, offset = layout
-    return _ulysses.rank_chunks(strategy, causal, sizes, comm.size, rank, seq, offset)
+    strategy, causal, sizes, offset, cu, own = layout
+    return _ulysses.rank_chunks(strategy, causal, sizes, comm.size, rank, seq, offset, cu, own)
 
 
 def shard(
@@ -48,12 +50,17 @@ def shard(
     dim: int = 1,
     cp_sizes: Optional[Sequence[int]] = None,
     q_offset: Optional[int] = None,
+    cu_seqlens: Optional[Sequence[int]] = None,
+    options: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> torch.Tensor:
     """This rank's tokens of the global tensor ``x`` (sequence along ``dim``), in the order the
     strategy expects: contiguous, or zigzag for p2p / all_gather / a2a+p2p under a causal mask
     (contiguous whenever ``q_offset`` is set: cross-attention; pass the module's ``q_offset``,
-    for q and for k/v of their own length alike). Collective: the ranks agree on the arguments
-    and on x's shape and dtype. On one rank the shard is the whole tensor:
+    for q and for k/v of their own length alike). With packed documents pass the forward's
+    ``cu_seqlens``: p2p and a2a+p2p then zigzag every document on its own (per-document zigzag;
+    ``options={"per-document": [0]}``, as given to the module, keeps plain zigzag). Collective:
+    the ranks agree on the arguments and on x's shape and dtype. On one rank the shard is the
+    whole tensor:
 
     >>> import torch, ulysses
     >>> from mpi4py import MPI
@@ -64,7 +71,7 @@ def shard(
     """
 
     def local():
-        d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)
+        d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options)
         return d, layout, _chunks(comm, x.shape[d], layout, comm.rank)
 
     d, layout, chunks = agreed(comm, local)
@@ -79,6 +86,8 @@ def positions(
     causal: bool = False,
     cp_sizes: Optional[Sequence[int]] = None,
     q_offset: Optional[int] = None,
+    cu_seqlens: Optional[Sequence[int]] = None,
+    options: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> torch.Tensor:
     """Global position of every local token (int64), e.g. for RoPE. Collective: the ranks agree
     on the arguments.
@@ -90,7 +99,10 @@ def positions(
     """
 
     def local():
-        n, layout = integer("seq", seq, 0, INT64_MAX), _layout(strategy, causal, cp_sizes, q_offset)
+        n, layout = (
+            integer("seq", seq, 0, INT64_MAX),
+            _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options),
+        )
         return n, layout, _chunks(comm, n, layout, comm.rank)
 
     n, layout, chunks = agreed(comm, local)
@@ -106,6 +118,8 @@ def unshard(
     dim: int = 1,
     cp_sizes: Optional[Sequence[int]] = None,
     q_offset: Optional[int] = None,
+    cu_seqlens: Optional[Sequence[int]] = None,
+    options: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> torch.Tensor:
     """Collective: the global tensor, on every rank, from each rank's shard ``x`` (the inverse
     of ``shard``). The ranks agree on the arguments, on x's dtype and on its shape but along
@@ -125,7 +139,9 @@ def unshard(
         )
     from mpi4py import MPI
 
-    d, layout = agreed(comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset)))
+    d, layout = agreed(
+        comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options))
+    )
     shape = list(x.shape)
     shape[d] = "*"
     agree_identical(comm, "ulysses.unshard shards and arguments", shape, str(x.dtype), d, layout)

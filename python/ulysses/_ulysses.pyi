@@ -77,7 +77,15 @@ def head_to_seq(comm: Communicator, head_views: List[View], out_views: List[View
     """Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d]."""
 
 def rank_chunks(
-    cp_comm_type: str, causal: bool, cp_sizes: List[int], cp: int, rank: int, seq: int, q_offset: Optional[int] = None
+    cp_comm_type: str,
+    causal: bool,
+    cp_sizes: List[int],
+    cp: int,
+    rank: int,
+    seq: int,
+    q_offset: Optional[int] = None,
+    cu_seqlens: List[int] = ...,
+    options: Dict[str, List[int]] = ...,
 ) -> List[Tuple[int, int]]:
     """The (begin, length) chunks of the global sequence that `rank` of `cp` holds, in local order."""
 

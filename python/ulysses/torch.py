@@ -67,9 +67,12 @@ class ContextParallelAttention(torch.nn.Module):
     Ulysses, more than the KV heads a rank holds is clamped; below 1, or above 1 with another
     strategy, is an error.
 
-    ``options``: the options a registered strategy declares for itself, by flag
-    (``ulysses.strategy_options(strategy)``; ``{"toy-max-cp": [2]}``); the library refuses one
-    its strategy does not declare.
+    ``options``: the options a strategy declares for itself, by flag
+    (``ulysses.strategy_options(strategy)``; ``{"toy-max-cp": [2]}``, ``{"per-document": [0]}``
+    for p2p and a2a+p2p); the library refuses one its strategy does not declare, or a value it
+    does not take. With ``cu_seqlens`` p2p and a2a+p2p lay every document out in zigzag on its
+    own (per-document zigzag, unless ``per-document`` is 0): shard with the same ``cu_seqlens``
+    and ``options`` (``ulysses.shard(x, comm, strategy, causal, cu_seqlens=..., options=...)``).
 
     Cross-attention: k and v may hold another global length ``s_k`` than q (each sharded over
     the ranks by its own length: ``ulysses.shard(k, comm, strategy, causal, q_offset=...)``);
@@ -104,7 +107,7 @@ class ContextParallelAttention(torch.nn.Module):
             chunks = integer("overlap_chunks", overlap_chunks, 1, MAX_OVERLAP_CHUNKS)
             offset = None if q_offset is None else integer("q_offset", q_offset, -INT64_MAX - 1, INT64_MAX)
             sizes = [integer("cp_sizes", n, 1, 2**31 - 1) for n in (cp_sizes or [])]
-            own = {str(flag): [integer(str(flag), n, 1, INT64_MAX) for n in v] for flag, v in (options or {}).items()}
+            own = {str(flag): [integer(str(flag), n, 0, INT64_MAX) for n in v] for flag, v in (options or {}).items()}
             impl = _ulysses.ContextParallelAttention(
                 comm._impl,
                 strategy,

@@ -188,10 +188,15 @@ ContextParallelAttention::~ContextParallelAttention() = default;
 
 namespace {
 
-// " options {flag [values]; ...}" for a strategy's own options, "" without.
+// " options {flag [values]; ...}" for every option set (declared by any strategy, or by none:
+// refused later, the same way everywhere), "" without.
 std::string options_text(const CpConfig& config) {
+  std::map<std::string, std::vector<std::int64_t>> set = config.options;
+  for (const Strategy* s : strategies())
+    for (const StrategyOption& o : s->options())
+      if (std::vector<std::int64_t> v = option_value(o, config); !v.empty()) set[o.flag] = std::move(v);
   std::string text;
-  for (const auto& [flag, v] : config.options) text += fmt::format("{} [{}]; ", flag, fmt::join(v, ", "));
+  for (const auto& [flag, v] : set) text += fmt::format("{} [{}]; ", flag, fmt::join(v, ", "));
   return text.empty() ? "" : " options {" + text + "}";
 }
 

@@ -1,12 +1,14 @@
 // Sliding-window attention over sequence chunks without a ring: a halo exchange (see
 // ring_attention.hpp). Every member posts its receives and sends of exactly the K/V rows the
 // others' bands reach, computes its own chunks meanwhile, then the halos as they arrive. The
-// halos are kept for the backward, which sends their float32 dK/dV home.
+// halos are kept (in the wire dtype, which the kernels compute in) for the backward, which
+// sends their float32 dK/dV home.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "ring_attention.hpp"
 #include "tensor_ops.hpp"
@@ -68,14 +70,16 @@ void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int 
   // Neighbouring chunks belong to neighbouring members (contiguous and zigzag alike; a zigzag
   // member's mirror chunk is further away than its first one), so the gap to a member's chunks
   // grows with the distance to it: walk outwards on each side until a member exchanges nothing.
+  // Per-document zigzag (documents given) interleaves the members at every document: ask all.
   const std::vector<SeqChunk> mine = chunks_of(me);
+  const bool ask_all = !params.cu_seqlens.empty();
   std::int64_t given = 0, held = 0, to = 0, back = 0;  // rows sent forward; halo rows whose dK/dV go home
   for (int step : {-1, 1})
     for (int r = me + step; r >= 0 && r < members; r += step) {
       const std::vector<SeqChunk> theirs = chunks_of(r);
       const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)),
                          in = total_tokens(halo_rows(mine, theirs, params));
-      if (out == 0 && in == 0) break;
+      if (out == 0 && in == 0 && !ask_all) break;
       given += out;
       held += in;
       to += out > 0;
@@ -140,7 +144,7 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     recvs[std::size_t(r)].wait();
     t1 = ring.now();
     stats.comm_exposed_s += t1 - t2;
-    saved.halos[std::size_t(r)] = copy_of(in[std::size_t(r)].view(), DType::f32);
+    saved.halos[std::size_t(r)] = std::move(in[std::size_t(r)]);
     forward_pairs(saved, out, saved.halos[std::size_t(r)].view(), saved.halo_rows[std::size_t(r)], pair, stats,
                   progress);
   }

@@ -1,7 +1,10 @@
 // The strategy registry, the defaults of the Strategy interface, and CpGroup.
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <limits>
 
 #include "head_split.hpp"
 #include "strategies/builtin.hpp"
@@ -107,7 +110,24 @@ std::vector<std::int64_t> option_value(const StrategyOption& option, const CpCon
   return it == config.options.end() ? std::vector<std::int64_t>() : it->second;
 }
 
+std::string option_values_error(const StrategyOption& o, const std::vector<std::int64_t>& values) {
+  const std::size_t count = std::size_t(std::count(o.metavar.begin(), o.metavar.end(), ',')) + 1;
+  const std::int64_t most = o.most > 0 ? o.most : std::numeric_limits<int>::max();
+  const bool ok = values.size() == count &&
+                  std::all_of(values.begin(), values.end(), [&](std::int64_t v) { return v >= o.least && v <= most; });
+  if (ok) return "";
+  const std::string what = o.least == 1 ? "positive integer" : fmt::format("integer in [{}, {}]", o.least, most);
+  static const char* const counts[] = {"", "two ", "three "};
+  const std::string n = count == 1   ? (o.least == 1 ? "a " : "an ")
+                        : count <= 3 ? counts[count - 1]
+                                     : fmt::format("{} ", count);
+  return fmt::format("must be {} ({}{}{}{})", o.metavar, n, what, count == 1 ? "" : "s",
+                     o.most > 0 && o.least == 1 ? fmt::format(", at most {}", o.most) : "");
+}
+
 void set_option(const StrategyOption& option, CpConfig& config, const std::vector<std::int64_t>& values) {
+  if (const std::string e = option_values_error(option, values); !e.empty())
+    throw Error(fmt::format("{} {}, got [{}]", option.name, e, fmt::join(values, ", ")));
   if (option.set)
     option.set(config, values);
   else

@@ -37,14 +37,6 @@ TensorView member_kv(const Tensor& buffer, std::int64_t rows) {
   return TensorView::dense(buffer.data(), buffer.dtype(), {s.b, rows, s.h, s.d}, Layout::bshd, buffer.device());
 }
 
-// The K/V of the current ring step as float32 (converting from the wire dtype if needed).
-TensorView compute_view(const TensorView& wire, const Tensor& scratch) {
-  if (wire.dtype == DType::f32) return wire;
-  const TensorView f = member_kv(scratch, wire.shape.s);
-  copy(wire, f);
-  return f;
-}
-
 // Posts the next step's K/V transfer: `held` (member src's) to the next rank, member src − 1's
 // from the previous rank into `next`. Nothing at the last step.
 void post_kv_step(Communicator& ring, int step, const RingSaved& saved, const TensorView& held, const Tensor& next,
@@ -138,15 +130,32 @@ void backward_pairs(const RingSaved& saved, const TensorView& dq, const TensorVi
   });
 }
 
+StrategyOption per_document_option() {
+  StrategyOption o{"per-document",
+                   "0|1",
+                   "with packed documents under zigzag: 1 (the default) cuts every document into 2*cp chunks and "
+                   "zigzags each, balancing the causal work; 0 zigzags the whole sequence",
+                   "per_document",
+                   "1",
+                   1,
+                   "",
+                   [](const CpConfig& c) {
+                     return c.per_document ? std::vector<std::int64_t>() : std::vector<std::int64_t>{0};
+                   },
+                   [](CpConfig& c, const std::vector<std::int64_t>& v) { c.per_document = v.at(0) != 0; }};
+  o.least = 0;
+  return o;
+}
+
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v, const std::vector<std::vector<SeqChunk>>& chunks,
-                            const std::vector<SeqChunk>& queries, const AttentionParams& params, DType wire,
-                            CpStats& stats) {
+                            const std::vector<SeqChunk>& queries, const AttentionParams& params, CpStats& stats) {
   const int R = ring.size(), me = ring.rank();
   const Shape& ks = k.shape;
   const std::int64_t B = q.shape.b, H = q.shape.h;
+  const DType wire = q.dtype;
   const Device dev = q.device;
-  saved = RingSaved{q,      out,    Tensor({2 * ks.b, ks.s, ks.h, ks.d}, DType::f32, Layout::bshd, dev),
+  saved = RingSaved{q,      out,    Tensor({2 * ks.b, ks.s, ks.h, ks.d}, wire, Layout::bshd, dev),
                     {},     chunks, queries,
                     params, wire,   me,
                     {},     {}};
@@ -162,7 +171,6 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   const Shape cap{2 * ks.b, max_rows(saved.chunks), ks.h, ks.d};
   Tensor buf[2] = {Tensor::uninitialized(cap, wire, Layout::bshd, dev),
                    Tensor::uninitialized(cap, wire, Layout::bshd, dev)};
-  Tensor scratch = wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap, DType::f32, Layout::bshd, dev);
   copy(saved.kv.view(), member_kv(buf[0], ks.s));
   PairScratch pair(saved, false);
   for (int step = 0; step < R; ++step) {
@@ -172,7 +180,7 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     Request send, recv;
     post_kv_step(ring, step, saved, held, buf[1 - cur], send, recv);  // before computing this step
     double t0 = ring.now();
-    forward_pairs(saved, out, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats, [&] {
+    forward_pairs(saved, out, held, saved.chunks[std::size_t(src)], pair, stats, [&] {
       recv.test();  // let MPI progress the transfer between tiles
       send.test();
     });
@@ -200,7 +208,6 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
   const Shape cap{kvs.b, max_rows(saved.chunks), kvs.h, kvs.d};
   Tensor buf[2] = {Tensor::uninitialized(cap, saved.wire, Layout::bshd, dev),
                    Tensor::uninitialized(cap, saved.wire, Layout::bshd, dev)};
-  Tensor scratch = saved.wire == DType::f32 ? Tensor() : Tensor::uninitialized(cap, DType::f32, Layout::bshd, dev);
   copy(saved.kv.view(), member_kv(buf[0], kvs.s));
   Tensor dkv[2] = {Tensor(cap, DType::f32, Layout::bshd, dev), Tensor(cap, DType::f32, Layout::bshd, dev)},
          dkv_in(cap, DType::f32, Layout::bshd, dev);
@@ -221,7 +228,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     dkv_send[cur].wait();  // the buffer's send from two steps ago
     const TensorView acc = member_kv(dkv[cur], src_rows);
     zero(acc);
-    backward_pairs(saved, dq, acc, dout, compute_view(held, scratch), saved.chunks[std::size_t(src)], pair, stats, [&] {
+    backward_pairs(saved, dq, acc, dout, held, saved.chunks[std::size_t(src)], pair, stats, [&] {
       recv.test();
       send.test();
     });

@@ -15,6 +15,12 @@
 // contribution joins the accumulator travelling one step behind K/V, which arrives back at
 // its owner after R hops (accumulated in float32 whatever the wire dtype).
 //
+// Dtypes: Q, K, V (and dO) stay in their storage dtype, which is also the wire's and the
+// kernels' (bf16 runs on the level's bf16 engine); every partial O, the LSE and every dQ/dK/dV
+// are float32, and so are their merges and sums across steps. Rounding a partial to bf16 at
+// each step would add one bf16 rounding per ring step, an error growing with the ring size
+// (ring-flash-attention #42); the caller rounds the final O and gradients once.
+//
 // The same code serves the outer ring of a2a+p2p, where a member's chunks are those of its
 // whole inner group.
 //
@@ -35,35 +41,40 @@
 #include "ulysses/cost_model.hpp"
 #include "ulysses/cp_config.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/strategy.hpp"
 #include "ulysses/traffic.hpp"
 
 namespace ulysses {
 
+// --per-document 0|1 (CpConfig::per_document), declared by both ring strategies: with packed
+// documents under zigzag, the ring's layout is per-document zigzag (per_document_layout) unless 0.
+StrategyOption per_document_option();
+
 struct RingSaved {
-  TensorView q, out;                          // float32 [b, n, h, d]; storage owned by the caller
-  Tensor kv;                                  // float32 own K then V: [2b, own rows, h_kv, d]
-  std::vector<Tensor> lse;                    // per local chunk (lse_tensor)
-  std::vector<std::vector<SeqChunk>> chunks;  // per ring member: its K/V rows
-  std::vector<SeqChunk> queries;              // this member's query rows at their key positions
-  AttentionParams params;                     // causal and scale; offsets are per chunk
-  DType wire = DType::f32;
+  TensorView q, out;                             // [b, n, h, d], q in `wire`, out float32; storage owned by the caller
+  Tensor kv;                                     // own K then V in `wire`: [2b, own rows, h_kv, d]
+  std::vector<Tensor> lse;                       // per local chunk (lse_tensor)
+  std::vector<std::vector<SeqChunk>> chunks;     // per ring member: its K/V rows
+  std::vector<SeqChunk> queries;                 // this member's query rows at their key positions
+  AttentionParams params;                        // causal and scale; offsets are per chunk
+  DType wire = DType::f32;                       // q's, k's and v's: the kernels' compute dtype
   int me = 0;                                    // this member
   std::vector<std::vector<SeqChunk>> halo_rows;  // halo exchange: the rows of each member held
-  std::vector<Tensor> halos;                     // their float32 K then V, [2b, rows, h_kv, d]
+  std::vector<Tensor> halos;                     // their K then V in `wire`, [2b, rows, h_kv, d]
 };
 
-// Collective over `ring`. q, k, v, out: float32 views; chunks[r] are the K/V rows of member r,
-// `queries` this member's query rows at their global key positions (chunks[me] for
-// self-attention; cross-attention: shifted by q_offset, and no window).
+// Collective over `ring`. q, k, v: views of one dtype (float32 or bf16: the wire's and the
+// kernels'), out: a float32 view; q and out must outlive the backward. chunks[r] are the K/V
+// rows of member r, `queries` this member's query rows at their global key positions
+// (chunks[me] for self-attention; cross-attention: shifted by q_offset, and no window).
 void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved& saved, const TensorView& q,
                             const TensorView& k, const TensorView& v, const std::vector<std::vector<SeqChunk>>& chunks,
-                            const std::vector<SeqChunk>& queries, const AttentionParams& params, DType wire,
-                            CpStats& stats);
+                            const std::vector<SeqChunk>& queries, const AttentionParams& params, CpStats& stats);
 
 // `chunks` moved by `offset` positions (a cross-attention's queries to their key positions).
 std::vector<SeqChunk> shifted(std::vector<SeqChunk> chunks, std::int64_t offset);
 
-// Collective over `ring`. dq, dk, dv, dout: float32 views; dq/dk/dv are overwritten.
+// Collective over `ring`. dout in q's dtype; dq, dk, dv: float32 views, overwritten.
 void ring_attention_backward(Communicator& ring, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                              const TensorView& dout, const RingSaved& saved, CpStats& stats);
 
@@ -88,7 +99,7 @@ void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int 
 RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s);
 
 // Shared by the ring and the halo exchange: every (own query chunk, key chunk) pair the mask
-// does not hide entirely, against float32 K|V rows `kv` [2b, rows, h_kv, d] holding `keys`
+// does not hide entirely, against K|V rows `kv` [2b, rows, h_kv, d] in q's dtype holding `keys`
 // (global positions) one after another; `progress` runs between pairs.
 struct PairScratch {
   Tensor o, lse;      // forward

@@ -19,11 +19,10 @@ void fill(const TensorView& t, float value) { ops_for({&t}).fill(t, value); }
 
 void accumulate(const TensorView& dst, const TensorView& src) { ops_for({&dst, &src}).accumulate(dst, src); }
 
-Float32Forward::Float32Forward(const TensorView& q_in) : q(copy_of(q_in, DType::f32)), out(f32_like(q_in)) {}
+SavedForward::SavedForward(const TensorView& q_in) : q(copy_of(q_in, q_in.dtype)), out(f32_like(q_in)) {}
 
-Float32Backward::Float32Backward(const TensorView& dout_in, const TensorView& dq_out, const TensorView& dk_out,
-                                 const TensorView& dv_out)
-    : dout(copy_of(dout_in, DType::f32)), dq(f32_like(dq_out)), dk(f32_like(dk_out)), dv(f32_like(dv_out)) {}
+Float32Backward::Float32Backward(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out)
+    : dq(f32_like(dq_out)), dk(f32_like(dk_out)), dv(f32_like(dv_out)) {}
 
 void Float32Backward::store(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out) const {
   copy(dq.view(), dq_out);

@@ -19,18 +19,20 @@ void fill(const TensorView& t, float value);
 // dst += src (float32 views of one shape).
 void accumulate(const TensorView& dst, const TensorView& src);
 
-// Strategies that compute in float32 whatever the storage dtype (p2p, all_gather).
-// The forward's float32 q and output, kept for the backward.
-struct Float32Forward {
+// What a strategy that sums partial results (p2p, all_gather) keeps of its forward: q in the
+// storage dtype (which its kernels compute in) and the float32 output, rounded once by the
+// caller after the last merge.
+struct SavedForward {
   Tensor q, out;
-  Float32Forward() = default;
-  explicit Float32Forward(const TensorView& q_in);
+  SavedForward() = default;
+  explicit SavedForward(const TensorView& q_in);
 };
-// The backward's float32 dout and gradient buffers; store() writes them in the caller's dtype.
+// The float32 gradient buffers of a strategy that sums partial gradients (p2p, all_gather:
+// over ring steps or query chunks, in float32 whatever the storage dtype); store() writes them
+// in the caller's dtype, rounding once.
 struct Float32Backward {
-  Tensor dout, dq, dk, dv;
-  Float32Backward(const TensorView& dout_in, const TensorView& dq_out, const TensorView& dk_out,
-                  const TensorView& dv_out);
+  Tensor dq, dk, dv;
+  Float32Backward(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out);
   void store(const TensorView& dq_out, const TensorView& dk_out, const TensorView& dv_out) const;
 };
 

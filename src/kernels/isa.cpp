@@ -80,6 +80,7 @@ Isa best() {
   return b;
 }
 Isa g_active = capped(best());
+const KernelLevel* g_testing = nullptr;
 
 }  // namespace
 
@@ -113,6 +114,8 @@ const KernelLevel& level(Isa isa) {
   return levels[int(isa)];
 }
 
-const KernelLevel& active_level() { return level(g_active); }
+const KernelLevel& active_level() { return g_testing != nullptr ? *g_testing : level(g_active); }
+
+void use_level_for_testing(const KernelLevel* level) { g_testing = level; }
 
 }  // namespace ulysses::kernels

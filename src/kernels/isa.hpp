@@ -33,4 +33,9 @@ Isa force_isa(Isa isa);
 const KernelLevel& level(Isa isa);
 const KernelLevel& active_level();
 
+// Tests: every kernel runs on `level` (a table of their own, such as the emulated AVX512_BF16
+// one, so the strategies' bf16 paths meet a bf16 engine on any CPU) until it is called with
+// nullptr, which restores the active ISA's. Call it while no kernel runs.
+void use_level_for_testing(const KernelLevel* level);
+
 }  // namespace ulysses::kernels

@@ -38,6 +38,14 @@ CpConfig config_at(const CpConfig& base, int size) {
   return c;
 }
 
+// Rank `rank` of a group of `size`'s tokens of `sequence`: its documents choose the layout
+// (per-document zigzag on a ring), as they do inside the attention.
+std::vector<SeqChunk> chunks_of(const CpConfig& base, int size, int rank, const SequenceLayout& sequence) {
+  CpConfig c = config_at(base, size);
+  c.cu_seqlens = sequence.cu_seqlens;
+  return rank_chunks(c, size, rank, sequence.length);
+}
+
 // What one rank of a group of `cp` needs for `batch` sequences of `seq` tokens at once.
 double memory_need(TrainConfig c, std::int64_t batch, std::int64_t seq, int cp) {
   c.batch = batch;
@@ -123,9 +131,11 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
         cfg_.batch);
   comm.agree(err);
   cfg_.cp.causal = true;
-  if (cfg_.calibrate)
-    calibration_ = calibrate(comm, cfg_.model.head_dim, cfg_.dtype, cfg_.model.width, cfg_.model.hidden);
   model_.init_params(cfg_.seed);
+  if (cfg_.calibrate) {
+    calibration_ = calibrate(comm, cfg_.model.head_dim, cfg_.dtype);
+    calibration_->gemm_flops = layers_rate();
+  }
   m_.assign(model_.params.size(), 0.0f);
   v_.assign(model_.params.size(), 0.0f);
   decay_.assign(model_.params.size(), 1);  // no weight decay on the norms' gains
@@ -135,6 +145,43 @@ Trainer::Trainer(Communicator& comm, TrainConfig config, DataSource data)
     no_decay(L.rms2);
   }
   no_decay(model_.layout.rmsf);
+}
+
+double Trainer::gemm_flops_per_token() const {
+  return 6.0 * double(model_.layout.total - cfg_.model.vocab * cfg_.model.width);  // the embedding is a lookup
+}
+
+// A BLAS GEMM of one shape (what calibrate() times) ran 1.2-1.4x faster per FLOP than the
+// trainer's layers do on the same rows (bench/train_balance.sh's traces, 2 ranks busy at once):
+// the layers also run the norms, RoPE, SwiGLU, the loss and GEMMs of other shapes, all per
+// token. So the rate the balancer prices a token's non-attention work at is timed on the
+// model itself: one forward + backward of kProbeTokens tokens on each rank's own 1-rank
+// group, every rank at once as in a step, less the attention kernels' time; the slowest rank's.
+double Trainer::layers_rate() {
+  constexpr std::int64_t kProbeTokens = 1024;
+  std::vector<BalanceGroup> alone;
+  for (int r = 0; r < comm_.size(); ++r) alone.push_back({r, 1});
+  groups_.ensure(alone);
+  CpAttention& att = attention_for(alone[std::size_t(comm_.rank())]);
+  att.reshape(1, kProbeTokens);
+  att.set_documents({});
+  std::vector<int> tokens(kProbeTokens), argmax(kProbeTokens);
+  std::vector<std::int64_t> pos(kProbeTokens);
+  for (std::int64_t t = 0; t < kProbeTokens; ++t) {
+    tokens[std::size_t(t)] = int(t % cfg_.model.vocab);
+    pos[std::size_t(t)] = t;
+  }
+  std::vector<double> attention_s;
+  double seconds = local_median_seconds(comm_, [&] {
+    model_.forward(att, tokens.data(), tokens.data(), pos.data(), 1, kProbeTokens, 1.0f / kProbeTokens, argmax.data());
+    model_.backward(att);
+    attention_s.push_back(att.stats().compute_s);
+  });
+  std::sort(attention_s.begin(), attention_s.end());
+  seconds = std::max(1e-9, seconds - attention_s[attention_s.size() / 2]);  // medians of the same runs
+  comm_.allreduce_max(&seconds, 1);
+  std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
+  return gemm_flops_per_token() * double(kProbeTokens) / seconds;
 }
 
 BalanceInput Trainer::balance_input(const std::vector<SequenceLayout>& seqs) const {
@@ -154,7 +201,7 @@ BalanceInput Trainer::balance_input(const std::vector<SequenceLayout>& seqs) con
     in.model.cluster = calibration_->cluster;
     in.gemm_flops_rate = calibration_->gemm_flops;
   }
-  in.gemm_flops_per_token = 6.0 * double(model_.layout.total - m.vocab * m.width);  // the embedding is a lookup
+  in.gemm_flops_per_token = gemm_flops_per_token();
   const TrainConfig c = cfg_;
   in.memory_per_rank = [c](std::int64_t len, int cp) { return memory_need(c, 1, len, cp); };
   in.max_memory = cfg_.max_memory;
@@ -206,8 +253,7 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
                             bool train, Sums& sums) {
   const BalanceGroup g = run.group;
   const SequenceLayout& first = p.sequences[std::size_t(run.sequences.front())];
-  const std::vector<SeqChunk> chunks =
-      rank_chunks(config_at(cfg_.cp, g.size), g.size, comm_.rank() - g.first_rank, first.length);
+  const std::vector<SeqChunk> chunks = chunks_of(cfg_.cp, g.size, comm_.rank() - g.first_rank, first);
   std::vector<std::int64_t> pos = token_positions(chunks);
   for (std::int64_t& q : pos) q -= document_of(first.cu_seqlens, q).begin;  // RoPE: each document from 0
   const std::int64_t n = std::int64_t(pos.size()), B = std::int64_t(run.sequences.size());
@@ -250,7 +296,7 @@ Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool 
       comm_, p.plan,
       [&](int i, int j) {
         const BalanceGroup& g = p.plan.groups[std::size_t(i)];
-        return rank_chunks(config_at(cfg_.cp, g.size), g.size, j, p.sequences[std::size_t(i)].length);
+        return chunks_of(cfg_.cp, g.size, j, p.sequences[std::size_t(i)]);
       },
       [&](int i) { return data_.sequence(p.sequences[std::size_t(i)], cfg_.seed, data_step, held_out); });
   if (train) std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);

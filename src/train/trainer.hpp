@@ -107,7 +107,8 @@ class Trainer {
   const std::vector<float>& parameters() const { return model_.params; }
   const std::vector<float>& gradients() const { return model_.grads; }
   const TrainConfig& config() const { return cfg_; }
-  // The rates and links measured at start (TrainConfig::calibrate), else empty.
+  // The rates and links measured at start (TrainConfig::calibrate), else empty; gemm_flops
+  // is this model's rate for all of a token's work but attention (layers_rate).
   const std::optional<Calibration>& calibration() const { return calibration_; }
 
   // A step as every rank plans it before any data moves: its sequences, their groups, and the
@@ -138,6 +139,11 @@ class Trainer {
   void run_sequences(const Run& run, const StepPlan& plan, const std::map<int, Shard>& shards, float scale, bool train,
                      Sums& sums);
   BalanceInput balance_input(const std::vector<SequenceLayout>& sequences) const;
+  // Forward + backward FLOPs per token of the projections, the MLP and the LM head, all layers.
+  double gemm_flops_per_token() const;
+  // Collective: the FLOP/s at which this model runs a token's work other than attention
+  // (trainer.cpp says why it is timed on the model), the slowest rank's.
+  double layers_rate();
   CpAttention& attention_for(const BalanceGroup& group);
 
   Communicator& comm_;

@@ -6,7 +6,9 @@
 // forward:  seq_to_head inside the group → ring attention over the outer group on the
 //           group's whole sequence and its inner rank's heads (ulysses_heads over `inner`:
 //           h/inner when they split evenly) → head_to_seq inside the group.
-// backward: the mirror image. The ring computes in float32.
+// backward: the mirror image. Q, K, V and dO stay in the storage dtype, in the all-to-alls,
+// on the ring and in the kernels (bf16: the level's bf16 engine); out and the gradients are
+// float32 across ring steps, rounded to the storage dtype once, for the inner all-to-all back.
 // Cross-attention (k/v of s_k tokens): q and k|v in separate inner all-to-alls (their token
 // counts differ, as in a2a); the outer ring moves the groups' K/V chunks over s_k, the queries
 // at q_offset + their positions.
@@ -30,8 +32,8 @@ namespace ulysses {
 namespace {
 
 struct HierarchicalContext final : StrategyContext {
-  FusedHeads qkv, out_heads;  // float32, head-sharded inside the inner group
-  FusedHeads kv;              // cross-attention: k | v apart (float32); qkv holds q only
+  FusedHeads qkv, out_heads;  // head-sharded inside the inner group: storage dtype, out float32
+  FusedHeads kv;              // cross-attention: k | v apart (storage dtype); qkv holds q only
   TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
   TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
   RingSaved ring;            // the outer ring's (points into qkv and out_heads)
@@ -50,9 +52,6 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
   return c;
 }
 
-// A FusedHeads in float32 (the ring's compute dtype).
-FusedHeads as_float32(FusedHeads x) { return x.dtype() == DType::f32 ? std::move(x) : x.converted(DType::f32); }
-
 class A2aP2pStrategy final : public Strategy {
  public:
   std::string_view name() const override { return "a2a+p2p"; }
@@ -63,6 +62,9 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   bool hierarchical() const override { return true; }
+  TokenLayout token_layout(const CpConfig& config) const override {
+    return per_document_layout(Strategy::token_layout(config), config);
+  }
   std::vector<StrategyOption> options() const override {
     return {{"cp-sizes", "INNER,OUTER", "hierarchical_context_parallel_sizes INNER,OUTER",
              "hierarchical_context_parallel_sizes", "empty", 0, "INNER * OUTER == {} (ranks)",
@@ -72,7 +74,8 @@ class A2aP2pStrategy final : public Strategy {
              },
              [](CpConfig& c, const std::vector<std::int64_t>& v) {
                c.hierarchical_context_parallel_sizes.assign(v.begin(), v.end());
-             }}};
+             }},
+            per_document_option()};
   }
   std::string describe(const CpConfig& config, int, std::int64_t) const override {
     const auto& hs = config.hierarchical_context_parallel_sizes;
@@ -114,7 +117,7 @@ class A2aP2pStrategy final : public Strategy {
     const auto& ctx = static_cast<const HierarchicalContext&>(context);
     const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     double t0 = comm.now();
-    const FusedHeads hdout = as_float32(seq_to_head(*ctx.inner, g));
+    const FusedHeads hdout = seq_to_head(*ctx.inner, g);
     stats.comm_exposed_s += comm.now() - t0;
     const FusedHeads& x = ctx.qkv;
     const bool cross = ctx.kv.num_parts() > 0;
@@ -234,8 +237,8 @@ class A2aP2pStrategy final : public Strategy {
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     const std::span<const SeqShard> all(in);
     double t0 = comm.now();
-    if (cross) ctx->kv = as_float32(seq_to_head(*ctx->inner, all.last(2)));
-    ctx->qkv = as_float32(seq_to_head(*ctx->inner, cross ? all.first(1) : all));
+    if (cross) ctx->kv = seq_to_head(*ctx->inner, all.last(2));
+    ctx->qkv = seq_to_head(*ctx->inner, cross ? all.first(1) : all);
     stats.comm_exposed_s += comm.now() - t0;
     const TensorView hq = ctx->qkv.part(0);
     ctx->out_heads =
@@ -243,7 +246,7 @@ class A2aP2pStrategy final : public Strategy {
     const AttentionParams params = attention_params(config);
     const std::vector<SeqChunk> queries = outer_chunks(q_chunks, I)[std::size_t(ctx->outer->rank())];
     ring_attention_forward(*ctx->outer, ctx->out_heads.part(0), ctx->ring, hq, ctx->k(), ctx->v(),
-                           outer_chunks(kv_chunks, I), shifted(queries, params.q_offset), params, q.dtype, stats);
+                           outer_chunks(kv_chunks, I), shifted(queries, params.q_offset), params, stats);
     t0 = comm.now();
     const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
     head_to_seq_in(*ctx->inner, ctx->out_heads, o, q.dtype);

@@ -1,8 +1,10 @@
 // cp_comm_type "all_gather" (Llama-3 style, as in TransformerEngine): gather the full K and V
 // once, reorder them into sequence order, and run every local query chunk against its causal
 // prefix of keys; the backward reduce-scatters dK and dV back to their owners. The simplest
-// strategy and the most memory (full K and V on every rank); nothing overlaps. Computes in
-// float32; K/V travel in the storage dtype, dK/dV in float32. Cross-attention (k/v of s_k
+// strategy and the most memory (full K and V on every rank); nothing overlaps. Q, K and V stay
+// in the storage dtype, on the wire and in the kernels (bf16: the level's bf16 engine); out
+// and the gradients are float32 until the end, dK/dV summed and reduce-scattered in float32
+// (a bf16 sum over ranks would round once per rank). Cross-attention (k/v of s_k
 // tokens) gathers K/V by their own chunks; the queries keep theirs, shifted by q_offset.
 #include <numeric>
 
@@ -17,8 +19,8 @@ namespace ulysses {
 namespace {
 
 struct AllGatherContext final : StrategyContext {
-  Float32Forward f32;                         // q and out in float32
-  Tensor kv_full;                             // float32 [2b, s, h_kv, d] in sequence order
+  SavedForward saved;                         // q and the float32 out
+  Tensor kv_full;                             // [2b, s, h_kv, d] in sequence order, storage dtype
   std::vector<Tensor> lse;                    // per local chunk
   std::vector<std::vector<SeqChunk>> chunks;  // per rank: its K/V tokens
   std::vector<SeqChunk> mine;                 // this rank's query tokens
@@ -66,7 +68,7 @@ void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, c
   const std::int64_t seq = blocks.total_rows();
   Tensor gathered = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);  // the blocks'
   comm.allgatherv(buffer_of(local), buffer_of(gathered), bytes, "all_gather_kv");
-  ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, DType::f32, Layout::bshd, k.device);
+  ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);
   for (int r = 0; r < comm.size(); ++r)
     for (int which = 0; which < 2; ++which)
       unshard_sequence(kv_half(blocks.block(gathered, r), which), kv_half(ctx.kv_full.view(), which),
@@ -99,8 +101,8 @@ class AllGatherStrategy final : public Strategy {
     const double t1 = comm.now();
     stats.comm_exposed_s += t1 - t0;
 
-    ctx->f32 = Float32Forward(q);
-    const TensorView q32 = ctx->f32.q.view(), out32 = ctx->f32.out.view();
+    ctx->saved = SavedForward(q);
+    const TensorView qs = ctx->saved.q.view(), out32 = ctx->saved.out.view();
     const std::vector<SeqChunk>& mine = ctx->mine;
     const TensorView kf = kv_half(ctx->kv_full.view(), 0), vf = kv_half(ctx->kv_full.view(), 1);
     const std::int64_t S = kf.shape.s;
@@ -110,7 +112,7 @@ class AllGatherStrategy final : public Strategy {
       p.q_offset += a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
       ctx->lse.push_back(lse_tensor({q.shape.b, a.length, q.shape.h, q.shape.d}, q.device));
-      flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(q32, ra, a.length), kf, vf, p);
+      flash_attention_forward(rows(out32, ra, a.length), ctx->lse.back().view(), rows(qs, ra, a.length), kf, vf, p);
       stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, S}) * q.shape.b * q.shape.h;
     }
     copy(out32, out);
@@ -127,8 +129,8 @@ class AllGatherStrategy final : public Strategy {
     const Shape full = ctx.kv_full.shape();  // [2b, s, h_kv, d]
     const std::vector<SeqChunk>& mine = ctx.mine;
     const TensorView kf = kv_half(ctx.kv_full.view(), 0), vf = kv_half(ctx.kv_full.view(), 1);
-    Float32Backward g(dout, dq, dk, dv);
-    const TensorView q32 = ctx.f32.q.view(), out32 = ctx.f32.out.view();
+    Float32Backward g(dq, dk, dv);
+    const TensorView qs = ctx.saved.q.view(), out32 = ctx.saved.out.view();
 
     const double t0 = comm.now();
     Tensor dkv_full(full, DType::f32, Layout::bshd, kf.device), dk_part = f32_like(kf), dv_part = f32_like(kf);
@@ -138,11 +140,11 @@ class AllGatherStrategy final : public Strategy {
       p.q_offset += a.begin;
       const std::int64_t ra = chunk_row(mine, ia);
       flash_attention_backward(rows(g.dq.view(), ra, a.length), dk_part.view(), dv_part.view(),
-                               rows(g.dout.view(), ra, a.length), rows(q32, ra, a.length), kf, vf,
-                               rows(out32, ra, a.length), ctx.lse[ia].view(), p);
+                               rows(dout, ra, a.length), rows(qs, ra, a.length), kf, vf, rows(out32, ra, a.length),
+                               ctx.lse[ia].view(), p);
       accumulate(kv_half(dkv_full.view(), 0), dk_part.view());
       accumulate(kv_half(dkv_full.view(), 1), dv_part.view());
-      stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, full.s}) * q32.shape.b * q32.shape.h;
+      stats.score_pairs += visible_pairs(p, {p.q_offset, a.length}, {0, full.s}) * qs.shape.b * qs.shape.h;
     }
     // Rank r's rows of dK/dV, in its local order, as block r of the reduce-scatter.
     const RankBlocks layout(ctx.chunks, {full.b, 1, full.h, full.d});

@@ -1,7 +1,9 @@
 // cp_comm_type "p2p": ring attention over the whole communicator (ring_attention.hpp has the
-// algorithm, which the outer ring of a2a+p2p shares). Computes in float32 whatever the
-// storage dtype; K/V travel in the storage dtype. Cross-attention (k/v of s_k tokens): the
-// K/V chunks over s_k travel, the queries stay at q_offset + their positions over s.
+// algorithm, which the outer ring of a2a+p2p shares). Q, K and V stay in the storage dtype,
+// on the wire and in the kernels (bf16: the level's bf16 engine); partial outputs, their LSE
+// merges and the gradients are float32 across ring steps, rounded once at the end.
+// Cross-attention (k/v of s_k tokens): the K/V chunks over s_k travel, the queries stay at
+// q_offset + their positions over s.
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
@@ -12,7 +14,7 @@ namespace ulysses {
 namespace {
 
 struct RingContext final : StrategyContext {
-  Float32Forward f32;  // q and out in float32 (RingSaved points into them)
+  SavedForward saved;  // q and the float32 out (RingSaved points into them)
   RingSaved ring;
 };
 
@@ -22,6 +24,10 @@ class P2pStrategy final : public Strategy {
   bool supports_documents() const override { return true; }
   bool supports_window() const override { return true; }
   bool supports_cross() const override { return true; }
+  TokenLayout token_layout(const CpConfig& config) const override {
+    return per_document_layout(Strategy::token_layout(config), config);
+  }
+  std::vector<StrategyOption> options() const override { return {per_document_option()}; }
   std::string_view summary() const override {
     return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
            "(with a sliding window: only the halo the band reaches)";
@@ -33,20 +39,19 @@ class P2pStrategy final : public Strategy {
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
     auto ctx = std::make_unique<RingContext>();
-    ctx->f32 = Float32Forward(q);
+    ctx->saved = SavedForward(q);
     const AttentionParams params = attention_params(config);
-    ring_attention_forward(group.comm(), ctx->f32.out.view(), ctx->ring, ctx->f32.q.view(), k, v, kv_chunks,
-                           shifted(q_chunks[std::size_t(group.comm().rank())], params.q_offset), params, q.dtype,
-                           stats);
-    copy(ctx->f32.out.view(), out);
+    ring_attention_forward(group.comm(), ctx->saved.out.view(), ctx->ring, ctx->saved.q.view(), k, v, kv_chunks,
+                           shifted(q_chunks[std::size_t(group.comm().rank())], params.q_offset), params, stats);
+    copy(ctx->saved.out.view(), out);
     return ctx;
   }
 
   void backward(CpGroup& group, const StrategyContext& context, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const TensorView& dout, CpStats& stats) const override {
     const auto& ctx = static_cast<const RingContext&>(context);
-    Float32Backward g(dout, dq, dk, dv);
-    ring_attention_backward(group.comm(), g.dq.view(), g.dk.view(), g.dv.view(), g.dout.view(), ctx.ring, stats);
+    Float32Backward g(dq, dk, dv);
+    ring_attention_backward(group.comm(), g.dq.view(), g.dk.view(), g.dv.view(), dout, ctx.ring, stats);
     g.store(dq, dk, dv);
   }
 
