@@ -42,7 +42,10 @@ TEST(Merge, TwoHalvesOfTheKeysEqualTheWhole) {
     std::vector<float> l1(lse_all.size()), l2(lse_all.size());
     part(0, 37, o1, l1);
     part(37, sk - 37, o2, l2);  // rows before position 37 see none of these keys: lse -inf
-    merge_attention(o1.view(), l1.data(), o2.view(), l2.data());
+    auto lse_view = [&](std::vector<float>& l) {
+      return TensorView::dense(l.data(), DType::f32, {b, s, h, 1}, Layout::bhsd);
+    };
+    merge_attention(o1.view(), lse_view(l1), o2.view(), lse_view(l2));
     double worst = 0;
     for (std::int64_t i = 0; i < o_all.shape().numel(); ++i)
       worst = std::max(worst, double(std::abs(o1.f32()[i] - o_all.f32()[i])));
@@ -61,7 +64,8 @@ TEST(Merge, EmptyRowsStayEmptyAndNeverNaN) {
   std::vector<float> la = {-inf, -inf, 2.0f}, lp = {-inf, 1.0f, -inf};
   a[4] = 7.0f;
   a[5] = 8.0f;
-  merge_attention(acc.view(), la.data(), part.view(), lp.data());
+  merge_attention(acc.view(), TensorView::dense(la.data(), DType::f32, {1, 3, 1, 1}, Layout::bhsd), part.view(),
+                  TensorView::dense(lp.data(), DType::f32, {1, 3, 1, 1}, Layout::bhsd));
   EXPECT_EQ(la[0], -inf);  // both empty
   EXPECT_EQ(a[0], 0.0f);
   EXPECT_EQ(la[1], 1.0f);  // first contribution is taken as is

@@ -101,6 +101,19 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                               const TensorView& lse, const AttentionParams& params);
 
+// The attention kernels of a device other than the CPU (whose are built in, chosen per ISA): a
+// device backend registers its pair at start-up, and flash_attention_forward/backward run it,
+// after their checks, on tensors of that device. `kernels` must outlive its use.
+struct AttentionKernels {
+  Device device = Device::cpu;
+  void (*forward)(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                  const TensorView& v, const AttentionParams& params) = nullptr;
+  void (*backward)(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                   const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const TensorView& lse, const AttentionParams& params) = nullptr;
+};
+void register_attention_kernels(const AttentionKernels& kernels);
+
 // FLOPs of one forward as FlashAttention counts them: 4·b·sq·sk·h·d, halved when causal
 // (for sq == sk). The backward is 2.5× this.
 double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t h, std::int64_t d,

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ulysses/tensor.hpp"
 #include "ulysses/watchdog.hpp"
 
 namespace ulysses {
@@ -30,6 +31,21 @@ struct CommCounter {
   std::int64_t bytes_sent = 0;  // payload bytes this rank sent to other ranks (not to itself)
   std::int64_t messages = 0;    // point-to-point messages to other ranks
 };
+
+// Memory a collective or message reads or writes: where it starts, its size, what it holds and
+// on which device. A backend moves the memory of the devices it reaches() in place; for any
+// other, the Buffer overloads below stage the bytes through host buffers with the device's
+// table (to_host / from_host, device_ops.hpp), so every backend takes every device's tensors
+// and a device-aware one (NCCL for CUDA memory) moves them directly.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+};
+// The memory of a view that is one dense block (Error otherwise), or of a tensor.
+Buffer buffer_of(const TensorView& view);
+Buffer buffer_of(const Tensor& tensor);
 
 enum class ReduceOp { sum, min, max };
 enum class ScalarType { f32, f64, i64 };  // what an all-reduce adds up
@@ -120,6 +136,23 @@ class Communicator {
   // attached, a wait that blocks on either shows on the timeline as "wait <op>".
   Request isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op = "p2p");
   Request irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op = "recv");
+
+  // The same over Buffers, for tensors of any device (byte counts and offsets within the
+  // buffers, which must hold them: Error otherwise); counted and traced alike. A staged
+  // request writes what it received to the device when it is waited for.
+  Request ialltoallv(const Buffer& send, std::span<const std::size_t> send_bytes,
+                     std::span<const std::size_t> send_offsets, const Buffer& recv,
+                     std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                     const std::string& op = "alltoallv");
+  void allgatherv(const Buffer& send, const Buffer& recv, std::span<const std::size_t> bytes,
+                  const std::string& op = "allgatherv");
+  // Float32 buffers; counts in elements.
+  void reduce_scatter_sum(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
+                          const std::string& op = "reduce_scatter");
+  Request isend(const Buffer& data, int dest, int tag, const std::string& op = "p2p");
+  Request irecv(const Buffer& data, int src, int tag, const std::string& op = "recv");
+  // Whether this backend moves memory of `device` itself (MPI and the local backend: the host's).
+  virtual bool reaches(Device device) const { return device == Device::cpu; }
 
   // Collective over this communicator: a new communicator of the ranks with the same color,
   // ordered by key (MPI_Comm_split), on the same backend.

@@ -8,9 +8,11 @@
 // and returns when its writes are visible to the next operation on that device.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <span>
 
+#include "ulysses/error.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -50,6 +52,26 @@ Allocator& device_allocator(Device device);
 // too, for tests). `ops` must outlive its use. Not thread-safe against concurrent lookups:
 // backends register at start-up.
 void register_device_ops(const DeviceOps& ops);
+
+// One registered table per device (this one's, the kernels'): what a backend adds at start-up.
+template <class Table>
+class PerDevice {
+ public:
+  static constexpr std::size_t kDevices = 8;  // Device values a table can be registered for
+  // The table of `device`, or null.
+  const Table* find(Device device) const {
+    const auto i = std::size_t(device);
+    return i < kDevices ? at_[i] : nullptr;
+  }
+  void set(const Table& table) {
+    const auto i = std::size_t(table.device);
+    if (i >= kDevices) throw Error("a device table's device is out of range");
+    at_[i] = &table;
+  }
+
+ private:
+  std::array<const Table*, kDevices> at_{};
+};
 
 // The table of the views' device, after checking they all are on it (Error otherwise).
 const DeviceOps& ops_for(std::initializer_list<const TensorView*> views);

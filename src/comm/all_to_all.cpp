@@ -211,7 +211,8 @@ PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> 
   }
   device_ops(out.device()).copy(pack);
   // The other ranks' blocks land in place too.
-  Request r = comm.ialltoallv(sbuf, k->seq_bytes, k->seq_offsets, obuf, k->head_bytes, k->head_offsets, "seq_to_head");
+  Request r = comm.ialltoallv(buffer_of(*send), k->seq_bytes, k->seq_offsets, buffer_of(out.whole()), k->head_bytes,
+                              k->head_offsets, "seq_to_head");
   return PendingTranspose(std::move(r), [send, k] {});
 }
 
@@ -291,7 +292,7 @@ PendingTranspose post_head_to_seq(Communicator& comm, const FusedHeads& in, std:
   // from it, the others arrive back to back.
   auto recv = std::make_shared<Tensor>(Tensor::uninitialized({1, std::int64_t(k->seq_side_bytes / row_bytes), 1, sh0.d},
                                                              dtype, Layout::bshd, in.device()));
-  Request r = comm.ialltoallv(in.whole().data, k->head_bytes, k->head_offsets, recv->data(), k->seq_bytes,
+  Request r = comm.ialltoallv(buffer_of(in.whole()), k->head_bytes, k->head_offsets, buffer_of(*recv), k->seq_bytes,
                               k->seq_offsets, "head_to_seq");
   std::vector<SeqShard> outs(outputs.begin(), outputs.end());
   return PendingTranspose(std::move(r), [&in, outs = std::move(outs), k, recv, me = comm.rank()] {

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,28 +15,40 @@ namespace ulysses {
 
 namespace {
 
+// Row (b, s, *) of one copy: a memcpy per head, or a conversion through `row` (d floats).
+void copy_rows(const ViewCopy& c, std::int64_t b, std::int64_t s, float* row) {
+  const TensorView &from = c.src, &to = c.dst;
+  if (from.dtype != to.dtype) {
+    for (std::int64_t h = 0; h < from.shape.h; ++h) {
+      load_row(from, b, s, h, row);
+      store_row(to, b, s, h, row);
+    }
+    return;
+  }
+  const std::size_t es = dtype_size(from.dtype), row_bytes = std::size_t(from.shape.d) * es;
+  const std::byte* src = static_cast<const std::byte*>(from.data) + std::size_t(from.offset(b, s, 0)) * es;
+  std::byte* dst = static_cast<std::byte*>(to.data) + std::size_t(to.offset(b, s, 0)) * es;
+  for (std::int64_t h = 0; h < from.shape.h; ++h)
+    std::memcpy(dst + std::size_t(h * to.stride_h) * es, src + std::size_t(h * from.stride_h) * es, row_bytes);
+}
+
+// Threads take (s, b) rows and copy them in every view: a pack's destination is then written
+// in one pass, its blocks' rows next to each other, as the all-to-all lays them out.
 void cpu_copy(std::span<const ViewCopy> copies) {
+  std::int64_t ns = 0, nb = 0, d = 0;
+  for (const ViewCopy& c : copies) {
+    ns = std::max(ns, c.src.shape.s);
+    nb = std::max(nb, c.src.shape.b);
+    d = std::max(d, c.src.shape.d);
+  }
 #pragma omp parallel
   {
-    std::vector<float> row;
-    for (const ViewCopy& c : copies) {
-      const Shape& sh = c.src.shape;
-      const bool same = c.src.dtype == c.dst.dtype;
-      const std::size_t row_bytes = std::size_t(sh.d) * dtype_size(c.src.dtype);
-      row.resize(std::size_t(sh.d));
-      // No barrier between copies: their destinations are disjoint.
-#pragma omp for collapse(2) schedule(static) nowait
-      for (std::int64_t b = 0; b < sh.b; ++b)
-        for (std::int64_t s = 0; s < sh.s; ++s)
-          for (std::int64_t h = 0; h < sh.h; ++h) {
-            if (same) {
-              std::memcpy(c.dst.row(b, s, h), c.src.row(b, s, h), row_bytes);
-            } else {
-              load_row(c.src, b, s, h, row.data());
-              store_row(c.dst, b, s, h, row.data());
-            }
-          }
-    }
+    std::vector<float> row(static_cast<std::size_t>(d));
+#pragma omp for collapse(2) schedule(static)
+    for (std::int64_t s = 0; s < ns; ++s)
+      for (std::int64_t b = 0; b < nb; ++b)
+        for (const ViewCopy& c : copies)
+          if (s < c.src.shape.s && b < c.src.shape.b) copy_rows(c, b, s, row.data());
   }
 }
 
@@ -108,32 +119,28 @@ void cpu_merge(const TensorView& acc, const TensorView& acc_lse, const TensorVie
 
 void host_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 
-constexpr std::size_t kDevices = 8;  // Device values a table can be registered for
-
-std::array<const DeviceOps*, kDevices>& tables() {
-  static const DeviceOps cpu{Device::cpu,     &host_allocator(), cpu_copy,   cpu_fill,  cpu_accumulate,
-                             cpu_sum,         cpu_merge,         host_bytes, host_bytes};
-  static std::array<const DeviceOps*, kDevices> t{&cpu};
+PerDevice<DeviceOps>& tables() {
+  static const DeviceOps cpu{Device::cpu, &host_allocator(), cpu_copy,   cpu_fill,  cpu_accumulate,
+                             cpu_sum,     cpu_merge,         host_bytes, host_bytes};
+  static PerDevice<DeviceOps> t = [] {
+    PerDevice<DeviceOps> p;
+    p.set(cpu);
+    return p;
+  }();
   return t;
-}
-
-std::size_t index_of(Device device) {
-  const auto i = std::size_t(device);
-  if (i >= kDevices) throw Error(fmt::format("device {} is out of the table's range", int(device)));
-  return i;
 }
 
 }  // namespace
 
 const DeviceOps& device_ops(Device device) {
-  const DeviceOps* t = tables()[index_of(device)];
+  const DeviceOps* t = tables().find(device);
   if (t == nullptr) throw Error(fmt::format("no operations table for device {}", to_string(device)));
   return *t;
 }
 
 Allocator& device_allocator(Device device) { return *device_ops(device).allocator; }
 
-void register_device_ops(const DeviceOps& ops) { tables()[index_of(ops.device)] = &ops; }
+void register_device_ops(const DeviceOps& ops) { tables().set(ops); }
 
 const DeviceOps& ops_for(std::initializer_list<const TensorView*> views) {
   const Device d = (*views.begin())->device;

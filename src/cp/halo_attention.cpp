@@ -20,8 +20,6 @@ namespace {
 
 constexpr int kTagHalo = 3, kTagHaloGrad = 4;
 
-std::size_t bytes_of(const Tensor& t) { return std::size_t(t.nbytes()); }
-
 // Calls f(own_row, halo_row, n) for each piece of `halo` (rows of this member's `mine`, in
 // order): where it lies in the own K/V and in the halo message.
 template <typename F>
@@ -120,7 +118,7 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     saved.halo_rows[std::size_t(r)] = halo_rows(mine, saved.chunks[std::size_t(r)], saved.params);
     if (const std::int64_t n = total_tokens(saved.halo_rows[std::size_t(r)]); n > 0) {
       in[std::size_t(r)] = Tensor::uninitialized({ks.b, n, ks.h, ks.d}, saved.wire, Layout::bshd, saved.q.device);
-      recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHalo);
+      recvs[std::size_t(r)] = ring.irecv(buffer_of(in[std::size_t(r)]), r, kTagHalo);
     }
     const std::vector<SeqChunk> theirs = halo_rows(saved.chunks[std::size_t(r)], mine, saved.params);
     if (theirs.empty()) continue;
@@ -129,7 +127,7 @@ void halo_attention_forward(Communicator& ring, const TensorView& out, RingSaved
     for_each_piece(mine, theirs, [&](std::int64_t own, std::int64_t at, std::int64_t n) {
       copy(rows(saved.kv.view(), own, n), rows(t.view(), at, n));
     });
-    sends[std::size_t(r)] = ring.isend(t.data(), bytes_of(t), r, kTagHalo, "p2p_kv");
+    sends[std::size_t(r)] = ring.isend(buffer_of(t), r, kTagHalo, "p2p_kv");
   }
   PairScratch pair(saved, false);
   auto progress = [&] {
@@ -173,7 +171,7 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     const Shape ks = saved.kv.shape();
     in[std::size_t(r)] = Tensor::uninitialized({ks.b, total_tokens(theirs[std::size_t(r)]), ks.h, ks.d}, DType::f32,
                                                Layout::bshd, saved.q.device);
-    recvs[std::size_t(r)] = ring.irecv(in[std::size_t(r)].data(), bytes_of(in[std::size_t(r)]), r, kTagHaloGrad);
+    recvs[std::size_t(r)] = ring.irecv(buffer_of(in[std::size_t(r)]), r, kTagHaloGrad);
   }
   PairScratch pair(saved, true);
   auto progress = [&] {
@@ -189,8 +187,7 @@ void halo_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     grads[std::size_t(r)] = Tensor(halo.shape(), DType::f32, Layout::bshd, saved.q.device);
     backward_pairs(saved, dq, grads[std::size_t(r)].view(), dout, halo.view(), saved.halo_rows[std::size_t(r)], pair,
                    stats, progress);
-    sends[std::size_t(r)] =
-        ring.isend(grads[std::size_t(r)].data(), bytes_of(grads[std::size_t(r)]), r, kTagHaloGrad, "p2p_dkv");
+    sends[std::size_t(r)] = ring.isend(buffer_of(grads[std::size_t(r)]), r, kTagHaloGrad, "p2p_dkv");
   }
   const double t1 = ring.now();
   stats.compute_s += t1 - t0;

@@ -11,9 +11,10 @@
 
 namespace ulysses {
 
-// acc [b, n, h, d] float32 view and acc_lse [b, h, n] (contiguous) are updated in place with
-// part [b, n, h, d] and part_lse [b, h, n], all in the memory of acc's device, by its table
+// acc [b, n, h, d] float32 view and acc_lse (lse_tensor's dense float32 bhsd [b, n, h, 1]) are
+// updated in place with part [b, n, h, d] and part_lse, all on one device, by its table
 // (device_ops.hpp; the loop is the CPU's there).
-void merge_attention(const TensorView& acc, float* acc_lse, const TensorView& part, const float* part_lse);
+void merge_attention(const TensorView& acc, const TensorView& acc_lse, const TensorView& part,
+                     const TensorView& part_lse);
 
 }  // namespace ulysses

@@ -37,8 +37,6 @@ TensorView member_kv(const Tensor& buffer, std::int64_t rows) {
   return TensorView::dense(buffer.data(), buffer.dtype(), {s.b, rows, s.h, s.d}, Layout::bshd, buffer.device());
 }
 
-std::size_t bytes_of(const TensorView& v) { return std::size_t(v.shape.numel()) * dtype_size(v.dtype); }
-
 // Posts the next step's K/V transfer: `held` (member src's) to the next rank, member src − 1's
 // from the previous rank into `next`. Nothing at the last step.
 void post_kv_step(Communicator& ring, int step, const RingSaved& saved, const TensorView& held, const Tensor& next,
@@ -46,8 +44,8 @@ void post_kv_step(Communicator& ring, int step, const RingSaved& saved, const Te
   const int R = ring.size(), me = ring.rank();
   if (step + 1 >= R) return;
   const std::vector<SeqChunk>& arriving = saved.chunks[std::size_t((me - step - 1 + 2 * R) % R)];
-  recv = ring.irecv(next.data(), bytes_of(member_kv(next, total_tokens(arriving))), (me - 1 + R) % R, kTagKv);
-  send = ring.isend(held.data, bytes_of(held), (me + 1) % R, kTagKv, "p2p_kv");
+  recv = ring.irecv(buffer_of(member_kv(next, total_tokens(arriving))), (me - 1 + R) % R, kTagKv);
+  send = ring.isend(buffer_of(held), (me + 1) % R, kTagKv, "p2p_kv");
 }
 
 // What the watchdog says this rank was doing.
@@ -108,7 +106,7 @@ void forward_pairs(RingSaved& saved, const TensorView& out, const TensorView& kv
         TensorView::dense(scratch.lse.data(), DType::f32, {B, a.length, H, 1}, Layout::bhsd, scratch.lse.device());
     flash_attention_forward(op, lp, rows(saved.q, ra, a.length), rows(kv_half(kv, 0), rc, c.length),
                             rows(kv_half(kv, 1), rc, c.length), p);
-    merge_attention(rows(out, ra, a.length), saved.lse[ia].f32(), op, scratch.lse.f32());
+    merge_attention(rows(out, ra, a.length), saved.lse[ia].view(), op, lp);
     progress();
   });
 }
@@ -157,8 +155,10 @@ void ring_attention_forward(Communicator& ring, const TensorView& out, RingSaved
   const std::int64_t B = q.shape.b, H = q.shape.h;
   const DType wire = q.dtype;
   const Device dev = q.device;
-  saved = RingSaved{q,    out, Tensor({2 * ks.b, ks.s, ks.h, ks.d}, wire, Layout::bshd, dev), {}, chunks, queries,
-                    params, wire, me, {}, {}};
+  saved = RingSaved{q,      out,    Tensor({2 * ks.b, ks.s, ks.h, ks.d}, wire, Layout::bshd, dev),
+                    {},     chunks, queries,
+                    params, wire,   me,
+                    {},     {}};
   copy(k, kv_half(saved.kv.view(), 0));
   copy(v, kv_half(saved.kv.view(), 1));
   zero(out);
@@ -223,7 +223,7 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
     Request send, recv, dkv_recv;
     post_kv_step(ring, step, saved, held, buf[1 - cur], send, recv);
     // The accumulator for `src` arrives from the previous rank, which handled src one step ago.
-    if (step > 0) dkv_recv = ring.irecv(acc_in.data, bytes_of(acc_in), (me - 1 + R) % R, kTagDkv);
+    if (step > 0) dkv_recv = ring.irecv(buffer_of(acc_in), (me - 1 + R) % R, kTagDkv);
     double t0 = ring.now();
     dkv_send[cur].wait();  // the buffer's send from two steps ago
     const TensorView acc = member_kv(dkv[cur], src_rows);
@@ -239,14 +239,14 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
       dkv_recv.wait();
       accumulate(acc, acc_in);
     }
-    if (R > 1) dkv_send[cur] = ring.isend(acc.data, bytes_of(acc), (me + 1) % R, kTagDkv, "p2p_dkv");
+    if (R > 1) dkv_send[cur] = ring.isend(buffer_of(acc), (me + 1) % R, kTagDkv, "p2p_dkv");
     send.wait();
     recv.wait();
     stats.comm_exposed_s += ring.now() - t1;
   }
   const double t2 = ring.now();
   const TensorView mine_total = member_kv(R > 1 ? dkv_in : dkv[0], kvs.s);  // R == 1: the only accumulator is ours
-  if (R > 1) ring.irecv(mine_total.data, bytes_of(mine_total), (me - 1 + R) % R, kTagDkv).wait();
+  if (R > 1) ring.irecv(buffer_of(mine_total), (me - 1 + R) % R, kTagDkv).wait();
   dkv_send[0].wait();
   dkv_send[1].wait();
   stats.comm_exposed_s += ring.now() - t2;

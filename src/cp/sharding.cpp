@@ -285,7 +285,7 @@ Tensor gather_global(Communicator& comm, const TensorView& shard,
   const Tensor mine = copy_of(shard, DType::f32);  // dense bshd: one contiguous block per rank
   constexpr int kTag = 3;
   if (comm.rank() != root) {  // point to point: the shards' sizes differ between ranks
-    comm.isend(mine.data(), mine.nbytes(), root, kTag, "report").wait();
+    comm.isend(buffer_of(mine), root, kTag, "report").wait();
     return {};
   }
   Tensor global({sh.b, std::accumulate(lengths.begin(), lengths.end(), std::int64_t(0)), sh.h, sh.d}, DType::f32,
@@ -295,7 +295,7 @@ Tensor gather_global(Communicator& comm, const TensorView& shard,
     Tensor theirs = r == root
                         ? Tensor()
                         : Tensor::uninitialized({sh.b, lengths[i], sh.h, sh.d}, DType::f32, Layout::bshd, shard.device);
-    if (r != root) comm.irecv(theirs.data(), theirs.nbytes(), r, kTag).wait();
+    if (r != root) comm.irecv(buffer_of(theirs), r, kTag).wait();
     unshard_sequence(r == root ? mine.view() : theirs.view(), global.view(), chunks_per_rank[i]);
   }
   return global;

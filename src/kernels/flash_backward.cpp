@@ -33,6 +33,7 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
   check_attention_call(q, k, v, out, lse, params);
   if (!(dk.shape == k.shape) || !(dv.shape == k.shape) || !(dout.shape == q.shape) || !(dq.shape == q.shape))
     throw Error("attention backward: dk, dv must have k's shape and dout, dq q's shape");
+  if (q.device != Device::cpu) return device_kernels(q.device)->backward(dq, dk, dv, dout, q, k, v, out, lse, params);
   kernels::flash_backward(kernels::active_level(), dq, dk, dv, dout, q, k, v, out, static_cast<const float*>(lse.data),
                           params);
 }

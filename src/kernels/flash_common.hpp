@@ -12,6 +12,9 @@
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
+
+// The registered kernels of a device other than the CPU, or null (register_attention_kernels).
+const AttentionKernels* device_kernels(Device device);
 // Every check of a flash forward or backward call, before any work: the shapes, `lse` the
 // dense float32 [b, sq, h, 1] bhsd tensor for q, the offsets, documents, window and scale.
 // Throws Error naming the first that fails.

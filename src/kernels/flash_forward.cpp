@@ -23,6 +23,7 @@
 
 #include "flash_common.hpp"
 #include "isa.hpp"
+#include "ulysses/device_ops.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/bf16.hpp"
 #include "ulysses/documents.hpp"
@@ -42,12 +43,12 @@ double attention_forward_flops(std::int64_t b, std::int64_t sq, std::int64_t sk,
 
 void check_attention_shapes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
   auto fail = [](const std::string& m) { throw Error("attention: " + m); };
-  // The kernel table is chosen per device, then (on the CPU) per ISA: the CPU is the only
-  // device with kernels today; a GPU backend adds its table and its case here.
+  // The kernel table is chosen per device (a backend registers its own), then (on the CPU) per ISA.
   for (const TensorView* t : {&k, &v, &out})
     if (t->device != q.device)
       fail(fmt::format("q is on {}, another tensor on {}", to_string(q.device), to_string(t->device)));
-  if (q.device != Device::cpu) fail(fmt::format("no attention kernels for device {}", to_string(q.device)));
+  if (q.device != Device::cpu && device_kernels(q.device) == nullptr)
+    fail(fmt::format("no attention kernels for device {}", to_string(q.device)));
   if (k.dtype != q.dtype || v.dtype != q.dtype)
     fail(fmt::format("q, k and v must share one dtype, got {}, {}, {}", to_string(q.dtype), to_string(k.dtype),
                      to_string(v.dtype)));
@@ -60,6 +61,17 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
   if (!(out.shape == s)) fail(fmt::format("out must be {} like q, got {}", s.str(), out.shape.str()));
   if (s.h % k.shape.h != 0) fail(fmt::format("num_heads ({}) must be divisible by num_kv_heads ({})", s.h, k.shape.h));
 }
+
+namespace {
+PerDevice<AttentionKernels>& registered_kernels() {
+  static PerDevice<AttentionKernels> k;
+  return k;
+}
+}  // namespace
+
+const AttentionKernels* device_kernels(Device device) { return registered_kernels().find(device); }
+
+void register_attention_kernels(const AttentionKernels& kernels) { registered_kernels().set(kernels); }
 
 const char* kernel_isa() { return kernels::active_level().name; }
 
@@ -126,6 +138,7 @@ void check_attention_call(const TensorView& q, const TensorView& k, const Tensor
 void flash_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                              const TensorView& v, const AttentionParams& params) {
   check_attention_call(q, k, v, out, lse, params);
+  if (q.device != Device::cpu) return device_kernels(q.device)->forward(out, lse, q, k, v, params);
   kernels::flash_forward(kernels::active_level(), out, static_cast<float*>(lse.data), q, k, v, params);
 }
 

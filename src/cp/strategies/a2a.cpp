@@ -194,7 +194,7 @@ class A2aStrategy final : public Strategy {
       ch.out = FusedHeads(DType::f32, hq.shape.b, ch.qkv.rank_tokens(), hq.shape.d, {hq.shape.h}, nullptr, hq.device);
       const std::int64_t n = pieces_of(ch.qkv, c > 1);
       for (std::int64_t p = 0; p < n; ++p) {
-        ch.lse.push_back(lse_tensor(piece(hq, p, n).shape));
+        ch.lse.push_back(lse_tensor(piece(hq, p, n).shape, hq.device));
         flash_attention_forward(piece(ch.out.part(0), p, n), ch.lse.back().view(), piece(hq, p, n), piece(ch.k(), p, n),
                                 piece(ch.v(), p, n), ctx->params);
         progress();

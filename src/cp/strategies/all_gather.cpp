@@ -67,7 +67,7 @@ void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, c
   for (std::size_t& b : bytes) b *= dtype_size(k.dtype);
   const std::int64_t seq = blocks.total_rows();
   Tensor gathered = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);  // the blocks'
-  comm.allgatherv(local.data(), gathered.data(), bytes, "all_gather_kv");
+  comm.allgatherv(buffer_of(local), buffer_of(gathered), bytes, "all_gather_kv");
   ctx.kv_full = Tensor::uninitialized({2 * ks.b, seq, ks.h, ks.d}, k.dtype, Layout::bshd, k.device);
   for (int r = 0; r < comm.size(); ++r)
     for (int which = 0; which < 2; ++which)
@@ -158,7 +158,7 @@ class AllGatherStrategy final : public Strategy {
     comm.trace("attention backward", t0, t1);
     Tensor mine_total =
         Tensor::uninitialized({full.b, g.dk.shape().s, full.h, full.d}, DType::f32, Layout::bshd, kf.device);
-    comm.reduce_scatter_sum(blocks.f32(), mine_total.f32(), layout.all_elements(), "all_gather_dkv");
+    comm.reduce_scatter_sum(buffer_of(blocks), buffer_of(mine_total), layout.all_elements(), "all_gather_dkv");
     stats.comm_exposed_s += comm.now() - t1;
     copy(kv_half(mine_total.view(), 0), g.dk.view());
     copy(kv_half(mine_total.view(), 1), g.dv.view());
