@@ -125,14 +125,24 @@ TEST(Planner, UnevenHeadsCostTheBusiestRanksCompute) {
 }
 
 TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
-  // One long document and many short ones, causal, on 8 ranks: the global zigzag gives the
-  // ring's ranks unequal work; Ulysses splits heads, so every rank does the same.
+  // One long document and many short ones, causal, on 8 ranks: a global zigzag (all_gather's)
+  // gives the ranks unequal work; the ring's per-document zigzag and Ulysses' head split do not.
   PlanInput in = gpt(65536, 32, 8, 8);
   in.documents.assign(8, 2048);
   in.documents.push_back(65536 - 8 * 2048);
   const Plan p = make_plan(in);
   EXPECT_DOUBLE_EQ(row(p, "a2a").work_imbalance, 1.0);
-  EXPECT_GT(row(p, "p2p").work_imbalance, 1.2);
+  EXPECT_DOUBLE_EQ(row(p, "p2p").work_imbalance, 1.0);  // every document cuts into 16 equal chunks
+  EXPECT_GT(row(p, "all_gather").work_imbalance, 1.2);
+  CpConfig plain = row(p, "p2p").config;
+  plain.per_document = false;
+  double most = 0, total = 0;  // the ring in plain zigzag, as all_gather
+  for (int r = 0; r < 8; ++r) {
+    const double w = double(find_strategy("p2p").work(plain, 8, r, {1, 65536, 32, 128}, 65536, 8));
+    most = std::max(most, w);
+    total += w;
+  }
+  EXPECT_DOUBLE_EQ(most * 8 / total, row(p, "all_gather").work_imbalance);
   // Less work than one causal document of the same length, so less compute.
   EXPECT_LT(row(p, "a2a").compute_s, row(make_plan(gpt(65536, 32, 8, 8)), "a2a").compute_s);
   EXPECT_NE(p.recommendation.find("best balanced by a2a"), std::string::npos) << p.recommendation;

@@ -81,11 +81,14 @@ CpConfig make_config(const std::string& type, bool causal, std::optional<double>
   std::tie(c.window_left, c.window_right) = window;
   c.overlap_chunks = overlap_chunks;
   c.q_offset = q_offset;
-  const std::vector<StrategyOption> own = find_strategy(type).options();
-  for (const auto& entry : options) {  // the strategy's own through their setters; others refused later
+  std::vector<StrategyOption> declared;
+  for (const Strategy* s : strategies())
+    for (const StrategyOption& o : s->options()) declared.push_back(o);
+  for (const auto& entry : options) {  // declared ones through their setters; the library refuses misplaced ones
     const std::string& flag = entry.first;
-    const auto it = std::find_if(own.begin(), own.end(), [&](const StrategyOption& o) { return o.flag == flag; });
-    if (it != own.end())
+    const auto it =
+        std::find_if(declared.begin(), declared.end(), [&](const StrategyOption& o) { return o.flag == flag; });
+    if (it != declared.end())
       set_option(*it, c, entry.second);
     else
       c.options[flag] = entry.second;

@@ -130,14 +130,56 @@ def test_packed_documents(comm):
         want = out.detach(), q.grad, k.grad, v.grad
         for strategy, sizes in configs(comm.size):
             attn = ut.ContextParallelAttention(comm, strategy, causal, cp_sizes=sizes)
-            sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=sizes)
+            sh = lambda x: ulysses.shard(x, comm, strategy, causal, cp_sizes=sizes, cu_seqlens=cu)
             lq, lk, lv = (sh(x).requires_grad_() for x in (gq, gk, gv))
             o = attn(lq, lk, lv, cu_seqlens=torch.tensor(cu))
             o.backward(sh(gdout))
-            un = lambda x: ulysses.unshard(x, comm, strategy, causal, cp_sizes=sizes)
+            un = lambda x: ulysses.unshard(x, comm, strategy, causal, cp_sizes=sizes, cu_seqlens=cu)
             got = un(o.detach()), un(lq.grad), un(lk.grad), un(lv.grad)
             errs = [agreed_max(comm, rel(x, r)) for x, r in zip(got, want)]
             assert max(errs) <= 1e-5, (strategy, sizes, causal, errs)
+
+
+@pytest.mark.parametrize("options", [None, {"per-document": [1]}, {"per-document": [0]}])
+def test_per_document_zigzag(comm, options):
+    # p2p with documents: every document zigzagged on its own (the default, and per-document 1),
+    # or the whole sequence (per-document 0); documents shorter than 2*cp spread one token per
+    # rank. shard, positions and unshard follow the module's layout; against float64.
+    torch.manual_seed(7)
+    cp = comm.size
+    lengths = [1, 2 * cp - 1, 3, 6 * cp + 2, 2 * cp + 1, 5]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    s, h, kv, d = cu[-1], 4, 2, 8
+    gq, gdout = torch.randn(1, s, h, d), torch.randn(1, s, h, d)
+    gk, gv = torch.randn(1, s, kv, d), torch.randn(1, s, kv, d)
+    q, k, v = (x.detach().double().requires_grad_() for x in (gq, gk, gv))
+    out = textbook_attention(q, k, v, True, cu_seqlens=cu)
+    out.backward(gdout.double())
+    want = out.detach(), q.grad, k.grad, v.grad
+    layout = dict(cu_seqlens=cu, options=options)
+    pos = ulysses.positions(s, comm, "p2p", True, **layout)
+    plain = ulysses.positions(s, comm, "p2p", True)
+    per_document = cp > 1 and options != {"per-document": [0]}
+    assert bool(agreed_max(comm, not torch.equal(pos, plain))) == per_document  # some rank's tokens moved
+    attn = ut.ContextParallelAttention(comm, "p2p", True, options=options)
+    lq, lk, lv = (ulysses.shard(x, comm, "p2p", True, **layout).requires_grad_() for x in (gq, gk, gv))
+    assert torch.equal(lq, gq[:, pos])
+    o = attn(lq, lk, lv, cu_seqlens=cu)
+    o.backward(ulysses.shard(gdout, comm, "p2p", True, **layout))
+    got = [ulysses.unshard(x, comm, "p2p", True, **layout) for x in (o.detach(), lq.grad, lk.grad, lv.grad)]
+    errs = [agreed_max(comm, rel(x, r)) for x, r in zip(got, want)]
+    assert max(errs) <= 1e-5, (options, errs)
+
+
+def test_per_document_option_refused_elsewhere(comm):
+    x = torch.zeros(1, 4 * comm.size, 2 * comm.size, 8)
+    with pytest.raises(ulysses.Error, match=r"per_document must be 0\|1 \(an integer in \[0, 1\]\), got \[2\]"):
+        ut.ContextParallelAttention(comm, "p2p", True, options={"per-document": [2]})
+    attn = ut.ContextParallelAttention(comm, "a2a", True, options={"per-document": [0]})
+    with pytest.raises(ulysses.Error, match="per_document must be 1 for cp_comm_type a2a"):
+        attn(*(ulysses.shard(x, comm, "a2a", True),) * 3, cu_seqlens=[0, 1, x.shape[1]])
 
 
 def test_uneven_sequence_and_heads(comm):

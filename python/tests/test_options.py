@@ -248,6 +248,7 @@ def test_every_keyword_argument_differing_on_one_rank_is_one_error(comm):
         "window_size": ((-1, -1), (1, 0)),
         "overlap_chunks": (1, 2),
         "options": (None, {"toy-max-cp": [2]}),
+        "cu_seqlens": (None, [0, 1, 4 * comm.size]),
     }
     calls = {
         ulysses.shard: lambda **kw: ulysses.shard(x, comm, **kw),

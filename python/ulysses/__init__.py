@@ -23,11 +23,11 @@ The strategies are Megatron's ``cp_comm_type`` names, from the library's registr
 >>> ulysses.strategy_names()
 ['a2a', 'p2p', 'all_gather', 'a2a+p2p']
 
-Each declares the options it adds (``ContextParallelAttention(..., options=...)`` for one
-registered from outside the library; the built-ins' have keywords of their own):
+Each declares the options it adds (``ContextParallelAttention(..., options=...)``; a2a+p2p's
+sizes and a2a's overlap chunks also have keywords of their own):
 
 >>> [flag for flag, values, help in ulysses.strategy_options("a2a+p2p")]
-['cp-sizes']
+['cp-sizes', 'per-document']
 """
 
 from ._balance import BalancePlan, balance
