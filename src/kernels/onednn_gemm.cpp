@@ -107,7 +107,8 @@ void onednn_gemm_bf16(bool ta, bool tb, i64 m, i64 n, i64 k, const std::uint16_t
 
 std::string onednn_bf16_implementation(i64 m, i64 n, i64 k) {
   if (!bf16_matmul_available())
-    return std::string("f32 ") + describe(dt::f32, false, false, m, n, k, k, n, n, false).impl_info_str() + " (no bf16 matmul here)";
+    return std::string("f32 ") + describe(dt::f32, false, false, m, n, k, k, n, n, false).impl_info_str() +
+           " (no bf16 matmul here)";
   return describe(dt::bf16, false, false, m, n, k, k, n, n, false).impl_info_str();
 }
 
