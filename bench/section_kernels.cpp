@@ -2,9 +2,13 @@
 // baseline, across the instruction-set levels, and against PyTorch's SDPA.
 //
 // [1a] Ceilings, measured in this run with the section's thread count:
+//   peak        the register-resident peak of each unit (kernels/peak.hpp): the float32 FMA,
+//               and the bf16 dot product where the CPU has one; the ceiling c of each dtype
+//               is the peak of the unit its kernels run on here (kernels::compute_unit: bf16
+//               inputs run on the FMA where the dot product is slower or missing)
 //   sgemm full  S = Q·Kᵀ ([s×d]·[d×s]) and O = P·V ([s×s]·[s×d]) for one head, OpenBLAS threads;
 //   sgemm tile  the flash kernel's own tile GEMMs (64×bk×d and 64×d×bk), one per core;
-//   (the f32 ceiling c is the larger of the two)
+//               (what a library reaches on the same shapes, below the peak)
 //   AMX bf16    only on the amx level: the register-resident TDPBF16PS peak, and packed tile
 //               GEMMs of the flash tile shape (Q·Kᵀ-like 64×bk×d, P·V-like 64×d×bk, B in
 //               VNNI pairs); c for bf16 inputs is the tile pair's rate (ceiling_amx.cpp).
@@ -34,6 +38,7 @@
 
 #include "bench.hpp"
 #include "ceiling_amx.hpp"
+#include "kernels/peak.hpp"
 #include "kernels/peak_loops.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
@@ -137,17 +142,30 @@ struct AmxTile {
 };
 
 struct Ceilings {
+  double fma_peak = 0, dot_peak = 0;                 // register-resident, all T threads
   std::map<i64, double> sgemm_tile;                  // by d
   std::map<std::pair<i64, i64>, double> sgemm_full;  // by (s, d)
   bool amx = false;                                  // measured (amx level active)
   double amx_peak = 0;
   std::map<i64, AmxTile> amx_tile;  // by d
-  double f32(i64 s, i64 d) const { return std::max(sgemm_full.at({s, d}), sgemm_tile.at(d)); }
-  double bf16(i64 d) const { return amx ? amx_tile.at(d).both() : 0.0; }
+  double f32() const { return fma_peak; }
+  double bf16() const {
+    return kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot ? dot_peak : fma_peak;
+  }
 };
+
+// The peak of `unit` over T threads, each probing its own core at once.
+double threads_peak(kernels::PeakUnit unit, int T) {
+  double total = 0;
+#pragma omp parallel num_threads(T) reduction(+ : total)
+  total += kernels::peak_gflops(unit, 0.1);
+  return total;
+}
 
 Ceilings measure_ceilings(const std::vector<i64>& seqs, const std::vector<i64>& dims, int T, const Options& o) {
   Ceilings c;
+  c.fma_peak = threads_peak(kernels::PeakUnit::f32_fma, T);
+  c.dot_peak = threads_peak(kernels::PeakUnit::bf16_dot, T);
   for (i64 d : dims) {
     c.sgemm_tile[d] = sgemm_tile_gflops(d, T, o.reps);
     for (i64 s : seqs) c.sgemm_full[{s, d}] = sgemm_full_gflops(s, d, T, reps_for(s, o));
@@ -165,7 +183,14 @@ Ceilings measure_ceilings(const std::vector<i64>& seqs, const std::vector<i64>& 
 
 json print_ceilings(const Ceilings& c, const std::vector<i64>& seqs, const std::vector<i64>& dims, int T) {
   fmt::print("[1a] ceilings of this CPU, {} threads, measured in this run (GFLOP/s)\n", T);
-  json j{{"sgemm", json::array()}, {"amx", nullptr}};
+  const std::string dot = kernels::peak_unit_name(kernels::PeakUnit::bf16_dot);
+  fmt::print("  peak (register-resident) f32 {} {:.1f}; bf16 {}; bf16 inputs run on the {}\n",
+             kernels::peak_unit_name(kernels::PeakUnit::f32_fma), c.fma_peak,
+             dot.empty() ? std::string("no dot product") : fmt::format("{} {:.1f}", dot, c.dot_peak),
+             kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot ? "dot product" : "f32 FMA (converted)");
+  json j{{"peak", {{"f32_fma_gflops", c.fma_peak}, {"bf16_dot_gflops", c.dot_peak}, {"bf16_ceiling_gflops", c.bf16()}}},
+         {"sgemm", json::array()},
+         {"amx", nullptr}};
   for (i64 d : dims) {
     const i64 bk = kernels::block_k(d);
     std::string full;
@@ -330,7 +355,7 @@ std::string fraction(double x, double ceiling) { return ceiling > 0 ? fmt::forma
 void print_flash_header(i64 h, int T) {
   fmt::print(
       "[1b] flash attention, {} threads, batch 1, {} heads; f32 and bf16 inputs (outputs f32); /c: over the "
-      "ceiling of [1a]\n",
+      "register-resident peak of the unit the dtype runs on ([1a])\n",
       T, h);
   fmt::print(
       "{:>6} {:>4} {:>6} | {:>7} {:>7} {:>5} {:>5} {:>6} | {:>7} {:>7} {:>5} {:>5} | {:>7} {:>7} {:>6} | {:>8} "
@@ -349,7 +374,7 @@ void flash_rows(i64 s, i64 d, i64 h, int T, const Options& o, const Ceilings& c,
     const Times tn = time_naive(f32, causal, T, reps);
     const Rates rf = rates(tf, s, h, d, causal), rb = rates(tb, s, h, d, causal), rn = rates(tn, s, h, d, causal);
     if (!causal) full_fwd_s = tf.fwd;
-    const double cf = c.f32(s, d), cb = c.bf16(d);
+    const double cf = c.f32(), cb = c.bf16();
     const double speedup = (tn.fwd + tn.bwd) / (tf.fwd + tf.bwd), causal_ratio = causal ? tf.fwd / full_fwd_s : 1.0;
     fmt::print(
         "{:>6} {:>4} {:>6} | {:>7.1f} {:>7.1f} {:>5.2f} {:>5.2f} {:>6} | {:>7.1f} {:>7.1f} {:>5} {:>5} | {:>7.1f} "

@@ -98,7 +98,7 @@ ULYSSES_ENGINE(Avx2F32, PanelsF32<16>, "avx2_f32", "avx2-f32", native::avx2_f32,
 ULYSSES_ENGINE(Avx512F32, PanelsF32<64>, "avx512_f32", "avx512-f32", native::avx512_f32, cpu_runs(Isa::avx512));
 ULYSSES_ENGINE(EmulatedAvx512F32, PanelsF32<64>, "emulated_avx512_f32", "avx512-f32", emulated::avx512_f32, true);
 ULYSSES_ENGINE(Avx512Bf16, PairsBf16, "avx512_bf16", "avx512bf16-bf16", native::avx512_bf16,
-               ulysses::kernels::level(Isa::avx512).bf16 != nullptr);
+               ulysses::kernels::cpu_has_avx512_bf16());
 ULYSSES_ENGINE(EmulatedAvx512Bf16, PairsBf16, "emulated_avx512_bf16", "avx512bf16-bf16", emulated::avx512_bf16, true);
 ULYSSES_ENGINE(AmxBf16, AmxTiles, "amx_bf16", "amx-bf16", native::amx_bf16, cpu_runs(Isa::amx));
 ULYSSES_ENGINE(EmulatedAmxBf16, AmxTiles, "emulated_amx_bf16", "amx-bf16", emulated::amx_bf16, true);

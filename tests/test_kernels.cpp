@@ -14,6 +14,7 @@
 #include "kernels/engines.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
+#include "kernels/peak.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/bf16.hpp"
 #include "ulysses/error.hpp"
@@ -179,6 +180,23 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Level, VexpTest, ::testing::ValuesIn(level_names()), param_name);
+
+// bf16 inputs run on the dot product only where it outruns the FMA (isa.hpp), and the unit the
+// MFU and the trainer's GEMMs go by is the one the level's kernels use.
+TEST(Isa, Bf16RunsOnTheFasterUnit) {
+  const kernels::Isa before = kernels::active_isa();
+  if (kernels::bf16_dot_outruns_fma()) EXPECT_TRUE(kernels::cpu_has_avx512_bf16());
+  if (kernels::best_supported_isa() >= kernels::Isa::avx512)
+    EXPECT_EQ(kernels::level(kernels::Isa::avx512).bf16 != nullptr, kernels::bf16_dot_outruns_fma());
+  for (kernels::Isa isa : kernels::supported_isas()) {
+    kernels::force_isa(isa);
+    const bool dot = kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot;
+    EXPECT_EQ(dot, kernels::level(isa).bf16 != nullptr) << kernels::to_string(isa);
+    EXPECT_EQ(kernel_engine(DType::bf16).find("converted") == std::string::npos, dot) << kernel_engine(DType::bf16);
+    EXPECT_EQ(kernels::compute_unit(DType::f32), kernels::PeakUnit::f32_fma);
+  }
+  kernels::force_isa(before);
+}
 
 TEST(Isa, DispatchFollowsForceAndNamesTheLevel) {
   const kernels::Isa before = kernels::active_isa();

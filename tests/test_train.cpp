@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "mpi_helpers.hpp"
+#include "kernels/isa.hpp"
 #include "kernels/onednn_gemm.hpp"
 #include "train_test_util.hpp"
 #include "train/attention_ops.hpp"
@@ -496,7 +497,9 @@ class QAsOutput : public AttentionOp<float> {
   i64 n_;
 };
 
-TEST(TrainingBf16, Bf16GemmsGiveFloat32GradientsWithinBf16Rounding) {
+// One step of a small model with the QAsOutput attention: the loss (through *loss) and the
+// weight gradients, with bf16 GEMMs or float32 ones.
+std::vector<float> one_step_gradients(bool bf16, double* loss) {
   const GptConfig c{256, 2, 64, 4, 4, 16, 172};
   const i64 N = 256;
   std::vector<int> tokens(N), labels(N);
@@ -504,23 +507,28 @@ TEST(TrainingBf16, Bf16GemmsGiveFloat32GradientsWithinBf16Rounding) {
     tokens[std::size_t(i)] = int((i * 37 + 11) % 256), labels[std::size_t(i)] = int((i * 53 + 5) % 256);
   std::vector<i64> pos(N);
   for (i64 i = 0; i < N; ++i) pos[std::size_t(i)] = i;
-  auto run = [&](bool bf16, double* loss) {
-    Gpt<float> m(c, {}, bf16);
-    m.init_params(5);
-    QAsOutput att(N * c.heads * c.head_dim);
-    *loss = double(m.forward(att, tokens.data(), labels.data(), pos.data(), 1, N, 1.0f / float(N))) / double(N);
-    std::fill(m.grads.begin(), m.grads.end(), 0.0f);
-    m.backward(att);
-    return m.grads;
-  };
-  double l32 = 0, l16 = 0;
-  const std::vector<float> g32 = run(false, &l32), g16 = run(true, &l16);
+  Gpt<float> m(c, {}, bf16);
+  m.init_params(5);
+  QAsOutput att(N * c.heads * c.head_dim);
+  *loss = double(m.forward(att, tokens.data(), labels.data(), pos.data(), 1, N, 1.0f / float(N))) / double(N);
+  std::fill(m.grads.begin(), m.grads.end(), 0.0f);
+  m.backward(att);
+  return m.grads;
+}
+
+double relative_l2(const std::vector<float>& x, const std::vector<float>& ref) {
   double num = 0, den = 0;
-  for (std::size_t i = 0; i < g32.size(); ++i) {
-    num += std::pow(double(g16[i]) - g32[i], 2);
-    den += double(g32[i]) * g32[i];
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num += std::pow(double(x[i]) - ref[i], 2);
+    den += double(ref[i]) * ref[i];
   }
-  const double rel = std::sqrt(num / den);
+  return std::sqrt(num / den);
+}
+
+TEST(TrainingBf16, Bf16GemmsGiveFloat32GradientsWithinBf16Rounding) {
+  double l32 = 0, l16 = 0;
+  const std::vector<float> g32 = one_step_gradients(false, &l32), g16 = one_step_gradients(true, &l16);
+  const double rel = relative_l2(g16, g32);
   EXPECT_NE(l16, l32) << "the GEMMs did not run in bf16";
   EXPECT_LT(std::abs(l16 - l32) / l32, 1.0 / 512) << "f32 " << l32 << ", bf16 " << l16;
   // A gradient is a chain of GEMMs whose inputs are each rounded by up to 2^-9 relative: a few
@@ -528,6 +536,28 @@ TEST(TrainingBf16, Bf16GemmsGiveFloat32GradientsWithinBf16Rounding) {
   // 4.6e-5 apart); bound 2^-5, eight roundings of 2^-8 (the relative spacing of bf16).
   EXPECT_GT(rel, 0.0);
   EXPECT_LT(rel, 1.0 / 32) << "relative L2 distance of the weight gradients, bf16 GEMMs against float32";
+}
+
+// The bf16 GEMMs run on one of two units (gemm.hpp): oneDNN's dot product where the kernel
+// level has a bf16 engine, the float32 GEMMs over the rounded inputs where it has none. Both
+// multiply the same bf16 values and add in float32, in other orders; a sum one float32 ulp
+// apart can round to another bf16 as the next GEMM's input, so they are not bit-equal, but one
+// step's gradients stay well inside one bf16 rounding of each other (2^-9), where bf16 against
+// float32 GEMMs is 5e-3 apart (above). Each route is checked on any CPU.
+TEST(TrainingBf16, BothGemmUnitsGiveTheSameStep) {
+  // Only whether the level has a bf16 engine steers the GEMMs; QAsOutput runs no kernel.
+  kernels::KernelLevel dot = kernels::active_level(), fma = dot;
+  dot.bf16 = dot.f32;
+  fma.bf16 = nullptr;
+  double l_dot = 0, l_fma = 0;
+  kernels::use_level_for_testing(&dot);
+  const std::vector<float> g_dot = one_step_gradients(true, &l_dot);
+  kernels::use_level_for_testing(&fma);
+  const std::vector<float> g_fma = one_step_gradients(true, &l_fma);
+  kernels::use_level_for_testing(nullptr);
+  EXPECT_NEAR(l_dot / l_fma, 1.0, 1e-6);
+  // Measured: 2.0e-4 relative L2 on an Emerald Rapids (oneDNN on vdpbf16ps against OpenBLAS).
+  EXPECT_LT(relative_l2(g_dot, g_fma), 1.0 / 512) << "the two units' weight gradients";
 }
 
 // oneDNN's bf16 GEMM on inputs that bfloat16 holds exactly (small integers over a power of two,

@@ -201,9 +201,7 @@ struct Peak {
 
 Peak measure_peak(Communicator& comm, DType dtype, int threads) {
   using kernels::PeakUnit;
-  const PeakUnit unit = dtype == DType::bf16 && !kernels::peak_unit_name(PeakUnit::bf16_dot).empty()
-                            ? PeakUnit::bf16_dot
-                            : PeakUnit::f32_fma;
+  const PeakUnit unit = kernels::compute_unit(dtype);
   double total[2] = {0, double(threads)};
 #pragma omp parallel num_threads(threads) reduction(+ : total[0])
   total[0] += kernels::peak_gflops(unit, 0.1);

@@ -2,7 +2,9 @@
 //
 //   amx      AVX-512 float32 kernels + AMX tiles for bfloat16 (Sapphire Rapids and later)
 //   avx512   AVX-512 (F, BW, VL, DQ) float32 kernels; bf16 on vdpbf16ps where the CPU has
-//            AVX512_BF16 (Cooper Lake, Zen 4), else converted to float32
+//            AVX512_BF16 and it outruns the float32 FMA (Zen 4: 2x the FLOPs), else
+//            converted to float32 (Intel without AMX enabled: vdpbf16ps runs at half the
+//            FMA's FLOP rate there, so the FMA is the faster unit for bf16 inputs)
 //   avx2     AVX2 + FMA float32 kernels; bf16 converted
 //   portable OpenBLAS tile GEMMs and a scalar exp; bf16 converted
 //
@@ -28,6 +30,12 @@ std::vector<Isa> supported_isas();  // portable … best_supported_isa()
 Isa active_isa();
 // Use `isa` from now on (clamped to what the CPU supports); returns the level in use.
 Isa force_isa(Isa isa);
+
+// Whether the CPU (and OS) can run AVX512_BF16 instructions, and whether its vdpbf16ps does
+// more FLOPs per second than its float32 FMA: the avx512 level's bf16 engine and the
+// trainer's bf16 GEMMs use the dot product only then (isa.cpp says how it is decided).
+bool cpu_has_avx512_bf16();
+bool bf16_dot_outruns_fma();
 
 // The table of a level, and of the active one.
 const KernelLevel& level(Isa isa);

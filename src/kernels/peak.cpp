@@ -26,7 +26,7 @@ Probe probe(PeakUnit unit) {
     return {};
   }
   if (isa == Isa::amx) return {"amx tdpbf16ps", tdpbf16_amx, 4 * 16.0 * 16 * 32 * 2};
-  if (isa == Isa::avx512 && level(isa).bf16) return {"avx512_bf16 vdpbf16ps", dpbf16_avx512, kChains * 16.0 * 4};
+  if (isa == Isa::avx512 && cpu_has_avx512_bf16()) return {"avx512_bf16 vdpbf16ps", dpbf16_avx512, kChains * 16.0 * 4};
   return {};
 }
 
@@ -40,6 +40,10 @@ double seconds_of(const Probe& p, std::int64_t iters) {
 }  // namespace
 
 std::string peak_unit_name(PeakUnit unit) { return probe(unit).name; }
+
+PeakUnit compute_unit(DType dtype) {
+  return dtype == DType::bf16 && active_level().bf16 != nullptr ? PeakUnit::bf16_dot : PeakUnit::f32_fma;
+}
 
 double peak_gflops(PeakUnit unit, double seconds) {
   const Probe p = probe(unit);

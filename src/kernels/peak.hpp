@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "ulysses/tensor.hpp"
+
 namespace ulysses::kernels {
 
 enum class PeakUnit {
@@ -16,6 +18,10 @@ enum class PeakUnit {
 // What measures `unit` on this CPU at the active level ("avx512 vfmadd231ps", "avx512_bf16
 // vdpbf16ps", "amx tdpbf16ps"), or "" where it has none (then peak_gflops returns 0).
 std::string peak_unit_name(PeakUnit unit);
+
+// The unit that inputs of `dtype` run on at the active level: bf16_dot where the level has a
+// bf16 engine, else f32_fma (bf16 converted, or float32): what the MFU of a run is over.
+PeakUnit compute_unit(DType dtype);
 
 // GFLOP/s of ONE thread on `unit`: independent accumulator chains that never touch memory,
 // enough of them to cover the unit's latency, timed for about `seconds` in all (the best of 7

@@ -1,8 +1,11 @@
 // The bfloat16 forms of matmul_forward / matmul_backward (layers.hpp) for --dtype bf16: the
 // GEMM inputs are rounded to bfloat16 (activations here, the weights once per step by the
 // caller: w16 is the bf16 copy of the float32 master weight), the products accumulate in
-// float32 (oneDNN's matmul, the fastest bf16 GEMM measured on this CPU: docs/perf.md), and
-// gradients accumulate (+=) into float32. Threads split the work as the float32 forms do.
+// float32, and gradients accumulate (+=) into float32. Threads split the work as the float32
+// forms do. The unit is the faster one for bf16 on this CPU (kernels::compute_unit): oneDNN's
+// bf16 matmul where the CPU's bf16 dot product outruns its float32 FMA (AMX, Zen 4), else
+// the rounded inputs widened to float32 (exactly) on the float32 GEMMs (OpenBLAS), where
+// vdpbf16ps runs at half the FMA's rate (Intel without AMX) or is missing (docs/perf.md).
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "kernels/peak.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
@@ -64,8 +65,10 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const double P = double(m.num_params());
   const bool bf16 = c.dtype == DType::bf16;
   // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
+  // bf16 GEMMs on oneDNN's dot product, or through float32 copies where the FMA is faster (gemm.hpp)
+  const bool dot = bf16 && kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot;
   e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0) + (bf16 ? 2 * P : 0.0);
-  e.baseline = kBaselineBytes + (bf16 ? kBf16GemmBytes : 0.0);
+  e.baseline = kBaselineBytes + (dot ? kBf16GemmBytes : 0.0);
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
   // the attention op holds its copies), floats.
   const double layer = N * (3 * C + 2 + QD) + (o.tiled_mlp ? 0.0 : 3 * N * F);
@@ -75,10 +78,12 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   const double fwd_end = kept + (o.tiled_loss ? tl * V : 2 * N * V);
   // The top layer's backward: dx and the layer's gradient temporaries (gpt.hpp LayerGrads),
   // the recompute's output, the MLP's recomputed tile.
-  // Under bf16 the largest GEMM's bf16 copies of its inputs (the MLP's down projection: h and
-  // dout, half a float each) come on top.
+  // Under bf16 the largest GEMM's rounded copies of its inputs (the MLP's down projection: h and
+  // dout) come on top: half a float each for the dot product, a float each and the weight's
+  // float32 copy on the float32 route.
+  const double gemm_copies = !bf16 ? 0.0 : dot ? tm * (F + C) / 2 : tm * (F + C) + C * F;
   const double bwd = kept + N * C + N * (3 * C + 2 * QD + 2 * KD) + 3 * tm * F + (ckpt ? N * C : 0.0) +
-                     (o.tiled_mlp ? 3 * tm * F : 0.0) + (bf16 ? tm * (F + C) / 2 : 0.0);
+                     (o.tiled_mlp ? 3 * tm * F : 0.0) + gemm_copies;
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
