@@ -12,9 +12,11 @@
 // head into panels [d][NV·W].
 //
 // Before including: ULYSSES_SIMD_LANES (W), ULYSSES_SIMD_NV, ULYSSES_KERNEL_NS, ULYSSES_SIMD_NAME.
-// GCC 12's AVX-512 min/max wrappers trip a false -Wmaybe-uninitialized inside the header.
+// GCC 12's AVX-512 min/max wrappers trip a false -W(maybe-)uninitialized inside the header
+// (their undefined pass-through operand, `__m512 __Y = __Y`).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
@@ -176,27 +178,36 @@ void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std:
             std::int64_t lds, std::int64_t diag) {
   const float* a = static_cast<const float*>(av);
   const float* panels = static_cast<const float*>(bt);
-  for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
-    const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
-    const std::int64_t seen = std::clamp<std::int64_t>(diag + i0 + mr, 0, n);  // keys the block's last row sees
-    for (std::int64_t j = 0; j < seen; j += NR)
+  // Panel by panel, every row block against it: a panel ([d][NR], 16 KiB at d = 64) stays in
+  // L1 while the row blocks pass, where a row block against every panel of a 256-key block
+  // would stream all of them from L2 again for each row block.
+  for (std::int64_t j = 0; j < n; j += NR)
+    for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
+      const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
+      if (j >= std::clamp<std::int64_t>(diag + i0 + mr, 0, n)) continue;  // past the keys the block's last row sees
       with_rows(mr, [&](auto R) {
         scores_block<decltype(R)::value>(d, a + i0 * lda, lda, panels + j * d, s + i0 * lds + j, lds,
                                          std::min<std::int64_t>(NR, n - j));
       });
-  }
+    }
 }
 
 void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* bv, float* o,
         std::int64_t ldo, std::int64_t diag) {
   const float* b = static_cast<const float*>(bv);
-  for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
-    const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
-    const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
-    with_rows(mr, [&](auto R) {
-      accumulate_rows<decltype(R)::value, false>(d, kk, p + i0 * ldp, ldp, b, d, o + i0 * ldo, ldo);
-    });
-  }
+  // Keys in chunks of kKeyAlign, every row block against a chunk: the chunk's V rows (16 KiB at
+  // d = 64) stay in L1 while the row blocks pass. Each output element still adds its products
+  // in key order, through O between chunks, so the sums are the same to the bit.
+  for (std::int64_t c0 = 0; c0 < k; c0 += kKeyAlign)
+    for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
+      const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
+      const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
+      const std::int64_t len = std::min(kk, c0 + kKeyAlign) - c0;
+      if (len <= 0) continue;
+      with_rows(mr, [&](auto R) {
+        accumulate_rows<decltype(R)::value, false>(d, len, p + i0 * ldp + c0, ldp, b + c0 * d, d, o + i0 * ldo, ldo);
+      });
+    }
 }
 
 void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::int64_t ldp, const void* bv,
@@ -230,12 +241,28 @@ inline vf vexp(vf x) {
   return (vf)((vi)(p * (vf)bits) & valid);
 }
 
+// x with its lanes rotated down by H (lane i holds x[(i + H) % W]): one shuffle instruction.
+template <int H, std::size_t... I>
+inline vf rotated(vf x, std::index_sequence<I...>) {
+  return __builtin_shufflevector(x, x, int((I + H) % W)...);
+}
+
+// op over the lanes, as a tree in registers: lane i meets lane i + W/2, then i + W/4, … (the
+// order of a scalar pairwise sum, t[i] += t[i + w] for w = W/2, …, 1). A store and scalar
+// loads would cost more than a short row's vectors: the loads of the upper halves wait for
+// the vector store to retire instead of being forwarded from it.
+template <class Op>
+inline float lane_reduce(vf x, Op op) {
+  const auto lanes = std::make_index_sequence<W>{};
+  if constexpr (W == 16) x = op(x, rotated<8>(x, lanes));
+  x = op(x, rotated<4>(x, lanes));
+  x = op(x, rotated<2>(x, lanes));
+  x = op(x, rotated<1>(x, lanes));
+  return x[0];
+}
+
 float lane_sum(vf x) {
-  float t[W];
-  store(t, x);
-  for (int w = W / 2; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] += t[i + w];
-  return t[0];
+  return lane_reduce(x, [](vf a, vf b) { return a + b; });
 }
 
 // exp(min(scale·x, shift) − shift): the product is rounded to float exactly as row_max
@@ -261,15 +288,33 @@ float exp_shifted_sum(const float* x, float* out, std::int64_t n, float scale, f
   return sum;
 }
 
-float row_max(const float* x, std::int64_t n, float init, float scale) {
-  vf m = splat(init);
+// The largest (or, with Max false, smallest) of x[0, n); NaN is passed over (vmax and vmin
+// keep their first operand, as the scalar tail does). Four independent accumulators, so the
+// loop runs at the loads' rate rather than at vmax's latency.
+template <bool Max>
+float extreme(const float* x, std::int64_t n) {
+  const auto pick = [](vf a, vf b) { return Max ? vmax(a, b) : vmin(a, b); };
+  const float none = Max ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  vf m0 = splat(none), m1 = m0, m2 = m0, m3 = m0;
   std::int64_t i = 0;
-  for (; i + W <= n; i += W) m = vmax(m, load(x + i) * scale);
-  float t[W];
-  store(t, m);
-  for (; i < n; ++i) init = x[i] * scale > init ? x[i] * scale : init;
-  for (float v : t) init = v > init ? v : init;
-  return init;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    m0 = pick(m0, load(x + i));
+    m1 = pick(m1, load(x + i + W));
+    m2 = pick(m2, load(x + i + 2 * W));
+    m3 = pick(m3, load(x + i + 3 * W));
+  }
+  for (; i + W <= n; i += W) m0 = pick(m0, load(x + i));
+  float e = lane_reduce(pick(pick(m0, m1), pick(m2, m3)), pick);
+  for (; i < n; ++i) e = (Max ? x[i] > e : x[i] < e) ? x[i] : e;
+  return e;
+}
+
+// max(init, scale·x[0, n)): the rounded products keep the order of the raw scores (reversed
+// for a negative scale), so scaling the row's largest (smallest) score once gives the max of
+// the scaled row, to the bit, with no multiply per element.
+float row_max(const float* x, std::int64_t n, float init, float scale) {
+  const float scaled = (scale >= 0.0f ? extreme<true>(x, n) : extreme<false>(x, n)) * scale;
+  return scaled > init ? scaled : init;
 }
 
 }  // namespace
