@@ -1,9 +1,11 @@
 """What the PyTorch anchors (sdpa_anchor.py, deepspeed_anchor.py) share: their dtypes, the
-names of SDPA's backends and the query for the one torch picks, and the comma-list option
-parser. Imported once torch is known to be there (each anchor exits 3 without it)."""
+names of SDPA's backends and the query for the one torch picks, the comma-list option parser,
+their random inputs and their timing fields. Imported once torch and numpy are known to be
+there (each anchor exits 3 without them)."""
 
 import sys
 
+import numpy as np
 import torch
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -77,3 +79,39 @@ def require_positive(p, a, names):
     for name in names:
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def cpu_capability():
+    """torch's CPU capability ("AVX512", ...), or None before torch 2.1."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - added in torch 2.1
+        return None
+
+
+def random_qkv(g, dtype, q_shape, kv_shape):
+    """q, k and v (requiring grad) and an output gradient of q's shape, drawn from `g` in that
+    order and converted to `dtype`."""
+    q = torch.randn(*q_shape, generator=g).to(dtype).requires_grad_(True)
+    k = torch.randn(*kv_shape, generator=g).to(dtype).requires_grad_(True)
+    v = torch.randn(*kv_shape, generator=g).to(dtype).requires_grad_(True)
+    grad = torch.randn(*q_shape, generator=g).to(dtype)
+    return q, k, v, grad
+
+
+def timing_fields(fwd, bwd, b, s, h, d, causal):
+    """A case's timing fields from its forward and backward seconds per repetition: the medians,
+    GFLOP/s by FlashAttention's count (forward 4*b*s*s*h*d, halved when causal; backward 2.5x
+    forward) and every repetition's seconds."""
+    flops_fwd = 4.0 * b * s * s * h * d * (0.5 if causal else 1.0)
+    flops_bwd = 2.5 * flops_fwd
+    fwd_s = float(np.median(fwd))
+    bwd_s = float(np.median(bwd))
+    return {
+        "fwd_s": round(fwd_s, 6),
+        "bwd_s": round(bwd_s, 6),
+        "fwd_gflops": round(flops_fwd / fwd_s / 1e9, 3),
+        "bwd_gflops": round(flops_bwd / bwd_s / 1e9, 3),
+        "fwd_s_all": [round(x, 6) for x in fwd],
+        "bwd_s_all": [round(x, 6) for x in bwd],
+    }

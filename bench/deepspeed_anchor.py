@@ -73,7 +73,7 @@ def _die(msg):
 
 
 try:
-    import numpy as np
+    import numpy  # noqa: F401 - anchor_common's; checked here with torch
     import torch
     import torch.distributed as tdist
     import torch.nn.functional as F
@@ -85,9 +85,12 @@ except (ImportError, AttributeError) as e:
 from anchor_common import (  # noqa: E402 - after the torch check
     DTYPES,
     add_attention_args,
+    cpu_capability,
     parse_attention_args,
+    random_qkv,
     require_positive,
     sdpa_backend,
+    timing_fields,
 )
 
 
@@ -236,10 +239,7 @@ def bench_case(a, dattn, dtype_name, rank, world):
     b, h, d, s = a.batch, a.heads, a.head_dim, a.seq
     sl = s // world
     g = torch.Generator().manual_seed(a.seed * 1000 + rank)
-    q = torch.randn(b, sl, h, d, generator=g).to(dtype).requires_grad_(True)
-    k = torch.randn(b, sl, h, d, generator=g).to(dtype).requires_grad_(True)
-    v = torch.randn(b, sl, h, d, generator=g).to(dtype).requires_grad_(True)
-    grad = torch.randn(b, sl, h, d, generator=g).to(dtype)
+    q, k, v, grad = random_qkv(g, dtype, (b, sl, h, d), (b, sl, h, d))
 
     def clear():
         q.grad = k.grad = v.grad = None
@@ -272,19 +272,9 @@ def bench_case(a, dattn, dtype_name, rank, world):
     tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
     fwd_max = slowest[: a.reps].tolist()
     bwd_max = slowest[a.reps :].tolist()
-
-    flops_fwd = 4.0 * b * s * s * h * d * (0.5 if a.causal else 1.0)
-    flops_bwd = 2.5 * flops_fwd
-    fwd_s = float(np.median(fwd_max))
-    bwd_s = float(np.median(bwd_max))
     return {
         "dtype": dtype_name,
-        "fwd_s": round(fwd_s, 6),
-        "bwd_s": round(bwd_s, 6),
-        "fwd_gflops": round(flops_fwd / fwd_s / 1e9, 3),
-        "bwd_gflops": round(flops_bwd / bwd_s / 1e9, 3),
-        "fwd_s_all": [round(x, 6) for x in fwd_max],
-        "bwd_s_all": [round(x, 6) for x in bwd_max],
+        **timing_fields(fwd_max, bwd_max, b, s, h, d, a.causal),
         "local_sdp_backend": detect_backend((b, s, h // world, d), dtype, a.causal),
     }
 
@@ -315,10 +305,6 @@ def main():
     group = tdist.new_group(list(range(world)))
     dattn = DistributedAttention(LocalSDPA(a.causal), group, scatter_idx=2, gather_idx=1)
 
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - added in torch 2.1
-        capability = None
     result = {
         "tool": "deepspeed_anchor",
         "deepspeed_version": deepspeed.__version__,
@@ -330,7 +316,7 @@ def main():
         "launcher": launcher,
         "world_size": world,
         "threads": torch.get_num_threads(),
-        "cpu_capability": capability,
+        "cpu_capability": cpu_capability(),
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),
         "shape": {

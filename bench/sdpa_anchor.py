@@ -52,10 +52,13 @@ except (ImportError, AttributeError) as e:
 from anchor_common import (  # noqa: E402 - after the torch check
     DTYPES,
     add_attention_args,
+    cpu_capability,
     parse_attention_args,
+    random_qkv,
     require_positive,
     sdpa_backend,
     split_list,
+    timing_fields,
 )
 
 MASKS = ("full", "causal")
@@ -143,10 +146,7 @@ def bench_case(a, dtype_name, causal, gqa_native):
     dtype = DTYPES[dtype_name]
     b, h, hk, s, d = a.batch, a.heads, a.kv_heads, a.seq, a.head_dim
     g = torch.Generator().manual_seed(a.seed)
-    q = torch.randn(b, h, s, d, generator=g).to(dtype).requires_grad_(True)
-    k = torch.randn(b, hk, s, d, generator=g).to(dtype).requires_grad_(True)
-    v = torch.randn(b, hk, s, d, generator=g).to(dtype).requires_grad_(True)
-    grad = torch.randn(b, h, s, d, generator=g).to(dtype)
+    q, k, v, grad = random_qkv(g, dtype, (b, h, s, d), (b, hk, s, d))
 
     gqa = hk < h
     gqa_kw = {"enable_gqa": True} if (gqa and gqa_native) else {}
@@ -188,20 +188,10 @@ def bench_case(a, dtype_name, causal, gqa_native):
         bwd.append(t2 - t1)
         del out
     clear()
-
-    flops_fwd = 4.0 * b * s * s * h * d * (0.5 if causal else 1.0)
-    flops_bwd = 2.5 * flops_fwd
-    fwd_s = float(np.median(fwd))
-    bwd_s = float(np.median(bwd))
     return {
         "dtype": dtype_name,
         "causal": causal,
-        "fwd_s": round(fwd_s, 6),
-        "bwd_s": round(bwd_s, 6),
-        "fwd_gflops": round(flops_fwd / fwd_s / 1e9, 3),
-        "bwd_gflops": round(flops_bwd / bwd_s / 1e9, 3),
-        "fwd_s_all": [round(x, 6) for x in fwd],
-        "bwd_s_all": [round(x, 6) for x in bwd],
+        **timing_fields(fwd, bwd, b, s, h, d, causal),
         "sdp_backend": backend,
         "aten_ops": ops,
     }
@@ -252,14 +242,10 @@ def main():
     torch.set_num_threads(a.threads)
     gqa = a.kv_heads < a.heads
     gqa_native = sdpa_supports_gqa()
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - added in torch 2.1
-        capability = None
     result = {
         "tool": "sdpa_anchor",
         "torch_version": torch.__version__,
-        "cpu_capability": capability,
+        "cpu_capability": cpu_capability(),
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """No strategy's name is written outside its own file: what a strategy does is asked of it
-(Strategy's virtuals, its options, the registry), never decided by comparing its name.
+(its traits, its virtuals, its options, the registry), never decided by comparing its name.
 
     strategy_names_test.py SOURCE_DIR
     strategy_names_test.py selftest      the check on a small tree with one of each mistake
 
-The names are those the strategy files declare (`name() const override { return "…"; }` in
+The names are those the strategy files declare (`StrategyTraits{.name = "…"` in
 src/cp/strategies/*.cpp). Every string literal of the library, the tools and the binding (C++
 outside comments; Python through its syntax tree) that equals one of them fails the test,
 unless it is
@@ -27,7 +27,7 @@ import tree_checks
 CPP_DIRS = ["include/ulysses", "src", "tools", "python/src"]
 PY_DIRS = ["python/ulysses"]
 CPP_SUFFIXES = {".cpp", ".hpp", ".h", ".cc", ".cu"}
-NAME = re.compile(r'name\(\)\s*const\s*override\s*\{\s*return\s*"([^"]+)";')
+NAME = re.compile(r'StrategyTraits\s*\{\s*\.name\s*=\s*"([^"]+)"')
 # Comments and character literals are matched so that what they hold is not taken for a string.
 TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"((?:\\.|[^"\\\n])*)"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 ALLOWED = {
@@ -91,8 +91,8 @@ def check(root):
 
 
 SELFTEST_FILES = {
-    "src/cp/strategies/ring.cpp": 'std::string_view name() const override { return "ring"; }\n',
-    "src/cp/strategies/star.cpp": 'std::string_view name() const override { return "star"; }\n'
+    "src/cp/strategies/ring.cpp": 'return make(StrategyTraits{.name = "ring"});\n',
+    "src/cp/strategies/star.cpp": 'return make(StrategyTraits{\n    .name = "star"});\n'
     '// a comment may say "ring"\nconst char* q = "\\"ring\\" quoted";\n',
     "include/ulysses/cp_config.hpp": '// the default is "ring"\n',
     "python/ulysses/ok.py": 'def f(strategy="ring"):\n    """f(strategy="ring")"""\n',
@@ -106,7 +106,7 @@ SELFTEST_MISTAKES = [
     ),
     (
         "src/cp/strategies/other.cpp",
-        'std::string_view name() const override { return "other"; }\nauto x = "star";\n',
+        'return make(StrategyTraits{.name = "other"});\nauto x = "star";\n',
         "src/cp/strategies/other.cpp:2: the strategy name 'star' outside src/cp/strategies/star.cpp",
     ),
     (

@@ -72,9 +72,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
 
 class ToyAllGatherHalves final : public Strategy {
  public:
-  std::string_view name() const override { return "toy_all_gather_halves"; }
-  bool supports_documents() const override { return true; }
-  std::string_view summary() const override { return "test strategy: all_gather with K and V in two halves"; }
+  using Strategy::Strategy;
   // An option of its own (CpConfig::options["toy-max-cp"], --toy-max-cp on the command line).
   std::vector<StrategyOption> options() const override {
     return {{"toy-max-cp", "N", "refuse more ranks than N", "toy-max-cp", "unset"}};
@@ -174,8 +172,14 @@ class ToyAllGatherHalves final : public Strategy {
   }
 };
 
-// The one registration line.
-[[maybe_unused]] const bool registered = (register_strategy(std::make_unique<ToyAllGatherHalves>()), true);
+// The registration: what the strategy is, and the inputs it accepts.
+[[maybe_unused]] const bool registered = [] {
+  register_strategy(std::make_unique<ToyAllGatherHalves>(
+      StrategyTraits{.name = "toy_all_gather_halves",
+                     .summary = "test strategy: all_gather with K and V in two halves",
+                     .accepts = {.documents = true}}));
+  return true;
+}();
 
 }  // namespace
 }  // namespace ulysses::testing

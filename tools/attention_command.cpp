@@ -37,11 +37,9 @@
 namespace ulysses::cli {
 
 void add_attention_command(CLI::App& app, AttentionOptions& o) {
-  CLI::App* c =
-      app.add_subcommand("attention",
-                         "Run one distributed attention forward (and backward) over all ranks, optionally check it "
-                         "against a float64 reference, time it and report bytes and memory per rank.");
-  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
+  CLI::App* c = add_command(app, "attention",
+                            "Run one distributed attention forward (and backward) over all ranks, optionally check it "
+                            "against a float64 reference, time it and report bytes and memory per rank.");
   input_path(c->add_option("--q", o.q, "global query, .npy float32 [b, s, h, d]"), "file");
   input_path(c->add_option("--k", o.k, "global key, .npy float32 [b, s, h_kv, d]"), "file");
   input_path(c->add_option("--v", o.v, "global value, .npy float32 [b, s, h_kv, d]"), "file");

@@ -16,6 +16,12 @@
 
 namespace ulysses::cli {
 
+CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& description) {
+  CLI::App* command = app.add_subcommand(name, description);
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  return command;
+}
+
 void add_timeout_option(CLI::App* command, double& seconds) {
   command
       ->add_option("--timeout", seconds,

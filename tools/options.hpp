@@ -44,6 +44,9 @@ std::string cu_seqlens_file(const std::string& arg);
 // side unbounded) into {left, right}. Throws Error naming the flag; the library checks the values.
 std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg);
 
+// Adds the subcommand `name` to `app`: on every command a repeated option takes its last value.
+CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& description);
+
 // Adds --timeout SECONDS: the deadline of every blocking wait (Communicator::set_timeout).
 void add_timeout_option(CLI::App* command, double& seconds);
 

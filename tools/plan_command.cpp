@@ -28,12 +28,11 @@
 namespace ulysses::cli {
 
 void add_plan_command(CLI::App& app, PlanOptions& o) {
-  CLI::App* c = app.add_subcommand(
-      "plan",
-      "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
-      "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
-      "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
-  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* c =
+      add_command(app, "plan",
+                  "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
+                  "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
+                  "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
   c->add_option("--seq", o.seq, "sequence length (global; required unless --train)")->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(positive_number());

@@ -35,12 +35,11 @@
 namespace ulysses::cli {
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
-  CLI::App* c = app.add_subcommand(
-      "train",
+  CLI::App* c = add_command(
+      app, "train",
       "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
       "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
       "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
-  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one wins
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   add_strategy_options(c, o.strategy_options);
   c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")

@@ -202,11 +202,9 @@ class Communicator {
 
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
-  // The backend. Arguments are as in the public methods; sizes are already checked.
+  // The backend. Arguments are as in the public methods; sizes are already checked. alltoallv
+  // waits on do_ialltoallv's request.
   virtual void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
-  virtual void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                            std::span<const std::size_t> send_offsets, void* recv,
-                            std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) = 0;
   virtual std::unique_ptr<Request::Impl> do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
                                                        std::span<const std::size_t> send_offsets, void* recv,
                                                        std::span<const std::size_t> recv_bytes,

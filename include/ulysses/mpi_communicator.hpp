@@ -47,9 +47,6 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_alltoall(const void* send, void* recv, std::size_t bytes_per_rank) override;
-  void do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                    std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
-                    std::span<const std::size_t> recv_offsets) override;
   std::unique_ptr<Request::Impl> do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
                                                std::span<const std::size_t> send_offsets, void* recv,
                                                std::span<const std::size_t> recv_bytes,

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ulysses/attention.hpp"
@@ -92,25 +93,49 @@ struct StrategyOption {
   std::int64_t least = 1;  // the smallest value it takes
 };
 
+// The inputs beyond plain self-attention that a strategy runs. validate_cp_config refuses a
+// config that needs one the strategy does not accept, before any data moves.
+struct StrategyInputs {
+  // Packed documents (config.cu_seqlens): forward and backward pass attention_params(config) to
+  // the kernels, chunks' global positions as offsets. Refused rather than let tokens attend
+  // across a boundary.
+  bool documents = false;
+  // The same for config.window_left / window_right (a sliding window over global positions).
+  bool window = false;
+  // Cross-attention (is_cross): q of s tokens against k/v of s_k tokens, each sharded by
+  // rank_chunks over its own length. A strategy that does not accept it only ever sees
+  // s_k == s in its forward, traffic and work.
+  bool cross = false;
+};
+
+// What a strategy is, declared once where it is made (the built-ins' make_*_strategy(), or the
+// code that calls register_strategy()): the base class answers name(), summary() and the
+// capability questions from it.
+struct StrategyTraits {
+  std::string name;  // Megatron's cp_comm_type
+  // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
+  bool hierarchical = false;
+  // True when token_layout's default zigzag becomes per_document_layout's with packed
+  // documents (every document zigzagged on its own, unless config.per_document is false): the
+  // ring strategies, whose causal work per rank plain zigzag leaves uneven there.
+  bool per_document_zigzag = false;
+  std::string summary;  // one line, for help texts
+  StrategyInputs accepts;
+};
+
 class Strategy {
  public:
+  explicit Strategy(StrategyTraits traits) : traits_(std::move(traits)) {}
   virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;     // Megatron's cp_comm_type
-  virtual std::string_view summary() const = 0;  // one line, for help texts
+  std::string_view name() const { return traits_.name; }
+  std::string_view summary() const { return traits_.summary; }
 
   // ---- What it accepts and adds: capabilities, options, validation, placement. ----
-  // True when the strategy needs hierarchical_context_parallel_sizes ({inner, outer}).
-  virtual bool hierarchical() const { return false; }
-  // True when forward and backward honour config.cu_seqlens (packed documents: pass
-  // attention_params(config) to the kernels, chunks' global positions as offsets). Others are
-  // refused documents rather than let tokens attend across a boundary.
-  virtual bool supports_documents() const { return false; }
-  // The same for config.window_left / window_right (a sliding window over global positions).
-  virtual bool supports_window() const { return false; }
-  // True when the strategy runs cross-attention (is_cross): q of s tokens against k/v of s_k
-  // tokens, each sharded by rank_chunks over its own length. Others are refused cross-attention
-  // before any data moves, so their forward, traffic and work only ever see s_k == s.
-  virtual bool supports_cross() const { return false; }
+  // What its StrategyTraits declare.
+  bool hierarchical() const { return traits_.hierarchical; }
+  bool supports_documents() const { return traits_.accepts.documents; }
+  bool supports_window() const { return traits_.accepts.window; }
+  bool supports_cross() const { return traits_.accepts.cross; }
 
   // The options it adds to CpConfig (none by default).
   virtual std::vector<StrategyOption> options() const { return {}; }
@@ -125,8 +150,8 @@ class Strategy {
   // is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
-  // work per rank) unless config.zigzag is false, contiguous otherwise. The ring strategies
-  // refine zigzag to per_document_layout's with packed documents.
+  // work per rank) unless config.zigzag is false, contiguous otherwise; refined to
+  // per_document_layout's when its traits say per_document_zigzag (the ring strategies).
   virtual TokenLayout token_layout(const CpConfig& config) const;
 
   // The query and KV heads rank `rank` computes attention on. By default all of them
@@ -186,6 +211,9 @@ class Strategy {
   // fwd_s + bwd_s per layer on the busiest rank.
   virtual StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
                             double bwd_s) const = 0;
+
+ private:
+  StrategyTraits traits_;
 };
 
 // The local kernels' settings for `config`: its mask (causal, documents), scale and q_offset

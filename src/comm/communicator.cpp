@@ -98,7 +98,7 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
   check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
   const OpScope scope(*this, op);
   const double t0 = now();
-  do_alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
   count_alltoallv(op, send_bytes, t0);
 }
 

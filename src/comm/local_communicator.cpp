@@ -295,13 +295,6 @@ void LocalCommunicator::do_alltoall(const void* send, void* recv, std::size_t by
   run(std::move(p));
 }
 
-void LocalCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                                     std::span<const std::size_t> send_offsets, void* recv,
-                                     std::span<const std::size_t> recv_bytes,
-                                     std::span<const std::size_t> recv_offsets) {
-  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
-}
-
 std::unique_ptr<Request::Impl> LocalCommunicator::do_ialltoallv(const void* send,
                                                                 std::span<const std::size_t> send_bytes,
                                                                 std::span<const std::size_t> send_offsets, void* recv,

@@ -242,12 +242,6 @@ void MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t byte
   complete(r, "alltoall");
 }
 
-void MpiCommunicator::do_alltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                                   std::span<const std::size_t> send_offsets, void* recv,
-                                   std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets) {
-  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
-}
-
 std::unique_ptr<Request::Impl> MpiCommunicator::do_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
                                                               std::span<const std::size_t> send_offsets, void* recv,
                                                               std::span<const std::size_t> recv_bytes,

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "enum_names.hpp"
 #include "ulysses/bf16.hpp"
 #include "ulysses/checked.hpp"
 #include "ulysses/device_ops.hpp"
@@ -22,14 +23,9 @@ std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 const char* to_string(DType dtype) { return dtype == DType::f32 ? "f32" : "bf16"; }
 
-const char* to_string(Layout layout) {
-  switch (layout) {
-    case Layout::bshd: return "bshd";
-    case Layout::sbhd: return "sbhd";
-    case Layout::bhsd: return "bhsd";
-  }
-  return "?";
-}
+constexpr EnumName<Layout> kLayoutNames[] = {{Layout::bshd, "bshd"}, {Layout::sbhd, "sbhd"}, {Layout::bhsd, "bhsd"}};
+
+const char* to_string(Layout layout) { return enum_name(kLayoutNames, layout); }
 
 const char* to_string(Device device) { return device == Device::cpu ? "cpu" : "unknown device"; }
 
@@ -39,12 +35,7 @@ DType parse_dtype(std::string_view name) {
   throw Error(fmt::format("unknown dtype '{}': expected f32 or bf16", name));
 }
 
-Layout parse_layout(std::string_view name) {
-  if (name == "bshd") return Layout::bshd;
-  if (name == "sbhd") return Layout::sbhd;
-  if (name == "bhsd") return Layout::bhsd;
-  throw Error(fmt::format("unknown layout '{}': expected bshd, sbhd or bhsd", name));
-}
+Layout parse_layout(std::string_view name) { return parse_enum(kLayoutNames, name, "unknown layout"); }
 
 std::string Shape::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
 

@@ -67,7 +67,8 @@ RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std:
 }
 
 TokenLayout Strategy::token_layout(const CpConfig& c) const {
-  return c.causal && c.zigzag && !c.q_offset ? TokenLayout::zigzag : TokenLayout::contiguous;
+  const TokenLayout layout = c.causal && c.zigzag && !c.q_offset ? TokenLayout::zigzag : TokenLayout::contiguous;
+  return traits_.per_document_zigzag ? per_document_layout(layout, c) : layout;
 }
 
 bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq) {

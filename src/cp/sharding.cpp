@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "../core/enum_names.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
@@ -15,14 +16,11 @@ TokenLayout token_layout(const CpConfig& c) { return find_strategy(c.cp_comm_typ
 
 bool uses_zigzag(const CpConfig& c) { return token_layout(c) != TokenLayout::contiguous; }
 
-const char* layout_name(TokenLayout layout) {
-  switch (layout) {
-    case TokenLayout::contiguous: return "contiguous";
-    case TokenLayout::zigzag: return "zigzag";
-    case TokenLayout::per_document: return "per-document zigzag";
-  }
-  return "?";
-}
+constexpr EnumName<TokenLayout> kLayoutNames[] = {{TokenLayout::contiguous, "contiguous"},
+                                                  {TokenLayout::zigzag, "zigzag"},
+                                                  {TokenLayout::per_document, "per-document zigzag"}};
+
+const char* layout_name(TokenLayout layout) { return enum_name(kLayoutNames, layout); }
 
 TokenLayout per_document_layout(TokenLayout layout, const CpConfig& c) {
   return layout == TokenLayout::zigzag && c.per_document && !c.cu_seqlens.empty() ? TokenLayout::per_document : layout;

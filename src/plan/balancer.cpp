@@ -47,6 +47,7 @@
 // Every choice breaks ties by index, ranks and sizes ascending: the plan is a pure function.
 #include "ulysses/balancer.hpp"
 
+#include "../core/enum_names.hpp"
 #include "balance_detail.hpp"
 
 #include <fmt/format.h>
@@ -63,20 +64,13 @@
 
 namespace ulysses {
 
-const char* policy_name(BalancePolicy p) {
-  switch (p) {
-    case BalancePolicy::static_: return "static";
-    case BalancePolicy::pow2: return "pow2";
-    case BalancePolicy::dynamic: return "dynamic";
-  }
-  return "?";
-}
+constexpr EnumName<BalancePolicy> kPolicyNames[] = {{BalancePolicy::static_, "static"},
+                                                    {BalancePolicy::pow2, "pow2"},
+                                                    {BalancePolicy::dynamic, "dynamic"}};
 
-BalancePolicy parse_policy(const std::string& text) {
-  for (BalancePolicy p : {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic})
-    if (text == policy_name(p)) return p;
-  throw Error(fmt::format("balance policy '{}': expected static, pow2 or dynamic", text));
-}
+const char* policy_name(BalancePolicy p) { return enum_name(kPolicyNames, p); }
+
+BalancePolicy parse_policy(const std::string& text) { return parse_enum(kPolicyNames, text, "balance policy"); }
 
 std::vector<int> BalancePlan::sequences_of(int rank) const {
   std::vector<int> mine;

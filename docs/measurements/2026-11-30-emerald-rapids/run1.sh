@@ -5,11 +5,8 @@
 exec > >(tee "$OUT/log.txt") 2>&1
 set -x
 t0=$(date +%s)
-tar -xzf .devb/bundle.tgz -C /
-ln -sfn orterun /opt/ub/usr/bin/mpirun
-export LD_LIBRARY_PATH=/opt/ub/lib OPAL_PREFIX=/opt/ub/usr PATH=/opt/ub/usr/bin:$PATH
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
-printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH python3 "$@"\n' > /tmp/py && chmod +x /tmp/py
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+carried_env
 export ULYSSES_ANCHOR_PYTHON=/tmp/py
 lscpu > "$OUT/cpu.txt"; grep -m1 flags /proc/cpuinfo >> "$OUT/cpu.txt"
 grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L2|L3|NUMA node\(" "$OUT/cpu.txt"
@@ -31,17 +28,7 @@ done
 echo "=== 3. training, width 512 model, s 8192: ulysses cp 1 x $N threads, cp 2 x $((N/2)), PyTorch 1 x $N  ($(( $(date +%s) - t0 )) s)"
 tr() {  # tr NAME CMD...: one JSON line to train.jsonl
   local name=$1; shift
-  local s=$(date +%s)
-  timeout 75 "$@" > /tmp/tr.out 2> /tmp/tr.err; local rc=$?
-  if [[ $name == torch* ]]; then r=$(tail -1 /tmp/tr.out); else
-    r=$(/tmp/py - /tmp/tr.log <<'PY'
-import json, statistics, sys
-st = [json.loads(l) for l in open(sys.argv[1])]
-print(json.dumps({"tokens_per_s": statistics.median([x["tokens_per_s"] for x in st[1:]] or [st[0]["tokens_per_s"]]),
-                  "peak_rss_mib": max(x["peak_rss_bytes"] for x in st) / 2**20, "losses": [x["loss"] for x in st]}))
-PY
-); fi
-  echo "{\"run\": \"$name\", \"rc\": $rc, \"wall\": $(( $(date +%s) - s )), \"r\": ${r:-null}}" | tee -a "$OUT/train.jsonl"
+  train_json "$name" 75 "$@" | tee -a "$OUT/train.jsonl"
   grep -E "engine|sgemm|isa" /tmp/tr.out | head -3; tail -2 /tmp/tr.err
 }
 for dt in f32 bf16; do

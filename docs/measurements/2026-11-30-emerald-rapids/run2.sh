@@ -4,11 +4,9 @@
 exec > >(tee "$OUT/log.txt") 2>&1
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
-tar -xzf .devb/bundle.tgz -C /
-ln -sfn orterun /opt/ub/usr/bin/mpirun
-export LD_LIBRARY_PATH=/opt/ub/lib OPAL_PREFIX=/opt/ub/usr PATH=/opt/ub/usr/bin:$PATH
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 PMIX_MCA_pcompress_base_silence_warning=1
-printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH python3 "$@"\n' > /tmp/py && chmod +x /tmp/py
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+carried_env
+export PMIX_MCA_pcompress_base_silence_warning=1
 N=$(nproc); R=$PWD; cd /work/main
 echo "=== 1. the core ulysses runs on, and the re-selection test"
 build/ulysses attention --seq 1024 --heads 4 --head-dim 64 --check 2>&1 | grep -E "kernels|relative"
@@ -22,17 +20,7 @@ M=(--width 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 4 --hidden 1376 --b
 tr() {  # tr NAME CMD...: one JSON line to train.jsonl
   local name=$1; shift
   if [ "$(el)" -gt 265 ]; then echo "skip $name ($(el) s)"; return; fi
-  local s=$(date +%s)
-  timeout 80 "$@" > /tmp/tr.out 2> /tmp/tr.err; local rc=$?
-  if [[ $name == torch* ]]; then r=$(tail -1 /tmp/tr.out); else
-    r=$(/tmp/py - /tmp/tr.log <<'PY'
-import json, statistics, sys
-st = [json.loads(l) for l in open(sys.argv[1])]
-print(json.dumps({"tokens_per_s": statistics.median([x["tokens_per_s"] for x in st[1:]] or [st[0]["tokens_per_s"]]),
-                  "peak_rss_mib": max(x["peak_rss_bytes"] for x in st) / 2**20, "losses": [x["loss"] for x in st]}))
-PY
-); fi
-  echo "{\"run\": \"$name\", \"rc\": $rc, \"wall\": $(( $(date +%s) - s )), \"r\": ${r:-null}}" | tee -a "$OUT/train.jsonl" | cut -c1-300
+  train_json "$name" 80 "$@" | tee -a "$OUT/train.jsonl" | cut -c1-300
   grep -E "OpenBLAS core|throughput" /tmp/tr.out | head -3; grep -v -E "pmix|dlopen|Perhaps" /tmp/tr.err | tail -2
 }
 U() { rm -f /tmp/tr.log; tr "ulysses-cp$1-$2-s$3" mpirun --oversubscribe --bind-to none -n $1 build/ulysses train "${M[@]}" --seq $3 --dtype $2 --steps 3 --threads $((N/$1)) --eval-batches 0 --log /tmp/tr.log; }

@@ -97,12 +97,7 @@ double pipeline(const Communicator& comm, const char* what, int chunks, PostIn p
 
 class A2aStrategy final : public Strategy {
  public:
-  std::string_view name() const override { return "a2a"; }
-  bool supports_documents() const override { return true; }
-  bool supports_window() const override { return true; }
-  std::string_view summary() const override {
-    return "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full sequence, all-to-all back";
-  }
+  using Strategy::Strategy;
 
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     check_ulysses_heads(cp, q.h, kv_heads, "cp", "a2a");
@@ -148,8 +143,6 @@ class A2aStrategy final : public Strategy {
   }
   // Balanced by heads, so never zigzag.
   TokenLayout token_layout(const CpConfig&) const override { return TokenLayout::contiguous; }
-
-  bool supports_cross() const override { return true; }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& q_chunks,
@@ -382,6 +375,12 @@ class A2aStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_a2a_strategy() { return std::make_unique<A2aStrategy>(); }
+std::unique_ptr<Strategy> make_a2a_strategy() {
+  return std::make_unique<A2aStrategy>(
+      StrategyTraits{.name = "a2a",
+                     .summary = "DeepSpeed-Ulysses: all-to-all seq->head, attention on h/cp heads over the full "
+                                "sequence, all-to-all back",
+                     .accepts = {.documents = true, .window = true, .cross = true}});
+}
 
 }  // namespace ulysses

@@ -54,17 +54,8 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
 
 class A2aP2pStrategy final : public Strategy {
  public:
-  std::string_view name() const override { return "a2a+p2p"; }
-  bool supports_documents() const override { return true; }
-  bool supports_window() const override { return true; }
-  std::string_view summary() const override {
-    return "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER groups (--cp-sizes)";
-  }
+  using Strategy::Strategy;
 
-  bool hierarchical() const override { return true; }
-  TokenLayout token_layout(const CpConfig& config) const override {
-    return per_document_layout(Strategy::token_layout(config), config);
-  }
   std::vector<StrategyOption> options() const override {
     return {{"cp-sizes", "INNER,OUTER", "hierarchical_context_parallel_sizes INNER,OUTER",
              "hierarchical_context_parallel_sizes", "empty", 0, "INNER * OUTER == {} (ranks)",
@@ -102,7 +93,6 @@ class A2aP2pStrategy final : public Strategy {
     return ulysses_heads(I, rank % I, heads, kv_heads);
   }
 
-  bool supports_cross() const override { return true; }
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& q_chunks,
                                            const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
@@ -266,6 +256,14 @@ class A2aP2pStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_a2a_p2p_strategy() { return std::make_unique<A2aP2pStrategy>(); }
+std::unique_ptr<Strategy> make_a2a_p2p_strategy() {
+  return std::make_unique<A2aP2pStrategy>(
+      StrategyTraits{.name = "a2a+p2p",
+                     .hierarchical = true,
+                     .per_document_zigzag = true,
+                     .summary = "hierarchical: Ulysses inside groups of INNER contiguous ranks, a ring across OUTER "
+                                "groups (--cp-sizes)",
+                     .accepts = {.documents = true, .window = true, .cross = true}});
+}
 
 }  // namespace ulysses

@@ -77,14 +77,7 @@ void gather_kv(Communicator& comm, AllGatherContext& ctx, const TensorView& k, c
 
 class AllGatherStrategy final : public Strategy {
  public:
-  std::string_view name() const override { return "all_gather"; }
-  bool supports_documents() const override { return true; }
-  bool supports_window() const override { return true; }
-  std::string_view summary() const override {
-    return "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)";
-  }
-
-  bool supports_cross() const override { return true; }
+  using Strategy::Strategy;
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& q_chunks,
@@ -198,6 +191,11 @@ class AllGatherStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_all_gather_strategy() { return std::make_unique<AllGatherStrategy>(); }
+std::unique_ptr<Strategy> make_all_gather_strategy() {
+  return std::make_unique<AllGatherStrategy>(
+      StrategyTraits{.name = "all_gather",
+                     .summary = "gather the full K/V once, reduce-scatter dK/dV (simplest, most memory, no overlap)",
+                     .accepts = {.documents = true, .window = true, .cross = true}});
+}
 
 }  // namespace ulysses

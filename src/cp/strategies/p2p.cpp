@@ -20,18 +20,8 @@ struct RingContext final : StrategyContext {
 
 class P2pStrategy final : public Strategy {
  public:
-  std::string_view name() const override { return "p2p"; }
-  bool supports_documents() const override { return true; }
-  bool supports_window() const override { return true; }
-  bool supports_cross() const override { return true; }
-  TokenLayout token_layout(const CpConfig& config) const override {
-    return per_document_layout(Strategy::token_layout(config), config);
-  }
+  using Strategy::Strategy;
   std::vector<StrategyOption> options() const override { return {per_document_option()}; }
-  std::string_view summary() const override {
-    return "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step of compute "
-           "(with a sliding window: only the halo the band reaches)";
-  }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
                                            const std::vector<std::vector<SeqChunk>>& q_chunks,
@@ -89,6 +79,13 @@ class P2pStrategy final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_p2p_strategy() { return std::make_unique<P2pStrategy>(); }
+std::unique_ptr<Strategy> make_p2p_strategy() {
+  return std::make_unique<P2pStrategy>(
+      StrategyTraits{.name = "p2p",
+                     .per_document_zigzag = true,
+                     .summary = "ring attention: K/V chunks travel around the ring, each transfer hidden behind a step "
+                                "of compute (with a sliding window: only the halo the band reaches)",
+                     .accepts = {.documents = true, .window = true, .cross = true}});
+}
 
 }  // namespace ulysses
