@@ -27,6 +27,7 @@
 
 using namespace ulysses;
 using namespace ulysses::train;
+using train_test::relative_distance;
 using train_test::small_config;
 
 namespace {
@@ -516,19 +517,10 @@ std::vector<float> one_step_gradients(bool bf16, double* loss) {
   return m.grads;
 }
 
-double relative_l2(const std::vector<float>& x, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    num += std::pow(double(x[i]) - ref[i], 2);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 TEST(TrainingBf16, Bf16GemmsGiveFloat32GradientsWithinBf16Rounding) {
   double l32 = 0, l16 = 0;
   const std::vector<float> g32 = one_step_gradients(false, &l32), g16 = one_step_gradients(true, &l16);
-  const double rel = relative_l2(g16, g32);
+  const double rel = relative_distance(g16, g32);
   EXPECT_NE(l16, l32) << "the GEMMs did not run in bf16";
   EXPECT_LT(std::abs(l16 - l32) / l32, 1.0 / 512) << "f32 " << l32 << ", bf16 " << l16;
   // A gradient is a chain of GEMMs whose inputs are each rounded by up to 2^-9 relative: a few
@@ -557,7 +549,7 @@ TEST(TrainingBf16, BothGemmUnitsGiveTheSameStep) {
   kernels::use_level_for_testing(nullptr);
   EXPECT_NEAR(l_dot / l_fma, 1.0, 1e-6);
   // Measured: 2.0e-4 relative L2 on an Emerald Rapids (oneDNN on vdpbf16ps against OpenBLAS).
-  EXPECT_LT(relative_l2(g_dot, g_fma), 1.0 / 512) << "the two units' weight gradients";
+  EXPECT_LT(relative_distance(g_dot, g_fma), 1.0 / 512) << "the two units' weight gradients";
 }
 
 // oneDNN's bf16 GEMM on inputs that bfloat16 holds exactly (small integers over a power of two,

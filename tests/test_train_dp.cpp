@@ -60,15 +60,6 @@ bool implemented(Communicator& world, const TrainConfig& c, const std::function<
   return true;
 }
 
-double relative_distance(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    num += std::pow(double(a[i]) - ref[i], 2);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // The first step's gradient and three steps' losses of `c` against one rank (dp 1, static):
 // every policy, every dp dividing the world, the given strategies.
 void expect_like_one_rank(TrainConfig c, const std::function<DataSource()>& data,
@@ -95,7 +86,7 @@ void expect_like_one_rank(TrainConfig c, const std::function<DataSource()>& data
         if (!implemented(world, c, data)) continue;  // covered once the balancer branch merges
         Trainer t(world, c, data());
         t.compute_gradients(0);
-        EXPECT_LT(relative_distance(t.gradients(), g1), 1e-5) << "weight gradients differ from one rank";
+        EXPECT_LT(train_test::relative_distance(t.gradients(), g1), 1e-5) << "weight gradients differ from one rank";
         double worst = 0;
         for (int i = 0; i < 3; ++i) {
           const StepResult r = t.step();

@@ -1,6 +1,9 @@
 // Shared by the training tests (test_train.cpp, test_train_dp.cpp): the small model they train.
 #pragma once
 
+#include <cmath>
+#include <vector>
+
 #include "train/trainer.hpp"
 #include "ulysses/cp_config.hpp"
 
@@ -19,6 +22,16 @@ inline ulysses::train::TrainConfig small_config(const ulysses::CpConfig& cp) {
   t.lr = 1e-2f;
   t.seed = 3;
   return t;
+}
+
+// ‖a − ref‖ / ‖ref‖ over the elements, in double.
+inline double relative_distance(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num += std::pow(double(a[i]) - ref[i], 2);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
 }
 
 }  // namespace train_test
