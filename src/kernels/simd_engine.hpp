@@ -231,14 +231,24 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
 // exactly 0: those lanes may compute garbage, which the final AND with `valid` clears, so no
 // lower clamp is needed. No upper clamp either: the callers' arguments are <= 0 by
 // construction (exp_shifted_sum).
+// On AVX-512 one VSCALEFPS, masked to zero past −87, does the 2^n and the clearing that cost
+// four operations otherwise (convert, add, shift, multiply): every 512-bit operation shares
+// the FMA's two ports on Intel cores, so the exp's operation count is the softmax's cost. The
+// products are the same (a power of two times p, rounded only where the result is subnormal,
+// the same way), so both forms give the same bits.
 inline vf vexp(vf x) {
-  const vi valid = x >= -87.0f;
   const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   const vf p = exp_poly(r);
+#if defined(__AVX512F__) && ULYSSES_SIMD_LANES == 16
+  const __mmask16 valid = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  return (vf)_mm512_maskz_scalef_ps(valid, (__m512)p, (__m512)n);
+#else
+  const vi valid = x >= -87.0f;
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   return (vf)((vi)(p * (vf)bits) & valid);
+#endif
 }
 
 // x with its lanes rotated down by H (lane i holds x[(i + H) % W]): one shuffle instruction.
