@@ -71,8 +71,8 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
   c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
   c->add_option("--dtype", o.dtype,
-                "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 engine, AMX, where it has one: "
-                "a2a and cp = 1; otherwise in float32)")
+                "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 unit where it outruns the "
+                "float32 FMA: AMX, AMD's AVX512_BF16; otherwise converted to float32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--layout", o.layout, "per-rank tensor layout: bshd | sbhd")
