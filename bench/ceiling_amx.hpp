@@ -1,5 +1,5 @@
 // The AMX bfloat16 ceilings of section [1]: per-thread kernels, timed by the caller (the
-// register-resident peak loop is the library's, kernels/peak_loops.hpp).
+// register-resident peak is the library's probe, kernels/peak.hpp).
 //
 // ceiling_amx.cpp is compiled with -mamx-tile -mamx-bf16 -mavx512f, so it defines no inline
 // function or template that another file also instantiates (no std containers, no fmt, no

@@ -9,9 +9,9 @@
 //   sgemm full  S = Q·Kᵀ ([s×d]·[d×s]) and O = P·V ([s×s]·[s×d]) for one head, OpenBLAS threads;
 //   sgemm tile  the flash kernel's own tile GEMMs (64×bk×d and 64×d×bk), one per core;
 //               (what a library reaches on the same shapes, below the peak)
-//   AMX bf16    only on the amx level: the register-resident TDPBF16PS peak, and packed tile
-//               GEMMs of the flash tile shape (Q·Kᵀ-like 64×bk×d, P·V-like 64×d×bk, B in
-//               VNNI pairs); c for bf16 inputs is the tile pair's rate (ceiling_amx.cpp).
+//   AMX bf16    only on the amx level: packed tile GEMMs of the flash tile shape (Q·Kᵀ-like
+//               64×bk×d, P·V-like 64×d×bk, B in VNNI pairs; ceiling_amx.cpp), beside the
+//               TDPBF16PS peak above, which is the bf16 ceiling c there.
 // [1b] Flash forward/backward with float32 inputs and with bfloat16 inputs (outputs float32),
 //   each over its ceiling; the naive baseline (what a user writes first: per head, scores =
 //   Q·Kᵀ with BLAS, mask, softmax with std::exp, P·V with BLAS, P kept for the backward as
@@ -39,7 +39,6 @@
 #include "bench.hpp"
 #include "ceiling_amx.hpp"
 #include "kernels/peak.hpp"
-#include "kernels/peak_loops.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
 #include "ulysses/attention.hpp"
@@ -110,15 +109,6 @@ double sgemm_tile_gflops(i64 d, int threads, int reps) {
   return 4.0 * double(bq * bk * d) * double(iters) * threads / t * 1e-9;
 }
 
-double amx_peak_gflops(int threads, int reps) {
-  constexpr i64 iters = i64(1) << 20;
-  const double t = time_median(reps, [&] {
-#pragma omp parallel num_threads(threads)
-    kernels::peak_loops::tdpbf16_amx(iters);  // the library's probe loop (kernels/peak.hpp)
-  });
-  return 4.0 * 16 * 16 * 32 * 2 * double(iters) * threads / t * 1e-9;
-}
-
 // GFLOP/s of c[m×n] = a[m×k] · b[k×n] (b pre-packed) repeated on every thread.
 double amx_gemm_gflops(i64 m, i64 n, i64 k, int threads, int reps) {
   constexpr i64 iters = 4000;
@@ -146,8 +136,7 @@ struct Ceilings {
   std::map<i64, double> sgemm_tile;                  // by d
   std::map<std::pair<i64, i64>, double> sgemm_full;  // by (s, d)
   bool amx = false;                                  // measured (amx level active)
-  double amx_peak = 0;
-  std::map<i64, AmxTile> amx_tile;  // by d
+  std::map<i64, AmxTile> amx_tile;                   // by d
   double f32() const { return fma_peak; }
   double bf16() const {
     return kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot ? dot_peak : fma_peak;
@@ -173,7 +162,6 @@ Ceilings measure_ceilings(const std::vector<i64>& seqs, const std::vector<i64>& 
   // The library requests the tile permission when it detects AMX; asking again is harmless.
   c.amx = kernels::active_isa() == kernels::Isa::amx && amx::request_tiles();
   if (!c.amx) return c;
-  c.amx_peak = amx_peak_gflops(T, o.reps);
   for (i64 d : dims) {
     const i64 bq = kernels::kBlockQ, bk = kernels::block_k(d);
     c.amx_tile[d] = {amx_gemm_gflops(bq, bk, d, T, o.reps), amx_gemm_gflops(bq, d, bk, T, o.reps)};
@@ -207,8 +195,8 @@ json print_ceilings(const Ceilings& c, const std::vector<i64>& seqs, const std::
     fmt::print("  bf16 AMX tiles        not measured: the active level is {}, not amx\n", kernel_isa());
     return j;
   }
-  fmt::print("  bf16 AMX tiles        register-resident TDPBF16PS peak (2×2 tile blocking) {:.1f}\n", c.amx_peak);
-  j["amx"] = {{"peak_gflops", c.amx_peak}, {"tiles", json::array()}};
+  fmt::print("  bf16 AMX tiles        register-resident TDPBF16PS peak (2×2 tile blocking) {:.1f}\n", c.dot_peak);
+  j["amx"] = {{"peak_gflops", c.dot_peak}, {"tiles", json::array()}};
   for (i64 d : dims) {
     const i64 bk = kernels::block_k(d);
     const AmxTile& t = c.amx_tile.at(d);

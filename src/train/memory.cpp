@@ -64,9 +64,9 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   MemoryEstimate e;
   const double P = double(m.num_params());
   const bool bf16 = c.dtype == DType::bf16;
-  // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
   // bf16 GEMMs on oneDNN's dot product, or through float32 copies where the FMA is faster (gemm.hpp)
   const bool dot = bf16 && kernels::compute_unit(DType::bf16) == kernels::PeakUnit::bf16_dot;
+  // + the all-reduce's receive buffer; + the weights' bf16 copy for the bf16 GEMMs
   e.weights = P * (4 * kFloat + 1) + (cp > 1 ? P * kFloat : 0.0) + (bf16 ? 2 * P : 0.0);
   e.baseline = kBaselineBytes + (dot ? kBf16GemmBytes : 0.0);
   // One layer's forward state besides its input (gpt.hpp LayerActs: q, k, v are dropped once
