@@ -173,6 +173,23 @@ TEST_P(VexpTest, ScaleAndShiftFuse) {
     }
 }
 
+// dS = (scale·P)·(dP − D), each product rounded in that order, for every tail length.
+TEST_P(VexpTest, SoftmaxGradIsTheRoundedProducts) {
+  for (std::int64_t n : {1, 7, 16, 17, 41}) {
+    const auto size = static_cast<std::size_t>(n);
+    std::vector<float> p(size), dp(size), want(size);
+    const float scale = 0.125f, delta = 0.3f;
+    for (std::size_t i = 0; i < size; ++i) {
+      p[i] = std::sin(float(i) * 1.3f) * 0.5f + 0.5f;
+      dp[i] = std::cos(float(i) * 0.7f) * 3.0f;
+      const volatile float sp = scale * p[i];  // volatile: no fused multiply-add in the reference
+      want[i] = sp * (dp[i] - delta);
+    }
+    vec().softmax_grad(p.data(), dp.data(), n, scale, delta);
+    for (std::size_t i = 0; i < size; ++i) EXPECT_EQ(dp[i], want[i]) << "n " << n << " i " << i;
+  }
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string n = info.param;
   std::replace(n.begin(), n.end(), '-', '_');

@@ -67,6 +67,8 @@ struct VectorOps {
   float (*exp_shifted_sum)(const float* x, float* out, std::int64_t n, float scale, float shift);
   // max(init, scale·x[0..n)).
   float (*row_max)(const float* x, std::int64_t n, float init, float scale);
+  // The softmax's gradient over dP in place: dp[i] = (scale·p[i])·(dp[i] − delta).
+  void (*softmax_grad)(const float* p, float* dp, std::int64_t n, float scale, float delta);
 };
 
 // One instruction-set level: its float32 engine, its bfloat16 engine (null: bf16 inputs are

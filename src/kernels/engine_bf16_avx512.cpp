@@ -43,6 +43,7 @@
 #error "engine_bf16_avx512.cpp needs -mavx512f -mavx512bf16 (or -DULYSSES_BF16_EMULATION)"
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -158,48 +159,56 @@ inline void with_shape(i64 mr, i64 nb, F&& f) {
   }
 }
 
+// Every loop over the accumulators is unrolled, and the partial-width case is a separate path
+// through a float buffer: an index the compiler cannot resolve would keep the whole block in
+// memory (spilled after the dot products, reloaded to store).
+template <int R, int NB>
+[[gnu::always_inline]] inline void load_block(const float* c, i64 ldc, vf (&acc)[R][NB]) {
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NB; ++v) acc[r][v] = loadf(c + r * ldc + v * W);
+}
+template <int R, int NB>
+[[gnu::always_inline]] inline void store_block(float* c, i64 ldc, const vf (&acc)[R][NB]) {
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NB; ++v) storef(c + r * ldc + v * W, acc[r][v]);
+}
+
 // c[R rows, cols] += A · B over `pairs` pairs (cols in ((NB − 1)·W, NB·W]; columns past
 // cols are computed and dropped).
 template <int R, int NB>
 void accumulate_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b, i64 ldb, float* c, i64 ldc,
                       i64 cols) {
   vf acc[R][NB];
-  const bool whole = cols == NB * W;
-  for (int r = 0; r < R; ++r) {
-    if (whole) {
-      for (int v = 0; v < NB; ++v) acc[r][v] = loadf(c + r * ldc + v * W);
-    } else {
-      float tmp[NB * W];
-      for (i64 q = 0; q < NB * W; ++q) tmp[q] = q < cols ? c[r * ldc + q] : 0.0f;
-      for (int v = 0; v < NB; ++v) acc[r][v] = loadf(tmp + v * W);
-    }
+  if (cols == NB * W) {
+    load_block(c, ldc, acc);
+    dp_block<R, NB>(pairs, a, a_rs, a_ts, b, ldb, acc);
+    return store_block(c, ldc, acc);
   }
+  float tmp[R * NB * W] = {};
+  for (int r = 0; r < R; ++r) std::copy_n(c + r * ldc, cols, tmp + r * NB * W);
+  load_block(tmp, NB * W, acc);
   dp_block<R, NB>(pairs, a, a_rs, a_ts, b, ldb, acc);
-  for (int r = 0; r < R; ++r) {
-    if (whole) {
-      for (int v = 0; v < NB; ++v) storef(c + r * ldc + v * W, acc[r][v]);
-    } else {
-      float tmp[NB * W];
-      for (int v = 0; v < NB; ++v) storef(tmp + v * W, acc[r][v]);
-      for (i64 q = 0; q < cols; ++q) c[r * ldc + q] = tmp[q];
-    }
-  }
+  store_block(tmp, NB * W, acc);
+  for (int r = 0; r < R; ++r) std::copy_n(tmp + r * NB * W, cols, c + r * ldc);
 }
 
 // s[R rows, cols] = A · B.
 template <int R, int NB>
 void scores_block(i64 pairs, const bf16* a, i64 lda, const u32* panel, float* s, i64 lds, i64 cols) {
-  vf acc[R][NB] = {};
+  vf acc[R][NB];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NB; ++v) acc[r][v] = vf{};
   dp_block<R, NB>(pairs, a, lda, 2, panel, NR, acc);
-  for (int r = 0; r < R; ++r) {
-    if (cols == NB * W) {
-      for (int v = 0; v < NB; ++v) storef(s + r * lds + v * W, acc[r][v]);
-    } else {
-      float tmp[NB * W];
-      for (int v = 0; v < NB; ++v) storef(tmp + v * W, acc[r][v]);
-      for (i64 q = 0; q < cols; ++q) s[r * lds + q] = tmp[q];
-    }
-  }
+  if (cols == NB * W) return store_block(s, lds, acc);
+  float tmp[R * NB * W];
+  store_block(tmp, NB * W, acc);
+  for (int r = 0; r < R; ++r) std::copy_n(tmp + r * NB * W, cols, s + r * lds);
 }
 
 // ---- scratch (Scratch: bf16_lanes.hpp) ---------------------------------------------------

@@ -79,12 +79,16 @@ float row_max(const float* x, std::int64_t n, float init, float scale) {
   return init;
 }
 
+void softmax_grad(const float* p, float* dp, std::int64_t n, float scale, float delta) {
+  for (std::int64_t i = 0; i < n; ++i) dp[i] = scale * p[i] * (dp[i] - delta);
+}
+
 }  // namespace
 
 extern const GemmEngine blas_f32;
 const GemmEngine blas_f32 = {"blas-f32", DType::f32, packed_bytes, packed_offset, pack_rows,
                              pack_rows,  scores,     pv,           pt_b};
 extern const VectorOps scalar_vec;
-const VectorOps scalar_vec = {exp_shifted_sum, row_max};
+const VectorOps scalar_vec = {exp_shifted_sum, row_max, softmax_grad};
 
 }  // namespace ulysses::kernels::native

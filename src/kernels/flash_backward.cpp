@@ -125,12 +125,8 @@ void backward_task(BackwardTile& t, const BackwardArgs& a, const TensorView& dq_
       probabilities(a, t.p.data(), lse, i0, mq, j0, nk);
       a.e.pt_b(nk, d, mq, t.p.data(), bk, dout, a.dout.stride_s, t.dv.data(), d, diag);
       a.e.scores(mq, nk, d, dout, a.dout.stride_s, vt, t.dp.data(), bk, diag);
-      for (std::int64_t i = 0; i < mq; ++i) {  // dS = scale·P ∘ (dP − D), written over dP
-        const float* prow = &t.p[std::size_t(i * bk)];
-        float* row = &t.dp[std::size_t(i * bk)];
-        const float di = delta[i0 + i];
-        for (std::int64_t c = 0; c < nk; ++c) row[c] = a.scale * prow[c] * (row[c] - di);
-      }
+      for (std::int64_t i = 0; i < mq; ++i)  // dS = scale·P ∘ (dP − D), written over dP
+        a.level.vec.softmax_grad(&t.p[std::size_t(i * bk)], &t.dp[std::size_t(i * bk)], nk, a.scale, delta[i0 + i]);
       a.e.pt_b(nk, d, mq, t.dp.data(), bk, q, a.q.stride_s, t.dk.data(), d, diag);
       a.e.pv(mq, d, nk, t.dp.data(), bk, kb, dq_acc.f32(bb, i0, h), dq_acc.stride_s, diag);
     }

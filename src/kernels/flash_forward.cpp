@@ -190,7 +190,8 @@ void softmax_row(const VectorOps& vec, float* srow, KeyRange r, std::int64_t nk,
     std::fill(s, s + n, 0.0f);
     return;
   }
-  const float alpha = std::exp(*m - mx);
+  // The max seldom moves after the first tiles: skip the call to exp when it did not.
+  const float alpha = mx == *m ? 1.0f : std::exp(*m - mx);
   *l = alpha * *l + vec.exp_shifted_sum(s, s, n, scale, mx);
   *m = mx;
   if (alpha != 1.0f)

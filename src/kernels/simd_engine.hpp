@@ -37,6 +37,7 @@ namespace {
 constexpr int W = ULYSSES_SIMD_LANES, NV = ULYSSES_SIMD_NV, MR = 6, NR = NV * W;
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef std::int32_t vi __attribute__((vector_size(W * 4)));
+typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
 
 inline vf load(const float* p) {
   vf r;
@@ -105,16 +106,27 @@ inline void with_rows(std::int64_t mr, F&& f) {
   }
 }
 
+// Every loop over the accumulators is unrolled: an index the compiler cannot resolve would
+// keep the whole block in memory (spilled after the FMAs, reloaded to store).
+template <int R, int NB>
+inline void store_block(float* c, std::int64_t ldc, const vf (&acc)[R][NB]) {
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NB; ++v) store(c + r * ldc + v * W, acc[r][v]);
+}
+
 // c[R rows, NB·W columns] += A · B, A and B as in fma_block.
 template <int R, int NB, bool TRANS_A>
 inline void accumulate_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                              float* c, std::int64_t ldc) {
   vf acc[R][NB];
+#pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NB; ++v) acc[r][v] = load(c + r * ldc + v * W);
   fma_block<R, NB, TRANS_A>(k, a, lda, b, ldb, acc);
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NB; ++v) store(c + r * ldc + v * W, acc[r][v]);
+  store_block(c, ldc, acc);
 }
 
 // c[R rows, n columns] += A · B for any n: blocks of NV vectors, then single vectors, then a
@@ -161,17 +173,16 @@ void pack_b(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, v
 template <int R>
 void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float* panel, float* s, std::int64_t lds,
                   std::int64_t cols) {
-  vf acc[R][NV] = {};
+  vf acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = vf{};
   fma_block<R, NV, false>(d, a, lda, panel, NR, acc);
-  for (int r = 0; r < R; ++r) {
-    if (cols == NR) {
-      for (int v = 0; v < NV; ++v) store(s + r * lds + v * W, acc[r][v]);
-    } else {
-      float tmp[NR];
-      for (int v = 0; v < NV; ++v) store(tmp + v * W, acc[r][v]);
-      std::copy_n(tmp, cols, s + r * lds);
-    }
-  }
+  if (cols == NR) return store_block(s, lds, acc);
+  float tmp[R * NR];
+  store_block(tmp, NR, acc);
+  for (int r = 0; r < R; ++r) std::copy_n(tmp + r * NR, cols, s + r * lds);
 }
 
 void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std::int64_t lda, const void* bt, float* s,
@@ -226,18 +237,20 @@ void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::i
 
 // ---- the vector ops ---------------------------------------------------------------------
 
-// e^x for x <= 0: 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, degree-6 polynomial (the
-// constants of Cephes' expf); exp(0) is exactly 1. x < −87 (−inf and NaN included) gives
-// exactly 0: those lanes may compute garbage, which the final AND with `valid` clears, so no
-// lower clamp is needed. No upper clamp either: the callers' arguments are <= 0 by
-// construction (exp_shifted_sum).
-// On AVX-512 one VSCALEFPS, masked to zero past −87, does the 2^n and the clearing that cost
-// four operations otherwise (convert, add, shift, multiply): every 512-bit operation shares
-// the FMA's two ports on Intel cores, so the exp's operation count is the softmax's cost. The
-// products are the same (a power of two times p, rounded only where the result is subnormal,
-// the same way), so both forms give the same bits.
+// e^x for x <= 0: 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2, and a degree-6 polynomial
+// (exp_poly.hpp); exp(0) is exactly 1. x < −87 (−inf and NaN included) gives exactly 0: those
+// lanes may compute garbage, which the final AND with `valid` clears, so no lower clamp is
+// needed. No upper clamp either: the callers' arguments are <= 0 by construction
+// (exp_shifted_sum).
+// Every 512-bit operation shares the FMA's two ports on Intel cores, so the exp's operation
+// count is the softmax's cost. On AVX-512 one VSCALEFPS, masked to zero past −87, does the 2^n
+// and the clearing; elsewhere 2^n is built from the integer that the rounding constant leaves
+// in the low bits of x·log2 e + 1.5·2^23 (a shift and an add). The products are the same (a
+// power of two times p, rounded only where the result is subnormal, the same way), so both
+// forms give the same bits.
 inline vf vexp(vf x) {
-  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const vf nm = x * 1.44269504088896341f + 12582912.0f;  // n in the low bits: round to nearest
+  const vf n = nm - 12582912.0f;
   vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   const vf p = exp_poly(r);
@@ -246,7 +259,7 @@ inline vf vexp(vf x) {
   return (vf)_mm512_maskz_scalef_ps(valid, (__m512)p, (__m512)n);
 #else
   const vi valid = x >= -87.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  const vu bits = ((vu)nm << 23) + (127u << 23);  // (0x4B400000 + n) << 23 is n << 23
   return (vf)((vi)(p * (vf)bits) & valid);
 #endif
 }
@@ -327,12 +340,19 @@ float row_max(const float* x, std::int64_t n, float init, float scale) {
   return scaled > init ? scaled : init;
 }
 
+// dp = (scale·p)·(dp − delta), the products in the scalar loop's order (the same bits).
+void softmax_grad(const float* p, float* dp, std::int64_t n, float scale, float delta) {
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) store(dp + i, scale * load(p + i) * (load(dp + i) - delta));
+  for (; i < n; ++i) dp[i] = scale * p[i] * (dp[i] - delta);
+}
+
 }  // namespace
 
 extern const GemmEngine ULYSSES_SIMD_ENGINE;
 const GemmEngine ULYSSES_SIMD_ENGINE = {
     ULYSSES_SIMD_NAME "-f32", DType::f32, packed_bytes, packed_offset, pack_bt, pack_b, scores, pv, pt_b};
 extern const VectorOps ULYSSES_SIMD_VEC;
-const VectorOps ULYSSES_SIMD_VEC = {exp_shifted_sum, row_max};
+const VectorOps ULYSSES_SIMD_VEC = {exp_shifted_sum, row_max, softmax_grad};
 
 }  // namespace ulysses::kernels::ULYSSES_KERNEL_NS
