@@ -119,10 +119,13 @@ inline bf16 round_to_bf16(float f) {
 
 // acc[r][v] += Σ_t A(r, t) · B(t, v): A(r, t) is the bf16 pair at a + r·a_rs + t·a_ts
 // (strides in bf16 elements), B(t, v) the 16 words at b + t·ldb + v·W.
+// pairs >= 1, so the loop is a do-while (a loop that may run zero times leaves two versions of
+// the accumulators to merge after it, which the compiler does through the stack).
 template <int R, int NB>
 [[gnu::always_inline]] inline void dp_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b, i64 ldb,
                                             vf (&acc)[R][NB]) {
-  for (i64 t = 0; t < pairs; ++t) {
+  i64 t = 0;
+  do {
     vu bv[NB];
 #pragma GCC unroll 4
     for (int v = 0; v < NB; ++v) bv[v] = load16(b + t * ldb + v * W);
@@ -132,7 +135,7 @@ template <int R, int NB>
 #pragma GCC unroll 4
       for (int v = 0; v < NB; ++v) acc[r][v] = dpbf16(acc[r][v], x, bv[v]);
     }
-  }
+  } while (++t < pairs);
 }
 
 // f(R, NB) with R ∈ [1, MR] rows and NB ∈ [1, NV] vectors as compile-time constants.
@@ -182,6 +185,7 @@ template <int R, int NB>
 template <int R, int NB>
 void accumulate_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b, i64 ldb, float* c, i64 ldc,
                       i64 cols) {
+  if (pairs <= 0) return;
   vf acc[R][NB];
   if (cols == NB * W) {
     load_block(c, ldc, acc);
@@ -196,7 +200,7 @@ void accumulate_block(i64 pairs, const bf16* a, i64 a_rs, i64 a_ts, const u32* b
   for (int r = 0; r < R; ++r) std::copy_n(tmp + r * NB * W, cols, c + r * ldc);
 }
 
-// s[R rows, cols] = A · B.
+// s[R rows, cols] = A · B over pairs >= 1 (half a head dimension, rounded up).
 template <int R, int NB>
 void scores_block(i64 pairs, const bf16* a, i64 lda, const u32* panel, float* s, i64 lds, i64 cols) {
   vf acc[R][NB];

@@ -76,10 +76,13 @@ inline vf vmin(vf a, vf b) {
 
 // acc[r][v] += Σ_kk A(r, kk) · b[kk·ldb + v·W …], A(r, kk) = a[r·lda + kk] (or a[kk·lda + r]
 // when TRANS_A).
+// k >= 1, so the loop is a do-while: after a loop that may run zero times the compiler merges
+// two versions of the 24 accumulators, and it does so through the stack.
 template <int R, int NB, bool TRANS_A>
 inline void fma_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                       vf (&acc)[R][NB]) {
-  for (std::int64_t kk = 0; kk < k; ++kk) {
+  std::int64_t kk = 0;
+  do {
     vf bv[NB];
 #pragma GCC unroll 4
     for (int v = 0; v < NB; ++v) bv[v] = load(b + kk * ldb + v * W);
@@ -89,7 +92,7 @@ inline void fma_block(std::int64_t k, const float* a, std::int64_t lda, const fl
 #pragma GCC unroll 4
       for (int v = 0; v < NB; ++v) acc[r][v] += x * bv[v];
     }
-  }
+  } while (++kk < k);
 }
 
 // f(std::integral_constant<int, R>) for R = mr ∈ [1, MR]: every row count gets a fully
@@ -120,6 +123,7 @@ inline void store_block(float* c, std::int64_t ldc, const vf (&acc)[R][NB]) {
 template <int R, int NB, bool TRANS_A>
 inline void accumulate_block(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                              float* c, std::int64_t ldc) {
+  if (k <= 0) return;
   vf acc[R][NB];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
@@ -170,6 +174,7 @@ void pack_b(const void* rows, std::int64_t ld, std::int64_t n, std::int64_t d, v
     for (std::int64_t x = 0; x < d; ++x) dst[key * d + x] = key < n ? src[key * ld + x] : 0.0f;
 }
 
+// s[R rows, cols] = A · panel over d >= 1 (a head dimension).
 template <int R>
 void scores_block(std::int64_t d, const float* a, std::int64_t lda, const float* panel, float* s, std::int64_t lds,
                   std::int64_t cols) {
