@@ -327,17 +327,20 @@ void scores(i64 m, i64 n, i64 d, const void* av, i64 lda, const void* bt, float*
   }
   const u32* panels = static_cast<const u32*>(bt);
   const i64 pairs = (d + 1) / 2, half = padded_d(d) / 2;
-  for (i64 i0 = 0; i0 < m; i0 += MR) {
-    const i64 mr = imin(MR, m - i0);
-    const i64 seen = iclamp(diag + i0 + mr, 0, n);  // keys the block's last row sees
-    for (i64 j = 0; j < seen; j += NR) {
+  // Panel by panel, every row block against it: a panel ([pairs][NR] words, 8 KiB at d = 64)
+  // stays in L1 while the row blocks pass, where a row block against every panel of a 256-key
+  // block would stream all of them from L2 again for each row block (the f32 engine's order).
+  for (i64 j = 0; j < n; j += NR)
+    for (i64 i0 = 0; i0 < m; i0 += MR) {
+      const i64 mr = imin(MR, m - i0);
+      const i64 seen = iclamp(diag + i0 + mr, 0, n);  // keys the block's last row sees
+      if (j >= seen) continue;
       const i64 nb = (imin(NR, seen - j) + W - 1) / W, cols = imin(n - j, nb * W);
       with_shape(mr, nb, [&](auto R, auto NB) {
         scores_block<decltype(R)::value, decltype(NB)::value>(pairs, a + i0 * lda, lda, panels + j * half,
                                                               s + i0 * lds + j, lds, cols);
       });
     }
-  }
 }
 
 void pv(i64 m, i64 d, i64 k, const float* p, i64 ldp, const void* bv, float* o, i64 ldo, i64 diag) {
