@@ -211,19 +211,22 @@ void scores(std::int64_t m, std::int64_t n, std::int64_t d, const void* av, std:
 void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int64_t ldp, const void* bv, float* o,
         std::int64_t ldo, std::int64_t diag) {
   const float* b = static_cast<const float*>(bv);
-  // Keys in chunks of kKeyAlign, every row block against a chunk: the chunk's V rows (16 KiB at
-  // d = 64) stay in L1 while the row blocks pass. Each output element still adds its products
-  // in key order, through O between chunks, so the sums are the same to the bit.
+  // Keys in chunks of kKeyAlign and columns in blocks of NR, every row block against one
+  // [chunk][block] piece of V (16 KiB), which stays in L1 while the row blocks pass. Each output
+  // element still adds its products in key order, through O between chunks, so the sums are the
+  // same to the bit.
   for (std::int64_t c0 = 0; c0 < k; c0 += kKeyAlign)
-    for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
-      const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
-      const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
-      const std::int64_t len = std::min(kk, c0 + kKeyAlign) - c0;
-      if (len <= 0) continue;
-      with_rows(mr, [&](auto R) {
-        accumulate_rows<decltype(R)::value, false>(d, len, p + i0 * ldp + c0, ldp, b + c0 * d, d, o + i0 * ldo, ldo);
-      });
-    }
+    for (std::int64_t j = 0; j < d; j += NR)
+      for (std::int64_t i0 = 0; i0 < m; i0 += MR) {
+        const std::int64_t mr = std::min<std::int64_t>(MR, m - i0);
+        const std::int64_t kk = std::clamp<std::int64_t>(diag + i0 + mr, 0, k);  // later keys have P = 0
+        const std::int64_t len = std::min(kk, c0 + kKeyAlign) - c0;
+        if (len <= 0) continue;
+        with_rows(mr, [&](auto R) {
+          accumulate_rows<decltype(R)::value, false>(std::min<std::int64_t>(NR, d - j), len, p + i0 * ldp + c0, ldp,
+                                                     b + c0 * d + j, d, o + i0 * ldo + j, ldo);
+        });
+      }
 }
 
 void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::int64_t ldp, const void* bv,
