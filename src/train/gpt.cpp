@@ -140,8 +140,9 @@ T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, con
   tokens_.assign(tokens, tokens + N);
   labels_.assign(labels, labels + N);
   grad_scale_ = grad_scale;
-  pos_rows_.resize(std::size_t(N));
-  for (i64 r = 0; r < N; ++r) pos_rows_[std::size_t(r)] = pos[r % n];
+  std::vector<i64> pos_rows(static_cast<std::size_t>(N));
+  for (i64 r = 0; r < N; ++r) pos_rows[std::size_t(r)] = pos[r % n];
+  rope_.build(pos_rows.data(), N, c.head_dim);
   if constexpr (std::is_same_v<T, float>)  // the weights changed since the last step
     if (bf16_matmuls) round_to_bf16(params16_, params.data(), layout.total);
   std::vector<T> x(std::size_t(N * C));
@@ -180,8 +181,8 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
   linear_forward(A.q.data(), A.xn1.data(), L.wq, N, C, QD);
   linear_forward(A.k.data(), A.xn1.data(), L.wk, N, C, KD);
   linear_forward(A.v.data(), A.xn1.data(), L.wv, N, C, KD);
-  rope_forward(A.q.data(), pos_rows_.data(), N, c.heads, c.head_dim);
-  rope_forward(A.k.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
+  rope_forward(A.q.data(), rope_, N, c.heads, c.head_dim);
+  rope_forward(A.k.data(), rope_, N, c.kv_heads, c.head_dim);
   att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
   for (auto* v : {&A.q, &A.k, &A.v}) std::vector<T>().swap(*v);  // the op keeps what its backward needs
   linear_forward(x_out, A.att.data(), L.wo, N, QD, C);
@@ -292,8 +293,8 @@ void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerA
     zeroed(*v, N * cols);
   linear_backward(G.datt.data(), G.dx2.data(), A.att.data(), L.wo, N, QD, C);
   att.backward(int(l), G.dq.data(), G.dk.data(), G.dv.data(), G.datt.data());
-  rope_backward(G.dq.data(), pos_rows_.data(), N, c.heads, c.head_dim);
-  rope_backward(G.dk.data(), pos_rows_.data(), N, c.kv_heads, c.head_dim);
+  rope_backward(G.dq.data(), rope_, N, c.heads, c.head_dim);
+  rope_backward(G.dk.data(), rope_, N, c.kv_heads, c.head_dim);
   linear_backward(G.dxn1.data(), G.dq.data(), A.xn1.data(), L.wq, N, C, QD);
   linear_backward(G.dxn1.data(), G.dk.data(), A.xn1.data(), L.wk, N, C, KD);
   linear_backward(G.dxn1.data(), G.dv.data(), A.xn1.data(), L.wv, N, C, KD);

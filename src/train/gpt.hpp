@@ -114,7 +114,7 @@ class Gpt {
   std::vector<int> labels_;
   T grad_scale_ = 1;
   std::vector<int> tokens_;
-  std::vector<i64> pos_rows_;
+  RopeTable<T> rope_;  // this step's rotary cosines and sines
   i64 N_ = 0, B_ = 0, n_ = 0;
 };
 

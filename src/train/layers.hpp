@@ -88,14 +88,29 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
 }
 
 // Rotary embedding ("rotate half"), in place on [N, H, D]: pairs (i, i + D/2) of each head turn
-// by pos · base^(−2i/D), pos = the token's GLOBAL position.
+// by pos · base^(−2i/D), pos = the token's GLOBAL position. The cosines and sines are tabled once
+// per step ([N][D/2] each): every layer's Q and K, forward and backward, turn by the same angles.
 template <class T>
-void rope_forward(T* x, const std::int64_t* pos, i64 N, i64 H, i64 D, bool inverse = false) {
+struct RopeTable {
+  std::vector<T> cos, sin;
+  void build(const std::int64_t* pos, i64 N, i64 D) {
+    const i64 half = D / 2;
+    cos.resize(std::size_t(N * half));
+    sin.resize(cos.size());
+    for (i64 n = 0; n < N; ++n)
+      for (i64 i = 0; i < half; ++i) {
+        const double angle = double(pos[n]) * std::pow(10000.0, -2.0 * double(i) / double(D));
+        cos[std::size_t(n * half + i)] = T(std::cos(angle));
+        sin[std::size_t(n * half + i)] = T(std::sin(angle));
+      }
+  }
+};
+template <class T>
+void rope_forward(T* x, const RopeTable<T>& t, i64 N, i64 H, i64 D, bool inverse = false) {
   const i64 half = D / 2;
   for (i64 n = 0; n < N; ++n)
     for (i64 i = 0; i < half; ++i) {
-      const double angle = double(pos[n]) * std::pow(10000.0, -2.0 * double(i) / double(D));
-      const T c = T(std::cos(angle)), s = T(inverse ? -std::sin(angle) : std::sin(angle));
+      const T c = t.cos[std::size_t(n * half + i)], sn = t.sin[std::size_t(n * half + i)], s = inverse ? -sn : sn;
       for (i64 h = 0; h < H; ++h) {
         T* v = x + (n * H + h) * D;
         const T a = v[i], b = v[i + half];
@@ -106,8 +121,8 @@ void rope_forward(T* x, const std::int64_t* pos, i64 N, i64 H, i64 D, bool inver
 }
 // The rotation is orthogonal: its backward is the inverse rotation of the gradient (in place).
 template <class T>
-void rope_backward(T* dx, const std::int64_t* pos, i64 N, i64 H, i64 D) {
-  rope_forward(dx, pos, N, H, D, true);
+void rope_backward(T* dx, const RopeTable<T>& t, i64 N, i64 H, i64 D) {
+  rope_forward(dx, t, N, H, D, true);
 }
 
 // SwiGLU: out = silu(a) ∘ g.
