@@ -29,7 +29,6 @@
 
 #include "engines.hpp"
 #include "exp_poly.hpp"
-#include "scratch.hpp"
 
 namespace ulysses::kernels::ULYSSES_KERNEL_NS {
 
@@ -230,20 +229,9 @@ void pv(std::int64_t m, std::int64_t d, std::int64_t k, const float* p, std::int
       }
 }
 
-thread_local Scratch b_rows;  // pt_b's B, made contiguous (below)
-
 void pt_b(std::int64_t k, std::int64_t d, std::int64_t m, const float* p, std::int64_t ldp, const void* bv,
           std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t diag) {
   const float* b = static_cast<const float*>(bv);
-  // B is a head's slice of Q or dO, its rows h·d floats apart: at 2 or 4 KiB apart they fall
-  // into a few L1 sets and evict each other, and every block of keys reads all m rows again
-  // (the tile ran 21 % slower at 8 heads than on contiguous rows). One copy per call keeps them.
-  if (ldb != d && m > 0) {
-    float* rows = b_rows.get<float>(m * d);
-    for (std::int64_t i = 0; i < m; ++i) std::copy_n(b + i * ldb, d, rows + i * d);
-    b = rows;
-    ldb = d;
-  }
   for (std::int64_t c0 = 0; c0 < k; c0 += MR) {
     const std::int64_t mr = std::min<std::int64_t>(MR, k - c0);
     // Key c0 is seen by query rows i >= c0 − diag; earlier rows have P = 0 there.
