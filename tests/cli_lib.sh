@@ -6,16 +6,19 @@ set -u
 bin=$1 mpiexec=$2 flags=$3 tool=$4
 dir=$(mktemp -d)
 fails=0
-run() { local n=$1; shift; timeout 60 "$mpiexec" -n "$n" $flags "$bin" "$@"; }
+# A run that has not ended after ULYSSES_HANG_S seconds (default 300) is hung. The deadline
+# detects hangs, not slowness: a machine busy with other work must not fail a test.
+hang_s=${ULYSSES_HANG_S:-300}
+run() { local n=$1; shift; timeout "$hang_s" "$mpiexec" -n "$n" $flags "$bin" "$@"; }
 ok() { echo "PASS: $1"; }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
-# expect NAME NP MESSAGE ARGS...: a non-zero exit (not a timeout) within 30 s, MESSAGE in the output.
+# expect NAME NP MESSAGE ARGS...: a non-zero exit (not a hang), MESSAGE in the output.
 expect() {
   local name=$1 n=$2 msg=$3; shift 3
   local start=$SECONDS
   run "$n" "$@" > "$dir/err.log" 2>&1
   local rc=$? took=$((SECONDS - start))
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 30 ]; then bad "$name: exit code $rc after $took s"; cat "$dir/err.log"; return 1; fi
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then bad "$name: exit code $rc after $took s"; cat "$dir/err.log"; return 1; fi
   if ! grep -qF -- "$msg" "$dir/err.log"; then bad "$name: message '$msg' missing"; cat "$dir/err.log"; return 1; fi
   ok "$name ($took s, rc $rc)"
 }

@@ -22,7 +22,7 @@ compare() {
   # shellcheck disable=SC2046  # outputs prints words
   if ! run 4 attention "${shape[@]}" "$@" $(outputs "$m") > "$m.log" 2>&1; then bad "$name: mpirun -n 4"; cat "$m.log"; return; fi
   # shellcheck disable=SC2046
-  if ! timeout 60 "$bin" attention --comm local --ranks 4 "${shape[@]}" "$@" $(outputs "$l") > "$l.log" 2>&1; then
+  if ! timeout "${ULYSSES_HANG_S:-300}" "$bin" attention --comm local --ranks 4 "${shape[@]}" "$@" $(outputs "$l") > "$l.log" 2>&1; then
     bad "$name: --comm local --ranks 4"; cat "$l.log"; return
   fi
   grep -q "cp = 4 ranks" "$l.log" || { bad "$name: the local run is not 4 ranks"; cat "$l.log"; return; }

@@ -35,7 +35,7 @@ check() {
   value=$(changed "$kind")
   mkdir "$work"
   # shellcheck disable=SC2086  # the base arguments are words
-  (cd "$work" && timeout 30 "$mpiexec" $flags -n 1 "$bin" "$cmd" ${base[$cmd]} : \
+  (cd "$work" && timeout "${ULYSSES_HANG_S:-300}" "$mpiexec" $flags -n 1 "$bin" "$cmd" ${base[$cmd]} : \
                                         -n 1 "$bin" "$cmd" ${base[$cmd]} "$name" $value) < /dev/null > "$log" 2>&1
   local rc=$? what="$cmd $name${value:+ $value} on rank 1" errors
   errors=$(grep -c "^ulysses: error:" "$log")
@@ -68,18 +68,18 @@ for f in "$dir"/fail.*; do [ -e "$f" ] && { cat "$f"; fails=$((fails + 1)); }; d
 mkdir -p "$dir/work"
 
 # The messages users see, word for word.
-(cd "$dir/work" && timeout 30 "$mpiexec" $flags -n 1 "$bin" attention --seq 4096 --heads 2 --head-dim 8 : \
+(cd "$dir/work" && timeout "${ULYSSES_HANG_S:-300}" "$mpiexec" $flags -n 1 "$bin" attention --seq 4096 --heads 2 --head-dim 8 : \
                                        -n 1 "$bin" attention --seq 2048 --heads 2 --head-dim 8) > "$dir/log" 2>&1
 grep -qF "ulysses: error: ranks were given different --seq: rank 0 has 4096, rank 1 has 2048" "$dir/log" ||
   { echo "FAIL: different --seq message"; cat "$dir/log"; fails=$((fails + 1)); }
 # Two paths to the same contents agree; different contents do not, whatever the paths.
 cp "$dir/input.txt" "$dir/copy.txt"
 t=(train --steps 1 --seq 64 --batch 1 --layers 1 --width 16 --heads 2 --kv-heads 2 --head-dim 8 --eval-batches 1 --holdout 0.5)
-(cd "$dir/work" && timeout 30 "$mpiexec" $flags -n 1 "$bin" "${t[@]}" --data "$dir/input.txt" : \
+(cd "$dir/work" && timeout "${ULYSSES_HANG_S:-300}" "$mpiexec" $flags -n 1 "$bin" "${t[@]}" --data "$dir/input.txt" : \
                                        -n 1 "$bin" "${t[@]}" --data "$dir/copy.txt") > "$dir/log" 2>&1 ||
   { echo "FAIL: copies of one --data file"; cat "$dir/log"; fails=$((fails + 1)); }
 head -c 200 /dev/zero | tr '\0' b > "$dir/copy.txt"
-(cd "$dir/work" && timeout 30 "$mpiexec" $flags -n 1 "$bin" "${t[@]}" --data "$dir/input.txt" : \
+(cd "$dir/work" && timeout "${ULYSSES_HANG_S:-300}" "$mpiexec" $flags -n 1 "$bin" "${t[@]}" --data "$dir/input.txt" : \
                                        -n 1 "$bin" "${t[@]}" --data "$dir/input.txt" --data "$dir/copy.txt") > "$dir/log" 2>&1
 grep -qF "ranks were given different --data: rank 0 has $dir/input.txt (200 bytes" "$dir/log" ||
   { echo "FAIL: different --data contents"; cat "$dir/log"; fails=$((fails + 1)); }

@@ -118,7 +118,7 @@ kill_forward() {
   wait_for "$dir/f.log" "^ulysses attention" 60 || { fail "kill-forward: never started"; cat "$dir/f.log"; return; }
   sleep 1
   kill -9 "$(victim)" || { fail "kill-forward: no rank to kill"; return; }
-  ends_within "$where: SIGKILL of a rank mid-forward" 30 || cat "$dir/f.log"
+  ends_within "$where: SIGKILL of a rank mid-forward" 60 || cat "$dir/f.log"
   grep -q "exited on signal 9" "$dir/f.log" || { fail "kill-forward: mpirun did not name the dead rank"; cat "$dir/f.log"; }
   grep "exited on signal 9" "$dir/f.log"
   [ ! -e "$dir/out.npy" ] || fail "kill-forward: an output was written"
@@ -137,7 +137,7 @@ kill_train() {
   # stdout is flushed every step (the log file is not): past the first checkpoint
   wait_for "$dir/b.out" 'step 10/24' 120 || { fail "kill-train: never reached step 10"; cat "$dir/b.out"; return; }
   kill -9 "$(victim)" || { fail "kill-train: no rank to kill"; return; }
-  ends_within "$where: SIGKILL of a rank mid-training" 30 || cat "$dir/b.out"
+  ends_within "$where: SIGKILL of a rank mid-training" 60 || cat "$dir/b.out"
   launch "$dir/c.out" "${train_args[@]}" --resume "$dir/b" --save "$dir/b" --save-every 8 --log "$dir/b.log"
   wait "$job" || { fail "kill-train: resume failed"; cat "$dir/c.out"; return; }
   grep "resumed from" "$dir/c.out"

@@ -43,7 +43,7 @@ run 2 attention --q "$dir/q_nan.npy" --k "$dir/k.npy" --v "$dir/v.npy" --allow-n
 mkdir -p "$dir/other" && "$tool" make "$dir/other" 1 16 2 2 8
 "$tool" set "$dir/other/q.npy" 3 0.5
 start=$SECONDS
-timeout 60 "$mpiexec" $flags -n 1 "$bin" attention "${files[@]}" --out "$dir/mpmd.npy" : \
+timeout "${ULYSSES_HANG_S:-300}" "$mpiexec" $flags -n 1 "$bin" attention "${files[@]}" --out "$dir/mpmd.npy" : \
   -n 1 "$bin" attention --q "$dir/other/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$dir/mpmd.npy" > "$dir/mpmd.log" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF "ranks were given different --q: rank 0 has $dir/q.npy (1152 bytes" "$dir/mpmd.log"; then
