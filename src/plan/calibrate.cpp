@@ -84,13 +84,17 @@ Link fit_concurrent(Communicator& comm, int per_node) {
   return {double(large) / std::max(1e-9, big - small), small};
 }
 
-Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
+// MPI_Alltoall: α per peer from 8 B blocks, β from blocks of 4 MiB / peers (at least 64 KiB):
+// each rank's two buffers stay near 8 MiB whatever the group's size (4 MiB blocks to every
+// peer took 8 MiB x ranks per rank, the square of the ranks on a node: 64 local ranks ran out
+// of memory). Bandwidth is what moves per rank, so it fits as well from the smaller blocks.
+Link fit_alltoall(Communicator& comm) {
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
     std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
     return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
   };
-  const std::size_t large = 4 << 20;
+  const std::size_t large = std::max<std::size_t>(64 << 10, (std::size_t(4) << 20) / std::size_t(g));
   const double small = timed(8), big = timed(large);
   return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
 }
