@@ -20,6 +20,11 @@ check_shape "plain, s 1024 x 8" --seq 1024 --batch 8
 check_shape "checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss
 check_shape "bf16, plain, s 1024 x 8" --seq 1024 --batch 8 --dtype bf16
 check_shape "bf16, checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss --dtype bf16
+# Variable-length steps: same-length sequences run as one batch (512 of 64 tokens: one batch of
+# 512), one long sequence, a pareto tail (the calibration's one-rank probe is its peak).
+check_shape "--lengths 512x64" --lengths 512x64
+check_shape "--lengths 1x8192" --lengths 1x8192
+check_shape "--lengths pareto:16:64:4096:1.2:1" --lengths pareto:16:64:4096:1.2:1
 
 run 2 train "${model[@]}" --seq 4096 --batch 8 --max-memory 100MiB > "$dir/cap.log" 2>&1
 if grep -q 'needs a predicted .* per rank, more than --max-memory 100.0 MiB' "$dir/cap.log"; then

@@ -103,6 +103,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
       ->capture_default_str()
       ->check(positive_number());
   add_backend_options(c, o.backend);
+  add_timeout_option(c, o.timeout);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
   c->parse_complete_callback([&o, c] {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
@@ -383,6 +384,7 @@ int run_plan(const PlanOptions& o) {
   if (!o.lengths.empty()) return run_plan_lengths(o);
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
+  comm.set_timeout(o.timeout);
   PlanInput in;
   const int node_ranks = o.calibrate ? comm.ranks_on_this_node() : 1;  // collective: outside the checks
   on_every_rank(comm, [&] {

@@ -36,6 +36,7 @@ struct PlanOptions {
   int world = 0, dp = 1;
   std::int64_t max_tokens_per_rank = 0;
   BackendOptions backend;  // --comm, --ranks
+  double timeout = 300;    // seconds any wait may take (--calibrate's collectives)
   bool max_memory_given = false;
   std::vector<std::string> given;  // the options named on the command line
 };

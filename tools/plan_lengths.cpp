@@ -181,6 +181,7 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
 int run_plan_lengths(const PlanOptions& o) {
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
+  comm.set_timeout(o.timeout);
   BalanceInput in;
   std::vector<int> worlds;
   on_every_rank(comm, [&] {
