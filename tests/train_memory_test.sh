@@ -10,7 +10,7 @@ check_shape() {  # name, then train flags
   local name=$1; shift
   run 2 train "${model[@]}" "$@" --log "$dir/m.jsonl" > "$dir/m.log" 2>&1 || { bad "$name: run"; cat "$dir/m.log"; return; }
   local ratio
-  ratio=$(grep -o 'measured/predicted [0-9.]*' "$dir/m.log" | cut -d' ' -f2)
+  ratio=$(grep 'measured peak RSS' "$dir/m.log" | grep -o 'measured/predicted [0-9.]*' | cut -d' ' -f2)
   if awk -v r="$ratio" 'BEGIN { exit !(r >= 0.85 && r <= 1.15) }'; then ok "$name: measured/predicted $ratio"
   else bad "$name: measured/predicted '$ratio'"; cat "$dir/m.log"; fi
   grep -q '"peak_rss_bytes": [1-9]' "$dir/m.jsonl" && grep -q '"predicted_bytes": [1-9]' "$dir/m.jsonl" \
