@@ -203,7 +203,8 @@ TEST(DpTimesCpBadInput, TokenBudgetSmallerThanADocument) {
   c.tokens_per_step = 30;  // documents have up to 48 tokens
   ulysses::testing::expect_same_error_everywhere(
       world, [&] { Trainer t(world, c, DataSource::documents(path, "\n")); },
-      fmt::format("--data {}: the document 5 (line 5, byte 82) has 37 token(s): --tokens-per-step 30 is smaller", path));
+      fmt::format("--data {}: the document 5 (line 5, byte 82) has 37 token(s): --tokens-per-step 30 is smaller",
+                  path));
 }
 
 TEST(DpTimesCpBadInput, EmptyBatches) {
@@ -222,7 +223,8 @@ TEST(DpTimesCpBadInput, EmptyBatches) {
   c.tokens_per_step = 64;  // all three documents, not one label among them
   ulysses::testing::expect_same_error_everywhere(
       world, [&] { Trainer(world, c, DataSource::documents(path, "\n")); },
-      fmt::format("--data {}: the document 1 (line 1, byte 0) has 1 token(s): a document needs 2 tokens or more", path));
+      fmt::format("--data {}: the document 1 (line 1, byte 0) has 1 token(s): a document needs 2 tokens or more",
+                  path));
 }
 
 TEST(DpTimesCpBadInput, LengthsThatParseToNothing) {

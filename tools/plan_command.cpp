@@ -391,8 +391,8 @@ int run_plan(const PlanOptions& o) {
     check_plan_option_effects(o, comm.size());
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}, {"--svg", o.svg}});  // before any work
     in = plan_input(o, comm.size());
-    if (o.calibrate) check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0,
-                                  node_ranks);
+    if (o.calibrate)
+      check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
   std::vector<double> measured;
   if (o.calibrate) calibrate_cluster(comm, in);

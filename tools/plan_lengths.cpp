@@ -37,10 +37,11 @@ constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 25;
 void admit_plan(std::size_t sequences, int largest_world) {
   const std::int64_t pairs = std::int64_t(sequences) * largest_world;
   if (pairs > kMaxPlanPairs)
-    throw Error(fmt::format("--lengths: {} sequences at world {} are {} sequence x rank pairs, more than the "
-                            "planner's limit of {} (2^25; its memory and time grow with both): fewer sequences or a "
-                            "smaller --world",
-                            sequences, largest_world, pairs, kMaxPlanPairs));
+    throw Error(
+        fmt::format("--lengths: {} sequences at world {} are {} sequence x rank pairs, more than the "
+                    "planner's limit of {} (2^25; its memory and time grow with both): fewer sequences or a "
+                    "smaller --world",
+                    sequences, largest_world, pairs, kMaxPlanPairs));
   check_memory("ulysses plan --lengths", kPlanBaseBytes + kPlanBytesPerPair * double(pairs), 0, 1);
 }
 
@@ -159,7 +160,8 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   if (given("--tile-rows") && !o.train) refuse("--tile-rows", "without --train");
   for (const char* flag : {"--width", "--hidden", "--max-memory"})
     if (given(flag) && plain) refuse(flag, "without --train or --lengths");
-  for (const char* flag : {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
+  for (const char* flag :
+       {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (it plans no --seq)", mode));
   for (const char* flag : {"--intra-bw", "--intra-lat", "--inter-bw", "--inter-lat", "--tflops", "--efficiency",
                            "--ranks-per-node", "--json"})

@@ -480,11 +480,11 @@ void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
       throw Error(fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: {}", need.describe(),
                               train::format_bytes(cfg.max_memory), kMemoryRemedy));
     if (!unknown && need.total() > double(least))
-      throw Error(fmt::format(
-          "the run needs a predicted {} per rank, more than this machine has: {} per rank ({} available "
-          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
-          need.describe(), train::format_bytes(double(least)), train::format_bytes(double(available)), on_node,
-          kMemoryRemedy));
+      throw Error(
+          fmt::format("the run needs a predicted {} per rank, more than this machine has: {} per rank ({} available "
+                      "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
+                      need.describe(), train::format_bytes(double(least)), train::format_bytes(double(available)),
+                      on_node, kMemoryRemedy));
     if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = double(least);
   });
 }
@@ -525,7 +525,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   else
     fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
   fmt::print("  memory per rank (predicted{}): {}{}{}{}\n",
-             !cfg.lengths.empty()       ? ", the largest batch of same-length sequences on cp ranks or calibration"
+             !cfg.lengths.empty()      ? ", the largest batch of same-length sequences on cp ranks or calibration"
              : cfg.tokens_per_step > 0 ? ", a step's documents on cp ranks or calibration"
                                        : "",
              predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",

@@ -462,9 +462,10 @@ void run_local_shared(int n, const std::function<void(const std::shared_ptr<Comm
     });
   for (std::thread& t : pool) t.join();
   const int origin = world->origin();
-  world->end(fmt::format("the local group of {} ranks has ended (its run returned): a rank's communicator, and "
-                         "what is built on it, works only while the run's function runs",
-                         n));
+  world->end(
+      fmt::format("the local group of {} ranks has ended (its run returned): a rank's communicator, and "
+                  "what is built on it, works only while the run's function runs",
+                  n));
   if (origin >= 0 && errors[std::size_t(origin)]) std::rethrow_exception(errors[std::size_t(origin)]);
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);

@@ -93,9 +93,9 @@ std::int64_t cgroup_headroom_bytes() {
       return -1;
     }
   };
-  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                      "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+  for (const auto& [limit, usage] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
     const std::int64_t l = read(limit), u = read(usage);
     if (l > 0 && l < (std::int64_t(1) << 60) && u >= 0) return std::max<std::int64_t>(0, l - u);
   }

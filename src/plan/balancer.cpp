@@ -154,9 +154,10 @@ void check_input(const BalanceInput& in) {
     throw Error(fmt::format("balance: gemm_flops_per_token must be finite and >= 0, got {}", in.gemm_flops_per_token));
   const Cluster& cl = in.model.cluster;
   if (!(cl.peak_flops > 0) || !std::isfinite(cl.peak_flops) || !(cl.efficiency > 0) || !(cl.efficiency <= 1))
-    throw Error(fmt::format("balance: the cluster's peak FLOP/s must be finite and > 0 and its efficiency in (0, 1]; "
-                            "got {} and {}",
-                            cl.peak_flops, cl.efficiency));
+    throw Error(
+        fmt::format("balance: the cluster's peak FLOP/s must be finite and > 0 and its efficiency in (0, 1]; "
+                    "got {} and {}",
+                    cl.peak_flops, cl.efficiency));
   if (in.max_tokens_per_rank < 0)
     throw Error(
         fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
