@@ -156,8 +156,9 @@ std::int64_t sum(const std::vector<std::int64_t>& v) {
 // replica's share of them, split where a cap stops it); for whole documents, a step's budget
 // as one sequence (same-length documents batched hold no more tokens).
 // A calibrating run (calibrate in trainer.hpp) first times its layers on one forward and backward
-// of 1024 tokens (Trainer::layers_rate's probe) on every rank alone: a rank's peak is that
-// probe's when a step holds less per rank (1x1031 on 2 ranks: 44 MiB a step, 58 MiB measured).
+// of 1024 tokens (Trainer::layers_rate's probe) on every rank alone, and its links with 16 MB
+// messages: a rank's peak is theirs when a step holds less per rank (1x1031 on 2 ranks: 44 MiB
+// a step, 58 MiB measured).
 train::MemoryEstimate with_calibration(const train::TrainConfig& cfg, const train::MemoryEstimate& step) {
   if (!cfg.calibrate) return step;
   train::TrainConfig probe = cfg;
@@ -165,7 +166,13 @@ train::MemoryEstimate with_calibration(const train::TrainConfig& cfg, const trai
   probe.tokens_per_step = 0;
   probe.batch = 1;
   probe.seq = 1024;
-  const train::MemoryEstimate p = train::predict_memory(probe, 1);
+  train::MemoryEstimate p = train::predict_memory(probe, 1);
+  // The link fit's 16 MB messages (calibrate.cpp): on a small model they are the peak, 13-17 MiB
+  // over the baseline and weights (MPI's copies; the buffers themselves are unmapped after).
+  train::MemoryEstimate link = p;
+  link.activations = 16 << 20;
+  link.attention = 0;
+  if (link.total() > p.total()) p = link;
   return p.total() > step.total() ? p : step;
 }
 
@@ -464,7 +471,7 @@ void check_documents(const train::TrainConfig& cfg, const train::DataSource& dat
 // per rank than --max-memory or than this machine has for each of its ranks (MemAvailable, or
 // what the cgroup's limit still allows, shared by the node's ranks; the least over the nodes).
 // Sets the cap the trainer splits batches of same-length sequences under: --max-memory, else
-// what the machine has.
+// 90 % of what the machine has.
 void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
   const std::int64_t available = available_memory_bytes();
   const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
@@ -474,7 +481,8 @@ void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
     train::TrainConfig one = cfg;
     one.max_memory = 0;  // the largest batch alone: a longer run is split under the cap
     if (!one.lengths.empty()) one.lengths = {*std::max_element(one.lengths.begin(), one.lengths.end())};
-    const train::MemoryEstimate need = predicted_memory(one, cp);
+    // pow2 and dynamic may give a long sequence every rank of the world (static: its replica's)
+    const train::MemoryEstimate need = predicted_memory(one, cfg.balance == BalancePolicy::static_ ? cp : comm.size());
     const bool unknown = least == std::numeric_limits<std::int64_t>::max();
     if (cfg.max_memory > 0 && need.total() > cfg.max_memory)
       throw Error(fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: {}", need.describe(),
@@ -485,7 +493,9 @@ void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
                       "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
                       need.describe(), train::format_bytes(double(least)), train::format_bytes(double(available)),
                       on_node, kMemoryRemedy));
-    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = double(least);
+    // Batches are split under 90 % of it: the model's measured error is up to about 10 %, and
+    // MemAvailable moves while a run goes on.
+    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = 0.9 * double(least);
   });
 }
 
