@@ -468,34 +468,33 @@ void check_documents(const train::TrainConfig& cfg, const train::DataSource& dat
 }
 
 // Collective. Refuses, before anything is allocated or calibrated, a run predicted to need more
-// per rank than --max-memory or than this machine has for each of its ranks (MemAvailable, or
-// what the cgroup's limit still allows, shared by the node's ranks; the least over the nodes).
-// Sets the cap the trainer splits batches of same-length sequences under: --max-memory, else
-// 90 % of what the machine has.
+// per rank than --max-memory or than 90 % of what this machine has for each of its ranks
+// (MemAvailable, or what the cgroup's limit still allows, shared by the node's ranks; the least
+// over the nodes): the model errs by up to about 10 %, and MemAvailable moves while a run goes
+// on. Sets the cap the trainer splits batches of same-length sequences under: --max-memory,
+// else that 90 %.
 void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
   const std::int64_t available = available_memory_bytes();
   const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
   std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;
   comm.allreduce_min(&least, 1);
+  const bool unknown = least == std::numeric_limits<std::int64_t>::max();
+  const double room = 0.9 * double(least);
   on_every_rank(comm, [&] {
     train::TrainConfig one = cfg;
     one.max_memory = 0;  // the largest batch alone: a longer run is split under the cap
     if (!one.lengths.empty()) one.lengths = {*std::max_element(one.lengths.begin(), one.lengths.end())};
     // pow2 and dynamic may give a long sequence every rank of the world (static: its replica's)
     const train::MemoryEstimate need = predicted_memory(one, cfg.balance == BalancePolicy::static_ ? cp : comm.size());
-    const bool unknown = least == std::numeric_limits<std::int64_t>::max();
     if (cfg.max_memory > 0 && need.total() > cfg.max_memory)
       throw Error(fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: {}", need.describe(),
                               train::format_bytes(cfg.max_memory), kMemoryRemedy));
-    if (!unknown && need.total() > double(least))
-      throw Error(
-          fmt::format("the run needs a predicted {} per rank, more than this machine has: {} per rank ({} available "
-                      "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
-                      need.describe(), train::format_bytes(double(least)), train::format_bytes(double(available)),
-                      on_node, kMemoryRemedy));
-    // Batches are split under 90 % of it: the model's measured error is up to about 10 %, and
-    // MemAvailable moves while a run goes on.
-    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = 0.9 * double(least);
+    if (!unknown && need.total() > room)
+      throw Error(fmt::format(
+          "the run needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
+          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
+          need.describe(), train::format_bytes(room), train::format_bytes(double(available)), on_node, kMemoryRemedy));
+    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = room;
   });
 }
 
