@@ -168,7 +168,7 @@ run 2 train "${tiny[@]}" --steps 2 --strategy p2p --data "$dir/docs.txt" --holdo
   && ok "train --tokens-per-step: whole documents" || { bad "train --tokens-per-step"; cat "$dir/t8.log"; }
 expect_train_error "train --dp not dividing" 2 "--dp 3 must divide the world size 2" "${tiny[@]}" --dp 3
 expect_train_error "train --lengths to nothing" 2 "no sequence (expected e.g." "${tiny[@]}" --lengths ""
-expect_train_error "train --tokens-per-step < a document" 2 "--tokens-per-step 20 is smaller than a document of --data $dir/docs.txt: the one at byte 31 has 37 tokens" \
+expect_train_error "train --tokens-per-step < a document" 2 "--data $dir/docs.txt: the document 3 (line 3, byte 31) has 37 token(s): --tokens-per-step 20 is smaller" \
   "${tiny[@]}" --data "$dir/docs.txt" --holdout 0 --tokens-per-step 20
 expect_train_error "train --balance unknown" 2 "balance policy 'best': expected static, pow2 or dynamic" "${tiny[@]}" --balance best
 # The dtype in the log and the summary; the default --hidden follows --width; plan --train --dtype.

@@ -134,5 +134,36 @@ expect "--resume --width other than the checkpoint's" 2 "--width 32 conflicts wi
 expect "--resume --seed other than the checkpoint's" 2 "--seed 9 conflicts with the checkpoint $dir/ckpt (--seed 0)" \
   train --steps 3 --resume "$dir/ckpt" --seed 9
 
+# Memory admitted before anything is allocated or calibrated, with both numbers, on every rank.
+expect "train: a sequence of 10^12 tokens" 2 "more than this machine has" train --steps 1 --lengths 1x1000000000000
+grep -q "calibrated" "$dir/err.log" && bad "train 10^12: calibrated before refusing" || ok "train 10^12: refused first"
+ULYSSES_MEM_AVAILABLE=$((256 << 20)) expect "train: a batch over MemAvailable" 2 \
+  "per rank, more than this machine has: 115.2 MiB per rank (90 % of 256.0 MiB available" train --steps 1 --seq 8192 --batch 8
+expect "train: over --max-memory" 2 "more than --max-memory 16.0 MiB" train --steps 1 --lengths 4096x64 --max-memory 16MiB
+printf 'a first document\n%s\n' "$(head -c 20000000 /dev/zero | tr '\0' x)" > "$dir/huge_doc.txt"
+ULYSSES_MEM_AVAILABLE=$((1 << 30)) expect "train: a 20M-token document" 2 "more than this machine has" \
+  train --steps 1 --data "$dir/huge_doc.txt" --holdout 0 --tokens-per-step 20000002
+rm -f "$dir/huge_doc.txt"
+# Sizes parse strictly.
+for size in 0x10 1e9 inf nan -5 0 2GiBs ""; do
+  expect "--max-memory '$size'" 2 "is not a memory size" train --steps 1 --seq 64 --max-memory "$size"
+done
+# Every document checked before step 1, named with its line and length.
+printf 'one document of some length\nanother one here\nx\nthe last document\n' > "$dir/docs1.txt"
+expect "train: a one-token document" 2 "the document 3 (line 3, byte 45) has 1 token(s): a document needs 2 tokens or more" \
+  train --steps 60 --data "$dir/docs1.txt" --holdout 0 --tokens-per-step 64
+# Options with no effect in their combination are errors, never ignored.
+expect "--doc-separator without --pack" 2 "--doc-separator splits --data into documents for --pack or --tokens-per-step" \
+  train --steps 1 --seq 64 --data "$dir/docs1.txt" --doc-separator '|'
+expect "--holdout without --data" 2 "--holdout is about --data FILE's held-out text" train --steps 1 --seq 64 --holdout 0.1
+expect "--save-every without --save" 2 "--save-every needs --save DIR" train --steps 1 --seq 64 --save-every 2
+expect "--tile-rows without tiling" 2 "--tile-rows sizes the tiles" train --steps 1 --seq 64 --tile-rows 64
+expect "plan --calibrate --world" 2 "--world has no effect with --calibrate, which measures this machine and plans for the 2 rank(s)" \
+  plan --calibrate --lengths 2x512 --world 64 --heads 4
+expect "plan --calibrate --cp" 2 "--cp has no effect with --calibrate" plan --calibrate --seq 512 --heads 4 --cp 64
+expect "plan --world without --lengths" 2 "--world has no effect without --lengths" plan --seq 512 --heads 4 --world 8
+expect "plan --train --json" 2 "--json has no effect with --train" plan --train --heads 4 --json "$dir/t.json"
+no_file "$dir/t.json" "plan --train --json"
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -31,4 +31,13 @@ check_error "dp 3 does not divide the world size 4" --lengths 8x512 --world 4 --
 check_error "pareto" --lengths pareto:4:10:5:1 --world 2 --heads 8
 check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --lengths 1x16384 --world 2 --heads 8 \
   --head-dim 64 --max-memory 1MiB
+# The planner's memory is bounded before it plans: a stated limit of sequences x ranks, and what
+# the machine has.
+check_error "are 1024000000 sequence x rank pairs, more than the planner's limit of 33554432" \
+  --lengths 1000000x512 --world 1024 --heads 8
+ULYSSES_MEM_AVAILABLE=1000000 check_error "ulysses plan --lengths needs about" --lengths 8x512 --world 4 --heads 8
+# Options the mode leaves without effect are refused, not ignored.
+check_error "--world has no effect with --calibrate" --lengths 8x512 --world 4 --heads 8 --calibrate
+check_error "--seq has no effect with --lengths" --lengths 8x512 --world 4 --heads 8 --seq 4096
+check_error "--tile-rows has no effect without --train" --lengths 8x512 --world 4 --heads 8 --tile-rows 64
 exit $((fails > 0))

@@ -3,15 +3,19 @@
 // counters against the base class's formulas (the same as MPI's), split, point-to-point
 // matching by (source, tag) in posting order, and failure: a rank that throws releases the
 // others, the watchdog ends a hung group with its one line, misuse is an Error.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ulysses/communicator_factory.hpp"
@@ -281,11 +285,21 @@ TEST(Local, ARankThatThrowsReleasesTheOthersAndIsRethrown) {
 }
 
 TEST(Local, TheWatchdogEndsAHungGroupWithItsLine) {
+  std::atomic<int> released{0};
   try {
-    run_local(3, [](Communicator& c) {
+    run_local(3, [&](Communicator& c) {
       c.set_timeout(0.2);
       const WatchdogStep step(c, "step 3");
-      if (c.rank() != 2) c.barrier();  // rank 2 skips it
+      if (c.rank() == 2) {  // skips the barrier but stays (a rank that returned would fail the group at once)
+        while (released.load() < 2) std::this_thread::yield();
+        return;
+      }
+      try {
+        c.barrier();
+      } catch (const Error&) {
+        ++released;
+        throw;
+      }
     });
     ADD_FAILURE() << "no exception";
   } catch (const Error& e) {
@@ -293,6 +307,65 @@ TEST(Local, TheWatchdogEndsAHungGroupWithItsLine) {
     EXPECT_NE(m.find("ulysses watchdog: local rank "), std::string::npos) << m;
     EXPECT_NE(m.find("for barrier on the local group of 3 ranks"), std::string::npos) << m;
     EXPECT_NE(m.find("during step 3"), std::string::npos) << m;
+  }
+}
+
+TEST(Local, ARankThatReturnsWhileOthersWaitForItEndsTheGroupNamingIt) {
+  for (int n = 2; n <= 4; ++n) {
+    std::vector<std::string> released(static_cast<std::size_t>(n));
+    try {
+      run_local(n, [&](Communicator& c) {
+        if (c.rank() == n - 1) return;  // leaves; the default deadline is 1800 s
+        try {
+          c.barrier();
+        } catch (const Error& e) {
+          released[std::size_t(c.rank())] = e.what();
+          throw;
+        }
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("rank {} of the local world failed: it returned from its "
+                                                       "function while local rank",
+                                                       n - 1)),
+                std::string::npos)
+          << e.what();
+    }
+    for (int r = 0; r + 1 < n; ++r)
+      EXPECT_NE(released[std::size_t(r)].find(fmt::format("rank {} of the local world failed", n - 1)),
+                std::string::npos)
+          << released[std::size_t(r)];
+  }
+  // A message from a rank that left: its receiver fails too; one that leaves after the others'
+  // last call is fine.
+  EXPECT_THROW(run_local(2,
+                         [](Communicator& c) {
+                           if (c.rank() == 0) return;
+                           std::vector<char> buf(1 << 20);
+                           c.irecv(buf.data(), buf.size(), 0, 3).wait();
+                         }),
+               Error);
+  EXPECT_NO_THROW(run_local(3, [](Communicator& c) {
+    const std::unique_ptr<Communicator> mine = c.split(c.rank() == 0 ? 0 : 1, c.rank());
+    if (c.rank() == 0) return;  // not in the others' group
+    mine->barrier();
+  }));
+}
+
+TEST(Local, ACommunicatorKeptAfterItsRunThrowsOnUse) {
+  std::vector<std::shared_ptr<Communicator>> kept(2);
+  run_local_shared(2, [&](const std::shared_ptr<Communicator>& c) { kept[std::size_t(c->rank())] = c; });
+  for (const auto& c : kept) {
+    EXPECT_EQ(c->size(), 2);
+    try {
+      c->barrier();
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the local group of 2 ranks has ended"), std::string::npos) << e.what();
+    }
+    int x = 0;
+    EXPECT_THROW(c->isend(&x, sizeof(x), 0, 1), Error);
+    EXPECT_THROW(c->split(0, 0), Error);
   }
 }
 

@@ -203,7 +203,8 @@ TEST(DpTimesCpBadInput, TokenBudgetSmallerThanADocument) {
   c.tokens_per_step = 30;  // documents have up to 48 tokens
   ulysses::testing::expect_same_error_everywhere(
       world, [&] { Trainer t(world, c, DataSource::documents(path, "\n")); },
-      fmt::format("--tokens-per-step 30 is smaller than a document of --data {}: the one at byte", path));
+      fmt::format("--data {}: the document 5 (line 5, byte 82) has 37 token(s): --tokens-per-step 30 is smaller",
+                  path));
 }
 
 TEST(DpTimesCpBadInput, EmptyBatches) {
@@ -212,7 +213,7 @@ TEST(DpTimesCpBadInput, EmptyBatches) {
   c.batch = 0;
   ulysses::testing::expect_same_error_everywhere(
       world, [&] { Trainer t(world, c, DataSource::synthetic()); }, "batch (0) and seq (96) must be positive");
-  // Documents of one byte: every step is sequences without a label to learn.
+  // Documents of one byte: none has a label to learn, refused before any step (the first named).
   std::int64_t pid = getpid();
   world.broadcast(&pid, sizeof(pid), 0);
   const std::string path = fmt::format("/tmp/ulysses_test_dp_{}_bytes.txt", pid);
@@ -221,7 +222,9 @@ TEST(DpTimesCpBadInput, EmptyBatches) {
   c = tiny("p2p");
   c.tokens_per_step = 64;  // all three documents, not one label among them
   ulysses::testing::expect_same_error_everywhere(
-      world, [&] { Trainer(world, c, DataSource::documents(path, "\n")).step(); }, "step 1 has no labels to train on");
+      world, [&] { Trainer(world, c, DataSource::documents(path, "\n")); },
+      fmt::format("--data {}: the document 1 (line 1, byte 0) has 1 token(s): a document needs 2 tokens or more",
+                  path));
 }
 
 TEST(DpTimesCpBadInput, LengthsThatParseToNothing) {

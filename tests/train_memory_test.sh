@@ -10,7 +10,7 @@ check_shape() {  # name, then train flags
   local name=$1; shift
   run 2 train "${model[@]}" "$@" --log "$dir/m.jsonl" > "$dir/m.log" 2>&1 || { bad "$name: run"; cat "$dir/m.log"; return; }
   local ratio
-  ratio=$(grep -o 'measured/predicted [0-9.]*' "$dir/m.log" | cut -d' ' -f2)
+  ratio=$(grep 'measured peak RSS' "$dir/m.log" | grep -o 'measured/predicted [0-9.]*' | cut -d' ' -f2)
   if awk -v r="$ratio" 'BEGIN { exit !(r >= 0.85 && r <= 1.15) }'; then ok "$name: measured/predicted $ratio"
   else bad "$name: measured/predicted '$ratio'"; cat "$dir/m.log"; fi
   grep -q '"peak_rss_bytes": [1-9]' "$dir/m.jsonl" && grep -q '"predicted_bytes": [1-9]' "$dir/m.jsonl" \
@@ -20,6 +20,11 @@ check_shape "plain, s 1024 x 8" --seq 1024 --batch 8
 check_shape "checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss
 check_shape "bf16, plain, s 1024 x 8" --seq 1024 --batch 8 --dtype bf16
 check_shape "bf16, checkpointed + tiled, s 2048 x 8" --seq 2048 --batch 8 --checkpoint-activations --tiled-mlp --tiled-loss --dtype bf16
+# Variable-length steps: same-length sequences run as one batch (512 of 64 tokens: one batch of
+# 512), one long sequence, a pareto tail (the calibration's one-rank probe is its peak).
+check_shape "--lengths 512x64" --lengths 512x64
+check_shape "--lengths 1x8192" --lengths 1x8192
+check_shape "--lengths pareto:16:64:4096:1.2:1" --lengths pareto:16:64:4096:1.2:1
 
 run 2 train "${model[@]}" --seq 4096 --batch 8 --max-memory 100MiB > "$dir/cap.log" 2>&1
 if grep -q 'needs a predicted .* per rank, more than --max-memory 100.0 MiB' "$dir/cap.log"; then

@@ -103,10 +103,13 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
       ->capture_default_str()
       ->check(positive_number());
   add_backend_options(c, o.backend);
+  add_timeout_option(c, o.timeout);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
   c->parse_complete_callback([&o, c] {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
     o.max_memory_given = c->count("--max-memory") > 0;
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) o.given.push_back(opt->get_name());
   });
 }
 
@@ -332,6 +335,16 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
   return out;
 }
 
+// What measure() needs per rank at its largest: q, k, v, out, dout and the gradients, and the
+// most any strategy's working set holds.
+double measured_memory(const PlanInput& in) {
+  const double tokens = double(in.batch) * double((std::max(in.seq, kv_seq_of(in)) + in.cp - 1) / in.cp);
+  double working = 0;
+  for (const PlanRow& r : make_plan(in).rows)
+    if (r.valid) working = std::max(working, r.memory_bytes);
+  return 4 * tokens * double(in.head_dim) * double(4 * in.heads + 4 * in.kv_heads) + working;
+}
+
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
@@ -371,10 +384,15 @@ int run_plan(const PlanOptions& o) {
   if (!o.lengths.empty()) return run_plan_lengths(o);
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
+  comm.set_timeout(o.timeout);
   PlanInput in;
+  const int node_ranks = o.calibrate ? comm.ranks_on_this_node() : 1;  // collective: outside the checks
   on_every_rank(comm, [&] {
+    check_plan_option_effects(o, comm.size());
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}, {"--svg", o.svg}});  // before any work
     in = plan_input(o, comm.size());
+    if (o.calibrate)
+      check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
   std::vector<double> measured;
   if (o.calibrate) calibrate_cluster(comm, in);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "options.hpp"
 #include "ulysses/communicator.hpp"
@@ -35,7 +36,9 @@ struct PlanOptions {
   int world = 0, dp = 1;
   std::int64_t max_tokens_per_rank = 0;
   BackendOptions backend;  // --comm, --ranks
+  double timeout = 300;    // seconds any wait may take (--calibrate's collectives)
   bool max_memory_given = false;
+  std::vector<std::string> given;  // the options named on the command line
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
@@ -47,6 +50,9 @@ int run_plan_train(const PlanOptions& opt);
 // `ulysses plan --lengths`: each balance policy's plan and predictions (plan_lengths.cpp).
 // Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
 int run_plan_lengths(const PlanOptions& opt);
+// Not collective. An option the mode (--train, --lengths, a plan of --seq; --calibrate) would
+// leave without effect is an Error naming it, never silently ignored. `ranks`: this job's.
+void check_plan_option_effects(const PlanOptions& opt, int ranks);
 // Collective. This machine's attention rate and links (ulysses/calibrate.hpp), on the default
 // threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);

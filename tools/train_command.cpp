@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <tuple>
 
@@ -28,6 +29,7 @@
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/input_file.hpp"
 #include "ulysses/lengths.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/strategy.hpp"
@@ -139,25 +141,72 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
 
 namespace {
 
+constexpr const char* kMemoryRemedy =
+    "turn on --checkpoint-activations --tiled-mlp --tiled-loss, use more ranks, or shorter sequences "
+    "(`ulysses plan --train` gives the longest that fits)";
+
 std::int64_t sum(const std::vector<std::int64_t>& v) {
   std::int64_t t = 0;
   for (std::int64_t x : v) t += x;
   return t;
 }
 
-// What the memory model predicts for one rank: the static batch on its replica, or a step's
-// longest sequence alone on a replica's ranks.
+// What the memory model predicts for one rank: the static batch on its replica; for --lengths,
+// the largest batch the trainer runs at once (same-length sequences run as one batch, a
+// replica's share of them, split where a cap stops it); for whole documents, a step's budget
+// as one sequence (same-length documents batched hold no more tokens).
+// A calibrating run (calibrate in trainer.hpp) first times its layers on one forward and backward
+// of 1024 tokens (Trainer::layers_rate's probe) on every rank alone, and its links with 16 MB
+// messages: a rank's peak is theirs when a step holds less per rank (1x1031 on 2 ranks: 44 MiB
+// a step, 58 MiB measured).
+train::MemoryEstimate with_calibration(const train::TrainConfig& cfg, const train::MemoryEstimate& step) {
+  if (!cfg.calibrate) return step;
+  train::TrainConfig probe = cfg;
+  probe.lengths.clear();
+  probe.tokens_per_step = 0;
+  probe.batch = 1;
+  probe.seq = 1024;
+  train::MemoryEstimate p = train::predict_memory(probe, 1);
+  // The link fit's 16 MB messages (calibrate.cpp): on a small model they are the peak, 13-17 MiB
+  // over the baseline and weights (MPI's copies; the buffers themselves are unmapped after).
+  train::MemoryEstimate link = p;
+  link.activations = 16 << 20;
+  link.attention = 0;
+  if (link.total() > p.total()) p = link;
+  return p.total() > step.total() ? p : step;
+}
+
 train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
   if (!cfg.lengths.empty()) {
-    cfg.seq = *std::max_element(cfg.lengths.begin(), cfg.lengths.end());
-    cfg.batch = 1;
-  } else if (cfg.tokens_per_step > 0) {
+    std::map<std::int64_t, std::int64_t> count;
+    for (std::int64_t len : cfg.lengths) ++count[len];
+    train::MemoryEstimate worst;
+    for (const auto& [len, k] : count) {
+      cfg.seq = len;
+      cfg.batch = (k + cfg.dp - 1) / cfg.dp;
+      if (cfg.max_memory > 0) {  // the trainer grows a batch while it fits: the largest that does
+        std::int64_t lo = 1, hi = cfg.batch;
+        while (lo < hi) {
+          cfg.batch = lo + (hi - lo + 1) / 2;
+          if (train::predict_memory(cfg, cp).total() <= cfg.max_memory)
+            lo = cfg.batch;
+          else
+            hi = cfg.batch - 1;
+        }
+        cfg.batch = lo;
+      }
+      const train::MemoryEstimate e = train::predict_memory(cfg, cp);
+      if (e.total() > worst.total()) worst = e;
+    }
+    return with_calibration(cfg, worst);
+  }
+  if (cfg.tokens_per_step > 0) {
     cfg.seq = cfg.tokens_per_step;
     cfg.batch = 1;
   } else {
     cfg.batch = (cfg.batch + cfg.dp - 1) / cfg.dp;
   }
-  return train::predict_memory(cfg, cp);
+  return with_calibration(cfg, train::predict_memory(cfg, cp));
 }
 
 std::string svg_curve(const std::vector<double>& loss, const std::string& title) {
@@ -354,7 +403,8 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
     cfg.steps = o.steps;
     if (!o.dtype.empty()) cfg.dtype = parse_dtype(o.dtype);  // a mismatch with a checkpoint is refused by load()
     cfg.memory = {o.checkpoint_activations, o.tiled_mlp, o.tiled_loss, o.tile_rows};
-    if (!o.max_memory.empty()) cfg.max_memory = train::parse_bytes(o.max_memory);
+    if (!o.max_memory.empty() || std::find(o.given.begin(), o.given.end(), "--max-memory") != o.given.end())
+      cfg.max_memory = train::parse_bytes(o.max_memory);  // an empty one given is an error, not "no cap"
     if (o.dp < 1 || comm.size() % o.dp != 0)
       throw Error(
           fmt::format("--dp {} must divide the world size {} (cp = world / dp ranks per replica)", o.dp, comm.size()));
@@ -376,6 +426,76 @@ train::TrainConfig train_config(Communicator& comm, const TrainOptions& o, train
                                      : train::DataSource::text_file(o.data, o.holdout);
   });
   return cfg;
+}
+
+bool given(const TrainOptions& o, const char* flag) {
+  return std::find(o.given.begin(), o.given.end(), flag) != o.given.end();
+}
+
+// Not collective. Options that the rest of the command line would leave without effect: an
+// error, never silently ignored.
+void check_option_effects(const TrainOptions& o) {
+  if (given(o, "--doc-separator") && !o.pack && o.tokens_per_step == 0)
+    throw Error(
+        "--doc-separator splits --data into documents for --pack or --tokens-per-step: without either it has no "
+        "effect");
+  for (const char* flag : {"--holdout", "--eval-every"})
+    if (given(o, flag) && o.data.empty())
+      throw Error(fmt::format("{} is about --data FILE's held-out text: without --data it has no effect", flag));
+  if (given(o, "--save-every") && o.save.empty())
+    throw Error("--save-every needs --save DIR (where to write the checkpoints)");
+  if (given(o, "--tile-rows") && !o.tiled_mlp && !o.tiled_loss)
+    throw Error("--tile-rows sizes the tiles of --tiled-mlp and --tiled-loss: without either it has no effect");
+}
+
+// Collective. Whole documents, each its own sequence: every one (held-out ones too) that the
+// static groups could not run is named before step 1, not at the step that draws it.
+void check_documents(const train::TrainConfig& cfg, const train::DataSource& data, int cp) {
+  std::string err = data.error_for(cfg.shape());
+  if (err.empty() && data.whole_documents() && cfg.balance == BalancePolicy::static_) {
+    CpConfig c = cfg.cp;
+    c.causal = true;
+    err = data.first_document_error([&](std::int64_t len) -> std::string {
+      try {
+        validate_cp_config(c, cp, Shape{1, len, cfg.model.heads, cfg.model.head_dim}, cfg.model.kv_heads);
+      } catch (const Error& e) {
+        return fmt::format("on the groups of {} ranks: {}", cp, e.what());
+      }
+      return "";
+    });
+  }
+  if (!err.empty()) throw Error(err);
+}
+
+// Collective. Refuses, before anything is allocated or calibrated, a run predicted to need more
+// per rank than --max-memory or than 90 % of what this machine has for each of its ranks
+// (MemAvailable, or what the cgroup's limit still allows, shared by the node's ranks; the least
+// over the nodes): the model errs by up to about 10 %, and MemAvailable moves while a run goes
+// on. Sets the cap the trainer splits batches of same-length sequences under: --max-memory,
+// else that 90 %.
+void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
+  const std::int64_t available = available_memory_bytes();
+  const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
+  std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;
+  comm.allreduce_min(&least, 1);
+  const bool unknown = least == std::numeric_limits<std::int64_t>::max();
+  const double room = 0.9 * double(least);
+  on_every_rank(comm, [&] {
+    train::TrainConfig one = cfg;
+    one.max_memory = 0;  // the largest batch alone: a longer run is split under the cap
+    if (!one.lengths.empty()) one.lengths = {*std::max_element(one.lengths.begin(), one.lengths.end())};
+    // pow2 and dynamic may give a long sequence every rank of the world (static: its replica's)
+    const train::MemoryEstimate need = predicted_memory(one, cfg.balance == BalancePolicy::static_ ? cp : comm.size());
+    if (cfg.max_memory > 0 && need.total() > cfg.max_memory)
+      throw Error(fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: {}", need.describe(),
+                              train::format_bytes(cfg.max_memory), kMemoryRemedy));
+    if (!unknown && need.total() > room)
+      throw Error(fmt::format(
+          "the run needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
+          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
+          need.describe(), train::format_bytes(room), train::format_bytes(double(available)), on_node, kMemoryRemedy));
+    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = room;
+  });
 }
 
 // " (zigzag)" or " (per-document zigzag)" when `packed` documents change the layout, "" when contiguous.
@@ -414,7 +534,9 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
   else
     fmt::print("  GEMMs on OpenBLAS, core {}\n", blas_core());
   fmt::print("  memory per rank (predicted{}): {}{}{}{}\n",
-             cfg.lengths.empty() && cfg.tokens_per_step == 0 ? "" : ", the longest sequence on cp ranks",
+             !cfg.lengths.empty()      ? ", the largest batch of same-length sequences on cp ranks or calibration"
+             : cfg.tokens_per_step > 0 ? ", a step's documents on cp ranks or calibration"
+                                       : "",
              predicted_memory(cfg, cp).describe(), mo.checkpoint_activations ? "; activation checkpointing" : "",
              mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
   if (const auto& c = calibration)
@@ -422,6 +544,10 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
         "  calibrated: attention {:.1f} GFLOP/s, layers {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
         c->cluster.peak_flops / 1e9, c->gemm_flops / 1e9, c->cluster.intra.bandwidth / 1e9,
         c->cluster.intra.latency * 1e6);
+  if (o.timeout > 0)
+    fmt::print("  watchdog: a wait over {:g} s ends the job, naming the operation (--timeout)\n", o.timeout);
+  else
+    fmt::print("  watchdog: off (--timeout 0: waits have no deadline)\n");
   if (!o.resume.empty()) fmt::print("  resumed from {} at step {}\n", o.resume, resumed_at);
   std::fflush(stdout);
 }
@@ -458,8 +584,12 @@ int run_train(const TrainOptions& o) {
   set_threads(threads);
   on_root(comm, [&] { check_files(o); });
   train::DataSource data = train::DataSource::synthetic();
-  const train::TrainConfig cfg = train_config(comm, o, data);
-  const int cp = comm.size() / cfg.dp;
+  on_every_rank(comm, [&] { check_option_effects(o); });
+  train::TrainConfig config = train_config(comm, o, data);
+  const int cp = comm.size() / config.dp;
+  on_every_rank(comm, [&] { check_documents(config, data, cp); });
+  admit_memory(comm, config, cp);
+  const train::TrainConfig& cfg = config;
   train::Trainer trainer(comm, cfg, data);  // validates everything, on every rank, before any work
   if (!o.resume.empty()) trainer.load(o.resume);
   if (rank == 0) print_header(cfg, data, cp, threads, o, trainer.current_step(), trainer.calibration());
@@ -558,7 +688,9 @@ std::string first_runnable(const train::TrainConfig& cfg, int cp) {
 int run_plan_train(const PlanOptions& o) {
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
+  comm.set_timeout(o.timeout);
   on_root(comm, [&] {
+    check_plan_option_effects(o, comm.size());
     train::TrainConfig cfg;
     const std::int64_t width = o.width > 0 ? o.width : o.heads * o.head_dim;
     const std::int64_t hidden = o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(width);

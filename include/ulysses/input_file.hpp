@@ -26,7 +26,8 @@ void check_regular_input(const std::string& flag, const std::string& path);
 std::string read_input_file(const std::string& flag, const std::string& path, std::int64_t max_bytes,
                             const std::string& limit_what);
 
-// MemAvailable from /proc/meminfo in bytes, or -1 when it cannot be read. ULYSSES_MEM_AVAILABLE
+// MemAvailable from /proc/meminfo in bytes (or what the cgroup's memory limit still allows, when
+// that is less), or -1 when it cannot be read. ULYSSES_MEM_AVAILABLE
 // (bytes) overrides it, for tests.
 std::int64_t available_memory_bytes();
 

@@ -63,6 +63,7 @@ class LocalCommunicator final : public Communicator {
   // group fails naming both) and returns the request that completes it under the watchdog.
   std::unique_ptr<Request::Impl> post(local::Part part);
   void run(local::Part part);  // post, then wait
+  void check_alive() const;    // Error once the group's run_local has returned
   std::shared_ptr<local::Group> group_;
   std::uint64_t next_op_ = 0;  // this rank's collectives so far: the next one's sequence number
 };
@@ -73,7 +74,14 @@ class LocalCommunicator final : public Communicator {
 // throws on a rank, the group fails: every rank waiting on it (or later reaching a collective)
 // is released with an Error naming that rank, and run_local rethrows the first failing rank's
 // own exception after all threads have ended. Throws Error unless n >= 1.
+// A rank whose fn returns while a peer waits for it in a collective (or a message) fails the
+// group at once, naming that rank. Once run_local returns, every call on a communicator of the
+// group (one kept by run_local_shared's caller) throws an Error saying the group has ended.
 void run_local(int n, const std::function<void(Communicator&)>& fn);
+// The same, handing out each rank's communicator as shared ownership: it may outlive the run
+// (Python keeps what a rank's function saved) and then answers rank and size and throws on
+// every communication.
+void run_local_shared(int n, const std::function<void(const std::shared_ptr<Communicator>&)>& fn);
 
 // The world communicator of the rank thread calling it (inside run_local), or null.
 Communicator* local_world();

@@ -186,14 +186,15 @@ void add_balance_bindings(py::module_& m) {
 
 // run_local for Python: each rank thread takes the GIL to call fn, which every collective of
 // the binding releases again, so the ranks' C++ work runs in parallel; the caller waits without
-// it. The communicator handed to fn lives while fn runs.
+// it. Python shares ownership of each rank's communicator: one that fn saved (or a module built
+// on it) outlives the run without dangling, and raises Error on use once the group has ended.
 py::list run_local_py(int size, const py::function& fn) {
   std::vector<py::object> results(static_cast<std::size_t>(std::max(size, 0)));
   {
     py::gil_scoped_release nogil;
-    run_local(size, [&](Communicator& comm) {
+    run_local_shared(size, [&](const std::shared_ptr<Communicator>& comm) {
       py::gil_scoped_acquire gil;
-      results[std::size_t(comm.rank())] = fn(py::cast(&comm, py::return_value_policy::reference));
+      results[std::size_t(comm->rank())] = fn(py::cast(comm));
     });
   }
   py::list out;
@@ -206,8 +207,8 @@ PYBIND11_MODULE(_ulysses, m) {
   m.attr("__version__") = ulysses::version();
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
 
-  py::class_<Communicator>(m, "Communicator")
-      .def(py::init([](std::intptr_t fortran_handle) -> std::unique_ptr<Communicator> {
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def(py::init([](std::intptr_t fortran_handle) -> std::shared_ptr<Communicator> {
              return make_mpi_communicator(fortran_handle);
            }),
            py::arg("fortran_handle"), py::call_guard<py::gil_scoped_release>(),
@@ -225,6 +226,9 @@ PYBIND11_MODULE(_ulysses, m) {
              return d;
            })
       .def("reset_counters", &Communicator::reset_counters)
+      .def_property("timeout", &Communicator::timeout, &Communicator::set_timeout,
+                    "Seconds any wait may last before the group fails with the watchdog's message (0: none); "
+                    "shared with the communicators split from it.")
       .def("agree", &Communicator::agree, py::arg("local_error"), py::call_guard<py::gil_scoped_release>(),
            "Collective: \"\" when this rank is fine, else its error; when any rank has one, every rank raises the "
            "lowest failing rank's, prefixed with that rank.")

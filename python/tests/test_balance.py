@@ -49,3 +49,25 @@ def test_bad_input_raises_the_librarys_error(kwargs, message):
     lengths, world = kwargs.pop("lengths"), kwargs.pop("world")
     with pytest.raises(ulysses.Error, match=message):
         ulysses.balance(lengths, world, **{**MODEL, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "lengths, world, kwargs, message",
+    [
+        ([8], 2.0, {}, "world_or_comm must be a number of ranks or a communicator, got 2.0"),
+        ([8], "2", {}, "must be a number of ranks or a communicator"),
+        ([8], True, {}, "must be a number of ranks or a communicator"),
+        ([8.5], 2, {}, "a length must be an integer"),
+        (8, 2, {}, "lengths must be a sequence"),
+        ([8], 2, dict(gemm_flops_per_token=float("nan")), "gemm_flops_per_token"),
+        ([8], 2, dict(gemm_flops_per_token=float("inf")), "gemm_flops_per_token"),
+        ([8], 2, dict(gemm_flops_per_token=-1.0), "gemm_flops_per_token"),
+        ([8], 2, dict(tflops=float("nan")), "tflops"),
+        ([8], 2, dict(efficiency=1.5), "efficiency in \\(0, 1\\]"),
+        ([8], 2, dict(dp=1.0), "dp must be an integer"),
+        ([8], 2, dict(policy=None), "policy must be a string"),
+    ],
+)
+def test_bad_argument_types_and_values_are_the_librarys_error(lengths, world, kwargs, message):
+    with pytest.raises(ulysses.Error, match=message):
+        ulysses.balance(lengths, world, **{**MODEL, **kwargs})

@@ -2,6 +2,7 @@
 ``ulysses.Error``, or none does, before any data moves (a rank raising alone would leave the
 others waiting in the next collective)."""
 
+import math
 import operator
 
 from ._ulysses import Error
@@ -40,3 +41,22 @@ def integer(name, value, lo, hi):
     if not lo <= v <= hi:
         raise Error(f"{name}: {v} is out of range [{lo}, {hi}]")
     return v
+
+
+def real(name, value, lo=0.0, hi=math.inf):
+    """``value`` as a finite float in [lo, hi], else Error naming ``name`` (NaN fails every
+    comparison, so it would pass a plain range check)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise Error(f"{name} must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise Error(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise Error(f"{name}: {value!r} is not a finite number in [{lo}, {hi}]")
+    return v
+
+
+def seconds_value(name, value):
+    """A watchdog deadline: finite seconds >= 0 (0: none)."""
+    return real(name, value, 0.0)

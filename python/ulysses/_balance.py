@@ -1,9 +1,11 @@
 """ulysses.balance: which ranks compute which sequence of a variable-length step (balancer.hpp)."""
 
+import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
 from . import _ulysses
+from ._agree import INT64_MAX, integer, real
 
 
 @dataclass(frozen=True)
@@ -47,27 +49,42 @@ def balance(
     the attention (``heads``, ``head_dim``, ``layers``, ``cp_comm_type``, the cluster's compute
     rate ``tflops`` x ``efficiency``) plus ``gemm_flops_per_token`` (forward + backward, all
     layers) run sequence-sharded. Bad input raises ``ulysses.Error``."""
-    if isinstance(world_or_comm, int):
+    if isinstance(world_or_comm, int) and not isinstance(world_or_comm, bool):
         world = world_or_comm
     elif hasattr(world_or_comm, "Get_size"):
         world = world_or_comm.Get_size()
-    else:
+    elif hasattr(world_or_comm, "size") and hasattr(world_or_comm, "rank"):
         world = world_or_comm.size
+    else:
+        raise _ulysses.Error(
+            f"balance: world_or_comm must be a number of ranks or a communicator, got {world_or_comm!r}"
+        )
+    i32 = 2**31 - 1
+    try:
+        lengths = list(lengths)
+    except TypeError:
+        raise _ulysses.Error(f"balance: lengths must be a sequence of integers, got {lengths!r}") from None
+    for name, value in (("policy", policy), ("cp_comm_type", cp_comm_type), ("dtype", dtype)):
+        if not isinstance(value, str):
+            raise _ulysses.Error(f"balance: {name} must be a string, got {value!r}")
+    # Types and integer ranges here (no AttributeError, no silent int(2.5) or NaN); every value's
+    # meaning is the library's check, with its message.
+    i64, inf = (-INT64_MAX, INT64_MAX), math.inf
     d = _ulysses.balance(
-        [int(n) for n in lengths],
-        int(world),
-        int(dp),
-        str(policy),
-        int(heads),
-        int(kv_heads if kv_heads is not None else heads),
-        int(head_dim),
-        int(layers),
-        str(cp_comm_type),
-        float(gemm_flops_per_token),
-        int(max_tokens_per_rank),
-        int(ranks_per_node),
-        float(tflops) * 1e12,
-        float(efficiency),
-        str(dtype),
+        [integer("balance: a length", n, *i64) for n in lengths],
+        integer("balance: world", world, -i32, i32),
+        integer("balance: dp", dp, -i32, i32),
+        policy,
+        integer("balance: heads", heads, *i64),
+        integer("balance: kv_heads", kv_heads if kv_heads is not None else heads, *i64),
+        integer("balance: head_dim", head_dim, *i64),
+        integer("balance: layers", layers, *i64),
+        cp_comm_type,
+        real("balance: gemm_flops_per_token", gemm_flops_per_token, -inf),
+        integer("balance: max_tokens_per_rank", max_tokens_per_rank, *i64),
+        integer("balance: ranks_per_node", ranks_per_node, -i32, i32),
+        real("balance: tflops", tflops, -inf) * 1e12,
+        real("balance: efficiency", efficiency, -inf),
+        dtype,
     )
     return BalancePlan(**d)

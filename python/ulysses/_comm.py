@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _ulysses
-from ._agree import agreed, integer
+from ._agree import agreed, integer, seconds_value
 
 MAX_THREADS = 1024  # the CLI's --threads limit
 
@@ -56,6 +56,22 @@ class Communicator:
     def size(self) -> int:
         """The number of ranks in the group: the CP size."""
         return self._impl.size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait of this rank may last (the watchdog's deadline; 0: none): past it the
+        group fails with a message naming the operation and the rank. Default 1800.
+
+        >>> from mpi4py import MPI
+        >>> import ulysses
+        >>> ulysses.Communicator(MPI.COMM_SELF, threads=1).timeout
+        1800.0
+        """
+        return self._impl.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._impl.timeout = seconds_value("timeout", seconds)
 
     def counters(self) -> Dict[str, Dict[str, int]]:
         """Bytes, messages and calls this rank sent, per operation (since the last reset).

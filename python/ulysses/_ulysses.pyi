@@ -27,6 +27,12 @@ class Communicator:
     def counters(self) -> Dict[str, Dict[str, int]]:
         """Per operation: {"calls", "bytes_sent", "messages"}."""
     def reset_counters(self) -> None: ...
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait may last before the group fails with the watchdog's message (0: none);
+        shared with the communicators split from it."""
+    @timeout.setter
+    def timeout(self, seconds: float) -> None: ...
     def default_threads(self) -> int:
         """Collective: cores on this node / ranks on this node."""
     def agree(self, local_error: str) -> None:

@@ -43,19 +43,28 @@ using local::Part;
 // another's data, and a peer waiting for that would wait forever (MPI progresses them all).
 void progress_inflight();
 
-// Waits under the watchdog until done() or the world fails. On a failure or a timeout,
-// leave() runs (so nobody reads this rank's buffers any more) and an Error is thrown: the
-// watchdog's line (also printed, and failing the world), or the world's failure.
+// Waits under the watchdog until done(), the world fails or a rank this wait needs (world
+// ranks `needed`) has returned from its function. On a failure or a timeout, leave() runs (so
+// nobody reads this rank's buffers any more) and an Error is thrown: the watchdog's line (also
+// printed, and failing the world), or the world's failure (a rank that left fails it, named).
 template <class Done, class Leave>
-void wait_local(const Watchdog& dog, const Group& g, int rank, const std::string& what, Done&& done, Leave&& leave) {
+void wait_local(const Watchdog& dog, const Group& g, int rank, const std::vector<int>& needed, const std::string& what,
+                Done&& done, Leave&& leave) {
+  int gone = -1;
   const bool ok = dog.wait([&] {
     progress_inflight();
-    return done() || g.world->failed();
+    return done() || g.world->failed() || (gone = g.world->first_left(needed)) >= 0;
   });
   if (ok && done()) return;
   std::string msg;
-  if (ok) {
-    msg = fmt::format("{}; {} was released from {}", g.world->why(), g.me(rank), what);
+  if (ok && gone >= 0 && !g.world->failed()) {
+    g.world->fail(gone, fmt::format("it returned from its function while {} waits for it in {} (every rank must "
+                                    "make the same collective calls)",
+                                    g.me(rank), what));
+    msg = g.world->why();
+  } else if (ok) {
+    msg = g.world->ended() ? g.world->why()
+                           : fmt::format("{}; {} was released from {}", g.world->why(), g.me(rank), what);
   } else {
     msg = dog.message(g.me(rank), what);
     std::fprintf(stderr, "%s\n", msg.c_str());
@@ -93,7 +102,7 @@ class CollectiveRequest final : public Request::Impl {
   void wait() override {
     if (finished_) return;
     wait_local(
-        *dog_, *g_, rank_, what_, [this] { return test(); }, [this] { leave(); });
+        *dog_, *g_, rank_, g_->world_rank, what_, [this] { return test(); }, [this] { leave(); });
   }
 
  private:
@@ -181,9 +190,10 @@ std::shared_ptr<local::P2pState> post_p2p(local::Mailbox& box, local::Pending mi
 
 class P2pRequest final : public Request::Impl {
  public:
-  P2pRequest(std::shared_ptr<Group> g, int rank, int box, std::shared_ptr<local::P2pState> st,
+  P2pRequest(std::shared_ptr<Group> g, int rank, int box, int peer, std::shared_ptr<local::P2pState> st,
              std::shared_ptr<const Watchdog> dog, std::string what)
-      : g_(std::move(g)), rank_(rank), box_(box), st_(std::move(st)), dog_(std::move(dog)), what_(std::move(what)) {}
+      : g_(std::move(g)), rank_(rank), box_(box), peer_(peer), st_(std::move(st)), dog_(std::move(dog)),
+        what_(std::move(what)) {}
   // An unmatched message is withdrawn when its rank is unwinding (MPI_Cancel): its partner
   // may never come, and nobody holds its buffer yet. Otherwise the destructor waits.
   ~P2pRequest() override {
@@ -199,7 +209,8 @@ class P2pRequest final : public Request::Impl {
   bool test() override { return st_->done.load(std::memory_order_acquire); }
   void wait() override {
     wait_local(
-        *dog_, *g_, rank_, what_, [this] { return test(); }, [this] { withdraw(); });
+        *dog_, *g_, rank_, {g_->world_rank[std::size_t(peer_)]}, what_, [this] { return test(); },
+        [this] { withdraw(); });
     if (!st_->error.empty()) throw Error(st_->error);
   }
 
@@ -213,7 +224,7 @@ class P2pRequest final : public Request::Impl {
                q->end());  // an eager send, complete, stays queued: it has been sent
   }
   std::shared_ptr<Group> g_;
-  int rank_, box_;
+  int rank_, box_, peer_;  // the mailbox it sits in, the rank it waits for
   std::shared_ptr<local::P2pState> st_;
   std::shared_ptr<const Watchdog> dog_;
   std::string what_;
@@ -252,11 +263,16 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<Group> group, int rank)
 
 LocalCommunicator::~LocalCommunicator() = default;
 
+void LocalCommunicator::check_alive() const {
+  if (group_->world->ended()) throw Error(group_->world->why());
+}
+
 double LocalCommunicator::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_epoch).count();
 }
 
 std::unique_ptr<Request::Impl> LocalCommunicator::post(Part part) {
+  check_alive();
   const std::uint64_t seq = next_op_++;
   std::shared_ptr<Op> op = group_->op(seq);
   const std::string& name = current_op();
@@ -376,18 +392,20 @@ void LocalCommunicator::do_barrier() { run(exchange("barrier", nullptr, nullptr,
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_isend(const void* data, std::size_t bytes, int dest, int tag) {
   if (dest < 0 || dest >= size()) throw Error(fmt::format("isend: no rank {} among {}", dest, size()));
+  check_alive();
   auto st =
       post_p2p(group_->boxes[std::size_t(dest)], {rank(), tag, const_cast<void*>(data), bytes, nullptr, nullptr}, true);
   const std::string& op = current_op();
-  return std::make_unique<P2pRequest>(group_, rank(), dest, std::move(st), shared_watchdog(),
+  return std::make_unique<P2pRequest>(group_, rank(), dest, dest, std::move(st), shared_watchdog(),
                                       fmt::format("the send '{}' to rank {} (tag {}, {} bytes)",
                                                   op.empty() ? "isend" : op, dest, tag, bytes));
 }
 
 std::unique_ptr<Request::Impl> LocalCommunicator::do_irecv(void* data, std::size_t bytes, int src, int tag) {
   if (src < 0 || src >= size()) throw Error(fmt::format("irecv: no rank {} among {}", src, size()));
+  check_alive();
   auto st = post_p2p(group_->boxes[std::size_t(rank())], {src, tag, data, bytes, nullptr, nullptr}, false);
-  return std::make_unique<P2pRequest>(group_, rank(), rank(), std::move(st), shared_watchdog(),
+  return std::make_unique<P2pRequest>(group_, rank(), rank(), src, std::move(st), shared_watchdog(),
                                       fmt::format("the receive from rank {} (tag {}, {} bytes)", src, tag, bytes));
 }
 
@@ -413,6 +431,10 @@ std::unique_ptr<Communicator> LocalCommunicator::split(int color, int key) {
 Communicator* local_world() { return t_world; }
 
 void run_local(int n, const std::function<void(Communicator&)>& fn) {
+  run_local_shared(n, [&](const std::shared_ptr<Communicator>& comm) { fn(*comm); });
+}
+
+void run_local_shared(int n, const std::function<void(const std::shared_ptr<Communicator>&)>& fn) {
   if (n < 1) throw Error(fmt::format("run_local: the number of ranks must be >= 1, got {}", n));
   std::vector<int> ranks(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) ranks[std::size_t(r)] = r;
@@ -424,10 +446,11 @@ void run_local(int n, const std::function<void(Communicator&)>& fn) {
   for (int r = 0; r < n; ++r)
     pool.emplace_back([&, r] {
       set_threads(threads);
-      LocalCommunicator comm(group, r);
-      t_world = &comm;
+      const auto comm = std::make_shared<LocalCommunicator>(group, r);
+      t_world = comm.get();
       try {
         fn(comm);
+        world->leave(r);  // a peer still waiting for this rank fails now, naming it
       } catch (const std::exception& e) {
         errors[std::size_t(r)] = std::current_exception();
         world->fail(r, e.what());
@@ -439,6 +462,10 @@ void run_local(int n, const std::function<void(Communicator&)>& fn) {
     });
   for (std::thread& t : pool) t.join();
   const int origin = world->origin();
+  world->end(
+      fmt::format("the local group of {} ranks has ended (its run returned): a rank's communicator, and "
+                  "what is built on it, works only while the run's function runs",
+                  n));
   if (origin >= 0 && errors[std::size_t(origin)]) std::rethrow_exception(errors[std::size_t(origin)]);
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);

@@ -41,14 +41,41 @@ class World {
   }
   std::string why() const {
     const std::lock_guard<std::mutex> lock(mu_);
-    return fmt::format("rank {} of the local world failed: {}", origin_, why_);
+    return origin_ < 0 ? why_ : fmt::format("rank {} of the local world failed: {}", origin_, why_);
+  }
+  // After run_local: every communicator of the world (Python may hold one) fails at once,
+  // whatever failed before, with `why` naming what ended.
+  void end(const std::string& why) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    origin_ = -1;
+    why_ = why;
+    ended_.store(true, std::memory_order_release);
+    failed_.store(true, std::memory_order_release);
+  }
+  bool ended() const { return ended_.load(std::memory_order_acquire); }
+  // A rank whose function returned: it will make no more calls, so a peer waiting for it
+  // would wait for ever. Every call of a rank completes before its function returns.
+  void leave(int world_rank) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (std::size_t(world_rank) >= left_.size()) left_.resize(std::size_t(world_rank) + 1, 0);
+    left_[std::size_t(world_rank)] = 1;
+    any_left_.store(true, std::memory_order_release);
+  }
+  // The first of `world_ranks` that has left, or -1.
+  int first_left(const std::vector<int>& world_ranks) const {
+    if (!any_left_.load(std::memory_order_acquire)) return -1;
+    const std::lock_guard<std::mutex> lock(mu_);
+    for (int r : world_ranks)
+      if (std::size_t(r) < left_.size() && left_[std::size_t(r)]) return r;
+    return -1;
   }
 
  private:
-  std::atomic<bool> failed_{false};
+  std::atomic<bool> failed_{false}, ended_{false}, any_left_{false};
   mutable std::mutex mu_;
   int origin_ = -1;
   std::string why_;
+  std::vector<char> left_;  // by world rank
 };
 
 enum class Kind { exchange, allreduce, reduce_scatter, split };

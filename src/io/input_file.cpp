@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "ulysses/error.hpp"
 
@@ -76,15 +78,46 @@ std::string read_input_file(const std::string& flag, const std::string& path, st
   return bytes;
 }
 
+namespace {
+
+// What this process's cgroup (v2, else v1) still allows: its limit less its usage; -1 when there
+// is no limit (a container's MemAvailable is the host's, so the cgroup's limit is what binds).
+std::int64_t cgroup_headroom_bytes() {
+  auto read = [](const char* path) -> std::int64_t {
+    std::ifstream f(path);
+    std::string text;
+    if (!(f >> text) || text == "max") return -1;
+    try {
+      return std::stoll(text);
+    } catch (const std::exception&) {
+      return -1;
+    }
+  };
+  for (const auto& [limit, usage] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const std::int64_t l = read(limit), u = read(usage);
+    if (l > 0 && l < (std::int64_t(1) << 60) && u >= 0) return std::max<std::int64_t>(0, l - u);
+  }
+  return -1;
+}
+
+}  // namespace
+
 std::int64_t available_memory_bytes() {
   if (const char* env = std::getenv("ULYSSES_MEM_AVAILABLE")) return std::atoll(env);
   std::ifstream in("/proc/meminfo");
   std::string key;
-  std::int64_t kib = 0;
+  std::int64_t kib = 0, available = -1;
   std::string unit;
   while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return -1;
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  const std::int64_t cgroup = cgroup_headroom_bytes();
+  if (cgroup >= 0 && (available < 0 || cgroup < available)) return cgroup;
+  return available;
 }
 
 std::string read_input_within_memory(const std::string& flag, const std::string& path) {

@@ -142,13 +142,22 @@ void check_input(const BalanceInput& in) {
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     if (in.lengths[i] < 1)
       throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));
-  if (in.max_memory < 0)
-    throw Error(fmt::format("balance: max_memory must be >= 0 (0: no cap), got {}", in.max_memory));
-  if (!(in.gemm_flops_rate >= 0))
+  // Written `!(x >= 0) || !isfinite(x)`: a NaN fails every comparison, and would otherwise give a
+  // plan of NaN seconds with every sequence on rank 0.
+  auto bad = [](double x) { return !(x >= 0) || !std::isfinite(x); };
+  if (bad(in.max_memory))
+    throw Error(fmt::format("balance: max_memory must be finite and >= 0 (0: no cap), got {}", in.max_memory));
+  if (bad(in.gemm_flops_rate))
+    throw Error(fmt::format("balance: gemm_flops_rate must be finite and >= 0 (0: the cluster's rate), got {}",
+                            in.gemm_flops_rate));
+  if (bad(in.gemm_flops_per_token))
+    throw Error(fmt::format("balance: gemm_flops_per_token must be finite and >= 0, got {}", in.gemm_flops_per_token));
+  const Cluster& cl = in.model.cluster;
+  if (!(cl.peak_flops > 0) || !std::isfinite(cl.peak_flops) || !(cl.efficiency > 0) || !(cl.efficiency <= 1))
     throw Error(
-        fmt::format("balance: gemm_flops_rate must be >= 0 (0: the cluster's rate), got {}", in.gemm_flops_rate));
-  if (in.gemm_flops_per_token < 0)
-    throw Error(fmt::format("balance: gemm_flops_per_token must be >= 0, got {}", in.gemm_flops_per_token));
+        fmt::format("balance: the cluster's peak FLOP/s must be finite and > 0 and its efficiency in (0, 1]; "
+                    "got {} and {}",
+                    cl.peak_flops, cl.efficiency));
   if (in.max_tokens_per_rank < 0)
     throw Error(
         fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));

@@ -6,8 +6,12 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "ulysses/attention.hpp"
@@ -16,6 +20,28 @@
 namespace ulysses {
 
 namespace {
+
+// Bytes mapped for one measurement and unmapped after it: a training run calibrates before its
+// first step, and the allocator would keep a freed 16 MB vector resident beside the run's own
+// buffers for the whole run (train keeps freed memory, train_command.cpp), 14 MiB over its
+// predicted peak on a small model.
+class Mapped {
+ public:
+  explicit Mapped(std::size_t bytes, char fill = 0) : bytes_(std::max<std::size_t>(bytes, 1)) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<char*>(p);
+    if (fill != 0) std::memset(data_, fill, bytes_);
+  }
+  ~Mapped() { ::munmap(data_, bytes_); }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+  char* data() { return data_; }
+
+ private:
+  std::size_t bytes_;
+  char* data_ = nullptr;
+};
 
 double median_of(std::vector<double> t) {
   std::sort(t.begin(), t.end());
@@ -27,7 +53,7 @@ Link fit_link(Communicator& comm, int peer) {
   Link l;
   if (peer <= 0 || peer >= comm.size()) return l;
   auto one_way = [&](std::size_t bytes) {
-    std::vector<char> buf(bytes, 1);
+    Mapped buf(bytes, 1);
     std::vector<double> t;
     for (int i = 0; i < 5; ++i) {
       comm.barrier();
@@ -72,7 +98,7 @@ double slowest_median(Communicator& comm, Op&& op) {
 Link fit_concurrent(Communicator& comm, int per_node) {
   const int to = (comm.rank() + per_node) % comm.size(), from = (comm.rank() - per_node + comm.size()) % comm.size();
   auto timed = [&](std::size_t bytes) {
-    std::vector<char> send(bytes, 1), recv(bytes);
+    Mapped send(bytes, 1), recv(bytes);
     return slowest_median(comm, [&] {
       Request r = comm.irecv(recv.data(), bytes, from, 10);
       comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
@@ -84,13 +110,17 @@ Link fit_concurrent(Communicator& comm, int per_node) {
   return {double(large) / std::max(1e-9, big - small), small};
 }
 
-Link fit_alltoall(Communicator& comm) {  // MPI_Alltoall: α per peer from 8 B blocks, β from 4 MB blocks
+// MPI_Alltoall: α per peer from 8 B blocks, β from blocks of 4 MiB / peers (at least 64 KiB):
+// each rank's two buffers stay near 8 MiB whatever the group's size (4 MiB blocks to every
+// peer took 8 MiB x ranks per rank, the square of the ranks on a node: 64 local ranks ran out
+// of memory). Bandwidth is what moves per rank, so it fits as well from the smaller blocks.
+Link fit_alltoall(Communicator& comm) {
   const int g = comm.size();
   auto timed = [&](std::size_t block) {
-    std::vector<char> send(block * std::size_t(g), 1), recv(block * std::size_t(g));
+    Mapped send(block * std::size_t(g), 1), recv(block * std::size_t(g));
     return slowest_median(comm, [&] { comm.alltoall(send.data(), recv.data(), block, "calibrate"); });
   };
-  const std::size_t large = 4 << 20;
+  const std::size_t large = std::max<std::size_t>(64 << 10, (std::size_t(4) << 20) / std::size_t(g));
   const double small = timed(8), big = timed(large);
   return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
 }

@@ -114,21 +114,31 @@ std::string DataSource::error_for(const StepShape& shape) const {
   if (whole_documents_) {
     if (shape.tokens_per_step <= 0) return "whole documents are sampled by a token budget: give --tokens-per-step N";
     if (std::string e = error_for(std::int64_t(0)); !e.empty()) return e;
-    const Docs* sets[2] = {&documents_, &held_documents_};
-    for (const Docs* docs : sets)
-      for (std::size_t k = 0; k < docs->size(); ++k) {
-        const std::int64_t len = (*docs)[k].second - (*docs)[k].first;
-        if (len > shape.tokens_per_step)
-          return fmt::format(
-              "--tokens-per-step {} is smaller than a document of --data {}: the one at byte {} has {} "
-              "tokens (a budget of at least the longest document is needed)",
-              shape.tokens_per_step, path_, (*docs)[k].first, len);
-      }
-    return "";
+    return first_document_error([&](std::int64_t len) -> std::string {
+      if (len < 2) return "a document needs 2 tokens or more (its last token has no label): remove it";
+      if (len > shape.tokens_per_step)
+        return fmt::format("--tokens-per-step {} is smaller: a budget of at least the longest document is needed",
+                           shape.tokens_per_step);
+      return "";
+    });
   }
   if (shape.lengths.empty()) return error_for(shape.seq);
   for (std::int64_t len : shape.lengths)
     if (std::string e = error_for(len); !e.empty()) return e;
+  return "";
+}
+
+std::string DataSource::first_document_error(const std::function<std::string(std::int64_t)>& check) const {
+  const Docs* sets[2] = {&documents_, &held_documents_};
+  for (const Docs* docs : sets)
+    for (std::size_t k = 0; k < docs->size(); ++k) {
+      const auto [begin, end] = (*docs)[k];
+      const std::string e = check(end - begin);
+      if (e.empty()) continue;
+      const std::int64_t line = 1 + std::count(text_.begin(), text_.begin() + begin, std::uint8_t('\n'));
+      return fmt::format("--data {}: the {}document {} (line {}, byte {}) has {} token(s): {}", path_,
+                         docs == &held_documents_ ? "held-out " : "", k + 1, line, begin, end - begin, e);
+    }
   return "";
 }
 

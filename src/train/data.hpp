@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,10 @@ class DataSource {
   std::string error_for(std::int64_t seq) const;
   // The same for every sequence of `shape` (its lengths, or every document against the budget).
   std::string error_for(const StepShape& shape) const;
+  // Whole documents (documents()): "" when `check(length)` is "" for every document, held-out
+  // ones too, else its error prefixed with the first failing document, its line and length,
+  // so a document that could never be trained on is named before step 1, not when drawn.
+  std::string first_document_error(const std::function<std::string(std::int64_t)>& check) const;
   // Not collective, cheap (no text is read): the sequences of step `step` (held out: of
   // held-out batch `step`), the same on every rank.
   std::vector<SequenceLayout> step_layout(const StepShape& shape, std::uint64_t seed, std::int64_t step,

@@ -131,17 +131,21 @@ double peak_rss_bytes() {
 }
 
 double parse_bytes(const std::string& text) {
-  const char* p = text.c_str();
-  char* end = nullptr;
-  const double x = std::strtod(p, &end);
-  std::string unit(end);
+  // Plain decimal digits with an optional fraction, then an optional unit: strtod alone would
+  // also read hexadecimal ("0x10" as 16 bytes), exponents, "inf" and "nan".
+  std::size_t i = 0, digits = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i, ++digits;
+  if (i < text.size() && text[i] == '.')
+    for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]));) ++i, ++digits;
+  const double x = digits > 0 ? std::strtod(text.substr(0, i).c_str(), nullptr) : 0.0;
+  std::string unit = text.substr(i);
   unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
   static const std::pair<const char*, double> units[] = {
       {"", 1},     {"B", 1},    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
       {"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
   for (const auto& [name, scale] : units)
-    if (end != p && unit == name && x > 0 && std::isfinite(x)) return x * scale;
-  throw Error(fmt::format("'{}' is not a memory size (like 2GiB, 512MiB, 1.5GB)", text));
+    if (digits > 0 && unit == name && x > 0 && std::isfinite(x * scale)) return x * scale;
+  throw Error(fmt::format("'{}' is not a memory size (decimal digits and a unit, like 2GiB, 512MiB, 1.5GB)", text));
 }
 
 std::string format_bytes(double b) {
