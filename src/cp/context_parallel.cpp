@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <numeric>
 
 #include "ring_attention.hpp"
@@ -245,11 +246,17 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
                                                 const TensorView& k, const TensorView& v) {
   Communicator& comm = group_->comm();
   const double t0 = comm.now();
-  comm.agree(local_error(out, q, k, v));
-  comm.agree_identical("attention inputs and settings", describe(config, q, k));
-  // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
-  const std::vector<std::int64_t> tokens = comm.allgather_value(q.shape.s, "validate");
-  const std::vector<std::int64_t> kv_tokens = comm.allgather_value(k.shape.s, "validate");
+  // One small all-gather agrees on the errors and settings and tells every rank every rank's
+  // token counts, so the checks below throw the same Error everywhere; the strategy trusts
+  // what it is handed and adds none of its own before its first transfer.
+  const std::array<std::int64_t, 2> mine{q.shape.s, k.shape.s};
+  const std::vector<std::int64_t> counts =
+      comm.agree_all(local_error(out, q, k, v), "attention inputs and settings", describe(config, q, k), mine);
+  std::vector<std::int64_t> tokens, kv_tokens;
+  for (std::size_t r = 0; r < counts.size(); r += 2) {
+    tokens.push_back(counts[r]);
+    kv_tokens.push_back(counts[r + 1]);
+  }
   const std::int64_t seq = std::accumulate(tokens.begin(), tokens.end(), std::int64_t(0));
   const std::int64_t kv_seq = std::accumulate(kv_tokens.begin(), kv_tokens.end(), std::int64_t(0));
   const int cp = comm.size();
