@@ -246,12 +246,11 @@ COMM_TEST(Ulysses, OneSmallCollectiveBeforeTheAllToAlls) {
     CpContext ctx;
     EXPECT_EQ(small_collectives(comm, [&] { ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view()); }),
               1);
-    EXPECT_EQ(comm.counters().count("seq_to_head") ? comm.counters().at("seq_to_head").calls : 0,
-              cp == 1 ? 0 : chunks);
-    EXPECT_EQ(small_collectives(comm, [&] { attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view()); }),
+    EXPECT_EQ(comm.counters().count("seq_to_head") ? comm.counters().at("seq_to_head").calls : 0, cp == 1 ? 0 : chunks);
+    EXPECT_EQ(small_collectives(comm,
+                                [&] { attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view()); }),
               1);
-    EXPECT_EQ(comm.counters().count("head_to_seq") ? comm.counters().at("head_to_seq").calls : 0,
-              cp == 1 ? 0 : chunks);
+    EXPECT_EQ(comm.counters().count("head_to_seq") ? comm.counters().at("head_to_seq").calls : 0, cp == 1 ? 0 : chunks);
     p.expect_matches();
   }
 }

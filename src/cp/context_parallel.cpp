@@ -138,8 +138,9 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
   }
   if (std::int64_t end; config.q_offset && __builtin_add_overflow(*config.q_offset, q.s, &end))
     throw Error(fmt::format("q_offset {} + s = {} passes the largest position (int64)", *config.q_offset, q.s));
-  if (config.overlap_chunks != 1)
-    throw Error(fmt::format("overlap_chunks must be 1 with cross-attention, got {}", config.overlap_chunks));
+  for (const StrategyOption& o : find_strategy(config.cp_comm_type).options())
+    if (const std::vector<std::int64_t> v = option_value(o, config); !o.cross && !v.empty())
+      throw Error(fmt::format("{} must be {} with cross-attention, got {}", o.name, o.unset, fmt::join(v, ", ")));
   if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");
   if (config.window_left >= 0 || config.window_right >= 0)
     throw Error("cross-attention does not take a sliding window (window_size)");
@@ -201,17 +202,16 @@ std::string options_text(const CpConfig& config) {
   return text.empty() ? "" : " options {" + text + "}";
 }
 
-// What every rank must agree on: all but the token count, which rank_chunks sets per rank.
+// What every rank must agree on: all but the token count, which rank_chunks sets per rank; the
+// strategies' options through their declarations (options_text).
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-             "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens "
-             "[{}]"
-             " window ({}, {}) q_offset {} overlap_chunks {}",
+             "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {}{} cu_seqlens [{}]"
+             " window ({}, {}) q_offset {}",
              q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-             config.scale ? fmt::format("{}", *config.scale) : "unset",
-             fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+             config.scale ? fmt::format("{}", *config.scale) : "unset", config.zigzag ? "" : " no zigzag",
              fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
-             config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks) +
+             config.q_offset ? std::to_string(*config.q_offset) : "unset") +
          options_text(config);
 }
 

@@ -105,15 +105,23 @@ class A2aStrategy final : public Strategy {
       throw Error(
           fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for a2a", config.overlap_chunks));
   }
+  // Pipelining needs q and k|v in one transpose, so never with cross-attention.
   std::vector<StrategyOption> options() const override {
-    return {{"overlap-chunks", "N",
-             "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
-             "the KV heads a rank holds; default: the planner's choice)",
-             "overlap_chunks", "1", 1024, "",
-             [](const CpConfig& c) {
-               return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
-             },
-             [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }}};
+    StrategyOption chunks{
+        "overlap-chunks",
+        "N",
+        "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
+        "the KV heads a rank holds; default: the planner's choice)",
+        "overlap_chunks",
+        "1",
+        1024,
+        "",
+        [](const CpConfig& c) {
+          return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
+        },
+        [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }};
+    chunks.cross = false;
+    return {chunks};
   }
   std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
     if (cp == 1) return "";

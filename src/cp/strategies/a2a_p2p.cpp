@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <numeric>
 #include <span>
 
 #include "../head_split.hpp"
@@ -36,10 +37,10 @@ struct HierarchicalContext final : StrategyContext {
   FusedHeads kv;              // cross-attention: k | v apart (storage dtype); qkv holds q only
   TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
   TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
-  RingSaved ring;            // the outer ring's (points into qkv and out_heads)
+  RingSaved ring;                    // the outer ring's (points into qkv and out_heads)
   std::vector<std::int64_t> tokens;  // every inner rank's query tokens
-  HeadSplit heads;           // every inner rank's query and KV heads
-  DType dtype = DType::f32;  // storage / wire dtype
+  HeadSplit heads;                   // every inner rank's query and KV heads
+  DType dtype = DType::f32;          // storage / wire dtype
   Communicator* inner = nullptr;
   Communicator* outer = nullptr;
 };
@@ -105,6 +106,16 @@ class A2aP2pStrategy final : public Strategy {
                       "inner * outer == cp ({}), got [{}]",
                       cp, fmt::join(hs, ", ")));
     check_ulysses_heads(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
+  }
+  // Ulysses keeps as much of its inner size as divides the group (the all-to-all stays inside a
+  // node); the ring takes the rest.
+  CpConfig config_for_size(const CpConfig& config, int cp) const override {
+    CpConfig c = config;
+    if (!c.hierarchical_context_parallel_sizes.empty()) {
+      const int inner = std::gcd(c.hierarchical_context_parallel_sizes[0], cp);
+      c.hierarchical_context_parallel_sizes = {inner, cp / inner};
+    }
+    return c;
   }
   RankHeads heads_of(const CpConfig& config, int, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0];
