@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-#include <numeric>
 #include <tuple>
 
 #include "train/checkpoint.hpp"
@@ -17,12 +16,6 @@
 #include "ulysses/lengths.hpp"
 
 namespace ulysses::train {
-
-bool TrainConfig::same_run(const TrainConfig& o) const {
-  return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr && beta1 == o.beta1 &&
-         beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip && seed == o.seed &&
-         dtype == o.dtype;
-}
 
 namespace {
 
