@@ -219,6 +219,42 @@ COMM_TEST(Ulysses, OddTokensPerRankWithoutZigzag) {
   EXPECT_LT(relative_error(out.view(), select_rows(rout, token_positions(chunks))), 1e-5);
 }
 
+// Collectives this rank entered in `run` that are not transfers (counted operations but the
+// validation's): what synchronises the ranks on top of the data the strategy moves.
+template <class Run>
+std::int64_t small_collectives(Communicator& comm, Run run) {
+  comm.reset_counters();
+  const std::int64_t before = comm.collectives();
+  run();
+  std::int64_t transfers = 0;
+  for (const auto& [op, c] : comm.counters())
+    if (!op.ends_with("validate")) transfers += c.calls;
+  return comm.collectives() - before - transfers;
+}
+
+// ContextParallelAttention validates and agrees in one small all-gather (the backward in one
+// all-reduce); the Ulysses strategy trusts what it is handed, so every other collective of its
+// forward and backward is one of its all-to-alls: one each way per chunk of heads.
+COMM_TEST(Ulysses, OneSmallCollectiveBeforeTheAllToAlls) {
+  const int cp = comm.size();
+  const GlobalProblem g({2, 6 * cp + 1, 4 * cp, 8}, 2 * cp, DType::f32, true, 17);
+  for (const int chunks : {1, 2}) {
+    CpConfig cfg{"a2a", {}, true, std::nullopt};
+    cfg.overlap_chunks = chunks;
+    Problem p(g, cfg, cp, comm.rank(), Layout::bshd);
+    ContextParallelAttention attn(comm, cfg);
+    CpContext ctx;
+    EXPECT_EQ(small_collectives(comm, [&] { ctx = attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view()); }),
+              1);
+    EXPECT_EQ(comm.counters().count("seq_to_head") ? comm.counters().at("seq_to_head").calls : 0, cp == 1 ? 0 : chunks);
+    EXPECT_EQ(small_collectives(comm,
+                                [&] { attn.backward(ctx, p.dq.view(), p.dk.view(), p.dv.view(), p.dout.view()); }),
+              1);
+    EXPECT_EQ(comm.counters().count("head_to_seq") ? comm.counters().at("head_to_seq").calls : 0, cp == 1 ? 0 : chunks);
+    p.expect_matches();
+  }
+}
+
 // Head counts that do not divide by cp (or by the inner size of a2a+p2p): whole GQA groups
 // per rank, or KV heads shared by the ranks splitting their group (also when cp % h_kv != 0),
 // with an uneven sequence too. A2a (inner) groups larger than h are refused everywhere.

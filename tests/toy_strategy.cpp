@@ -5,9 +5,13 @@
 // against its own traffic formula and the planner, equal causal work, errors), the training
 // memory model (test_train.cpp) and the command line's options, which is the point: adding a
 // strategy needs no edit anywhere else.
+#include <gtest/gtest.h>
+
 #include <memory>
+#include <numeric>
 
 #include "ulysses/attention.hpp"
+#include "ulysses/context_parallel.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
@@ -73,16 +77,32 @@ void add_into(const Tensor& dst, const Tensor& src) {
 class ToyAllGatherHalves final : public Strategy {
  public:
   using Strategy::Strategy;
-  // An option of its own (CpConfig::options["toy-max-cp"], --toy-max-cp on the command line).
+  // Options of its own (CpConfig::options["toy-max-cp"], --toy-max-cp on the command line): a
+  // cap on the ranks, and a split of the ranks in two (checked, not used) that depends on how
+  // many there are, so it must be resized for a group of another size (config_for_size).
   std::vector<StrategyOption> options() const override {
-    return {{"toy-max-cp", "N", "refuse more ranks than N", "toy-max-cp", "unset"}};
+    return {{"toy-max-cp", "N", "refuse more ranks than N", "toy-max-cp", "unset"},
+            {"toy-sizes", "A,B", "split the ranks as A * B", "toy-sizes", "unset", 0, ""}};
   }
   void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
     Strategy::validate(config, cp, q, kv_heads);
-    const std::vector<std::int64_t> most = option_value(options().front(), config);
+    const std::vector<std::int64_t> most = option_value(options()[0], config);
     if (!most.empty() && cp > most.front())
       throw Error("toy_all_gather_halves: cp " + std::to_string(cp) + " is more than toy-max-cp " +
                   std::to_string(most.front()));
+    const std::vector<std::int64_t> sizes = option_value(options()[1], config);
+    if (!sizes.empty() && sizes[0] * sizes[1] != cp)
+      throw Error("toy_all_gather_halves: toy-sizes A * B must be cp (" + std::to_string(cp) + ")");
+  }
+  // Its resize rule: A keeps as much of itself as divides the group, B takes the rest.
+  CpConfig config_for_size(const CpConfig& config, int cp) const override {
+    CpConfig c = config;
+    const std::vector<std::int64_t> sizes = option_value(options()[1], config);
+    if (!sizes.empty()) {
+      const std::int64_t a = std::gcd(sizes[0], std::int64_t(cp));
+      set_option(options()[1], c, {a, cp / a});
+    }
+    return c;
   }
 
   std::unique_ptr<StrategyContext> forward(CpGroup& group, const CpConfig& config,
@@ -182,4 +202,21 @@ class ToyAllGatherHalves final : public Strategy {
 }();
 
 }  // namespace
+
+// Its resize rule, as training applies it to a group of another size (the registry's
+// config_for_size): toy-sizes set for 4 ranks is refused on 2 until resized.
+TEST(ToyStrategy, ResizesItsOptionForAGroupOfAnotherSize) {
+  const Strategy& toy = find_strategy("toy_all_gather_halves");
+  CpConfig c{"toy_all_gather_halves", {}, true, std::nullopt};
+  c.options["toy-sizes"] = {2, 2};
+  const Shape q{1, 24, 2, 8};
+  EXPECT_NO_THROW(validate_cp_config(c, 4, q, 2));
+  EXPECT_THROW(validate_cp_config(c, 2, q, 2), Error);
+  const CpConfig two = toy.config_for_size(c, 2);
+  EXPECT_EQ(two.options.at("toy-sizes"), (std::vector<std::int64_t>{2, 1}));
+  EXPECT_NO_THROW(validate_cp_config(two, 2, q, 2));
+  EXPECT_EQ(toy.config_for_size(c, 3).options.at("toy-sizes"), (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(toy.config_for_size(c, 6).options.at("toy-sizes"), (std::vector<std::int64_t>{2, 3}));
+}
+
 }  // namespace ulysses::testing

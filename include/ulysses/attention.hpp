@@ -61,6 +61,9 @@ float effective_scale(const AttentionParams& params, std::int64_t head_dim);
 const char* kernel_isa();
 // The engine inputs of `dtype` run on, e.g. "amx-bf16", "avx512-f32", "avx2-f32 (bf16 converted)".
 std::string kernel_engine(DType dtype);
+// True when inputs of `dtype` have no engine of their own at this level and run on float32
+// copies on the float32 engine (what the training memory model counts).
+bool kernel_converts(DType dtype);
 // OpenBLAS's kernel core, which runs every GEMM outside the attention (and the portable
 // level's), e.g. "SkylakeX", or "SkylakeX (re-selected at load; OpenBLAS chose Prescott)".
 // An OpenBLAS older than the CPU does not know its model and falls back to slow generic

@@ -169,6 +169,17 @@ class Communicator {
   // "<what> differ between ranks: rank 0 has <text 0>, rank k has <text k>". Costs one all-gather
   // of a 64-bit hash per rank when the texts agree.
   void agree_identical(const std::string& what, const std::string& description);
+  // Collective. agree(local_error), agree_identical(what, description) and an all-gather of
+  // `values` (as many on every rank) in one small all-gather when every rank is fine: returns
+  // every rank's values, rank r's at [r·n, (r+1)·n). Otherwise every rank throws the Error that
+  // agree (first) or agree_identical would.
+  std::vector<std::int64_t> agree_all(const std::string& local_error, const std::string& what,
+                                      const std::string& description, std::span<const std::int64_t> values);
+
+  // Not collective. How many collectives this rank has entered (every method above marked
+  // collective but split and ranks_on_this_node; point-to-point messages are not): what tests
+  // count to keep the small synchronisations before a transfer few.
+  std::int64_t collectives() const { return collectives_; }
 
   const std::map<std::string, CommCounter>& counters() const { return counters_; }
   // Not collective. Adds `sub`'s counters to this one's as "<prefix>.<op>" and clears them:
@@ -235,6 +246,9 @@ class Communicator {
   void trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const;
   // Records the caller's operation name for the duration of one public call.
   class OpScope;
+  // agree_identical's failure: every rank's text travels, and every rank throws naming the first
+  // that differs from rank 0's.
+  [[noreturn]] void throw_differing(const std::string& what, const std::string& description);
   // Throws Error unless every list has size() entries.
   void check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const;
   int rank_ = 0, size_ = 1;
@@ -244,6 +258,7 @@ class Communicator {
   std::string trace_prefix_;  // "" or "<group>."
   std::shared_ptr<Watchdog> watchdog_ = std::make_shared<Watchdog>();
   const std::string* op_ = nullptr;
+  std::int64_t collectives_ = 0;
 };
 
 // Collective over `comm`. The node's cores divided by the ranks of `comm` on this node

@@ -91,6 +91,9 @@ struct StrategyOption {
   std::vector<std::int64_t> (*get)(const CpConfig&) = nullptr;
   void (*set)(CpConfig&, const std::vector<std::int64_t>&) = nullptr;
   std::int64_t least = 1;  // the smallest value it takes
+  // False: the option must stay unset under cross-attention (is_cross), which
+  // validate_cp_config refuses naming it.
+  bool cross = true;
 };
 
 // The inputs beyond plain self-attention that a strategy runs. validate_cp_config refuses a
@@ -139,6 +142,11 @@ class Strategy {
 
   // The options it adds to CpConfig (none by default).
   virtual std::vector<StrategyOption> options() const { return {}; }
+  // Not collective. `config`, set for some number of ranks, resized to a group of `cp` ranks:
+  // what training runs on groups of changing size (its balancer's), so every option that
+  // depends on the ranks is resized by the strategy that declares it. By default `config`
+  // unchanged; a2a+p2p keeps as much of its inner size as divides cp.
+  virtual CpConfig config_for_size(const CpConfig& config, int cp) const;
   // Lines about the options of `config` for a run's header, each "  ...\n" ("" by default).
   virtual std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const;
   // The variants of a validated `config` the planner picks from (plan_tuning) when the user set

@@ -80,6 +80,7 @@ void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int6
 }
 
 void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_alltoall(send, recv, bytes_per_rank);
@@ -96,6 +97,7 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
                              std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                              const std::string& op) {
   check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
@@ -117,6 +119,7 @@ Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> 
                                  std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                                  const std::string& op) {
   check_per_rank("ialltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   std::unique_ptr<Request::Impl> impl = do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
@@ -128,6 +131,7 @@ Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> 
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_allgather(send, recv, bytes);
@@ -136,6 +140,7 @@ void Communicator::allgather(const void* send, void* recv, std::size_t bytes, co
 
 void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
   check_per_rank("allgatherv", {bytes.size()});
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_allgatherv(send, recv, bytes);
@@ -149,6 +154,7 @@ std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, cons
 }
 
 void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_gather(send, recv, bytes, root);
@@ -156,6 +162,7 @@ void Communicator::gather(const void* send, void* recv, std::size_t bytes, int r
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_reduce_scatter_sum(send, recv, count);
@@ -165,6 +172,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
                                       const std::string& op) {
   check_per_rank("reduce_scatter_sum", {counts.size()});
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_reduce_scatter_sum_v(send, recv, counts);
@@ -175,6 +183,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<
 }
 
 void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_allreduce(data, n, ScalarType::f64, ReduceOp::sum);
@@ -182,6 +191,7 @@ void Communicator::allreduce_sum(double* data, std::size_t n, const std::string&
 }
 
 void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& op) {
+  ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
   do_allreduce(data, n, ScalarType::f32, ReduceOp::sum);
@@ -205,30 +215,35 @@ Request Communicator::irecv(void* data, std::size_t bytes, int src, int tag, con
 
 // The uncounted operations, traced all the same: they synchronise the ranks.
 void Communicator::allreduce_min(std::int64_t* data, std::size_t n) {
+  ++collectives_;
   const double t0 = now();
   do_allreduce(data, n, ScalarType::i64, ReduceOp::min);
   trace_op("allreduce_min", t0, -1, -1);
 }
 
 void Communicator::allreduce_max(std::int64_t* data, std::size_t n) {
+  ++collectives_;
   const double t0 = now();
   do_allreduce(data, n, ScalarType::i64, ReduceOp::max);
   trace_op("allreduce_max", t0, -1, -1);
 }
 
 void Communicator::allreduce_max(double* data, std::size_t n) {
+  ++collectives_;
   const double t0 = now();
   do_allreduce(data, n, ScalarType::f64, ReduceOp::max);
   trace_op("allreduce_max", t0, -1, -1);
 }
 
 void Communicator::broadcast(void* data, std::size_t bytes, int root) {
+  ++collectives_;
   const double t0 = now();
   do_broadcast(data, bytes, root);
   trace_op("broadcast", t0, -1, -1);
 }
 
 void Communicator::barrier() {
+  ++collectives_;
   const double t0 = now();
   do_barrier();
   trace_op("barrier", t0, -1, -1);
@@ -268,9 +283,36 @@ std::int64_t text_hash(const std::string& text) {
 
 void Communicator::agree_identical(const std::string& what, const std::string& description) {
   // The common case costs one small all-gather (a hash per rank); only when the hashes differ
-  // do the texts travel, padded to the longest, to name what differs.
+  // do the texts travel, to name what differs.
   const std::vector<std::int64_t> hashes = allgather_value(text_hash(description), "validate");
-  if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; })) return;
+  if (std::any_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h != hashes[0]; }))
+    throw_differing(what, description);
+}
+
+std::vector<std::int64_t> Communicator::agree_all(const std::string& local_error, const std::string& what,
+                                                  const std::string& description,
+                                                  std::span<const std::int64_t> values) {
+  // One record per rank: [failed, hash of the description, values...]. Every rank sees every
+  // record, so every rank takes the same branch below: the rare ones then pay for the texts.
+  const std::size_t n = values.size() + 2;
+  std::vector<std::int64_t> mine{local_error.empty() ? 0 : 1, text_hash(description)};
+  mine.insert(mine.end(), values.begin(), values.end());
+  std::vector<std::int64_t> all(n * std::size_t(size_));
+  allgather(mine.data(), all.data(), n * sizeof(std::int64_t), "validate");
+  bool failed = false, differ = false;
+  for (std::size_t r = 0; r < std::size_t(size_); ++r) {
+    failed = failed || all[r * n] != 0;
+    differ = differ || all[r * n + 1] != all[1];
+  }
+  if (failed) agree(local_error);
+  if (differ) throw_differing(what, description);
+  std::vector<std::int64_t> out;
+  for (std::size_t r = 0; r < std::size_t(size_); ++r) out.insert(out.end(), &all[r * n + 2], &all[r * n + n]);
+  return out;
+}
+
+void Communicator::throw_differing(const std::string& what, const std::string& description) {
+  // The texts travel padded to the longest.
   std::int64_t longest = std::int64_t(description.size());
   allreduce_max(&longest, 1);
   std::string mine = description;
@@ -284,6 +326,7 @@ void Communicator::agree_identical(const std::string& what, const std::string& d
   for (int r = 1; r < size_; ++r)
     if (text(r) != text(0))
       throw Error(fmt::format("{} differ between ranks: rank 0 has {}, rank {} has {}", what, text(0), r, text(r)));
+  throw Error(fmt::format("{} differ between ranks (texts of one hash)", what));
 }
 
 int default_threads(Communicator& comm) {

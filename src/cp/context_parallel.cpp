@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <numeric>
 
 #include "ring_attention.hpp"
@@ -137,8 +138,9 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
   }
   if (std::int64_t end; config.q_offset && __builtin_add_overflow(*config.q_offset, q.s, &end))
     throw Error(fmt::format("q_offset {} + s = {} passes the largest position (int64)", *config.q_offset, q.s));
-  if (config.overlap_chunks != 1)
-    throw Error(fmt::format("overlap_chunks must be 1 with cross-attention, got {}", config.overlap_chunks));
+  for (const StrategyOption& o : find_strategy(config.cp_comm_type).options())
+    if (const std::vector<std::int64_t> v = option_value(o, config); !o.cross && !v.empty())
+      throw Error(fmt::format("{} must be {} with cross-attention, got {}", o.name, o.unset, fmt::join(v, ", ")));
   if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");
   if (config.window_left >= 0 || config.window_right >= 0)
     throw Error("cross-attention does not take a sliding window (window_size)");
@@ -200,17 +202,16 @@ std::string options_text(const CpConfig& config) {
   return text.empty() ? "" : " options {" + text + "}";
 }
 
-// What every rank must agree on: all but the token count, which rank_chunks sets per rank.
+// What every rank must agree on: all but the token count, which rank_chunks sets per rank; the
+// strategies' options through their declarations (options_text).
 std::string describe(const CpConfig& config, const TensorView& q, const TensorView& k) {
   return fmt::format(
-             "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {} cp sizes [{}]{} cu_seqlens "
-             "[{}]"
-             " window ({}, {}) q_offset {} overlap_chunks {}",
+             "q [{}, *, {}, {}] k/v heads {} dtype {} cp_comm_type {} causal {} scale {}{} cu_seqlens [{}]"
+             " window ({}, {}) q_offset {}",
              q.shape.b, q.shape.h, q.shape.d, k.shape.h, to_string(q.dtype), config.cp_comm_type, config.causal,
-             config.scale ? fmt::format("{}", *config.scale) : "unset",
-             fmt::join(config.hierarchical_context_parallel_sizes, ", "), config.zigzag ? "" : " no zigzag",
+             config.scale ? fmt::format("{}", *config.scale) : "unset", config.zigzag ? "" : " no zigzag",
              fmt::join(config.cu_seqlens, ", "), config.window_left, config.window_right,
-             config.q_offset ? std::to_string(*config.q_offset) : "unset", config.overlap_chunks) +
+             config.q_offset ? std::to_string(*config.q_offset) : "unset") +
          options_text(config);
 }
 
@@ -245,11 +246,17 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
                                                 const TensorView& k, const TensorView& v) {
   Communicator& comm = group_->comm();
   const double t0 = comm.now();
-  comm.agree(local_error(out, q, k, v));
-  comm.agree_identical("attention inputs and settings", describe(config, q, k));
-  // Every rank knows every rank's token count, so the checks below throw the same Error everywhere.
-  const std::vector<std::int64_t> tokens = comm.allgather_value(q.shape.s, "validate");
-  const std::vector<std::int64_t> kv_tokens = comm.allgather_value(k.shape.s, "validate");
+  // One small all-gather agrees on the errors and settings and tells every rank every rank's
+  // token counts, so the checks below throw the same Error everywhere; the strategy trusts
+  // what it is handed and adds none of its own before its first transfer.
+  const std::array<std::int64_t, 2> mine{q.shape.s, k.shape.s};
+  const std::vector<std::int64_t> counts =
+      comm.agree_all(local_error(out, q, k, v), "attention inputs and settings", describe(config, q, k), mine);
+  std::vector<std::int64_t> tokens, kv_tokens;
+  for (std::size_t r = 0; r < counts.size(); r += 2) {
+    tokens.push_back(counts[r]);
+    kv_tokens.push_back(counts[r + 1]);
+  }
   const std::int64_t seq = std::accumulate(tokens.begin(), tokens.end(), std::int64_t(0));
   const std::int64_t kv_seq = std::accumulate(kv_tokens.begin(), kv_tokens.end(), std::int64_t(0));
   const int cp = comm.size();

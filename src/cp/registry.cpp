@@ -62,6 +62,8 @@ void Strategy::validate(const CpConfig&, int, const Shape& q, std::int64_t kv_he
   check_gqa_groups(q.h, kv_heads);
 }
 
+CpConfig Strategy::config_for_size(const CpConfig& config, int) const { return config; }
+
 RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std::int64_t kv_heads) const {
   return {{0, heads}, {0, kv_heads}};
 }

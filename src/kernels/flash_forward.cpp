@@ -75,6 +75,8 @@ void register_attention_kernels(const AttentionKernels& kernels) { registered_ke
 
 const char* kernel_isa() { return kernels::active_level().name; }
 
+bool kernel_converts(DType dtype) { return kernels::engine_for(kernels::active_level(), dtype) == nullptr; }
+
 std::string kernel_engine(DType dtype) {
   const kernels::KernelLevel& l = kernels::active_level();
   if (const kernels::GemmEngine* e = kernels::engine_for(l, dtype)) return e->name;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "train/trainer.hpp"
+#include "train/train_config.hpp"
 
 namespace ulysses::train {
 

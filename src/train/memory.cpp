@@ -40,7 +40,7 @@ ContextMemory context_of(const TrainConfig& c, int cp, DType dtype) {
   return {double(dtype_size(dtype)) * double(c.batch) * double(c.seq) * per_token, kOneRankTransient};
 }
 
-// bf16 on a CPU without a bf16 engine (kernel_engine says "converted"): the kernels work on
+// bf16 on a CPU without a bf16 engine (kernel_converts): the kernels work on
 // float32 copies (q, k, v and dout: about one float32 context) and the transients are float32
 // contexts; at cp = 1 the bf16 dq adds per-thread float32 dQ copies of all heads. In float32
 // contexts, fitted to the a2a, p2p and all_gather shapes of train_memory_test.sh at bf16, within 4 %.
@@ -89,7 +89,7 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
   // flight), in contexts (ContextMemory::transient, fitted to the measured peaks).
   const ContextMemory context = context_of(c, cp, c.dtype);
-  const bool converted = c.dtype != DType::f32 && kernel_engine(c.dtype).find("converted") != std::string::npos;
+  const bool converted = kernel_converts(c.dtype);
   const double f32_context = context_of(c, cp, DType::f32).bytes;
   const double converted_transient = cp == 1 ? kConvertedOneRankContexts : kConvertedContexts;
   e.attention = context.bytes * (ckpt ? 1 : L) + (converted ? f32_context * (context.transient + converted_transient)

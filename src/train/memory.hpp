@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "train/trainer.hpp"
+#include "train/train_config.hpp"
 
 namespace ulysses::train {
 

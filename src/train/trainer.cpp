@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-#include <numeric>
 #include <tuple>
 
 #include "train/checkpoint.hpp"
@@ -18,23 +17,13 @@
 
 namespace ulysses::train {
 
-bool TrainConfig::same_run(const TrainConfig& o) const {
-  return model == o.model && batch == o.batch && seq == o.seq && warmup == o.warmup && lr == o.lr && beta1 == o.beta1 &&
-         beta2 == o.beta2 && eps == o.eps && weight_decay == o.weight_decay && clip == o.clip && seed == o.seed &&
-         dtype == o.dtype;
-}
-
 namespace {
 
-// The configured strategy at a group of `size` ranks: a2a+p2p keeps as much of its inner
-// (Ulysses) size as divides the group.
+// The configured strategy at a group of `size` ranks, resized by the strategy (its options
+// that depend on the ranks), under the causal mask of a language model.
 CpConfig config_at(const CpConfig& base, int size) {
-  CpConfig c = base;
+  CpConfig c = find_strategy(base.cp_comm_type).config_for_size(base, size);
   c.causal = true;
-  if (!c.hierarchical_context_parallel_sizes.empty()) {
-    const int inner = std::gcd(c.hierarchical_context_parallel_sizes[0], size);
-    c.hierarchical_context_parallel_sizes = {inner, size / inner};
-  }
   return c;
 }
 

@@ -105,15 +105,23 @@ class A2aStrategy final : public Strategy {
       throw Error(
           fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for a2a", config.overlap_chunks));
   }
+  // Pipelining needs q and k|v in one transpose, so never with cross-attention.
   std::vector<StrategyOption> options() const override {
-    return {{"overlap-chunks", "N",
-             "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
-             "the KV heads a rank holds; default: the planner's choice)",
-             "overlap_chunks", "1", 1024, "",
-             [](const CpConfig& c) {
-               return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
-             },
-             [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }}};
+    StrategyOption chunks{
+        "overlap-chunks",
+        "N",
+        "cut the heads into N chunks and pipeline their all-to-alls with compute (1 = plain Ulysses; at most "
+        "the KV heads a rank holds; default: the planner's choice)",
+        "overlap_chunks",
+        "1",
+        1024,
+        "",
+        [](const CpConfig& c) {
+          return c.overlap_chunks == 1 ? std::vector<std::int64_t>() : std::vector<std::int64_t>{c.overlap_chunks};
+        },
+        [](CpConfig& c, const std::vector<std::int64_t>& v) { c.overlap_chunks = int(v.at(0)); }};
+    chunks.cross = false;
+    return {chunks};
   }
   std::string describe(const CpConfig& config, int cp, std::int64_t kv_heads) const override {
     if (cp == 1) return "";
@@ -149,27 +157,27 @@ class A2aStrategy final : public Strategy {
                                            const std::vector<std::vector<SeqChunk>>& kv_chunks, const TensorView& out,
                                            const TensorView& q, const TensorView& k, const TensorView& v,
                                            CpStats& stats) const override {
-    return run_forward(group, config, is_cross(config, q_chunks, kv_chunks), out, q, k, v, stats);
+    const bool cross = is_cross(config, q_chunks, kv_chunks);
+    auto ctx = std::make_unique<UlyssesContext>();
+    for (const std::vector<SeqChunk>& chunks : q_chunks) ctx->tokens.push_back(total_tokens(chunks));
+    if (cross)
+      for (const std::vector<SeqChunk>& chunks : kv_chunks) ctx->kv_tokens.push_back(total_tokens(chunks));
+    return run_forward(group, config, std::move(ctx), out, q, k, v, stats);
   }
 
  private:
-  std::unique_ptr<StrategyContext> run_forward(CpGroup& group, const CpConfig& config, bool cross,
-                                               const TensorView& out, const TensorView& q, const TensorView& k,
-                                               const TensorView& v, CpStats& stats) const {
+  // ctx holds every rank's token counts (and k/v's under cross-attention). The inputs are
+  // validated and agreed (the contract), so the unchecked transposes run straight away.
+  std::unique_ptr<StrategyContext> run_forward(CpGroup& group, const CpConfig& config,
+                                               std::unique_ptr<UlyssesContext> ctx, const TensorView& out,
+                                               const TensorView& q, const TensorView& k, const TensorView& v,
+                                               CpStats& stats) const {
     Communicator& comm = group.comm();
     const double t0 = comm.now();
-    auto ctx = std::make_unique<UlyssesContext>();
+    const bool cross = !ctx->kv_tokens.empty();
     ctx->heads = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
     ctx->params = attention_params(config);
     ctx->dtype = q.dtype;
-    const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
-    const std::array<SeqShard, 1> o{{{out, ctx->heads.q}}};
-    check_transpose(comm, cross ? std::span<const SeqShard>(in).first(1) : std::span<const SeqShard>(in),
-                    "seq_to_head");
-    if (cross) check_transpose(comm, std::span<const SeqShard>(in).last(2), "seq_to_head");
-    check_transpose(comm, o, "head_to_seq");
-    ctx->tokens = comm.allgather_value(q.shape.s, "validate");
-    if (cross) ctx->kv_tokens = comm.allgather_value(k.shape.s, "validate");
     const int c = ulysses_overlap_chunks(config.overlap_chunks, comm.size(), k.shape.h);
     ctx->chunks.resize(std::size_t(c));  // never reallocated: transposes in flight point into them
     std::vector<FusedHeads> wire(static_cast<std::size_t>(c));  // the output in a bf16 wire dtype, while it travels
@@ -228,12 +236,7 @@ class A2aStrategy final : public Strategy {
                     const TensorView& dk, const TensorView& dv, const TensorView& dout, CpStats& stats) const {
     Communicator& comm = group.comm();
     const double t0 = comm.now();
-    const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
-    const std::array<SeqShard, 3> d{{{dq, ctx.heads.q}, {dk, ctx.heads.kv}, {dv, ctx.heads.kv}}};
     const bool cross = !ctx.kv_tokens.empty();
-    check_transpose(comm, g, "seq_to_head");
-    check_transpose(comm, cross ? std::span<const SeqShard>(d).first(1) : std::span<const SeqShard>(d), "head_to_seq");
-    if (cross) check_transpose(comm, std::span<const SeqShard>(d).last(2), "head_to_seq");
     const int c = int(ctx.chunks.size());
     std::vector<FusedHeads> hdout(static_cast<std::size_t>(c)), grads(static_cast<std::size_t>(c));
     FusedHeads kv_grads;  // cross-attention (one chunk): dk | dv apart

@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <numeric>
 #include <span>
 
 #include "../head_split.hpp"
@@ -36,12 +37,30 @@ struct HierarchicalContext final : StrategyContext {
   FusedHeads kv;              // cross-attention: k | v apart (storage dtype); qkv holds q only
   TensorView k() const { return kv.num_parts() ? kv.part(0) : qkv.part(1); }
   TensorView v() const { return kv.num_parts() ? kv.part(1) : qkv.part(2); }
-  RingSaved ring;            // the outer ring's (points into qkv and out_heads)
-  HeadSplit heads;           // every inner rank's query and KV heads
-  DType dtype = DType::f32;  // storage / wire dtype
+  RingSaved ring;                    // the outer ring's (points into qkv and out_heads)
+  std::vector<std::int64_t> tokens;  // every inner rank's query tokens
+  HeadSplit heads;                   // every inner rank's query and KV heads
+  DType dtype = DType::f32;          // storage / wire dtype
   Communicator* inner = nullptr;
   Communicator* outer = nullptr;
 };
+
+// The token counts of the inner group of `rank`'s members, in inner rank order.
+std::vector<std::int64_t> inner_tokens(const std::vector<std::vector<SeqChunk>>& per_rank, int inner, int rank) {
+  std::vector<std::int64_t> tokens;
+  for (int r = rank / inner * inner; r < rank / inner * inner + inner; ++r)
+    tokens.push_back(total_tokens(per_rank[std::size_t(r)]));
+  return tokens;
+}
+
+// The unchecked transposes, waited for: the inputs arrive validated and agreed (the Strategy
+// contract), so the inner group adds no collective of its own before its all-to-all.
+FusedHeads seq_to_head_in(Communicator& inner, std::span<const SeqShard> inputs,
+                          const std::vector<std::int64_t>& tokens) {
+  FusedHeads out;
+  post_seq_to_head(inner, inputs, tokens, out).wait();
+  return out;
+}
 
 // For the outer ring: member o holds, after the inner all-to-all, the chunks of inner
 // ranks o·inner + 0 .. o·inner + inner−1, in that order.
@@ -88,6 +107,16 @@ class A2aP2pStrategy final : public Strategy {
                       cp, fmt::join(hs, ", ")));
     check_ulysses_heads(hs[0], q.h, kv_heads, "the inner (a2a) size", "a2a+p2p");
   }
+  // Ulysses keeps as much of its inner size as divides the group (the all-to-all stays inside a
+  // node); the ring takes the rest.
+  CpConfig config_for_size(const CpConfig& config, int cp) const override {
+    CpConfig c = config;
+    if (!c.hierarchical_context_parallel_sizes.empty()) {
+      const int inner = std::gcd(c.hierarchical_context_parallel_sizes[0], cp);
+      c.hierarchical_context_parallel_sizes = {inner, cp / inner};
+    }
+    return c;
+  }
   RankHeads heads_of(const CpConfig& config, int, int rank, std::int64_t heads, std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0];
     return ulysses_heads(I, rank % I, heads, kv_heads);
@@ -107,7 +136,7 @@ class A2aP2pStrategy final : public Strategy {
     const auto& ctx = static_cast<const HierarchicalContext&>(context);
     const std::array<SeqShard, 1> g{{{dout, ctx.heads.q}}};
     double t0 = comm.now();
-    const FusedHeads hdout = seq_to_head(*ctx.inner, g);
+    const FusedHeads hdout = seq_to_head_in(*ctx.inner, g, ctx.tokens);
     stats.comm_exposed_s += comm.now() - t0;
     const FusedHeads& x = ctx.qkv;
     const bool cross = ctx.kv.num_parts() > 0;
@@ -227,8 +256,9 @@ class A2aP2pStrategy final : public Strategy {
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};
     const std::span<const SeqShard> all(in);
     double t0 = comm.now();
-    if (cross) ctx->kv = seq_to_head(*ctx->inner, all.last(2));
-    ctx->qkv = seq_to_head(*ctx->inner, cross ? all.first(1) : all);
+    ctx->tokens = inner_tokens(q_chunks, I, comm.rank());
+    if (cross) ctx->kv = seq_to_head_in(*ctx->inner, all.last(2), inner_tokens(kv_chunks, I, comm.rank()));
+    ctx->qkv = seq_to_head_in(*ctx->inner, cross ? all.first(1) : all, ctx->tokens);
     stats.comm_exposed_s += comm.now() - t0;
     const TensorView hq = ctx->qkv.part(0);
     ctx->out_heads =
@@ -245,12 +275,12 @@ class A2aP2pStrategy final : public Strategy {
     return ctx;
   }
 
-  // head_to_seq of the float32 `x` in the storage dtype.
+  // head_to_seq of the float32 `x` in the storage dtype (unchecked, like seq_to_head_in).
   static void head_to_seq_in(Communicator& inner, const FusedHeads& x, std::span<const SeqShard> outputs, DType dtype) {
     if (dtype == DType::f32)
-      head_to_seq(inner, x, outputs);
+      post_head_to_seq(inner, x, outputs).wait();
     else
-      head_to_seq(inner, x.converted(dtype), outputs);
+      post_head_to_seq(inner, x.converted(dtype), outputs).wait();
   }
 };
 
