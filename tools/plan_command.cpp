@@ -1,6 +1,7 @@
 #include "plan_command.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "ulysses/error.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/presets.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
@@ -102,15 +104,44 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")
       ->capture_default_str()
       ->check(positive_number());
+  c->add_option("--gpu", o.gpu,
+                "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, H100, H800, "
+                "H200, B200, L20, L40S); --tflops / --efficiency given too win");
+  c->add_option("--kernel", o.kernel, "the attention kernel's curve with --gpu: fa2 | fa3 (default: the GPU's)");
+  c->add_option("--intra-fabric", o.intra_fabric,
+                "the links inside a node: nvlink3, nvlink4, nvlink4-h800, nvlink5, pcie4, pcie5 (default: the "
+                "GPU's); --intra-bw / --intra-lat given too win");
+  c->add_option("--inter-fabric", o.inter_fabric,
+                "the links between nodes: ib-hdr, ib-ndr, ib-xdr, roce-100, roce-200, roce-400; --inter-bw / "
+                "--inter-lat given too win");
+  c->add_option("--mode", o.mode,
+                "what a step computes: train (forward + backward), forward, prefill (a prompt's forward), decode (one "
+                "token per sequence, --batch sequences, against a cache of --seq tokens)")
+      ->capture_default_str();
   add_backend_options(c, o.backend);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
   c->parse_complete_callback([&o, c] {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
     o.max_memory_given = c->count("--max-memory") > 0;
+    for (const char* f : {"--tflops", "--efficiency", "--intra-bw", "--intra-lat", "--inter-bw", "--inter-lat"})
+      if (c->count(f) > 0) o.given.insert(f);
   });
 }
 
 namespace {
+
+const char* mode_name(PlanMode m) {
+  switch (m) {
+    case PlanMode::train: return "train";
+    case PlanMode::forward: return "forward";
+    case PlanMode::prefill: return "prefill";
+    case PlanMode::decode: return "decode";
+  }
+  return "?";
+}
+
+// What the presets set and which explicit flags won over them, for the header; "" without presets.
+std::string g_preset_note;
 
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
@@ -177,6 +208,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
             {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
+            {"mode", mode_name(in.mode)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
             {"kv_seq", kv_seq_of(in)},
@@ -205,6 +237,10 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
       in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
       in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
       in.cluster.efficiency);
+  if (in.mode != PlanMode::train)
+    fmt::print("  mode {}: forward only{}\n", mode_name(in.mode),
+               in.mode == PlanMode::decode ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq) : "");
+  fmt::print("{}", g_preset_note);
   fmt::print("{:<16} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
              "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
              measured.empty() ? "" : "   measured s  meas/pred");
@@ -332,6 +368,47 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
   return out;
 }
 
+// --gpu, --kernel, --intra-fabric, --inter-fabric over the defaults, then the explicit flags
+// over the presets (each noted in g_preset_note).
+void apply_presets(const PlanOptions& o, PlanInput& in) {
+  std::vector<std::string> used, won;
+  const Cluster flags = in.cluster;
+  if (!o.kernel.empty() && o.gpu.empty()) throw Error("--kernel needs --gpu (the kernel's curve is per GPU)");
+  if (!o.gpu.empty()) {
+    const GpuPreset& g = find_gpu_preset(o.gpu);
+    const KernelPreset& k = find_kernel_preset(o.kernel.empty() ? g.kernel : o.kernel);
+    apply_gpu(in.cluster, g, k, in.dtype);
+    used.push_back(fmt::format("GPU {} ({:.4g} TFLOP/s {}, kernel {} at {:.3f} of peak, memory {:.3g} TB/s)", g.name,
+                               in.cluster.peak_flops / 1e12, to_string(in.dtype), k.name, in.cluster.efficiency,
+                               g.memory_bandwidth / 1e12));
+    if (o.intra_fabric.empty()) apply_intra_fabric(in.cluster, find_fabric_preset(g.intra));
+    if (o.intra_fabric.empty()) used.push_back("intra " + g.intra + " (the GPU's)");
+  }
+  if (!o.intra_fabric.empty()) {
+    apply_intra_fabric(in.cluster, find_fabric_preset(o.intra_fabric));
+    used.push_back("intra " + o.intra_fabric);
+  }
+  if (!o.inter_fabric.empty()) {
+    in.cluster.inter = find_fabric_preset(o.inter_fabric).link;
+    used.push_back("inter " + o.inter_fabric);
+  }
+  if (used.empty()) return;
+  auto keep = [&](const char* flag, double& field, double value, double unit, const char* what) {
+    if (!o.given.count(flag)) return;
+    won.push_back(fmt::format("{} {:.4g}{} (preset: {:.4g})", flag, value / unit, what, field / unit));
+    field = value;
+  };
+  keep("--tflops", in.cluster.peak_flops, flags.peak_flops, 1e12, " TFLOP/s");
+  keep("--efficiency", in.cluster.efficiency, flags.efficiency, 1, "");
+  keep("--intra-bw", in.cluster.intra.bandwidth, flags.intra.bandwidth, 1e9, " GB/s");
+  keep("--intra-lat", in.cluster.intra.latency, flags.intra.latency, 1e-6, " us");
+  keep("--inter-bw", in.cluster.inter.bandwidth, flags.inter.bandwidth, 1e9, " GB/s");
+  keep("--inter-lat", in.cluster.inter.latency, flags.inter.latency, 1e-6, " us");
+  g_preset_note = "  presets: " + fmt::format("{}", fmt::join(used, "; "));
+  if (!won.empty()) g_preset_note += "\n  flags over presets: " + fmt::format("{}", fmt::join(won, "; "));
+  g_preset_note += "\n";
+}
+
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
@@ -351,6 +428,8 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
   in.cluster.peak_flops = o.tflops * 1e12;
   in.cluster.efficiency = o.efficiency;
+  in.mode = parse_plan_mode(o.mode);
+  apply_presets(o, in);
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
   if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
   in.kv_seq = o.kv_seq;

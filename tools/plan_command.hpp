@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "options.hpp"
@@ -36,6 +37,9 @@ struct PlanOptions {
   std::int64_t max_tokens_per_rank = 0;
   BackendOptions backend;  // --comm, --ranks
   bool max_memory_given = false;
+  // Presets (ulysses/presets.hpp) and what a step computes; explicit flags override a preset.
+  std::string gpu, kernel, intra_fabric, inter_fabric, mode = "train";
+  std::set<std::string> given;  // the cluster flags set on the command line ("--tflops", ...)
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
