@@ -241,13 +241,13 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     fmt::print("  mode {}: forward only{}\n", mode_name(in.mode),
                in.mode == PlanMode::decode ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq) : "");
   fmt::print("{}", g_preset_note);
-  fmt::print("{:<16} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
+  fmt::print("{:<22} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
              "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
              measured.empty() ? "" : "   measured s  meas/pred");
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
     if (!r.valid) {
-      fmt::print("{:<16} invalid: {}\n", r.name, r.reason);
+      fmt::print("{:<22} invalid: {}\n", r.name, r.reason);
       continue;
     }
     std::string m;
@@ -256,7 +256,7 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     // An uneven head split: the busiest rank's compute over an even split's.
     std::string uneven = r.head_imbalance > 1 ? fmt::format("  (heads x{:.2f})", r.head_imbalance) : "";
     if (r.work_imbalance > 1.005) uneven += fmt::format("  (work x{:.2f})", r.work_imbalance);
-    fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
+    fmt::print("{:<22} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
                double(r.forward_bytes_per_rank) / 1e6, double(r.backward_bytes_per_rank) / 1e6,
                r.forward_messages + r.backward_messages, r.compute_s * 1e3, r.comm_s * 1e3,
                r.comm_s > 0 ? 100 * r.hidden_s / r.comm_s : 100.0, r.memory_bytes / 1e6, r.predicted_step_s, m, uneven,

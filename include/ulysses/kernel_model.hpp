@@ -38,11 +38,13 @@ struct KernelCalls {
   double q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0;
   double diagonal_share = 0;
   bool merge = false;
+  double kv_read = 0;  // key tokens each call reads from memory (0: kv_len; a zigzag step reads both chunks)
 };
 
 // The kernel's rate on a block of q_len × kv_len tokens relative to its rate on long blocks at
 // head dim 128 (≤ 1 for d ≤ 128; positive and finite for any positive input). `diagonal`: a
-// causal diagonal block (q_len = kv_len), whose masked half-tiles cost too.
+// causal diagonal block, whose masked half-tiles cost too (a tile's width over the longer side:
+// one query token against a long cache wastes next to nothing).
 double block_efficiency(const KernelModel& model, std::int64_t head_dim, double q_len, double kv_len, bool diagonal);
 
 struct KernelSeconds {

@@ -13,7 +13,7 @@ double saturation(double len, double half) { return half > 0 ? std::max(len, 1.0
 
 double block_efficiency(const KernelModel& m, std::int64_t head_dim, double q_len, double kv_len, bool diagonal) {
   double e = saturation(kv_len, m.kv_half);
-  if (diagonal) e *= saturation(q_len, m.causal_half);
+  if (diagonal) e *= saturation(std::max(q_len, kv_len), m.causal_half);
   if (m.head_dim_half > 0) e *= saturation(double(head_dim), m.head_dim_half) / saturation(128, m.head_dim_half);
   return e;
 }
@@ -28,7 +28,8 @@ KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::in
   double per_call = m.call_s;
   if (m.memory_bandwidth > 0) {
     // Every call reads its q and K/V once and writes out: the floor decode sits on.
-    const double io = (2 * c.q_len * c.q_heads + 2 * c.kv_len * c.kv_heads) * d * element_bytes;
+    const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;
+    const double io = (2 * c.q_len * c.q_heads + 2 * kv * c.kv_heads) * d * element_bytes;
     work = std::max(work, calls * io / m.memory_bandwidth);
     if (c.merge) per_call += m.merge_passes * c.q_len * c.q_heads * d * 4 / m.memory_bandwidth;
   }

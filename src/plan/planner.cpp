@@ -220,7 +220,8 @@ struct Tunings {
   int best = -1;
 };
 
-Tunings tunings_of(const PlanInput& in, const CpConfig& config) {
+Tunings tunings_of(const PlanInput& in_arg, const CpConfig& config) {
+  const PlanInput in = mode_input(in_arg);
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   const Strategy& strategy = find_strategy(config.cp_comm_type);
   Tunings t;

@@ -210,7 +210,7 @@ class A2aP2pStrategy final : public Strategy {
     const KernelSeconds k =
         attention_seconds(in,
                           {O, double(in.seq) / O, chunk, b * double(most_heads(split.q)),
-                           b * double(most_heads(split.kv)), share, O > 1},
+                           b * double(most_heads(split.kv)), share, O > 1, double(kv_seq_of(in)) / O},
                           fwd_s);
     const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;

@@ -77,7 +77,9 @@ class P2pStrategy final : public Strategy {
     const double chunk = double(busiest_kv_tokens(in)) / (zz ? 2 : 1);
     const double q_rows = double(in.batch) * double(in.heads), share = config.causal ? (zz ? 1.0 : 0.5) / in.cp : 0;
     const KernelSeconds k = attention_seconds(
-        in, {in.cp, double(busiest_tokens(in)), chunk, q_rows, double(in.batch) * double(in.kv_heads), share, true},
+        in,
+        {in.cp, double(busiest_tokens(in)), chunk, q_rows, double(in.batch) * double(in.kv_heads), share, true,
+         double(busiest_kv_tokens(in))},
         fwd_s);
     const bool bwd = has_backward(in);
     const RingSeconds t =
