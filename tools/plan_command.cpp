@@ -16,6 +16,7 @@
 #include "svg.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/calibrate.hpp"
+#include "ulysses/calibrate_kernel.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/context_parallel.hpp"
@@ -239,7 +240,9 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
       in.cluster.efficiency);
   if (in.mode != PlanMode::train)
     fmt::print("  mode {}: forward only{}\n", mode_name(in.mode),
-               in.mode == PlanMode::decode ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq) : "");
+               in.mode == PlanMode::decode
+                   ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq)
+                   : "");
   fmt::print("{}", g_preset_note);
   fmt::print("{:<22} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
              "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
@@ -443,6 +446,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
   in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
+  apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
 }
 
 int run_plan(const PlanOptions& o) {
@@ -464,11 +468,11 @@ int run_plan(const PlanOptions& o) {
           "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
           "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
           "across); all-to-all "
-          "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
+          "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat)\n",
           comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
           in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
-          in.cluster.alltoall_intra.latency * 1e6);
+          in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }

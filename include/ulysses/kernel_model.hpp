@@ -20,9 +20,9 @@
 namespace ulysses {
 
 struct KernelModel {
-  double kv_half = 0;         // key-block tokens at which the per-tile overhead equals the work (0: flat)
-  double causal_half = 0;     // the same for a causal diagonal block's masked half-tiles
-  double head_dim_half = 0;   // d_half (0: no head-dim dependence)
+  double kv_half = 0;           // key-block tokens at which the per-tile overhead equals the work (0: flat)
+  double causal_half = 0;       // the same for a causal diagonal block's masked half-tiles
+  double head_dim_half = 0;     // d_half (0: no head-dim dependence)
   double backward_ratio = 2.5;  // backward seconds over forward at the same block (2.5× FLOPs, its own rate)
   double call_s = 0;            // fixed seconds per kernel call or ring step
   double merge_passes = 0;      // passes over a ring step's float32 output to merge it (0: none)

@@ -22,8 +22,8 @@ struct GpuPreset {
   std::string name;
   double bf16_flops = 0, f32_flops = 0;  // dense peak per GPU
   double memory_bytes = 0, memory_bandwidth = 0;
-  std::string kernel;       // its default KernelPreset
-  double kernel_scale = 1;  // that kernel's efficiency on this GPU relative to where it was measured
+  std::string kernel;         // its default KernelPreset
+  double kernel_scale = 1;    // that kernel's efficiency on this GPU relative to where it was measured
   std::string intra, source;  // its usual intra-node fabric
 };
 

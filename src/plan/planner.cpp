@@ -186,8 +186,10 @@ std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& stra
 }  // namespace
 
 PlanMode parse_plan_mode(const std::string& text) {
-  static const std::map<std::string, PlanMode> modes{
-      {"train", PlanMode::train}, {"forward", PlanMode::forward}, {"prefill", PlanMode::prefill}, {"decode", PlanMode::decode}};
+  static const std::map<std::string, PlanMode> modes{{"train", PlanMode::train},
+                                                     {"forward", PlanMode::forward},
+                                                     {"prefill", PlanMode::prefill},
+                                                     {"decode", PlanMode::decode}};
   const auto it = modes.find(text);
   if (it == modes.end())
     throw Error(fmt::format("unknown mode '{}' (use one of train, forward, prefill, decode)", text.substr(0, 40)));

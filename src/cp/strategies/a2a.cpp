@@ -356,10 +356,11 @@ class A2aStrategy final : public Strategy {
     // c calls (one per chunk of heads) over the full sequence on the busiest rank's heads
     const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
     const double b = double(in.batch) / c;
-    const KernelSeconds k = attention_seconds(in,
-                                              {c, double(in.seq), double(kv_seq_of(in)), b * double(most_heads(split.q)),
-                                               b * double(most_heads(split.kv)), config.causal ? 1.0 : 0.0, false},
-                                              fwd_s);
+    const KernelSeconds k =
+        attention_seconds(in,
+                          {c, double(in.seq), double(kv_seq_of(in)), b * double(most_heads(split.q)),
+                           b * double(most_heads(split.kv)), config.causal ? 1.0 : 0.0, false},
+                          fwd_s);
     r.compute_s = k.fwd + k.bwd;
     double exposed = 0;
     for (const auto& [bytes, compute_s] : {std::pair{&v.forward_bytes, k.fwd}, std::pair{&v.backward_bytes, k.bwd}}) {

@@ -214,9 +214,9 @@ class A2aP2pStrategy final : public Strategy {
                           fwd_s);
     const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;
-    const RingSeconds t = halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
-                               : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0,
-                                              k.fwd, k.bwd);
+    const RingSeconds t =
+        halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
+             : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0, k.fwd, k.bwd);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
     r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);

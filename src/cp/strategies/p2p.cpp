@@ -76,11 +76,11 @@ class P2pStrategy final : public Strategy {
     const bool zz = token_layout(config) != TokenLayout::contiguous;
     const double chunk = double(busiest_kv_tokens(in)) / (zz ? 2 : 1);
     const double q_rows = double(in.batch) * double(in.heads), share = config.causal ? (zz ? 1.0 : 0.5) / in.cp : 0;
-    const KernelSeconds k = attention_seconds(
-        in,
-        {in.cp, double(busiest_tokens(in)), chunk, q_rows, double(in.batch) * double(in.kv_heads), share, true,
-         double(busiest_kv_tokens(in))},
-        fwd_s);
+    const KernelSeconds k =
+        attention_seconds(in,
+                          {in.cp, double(busiest_tokens(in)), chunk, q_rows, double(in.batch) * double(in.kv_heads),
+                           share, true, double(busiest_kv_tokens(in))},
+                          fwd_s);
     const bool bwd = has_backward(in);
     const RingSeconds t =
         ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, bwd ? 2 * kv_rows * 4 : 0, k.fwd, k.bwd);
