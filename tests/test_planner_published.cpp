@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test_util.hpp"
@@ -320,4 +321,24 @@ TEST(PlannerPublished, RecommendationSaysWhatDecides) {
   in.seq = 8192;
   const Plan q = make_plan(in);
   EXPECT_NE(q.recommendation.find("decided by"), std::string::npos) << q.recommendation;
+}
+
+TEST(PlannerPublished, EveryFigureFiniteOnEveryPresetAndMode) {
+  for (const GpuPreset& g : gpu_presets())
+    for (PlanMode mode : {PlanMode::train, PlanMode::forward, PlanMode::prefill, PlanMode::decode})
+      for (auto [seq, cp, d, causal] : {std::tuple{1, 1, 1, true}, {7, 3, 64, false}, {65536, 64, 256, true}}) {
+        PlanInput in;
+        in.seq = seq;
+        in.heads = in.kv_heads = 8;
+        in.head_dim = d;
+        in.cp = cp;
+        in.causal = causal;
+        in.mode = mode;
+        apply_gpu(in.cluster, g, find_kernel_preset(g.kernel), DType::bf16);
+        apply_intra_fabric(in.cluster, find_fabric_preset(g.intra));
+        for (const PlanRow& r : make_plan(in).rows)
+          if (r.valid)
+            EXPECT_TRUE(std::isfinite(r.predicted_step_s) && r.predicted_step_s >= 0 && std::isfinite(r.compute_s))
+                << g.name << " " << r.name << " seq " << seq;
+      }
 }
