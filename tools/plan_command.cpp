@@ -144,6 +144,14 @@ const char* mode_name(PlanMode m) {
 // What the presets set and which explicit flags won over them, for the header; "" without presets.
 std::string g_preset_note;
 
+// The header's preset lines as one line for JSON: "presets: ...; flags over presets: ...".
+std::string one_line(std::string text) {
+  for (std::size_t i; (i = text.find("\n")) != std::string::npos;) text.replace(i, 1, "; ");
+  while (!text.empty() && (text.back() == ' ' || text.back() == ';')) text.pop_back();
+  for (std::size_t i; (i = text.find("  ")) != std::string::npos;) text.erase(i, 1);
+  return text.empty() || text[0] != ' ' ? text : text.substr(1);
+}
+
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   const int cp = comm.size();
@@ -210,6 +218,15 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
             {"mode", mode_name(in.mode)},
+            {"kernel",
+             {{"kv_half", in.cluster.kernel.kv_half},
+              {"causal_half", in.cluster.kernel.causal_half},
+              {"head_dim_half", in.cluster.kernel.head_dim_half},
+              {"backward_ratio", in.cluster.kernel.backward_ratio},
+              {"call_s", in.cluster.kernel.call_s},
+              {"merge_passes", in.cluster.kernel.merge_passes},
+              {"memory_bandwidth", in.cluster.kernel.memory_bandwidth}}},
+            {"presets", one_line(g_preset_note)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
             {"kv_seq", kv_seq_of(in)},
