@@ -88,6 +88,17 @@ p = json.load(open(sys.argv[1]))
 assert p["input"]["kv_seq"] == 4096 and p["input"]["q_offset"] == 3072 and p["best"]
 assert all(r["valid"] or "does not support cross-attention" in r["reason"] for r in p["strategies"])' "$dir/x.json" &&
   ok "plan --kv-seq --q-offset: valid rows or refused with the reason" || { bad "plan --kv-seq"; cat "$dir/x.log"; }
+# Presets and modes: unknown names list the known ones; explicit flags win and say so.
+expect "plan --gpu X100" 1 "unknown GPU 'X100' (known: A100, H100, H800, H200, B200, L20, L40S)" plan --seq 1024 --heads 8 --gpu X100
+expect "plan --intra-fabric nvlink9" 1 "unknown fabric 'nvlink9' (known: nvlink3" plan --seq 1024 --heads 8 --intra-fabric nvlink9
+expect "plan --kernel without --gpu" 1 "--kernel needs --gpu" plan --seq 1024 --heads 8 --kernel fa2
+expect "plan --mode infer" 1 "unknown mode 'infer' (use one of train, forward, prefill, decode)" plan --seq 1024 --heads 8 --mode infer
+run 1 plan --seq 65536 --heads 32 --kv-heads 8 --gpu H100 --efficiency 0.4 > "$dir/g.log" 2>&1 &&
+  grep -q "presets: GPU H100" "$dir/g.log" && grep -q "flags over presets: --efficiency 0.4 (preset: 0.663)" "$dir/g.log" &&
+  grep -q "p2p --no-zigzag" "$dir/g.log" && ok "plan --gpu with --efficiency: the flag wins, the header says so" ||
+  { bad "plan --gpu --efficiency"; cat "$dir/g.log"; }
+run 1 plan --seq 4096 --heads 8 --cp 4 --mode decode --batch 8 > "$dir/d.log" 2>&1 && grep -q "invalid: sequence length (1)" "$dir/d.log" &&
+  ok "plan --mode decode: a layout that cannot shard one token is invalid, with why" || { bad "plan --mode decode"; cat "$dir/d.log"; }
 expect "threads 100000" 2 "--threads: Value 100000 not in range 0 to 1024" attention --threads 100000 --seq 64
 expect "cp-sizes past int" 2 "--cp-sizes must be INNER,OUTER (two positive integers), got '99999999999,1'" attention \
   --strategy a2a+p2p --cp-sizes 99999999999,1

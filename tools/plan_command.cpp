@@ -1,6 +1,7 @@
 #include "plan_command.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -15,12 +16,14 @@
 #include "svg.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/calibrate.hpp"
+#include "ulysses/calibrate_kernel.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/planner.hpp"
+#include "ulysses/presets.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
@@ -102,6 +105,20 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")
       ->capture_default_str()
       ->check(positive_number());
+  c->add_option("--gpu", o.gpu,
+                "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, H100, H800, "
+                "H200, B200, L20, L40S); --tflops / --efficiency given too win");
+  c->add_option("--kernel", o.kernel, "the attention kernel's curve with --gpu: fa2 | fa3 (default: the GPU's)");
+  c->add_option("--intra-fabric", o.intra_fabric,
+                "the links inside a node: nvlink3, nvlink4, nvlink4-h800, nvlink5, pcie4, pcie5 (default: the "
+                "GPU's); --intra-bw / --intra-lat given too win");
+  c->add_option("--inter-fabric", o.inter_fabric,
+                "the links between nodes: ib-hdr, ib-ndr, ib-xdr, roce-100, roce-200, roce-400; --inter-bw / "
+                "--inter-lat given too win");
+  c->add_option("--mode", o.mode,
+                "what a step computes: train (forward + backward), forward, prefill (a prompt's forward), decode (one "
+                "token per sequence, --batch sequences, against a cache of --seq tokens)")
+      ->capture_default_str();
   add_backend_options(c, o.backend);
   add_timeout_option(c, o.timeout);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
@@ -109,11 +126,32 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
     if (o.train && c->count("--dtype") == 0) o.dtype = "f32";
     o.max_memory_given = c->count("--max-memory") > 0;
     for (const CLI::Option* opt : c->get_options())
-      if (opt->count() > 0) o.given.push_back(opt->get_name());
+      if (opt->count() > 0) o.given.insert(opt->get_name());
   });
 }
 
 namespace {
+
+const char* mode_name(PlanMode m) {
+  switch (m) {
+    case PlanMode::train: return "train";
+    case PlanMode::forward: return "forward";
+    case PlanMode::prefill: return "prefill";
+    case PlanMode::decode: return "decode";
+  }
+  return "?";
+}
+
+// What the presets set and which explicit flags won over them, for the header; "" without presets.
+std::string g_preset_note;
+
+// The header's preset lines as one line for JSON: "presets: ...; flags over presets: ...".
+std::string one_line(std::string text) {
+  for (std::size_t i; (i = text.find("\n")) != std::string::npos;) text.replace(i, 1, "; ");
+  while (!text.empty() && (text.back() == ' ' || text.back() == ';')) text.pop_back();
+  for (std::size_t i; (i = text.find("  ")) != std::string::npos;) text.erase(i, 1);
+  return text.empty() || text[0] != ' ' ? text : text.substr(1);
+}
 
 // Runs one strategy for real on every rank: median seconds of forward + backward.
 double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
@@ -180,6 +218,16 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
             {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
+            {"mode", mode_name(in.mode)},
+            {"kernel",
+             {{"kv_half", in.cluster.kernel.kv_half},
+              {"causal_half", in.cluster.kernel.causal_half},
+              {"head_dim_half", in.cluster.kernel.head_dim_half},
+              {"backward_ratio", in.cluster.kernel.backward_ratio},
+              {"call_s", in.cluster.kernel.call_s},
+              {"merge_passes", in.cluster.kernel.merge_passes},
+              {"memory_bandwidth", in.cluster.kernel.memory_bandwidth}}},
+            {"presets", one_line(g_preset_note)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
             {"kv_seq", kv_seq_of(in)},
@@ -208,13 +256,19 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
       in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
       in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
       in.cluster.efficiency);
-  fmt::print("{:<16} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
+  if (in.mode != PlanMode::train)
+    fmt::print("  mode {}: forward only{}\n", mode_name(in.mode),
+               in.mode == PlanMode::decode
+                   ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq)
+                   : "");
+  fmt::print("{}", g_preset_note);
+  fmt::print("{:<22} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
              "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
              measured.empty() ? "" : "   measured s  meas/pred");
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
     if (!r.valid) {
-      fmt::print("{:<16} invalid: {}\n", r.name, r.reason);
+      fmt::print("{:<22} invalid: {}\n", r.name, r.reason);
       continue;
     }
     std::string m;
@@ -223,7 +277,7 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
     // An uneven head split: the busiest rank's compute over an even split's.
     std::string uneven = r.head_imbalance > 1 ? fmt::format("  (heads x{:.2f})", r.head_imbalance) : "";
     if (r.work_imbalance > 1.005) uneven += fmt::format("  (work x{:.2f})", r.work_imbalance);
-    fmt::print("{:<16} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
+    fmt::print("{:<22} {:>11.3f} {:>11.3f} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>11.4g}{}{}{}\n", r.name,
                double(r.forward_bytes_per_rank) / 1e6, double(r.backward_bytes_per_rank) / 1e6,
                r.forward_messages + r.backward_messages, r.compute_s * 1e3, r.comm_s * 1e3,
                r.comm_s > 0 ? 100 * r.hidden_s / r.comm_s : 100.0, r.memory_bytes / 1e6, r.predicted_step_s, m, uneven,
@@ -345,6 +399,47 @@ double measured_memory(const PlanInput& in) {
   return 4 * tokens * double(in.head_dim) * double(4 * in.heads + 4 * in.kv_heads) + working;
 }
 
+// --gpu, --kernel, --intra-fabric, --inter-fabric over the defaults, then the explicit flags
+// over the presets (each noted in g_preset_note).
+void apply_presets(const PlanOptions& o, PlanInput& in) {
+  std::vector<std::string> used, won;
+  const Cluster flags = in.cluster;
+  if (!o.kernel.empty() && o.gpu.empty()) throw Error("--kernel needs --gpu (the kernel's curve is per GPU)");
+  if (!o.gpu.empty()) {
+    const GpuPreset& g = find_gpu_preset(o.gpu);
+    const KernelPreset& k = find_kernel_preset(o.kernel.empty() ? g.kernel : o.kernel);
+    apply_gpu(in.cluster, g, k, in.dtype);
+    used.push_back(fmt::format("GPU {} ({:.4g} TFLOP/s {}, kernel {} at {:.3f} of peak, memory {:.3g} TB/s)", g.name,
+                               in.cluster.peak_flops / 1e12, to_string(in.dtype), k.name, in.cluster.efficiency,
+                               g.memory_bandwidth / 1e12));
+    if (o.intra_fabric.empty()) apply_intra_fabric(in.cluster, find_fabric_preset(g.intra));
+    if (o.intra_fabric.empty()) used.push_back("intra " + g.intra + " (the GPU's)");
+  }
+  if (!o.intra_fabric.empty()) {
+    apply_intra_fabric(in.cluster, find_fabric_preset(o.intra_fabric));
+    used.push_back("intra " + o.intra_fabric);
+  }
+  if (!o.inter_fabric.empty()) {
+    in.cluster.inter = find_fabric_preset(o.inter_fabric).link;
+    used.push_back("inter " + o.inter_fabric);
+  }
+  if (used.empty()) return;
+  auto keep = [&](const char* flag, double& field, double value, double unit, const char* what) {
+    if (!o.given.count(flag)) return;
+    won.push_back(fmt::format("{} {:.4g}{} (preset: {:.4g})", flag, value / unit, what, field / unit));
+    field = value;
+  };
+  keep("--tflops", in.cluster.peak_flops, flags.peak_flops, 1e12, " TFLOP/s");
+  keep("--efficiency", in.cluster.efficiency, flags.efficiency, 1, "");
+  keep("--intra-bw", in.cluster.intra.bandwidth, flags.intra.bandwidth, 1e9, " GB/s");
+  keep("--intra-lat", in.cluster.intra.latency, flags.intra.latency, 1e-6, " us");
+  keep("--inter-bw", in.cluster.inter.bandwidth, flags.inter.bandwidth, 1e9, " GB/s");
+  keep("--inter-lat", in.cluster.inter.latency, flags.inter.latency, 1e-6, " us");
+  g_preset_note = "  presets: " + fmt::format("{}", fmt::join(used, "; "));
+  if (!won.empty()) g_preset_note += "\n  flags over presets: " + fmt::format("{}", fmt::join(won, "; "));
+  g_preset_note += "\n";
+}
+
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
@@ -364,6 +459,8 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.inter = {parse_bandwidth(o.inter_bw), parse_latency(o.inter_lat)};
   in.cluster.peak_flops = o.tflops * 1e12;
   in.cluster.efficiency = o.efficiency;
+  in.mode = parse_plan_mode(o.mode);
+  apply_presets(o, in);
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
   if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
   in.kv_seq = o.kv_seq;
@@ -377,6 +474,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
 void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
   in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
+  apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
 }
 
 int run_plan(const PlanOptions& o) {
@@ -403,11 +501,11 @@ int run_plan(const PlanOptions& o) {
           "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
           "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
           "across); all-to-all "
-          "inside a node {:.2f} GB/s, {:.1f} us per peer\n",
+          "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat)\n",
           comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
           in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
-          in.cluster.alltoall_intra.latency * 1e6);
+          in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }

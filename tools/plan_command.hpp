@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,9 @@ struct PlanOptions {
   BackendOptions backend;  // --comm, --ranks
   double timeout = 300;    // seconds any wait may take (--calibrate's collectives)
   bool max_memory_given = false;
-  std::vector<std::string> given;  // the options named on the command line
+  // Presets (ulysses/presets.hpp) and what a step computes; explicit flags override a preset.
+  std::string gpu, kernel, intra_fabric, inter_fabric, mode = "train";
+  std::set<std::string> given;  // the options named on the command line ("--tflops", ...)
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);

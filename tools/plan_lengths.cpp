@@ -166,12 +166,17 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag : {"--intra-bw", "--intra-lat", "--inter-bw", "--inter-lat", "--tflops", "--efficiency",
                            "--ranks-per-node", "--json"})
     if (given(flag) && o.train) refuse(flag, "with --train (it sizes memory, not time)");
+  // Presets and modes price one attention call; --train sizes memory and --lengths balances
+  // training steps from the rates given as flags.
+  for (const char* flag : {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode"})
+    if (given(flag) && !plain) refuse(flag, fmt::format("with {} (presets and modes are for a plan of --seq)", mode));
   if (given("--batch") && lengths) refuse("--batch", "with --lengths (the step is its sequences)");
   if (given("--cp") && lengths) refuse("--cp", "with --lengths (every group's size is planned)");
   if (!o.calibrate) return;
   if (o.train) refuse("--calibrate", "with --train (it sizes memory, not time)");
   for (const char* flag : {"--world", "--cp", "--ranks-per-node", "--dtype", "--intra-bw", "--intra-lat", "--inter-bw",
-                           "--inter-lat", "--tflops", "--efficiency"})
+                           "--inter-lat", "--tflops", "--efficiency", "--gpu", "--kernel", "--intra-fabric",
+                           "--inter-fabric"})
     if (given(flag))
       refuse(flag,
              fmt::format("with --calibrate, which measures this machine and plans for the {} rank(s) it runs on "

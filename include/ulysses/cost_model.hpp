@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "ulysses/kernel_model.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
@@ -27,13 +28,26 @@ struct Cluster {
   // All-to-all inside a node, when it behaves unlike point-to-point (a calibrated fit);
   // a bandwidth of 0 means "use intra".
   Link alltoall_intra{0, 0};
+  // Ranks under one PCIe switch (0: a switch-free fabric such as NVSwitch): an all-to-all
+  // within one switch moves at the point-to-point rate; a wider one shares the links above the
+  // switches, alltoall_intra's rate.
+  int switch_ranks = 0;
   // The inter-node link per rank when every rank of a node sends across at once (a calibrated
   // fit): ranks that share one NIC (or one shaped link) split it. A bandwidth of 0 means "a
   // link per rank" (one NIC per GPU): concurrent flows cost what one does.
   Link inter_concurrent{0, 0};
   double peak_flops = 989e12;  // H100 dense bf16
-  double efficiency = 0.5;     // achieved fraction of peak in attention
+  double efficiency = 0.5;     // achieved fraction of peak in attention (on long blocks, head dim 128)
+  // The rate at the block shapes each strategy runs, and the fixed costs per call
+  // (kernel_model.hpp); the default is flat: every block at peak × efficiency.
+  KernelModel kernel;
 };
+
+// What a step computes. train: forward and backward (the default); forward: the forward alone
+// (a forward-only benchmark); prefill: the forward over a prompt (what inference's first step
+// does, its K/V kept as the cache); decode: one new query token per sequence (× batch: the
+// concurrent sequences) against a cache of seq tokens, forward only.
+enum class PlanMode { train, forward, prefill, decode };
 
 struct PlanInput {
   std::int64_t seq = 0, batch = 1, heads = 0, kv_heads = 0, head_dim = 128, layers = 1;
@@ -50,7 +64,14 @@ struct PlanInput {
   // visible pairs against the k/v; strategies without Strategy::supports_cross are refused.
   std::int64_t kv_seq = 0;
   std::optional<std::int64_t> q_offset;
+  PlanMode mode = PlanMode::train;
 };
+
+// True when the step has a backward (PlanMode::train).
+bool has_backward(const PlanInput& in);
+// The forward and backward (0 without one) seconds of a strategy's `calls` on the busiest rank
+// whose work takes flat_fwd_s at peak × efficiency: kernel_seconds under in.cluster.kernel.
+KernelSeconds attention_seconds(const PlanInput& in, const KernelCalls& calls, double flat_fwd_s);
 
 // The most tokens a rank holds: ceil(seq / cp), whatever the token layout.
 std::int64_t busiest_tokens(const PlanInput& in);
@@ -72,7 +93,8 @@ Link inter_link(const Cluster& cluster, int flows);
 // leaves the node, min(stride, ranks_per_node) ranks of each node send across at once.
 Link ring_link(const Cluster& cluster, int members, int stride);
 // A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
-// backward K/V steps plus dK/dV steps, the last dK/dV hop exposed.
+// backward K/V steps plus dK/dV steps, the last dK/dV hop exposed. No backward (a forward-only
+// mode) when dkv_bytes and bwd_s are both 0.
 struct RingSeconds {
   double comm = 0, hidden = 0;
 };

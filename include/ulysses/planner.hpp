@@ -78,6 +78,15 @@ struct TuningPlan {
 // advice on the options it would choose. Impossible inputs throw as make_plan does.
 std::vector<TuningPlan> plan_tunings(const PlanInput& in);
 
+// Two strategies whose predicted step times differ by less than this are a tie (then less
+// memory, then the first listed wins): the model's error between strategies on the published
+// measurements it was fitted on: the median, over pairs of strategies measured in one published
+// configuration, of how far their predicted ratio is from the measured one (docs/planner.md).
+inline constexpr double kPlanTieBand = 0.067;
+
+// "train" | "forward" | "prefill" | "decode" → PlanMode; throws Error naming the known ones.
+PlanMode parse_plan_mode(const std::string& text);
+
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
 // Throws Error naming the text and the accepted units.
 double parse_bandwidth(const std::string& text);

@@ -63,6 +63,9 @@ struct StrategyCost {
   double comm_s = 0;        // all transfers, forward + backward
   double hidden_s = 0;      // of comm_s, hidden behind compute
   double memory_bytes = 0;  // attention working set per rank
+  // Forward (+ backward) compute at the block shapes it runs (kernel_model.hpp), the time its
+  // transfers hide behind; < 0: the planner's flat estimate.
+  double compute_s = -1;
 };
 
 // The training memory model of one layer's context on the busiest rank (train/memory.cpp adds

@@ -10,12 +10,21 @@ std::int64_t kv_seq_of(const PlanInput& in) { return in.kv_seq > 0 ? in.kv_seq :
 
 std::int64_t busiest_kv_tokens(const PlanInput& in) { return (kv_seq_of(in) + in.cp - 1) / in.cp; }
 
+bool has_backward(const PlanInput& in) { return in.mode == PlanMode::train; }
+
+KernelSeconds attention_seconds(const PlanInput& in, const KernelCalls& calls, double flat_fwd_s) {
+  KernelSeconds t = kernel_seconds(in.cluster.kernel, calls, in.head_dim, double(dtype_size(in.dtype)), flat_fwd_s);
+  if (!has_backward(in)) t.bwd = 0;
+  return t;
+}
+
 double message_seconds(const Link& l, double bytes) { return l.latency + bytes / l.bandwidth; }
 
 double all_to_all_seconds(const Cluster& c, int g, double bytes) {
   if (g <= 1 || bytes == 0) return 0;
   const int intra_peers = std::min(g, c.ranks_per_node) - 1, inter_peers = g - 1 - intra_peers;
-  const Link& intra = c.alltoall_intra.bandwidth > 0 ? c.alltoall_intra : c.intra;
+  const bool one_switch = c.switch_ranks > 0 && g <= c.switch_ranks;
+  const Link& intra = c.alltoall_intra.bandwidth > 0 && !one_switch ? c.alltoall_intra : c.intra;
   const Link inter = inter_link(c, std::min(g, c.ranks_per_node));
   const double per_peer = bytes / (g - 1);
   return double(g - 1) * std::max(intra.latency, inter_peers ? inter.latency : 0.0) +
@@ -37,6 +46,11 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
   if (members <= 1) return t;
   const double fstep = fwd_s / members, bstep = bwd_s / members;
   const double kv = message_seconds(link, kv_bytes), dkv = message_seconds(link, dkv_bytes);
+  if (dkv_bytes <= 0 && bwd_s <= 0) {  // forward only
+    t.comm = (members - 1) * kv;
+    t.hidden = (members - 1) * std::min(kv, fstep);
+    return t;
+  }
   t.comm = (members - 1) * kv + (members - 1) * kv + members * dkv;
   t.hidden = (members - 1) * std::min(kv, fstep) + (members - 1) * std::min(kv + dkv, bstep);
   return t;

@@ -14,6 +14,7 @@
 #include "ulysses/documents.hpp"
 #include "ulysses/strategy.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/sharding.hpp"
 
 namespace ulysses {
 
@@ -88,9 +89,14 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   }
   r.work_imbalance = total > 0 ? most * in.cp / total : 1.0;
   const double fwd = 4.0 * double(in.head_dim) * most / rate;
-  const double bwd = 2.5 * fwd;
-  r.compute_s = fwd + bwd;
-  const StrategyCost c = strategy.cost(in, cfg, v, fwd, bwd);
+  const double bwd = has_backward(in) ? in.cluster.kernel.backward_ratio * fwd : 0.0;
+  CommVolume sent = v;
+  if (!has_backward(in))  // a forward alone sends no backward bytes
+    for (auto* m : {&sent.backward_bytes, &sent.backward_messages})
+      for (auto& [op, n] : *m) n = 0;
+  const StrategyCost c = strategy.cost(in, cfg, sent, fwd, bwd);
+  r.compute_s = c.compute_s >= 0 ? c.compute_s : fwd + bwd;
+  if (!has_backward(in)) r.backward_bytes_per_rank = r.backward_messages = 0;
   r.comm_s = c.comm_s;
   r.hidden_s = c.hidden_s;
   r.memory_bytes = c.memory_bytes;
@@ -138,7 +144,57 @@ std::string invalid_reasons(const Plan& p) {
   return fmt::format("{}", fmt::join(reasons, "; "));
 }
 
+// A decode step as the planner prices it: one query token per sequence at the end of a cache of
+// seq tokens (cross-attention of 1 token against s_k = seq, forward only); other modes as given.
+PlanInput mode_input(const PlanInput& in) {
+  if (in.mode != PlanMode::decode) return in;
+  PlanInput d = in;
+  d.kv_seq = kv_seq_of(in);
+  d.q_offset = d.kv_seq - 1;
+  d.seq = 1;
+  d.documents.clear();
+  return d;
+}
+
+// Which term separates the recommended row `b` from the runner-up `n`: the busiest rank's share
+// of the work (load balance), the kernel's rate at the blocks each runs, or exposed communication.
+std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& n) {
+  const double layers = double(in.layers);
+  const double compute = layers * (n.compute_s - b.compute_s);
+  const double exposed = layers * ((n.comm_s - n.hidden_s) - (b.comm_s - b.hidden_s));
+  if (std::abs(exposed) >= std::abs(compute))
+    return fmt::format("exposed communication: {:+.3g} ms per step", exposed * 1e3);
+  if (n.work_imbalance > 1.01 * b.work_imbalance)
+    return fmt::format("load balance: the busiest rank has {:.2f}x the mean work against {:.2f}x", n.work_imbalance,
+                       b.work_imbalance);
+  return fmt::format("kernel efficiency at the block length: compute {:+.3g} ms per step", compute * 1e3);
+}
+
+// A causal ring over contiguous chunks (--no-zigzag) beside the zigzag one: same bytes, uneven
+// work (the last rank computes the most), shorter kernel blocks. Empty when the strategy's work
+// does not depend on the layout.
+std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& strategy, const PlanRow& zigzag) {
+  if (!in.causal || !in.documents.empty() || !uses_zigzag(zigzag.config)) return std::nullopt;
+  CpConfig c = zigzag.config;
+  c.zigzag = false;
+  PlanRow r = evaluate(in, strategy, c);
+  if (!r.valid || r.work_imbalance < 1.001 * zigzag.work_imbalance) return std::nullopt;
+  r.name += " --no-zigzag";
+  return r;
+}
+
 }  // namespace
+
+PlanMode parse_plan_mode(const std::string& text) {
+  static const std::map<std::string, PlanMode> modes{{"train", PlanMode::train},
+                                                     {"forward", PlanMode::forward},
+                                                     {"prefill", PlanMode::prefill},
+                                                     {"decode", PlanMode::decode}};
+  const auto it = modes.find(text);
+  if (it == modes.end())
+    throw Error(fmt::format("unknown mode '{}' (use one of train, forward, prefill, decode)", text.substr(0, 40)));
+  return it->second;
+}
 
 double parse_bandwidth(const std::string& text) {
   static const std::map<std::string, double> units{{"B/s", 1.0},       {"KB/s", 1e3},    {"MB/s", 1e6},
@@ -166,7 +222,8 @@ struct Tunings {
   int best = -1;
 };
 
-Tunings tunings_of(const PlanInput& in, const CpConfig& config) {
+Tunings tunings_of(const PlanInput& in_arg, const CpConfig& config) {
+  const PlanInput in = mode_input(in_arg);
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   const Strategy& strategy = find_strategy(config.cp_comm_type);
   Tunings t;
@@ -245,10 +302,13 @@ std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy
   return rows;
 }
 
-Plan make_plan(const PlanInput& in) {
+Plan make_plan(const PlanInput& in_arg) {
   Plan p;
+  const PlanInput in = mode_input(in_arg);
   for (const Strategy* strategy : strategies()) {
     std::vector<PlanRow> rows = strategy_rows(in, *strategy);
+    if (const PlanRow* twin = rows.size() == 1 ? &rows.front() : nullptr; twin && twin->valid)
+      if (std::optional<PlanRow> c = contiguous_twin(in, *strategy, *twin)) rows.push_back(*c);
     p.rows.insert(p.rows.end(), rows.begin(), rows.end());
   }
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
@@ -259,9 +319,9 @@ Plan make_plan(const PlanInput& in) {
       continue;
     }
     const PlanRow& b = p.rows[std::size_t(p.best)];
-    // Faster wins; within 2 % the one with less memory, then the simpler (listed first).
-    if (r.predicted_step_s < 0.98 * b.predicted_step_s ||
-        (r.predicted_step_s < 1.02 * b.predicted_step_s && r.memory_bytes < 0.9 * b.memory_bytes))
+    // Faster wins; within the model's error the one with less memory, then the simpler (listed first).
+    if (r.predicted_step_s < (1 - kPlanTieBand) * b.predicted_step_s ||
+        (r.predicted_step_s < (1 + kPlanTieBand) * b.predicted_step_s && r.memory_bytes < 0.9 * b.memory_bytes))
       p.best = int(i);
   }
   if (p.best < 0) {
@@ -285,11 +345,13 @@ Plan make_plan(const PlanInput& in) {
       second = int(i);
   if (!in.documents.empty()) p.recommendation += balance_note(p);
   if (second >= 0) {
-    const double diff = 100 * (p.rows[std::size_t(second)].predicted_step_s / b.predicted_step_s - 1);
-    p.recommendation += std::abs(diff) < 2.0
-                            ? fmt::format("; {} is within 2% (a tie: the first listed, simpler strategy wins)",
-                                          p.rows[std::size_t(second)].name)
-                            : fmt::format("; next: {} ({:+.1f}%)", p.rows[std::size_t(second)].name, diff);
+    const PlanRow& n = p.rows[std::size_t(second)];
+    const double diff = 100 * (n.predicted_step_s / b.predicted_step_s - 1);
+    p.recommendation +=
+        std::abs(diff) < 100 * kPlanTieBand
+            ? fmt::format("; {} is within {:.0f}%, the model's error (a tie: {})", n.name, 100 * kPlanTieBand,
+                          b.memory_bytes < 0.9 * n.memory_bytes ? "less memory wins" : "the first listed, simpler wins")
+            : fmt::format("; next: {} ({:+.1f}%, decided by {})", n.name, diff, deciding_term(in, b, n));
   }
   return p;
 }

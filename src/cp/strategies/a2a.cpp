@@ -352,12 +352,21 @@ class A2aStrategy final : public Strategy {
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
   // a chunk computes (pipeline_exposed).
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,
-                    double bwd_s) const override {
+                    double /*bwd_s: kernel_model's at its blocks*/) const override {
     const Cluster& cl = in.cluster;
     const int c = ulysses_overlap_chunks(config.overlap_chunks, in.cp, in.kv_heads);
     StrategyCost r;
+    // c calls (one per chunk of heads) over the full sequence on the busiest rank's heads
+    const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
+    const double b = double(in.batch) / c;
+    const KernelSeconds k =
+        attention_seconds(in,
+                          {c, double(in.seq), double(kv_seq_of(in)), b * double(most_heads(split.q)),
+                           b * double(most_heads(split.kv)), config.causal ? 1.0 : 0.0, false},
+                          fwd_s);
+    r.compute_s = k.fwd + k.bwd;
     double exposed = 0;
-    for (const auto& [bytes, compute_s] : {std::pair{&v.forward_bytes, fwd_s}, std::pair{&v.backward_bytes, bwd_s}}) {
+    for (const auto& [bytes, compute_s] : {std::pair{&v.forward_bytes, k.fwd}, std::pair{&v.backward_bytes, k.bwd}}) {
       const double in_s = all_to_all_seconds(cl, in.cp, double(bytes->at("seq_to_head")) / c);
       const double out_s = all_to_all_seconds(cl, in.cp, double(bytes->at("head_to_seq")) / c);
       r.comm_s += c * (in_s + out_s);
@@ -365,7 +374,6 @@ class A2aStrategy final : public Strategy {
     }
     r.hidden_s = r.comm_s - exposed;
     const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
-    const HeadSplit split = ulysses_head_split(in.cp, in.heads, in.kv_heads);
     // q, out (s tokens) and k, v (s_k under cross-attention), sequence-sharded then head-sharded
     const double seq_side =
         2 * (double(in.heads) * double(busiest_tokens(in)) + double(in.kv_heads) * double(busiest_kv_tokens(in))) * row;

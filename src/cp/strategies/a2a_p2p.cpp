@@ -219,7 +219,7 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,
-                    double bwd_s) const override {
+                    double /*bwd_s: kernel_model's at its blocks*/) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
     StrategyCost r;
     for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
@@ -231,9 +231,21 @@ class A2aP2pStrategy final : public Strategy {
     const double qo = 2 * double(in.heads) * local_q, kv = 2 * double(in.kv_heads) * local_kv;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
-    const RingSeconds t = uses_halo(attention_params(config))
-                              ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
-                              : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, ring_kv / es * 4, fwd_s, bwd_s);
+    // O ring steps over chunks of s/(2·O) (zigzag) or s/O tokens on the busiest inner rank's heads
+    const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
+    const bool zz = token_layout(config) != TokenLayout::contiguous;
+    const double chunk = double(kv_seq_of(in)) / O / (zz && O > 1 ? 2 : 1), b = double(in.batch);
+    const double share = config.causal ? (zz || O == 1 ? 1.0 : 0.5) / O : 0;
+    const KernelSeconds k =
+        attention_seconds(in,
+                          {O, double(in.seq) / O, chunk, b * double(most_heads(split.q)),
+                           b * double(most_heads(split.kv)), share, O > 1, double(kv_seq_of(in)) / O},
+                          fwd_s);
+    const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
+    if (!halo) r.compute_s = k.fwd + k.bwd;
+    const RingSeconds t =
+        halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
+             : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0, k.fwd, k.bwd);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
     r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);

@@ -177,15 +177,24 @@ class AllGatherStrategy final : public Strategy {
     return {double(dtype_size(dtype)) * (2 * tokens * double(q.h * q.d) + full_kv + tokens * double(q.h)), 3.5};
   }
 
-  StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume&, double, double) const override {
+  StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume&, double fwd_s,
+                    double) const override {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim) * es;
     const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row;
     const double kv =
         2 * double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k tokens under cross-attention
     const Link& l = ring_link(in.cluster, in.cp, 1);
-    const double comm = (in.cp - 1) * (message_seconds(l, kv) + message_seconds(l, kv / es * 4));
-    return {comm, 0.0, qo + kv + double(in.cp) * kv};  // the full K and V
+    const double comm =
+        (in.cp - 1) * (message_seconds(l, kv) + (has_backward(in) ? message_seconds(l, kv / es * 4) : 0));
+    // a call per local chunk (two under zigzag) against the gathered K/V
+    const bool zz = token_layout(config) != TokenLayout::contiguous;
+    const double q_len = double(busiest_tokens(in)) / (zz ? 2 : 1), b = double(in.batch);
+    const KernelSeconds k = attention_seconds(in,
+                                              {zz ? 2 : 1, q_len, double(kv_seq_of(in)), b * double(in.heads),
+                                               b * double(in.kv_heads), config.causal ? 1.0 / in.cp : 0.0, false},
+                                              fwd_s);
+    return {comm, 0.0, qo + kv + double(in.cp) * kv, k.fwd + k.bwd};  // the full K and V
   }
 };
 

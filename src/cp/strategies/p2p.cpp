@@ -62,7 +62,7 @@ class P2pStrategy final : public Strategy {
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
-                    double bwd_s) const override {
+                    double /*bwd_s: kernel_model's at its blocks*/) const override {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim);
     const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row * es;
@@ -72,8 +72,19 @@ class P2pStrategy final : public Strategy {
       const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
       return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
     }
-    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, 2 * kv_rows * 4, fwd_s, bwd_s);
-    return {t.comm, t.hidden, qo + kv + 2 * kv};  // + two K/V ring buffers
+    // cp steps, each over chunks of s/(2cp) (zigzag) or s/cp tokens, merged by their LSE
+    const bool zz = token_layout(config) != TokenLayout::contiguous;
+    const double chunk = double(busiest_kv_tokens(in)) / (zz ? 2 : 1);
+    const double q_rows = double(in.batch) * double(in.heads), share = config.causal ? (zz ? 1.0 : 0.5) / in.cp : 0;
+    const KernelSeconds k =
+        attention_seconds(in,
+                          {in.cp, double(busiest_tokens(in)), chunk, q_rows, double(in.batch) * double(in.kv_heads),
+                           share, true, double(busiest_kv_tokens(in))},
+                          fwd_s);
+    const bool bwd = has_backward(in);
+    const RingSeconds t =
+        ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, bwd ? 2 * kv_rows * 4 : 0, k.fwd, k.bwd);
+    return {t.comm, t.hidden, qo + kv + 2 * kv, k.fwd + k.bwd};  // + two K/V ring buffers
   }
 };
 

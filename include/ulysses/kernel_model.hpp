@@ -1,0 +1,61 @@
+// How fast an attention kernel runs at the block shape a strategy hands it: the planner's
+// compute, per call, instead of one rate for every shape.
+//
+// FlashAttention-style kernels tile queries and keys; a call pays a fixed prologue/epilogue per
+// query tile (load q, rescale and write out) that its key loop amortises, and a causal diagonal
+// block computes whole tiles of which half is masked. Both costs shrink relative to the work as
+// the block grows, so the rate saturates: rate(L) = peak × efficiency × L / (L + L_half). The
+// head dim sets how much work each tile load carries: d / (d + d_half), relative to d = 128.
+// Published curves (FlashAttention-3 paper, H100; docs/planner.md names every number) fit this
+// within a few percent from 512 to 16k tokens.
+//
+// Beyond the kernel itself: each call has a fixed cost (launch, synchronisation), and a ring
+// step's partial output is merged into the running one by its log-sum-exp (memory-bound
+// passes over the query block's float32 output). A call is never faster than reading its K/V
+// from memory, which decides decode (one query token against a long cache).
+#pragma once
+
+#include <cstdint>
+
+namespace ulysses {
+
+struct KernelModel {
+  double kv_half = 0;           // key-block tokens at which the per-tile overhead equals the work (0: flat)
+  double causal_half = 0;       // the same for a causal diagonal block's masked half-tiles
+  double head_dim_half = 0;     // d_half (0: no head-dim dependence)
+  double backward_ratio = 2.5;  // backward seconds over forward at the same block (2.5× FLOPs, its own rate)
+  double call_s = 0;            // fixed seconds per kernel call or ring step
+  double merge_passes = 0;      // passes over a ring step's float32 output to merge it (0: none)
+  double memory_bandwidth = 0;  // bytes/s of device memory (0: never memory-bound)
+};
+
+// One strategy's attention calls on its busiest rank in one forward: `calls` calls of q_len
+// query tokens against kv_len key tokens on q_heads query and kv_heads key/value heads (each ×
+// batch); diagonal_share of the work is in causal diagonal blocks; `merge`: each call's output
+// is merged into a running one by its log-sum-exp (a ring step).
+struct KernelCalls {
+  std::int64_t calls = 1;
+  double q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0;
+  double diagonal_share = 0;
+  bool merge = false;
+  double kv_read = 0;  // key tokens each call reads from memory (0: kv_len; a zigzag step reads both chunks)
+};
+
+// The kernel's rate on a block of q_len × kv_len tokens relative to its rate on long blocks at
+// head dim 128 (≤ 1 for d ≤ 128; positive and finite for any positive input). `diagonal`: a
+// causal diagonal block, whose masked half-tiles cost too (a tile's width over the longer side:
+// one query token against a long cache wastes next to nothing).
+double block_efficiency(const KernelModel& model, std::int64_t head_dim, double q_len, double kv_len, bool diagonal);
+
+struct KernelSeconds {
+  double fwd = 0, bwd = 0;
+};
+
+// The forward and backward seconds of `calls` whose work takes `flat_fwd_s` at the planner's
+// flat rate (peak × efficiency): the work at each call's block efficiency, plus the fixed and
+// merge costs per call, at least the K/V reads. A model with nothing set returns flat_fwd_s and
+// backward_ratio × flat_fwd_s.
+KernelSeconds kernel_seconds(const KernelModel& model, const KernelCalls& calls, std::int64_t head_dim,
+                             double element_bytes, double flat_fwd_s);
+
+}  // namespace ulysses

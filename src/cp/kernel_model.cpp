@@ -1,0 +1,39 @@
+#include "ulysses/kernel_model.hpp"
+
+#include <algorithm>
+
+namespace ulysses {
+
+namespace {
+
+// L / (L + half): 1 when half is 0 (a flat model); lengths below one token count as one.
+double saturation(double len, double half) { return half > 0 ? std::max(len, 1.0) / (std::max(len, 1.0) + half) : 1; }
+
+}  // namespace
+
+double block_efficiency(const KernelModel& m, std::int64_t head_dim, double q_len, double kv_len, bool diagonal) {
+  double e = saturation(kv_len, m.kv_half);
+  if (diagonal) e *= saturation(std::max(q_len, kv_len), m.causal_half);
+  if (m.head_dim_half > 0) e *= saturation(double(head_dim), m.head_dim_half) / saturation(128, m.head_dim_half);
+  return e;
+}
+
+KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::int64_t head_dim, double element_bytes,
+                             double flat_fwd_s) {
+  const double share = std::clamp(c.diagonal_share, 0.0, 1.0);
+  const double off = block_efficiency(m, head_dim, c.q_len, c.kv_len, false);
+  const double diag = block_efficiency(m, head_dim, c.q_len, c.kv_len, true);
+  double work = flat_fwd_s * (share / diag + (1 - share) / off);
+  const double calls = double(std::max<std::int64_t>(c.calls, 1)), d = double(head_dim);
+  double per_call = m.call_s;
+  if (m.memory_bandwidth > 0) {
+    // Every call reads its q and K/V once and writes out: the floor decode sits on.
+    const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;
+    const double io = (2 * c.q_len * c.q_heads + 2 * kv * c.kv_heads) * d * element_bytes;
+    work = std::max(work, calls * io / m.memory_bandwidth);
+    if (c.merge) per_call += m.merge_passes * c.q_len * c.q_heads * d * 4 / m.memory_bandwidth;
+  }
+  return {work + calls * per_call, m.backward_ratio * work + calls * per_call};
+}
+
+}  // namespace ulysses
