@@ -1,0 +1,55 @@
+// Attention over a sharded KV cache (kv_cache.hpp), for inference: a prompt prefilled into the
+// cache, then one token per step decoded against it.
+//
+// Every function here is collective over the cache's group (comm.size() == cache.cp(), this
+// rank cache.rank()) and checks nothing across ranks: the caller validates a request once, at
+// its prefill, and every decode step after it moves only its data. The decode step's one
+// collective per layer is why: a step is latency-bound, and agreement would double its messages.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ulysses/communicator.hpp"
+#include "ulysses/kv_cache.hpp"
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+// What the collectives of the calls given these stats cost: how many, and their seconds.
+struct CachedAttentionStats {
+  std::int64_t collectives = 0;
+  double comm_s = 0;
+};
+
+// Collective. The a2a (Ulysses) prefill of one layer into an empty cache layer: rank r holds
+// prompt tokens [Σ_{i<r} rank_tokens[i], +rank_tokens[r]) (contiguous, in rank order) as
+// q [1, n_r, heads, d], k and v [1, n_r, kv_heads, d], RoPE applied. One seq_to_head of q, k, v,
+// causal flash attention on this rank's heads, one head_to_seq of the output into out
+// [1, n_r, heads, d]. The heads layout keeps the head-sharded K and V the transpose brought;
+// interleaved sends each token's K and V to its owner in one more all-to-all(v).
+void prefill_a2a(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                 CachedAttentionStats* stats = nullptr);
+
+// Collective. Decodes one token at position cache.tokens(layer) of `layer`: q [1, 1, heads, d],
+// k and v [1, 1, kv_heads, d] are the token's, the same on every rank (each computes the
+// token's projections: one row). Appends k and v where the layout keeps them, then attends:
+//   heads        each rank its query heads over its KV heads; one all-gather(v) of the outputs;
+//   interleaved  each rank every head over its shard (an empty shard gives lse = −inf); one
+//                all-gather of the partial (out, lse), merged by LSE in rank order.
+// out [1, 1, heads, d] dense gets the same values on every rank.
+void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
+
+// Not collective. The local decode kernel: one query row per head against `rows` cached keys,
+// a matrix-vector product per head, streamed once (no query tiles: one row has nothing to
+// reuse them for). q and out are dense [q_heads, d]; query head i is global head q_first + i and
+// uses global KV head (q_first + i) / group, which is head ((q_first + i) / group − kv_first) of
+// k and v ([1, rows, kv heads, d]). lse[q_heads] gets the natural-log sum of exp of the
+// scaled scores (−inf and out = 0 when rows = 0). Threads split the rows (OpenMP).
+void decode_attention_local(float* out, float* lse, const float* q, std::int64_t q_heads, std::int64_t q_first,
+                            const TensorView& k, const TensorView& v, std::int64_t kv_first, std::int64_t group,
+                            float scale);
+
+}  // namespace ulysses

@@ -1,0 +1,156 @@
+#include "ulysses/cached_attention.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "../cp/merge.hpp"
+#include "ulysses/all_to_all.hpp"
+#include "ulysses/attention.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/sharding.hpp"
+
+namespace ulysses {
+namespace {
+
+// Heads [first, first + count) of a [b, s, h, d] view.
+TensorView head_slice(const TensorView& x, std::int64_t first, std::int64_t count) {
+  TensorView s = x;
+  s.data = x.row(0, 0, first);
+  s.shape.h = count;
+  return s;
+}
+
+// Runs fn(), a collective, counting it and its time in stats.
+template <class Fn>
+void timed(Communicator& comm, CachedAttentionStats* stats, Fn&& fn) {
+  const double t0 = comm.now();
+  fn();
+  if (stats) {
+    stats->collectives += 1;
+    stats->comm_s += comm.now() - t0;
+  }
+}
+
+// Interleaved prefill: this rank's tokens [first, first + n) (k, v [1, n, kv_heads, d]) go to
+// their owners (position mod cp) in one all-to-all(v); each rank appends what it receives, in
+// position order (the ranks' chunks are contiguous in rank order).
+void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
+                         const std::vector<std::int64_t>& rank_tokens, const TensorView& k, const TensorView& v,
+                         CachedAttentionStats* stats) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t row = k.shape.h * k.shape.d, first = std::accumulate(rank_tokens.begin(), rank_tokens.begin() + me,
+                                                                            std::int64_t(0));
+  const std::int64_t total = std::accumulate(rank_tokens.begin(), rank_tokens.end(), std::int64_t(0));
+  // Tokens of rank r's chunk [a, a + n) that rank j owns: kv_rows counts them.
+  auto owned = [&](std::int64_t a, std::int64_t n, int j) { return kv_rows(KvLayout::interleaved, a + n, cp, j) -
+                                                                    kv_rows(KvLayout::interleaved, a, cp, j); };
+  const std::size_t ranks = static_cast<std::size_t>(cp);
+  std::vector<std::size_t> sb(ranks), so(ranks), rb(ranks), ro(ranks);
+  std::int64_t at = 0;
+  for (int j = 0; j < cp; ++j) {
+    sb[std::size_t(j)] = std::size_t(2 * owned(first, k.shape.s, j) * row) * sizeof(float);
+    rb[std::size_t(j)] = std::size_t(2 * owned(at, rank_tokens[std::size_t(j)], me) * row) * sizeof(float);
+    at += rank_tokens[std::size_t(j)];
+  }
+  std::exclusive_scan(sb.begin(), sb.end(), so.begin(), std::size_t(0));
+  std::exclusive_scan(rb.begin(), rb.end(), ro.begin(), std::size_t(0));
+  std::vector<float> send(std::size_t(2 * k.shape.s * row)), recv((ro.back() + rb.back()) / sizeof(float));
+  for (int j = 0; j < cp; ++j) {  // block j: the K rows rank j owns, then their V rows
+    float* dst = send.data() + so[std::size_t(j)] / sizeof(float);
+    const std::int64_t n = owned(first, k.shape.s, j);
+    for (std::int64_t i = 0, p = (j - first % cp + cp) % cp; i < n; ++i, p += cp) {
+      for (const TensorView* x : {&k, &v}) {
+        const float* src = x->f32(0, p, 0);
+        std::copy(src, src + row, dst + (x == &k ? i : n + i) * row);
+      }
+    }
+  }
+  timed(comm, stats, [&] {
+    comm.ialltoallv(Buffer{send.data(), send.size() * sizeof(float)}, sb, so,
+                    Buffer{recv.data(), recv.size() * sizeof(float)}, rb, ro, "prefill_scatter")
+        .wait();
+  });
+  const std::int64_t mine = std::int64_t(recv.size()) / (2 * row);
+  Tensor kr({1, mine, k.shape.h, k.shape.d}), vr({1, mine, k.shape.h, k.shape.d});
+  std::int64_t r = 0;
+  for (int j = 0; j < cp; ++j) {
+    const float* blk = recv.data() + ro[std::size_t(j)] / sizeof(float);
+    const std::int64_t n = std::int64_t(rb[std::size_t(j)] / sizeof(float)) / (2 * row);
+    std::copy(blk, blk + n * row, kr.view().f32(0, r, 0));
+    std::copy(blk + n * row, blk + 2 * n * row, vr.view().f32(0, r, 0));
+    r += n;
+  }
+  cache.append(layer, total, kr.view(), vr.view());
+}
+
+}  // namespace
+
+void prefill_a2a(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                 CachedAttentionStats* stats) {
+  if (cache.tokens(layer) != 0)
+    throw Error(fmt::format("the a2a prefill fills an empty cache; layer {} holds {} tokens", layer,
+                            cache.tokens(layer)));
+  const int cp = comm.size();
+  const HeadSplit split = ulysses_head_split(cp, q.shape.h, k.shape.h);
+  const SeqShard in[] = {{q, split.q}, {k, split.kv}, {v, split.kv}};
+  FusedHeads qkv;
+  timed(comm, stats, [&] { post_seq_to_head(comm, in, rank_tokens, qkv).wait(); });
+  const TensorView qh = qkv.part(0), kh = qkv.part(1), vh = qkv.part(2);
+  FusedHeads oh(DType::f32, 1, rank_tokens, q.shape.d, {qh.shape.h});
+  const Tensor lse = lse_tensor(qh.shape);
+  flash_attention_forward(oh.part(0), lse.view(), qh, kh, vh, AttentionParams{.causal = true});
+  const SeqShard o[] = {{out, split.q}};
+  timed(comm, stats, [&] { post_head_to_seq(comm, oh, o).wait(); });
+  if (cache.layout() == KvLayout::heads) {
+    cache.append(layer, qkv.seq(), kh, vh);
+    return;
+  }
+  scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
+}
+
+void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  const KvCacheShape& s = cache.shape();
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, pos = cache.tokens(layer);
+  const float scale = 1.0f / std::sqrt(float(d));
+  const RankHeads& mine = cache.heads();
+  if (cache.layout() == KvLayout::heads) {
+    cache.append(layer, 1, head_slice(k, mine.kv.first, mine.kv.count), head_slice(v, mine.kv.first, mine.kv.count));
+    std::vector<float> part(std::size_t(mine.q.count * d)), lse(std::size_t(mine.q.count));
+    decode_attention_local(part.data(), lse.data(), q.f32(0, 0, mine.q.first), mine.q.count, mine.q.first,
+                           cache.keys(layer), cache.values(layer), mine.kv.first, group, scale);
+    const HeadSplit split = ulysses_head_split(cache.cp(), s.heads, s.kv_heads);
+    std::vector<std::size_t> bytes;
+    for (const HeadRange& r : split.q) bytes.push_back(std::size_t(r.count * d) * sizeof(float));
+    timed(comm, stats, [&] {
+      comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, buffer_of(out), bytes, "decode_gather");
+    });
+    return;
+  }
+  const bool owner = cache.owner(pos) == cache.rank();
+  cache.append(layer, 1, rows(k, 0, owner ? 1 : 0), rows(v, 0, owner ? 1 : 0));
+  const std::int64_t h = s.heads, n = h * d + h;  // a rank's partial: out [h, d], then lse [h]
+  std::vector<float> part(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * cache.cp()));
+  decode_attention_local(part.data(), part.data() + h * d, q.f32(0, 0, 0), h, 0, cache.keys(layer),
+                         cache.values(layer), 0, group, scale);
+  timed(comm, stats, [&] {
+    comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
+                    std::vector<std::size_t>(std::size_t(cache.cp()), std::size_t(n) * sizeof(float)),
+                    "decode_merge");
+  });
+  // Merged in rank order on every rank: every rank gets the same bits.
+  const TensorView acc = TensorView::dense(all.data(), DType::f32, {1, 1, h, d}, Layout::bshd);
+  const TensorView acc_lse = TensorView::dense(all.data() + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd);
+  for (int r = 1; r < cache.cp(); ++r) {
+    float* p = all.data() + r * n;
+    merge_attention(acc, acc_lse, TensorView::dense(p, DType::f32, {1, 1, h, d}, Layout::bshd),
+                    TensorView::dense(p + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd));
+  }
+  copy(acc, out);
+}
+
+}  // namespace ulysses
