@@ -16,9 +16,11 @@ run 1 "${gen[@]}" --json "$dir/one.json" > /dev/null 2>&1 || bad "cp 1 failed"
 want=$(tokens "$dir/one.json")
 for layout in heads interleaved; do
   for n in 2 3 4; do
-    if run "$n" "${gen[@]}" --kv-layout "$layout" --json "$dir/g.json" > "$dir/g.log" 2>&1 &&
-      [ "$(tokens "$dir/g.json")" = "$want" ]; then ok "cp $n $layout = cp 1"
-    else bad "cp $n $layout differs from cp 1"; cat "$dir/g.log"; fi
+    for prefill in ulysses ring; do
+      if run "$n" "${gen[@]}" --kv-layout "$layout" --prefill $prefill --json "$dir/g.json" > "$dir/g.log" 2>&1 &&
+        [ "$(tokens "$dir/g.json")" = "$want" ]; then ok "cp $n $layout $prefill = cp 1"
+      else bad "cp $n $layout $prefill differs from cp 1"; cat "$dir/g.log"; fi
+    done
   done
   if timeout 60 "$bin" "${gen[@]}" --kv-layout "$layout" --comm local --ranks 3 --json "$dir/l.json" \
     > "$dir/l.log" 2>&1 && [ "$(tokens "$dir/l.json")" = "$want" ]; then ok "local 3 $layout = cp 1"

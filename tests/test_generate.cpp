@@ -27,8 +27,11 @@ Run generate(Communicator& comm, const std::vector<float>& params, const Generat
   Generator gen(comm, tiny_model(), params, config);
   Run run;
   run.logits.push_back(gen.prefill(prompt));
-  // Per layer two transposes (and the interleaved scatter); then the logits broadcast.
-  EXPECT_EQ(gen.stats().collectives, (config.layout == KvLayout::interleaved ? 3 : 2) * tiny_model().layers + 1);
+  // Per layer two transposes, or the ring's steps and one move into the layout (and the
+  // interleaved scatter after the transposes); then the logits broadcast.
+  const std::int64_t per_layer = config.prefill == Prefill::ring ? (comm.size() - 1) + 1
+                                 : config.layout == KvLayout::interleaved ? 3 : 2;
+  EXPECT_EQ(gen.stats().collectives, per_layer * tiny_model().layers + 1);
   for (int s = 0; s < steps; ++s) {
     run.tokens.push_back(gen.next_token(run.logits.back()));
     run.logits.push_back(gen.decode(run.tokens.back()));
@@ -55,12 +58,13 @@ COMM_TEST(Generate, EveryGroupSizeEqualsOneRank) {
   for (int i = 0; i < 13; ++i) prompt.push_back((i * 37 + 5) % 64);
   const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
   for (float temperature : {0.0f, 1.0f})
+    for (Prefill how : {Prefill::ulysses, Prefill::ring})
     for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
-      const GenerateConfig config{layout, 24, temperature, 3};
+      const GenerateConfig config{layout, how, 24, temperature, 3};
       if (!generate_error(tiny_model(), config, comm.size(), 13, 8, 0).empty()) continue;
       const Run one = generate(*alone, model.params, config, prompt, 8);
       const Run all = generate(comm, model.params, config, prompt, 8);
-      EXPECT_EQ(all.tokens, one.tokens) << to_string(layout) << " temperature " << temperature;
+      EXPECT_EQ(all.tokens, one.tokens) << to_string(layout) << " " << to_string(how) << " temperature " << temperature;
       for (std::size_t s = 0; s < one.logits.size(); ++s)
         EXPECT_LT(relative_error(all.logits[s], one.logits[s]), 1e-5) << to_string(layout) << " step " << s;
     }
@@ -68,13 +72,13 @@ COMM_TEST(Generate, EveryGroupSizeEqualsOneRank) {
 
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {
   const GptConfig m = tiny_model();
-  const GenerateConfig heads{KvLayout::heads, 100, 0, 0};
+  const GenerateConfig heads{KvLayout::heads, Prefill::ulysses, 100, 0, 0};
   EXPECT_NE(generate_error(m, heads, 2, 0, 5, 0).find("empty"), std::string::npos);
   EXPECT_NE(generate_error(m, heads, 2, 10, 0, 0).find("--max-new-tokens must be positive, got 0"), std::string::npos);
   EXPECT_NE(generate_error(m, heads, 2, 99, 5, 0).find("capacity of 100"), std::string::npos);
   EXPECT_NE(generate_error(m, heads, 2, 80, 5, 64).find("80 tokens, longer than the model's 64"), std::string::npos);
   EXPECT_NE(generate_error(m, heads, 8, 80, 5, 0).find("--kv-layout interleaved"), std::string::npos);
-  EXPECT_EQ(generate_error(m, {KvLayout::interleaved, 100, 0, 0}, 8, 80, 5, 0), "");
+  EXPECT_EQ(generate_error(m, {KvLayout::interleaved, Prefill::ring, 100, 0, 0}, 8, 80, 5, 0), "");
 }
 
 }  // namespace

@@ -88,9 +88,10 @@ TEST(KvCache, RefusesWhatItCannotHold) {
   EXPECT_THROW(parse_kv_layout("rows"), Error);
 }
 
-// Decodes `steps` tokens after a prompt of `prompt` tokens (a2a prefill; none: decode from an
-// empty cache) and checks every output against float64.
-void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t prompt, std::int64_t steps) {
+// Decodes `steps` tokens after a prompt of `prompt` tokens (prefilled `how`; none: decode from
+// an empty cache) and checks every output against float64.
+void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t prompt, std::int64_t steps,
+                         Prefill how = Prefill::ulysses) {
   const int cp = comm.size(), me = comm.rank();
   const std::int64_t h = 4, hkv = 2, d = 8, total = prompt + steps;
   if (!kv_layout_error(layout, {1, h, hkv, d, total}, cp).empty()) return;
@@ -101,7 +102,7 @@ void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t promp
     for (int r = 0; r < cp; ++r) rank_tokens.push_back(prompt * (r + 1) / cp - prompt * r / cp);
     const std::int64_t first = prompt * me / cp, n = rank_tokens[std::size_t(me)];
     Tensor out({1, n, h, d});
-    prefill_a2a(comm, cache, 0, rank_tokens, q.view(first, n), k.view(first, n), v.view(first, n), out.view());
+    prefill(comm, cache, how, 0, rank_tokens, q.view(first, n), k.view(first, n), v.view(first, n), out.view());
     for (std::int64_t i = 0; i < n; ++i)
       EXPECT_LT(worst_error(q, k, v, first + i, first + i + 1, out.view().f32(0, i, 0)), kTol) << "prefill row " << i;
   }
@@ -109,7 +110,8 @@ void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t promp
   for (std::int64_t t = prompt; t < total; ++t) {
     Tensor out({1, 1, h, d});
     decode_attention(comm, cache, 0, q.view(t, 1), k.view(t, 1), v.view(t, 1), out.view(), &stats);
-    EXPECT_LT(worst_error(q, k, v, t, t + 1, out.view().f32(0, 0, 0)), kTol) << to_string(layout) << " step " << t;
+    EXPECT_LT(worst_error(q, k, v, t, t + 1, out.view().f32(0, 0, 0)), kTol)
+        << to_string(layout) << " " << to_string(how) << " step " << t;
   }
   EXPECT_EQ(stats.collectives, steps);  // one per decode step, nothing else
   EXPECT_EQ(cache.tokens(0), total);
@@ -120,7 +122,8 @@ COMM_TEST(CachedAttention, DecodeFromAnEmptyCacheEqualsFloat64) {
 }
 
 COMM_TEST(CachedAttention, PrefillThenDecodeEqualsFloat64) {
-  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) prefill_then_decode(comm, layout, 11, 5);
+  for (Prefill how : {Prefill::ulysses, Prefill::ring})
+    for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) prefill_then_decode(comm, layout, 11, 5, how);
 }
 
 TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {

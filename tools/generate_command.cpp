@@ -39,9 +39,11 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "heads (each rank its KV heads of every token) | interleaved (token i on rank i mod cp, all heads)")
       ->capture_default_str()
       ->check(CLI::IsMember({"heads", "interleaved"}));
-  c->add_option("--prefill", o.prefill, "how the prompt fills the cache: a2a (Ulysses' all-to-alls)")
+  c->add_option("--prefill", o.prefill,
+                "how the prompt fills the cache: ulysses (the a2a strategy's all-to-alls) | ring (the p2p "
+                "strategy's pass-KV ring, then one all-to-all into the KV layout)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"a2a"}));
+      ->check(CLI::IsMember({"ulysses", "ring"}));
   c->add_option("--capacity", o.capacity, "KV cache tokens (default: prompt + new tokens)");
   c->add_option("--temperature", o.temperature, "0: greedy; else sampled from softmax(logits / T)")
       ->capture_default_str()
@@ -88,7 +90,7 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
     r.model = train::read_checkpoint(o.checkpoint);
     r.prompt = load_prompt(o, r.model.config.model.vocab);
     const std::int64_t P = std::int64_t(r.prompt.size());
-    r.config = {parse_kv_layout(o.kv_layout), o.capacity > 0 ? o.capacity : P + o.max_new_tokens, o.temperature,
+    r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill), o.capacity > 0 ? o.capacity : P + o.max_new_tokens, o.temperature,
                 o.seed};
     const train::TrainConfig& t = r.model.config;
     const std::int64_t positions = t.lengths.empty() ? t.seq : *std::max_element(t.lengths.begin(), t.lengths.end());
@@ -196,7 +198,7 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
           {"cp", comm.size()},
           {"backend", comm.backend()},
           {"kv_layout", to_string(r.config.layout)},
-          {"prefill", "a2a"},
+          {"prefill", to_string(r.config.prefill)},
           {"prompt_tokens", r.prompt.size()},
           {"new_tokens", t.tokens.size()},
           {"tokens", t.tokens},
@@ -214,8 +216,9 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
 }
 
 void print_report(const nlohmann::json& j, std::int64_t replication, const std::string& text) {
-  fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill a2a\n",
-             j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication);
+  fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill {}\n",
+             j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication,
+             j["prefill"].get<std::string>());
   fmt::print("  prompt {} tokens, {} new\n", j["prompt_tokens"].get<std::int64_t>(), j["new_tokens"].get<std::int64_t>());
   fmt::print("  time to first token {:.2f} ms ({} collectives, {:.2f} ms)\n", 1e3 * j["time_to_first_token_s"].get<double>(),
              j["prefill_collectives"].get<std::int64_t>(), 1e3 * j["prefill_comm_s"].get<double>());

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "ulysses/communicator.hpp"
@@ -22,15 +23,26 @@ struct CachedAttentionStats {
   double comm_s = 0;
 };
 
-// Collective. The a2a (Ulysses) prefill of one layer into an empty cache layer: rank r holds
-// prompt tokens [Σ_{i<r} rank_tokens[i], +rank_tokens[r]) (contiguous, in rank order) as
-// q [1, n_r, heads, d], k and v [1, n_r, kv_heads, d], RoPE applied. One seq_to_head of q, k, v,
-// causal flash attention on this rank's heads, one head_to_seq of the output into out
-// [1, n_r, heads, d]. The heads layout keeps the head-sharded K and V the transpose brought;
-// interleaved sends each token's K and V to its owner in one more all-to-all(v).
-void prefill_a2a(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
-                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                 CachedAttentionStats* stats = nullptr);
+// How a prompt fills the cache (its names are not the strategies': these are prefill paths
+// built from the strategies' pieces, not the strategies):
+//   ulysses  the a2a strategy's all-to-alls: one seq_to_head of q, k, v, causal flash attention
+//            on this rank's heads, one head_to_seq of the output. The heads layout keeps the
+//            head-sharded K and V the transpose brought; interleaved sends each token's K and V
+//            to its owner in one more all-to-all(v).
+//   ring     the p2p strategy's ring (pass-KV: K and V travel, each rank keeps its queries);
+//            then one all-to-all(v) moves the K and V into the layout: to their heads' ranks
+//            (heads) or to their owners (interleaved).
+enum class Prefill : int { ulysses = 0, ring = 1 };
+Prefill parse_prefill(std::string_view name);  // "ulysses" | "ring"; Error otherwise
+const char* to_string(Prefill prefill);
+
+// Collective. The prefill of one layer into an empty cache layer: rank r holds prompt tokens
+// [Σ_{i<r} rank_tokens[i], +rank_tokens[r]) (contiguous, in rank order, at least one each) as
+// q [1, n_r, heads, d], k and v [1, n_r, kv_heads, d], RoPE applied; out [1, n_r, heads, d]
+// gets their causal attention.
+void prefill(Communicator& comm, KvCache& cache, Prefill how, std::int64_t layer,
+             const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
+             const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
 
 // Collective. Decodes one token at position cache.tokens(layer) of `layer`: q [1, 1, heads, d],
 // k and v [1, 1, kv_heads, d] are the token's, the same on every rank (each computes the

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "../cp/merge.hpp"
+#include "../cp/ring_attention.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/error.hpp"
@@ -86,16 +87,11 @@ void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
   cache.append(layer, total, kr.view(), vr.view());
 }
 
-}  // namespace
-
-void prefill_a2a(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
-                 const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                 CachedAttentionStats* stats) {
-  if (cache.tokens(layer) != 0)
-    throw Error(fmt::format("the a2a prefill fills an empty cache; layer {} holds {} tokens", layer,
-                            cache.tokens(layer)));
-  const int cp = comm.size();
-  const HeadSplit split = ulysses_head_split(cp, q.shape.h, k.shape.h);
+// Ulysses: the K and V heads the transpose brought are the heads layout's rows.
+void prefill_ulysses(Communicator& comm, KvCache& cache, std::int64_t layer,
+                     const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
+                     const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  const HeadSplit split = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
   const SeqShard in[] = {{q, split.q}, {k, split.kv}, {v, split.kv}};
   FusedHeads qkv;
   timed(comm, stats, [&] { post_seq_to_head(comm, in, rank_tokens, qkv).wait(); });
@@ -105,11 +101,51 @@ void prefill_a2a(Communicator& comm, KvCache& cache, std::int64_t layer, const s
   flash_attention_forward(oh.part(0), lse.view(), qh, kh, vh, AttentionParams{.causal = true});
   const SeqShard o[] = {{out, split.q}};
   timed(comm, stats, [&] { post_head_to_seq(comm, oh, o).wait(); });
-  if (cache.layout() == KvLayout::heads) {
-    cache.append(layer, qkv.seq(), kh, vh);
-    return;
-  }
+  if (cache.layout() == KvLayout::heads) return cache.append(layer, qkv.seq(), kh, vh);
   scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
+}
+
+// The ring (pass-KV): each rank's queries stay, K and V go round; the ring's R − 1 steps are
+// counted as its collectives.
+void prefill_ring(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+                  const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                  CachedAttentionStats* stats) {
+  std::vector<std::vector<SeqChunk>> chunks;
+  for (std::int64_t r = 0, at = 0; r < std::int64_t(rank_tokens.size()); at += rank_tokens[std::size_t(r++)])
+    chunks.push_back({SeqChunk{at, rank_tokens[std::size_t(r)]}});
+  RingSaved saved;
+  CpStats ring_stats;
+  ring_attention_forward(comm, out, saved, q, k, v, chunks, chunks[std::size_t(comm.rank())],
+                         AttentionParams{.causal = true}, ring_stats);
+  if (stats) {
+    stats->collectives += comm.size() - 1;
+    stats->comm_s += ring_stats.comm_exposed_s;
+  }
+  if (cache.layout() == KvLayout::interleaved) return scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
+  const HeadSplit split = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
+  const SeqShard in[] = {{k, split.kv}, {v, split.kv}};
+  FusedHeads kv;
+  timed(comm, stats, [&] { post_seq_to_head(comm, in, rank_tokens, kv).wait(); });
+  cache.append(layer, kv.seq(), kv.part(0), kv.part(1));
+}
+
+}  // namespace
+
+Prefill parse_prefill(std::string_view name) {
+  if (name == "ulysses") return Prefill::ulysses;
+  if (name == "ring") return Prefill::ring;
+  throw Error(fmt::format("unknown prefill '{}' (ulysses | ring)", name));
+}
+
+const char* to_string(Prefill prefill) { return prefill == Prefill::ulysses ? "ulysses" : "ring"; }
+
+void prefill(Communicator& comm, KvCache& cache, Prefill how, std::int64_t layer,
+             const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
+             const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  if (cache.tokens(layer) != 0)
+    throw Error(fmt::format("a prefill fills an empty cache; layer {} holds {} tokens", layer, cache.tokens(layer)));
+  if (how == Prefill::ulysses) return prefill_ulysses(comm, cache, layer, rank_tokens, q, k, v, out, stats);
+  prefill_ring(comm, cache, layer, rank_tokens, q, k, v, out, stats);
 }
 
 void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,

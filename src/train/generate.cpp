@@ -20,7 +20,7 @@ std::string generate_error(const GptConfig& model, const GenerateConfig& config,
     return fmt::format("the prompt's {} tokens and {} new ones do not fit in the KV cache's capacity of {} tokens",
                        prompt_tokens, new_tokens, config.capacity);
   if (prompt_tokens < cp)
-    return fmt::format("the prompt has {} tokens, fewer than the {} ranks: the a2a prefill gives every rank a token",
+    return fmt::format("the prompt has {} tokens, fewer than the {} ranks: the prefill gives every rank a token",
                        prompt_tokens, cp);
   return kv_layout_error(config.layout, {model.layers, model.heads, model.kv_heads, model.head_dim, config.capacity},
                          cp);
@@ -91,7 +91,7 @@ std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
   embedding_forward(x.data(), prompt.data() + first, params_.data() + layout_.wte, n, C);
   for (std::int64_t l = 0; l < model_.layers; ++l)
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
-      prefill_a2a(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
+      ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
     });
   // The last position is the last rank's last row; its logits go to every rank.
   std::vector<float> out = me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));

@@ -1,6 +1,6 @@
 // Inference with the training demo's GPT over a KV cache sharded across a context-parallel
-// group (kv_cache.hpp, cached_attention.hpp): the prompt prefilled with the a2a strategy's
-// transposes and kernels, then one token per step. Every rank holds all weights and the whole
+// group (kv_cache.hpp, cached_attention.hpp): the prompt prefilled (Ulysses' all-to-alls or
+// the ring), then one token per step. Every rank holds all weights and the whole
 // prompt; the prefill splits the prompt's tokens contiguously over the ranks, a decode step runs
 // the new token's (one-row) projections and MLP on every rank and shards only its attention, so
 // every rank computes the same logits and the same next token without being told it.
@@ -19,6 +19,7 @@ namespace ulysses::train {
 
 struct GenerateConfig {
   KvLayout layout = KvLayout::heads;
+  Prefill prefill = Prefill::ulysses;
   std::int64_t capacity = 0;  // tokens the cache holds: prompt + new tokens
   float temperature = 0;      // 0: greedy (argmax), else sampled from softmax(logits / temperature)
   std::uint64_t seed = 0;     // the sampler's, the same on every rank
