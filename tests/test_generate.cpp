@@ -29,16 +29,16 @@ Run generate(Communicator& comm, const std::vector<float>& params, const Generat
   run.logits.push_back(gen.prefill(prompt));
   // Per layer two transposes, or the ring's steps and one move into the layout (and the
   // interleaved scatter after the transposes); then the logits broadcast.
-  const std::int64_t per_layer = config.prefill == Prefill::ring ? (comm.size() - 1) + 1
-                                 : config.layout == KvLayout::interleaved ? 3 : 2;
+  const std::int64_t per_layer = config.prefill == Prefill::ring          ? (comm.size() - 1) + 1
+                                 : config.layout == KvLayout::interleaved ? 3
+                                                                          : 2;
   EXPECT_EQ(gen.stats().collectives, per_layer * tiny_model().layers + 1);
   for (int s = 0; s < steps; ++s) {
     run.tokens.push_back(gen.next_token(run.logits.back()));
     run.logits.push_back(gen.decode(run.tokens.back()));
     EXPECT_EQ(gen.stats().collectives, tiny_model().layers);  // one per layer, nothing else
   }
-  EXPECT_EQ(gen.cache().bytes(),
-            kv_bytes_formula(config.layout, gen.cache().shape(), comm.size(), comm.rank()));
+  EXPECT_EQ(gen.cache().bytes(), kv_bytes_formula(config.layout, gen.cache().shape(), comm.size(), comm.rank()));
   return run;
 }
 
@@ -59,15 +59,16 @@ COMM_TEST(Generate, EveryGroupSizeEqualsOneRank) {
   const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
   for (float temperature : {0.0f, 1.0f})
     for (Prefill how : {Prefill::ulysses, Prefill::ring})
-    for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
-      const GenerateConfig config{layout, how, 24, temperature, 3};
-      if (!generate_error(tiny_model(), config, comm.size(), 13, 8, 0).empty()) continue;
-      const Run one = generate(*alone, model.params, config, prompt, 8);
-      const Run all = generate(comm, model.params, config, prompt, 8);
-      EXPECT_EQ(all.tokens, one.tokens) << to_string(layout) << " " << to_string(how) << " temperature " << temperature;
-      for (std::size_t s = 0; s < one.logits.size(); ++s)
-        EXPECT_LT(relative_error(all.logits[s], one.logits[s]), 1e-5) << to_string(layout) << " step " << s;
-    }
+      for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+        const GenerateConfig config{layout, how, 24, temperature, 3};
+        if (!generate_error(tiny_model(), config, comm.size(), 13, 8, 0).empty()) continue;
+        const Run one = generate(*alone, model.params, config, prompt, 8);
+        const Run all = generate(comm, model.params, config, prompt, 8);
+        EXPECT_EQ(all.tokens, one.tokens)
+            << to_string(layout) << " " << to_string(how) << " temperature " << temperature;
+        for (std::size_t s = 0; s < one.logits.size(); ++s)
+          EXPECT_LT(relative_error(all.logits[s], one.logits[s]), 1e-5) << to_string(layout) << " step " << s;
+      }
 }
 
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {

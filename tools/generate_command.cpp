@@ -24,10 +24,10 @@
 namespace ulysses::cli {
 
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
-  CLI::App* c = add_command(
-      app, "generate",
-      "Generate from a `train --save` checkpoint over a KV cache sharded across the ranks: the prompt "
-      "prefilled into the cache, then one token per step with one collective per layer.");
+  CLI::App* c =
+      add_command(app, "generate",
+                  "Generate from a `train --save` checkpoint over a KV cache sharded across the ranks: the prompt "
+                  "prefilled into the cache, then one token per step with one collective per layer.");
   c->add_option("--checkpoint", o.checkpoint, "the folder `ulysses train --save` wrote")->required();
   auto* file = c->add_option("--prompt", o.prompt, "the prompt: a file's bytes (byte-level tokens)");
   auto* synthetic = c->add_option("--prompt-tokens", o.prompt_tokens,
@@ -83,15 +83,16 @@ struct Request {
 // Collective. Reads, checks and agrees on everything before any data moves: one error, every rank.
 Request load_request(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
-    check_outputs({{"--json", o.json, true}}, {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}});
+    check_outputs({{"--json", o.json, true}},
+                  {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}});
   });
   Request r;
   on_every_rank(comm, [&] {
     r.model = train::read_checkpoint(o.checkpoint);
     r.prompt = load_prompt(o, r.model.config.model.vocab);
     const std::int64_t P = std::int64_t(r.prompt.size());
-    r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill), o.capacity > 0 ? o.capacity : P + o.max_new_tokens, o.temperature,
-                o.seed};
+    r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill),
+                o.capacity > 0 ? o.capacity : P + o.max_new_tokens, o.temperature, o.seed};
     const train::TrainConfig& t = r.model.config;
     const std::int64_t positions = t.lengths.empty() ? t.seq : *std::max_element(t.lengths.begin(), t.lengths.end());
     const std::string e = train::generate_error(t.model, r.config, comm.size(), P, o.max_new_tokens, positions);
@@ -210,18 +211,22 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
           {"collectives_per_step", t.step_collectives},
           {"comm_s_per_step", t.step_comm_s / double(tpot_steps)},
           {"kv_cache", kv},
-          {"decode_kernel", {{"cache_bytes", b.cache_bytes}, {"bytes_per_s", b.kernel_bytes_s},
-                             {"read_bandwidth_bytes_per_s", b.read_bytes_s},
-                             {"fraction", b.kernel_bytes_s / b.read_bytes_s}}}};
+          {"decode_kernel",
+           {{"cache_bytes", b.cache_bytes},
+            {"bytes_per_s", b.kernel_bytes_s},
+            {"read_bandwidth_bytes_per_s", b.read_bytes_s},
+            {"fraction", b.kernel_bytes_s / b.read_bytes_s}}}};
 }
 
 void print_report(const nlohmann::json& j, std::int64_t replication, const std::string& text) {
   fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill {}\n",
              j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication,
              j["prefill"].get<std::string>());
-  fmt::print("  prompt {} tokens, {} new\n", j["prompt_tokens"].get<std::int64_t>(), j["new_tokens"].get<std::int64_t>());
-  fmt::print("  time to first token {:.2f} ms ({} collectives, {:.2f} ms)\n", 1e3 * j["time_to_first_token_s"].get<double>(),
-             j["prefill_collectives"].get<std::int64_t>(), 1e3 * j["prefill_comm_s"].get<double>());
+  fmt::print("  prompt {} tokens, {} new\n", j["prompt_tokens"].get<std::int64_t>(),
+             j["new_tokens"].get<std::int64_t>());
+  fmt::print("  time to first token {:.2f} ms ({} collectives, {:.2f} ms)\n",
+             1e3 * j["time_to_first_token_s"].get<double>(), j["prefill_collectives"].get<std::int64_t>(),
+             1e3 * j["prefill_comm_s"].get<double>());
   fmt::print("  time per output token {:.3f} ms, {:.0f} tokens/s; per step {} collectives, {:.3f} ms in them\n",
              1e3 * j["time_per_output_token_s"].get<double>(), j["decode_tokens_per_s"].get<double>(),
              j["collectives_per_step"].get<std::int64_t>(), 1e3 * j["comm_s_per_step"].get<double>());

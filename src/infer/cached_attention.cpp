@@ -42,12 +42,13 @@ void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
                          const std::vector<std::int64_t>& rank_tokens, const TensorView& k, const TensorView& v,
                          CachedAttentionStats* stats) {
   const int cp = comm.size(), me = comm.rank();
-  const std::int64_t row = k.shape.h * k.shape.d, first = std::accumulate(rank_tokens.begin(), rank_tokens.begin() + me,
-                                                                            std::int64_t(0));
+  const std::int64_t row = k.shape.h * k.shape.d,
+                     first = std::accumulate(rank_tokens.begin(), rank_tokens.begin() + me, std::int64_t(0));
   const std::int64_t total = std::accumulate(rank_tokens.begin(), rank_tokens.end(), std::int64_t(0));
   // Tokens of rank r's chunk [a, a + n) that rank j owns: kv_rows counts them.
-  auto owned = [&](std::int64_t a, std::int64_t n, int j) { return kv_rows(KvLayout::interleaved, a + n, cp, j) -
-                                                                    kv_rows(KvLayout::interleaved, a, cp, j); };
+  auto owned = [&](std::int64_t a, std::int64_t n, int j) {
+    return kv_rows(KvLayout::interleaved, a + n, cp, j) - kv_rows(KvLayout::interleaved, a, cp, j);
+  };
   const std::size_t ranks = static_cast<std::size_t>(cp);
   std::vector<std::size_t> sb(ranks), so(ranks), rb(ranks), ro(ranks);
   std::int64_t at = 0;
@@ -171,12 +172,11 @@ void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, co
   cache.append(layer, 1, rows(k, 0, owner ? 1 : 0), rows(v, 0, owner ? 1 : 0));
   const std::int64_t h = s.heads, n = h * d + h;  // a rank's partial: out [h, d], then lse [h]
   std::vector<float> part(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * cache.cp()));
-  decode_attention_local(part.data(), part.data() + h * d, q.f32(0, 0, 0), h, 0, cache.keys(layer),
-                         cache.values(layer), 0, group, scale);
+  decode_attention_local(part.data(), part.data() + h * d, q.f32(0, 0, 0), h, 0, cache.keys(layer), cache.values(layer),
+                         0, group, scale);
   timed(comm, stats, [&] {
     comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
-                    std::vector<std::size_t>(std::size_t(cache.cp()), std::size_t(n) * sizeof(float)),
-                    "decode_merge");
+                    std::vector<std::size_t>(std::size_t(cache.cp()), std::size_t(n) * sizeof(float)), "decode_merge");
   });
   // Merged in rank order on every rank: every rank gets the same bits.
   const TensorView acc = TensorView::dense(all.data(), DType::f32, {1, 1, h, d}, Layout::bshd);

@@ -14,7 +14,7 @@
 namespace ulysses {
 namespace {
 
-constexpr std::int64_t kBlock = 64;        // rows whose scores are held at once
+constexpr std::int64_t kBlock = 64;         // rows whose scores are held at once
 constexpr std::int64_t kRowsPerPart = 256;  // fewer rows than this per thread are not worth a thread
 
 // One thread's partial result over rows [r0, r1): acc[q_heads·d] unnormalised, m and l per head.

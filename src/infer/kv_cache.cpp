@@ -67,11 +67,11 @@ std::int64_t KvCache::replication() const {
   return cp_ / shape_.kv_heads;
 }
 
-int KvCache::owner(std::int64_t position) const {
-  return layout_ == KvLayout::heads ? -1 : int(position % cp_);
-}
+int KvCache::owner(std::int64_t position) const { return layout_ == KvLayout::heads ? -1 : int(position % cp_); }
 
-TensorView KvCache::keys(std::int64_t layer) const { return ulysses::rows(k_[std::size_t(layer)].view(), 0, rows(layer)); }
+TensorView KvCache::keys(std::int64_t layer) const {
+  return ulysses::rows(k_[std::size_t(layer)].view(), 0, rows(layer));
+}
 
 TensorView KvCache::values(std::int64_t layer) const {
   return ulysses::rows(v_[std::size_t(layer)].view(), 0, rows(layer));
@@ -80,8 +80,8 @@ TensorView KvCache::values(std::int64_t layer) const {
 void KvCache::append(std::int64_t layer, std::int64_t n, const TensorView& k, const TensorView& v) {
   const std::int64_t t = tokens(layer);
   if (n < 0 || t + n > shape_.capacity)
-    throw Error(fmt::format("KV cache full: {} tokens cached, {} more do not fit in a capacity of {}", t, n,
-                            shape_.capacity));
+    throw Error(
+        fmt::format("KV cache full: {} tokens cached, {} more do not fit in a capacity of {}", t, n, shape_.capacity));
   const std::int64_t first = rows(layer), count = kv_rows(layout_, t + n, cp_, rank_) - first;
   const Shape expected{1, count, heads_.kv.count, shape_.head_dim};
   for (const TensorView* x : {&k, &v})
@@ -97,8 +97,7 @@ void KvCache::clear() { tokens_.assign(tokens_.size(), 0); }
 
 std::int64_t KvCache::bytes() const {
   std::int64_t total = 0;
-  for (std::size_t l = 0; l < k_.size(); ++l)
-    total += std::int64_t(k_[l].nbytes() + v_[l].nbytes());
+  for (std::size_t l = 0; l < k_.size(); ++l) total += std::int64_t(k_[l].nbytes() + v_[l].nbytes());
   return total;
 }
 

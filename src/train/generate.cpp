@@ -39,12 +39,13 @@ Generator::Generator(Communicator& comm, const GptConfig& model, const std::vect
 template <class Attend>
 void Generator::layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend) {
   const GptConfig& c = model_;
-  const std::int64_t N = std::int64_t(pos.size()), C = c.width, QD = c.heads * c.head_dim,
-                     KD = c.kv_heads * c.head_dim, F = c.hidden;
+  const std::int64_t N = std::int64_t(pos.size()), C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim,
+                     F = c.hidden;
   const auto& L = layout_.layer[static_cast<std::size_t>(l)];
   const float* P = params_.data();
-  std::vector<float> xn(static_cast<std::size_t>(N * C)), rstd(static_cast<std::size_t>(N)), q(static_cast<std::size_t>(N * QD)), k(static_cast<std::size_t>(N * KD)),
-      v(k.size()), att(q.size()), y(xn.size());
+  std::vector<float> xn(static_cast<std::size_t>(N * C)), rstd(static_cast<std::size_t>(N)),
+      q(static_cast<std::size_t>(N * QD)), k(static_cast<std::size_t>(N * KD)), v(k.size()), att(q.size()),
+      y(xn.size());
   rmsnorm_forward(xn.data(), rstd.data(), x.data(), P + L.rms1, N, C);
   matmul_forward(q.data(), xn.data(), P + L.wq, N, C, QD);
   matmul_forward(k.data(), xn.data(), P + L.wk, N, C, KD);
@@ -94,7 +95,8 @@ std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
       ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
     });
   // The last position is the last rank's last row; its logits go to every rank.
-  std::vector<float> out = me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));
+  std::vector<float> out =
+      me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));
   const double t0 = comm_.now();
   comm_.broadcast(out.data(), out.size() * sizeof(float), cp - 1);
   stats_.collectives += 1;
@@ -124,7 +126,8 @@ int Generator::next_token(const std::vector<float>& logits) {
   const double u = double((z ^ (z >> 31)) >> 11) / double(1ull << 53);
   double total = 0;
   std::vector<double> w(logits.size());
-  for (std::size_t i = 0; i < w.size(); ++i) total += (w[i] = std::exp(double(logits[i] - *best) / config_.temperature));
+  for (std::size_t i = 0; i < w.size(); ++i)
+    total += (w[i] = std::exp(double(logits[i] - *best) / config_.temperature));
   double at = u * total;
   for (std::size_t i = 0; i < w.size(); ++i)
     if ((at -= w[i]) < 0) return int(i);
