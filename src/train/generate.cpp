@@ -1,6 +1,7 @@
 #include "train/generate.hpp"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -104,14 +105,29 @@ std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
   return out;
 }
 
+namespace {
+// omp_set_num_threads(n) for this scope, the previous count restored on leaving it.
+struct ScopedThreads {
+  int saved = omp_get_max_threads();
+  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
+  ~ScopedThreads() { omp_set_num_threads(saved); }
+};
+}  // namespace
+
 std::vector<float> Generator::decode(int token) {
   const std::int64_t C = model_.width;
   const std::vector<std::int64_t> pos{cache_.tokens(0)};
   stats_ = {};
+  // One row: a parallel region costs more than its work (on a loaded machine, a scheduler
+  // quantum whenever a team member is descheduled), so the row runs on one thread and only the
+  // attention, which streams the cache, gets the team.
+  const int threads = omp_get_max_threads();
+  const ScopedThreads one(1);
   std::vector<float> x(static_cast<std::size_t>(C));
   embedding_forward(x.data(), &token, params_.data() + layout_.wte, 1, C);
   for (std::int64_t l = 0; l < model_.layers; ++l)
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
+      const ScopedThreads team(threads);
       decode_attention(comm_, cache_, layer, q, k, v, out, &stats_);
     });
   return logits(x.data());
