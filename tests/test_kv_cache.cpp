@@ -88,26 +88,36 @@ TEST(KvCache, RefusesWhatItCannotHold) {
   EXPECT_THROW(parse_kv_layout("rows"), Error);
 }
 
-// Decodes `steps` tokens after a prompt of `prompt` tokens (prefilled `how`; none: decode from
-// an empty cache) and checks every output against float64.
-void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t prompt, std::int64_t steps,
-                         Prefill how = Prefill::ulysses) {
+// Tokens [begin, begin + count) split over the ranks, contiguous; checks each rank's rows of
+// their attention (prefilled `how` into an empty cache, else extended over it) against float64.
+void prompt_part(Communicator& comm, KvCache& cache, const Rows& q, const Rows& k, const Rows& v, std::int64_t begin,
+                 std::int64_t count, Prefill how) {
   const int cp = comm.size(), me = comm.rank();
-  const std::int64_t h = 4, hkv = 2, d = 8, total = prompt + steps;
+  std::vector<std::int64_t> rank_tokens;
+  for (int r = 0; r < cp; ++r) rank_tokens.push_back(count * (r + 1) / cp - count * r / cp);
+  const std::int64_t first = begin + count * me / cp, n = rank_tokens[std::size_t(me)];
+  Tensor out({1, n, q.heads, q.d});
+  const TensorView qs = q.view(first, n), ks = k.view(first, n), vs = v.view(first, n);
+  if (begin == 0) prefill(comm, cache, how, 0, rank_tokens, qs, ks, vs, out.view());
+  if (begin > 0) extend(comm, cache, 0, rank_tokens, qs, ks, vs, out.view());
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_LT(worst_error(q, k, v, first + i, first + i + 1, out.view().f32(0, i, 0)), kTol)
+        << to_string(cache.layout()) << (begin > 0 ? " extend" : " prefill") << " row " << first + i;
+}
+
+// A prompt of `prompt` tokens (prefilled `how`; none: decode from an empty cache), a second turn
+// of `turn` tokens over it, then `steps` decode steps, every output checked against float64.
+void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t prompt, std::int64_t steps,
+                         Prefill how = Prefill::ulysses, std::int64_t turn = 0) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t h = 4, hkv = 2, d = 8, total = prompt + turn + steps;
   if (!kv_layout_error(layout, {1, h, hkv, d, total}, cp).empty()) return;
   const Rows q(1, total, h, d), k(2, total, hkv, d), v(3, total, hkv, d);
   KvCache cache(layout, {1, h, hkv, d, total}, cp, me);
-  if (prompt > 0) {
-    std::vector<std::int64_t> rank_tokens;
-    for (int r = 0; r < cp; ++r) rank_tokens.push_back(prompt * (r + 1) / cp - prompt * r / cp);
-    const std::int64_t first = prompt * me / cp, n = rank_tokens[std::size_t(me)];
-    Tensor out({1, n, h, d});
-    prefill(comm, cache, how, 0, rank_tokens, q.view(first, n), k.view(first, n), v.view(first, n), out.view());
-    for (std::int64_t i = 0; i < n; ++i)
-      EXPECT_LT(worst_error(q, k, v, first + i, first + i + 1, out.view().f32(0, i, 0)), kTol) << "prefill row " << i;
-  }
+  if (prompt > 0) prompt_part(comm, cache, q, k, v, 0, prompt, how);
+  if (turn > 0) prompt_part(comm, cache, q, k, v, prompt, turn, how);
   CachedAttentionStats stats;
-  for (std::int64_t t = prompt; t < total; ++t) {
+  for (std::int64_t t = prompt + turn; t < total; ++t) {
     Tensor out({1, 1, h, d});
     decode_attention(comm, cache, 0, q.view(t, 1), k.view(t, 1), v.view(t, 1), out.view(), &stats);
     EXPECT_LT(worst_error(q, k, v, t, t + 1, out.view().f32(0, 0, 0)), kTol)
@@ -115,6 +125,11 @@ void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t promp
   }
   EXPECT_EQ(stats.collectives, steps);  // one per decode step, nothing else
   EXPECT_EQ(cache.tokens(0), total);
+}
+
+COMM_TEST(CachedAttention, ASecondTurnOverTheCacheEqualsFloat64) {
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved})
+    prefill_then_decode(comm, layout, 9, 3, Prefill::ulysses, 7);
 }
 
 COMM_TEST(CachedAttention, DecodeFromAnEmptyCacheEqualsFloat64) {

@@ -44,6 +44,20 @@ void prefill(Communicator& comm, KvCache& cache, Prefill how, std::int64_t layer
              const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
              const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
 
+// Collective. A prompt over a cache that holds tokens already (a conversation's next turn, the
+// next chunk of a chunked prefill): rank_tokens, q, k, v and out as for prefill, the tokens at
+// positions after the cached ones, each seeing every cached token and the new ones before it.
+//   heads        Ulysses over the cache: the transposes of prefill, the new K and V heads
+//                appended, each rank's queries attending its heads of the whole cache;
+//   interleaved  pass-Q: K and V of the new tokens to their owners (one all-to-all(v)), every
+//                query to every rank (one all-gather), attended over each shard, the partial
+//                (out, lse) rows back to their ranks (one all-to-all(v)) and merged by LSE. The
+//                cache never travels: pass-Q moves less than passing K and V when the new tokens
+//                are a small part of the context.
+void extend(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+            CachedAttentionStats* stats = nullptr);
+
 // Collective. Decodes one token at position cache.tokens(layer) of `layer`: q [1, 1, heads, d],
 // k and v [1, 1, kv_heads, d] are the token's, the same on every rank (each computes the
 // token's projections: one row). Appends k and v where the layout keeps them, then attends:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "../cp/merge.hpp"
@@ -35,15 +36,16 @@ void timed(Communicator& comm, CachedAttentionStats* stats, Fn&& fn) {
   }
 }
 
-// Interleaved prefill: this rank's tokens [first, first + n) (k, v [1, n, kv_heads, d]) go to
-// their owners (position mod cp) in one all-to-all(v); each rank appends what it receives, in
-// position order (the ranks' chunks are contiguous in rank order).
+// Interleaved prefill: this rank's new tokens (k, v [1, n, kv_heads, d]), at positions
+// [first, first + n) after the cached ones, go to their owners (position mod cp) in one
+// all-to-all(v); each rank appends what it receives, in position order (the ranks' chunks are
+// contiguous in rank order).
 void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
                          const std::vector<std::int64_t>& rank_tokens, const TensorView& k, const TensorView& v,
                          CachedAttentionStats* stats) {
   const int cp = comm.size(), me = comm.rank();
-  const std::int64_t row = k.shape.h * k.shape.d,
-                     first = std::accumulate(rank_tokens.begin(), rank_tokens.begin() + me, std::int64_t(0));
+  const std::int64_t row = k.shape.h * k.shape.d, origin = cache.tokens(layer),
+                     first = origin + std::accumulate(rank_tokens.begin(), rank_tokens.begin() + me, std::int64_t(0));
   const std::int64_t total = std::accumulate(rank_tokens.begin(), rank_tokens.end(), std::int64_t(0));
   // Tokens of rank r's chunk [a, a + n) that rank j owns: kv_rows counts them.
   auto owned = [&](std::int64_t a, std::int64_t n, int j) {
@@ -51,7 +53,7 @@ void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
   };
   const std::size_t ranks = static_cast<std::size_t>(cp);
   std::vector<std::size_t> sb(ranks), so(ranks), rb(ranks), ro(ranks);
-  std::int64_t at = 0;
+  std::int64_t at = origin;
   for (int j = 0; j < cp; ++j) {
     sb[std::size_t(j)] = std::size_t(2 * owned(first, k.shape.s, j) * row) * sizeof(float);
     rb[std::size_t(j)] = std::size_t(2 * owned(at, rank_tokens[std::size_t(j)], me) * row) * sizeof(float);
@@ -88,22 +90,93 @@ void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
   cache.append(layer, total, kr.view(), vr.view());
 }
 
-// Ulysses: the K and V heads the transpose brought are the heads layout's rows.
+// Ulysses: the K and V heads the transpose brought are the heads layout's rows; the queries
+// attend to every cached row before theirs (a prompt over a cache: q_offset = tokens cached).
 void prefill_ulysses(Communicator& comm, KvCache& cache, std::int64_t layer,
                      const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
                      const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  const std::int64_t origin = cache.tokens(layer);
   const HeadSplit split = ulysses_head_split(comm.size(), q.shape.h, k.shape.h);
   const SeqShard in[] = {{q, split.q}, {k, split.kv}, {v, split.kv}};
   FusedHeads qkv;
   timed(comm, stats, [&] { post_seq_to_head(comm, in, rank_tokens, qkv).wait(); });
-  const TensorView qh = qkv.part(0), kh = qkv.part(1), vh = qkv.part(2);
+  TensorView keys = qkv.part(1), values = qkv.part(2);
+  if (cache.layout() == KvLayout::heads) {
+    cache.append(layer, qkv.seq(), keys, values);
+    keys = cache.keys(layer);
+    values = cache.values(layer);
+  }
+  const TensorView qh = qkv.part(0);
   FusedHeads oh(DType::f32, 1, rank_tokens, q.shape.d, {qh.shape.h});
   const Tensor lse = lse_tensor(qh.shape);
-  flash_attention_forward(oh.part(0), lse.view(), qh, kh, vh, AttentionParams{.causal = true});
+  flash_attention_forward(oh.part(0), lse.view(), qh, keys, values,
+                          AttentionParams{.causal = true, .q_offset = origin});
   const SeqShard o[] = {{out, split.q}};
   timed(comm, stats, [&] { post_head_to_seq(comm, oh, o).wait(); });
-  if (cache.layout() == KvLayout::heads) return cache.append(layer, qkv.seq(), kh, vh);
+  if (cache.layout() == KvLayout::interleaved) scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
+}
+
+// out [1, n, h, d] = the LSE merge, in rank order, of every rank's partial rows: parts holds
+// cp blocks of n rows of (out [h, d], lse [h]).
+void merge_rows(const std::vector<float>& parts, int cp, std::int64_t n, std::int64_t h, std::int64_t d,
+                const TensorView& out) {
+  const std::int64_t row = h * d + h;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t g = 0; g < h; ++g) {
+      auto at = [&](int r) { return parts.data() + (r * n + i) * row; };
+      float m = -std::numeric_limits<float>::infinity(), total = 0;
+      for (int r = 0; r < cp; ++r) m = std::max(m, at(r)[h * d + g]);
+      float* o = out.f32(0, i, g);
+      std::fill_n(o, d, 0.0f);
+      for (int r = 0; r < cp; ++r) {
+        const float w = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(at(r)[h * d + g] - m);
+        total += w;
+        for (std::int64_t c = 0; c < d; ++c) o[c] += w * at(r)[g * d + c];
+      }
+      for (std::int64_t c = 0; c < d; ++c) o[c] = total > 0 ? o[c] / total : 0.0f;
+    }
+}
+
+// Pass-Q over an interleaved cache: the new tokens' K and V go to their owners; every query goes
+// to every rank (one all-gather), which attends it over the rows of its shard at or before the
+// query's position; the partial (out, lse) rows go back to the queries' ranks (one
+// all-to-all(v)) and merge by LSE. Only queries and partial outputs travel, never the cache.
+void prefill_pass_q(Communicator& comm, KvCache& cache, std::int64_t layer,
+                    const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t origin = cache.tokens(layer), h = q.shape.h, d = q.shape.d, row = h * d + h,
+                     mine = rank_tokens[std::size_t(me)], group = h / k.shape.h;
   scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
+  std::vector<std::size_t> qb, sb, so, rb, ro;
+  std::int64_t T = 0;
+  for (int r = 0; r < cp; ++r) {
+    const std::int64_t n = rank_tokens[std::size_t(r)];
+    qb.push_back(std::size_t(n * h * d) * sizeof(float));
+    so.push_back(std::size_t(T * row) * sizeof(float));
+    sb.push_back(std::size_t(n * row) * sizeof(float));
+    ro.push_back(std::size_t(r * mine * row) * sizeof(float));
+    rb.push_back(std::size_t(mine * row) * sizeof(float));
+    T += n;
+  }
+  std::vector<float> qall(static_cast<std::size_t>(T * h * d)), part(static_cast<std::size_t>(T * row)),
+      back(static_cast<std::size_t>(cp * mine * row));
+  timed(comm, stats, [&] {
+    comm.allgatherv(buffer_of(q), Buffer{qall.data(), qall.size() * sizeof(float)}, qb, "pass_q_gather");
+  });
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (std::int64_t t = 0; t < T; ++t) {  // query t sees this rank's rows at positions <= origin + t
+    const std::int64_t seen = kv_rows(KvLayout::interleaved, origin + t + 1, cp, me);
+    float* p = part.data() + t * row;
+    decode_attention_local(p, p + h * d, qall.data() + t * h * d, h, 0, rows(cache.keys(layer), 0, seen),
+                           rows(cache.values(layer), 0, seen), 0, group, scale);
+  }
+  timed(comm, stats, [&] {
+    comm.ialltoallv(Buffer{part.data(), part.size() * sizeof(float)}, sb, so,
+                    Buffer{back.data(), back.size() * sizeof(float)}, rb, ro, "pass_q_return")
+        .wait();
+  });
+  merge_rows(back, cp, mine, h, d, out);
 }
 
 // The ring (pass-KV): each rank's queries stay, K and V go round; the ring's R − 1 steps are
@@ -147,6 +220,13 @@ void prefill(Communicator& comm, KvCache& cache, Prefill how, std::int64_t layer
     throw Error(fmt::format("a prefill fills an empty cache; layer {} holds {} tokens", layer, cache.tokens(layer)));
   if (how == Prefill::ulysses) return prefill_ulysses(comm, cache, layer, rank_tokens, q, k, v, out, stats);
   prefill_ring(comm, cache, layer, rank_tokens, q, k, v, out, stats);
+}
+
+void extend(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+            CachedAttentionStats* stats) {
+  if (cache.layout() == KvLayout::heads) return prefill_ulysses(comm, cache, layer, rank_tokens, q, k, v, out, stats);
+  prefill_pass_q(comm, cache, layer, rank_tokens, q, k, v, out, stats);
 }
 
 void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
