@@ -71,6 +71,34 @@ COMM_TEST(Generate, EveryGroupSizeEqualsOneRank) {
       }
 }
 
+// A second turn over the cache (extend: Ulysses over it for heads, pass-Q for interleaved)
+// equals prefilling both turns at once, and its tokens at cp = world equal one rank's.
+COMM_TEST(Generate, ASecondTurnEqualsOnePrompt) {
+  Gpt<float> model(tiny_model());
+  model.init_params(11);
+  std::vector<int> first, second, both;
+  for (int i = 0; i < 10; ++i) first.push_back((i * 29 + 3) % 64);
+  for (int i = 0; i < 6; ++i) second.push_back((i * 13 + 7) % 64);
+  both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+    const GenerateConfig config{layout, Prefill::ulysses, 24, 0, 0};
+    if (!generate_error(tiny_model(), config, comm.size(), 10, 8, 0).empty()) continue;
+    Generator whole(*alone, tiny_model(), model.params, config), turns(comm, tiny_model(), model.params, config);
+    std::vector<float> want = whole.prefill(both);
+    turns.prefill(first);
+    std::vector<float> got = turns.extend(second);
+    for (int s = 0; s < 4; ++s) {  // the turn's logits, then three decode steps'
+      EXPECT_LT(relative_error(got, want), 1e-5) << to_string(layout) << " step " << s;
+      const int token = whole.next_token(want);
+      EXPECT_EQ(turns.next_token(got), token) << to_string(layout) << " step " << s;
+      want = whole.decode(token);
+      got = turns.decode(token);
+    }
+  }
+}
+
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {
   const GptConfig m = tiny_model();
   const GenerateConfig heads{KvLayout::heads, Prefill::ulysses, 100, 0, 0};

@@ -80,20 +80,36 @@ std::vector<float> Generator::logits(const float* x) {
 }
 
 std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
-  const int cp = comm_.size(), me = comm_.rank();
-  const std::int64_t P = std::int64_t(prompt.size()), C = model_.width;
-  std::vector<std::int64_t> rank_tokens;
-  for (int r = 0; r < cp; ++r) rank_tokens.push_back(P * (r + 1) / cp - P * r / cp);
-  const std::int64_t first = P * me / cp, n = rank_tokens[static_cast<std::size_t>(me)];
-  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = first + i;
   cache_.clear();
+  return run_prompt(prompt);
+}
+
+std::vector<float> Generator::extend(const std::vector<int>& tokens) {
+  const std::int64_t T = std::int64_t(tokens.size()), cached = cache_.tokens(0);
+  if (T < comm_.size() || cached + T > config_.capacity)
+    throw Error(
+        fmt::format("a turn of {} tokens over {} cached needs at least {} tokens (one a rank) and fits "
+                    "a capacity of {}",
+                    T, cached, comm_.size(), config_.capacity));
+  return run_prompt(tokens);
+}
+
+std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
+  const int cp = comm_.size(), me = comm_.rank();
+  const std::int64_t T = std::int64_t(tokens.size()), C = model_.width, origin = cache_.tokens(0);
+  std::vector<std::int64_t> rank_tokens;
+  for (int r = 0; r < cp; ++r) rank_tokens.push_back(T * (r + 1) / cp - T * r / cp);
+  const std::int64_t first = T * me / cp, n = rank_tokens[static_cast<std::size_t>(me)];
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = origin + first + i;
   stats_ = {};
   std::vector<float> x(static_cast<std::size_t>(n * C));
-  embedding_forward(x.data(), prompt.data() + first, params_.data() + layout_.wte, n, C);
+  embedding_forward(x.data(), tokens.data() + first, params_.data() + layout_.wte, n, C);
   for (std::int64_t l = 0; l < model_.layers; ++l)
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
-      ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
+      if (origin == 0)
+        return ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
+      ulysses::extend(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
     });
   // The last position is the last rank's last row; its logits go to every rank.
   std::vector<float> out =

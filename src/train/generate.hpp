@@ -39,6 +39,10 @@ class Generator {
   // Collective. Clears the cache and runs `prompt` (the same on every rank; generate_error must
   // have passed) through the model; returns the last position's logits, the same on every rank.
   std::vector<float> prefill(const std::vector<int>& prompt);
+  // Collective. A next turn of `tokens` (the same on every rank, at least one a rank) over what
+  // the cache holds: Ulysses over the cache (heads) or pass-Q (interleaved); returns the last
+  // position's logits, the same on every rank. Error when it does not fit the capacity.
+  std::vector<float> extend(const std::vector<int>& tokens);
   // Collective. Runs `token` at the next position; returns its logits (the same on every rank).
   std::vector<float> decode(int token);
   // Not collective. The next token from logits: argmax, or a sample under the configured
@@ -53,6 +57,9 @@ class Generator {
   template <class Attend>
   void layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend);
   std::vector<float> logits(const float* x);  // the final norm and the LM head of one row
+  // Runs `tokens` at the positions after the cached ones: a prefill into an empty cache, else
+  // an extension of it.
+  std::vector<float> run_prompt(const std::vector<int>& tokens);
 
   Communicator& comm_;
   GptConfig model_;
