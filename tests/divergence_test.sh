@@ -20,7 +20,7 @@ declare -A base=(
   [attention]="--seq 32 --heads 2 --head-dim 8"
   [train]="--steps 1 --seq 64 --batch 1 --layers 1 --width 16 --heads 2 --kv-heads 2 --head-dim 8 --eval-batches 1"
   [plan]="--seq 1024 --heads 8"
-  [generate]="--checkpoint $dir/ck --prompt-tokens 40 --max-new-tokens 2"
+  [generate]="--checkpoint $dir/ck --prompt-tokens 64 --max-new-tokens 2"
 )
 
 # changed KIND: what rank 1 alone is given for an option of that kind.

@@ -35,6 +35,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
+  c->add_option("--turn-tokens", o.turn_tokens,
+                "then a second turn: N synthetic tokens over the filled cache (Ulysses over it under heads, "
+                "pass-Q under interleaved), and --max-new-tokens more");
   c->add_option("--kv-layout", o.kv_layout,
                 "heads (each rank its KV heads of every token) | interleaved (token i on rank i mod cp, all heads)")
       ->capture_default_str()
@@ -58,17 +61,24 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
 
 namespace {
 
+// `n` tokens of the training task (a held-out sequence of `seed`): Error below its 64.
+std::vector<int> synthetic_tokens(const char* flag, std::int64_t n, std::uint64_t seed) {
+  const train::DataSource task = train::DataSource::synthetic();
+  if (n < 64)
+    throw Error(fmt::format("{} {}: a synthetic sequence has at least 64 tokens (a needle and {} queries)", flag, n,
+                            train::DataSource::kQueries));
+  return task.held_out_batch(1, n, seed, 0).tokens;
+}
+
 // The prompt's tokens: the file's bytes, or the training task's sequence (the same on every rank).
 std::vector<int> load_prompt(const GenerateOptions& o, std::int64_t vocab) {
   if (o.prompt.empty() && o.prompt_tokens <= 0)
     throw Error(o.prompt_tokens < 0 ? fmt::format("--prompt-tokens must be positive, got {}", o.prompt_tokens)
                                     : "the prompt is empty: give --prompt FILE or --prompt-tokens N");
   std::vector<int> tokens;
-  if (!o.prompt.empty()) {
+  if (!o.prompt.empty())
     for (unsigned char ch : read_input_within_memory("--prompt", o.prompt)) tokens.push_back(int(ch));
-  } else {
-    tokens = train::DataSource::synthetic().held_out_batch(1, o.prompt_tokens, o.seed, 0).tokens;
-  }
+  if (o.prompt.empty()) tokens = synthetic_tokens("--prompt-tokens", o.prompt_tokens, o.seed);
   for (int t : tokens)
     if (t >= vocab) throw Error(fmt::format("--prompt holds byte {}, outside the model's vocabulary of {}", t, vocab));
   return tokens;
@@ -76,7 +86,7 @@ std::vector<int> load_prompt(const GenerateOptions& o, std::int64_t vocab) {
 
 struct Request {
   train::Checkpoint model;
-  std::vector<int> prompt;
+  std::vector<int> prompt, turn;
   train::GenerateConfig config;
 };
 
@@ -90,13 +100,23 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
   on_every_rank(comm, [&] {
     r.model = train::read_checkpoint(o.checkpoint);
     r.prompt = load_prompt(o, r.model.config.model.vocab);
-    const std::int64_t P = std::int64_t(r.prompt.size());
-    r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill),
-                o.capacity > 0 ? o.capacity : P + o.max_new_tokens, o.temperature, o.seed};
+    if (o.turn_tokens > 0) r.turn = synthetic_tokens("--turn-tokens", o.turn_tokens, o.seed + 1);
+    const std::int64_t P = std::int64_t(r.prompt.size()), T = std::int64_t(r.turn.size()),
+                       tokens = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
+    r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill), o.capacity > 0 ? o.capacity : tokens,
+                o.temperature, o.seed};
     const train::TrainConfig& t = r.model.config;
     const std::int64_t positions = t.lengths.empty() ? t.seq : *std::max_element(t.lengths.begin(), t.lengths.end());
     const std::string e = train::generate_error(t.model, r.config, comm.size(), P, o.max_new_tokens, positions);
     if (!e.empty()) throw Error(e);
+    if (o.turn_tokens < 0 || (T > 0 && T < comm.size()))
+      throw Error(
+          fmt::format("--turn-tokens {}: a turn needs at least one token a rank ({})", o.turn_tokens, comm.size()));
+    if (tokens > r.config.capacity)
+      throw Error(
+          fmt::format("the prompt's {} tokens, the turn's {} and 2 x {} new ones do not fit in the KV cache's "
+                      "capacity of {} tokens",
+                      P, T, o.max_new_tokens, r.config.capacity));
   });
   return r;
 }
@@ -155,13 +175,14 @@ struct Timing {
   double prefill_comm_s = 0;
 };
 
-// Collective. The prefill and the decode steps, timed (rank-local clocks; the collectives keep
-// the ranks in step).
-Timing run_request(Communicator& comm, train::Generator& gen, const Request& r, std::int64_t new_tokens) {
+// Collective. The prompt (prefilled into an empty cache, else over it) and the decode steps,
+// timed (rank-local clocks; the collectives keep the ranks in step).
+Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int>& prompt, std::int64_t new_tokens,
+                bool first) {
   Timing t;
   comm.barrier();
   double t0 = comm.now();
-  std::vector<float> logits = gen.prefill(r.prompt);
+  std::vector<float> logits = first ? gen.prefill(prompt) : gen.extend(prompt);
   t.tokens.push_back(gen.next_token(logits));
   t.ttft_s = comm.now() - t0;
   t.prefill_collectives = gen.stats().collectives;
@@ -218,6 +239,16 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
             {"fraction", b.kernel_bytes_s / b.read_bytes_s}}}};
 }
 
+nlohmann::json turn_report(const Request& r, const Timing& t) {
+  return {{"tokens_over_cache", r.turn.size()},
+          {"new_tokens", t.tokens.size()},
+          {"tokens", t.tokens},
+          {"time_to_first_token_s", t.ttft_s},
+          {"collectives", t.prefill_collectives},
+          {"comm_s", t.prefill_comm_s},
+          {"time_per_output_token_s", t.decode_s / double(std::max<std::int64_t>(t.steps, 1))}};
+}
+
 void print_report(const nlohmann::json& j, std::int64_t replication, const std::string& text) {
   fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill {}\n",
              j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication,
@@ -239,6 +270,14 @@ void print_report(const nlohmann::json& j, std::int64_t replication, const std::
              human_bytes(d["cache_bytes"].get<double>()), 1e-9 * d["bytes_per_s"].get<double>(),
              1e-9 * d["read_bandwidth_bytes_per_s"].get<double>(), d["fraction"].get<double>());
   fmt::print("  generated: {}\n", text);
+  if (!j.contains("turn")) return;
+  const auto& t = j["turn"];
+  fmt::print(
+      "  second turn: {} tokens over the cache ({}): time to first token {:.2f} ms ({} collectives, {:.2f} ms), "
+      "time per output token {:.3f} ms\n",
+      t["tokens_over_cache"].get<std::int64_t>(), j["kv_layout"] == "heads" ? "Ulysses over the cache" : "pass-Q",
+      1e3 * t["time_to_first_token_s"].get<double>(), t["collectives"].get<std::int64_t>(),
+      1e3 * t["comm_s"].get<double>(), 1e3 * t["time_per_output_token_s"].get<double>());
 }
 
 }  // namespace
@@ -251,11 +290,13 @@ int run_generate(const GenerateOptions& o) {
   set_threads(o.threads > 0 ? o.threads : fallback);
   const Request r = load_request(comm, o);
   train::Generator gen(comm, r.model.config.model, r.model.params, r.config);
-  const Timing t = run_request(comm, gen, r, o.max_new_tokens);
+  const Timing t = run_turn(comm, gen, r.prompt, o.max_new_tokens, true);
+  const Timing turn = r.turn.empty() ? Timing{} : run_turn(comm, gen, r.turn, o.max_new_tokens, false);
   const Bandwidth b = measure_bandwidth(gen.cache());
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(gen.cache().bytes());
   on_root(comm, [&] {
-    const nlohmann::json report = make_report(comm, r, t, b, kv_bytes);
+    nlohmann::json report = make_report(comm, r, t, b, kv_bytes);
+    if (!r.turn.empty()) report["turn"] = turn_report(r, turn);
     if (o.json != "-") print_report(report, gen.cache().replication(), shown(t.tokens));
     if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
   });

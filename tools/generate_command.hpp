@@ -18,8 +18,9 @@ struct GenerateOptions {
   std::string kv_layout = "heads", prefill = "ulysses";
   std::int64_t prompt_tokens = 0;  // a synthetic prompt of this many tokens (the training task's)
   std::int64_t max_new_tokens = 32;
-  std::int64_t capacity = 0;  // KV cache tokens; 0: prompt + new tokens
-  float temperature = 0;      // 0: greedy
+  std::int64_t turn_tokens = 0;  // then a second turn of this many synthetic tokens over the cache
+  std::int64_t capacity = 0;     // KV cache tokens; 0: prompt + new tokens
+  float temperature = 0;         // 0: greedy
   std::uint64_t seed = 0;
   int threads = 0;
   BackendOptions backend;
