@@ -137,6 +137,37 @@ void merge_rows(const std::vector<float>& parts, int cp, std::int64_t n, std::in
     }
 }
 
+// Every query of a turn over this rank's shard, into part (T rows of out [h, d], lse [h]): the
+// rows cached before the turn are visible to every query (one flash call without a mask: its
+// query tiles reuse each row they load, where a matrix-vector product per query would read the
+// shard T times); the turn's own rows, at most ⌈T/cp⌉ of them, per query up to its position
+// (over a strided shard the causal mask is no band the kernel knows); the two merged by LSE.
+void shard_partials(const KvCache& cache, std::int64_t layer, std::int64_t origin, const TensorView& q,
+                    std::int64_t group, std::vector<float>& part) {
+  const int cp = cache.cp(), me = cache.rank();
+  const std::int64_t T = q.shape.s, h = q.shape.h, d = q.shape.d, row = h * d + h;
+  const std::int64_t old = kv_rows(KvLayout::interleaved, origin, cp, me);
+  Tensor acc(q.shape), turn(q.shape), acc_lse = lse_tensor(q.shape), turn_lse = lse_tensor(q.shape);
+  float *al = acc_lse.view().f32(0, 0, 0), *tl = turn_lse.view().f32(0, 0, 0);  // bhsd: [h][T]
+  std::fill_n(al, h * T, -std::numeric_limits<float>::infinity());
+  if (old > 0)
+    flash_attention_forward(acc.view(), acc_lse.view(), q, rows(cache.keys(layer), 0, old),
+                            rows(cache.values(layer), 0, old), AttentionParams{});
+  std::vector<float> lse(static_cast<std::size_t>(h));
+  for (std::int64_t t = 0; t < T; ++t) {  // query t sees the turn's rows at positions <= origin + t
+    const std::int64_t seen = kv_rows(KvLayout::interleaved, origin + t + 1, cp, me) - old;
+    decode_attention_local(turn.view().f32(0, t, 0), lse.data(), q.f32(0, t, 0), h, 0,
+                           rows(cache.keys(layer), old, seen), rows(cache.values(layer), old, seen), 0, group,
+                           1.0f / std::sqrt(float(d)));
+    for (std::int64_t g = 0; g < h; ++g) tl[g * T + t] = lse[static_cast<std::size_t>(g)];
+  }
+  merge_attention(acc.view(), acc_lse.view(), turn.view(), turn_lse.view());
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::copy_n(acc.view().f32(0, t, 0), h * d, part.data() + t * row);
+    for (std::int64_t g = 0; g < h; ++g) part[static_cast<std::size_t>(t * row + h * d + g)] = al[g * T + t];
+  }
+}
+
 // Pass-Q over an interleaved cache: the new tokens' K and V go to their owners; every query goes
 // to every rank (one all-gather), which attends it over the rows of its shard at or before the
 // query's position; the partial (out, lse) rows go back to the queries' ranks (one
@@ -164,13 +195,8 @@ void prefill_pass_q(Communicator& comm, KvCache& cache, std::int64_t layer,
   timed(comm, stats, [&] {
     comm.allgatherv(buffer_of(q), Buffer{qall.data(), qall.size() * sizeof(float)}, qb, "pass_q_gather");
   });
-  const float scale = 1.0f / std::sqrt(float(d));
-  for (std::int64_t t = 0; t < T; ++t) {  // query t sees this rank's rows at positions <= origin + t
-    const std::int64_t seen = kv_rows(KvLayout::interleaved, origin + t + 1, cp, me);
-    float* p = part.data() + t * row;
-    decode_attention_local(p, p + h * d, qall.data() + t * h * d, h, 0, rows(cache.keys(layer), 0, seen),
-                           rows(cache.values(layer), 0, seen), 0, group, scale);
-  }
+  shard_partials(cache, layer, origin, TensorView::dense(qall.data(), DType::f32, {1, T, h, d}, Layout::bshd), group,
+                 part);
   timed(comm, stats, [&] {
     comm.ialltoallv(Buffer{part.data(), part.size() * sizeof(float)}, sb, so,
                     Buffer{back.data(), back.size() * sizeof(float)}, rb, ro, "pass_q_return")
