@@ -5,10 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "../kernels/exp_poly.hpp"
 #include "ulysses/cached_attention.hpp"
 
 namespace ulysses {
@@ -38,6 +41,22 @@ struct Problem {
   const float* vrow(std::int64_t t, std::int64_t i) const { return v->f32(0, t, (q_first + i) / group - kv_first); }
 };
 
+// s[t] = e^(s[t] − mx) for t < n, vectorised as the kernels' own exp (simd_engine.hpp's vexp):
+// 2^k · e^r, k = round(x · log2 e) by the 1.5·2^23 rounding constant, r = x − k·ln 2 in two
+// parts (|r| <= ln2/2), e^r by exp_poly.hpp (2e-9 relative). x is clamped at −87 so 2^k stays a
+// normal float; e^−87 is below anything a sum of weights that includes 1 can notice.
+void exp_block(float* s, std::int64_t n, float mx) {
+#pragma omp simd
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float x = std::max(s[t] - mx, -87.0f);
+    const float km = x * 1.44269504088896341f + 12582912.0f;
+    const float k = km - 12582912.0f;
+    const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+    const std::uint32_t bits = (std::bit_cast<std::uint32_t>(km) << 23) + (127u << 23);
+    s[t] = kernels::exp_poly(r) * std::bit_cast<float>(bits);
+  }
+}
+
 void block(const Problem& p, std::int64_t t0, std::int64_t n, Partial& part, float* scores) {
   const std::int64_t d = p.d;
   for (std::int64_t i = 0; i < p.q_heads; ++i) {
@@ -51,8 +70,9 @@ void block(const Problem& p, std::int64_t t0, std::int64_t n, Partial& part, flo
     const float rescale = std::exp(part.m[std::size_t(i)] - mx);  // 0 on the first block (m = −inf)
     float l = part.l[std::size_t(i)] * rescale;
     for (std::int64_t j = 0; j < d; ++j) acc[j] *= rescale;
+    exp_block(s, n, mx);
     for (std::int64_t t = 0; t < n; ++t) {
-      const float w = std::exp(s[t] - mx);
+      const float w = s[t];
       l += w;
       const float* vr = p.vrow(t0 + t, i);
 #pragma omp simd
