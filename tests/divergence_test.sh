@@ -12,11 +12,15 @@ trap 'rm -rf "$dir"' EXIT
 fails=0 jobs=0
 head -c 200 /dev/zero | tr '\0' a > "$dir/input.txt"  # enough for one 64-token sequence
 mkdir "$dir/input.dir" "$dir/work"
+# A tiny checkpoint for generate's base arguments.
+timeout 60 "$mpiexec" $flags -n 1 "$bin" train --steps 1 --seq 64 --batch 1 --layers 1 --width 16 --heads 2 \
+  --kv-heads 2 --head-dim 8 --save "$dir/ck" > "$dir/ck.log" 2>&1 || { echo "FAIL: cannot train"; cat "$dir/ck.log"; exit 1; }
 
 declare -A base=(
   [attention]="--seq 32 --heads 2 --head-dim 8"
   [train]="--steps 1 --seq 64 --batch 1 --layers 1 --width 16 --heads 2 --kv-heads 2 --head-dim 8 --eval-batches 1"
   [plan]="--seq 1024 --heads 8"
+  [generate]="--checkpoint $dir/ck --prompt-tokens 64 --max-new-tokens 2"
 )
 
 # changed KIND: what rank 1 alone is given for an option of that kind.
@@ -53,7 +57,7 @@ check() {
 }
 
 # Jobs four at a time: most of a job's time is mpirun noticing a non-zero exit.
-for cmd in attention train plan; do
+for cmd in attention train plan generate; do
   ULYSSES_PRINT_OPTIONS=$cmd "$bin" > "$dir/options.$cmd" || { echo "FAIL: $cmd: cannot list its options"; exit 1; }
   [ -s "$dir/options.$cmd" ] || { echo "FAIL: $cmd lists no options"; exit 1; }
   while read -r name kind agreement; do

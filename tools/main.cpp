@@ -24,6 +24,7 @@ using namespace ulysses;
 const cli::BackendOptions& chosen_backend(const CLI::App& app, const cli::Commands& c) {
   if (app.got_subcommand("attention")) return c.attention.backend;
   if (app.got_subcommand("train")) return c.train.backend;
+  if (app.got_subcommand("generate")) return c.generate.backend;
   return c.plan.backend;
 }
 
@@ -31,6 +32,7 @@ const cli::BackendOptions& chosen_backend(const CLI::App& app, const cli::Comman
 int run_subcommand(const CLI::App& app, const cli::Commands& c) {
   if (app.got_subcommand("attention")) return cli::run_attention(c.attention);
   if (app.got_subcommand("train")) return cli::run_train(c.train);
+  if (app.got_subcommand("generate")) return cli::run_generate(c.generate);
   return cli::run_plan(c.plan);
 }
 

@@ -1,0 +1,81 @@
+// Attention over a sharded KV cache (kv_cache.hpp), for inference: a prompt prefilled into the
+// cache, then one token per step decoded against it.
+//
+// Every function here is collective over the cache's group (comm.size() == cache.cp(), this
+// rank cache.rank()) and checks nothing across ranks: the caller validates a request once, at
+// its prefill, and every decode step after it moves only its data. The decode step's one
+// collective per layer is why: a step is latency-bound, and agreement would double its messages.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "ulysses/communicator.hpp"
+#include "ulysses/kv_cache.hpp"
+#include "ulysses/tensor.hpp"
+
+namespace ulysses {
+
+// What the collectives of the calls given these stats cost: how many, and their seconds.
+struct CachedAttentionStats {
+  std::int64_t collectives = 0;
+  double comm_s = 0;
+};
+
+// How a prompt fills the cache (its names are not the strategies': these are prefill paths
+// built from the strategies' pieces, not the strategies):
+//   ulysses  the a2a strategy's all-to-alls: one seq_to_head of q, k, v, causal flash attention
+//            on this rank's heads, one head_to_seq of the output. The heads layout keeps the
+//            head-sharded K and V the transpose brought; interleaved sends each token's K and V
+//            to its owner in one more all-to-all(v).
+//   ring     the p2p strategy's ring (pass-KV: K and V travel, each rank keeps its queries);
+//            then one all-to-all(v) moves the K and V into the layout: to their heads' ranks
+//            (heads) or to their owners (interleaved).
+enum class Prefill : int { ulysses = 0, ring = 1 };
+Prefill parse_prefill(std::string_view name);  // "ulysses" | "ring"; Error otherwise
+const char* to_string(Prefill prefill);
+
+// Collective. The prefill of one layer into an empty cache layer: rank r holds prompt tokens
+// [Σ_{i<r} rank_tokens[i], +rank_tokens[r]) (contiguous, in rank order, at least one each) as
+// q [1, n_r, heads, d], k and v [1, n_r, kv_heads, d], RoPE applied; out [1, n_r, heads, d]
+// gets their causal attention.
+void prefill(Communicator& comm, KvCache& cache, Prefill how, std::int64_t layer,
+             const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
+             const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
+
+// Collective. A prompt over a cache that holds tokens already (a conversation's next turn, the
+// next chunk of a chunked prefill): rank_tokens, q, k, v and out as for prefill, the tokens at
+// positions after the cached ones, each seeing every cached token and the new ones before it.
+//   heads        Ulysses over the cache: the transposes of prefill, the new K and V heads
+//                appended, each rank's queries attending its heads of the whole cache;
+//   interleaved  pass-Q: K and V of the new tokens to their owners (one all-to-all(v)), every
+//                query to every rank (one all-gather), attended over each shard, the partial
+//                (out, lse) rows back to their ranks (one all-to-all(v)) and merged by LSE. The
+//                cache never travels: pass-Q moves less than passing K and V when the new tokens
+//                are a small part of the context.
+void extend(Communicator& comm, KvCache& cache, std::int64_t layer, const std::vector<std::int64_t>& rank_tokens,
+            const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+            CachedAttentionStats* stats = nullptr);
+
+// Collective. Decodes one token at position cache.tokens(layer) of `layer`: q [1, 1, heads, d],
+// k and v [1, 1, kv_heads, d] are the token's, the same on every rank (each computes the
+// token's projections: one row). Appends k and v where the layout keeps them, then attends:
+//   heads        each rank its query heads over its KV heads; one all-gather(v) of the outputs;
+//   interleaved  each rank every head over its shard (an empty shard gives lse = −inf); one
+//                all-gather of the partial (out, lse), merged by LSE in rank order.
+// out [1, 1, heads, d] dense gets the same values on every rank.
+void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
+
+// Not collective. The local decode kernel: one query row per head against `rows` cached keys,
+// a matrix-vector product per head, streamed once (no query tiles: one row has nothing to
+// reuse them for). q and out are dense [q_heads, d]; query head i is global head q_first + i and
+// uses global KV head (q_first + i) / group, which is head ((q_first + i) / group − kv_first) of
+// k and v ([1, rows, kv heads, d]). lse[q_heads] gets the natural-log sum of exp of the
+// scaled scores (−inf and out = 0 when rows = 0). Threads split the rows (OpenMP).
+void decode_attention_local(float* out, float* lse, const float* q, std::int64_t q_heads, std::int64_t q_first,
+                            const TensorView& k, const TensorView& v, std::int64_t kv_first, std::int64_t group,
+                            float scale);
+
+}  // namespace ulysses

@@ -1,0 +1,169 @@
+#include "train/generate.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ulysses/error.hpp"
+
+namespace ulysses::train {
+
+std::string generate_error(const GptConfig& model, const GenerateConfig& config, int cp, std::int64_t prompt_tokens,
+                           std::int64_t new_tokens, std::int64_t max_positions) {
+  if (prompt_tokens <= 0) return "the prompt is empty: generation needs at least one prompt token";
+  if (new_tokens <= 0) return fmt::format("--max-new-tokens must be positive, got {}", new_tokens);
+  if (max_positions > 0 && prompt_tokens > max_positions)
+    return fmt::format("the prompt has {} tokens, longer than the model's {} positions (the length it was trained at)",
+                       prompt_tokens, max_positions);
+  if (prompt_tokens + new_tokens > config.capacity)
+    return fmt::format("the prompt's {} tokens and {} new ones do not fit in the KV cache's capacity of {} tokens",
+                       prompt_tokens, new_tokens, config.capacity);
+  if (prompt_tokens < cp)
+    return fmt::format("the prompt has {} tokens, fewer than the {} ranks: the prefill gives every rank a token",
+                       prompt_tokens, cp);
+  return kv_layout_error(config.layout, {model.layers, model.heads, model.kv_heads, model.head_dim, config.capacity},
+                         cp);
+}
+
+Generator::Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params,
+                     const GenerateConfig& config)
+    : comm_(comm), model_(model), layout_(model), params_(params), config_(config),
+      cache_(config.layout, {model.layers, model.heads, model.kv_heads, model.head_dim, config.capacity}, comm.size(),
+             comm.rank()),
+      sampler_(config.seed * 0x9e3779b97f4a7c15ull + 1) {
+  if (std::int64_t(params.size()) != layout_.total)
+    throw Error(fmt::format("{} parameters given for a model of {}", params.size(), layout_.total));
+}
+
+template <class Attend>
+void Generator::layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend) {
+  const GptConfig& c = model_;
+  const std::int64_t N = std::int64_t(pos.size()), C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim,
+                     F = c.hidden;
+  const auto& L = layout_.layer[static_cast<std::size_t>(l)];
+  const float* P = params_.data();
+  std::vector<float> xn(static_cast<std::size_t>(N * C)), rstd(static_cast<std::size_t>(N)),
+      q(static_cast<std::size_t>(N * QD)), k(static_cast<std::size_t>(N * KD)), v(k.size()), att(q.size()),
+      y(xn.size());
+  rmsnorm_forward(xn.data(), rstd.data(), x.data(), P + L.rms1, N, C);
+  matmul_forward(q.data(), xn.data(), P + L.wq, N, C, QD);
+  matmul_forward(k.data(), xn.data(), P + L.wk, N, C, KD);
+  matmul_forward(v.data(), xn.data(), P + L.wv, N, C, KD);
+  RopeTable<float> rope;
+  rope.build(pos.data(), N, c.head_dim);
+  rope_forward(q.data(), rope, N, c.heads, c.head_dim);
+  rope_forward(k.data(), rope, N, c.kv_heads, c.head_dim);
+  auto view = [&](std::vector<float>& t, std::int64_t h) {
+    return TensorView::dense(t.data(), DType::f32, {1, N, h, c.head_dim}, Layout::bshd);
+  };
+  attend(l, view(q, c.heads), view(k, c.kv_heads), view(v, c.kv_heads), view(att, c.heads));
+  matmul_forward(y.data(), att.data(), P + L.wo, N, QD, C);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  rmsnorm_forward(xn.data(), rstd.data(), x.data(), P + L.rms2, N, C);
+  std::vector<float> a(static_cast<std::size_t>(N * F)), g(a.size());
+  matmul_forward(a.data(), xn.data(), P + L.w1, N, C, F);
+  matmul_forward(g.data(), xn.data(), P + L.w3, N, C, F);
+  swiglu_forward(a.data(), a.data(), g.data(), N * F);
+  matmul_forward(y.data(), a.data(), P + L.w2, N, F, C);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+}
+
+std::vector<float> Generator::logits(const float* x) {
+  const std::int64_t C = model_.width, V = model_.vocab;
+  std::vector<float> xn(static_cast<std::size_t>(C)), out(static_cast<std::size_t>(V));
+  float rstd = 0;
+  rmsnorm_forward(xn.data(), &rstd, x, params_.data() + layout_.rmsf, 1, C);
+  matmul_forward(out.data(), xn.data(), params_.data() + layout_.lm_head, 1, C, V);
+  return out;
+}
+
+std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
+  cache_.clear();
+  return run_prompt(prompt);
+}
+
+std::vector<float> Generator::extend(const std::vector<int>& tokens) {
+  const std::int64_t T = std::int64_t(tokens.size()), cached = cache_.tokens(0);
+  if (T < comm_.size() || cached + T > config_.capacity)
+    throw Error(
+        fmt::format("a turn of {} tokens over {} cached needs at least {} tokens (one a rank) and fits "
+                    "a capacity of {}",
+                    T, cached, comm_.size(), config_.capacity));
+  return run_prompt(tokens);
+}
+
+std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
+  const int cp = comm_.size(), me = comm_.rank();
+  const std::int64_t T = std::int64_t(tokens.size()), C = model_.width, origin = cache_.tokens(0);
+  std::vector<std::int64_t> rank_tokens;
+  for (int r = 0; r < cp; ++r) rank_tokens.push_back(T * (r + 1) / cp - T * r / cp);
+  const std::int64_t first = T * me / cp, n = rank_tokens[static_cast<std::size_t>(me)];
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = origin + first + i;
+  stats_ = {};
+  std::vector<float> x(static_cast<std::size_t>(n * C));
+  embedding_forward(x.data(), tokens.data() + first, params_.data() + layout_.wte, n, C);
+  for (std::int64_t l = 0; l < model_.layers; ++l)
+    layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
+      if (origin == 0)
+        return ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
+      ulysses::extend(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
+    });
+  // The last position is the last rank's last row; its logits go to every rank.
+  std::vector<float> out =
+      me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));
+  const double t0 = comm_.now();
+  comm_.broadcast(out.data(), out.size() * sizeof(float), cp - 1);
+  stats_.collectives += 1;
+  stats_.comm_s += comm_.now() - t0;
+  return out;
+}
+
+namespace {
+// omp_set_num_threads(n) for this scope, the previous count restored on leaving it.
+struct ScopedThreads {
+  int saved = omp_get_max_threads();
+  explicit ScopedThreads(int n) { omp_set_num_threads(n); }
+  ~ScopedThreads() { omp_set_num_threads(saved); }
+};
+}  // namespace
+
+std::vector<float> Generator::decode(int token) {
+  const std::int64_t C = model_.width;
+  const std::vector<std::int64_t> pos{cache_.tokens(0)};
+  stats_ = {};
+  // One row: a parallel region costs more than its work (on a loaded machine, a scheduler
+  // quantum whenever a team member is descheduled), so the row runs on one thread and only the
+  // attention, which streams the cache, gets the team.
+  const int threads = omp_get_max_threads();
+  const ScopedThreads one(1);
+  std::vector<float> x(static_cast<std::size_t>(C));
+  embedding_forward(x.data(), &token, params_.data() + layout_.wte, 1, C);
+  for (std::int64_t l = 0; l < model_.layers; ++l)
+    layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
+      const ScopedThreads team(threads);
+      decode_attention(comm_, cache_, layer, q, k, v, out, &stats_);
+    });
+  return logits(x.data());
+}
+
+int Generator::next_token(const std::vector<float>& logits) {
+  const auto best = std::max_element(logits.begin(), logits.end());
+  if (config_.temperature <= 0) return int(best - logits.begin());
+  std::uint64_t z = (sampler_ += 0x9e3779b97f4a7c15ull);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  const double u = double((z ^ (z >> 31)) >> 11) / double(1ull << 53);
+  double total = 0;
+  std::vector<double> w(logits.size());
+  for (std::size_t i = 0; i < w.size(); ++i)
+    total += (w[i] = std::exp(double(logits[i] - *best) / config_.temperature));
+  double at = u * total;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    if ((at -= w[i]) < 0) return int(i);
+  return int(w.size() - 1);
+}
+
+}  // namespace ulysses::train

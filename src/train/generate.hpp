@@ -1,0 +1,74 @@
+// Inference with the training demo's GPT over a KV cache sharded across a context-parallel
+// group (kv_cache.hpp, cached_attention.hpp): the prompt prefilled (Ulysses' all-to-alls or
+// the ring), then one token per step. Every rank holds all weights and the whole
+// prompt; the prefill splits the prompt's tokens contiguously over the ranks, a decode step runs
+// the new token's (one-row) projections and MLP on every rank and shards only its attention, so
+// every rank computes the same logits and the same next token without being told it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/gpt.hpp"
+#include "ulysses/cached_attention.hpp"
+#include "ulysses/communicator.hpp"
+#include "ulysses/kv_cache.hpp"
+
+namespace ulysses::train {
+
+struct GenerateConfig {
+  KvLayout layout = KvLayout::heads;
+  Prefill prefill = Prefill::ulysses;
+  std::int64_t capacity = 0;  // tokens the cache holds: prompt + new tokens
+  float temperature = 0;      // 0: greedy (argmax), else sampled from softmax(logits / temperature)
+  std::uint64_t seed = 0;     // the sampler's, the same on every rank
+};
+
+// "" when a request of `prompt_tokens` prompt tokens and `new_tokens` new ones can run on the
+// model at cp ranks under `config` (a prompt of at most `max_positions` tokens, the length the
+// model was trained at; 0: no bound), else the one problem, naming the numbers (and, for a
+// layout that cannot hold the heads, what would work). Not collective: the same on every rank.
+std::string generate_error(const GptConfig& model, const GenerateConfig& config, int cp, std::int64_t prompt_tokens,
+                           std::int64_t new_tokens, std::int64_t max_positions);
+
+class Generator {
+ public:
+  // Not collective. `params` (the model's parameter slab, ParamLayout) must outlive this.
+  Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params, const GenerateConfig& config);
+  // Collective. Clears the cache and runs `prompt` (the same on every rank; generate_error must
+  // have passed) through the model; returns the last position's logits, the same on every rank.
+  std::vector<float> prefill(const std::vector<int>& prompt);
+  // Collective. A next turn of `tokens` (the same on every rank, at least one a rank) over what
+  // the cache holds: Ulysses over the cache (heads) or pass-Q (interleaved); returns the last
+  // position's logits, the same on every rank. Error when it does not fit the capacity.
+  std::vector<float> extend(const std::vector<int>& tokens);
+  // Collective. Runs `token` at the next position; returns its logits (the same on every rank).
+  std::vector<float> decode(int token);
+  // Not collective. The next token from logits: argmax, or a sample under the configured
+  // temperature (the sampler's state advances identically on every rank).
+  int next_token(const std::vector<float>& logits);
+  const KvCache& cache() const { return cache_; }
+  // The collectives of the last prefill or decode call, and their time.
+  const CachedAttentionStats& stats() const { return stats_; }
+
+ private:
+  // The layer on N rows of x (in place) at positions pos; attend(l, q, k, v, out) is its attention.
+  template <class Attend>
+  void layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend);
+  std::vector<float> logits(const float* x);  // the final norm and the LM head of one row
+  // Runs `tokens` at the positions after the cached ones: a prefill into an empty cache, else
+  // an extension of it.
+  std::vector<float> run_prompt(const std::vector<int>& tokens);
+
+  Communicator& comm_;
+  GptConfig model_;
+  ParamLayout layout_;
+  const std::vector<float>& params_;
+  GenerateConfig config_;
+  KvCache cache_;
+  CachedAttentionStats stats_;
+  std::uint64_t sampler_;
+};
+
+}  // namespace ulysses::train

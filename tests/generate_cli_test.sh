@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `ulysses generate` end to end: the tokens and logits-driven choices of every rank count and
+# both KV layouts equal one rank's (over MPI and over ranks as threads), and every bad request
+# is one clear error before any data moves, with nothing written.
+# usage: generate_cli_test.sh ULYSSES_BINARY MPIEXEC "MPIEXEC_FLAGS"
+source "$(dirname "$0")/cli_lib.sh" "$@" none
+trap 'rm -rf "$dir"' EXIT
+
+run 2 train --seq 64 --batch 2 --steps 3 --width 32 --heads 4 --kv-heads 2 --head-dim 8 --save "$dir/ck" \
+  > "$dir/train.log" 2>&1 || { cat "$dir/train.log"; echo "cannot train"; exit 1; }
+gen=(generate --checkpoint "$dir/ck" --prompt-tokens 64 --max-new-tokens 12)
+tokens() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"])' "$1"; }
+
+# 1. Greedy tokens at every cp and layout equal cp = 1's (sampled ones: test_generate).
+run 1 "${gen[@]}" --json "$dir/one.json" > /dev/null 2>&1 || bad "cp 1 failed"
+want=$(tokens "$dir/one.json")
+for layout in heads interleaved; do
+  for n in 2 3 4; do
+    for prefill in ulysses ring; do
+      if run "$n" "${gen[@]}" --kv-layout "$layout" --prefill $prefill --json "$dir/g.json" > "$dir/g.log" 2>&1 &&
+        [ "$(tokens "$dir/g.json")" = "$want" ]; then ok "cp $n $layout $prefill = cp 1"
+      else bad "cp $n $layout $prefill differs from cp 1"; cat "$dir/g.log"; fi
+    done
+  done
+  if timeout 60 "$bin" "${gen[@]}" --kv-layout "$layout" --comm local --ranks 3 --json "$dir/l.json" \
+    > "$dir/l.log" 2>&1 && [ "$(tokens "$dir/l.json")" = "$want" ]; then ok "local 3 $layout = cp 1"
+  else bad "local 3 $layout differs"; cat "$dir/l.log"; fi
+done
+# A second turn over the cache (Ulysses over it, pass-Q): both turns' tokens equal cp = 1's.
+turns() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["tokens"], j["turn"]["tokens"])' "$1"; }
+run 1 "${gen[@]}" --turn-tokens 64 --json "$dir/one.json" > /dev/null 2>&1 || bad "cp 1 turn failed"
+want=$(turns "$dir/one.json")
+for layout in heads interleaved; do
+  if run 3 "${gen[@]}" --turn-tokens 64 --kv-layout "$layout" --json "$dir/t.json" > "$dir/t.log" 2>&1 &&
+    [ "$(turns "$dir/t.json")" = "$want" ]; then ok "cp 3 $layout second turn = cp 1"
+  else bad "cp 3 $layout second turn differs"; cat "$dir/t.log"; fi
+done
+grep -q "(equal)" "$dir/g.log" && ! grep -q "DIFFERENT" "$dir/g.log" && ok "KV bytes = formula" || bad "KV bytes"
+
+# 2. Bad requests: one error, nothing written.
+: > "$dir/empty.txt"
+head -c 100 "$dir/ck/checkpoint.bin" > "$dir/short.bin" && mkdir "$dir/cut" && mv "$dir/short.bin" "$dir/cut/checkpoint.bin"
+out=(--json "$dir/never.json")
+expect "empty prompt" 2 "the prompt is empty" generate --checkpoint "$dir/ck" --prompt "$dir/empty.txt" "${out[@]}"
+no_file "$dir/never.json" "empty prompt"
+expect "no new tokens" 2 "--max-new-tokens must be positive, got 0" "${gen[@]}" --max-new-tokens 0 "${out[@]}"
+expect "over capacity" 2 "do not fit in the KV cache's capacity of 70 tokens" "${gen[@]}" --capacity 70 "${out[@]}"
+expect "over positions" 2 "the prompt has 80 tokens, longer than the model's 64 positions" \
+  generate --checkpoint "$dir/ck" --prompt-tokens 80 "${out[@]}"
+expect "heads at cp 5" 5 "use --kv-layout interleaved (any cp) or cp <= 4" "${gen[@]}" "${out[@]}"
+expect "short turn" 2 "a synthetic sequence has at least 64 tokens" "${gen[@]}" --turn-tokens 10 "${out[@]}"
+expect "truncated checkpoint" 2 "corrupt checkpoint" generate --checkpoint "$dir/cut" --prompt-tokens 64 "${out[@]}"
+no_file "$dir/never.json" "every refusal"
+
+[ $fails -eq 0 ] && echo "generate cli OK" || { echo "$fails failure(s)"; exit 1; }

@@ -1,0 +1,113 @@
+// Generation over a sharded KV cache (train/generate.hpp) is exact at every group size: the
+// greedy (and seeded sampled) tokens at cp = world equal one rank's, every step's logits within
+// 1e-5 relative, under both cache layouts; bad requests are refused with the numbers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "train/generate.hpp"
+#include "worlds.hpp"
+
+using namespace ulysses;
+using namespace ulysses::train;
+
+namespace {
+
+GptConfig tiny_model() { return GptConfig{64, 2, 32, 4, 2, 8, 88}; }
+
+struct Run {
+  std::vector<int> tokens;
+  std::vector<std::vector<float>> logits;  // the prefill's, then every decode step's
+};
+
+Run generate(Communicator& comm, const std::vector<float>& params, const GenerateConfig& config,
+             const std::vector<int>& prompt, int steps) {
+  Generator gen(comm, tiny_model(), params, config);
+  Run run;
+  run.logits.push_back(gen.prefill(prompt));
+  // Per layer two transposes, or the ring's steps and one move into the layout (and the
+  // interleaved scatter after the transposes); then the logits broadcast.
+  const std::int64_t per_layer = config.prefill == Prefill::ring          ? (comm.size() - 1) + 1
+                                 : config.layout == KvLayout::interleaved ? 3
+                                                                          : 2;
+  EXPECT_EQ(gen.stats().collectives, per_layer * tiny_model().layers + 1);
+  for (int s = 0; s < steps; ++s) {
+    run.tokens.push_back(gen.next_token(run.logits.back()));
+    run.logits.push_back(gen.decode(run.tokens.back()));
+    EXPECT_EQ(gen.stats().collectives, tiny_model().layers);  // one per layer, nothing else
+  }
+  EXPECT_EQ(gen.cache().bytes(), kv_bytes_formula(config.layout, gen.cache().shape(), comm.size(), comm.rank()));
+  return run;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, double(std::abs(got[i] - want[i])));
+    scale = std::max(scale, double(std::abs(want[i])));
+  }
+  return diff / scale;
+}
+
+COMM_TEST(Generate, EveryGroupSizeEqualsOneRank) {
+  Gpt<float> model(tiny_model());
+  model.init_params(7);
+  std::vector<int> prompt;
+  for (int i = 0; i < 13; ++i) prompt.push_back((i * 37 + 5) % 64);
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (float temperature : {0.0f, 1.0f})
+    for (Prefill how : {Prefill::ulysses, Prefill::ring})
+      for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+        const GenerateConfig config{layout, how, 24, temperature, 3};
+        if (!generate_error(tiny_model(), config, comm.size(), 13, 8, 0).empty()) continue;
+        const Run one = generate(*alone, model.params, config, prompt, 8);
+        const Run all = generate(comm, model.params, config, prompt, 8);
+        EXPECT_EQ(all.tokens, one.tokens)
+            << to_string(layout) << " " << to_string(how) << " temperature " << temperature;
+        for (std::size_t s = 0; s < one.logits.size(); ++s)
+          EXPECT_LT(relative_error(all.logits[s], one.logits[s]), 1e-5) << to_string(layout) << " step " << s;
+      }
+}
+
+// A second turn over the cache (extend: Ulysses over it for heads, pass-Q for interleaved)
+// equals prefilling both turns at once, and its tokens at cp = world equal one rank's.
+COMM_TEST(Generate, ASecondTurnEqualsOnePrompt) {
+  Gpt<float> model(tiny_model());
+  model.init_params(11);
+  std::vector<int> first, second, both;
+  for (int i = 0; i < 10; ++i) first.push_back((i * 29 + 3) % 64);
+  for (int i = 0; i < 6; ++i) second.push_back((i * 13 + 7) % 64);
+  both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+    const GenerateConfig config{layout, Prefill::ulysses, 24, 0, 0};
+    if (!generate_error(tiny_model(), config, comm.size(), 10, 8, 0).empty()) continue;
+    Generator whole(*alone, tiny_model(), model.params, config), turns(comm, tiny_model(), model.params, config);
+    std::vector<float> want = whole.prefill(both);
+    turns.prefill(first);
+    std::vector<float> got = turns.extend(second);
+    for (int s = 0; s < 4; ++s) {  // the turn's logits, then three decode steps'
+      EXPECT_LT(relative_error(got, want), 1e-5) << to_string(layout) << " step " << s;
+      const int token = whole.next_token(want);
+      EXPECT_EQ(turns.next_token(got), token) << to_string(layout) << " step " << s;
+      want = whole.decode(token);
+      got = turns.decode(token);
+    }
+  }
+}
+
+TEST(Generate, RefusesBadRequestsWithTheNumbers) {
+  const GptConfig m = tiny_model();
+  const GenerateConfig heads{KvLayout::heads, Prefill::ulysses, 100, 0, 0};
+  EXPECT_NE(generate_error(m, heads, 2, 0, 5, 0).find("empty"), std::string::npos);
+  EXPECT_NE(generate_error(m, heads, 2, 10, 0, 0).find("--max-new-tokens must be positive, got 0"), std::string::npos);
+  EXPECT_NE(generate_error(m, heads, 2, 99, 5, 0).find("capacity of 100"), std::string::npos);
+  EXPECT_NE(generate_error(m, heads, 2, 80, 5, 64).find("80 tokens, longer than the model's 64"), std::string::npos);
+  EXPECT_NE(generate_error(m, heads, 8, 80, 5, 0).find("--kv-layout interleaved"), std::string::npos);
+  EXPECT_EQ(generate_error(m, {KvLayout::interleaved, Prefill::ring, 100, 0, 0}, 8, 80, 5, 0), "");
+}
+
+}  // namespace

@@ -1,0 +1,156 @@
+// The sharded KV cache (kv_cache.hpp) and attention over it (cached_attention.hpp): bytes held
+// equal the formula; prefill and every decode step equal float64 attention over all tokens so
+// far, on every layout, at every group size (a rank with an empty shard included).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ulysses/cached_attention.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/kv_cache.hpp"
+#include "worlds.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+// A deterministic value in [-1, 1) for (seed, index): the same on every rank.
+float value(std::uint64_t seed, std::int64_t i) {
+  std::uint64_t z = seed * 0x9e3779b97f4a7c15ull + std::uint64_t(i) * 0xbf58476d1ce4e5b9ull + 1;
+  z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+  z ^= z >> 29;
+  return float(double(z >> 11) / double(1ull << 53) * 2.0 - 1.0);
+}
+
+// [tokens][heads][d] rows of the whole sequence.
+struct Rows {
+  std::int64_t heads, d;
+  std::vector<float> x;
+  Rows(std::uint64_t seed, std::int64_t tokens, std::int64_t heads, std::int64_t d) : heads(heads), d(d) {
+    x.resize(std::size_t(tokens * heads * d));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2.0f * value(seed, std::int64_t(i));
+  }
+  const float* at(std::int64_t t, std::int64_t h) const { return x.data() + (t * heads + h) * d; }
+  // Tokens [t, t + n) as a [1, n, heads, d] view.
+  TensorView view(std::int64_t t, std::int64_t n) const {
+    return TensorView::dense(const_cast<float*>(at(t, 0)), DType::f32, {1, n, heads, d}, Layout::bshd);
+  }
+};
+
+// Float64: query `t` of q (head i) against keys 0..keys−1; returns the largest error of got.
+double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, std::int64_t keys, const float* got) {
+  const std::int64_t h = q.heads, d = q.d, group = h / k.heads;
+  double worst = 0;
+  for (std::int64_t i = 0; i < h; ++i) {
+    std::vector<double> s(static_cast<std::size_t>(keys));
+    double mx = -1e300, sum = 0;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      double dot = 0;
+      for (std::int64_t c = 0; c < d; ++c) dot += double(q.at(t, i)[c]) * double(k.at(j, i / group)[c]);
+      s[std::size_t(j)] = dot / std::sqrt(double(d));
+      mx = std::max(mx, s[std::size_t(j)]);
+    }
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (std::int64_t c = 0; c < d; ++c) {
+      double o = 0;
+      for (std::int64_t j = 0; j < keys; ++j) o += s[std::size_t(j)] / sum * double(v.at(j, i / group)[c]);
+      worst = std::max(worst, std::abs(o - double(got[i * d + c])) / (1.0 + std::abs(o)));
+    }
+  }
+  return worst;
+}
+
+TEST(KvCache, BytesHeldEqualTheFormula) {
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved})
+    for (int cp = 1; cp <= 6; ++cp)
+      for (int rank = 0; rank < cp; ++rank) {
+        const KvCacheShape shape{3, 6, 2, 8, 13};
+        const KvCache cache(layout, shape, cp, rank);
+        EXPECT_EQ(cache.bytes(), kv_bytes_formula(layout, shape, cp, rank)) << to_string(layout) << " cp " << cp;
+      }
+  EXPECT_EQ(KvCache(KvLayout::heads, {1, 8, 2, 4, 10}, 4, 3).replication(), 2);  // 4 ranks, 2 KV heads
+  EXPECT_EQ(KvCache(KvLayout::heads, {1, 8, 4, 4, 10}, 4, 3).replication(), 1);
+  EXPECT_EQ(kv_bytes_formula(KvLayout::interleaved, {2, 8, 2, 4, 10}, 4, 3), 2 * 2 * 2 * 2 * 4 * 4);  // rows 3, 7
+}
+
+TEST(KvCache, RefusesWhatItCannotHold) {
+  EXPECT_NE(kv_layout_error(KvLayout::heads, {1, 4, 2, 8, 16}, 8).find("--kv-layout interleaved"), std::string::npos);
+  EXPECT_EQ(kv_layout_error(KvLayout::interleaved, {1, 4, 2, 8, 16}, 8), "");
+  EXPECT_THROW(KvCache(KvLayout::heads, {1, 4, 2, 8, 16}, 8, 0), Error);
+  KvCache full(KvLayout::heads, {1, 2, 1, 4, 1}, 1, 0);
+  Rows kv(1, 2, 1, 4);
+  full.append(0, 1, kv.view(0, 1), kv.view(0, 1));
+  EXPECT_THROW(full.append(0, 1, kv.view(1, 1), kv.view(1, 1)), Error);
+  EXPECT_THROW(parse_kv_layout("rows"), Error);
+}
+
+// Tokens [begin, begin + count) split over the ranks, contiguous; checks each rank's rows of
+// their attention (prefilled `how` into an empty cache, else extended over it) against float64.
+void prompt_part(Communicator& comm, KvCache& cache, const Rows& q, const Rows& k, const Rows& v, std::int64_t begin,
+                 std::int64_t count, Prefill how) {
+  const int cp = comm.size(), me = comm.rank();
+  std::vector<std::int64_t> rank_tokens;
+  for (int r = 0; r < cp; ++r) rank_tokens.push_back(count * (r + 1) / cp - count * r / cp);
+  const std::int64_t first = begin + count * me / cp, n = rank_tokens[std::size_t(me)];
+  Tensor out({1, n, q.heads, q.d});
+  const TensorView qs = q.view(first, n), ks = k.view(first, n), vs = v.view(first, n);
+  if (begin == 0) prefill(comm, cache, how, 0, rank_tokens, qs, ks, vs, out.view());
+  if (begin > 0) extend(comm, cache, 0, rank_tokens, qs, ks, vs, out.view());
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_LT(worst_error(q, k, v, first + i, first + i + 1, out.view().f32(0, i, 0)), kTol)
+        << to_string(cache.layout()) << (begin > 0 ? " extend" : " prefill") << " row " << first + i;
+}
+
+// A prompt of `prompt` tokens (prefilled `how`; none: decode from an empty cache), a second turn
+// of `turn` tokens over it, then `steps` decode steps, every output checked against float64.
+void prefill_then_decode(Communicator& comm, KvLayout layout, std::int64_t prompt, std::int64_t steps,
+                         Prefill how = Prefill::ulysses, std::int64_t turn = 0) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t h = 4, hkv = 2, d = 8, total = prompt + turn + steps;
+  if (!kv_layout_error(layout, {1, h, hkv, d, total}, cp).empty()) return;
+  const Rows q(1, total, h, d), k(2, total, hkv, d), v(3, total, hkv, d);
+  KvCache cache(layout, {1, h, hkv, d, total}, cp, me);
+  if (prompt > 0) prompt_part(comm, cache, q, k, v, 0, prompt, how);
+  if (turn > 0) prompt_part(comm, cache, q, k, v, prompt, turn, how);
+  CachedAttentionStats stats;
+  for (std::int64_t t = prompt + turn; t < total; ++t) {
+    Tensor out({1, 1, h, d});
+    decode_attention(comm, cache, 0, q.view(t, 1), k.view(t, 1), v.view(t, 1), out.view(), &stats);
+    EXPECT_LT(worst_error(q, k, v, t, t + 1, out.view().f32(0, 0, 0)), kTol)
+        << to_string(layout) << " " << to_string(how) << " step " << t;
+  }
+  EXPECT_EQ(stats.collectives, steps);  // one per decode step, nothing else
+  EXPECT_EQ(cache.tokens(0), total);
+}
+
+COMM_TEST(CachedAttention, ASecondTurnOverTheCacheEqualsFloat64) {
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved})
+    prefill_then_decode(comm, layout, 9, 3, Prefill::ulysses, 7);
+}
+
+COMM_TEST(CachedAttention, DecodeFromAnEmptyCacheEqualsFloat64) {
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) prefill_then_decode(comm, layout, 0, 6);
+}
+
+COMM_TEST(CachedAttention, PrefillThenDecodeEqualsFloat64) {
+  for (Prefill how : {Prefill::ulysses, Prefill::ring})
+    for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) prefill_then_decode(comm, layout, 11, 5, how);
+}
+
+TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {
+  const std::int64_t rows = 3000, h = 4, hkv = 2, d = 16;
+  const Rows q(4, 1, h, d), k(5, rows, hkv, d), v(6, rows, hkv, d);
+  std::vector<float> out(static_cast<std::size_t>(h * d)), lse(static_cast<std::size_t>(h));
+  decode_attention_local(out.data(), lse.data(), q.at(0, 0), h, 0, k.view(0, rows), v.view(0, rows), 0, h / hkv,
+                         1.0f / std::sqrt(float(d)));
+  EXPECT_LT(worst_error(q, k, v, 0, rows, out.data()), kTol);
+  decode_attention_local(out.data(), lse.data(), q.at(0, 0), h, 0, k.view(0, 0), v.view(0, 0), 0, h / hkv, 1.0f);
+  EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[0], 0.0f);
+}
+
+}  // namespace

@@ -1,0 +1,34 @@
+// `ulysses generate`: a `train --save` checkpoint generating over a KV cache sharded across the
+// ranks (train/generate.hpp): time to first token, per output token, the collectives of a step,
+// the cache's bytes per rank against their formula, and the decode kernel's read rate against
+// this machine's.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "options.hpp"
+
+namespace ulysses::cli {
+
+struct GenerateOptions {
+  std::string checkpoint, prompt, json;
+  std::string kv_layout = "heads", prefill = "ulysses";
+  std::int64_t prompt_tokens = 0;  // a synthetic prompt of this many tokens (the training task's)
+  std::int64_t max_new_tokens = 32;
+  std::int64_t turn_tokens = 0;  // then a second turn of this many synthetic tokens over the cache
+  std::int64_t capacity = 0;     // KV cache tokens; 0: prompt + new tokens
+  float temperature = 0;         // 0: greedy
+  std::uint64_t seed = 0;
+  int threads = 0;
+  BackendOptions backend;
+  double timeout = 300;
+};
+
+void add_generate_command(CLI::App& app, GenerateOptions& opt);
+
+int run_generate(const GenerateOptions& opt);
+
+}  // namespace ulysses::cli
