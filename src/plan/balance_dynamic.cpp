@@ -122,7 +122,7 @@ std::uint64_t hash_of(const std::vector<double>& v) {
 // remaining sequences need, the few longest sequences still to come (the look-ahead bound's),
 // whether that bound is affordable, and the beam's width under the budget.
 struct BeamShape {
-  std::vector<double> rest;                            // least rank·seconds of sequences i.. n-1
+  std::vector<double> rest;                             // least rank·seconds of sequences i.. n-1
   std::vector<std::vector<std::size_t>> longest_after;  // the <= 4 longest of sequences i.. n-1
   bool look_ahead = false;
   std::size_t width = 1;
@@ -150,8 +150,9 @@ BeamShape beam_shape(const BalanceInput& in, const std::vector<std::vector<Optio
     ahead_work +=
         double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
   shape.look_ahead = kBeamBudget / (work + ahead_work) >= 16;
-  shape.width = std::clamp<std::size_t>(
-      std::size_t(kBeamBudget / std::max(1.0, shape.look_ahead ? work + ahead_work : work)), 1, kMaxBeam);
+  shape.width =
+      std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, shape.look_ahead ? work + ahead_work : work)), 1,
+                              kMaxBeam);
   shape.longest_after.resize(n + 1);
   for (std::size_t i = n; i-- > 0;) {
     std::vector<std::size_t>& l = shape.longest_after[i];

@@ -96,7 +96,7 @@ class Trainer {
   struct StepPlan {
     std::vector<SequenceLayout> sequences;
     BalancePlan plan;
-    std::map<int, CpConfig> configs;     // by group size: the strategy at that size, causal
+    std::map<int, CpConfig> configs;    // by group size: the strategy at that size, causal
     std::vector<Placement> placements;  // by sequence: its group and every member's chunks
     std::vector<Run> runs;
     std::int64_t targets = 0;  // labels in the loss, all sequences
