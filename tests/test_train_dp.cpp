@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -162,6 +163,27 @@ TEST(DpTimesCp, StepsReportEveryRanksIdleTimeAndTheirTokens) {
   for (double idle : r.idle_s) {
     EXPECT_GE(idle, 0.0);
     EXPECT_LE(idle, r.seconds);
+  }
+}
+
+TEST(DpTimesCp, AStepPlanCarriesEachGroupsConfigurationAndEveryMembersTokens) {
+  MpiCommunicator world;
+  TrainConfig c = tiny("p2p");
+  c.lengths = parse_lengths("97,2x64,131");
+  c.balance = BalancePolicy::dynamic;
+  Trainer t(world, c, DataSource::synthetic());
+  const Trainer::StepPlan p = t.plan_step(0, false);
+  ASSERT_EQ(p.placements.size(), p.sequences.size());
+  for (std::size_t i = 0; i < p.sequences.size(); ++i) {
+    const Placement& place = p.placements[i];
+    EXPECT_EQ(place.group.first_rank, p.plan.groups[i].first_rank);
+    ASSERT_EQ(int(place.chunks.size()), p.plan.groups[i].size);
+    ASSERT_EQ(p.configs.count(place.group.size), 1u) << "no configuration for a group of " << place.group.size;
+    EXPECT_TRUE(p.configs.at(place.group.size).causal);
+    std::vector<int> owners(std::size_t(p.sequences[i].length), 0);  // every token on exactly one member
+    for (int r = place.group.first_rank; r < place.group.first_rank + place.group.size; ++r)
+      for (std::int64_t q : token_positions(place.of(r))) ++owners.at(std::size_t(q));
+    EXPECT_EQ(std::count(owners.begin(), owners.end(), 1), std::int64_t(owners.size())) << "sequence " << i;
   }
 }
 

@@ -36,10 +36,10 @@
 
 namespace ulysses::cli {
 
-void add_attention_command(CLI::App& app, AttentionOptions& o) {
-  CLI::App* c = add_command(app, "attention",
-                            "Run one distributed attention forward (and backward) over all ranks, optionally check it "
-                            "against a float64 reference, time it and report bytes and memory per rank.");
+namespace {
+
+// Global tensors read from and written to .npy files.
+void add_file_options(CLI::App* c, AttentionOptions& o) {
   input_path(c->add_option("--q", o.q, "global query, .npy float32 [b, s, h, d]"), "file");
   input_path(c->add_option("--k", o.k, "global key, .npy float32 [b, s, h_kv, d]"), "file");
   input_path(c->add_option("--v", o.v, "global value, .npy float32 [b, s, h_kv, d]"), "file");
@@ -48,6 +48,29 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
   c->add_option("--dq", o.dq, "write the global dq here (.npy; needs a backward)");
   c->add_option("--dk", o.dk, "write the global dk here (.npy; needs a backward)");
   c->add_option("--dv", o.dv, "write the global dv here (.npy; needs a backward)");
+}
+
+// The random inputs drawn when no --q is given.
+void add_random_input_options(CLI::App* c, AttentionOptions& o) {
+  c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
+  c->add_option("--seq", o.seq, "random inputs: global sequence length")
+      ->capture_default_str()
+      ->check(positive_number());
+  c->add_option("--heads", o.heads, "random inputs: query heads")->capture_default_str()->check(positive_number());
+  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")
+      ->check(positive_number());
+  c->add_option("--head-dim", o.head_dim, "random inputs: head dim")->capture_default_str()->check(CLI::Range(1, 1024));
+  c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
+  c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app, AttentionOptions& o) {
+  CLI::App* c = add_command(app, "attention",
+                            "Run one distributed attention forward (and backward) over all ranks, optionally check it "
+                            "against a float64 reference, time it and report bytes and memory per rank.");
+  add_file_options(c, o);
   c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
   add_strategy_options(c, o.strategy_options);  // a2a+p2p's --cp-sizes, a2a's --overlap-chunks, ...
   c->add_flag("--causal", o.causal, "causal (lower-triangular) mask");
@@ -60,16 +83,7 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "sliding window L[,R] (FlashAttention's window_size; L alone means L,0; -1: unbounded): query i sees "
                 "keys i-L..i+R; p2p and a2a+p2p then send only the halo the band reaches");
   c->add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
-  c->add_option("--batch", o.batch, "random inputs: batch size")->capture_default_str()->check(positive_number());
-  c->add_option("--seq", o.seq, "random inputs: global sequence length")
-      ->capture_default_str()
-      ->check(positive_number());
-  c->add_option("--heads", o.heads, "random inputs: query heads")->capture_default_str()->check(positive_number());
-  c->add_option("--kv-heads", o.kv_heads, "random inputs: key/value heads (default: --heads)")
-      ->check(positive_number());
-  c->add_option("--head-dim", o.head_dim, "random inputs: head dim")->capture_default_str()->check(CLI::Range(1, 1024));
-  c->add_option("--seed", o.seed, "random inputs: seed")->capture_default_str();
-  c->add_flag("--backward", o.backward, "random inputs: draw a dout too and run the backward");
+  add_random_input_options(c, o);
   c->add_option("--dtype", o.dtype,
                 "storage and wire dtype: f32 | bf16 (bf16 computes on the CPU's bf16 unit where it outruns the "
                 "float32 FMA: AMX, AMD's AVX512_BF16; otherwise converted to float32)")

@@ -30,12 +30,10 @@
 
 namespace ulysses::cli {
 
-void add_plan_command(CLI::App& app, PlanOptions& o) {
-  CLI::App* c =
-      add_command(app, "plan",
-                  "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
-                  "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
-                  "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
+namespace {
+
+// The attention planned and the machine it runs on.
+void add_shape_and_machine_options(CLI::App* c, PlanOptions& o) {
   c->add_option("--seq", o.seq, "sequence length (global; required unless --train)")->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(positive_number());
@@ -56,6 +54,10 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--dtype", o.dtype, "element type on the wire: bf16 | f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32"}));
+}
+
+// The mask, packed documents, windows, cross-attention, and where the plan is written.
+void add_attention_and_report_options(CLI::App* c, PlanOptions& o) {
   c->add_flag("--no-causal", o.no_causal, "full (non-causal) attention");
   c->add_flag("--calibrate", o.calibrate,
               "measure this machine (attention rate, an alpha-beta fit of MPI send/recv; across hosts also with every "
@@ -77,6 +79,10 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
                 "(required when --kv-seq differs from --seq)");
   c->add_option("--json", o.json, "write the plan here (- for standard output, after the table)");
   c->add_option("--svg", o.svg, "plot predicted step time against sequence length per strategy");
+}
+
+// plan --train (memory per rank for `ulysses train`) and plan --lengths (variable-length steps).
+void add_train_and_lengths_options(CLI::App* c, PlanOptions& o) {
   c->add_flag("--train", o.train,
               "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
@@ -105,6 +111,19 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--tile-rows", o.tile_rows, "with --train: rows of a tile (train --tile-rows)")
       ->capture_default_str()
       ->check(positive_number());
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, PlanOptions& o) {
+  CLI::App* c =
+      add_command(app, "plan",
+                  "Choose a context-parallel strategy and predict its cost per rank: bytes, messages, compute, "
+                  "communication (and how much of it hides), memory, step time; for this machine (--calibrate) or a "
+                  "GPU cluster (defaults: 8-GPU NVLink nodes joined by InfiniBand).");
+  add_shape_and_machine_options(c, o);
+  add_attention_and_report_options(c, o);
+  add_train_and_lengths_options(c, o);
   c->add_option("--gpu", o.gpu,
                 "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, H100, H800, "
                 "H200, B200, L20, L40S); --tflops / --efficiency given too win");

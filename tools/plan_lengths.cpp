@@ -185,6 +185,29 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
              "run on the ranks you mean, or drop it");
 }
 
+namespace {
+
+// Rank 0's first lines: the step, the model and the machine it is planned for.
+void print_lengths_header(const PlanOptions& o, const BalanceInput& in) {
+  const train::GptConfig m = model_of(o);
+  fmt::print(
+      "ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
+      "KV heads of {}), cp_comm_type {}, {}{}\n",
+      in.lengths.size(), std::accumulate(in.lengths.begin(), in.lengths.end(), std::int64_t(0)),
+      describe_lengths(in.lengths).substr(0, 120), m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim,
+      in.cp_comm_type, to_string(in.model.dtype),
+      in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
+  const Cluster& c = in.model.cluster;
+  fmt::print(
+      "  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
+      "GEMMs {:.3g} TFLOP/s\n",
+      o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
+      c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
+      (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
+}
+
+}  // namespace
+
 int run_plan_lengths(const PlanOptions& o) {
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
@@ -217,21 +240,8 @@ int run_plan_lengths(const PlanOptions& o) {
     in.gemm_flops_rate = c.gemm_flops;
   }
   on_root(comm, [&] {
-    const train::GptConfig m = model_of(o);
-    fmt::print(
-        "ulysses plan --lengths: {} sequences ({} tokens; {}), {} parameters ({} layers, width {}, {} heads / {} "
-        "KV heads of {}), cp_comm_type {}, {}{}\n",
-        in.lengths.size(), std::accumulate(in.lengths.begin(), in.lengths.end(), std::int64_t(0)),
-        describe_lengths(in.lengths).substr(0, 120), m.num_params(), m.layers, m.width, m.heads, m.kv_heads, m.head_dim,
-        in.cp_comm_type, to_string(in.model.dtype),
-        in.max_memory > 0 ? fmt::format(", at most {} per rank", train::format_bytes(in.max_memory)) : "");
+    print_lengths_header(o, in);
     const Cluster& c = in.model.cluster;
-    fmt::print(
-        "  {}: intra {:.3g} GB/s, {:.3g} us; inter {:.3g} GB/s, {:.3g} us; attention {:.3g} TFLOP/s x {:.2f}; "
-        "GEMMs {:.3g} TFLOP/s\n",
-        o.calibrate ? "this machine (calibrated)" : "cluster model", c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
-        c.inter.bandwidth / 1e9, c.inter.latency * 1e6, c.peak_flops / 1e12, c.efficiency,
-        (in.gemm_flops_rate > 0 ? in.gemm_flops_rate : c.peak_flops * c.efficiency) / 1e12);
     nlohmann::json j{{"lengths", in.lengths},
                      {"cp_comm_type", in.cp_comm_type},
                      {"gemm_flops_per_token", in.gemm_flops_per_token},

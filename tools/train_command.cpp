@@ -38,14 +38,10 @@
 
 namespace ulysses::cli {
 
-void add_train_command(CLI::App& app, TrainOptions& o) {
-  CLI::App* c = add_command(
-      app, "train",
-      "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
-      "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
-      "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
-  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
-  add_strategy_options(c, o.strategy_options);
+namespace {
+
+// What a step holds and which ranks compute each sequence.
+void add_step_options(CLI::App* c, TrainOptions& o) {
   c->add_option("--steps", o.steps, "optimizer steps (the total, when resuming)")
       ->capture_default_str()
       ->check(non_negative_number());
@@ -70,6 +66,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "which ranks compute each sequence: static (dp groups of world/dp ranks, "
                 "round-robin), pow2 (Megatron's hybrid CP) or dynamic (the balancer's solver)")
       ->capture_default_str();
+}
+
+// The model and its optimizer.
+void add_model_options(CLI::App* c, TrainOptions& o) {
   c->add_option("--layers", o.layers, "transformer blocks")->capture_default_str()->check(positive_number());
   c->add_option("--width", o.width, "model width (d_model)")->capture_default_str()->check(positive_number());
   c->add_option("--heads", o.heads, "query heads")->capture_default_str()->check(positive_number());
@@ -82,6 +82,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--lr", o.lr, "AdamW learning rate (linear warm-up)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "warm-up steps")->capture_default_str();
   c->add_option("--seed", o.seed, "seed of the weights and the data")->capture_default_str();
+}
+
+// Text to train on instead of the synthetic task, and its held-out tail.
+void add_data_options(CLI::App* c, TrainOptions& o) {
   input_path(c->add_option("--data", o.data, "train byte-level on this text file instead of the synthetic task"),
              "file");
   c->add_option("--holdout", o.holdout,
@@ -97,6 +101,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
               "with document masking (cu_seqlens), per-document RoPE positions and no loss across a boundary; "
               "needs --batch 1");
   c->add_option("--doc-separator", o.doc_separator, "with --pack: the text between documents (default: a newline)");
+}
+
+// What the run writes: logs, checkpoints, plots, traces.
+void add_output_options(CLI::App* c, TrainOptions& o) {
   c->add_option("--log", o.log, "JSON lines, one per step (rank 0)");
   c->add_option("--save", o.save, "checkpoint directory (written atomically, with a checksum)");
   c->add_option("--save-every", o.save_every, "checkpoint every K steps (default: only at the end)");
@@ -108,6 +116,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   c->add_option("--trace", o.trace,
                 "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training steps "
                 "here (rank 0): one track per rank, steps, attention compute, every communication with its bytes");
+}
+
+// What bounds a rank's memory, and the compute dtype.
+void add_memory_options(CLI::App* c, TrainOptions& o) {
   c->add_flag("--checkpoint-activations", o.checkpoint_activations,
               "keep only each layer's input; recompute the layer (its attention too) in the backward");
   c->add_flag("--tiled-mlp", o.tiled_mlp,
@@ -125,6 +137,23 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                 "kernels, the projections and the MLP as bf16 GEMMs with float32 accumulation; master "
                 "weights, gradients, AdamW and the LM head float32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, TrainOptions& o) {
+  CLI::App* c = add_command(
+      app, "train",
+      "Train a small GPT on long sequences with data x context parallelism: --dp replicas of cp = world / dp "
+      "ranks (or the CP groups --balance gives each sequence), every rank holding its groups' shards of "
+      "their sequences and the full weights. Default data: a synthetic long-range retrieval task.");
+  c->add_option("--strategy", o.strategy, "cp_comm_type: " + strategy_names(" | "))->capture_default_str();
+  add_strategy_options(c, o.strategy_options);
+  add_step_options(c, o);
+  add_model_options(c, o);
+  add_data_options(c, o);
+  add_output_options(c, o);
+  add_memory_options(c, o);
   add_timeout_option(c, o.timeout);
   add_backend_options(c, o.backend);
   c->add_option("--eval-batches", o.eval_batches,
@@ -310,6 +339,8 @@ void report_step(AppendFile* log, const Progress& p, std::int64_t s, const train
 // Each step's numbers, for the summary.
 struct Steps {
   std::vector<double> losses, seconds, tps, flops, idle, predicted;
+  std::vector<std::pair<std::int64_t, train::Evaluation>> evals;  // (step, held-out)
+  double peak_rss = 0;                                            // after the last step, the largest over ranks
 };
 
 // Rank 0's summary of a run that took at least one step.
@@ -573,6 +604,60 @@ void keep_freed_memory() {
 
 }  // namespace
 
+// Collective: the run's steps from the trainer's current one to the last, each reported (rank
+// 0) and logged, the held-out loss of text every eval_every steps and after the last, and
+// checkpoints every --save-every steps.
+// `log`: rank 0's --log, else null.
+Steps run_steps(Communicator& comm, train::Trainer& trainer, const TrainOptions& o, const Progress& progress,
+                const train::DataSource& data, AppendFile* log) {
+  const train::TrainConfig& cfg = trainer.config();
+  const int rank = comm.rank();
+  Steps steps;
+  double acc_recent = -1;
+  const bool held_out = !data.synthetic_task() && data.held_out_bytes() > 0 && o.eval_batches > 0;
+  const std::int64_t eval_every = o.eval_every >= 0 ? o.eval_every : std::max<std::int64_t>(1, cfg.steps / 10);
+  for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
+    const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
+    const train::StepResult r = trainer.step();
+    steps.losses.push_back(r.loss);
+    steps.seconds.push_back(r.seconds);
+    steps.tps.push_back(double(r.tokens) / r.seconds);
+    steps.flops.push_back(r.model_flops);
+    steps.idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
+    steps.predicted.push_back(r.predicted_s);
+    steps.peak_rss = r.peak_rss;
+    if (r.accuracy >= 0) acc_recent = r.accuracy;
+    const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
+    if (eval) steps.evals.emplace_back(r.step, trainer.evaluate(o.eval_batches));
+    const auto report = [&] {
+      report_step(log, progress, s, r, acc_recent, eval ? &steps.evals.back().second : nullptr);
+    };
+    if (o.log.empty() && rank == 0) report();
+    if (!o.log.empty()) on_root(comm, report);  // a log that cannot be written stops every rank
+    if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
+  }
+  return steps;
+}
+
+// Collective: the final evaluation (unless the last step had one), then rank 0's summary and
+// loss curve.
+void summarize(Communicator& comm, train::Trainer& trainer, const TrainOptions& o, const Steps& steps,
+               const train::DataSource& data, const Peak& peak, int cp) {
+  const train::TrainConfig& cfg = trainer.config();
+  const train::Evaluation final_eval = !steps.evals.empty() && steps.evals.back().first == trainer.current_step()
+                                           ? steps.evals.back().second
+                                           : trainer.evaluate(o.eval_batches);
+  on_root(comm, [&] {
+    if (steps.losses.empty())
+      fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
+    else
+      print_summary(steps, final_eval, steps.evals, data, peak, cfg, steps.peak_rss, cp);
+    if (!o.svg.empty() && !steps.losses.empty())
+      write_file_atomic(o.svg, svg_curve(steps.losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
+                                                                   cfg.cp.cp_comm_type, cp)));
+  });
+}
+
 int run_train(const TrainOptions& o) {
   keep_freed_memory();
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
@@ -601,8 +686,6 @@ int run_train(const TrainOptions& o) {
   });
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  Steps steps;
-  double acc_recent = -1;
   const Peak peak = measure_peak(comm, cfg.dtype, threads);
   if (rank == 0)
     fmt::print(
@@ -612,31 +695,7 @@ int run_train(const TrainOptions& o) {
   const Progress progress{
       trainer.current_step(), cfg.steps, std::chrono::steady_clock::now(), predicted_memory(cfg, cp).total(),
       to_string(cfg.dtype),   peak};
-  // Text with a held-out tail: its loss every eval_every steps and after the last.
-  const bool held_out = !data.synthetic_task() && data.held_out_bytes() > 0 && o.eval_batches > 0;
-  const std::int64_t eval_every = o.eval_every >= 0 ? o.eval_every : std::max<std::int64_t>(1, cfg.steps / 10);
-  std::vector<std::pair<std::int64_t, train::Evaluation>> evals;  // (step, held-out)
-  double peak_rss = 0;
-  for (std::int64_t s = progress.first; s < cfg.steps; ++s) {
-    const WatchdogStep named(comm, fmt::format("train step {}", s + 1));
-    const train::StepResult r = trainer.step();
-    steps.losses.push_back(r.loss);
-    steps.seconds.push_back(r.seconds);
-    steps.tps.push_back(double(r.tokens) / r.seconds);
-    steps.flops.push_back(r.model_flops);
-    steps.idle.push_back(*std::max_element(r.idle_s.begin(), r.idle_s.end()));
-    steps.predicted.push_back(r.predicted_s);
-    peak_rss = r.peak_rss;
-    if (r.accuracy >= 0) acc_recent = r.accuracy;
-    const bool eval = held_out && ((eval_every > 0 && r.step % eval_every == 0) || r.step == cfg.steps);
-    if (eval) evals.emplace_back(r.step, trainer.evaluate(o.eval_batches));
-    const auto report = [&] {
-      report_step(log ? &*log : nullptr, progress, s, r, acc_recent, eval ? &evals.back().second : nullptr);
-    };
-    if (o.log.empty() && rank == 0) report();
-    if (!o.log.empty()) on_root(comm, report);  // a log that cannot be written stops every rank
-    if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0) trainer.save(o.save);
-  }
+  const Steps steps = run_steps(comm, trainer, o, progress, data, log ? &*log : nullptr);
   on_root(comm, [&] {
     if (log) log->close();
   });
@@ -647,19 +706,7 @@ int run_train(const TrainOptions& o) {
   }
   if (!o.save.empty()) trainer.save(o.save);
 
-  // ---- summary ------------------------------------------------------------------------------
-  const train::Evaluation final_eval = !evals.empty() && evals.back().first == trainer.current_step()
-                                           ? evals.back().second
-                                           : trainer.evaluate(o.eval_batches);
-  on_root(comm, [&] {
-    if (steps.losses.empty())
-      fmt::print("nothing to do: the run is already at step {} of {}\n", trainer.current_step(), cfg.steps);
-    else
-      print_summary(steps, final_eval, evals, data, peak, cfg, peak_rss, cp);
-    if (!o.svg.empty() && !steps.losses.empty())
-      write_file_atomic(o.svg, svg_curve(steps.losses, fmt::format("ulysses train: loss, cp_comm_type {} on {} ranks",
-                                                                   cfg.cp.cp_comm_type, cp)));
-  });
+  summarize(comm, trainer, o, steps, data, peak, cp);
   return 0;
 }
 

@@ -202,11 +202,10 @@ py::list run_local_py(int size, const py::function& fn) {
   return out;
 }
 
-PYBIND11_MODULE(_ulysses, m) {
-  m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
-  m.attr("__version__") = ulysses::version();
-  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+namespace {
 
+// Communicator (over mpi4py's handle, or a rank of run_local) and run_local.
+void add_communicator_bindings(py::module_& m) {
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init([](std::intptr_t fortran_handle) -> std::shared_ptr<Communicator> {
              return make_mpi_communicator(fortran_handle);
@@ -243,7 +242,10 @@ PYBIND11_MODULE(_ulysses, m) {
   m.def("run_local", &run_local_py, py::arg("size"), py::arg("fn"),
         "fn(comm) on `size` threads, one per rank of a new local group; returns the results in rank order. An "
         "exception on a rank releases the others and is re-raised here once every rank has ended.");
+}
 
+// ContextParallelAttention and what its forward keeps for the backward.
+void add_attention_bindings(py::module_& m) {
   py::class_<CpContext>(m, "Context", "What one forward keeps for its backward.")
       .def_property_readonly("valid", &CpContext::valid)
       .def_property_readonly("stats", [](const CpContext& c) { return stats_dict(c.stats()); });
@@ -280,7 +282,10 @@ PYBIND11_MODULE(_ulysses, m) {
         }
         return stats_dict(s);
       });
+}
 
+// Ulysses' fused all-to-all and its adjoint, over tensors Python owns.
+void add_transpose_bindings(py::module_& m) {
   py::class_<HeadBuffer>(m, "HeadBuffer", "The head-sharded side of the fused all-to-all.");
 
   m.def(
@@ -312,7 +317,10 @@ PYBIND11_MODULE(_ulysses, m) {
         head_to_seq(comm, f, out);
       },
       "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
+}
 
+// The layouts and the registry: which tokens and heads every rank holds, the strategies and their options.
+void add_layout_bindings(py::module_& m) {
   m.def(
       "rank_chunks",
       [](const std::string& type, bool causal, const std::vector<int>& cp_sizes, int cp, int rank, std::int64_t seq,
@@ -361,6 +369,18 @@ PYBIND11_MODULE(_ulysses, m) {
       },
       "Ulysses' head split over `group` ranks: ((first, count) of query heads per rank, the same for KV heads); "
       "GQA groups kept whole, KV heads shared when fewer than ranks.");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ulysses, m) {
+  m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
+  m.attr("__version__") = ulysses::version();
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  add_communicator_bindings(m);
+  add_attention_bindings(m);
+  add_transpose_bindings(m);
+  add_layout_bindings(m);
   m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
   add_balance_bindings(m);
 }

@@ -23,6 +23,17 @@ class BalancePlan:
     sequence_seconds: List[float]
 
 
+def _world_of(world_or_comm):
+    """A number of ranks, or a ulysses / mpi4py communicator's size."""
+    if isinstance(world_or_comm, int) and not isinstance(world_or_comm, bool):
+        return world_or_comm
+    if hasattr(world_or_comm, "Get_size"):
+        return world_or_comm.Get_size()
+    if hasattr(world_or_comm, "size") and hasattr(world_or_comm, "rank"):
+        return world_or_comm.size
+    raise _ulysses.Error(f"balance: world_or_comm must be a number of ranks or a communicator, got {world_or_comm!r}")
+
+
 def balance(
     lengths,
     world_or_comm,
@@ -49,16 +60,7 @@ def balance(
     the attention (``heads``, ``head_dim``, ``layers``, ``cp_comm_type``, the cluster's compute
     rate ``tflops`` x ``efficiency``) plus ``gemm_flops_per_token`` (forward + backward, all
     layers) run sequence-sharded. Bad input raises ``ulysses.Error``."""
-    if isinstance(world_or_comm, int) and not isinstance(world_or_comm, bool):
-        world = world_or_comm
-    elif hasattr(world_or_comm, "Get_size"):
-        world = world_or_comm.Get_size()
-    elif hasattr(world_or_comm, "size") and hasattr(world_or_comm, "rank"):
-        world = world_or_comm.size
-    else:
-        raise _ulysses.Error(
-            f"balance: world_or_comm must be a number of ranks or a communicator, got {world_or_comm!r}"
-        )
+    world = _world_of(world_or_comm)
     i32 = 2**31 - 1
     try:
         lengths = list(lengths)

@@ -110,6 +110,18 @@ def positions(
     return torch.cat([torch.arange(begin, begin + length) for begin, length in chunks])
 
 
+def _in_sequence_order(gathered, chunks):
+    """The ranks' blocks back to back (rank r's holding its chunks in local order), reordered
+    into the global sequence."""
+    out = torch.empty_like(gathered)
+    start = 0
+    for rank_chunks in chunks:
+        for begin, length in rank_chunks:
+            out[begin : begin + length] = gathered[start : start + length]
+            start += length
+    return out
+
+
 def unshard(
     x: torch.Tensor,
     comm: Communicator,
@@ -164,10 +176,4 @@ def unshard(
         local.reshape(-1).view(torch.uint8).numpy(),
         [gathered.reshape(-1).view(torch.uint8).numpy(), counts, displs, MPI.BYTE],
     )
-    out = torch.empty_like(gathered)
-    start = 0
-    for r in range(comm.size):  # rank r's block holds its chunks in local order
-        for begin, length in chunks[r]:
-            out[begin : begin + length] = gathered[start : start + length]
-            start += length
-    return out.movedim(0, d)
+    return _in_sequence_order(gathered, chunks).movedim(0, d)

@@ -118,10 +118,21 @@ std::uint64_t hash_of(const std::vector<double>& v) {
   return h;
 }
 
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
-                                      bool area_bound) {
+// What the beam search is sized by, computed once from the options: the least rank·seconds the
+// remaining sequences need, the few longest sequences still to come (the look-ahead bound's),
+// whether that bound is affordable, and the beam's width under the budget.
+struct BeamShape {
+  std::vector<double> rest;                             // least rank·seconds of sequences i.. n-1
+  std::vector<std::vector<std::size_t>> longest_after;  // the <= 4 longest of sequences i.. n-1
+  bool look_ahead = false;
+  std::size_t width = 1;
+};
+
+BeamShape beam_shape(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
-  std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
+  BeamShape shape;
+  std::vector<double>& rest = shape.rest;
+  rest.assign(n + 1, 0.0);
   double work = 0;
   for (std::size_t i = n; i-- > 0;) {
     double least = -1;
@@ -138,33 +149,57 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   for (std::size_t i = 0; i < n; ++i)
     ahead_work +=
         double(options[i].size()) * (double(world) * std::log2(double(world) + 1) + 4.0 * double(options[i].size()));
-  const bool look_ahead = kBeamBudget / (work + ahead_work) >= 16;
-  const std::size_t width =
-      std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1,
+  shape.look_ahead = kBeamBudget / (work + ahead_work) >= 16;
+  shape.width =
+      std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, shape.look_ahead ? work + ahead_work : work)), 1,
                               kMaxBeam);
-  std::vector<std::vector<std::size_t>> longest_after(n + 1);
+  shape.longest_after.resize(n + 1);
   for (std::size_t i = n; i-- > 0;) {
-    std::vector<std::size_t>& l = longest_after[i];
-    l = longest_after[i + 1];
+    std::vector<std::size_t>& l = shape.longest_after[i];
+    l = shape.longest_after[i + 1];
     l.push_back(i);
     std::stable_sort(l.begin(), l.end(), [&](std::size_t a, std::size_t b) {
       return options[a].back().seconds > options[b].back().seconds;
     });
     if (l.size() > 4) l.resize(4);
   }
-  auto ahead = [&](std::vector<double> free, std::size_t from) {
-    std::sort(free.begin(), free.end());
-    double lb = 0;
-    for (std::size_t j : longest_after[from]) {
-      double least = -1;
-      for (const Option& o : options[j]) {
-        const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
-        least = least < 0 ? t : std::min(least, t);
-      }
-      lb = std::max(lb, least);
+  return shape;
+}
+
+// The look-ahead bound of a state whose ranks are free at `free`: no sequence from `from` on can
+// end before its best option's start on the earliest free ranks plus its time there.
+double ahead(const BeamShape& shape, const std::vector<std::vector<Option>>& options, std::vector<double> free,
+             std::size_t from) {
+  std::sort(free.begin(), free.end());
+  double lb = 0;
+  for (std::size_t j : shape.longest_after[from]) {
+    double least = -1;
+    for (const Option& o : options[j]) {
+      const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
+      least = least < 0 ? t : std::min(least, t);
     }
-    return lb;
-  };
+    lb = std::max(lb, least);
+  }
+  return lb;
+}
+
+// The groups of the best final state (the first kept), walked back through the trail.
+template <class Step>
+std::vector<BalanceGroup> groups_of(const std::vector<std::vector<Option>>& options,
+                                    const std::vector<std::vector<Step>>& trail) {
+  std::vector<BalanceGroup> groups(options.size());
+  std::size_t at = 0;
+  for (std::size_t i = options.size(); i-- > 0;) {
+    groups[i] = options[i][trail[i][at].option].group;
+    at = trail[i][at].parent;
+  }
+  return groups;
+}
+
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
+                                      bool area_bound) {
+  const std::size_t n = options.size(), world = std::size_t(in.world);
+  const BeamShape shape = beam_shape(in, options);
   struct State {
     std::vector<double> free;
     double most = 0, total = 0;
@@ -188,11 +223,11 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
         const double end = *std::max_element(first, last) + o.seconds;
         const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
         const double most = std::max(beam[b].most, end);
-        double bound = area_bound ? std::max(most, (total + rest[i + 1]) / double(world)) : most;
-        if (area_bound && look_ahead && i + 1 < n) {
+        double bound = area_bound ? std::max(most, (total + shape.rest[i + 1]) / double(world)) : most;
+        if (area_bound && shape.look_ahead && i + 1 < n) {
           std::vector<double> free = beam[b].free;
           std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
-          bound = std::max(bound, ahead(std::move(free), i + 1));
+          bound = std::max(bound, ahead(shape, options, std::move(free), i + 1));
         }
         children.push_back({bound, total, b, k});
       }
@@ -203,7 +238,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
     std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
     trail.emplace_back();
     for (const Child& c : children) {
-      if (next.size() == width) break;
+      if (next.size() == shape.width) break;
       const Option& o = options[i][c.option];
       State s{beam[c.parent].free, 0, c.total};
       const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
@@ -217,13 +252,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
     }
     beam = std::move(next);
   }
-  std::vector<BalanceGroup> groups(n);
-  std::size_t at = 0;  // the best final state: the first kept
-  for (std::size_t i = n; i-- > 0;) {
-    groups[i] = options[i][trail[i][at].option].group;
-    at = trail[i][at].parent;
-  }
-  return groups;
+  return groups_of(options, trail);
 }
 
 // The most simulated rank-steps (sequence × member updates) the local search may spend.

@@ -1,10 +1,9 @@
 // Dealing a step's sequences out to their CP groups: each sequence is loaded by one rank (its
 // loader, sequence i on rank i % world) and one all-to-all(v) over the world gives every member
-// of the sequence's group exactly its shard, sized by the layouts every rank knows.
+// of the sequence's group exactly its shard, sized by the placements every rank knows.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <vector>
 
@@ -19,13 +18,20 @@ namespace ulysses::train {
 // order of token_positions(chunks) of its place in the group.
 using Shard = std::vector<std::int32_t>;
 
+// Where one sequence goes, as the step plan resolved it once: its group and every member's
+// chunks (member j is rank group.first_rank + j).
+struct Placement {
+  BalanceGroup group;
+  std::vector<std::vector<SeqChunk>> chunks;
+  const std::vector<SeqChunk>& of(int rank) const { return chunks[std::size_t(rank - group.first_rank)]; }
+};
+
 inline int loader_of(int sequence, int world) { return sequence % world; }
 
-// Collective over `world`. `chunks(i, j)`: the chunks of member j (0-based in its group) of
-// sequence i; `load(i)`: the tokens of sequence i, called only on its loader. Returns this
+// Collective over `world`. `placements[i]`: sequence i's group and chunks; `loaded`: the
+// sequences this rank loads (every i with loader_of(i, world) == rank), by index. Returns this
 // rank's shard of every sequence its groups compute, by sequence index. Counted as "deal".
-std::map<int, Shard> deal_sequences(Communicator& world, const BalancePlan& plan,
-                                    const std::function<std::vector<SeqChunk>(int, int)>& chunks,
-                                    const std::function<Batch(int)>& load);
+std::map<int, Shard> deal_sequences(Communicator& world, const std::vector<Placement>& placements,
+                                    const std::map<int, Batch>& loaded);
 
 }  // namespace ulysses::train

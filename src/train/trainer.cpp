@@ -27,19 +27,21 @@ CpConfig config_at(const CpConfig& base, int size) {
   return c;
 }
 
-// Rank `rank` of a group of `size`'s tokens of `sequence`: its documents choose the layout
-// (per-document zigzag on a ring), as they do inside the attention.
-std::vector<SeqChunk> chunks_of(const CpConfig& base, int size, int rank, const SequenceLayout& sequence) {
-  CpConfig c = config_at(base, size);
-  c.cu_seqlens = sequence.cu_seqlens;
-  return rank_chunks(c, size, rank, sequence.length);
+// Every member's tokens of `sequence` on `group`, the strategy resized to the group (`at`): its
+// documents choose the layout (per-document zigzag on a ring), as they do inside the attention.
+Placement placement(CpConfig at, const BalanceGroup& group, const SequenceLayout& sequence) {
+  at.cu_seqlens = sequence.cu_seqlens;
+  Placement p{group, {}};
+  for (int j = 0; j < group.size; ++j) p.chunks.push_back(rank_chunks(at, group.size, j, sequence.length));
+  return p;
 }
 
-// What one rank of a group of `cp` needs for `batch` sequences of `seq` tokens at once.
-double memory_need(TrainConfig c, std::int64_t batch, std::int64_t seq, int cp) {
+// What one rank of a group of `cp` needs for `batch` sequences of `seq` tokens at once, the
+// strategy resized to the group (`at`).
+double memory_need(TrainConfig c, const CpConfig& at, std::int64_t batch, std::int64_t seq, int cp) {
   c.batch = batch;
   c.seq = seq;
-  c.cp = config_at(c.cp, cp);
+  c.cp = at;
   return predict_memory(c, cp).total();
 }
 
@@ -151,7 +153,7 @@ double Trainer::layers_rate() {
   std::vector<BalanceGroup> alone;
   for (int r = 0; r < comm_.size(); ++r) alone.push_back({r, 1});
   groups_.ensure(alone);
-  CpAttention& att = attention_for(alone[std::size_t(comm_.rank())]);
+  CpAttention& att = attention_for(alone[std::size_t(comm_.rank())], config_at(cfg_.cp, 1));
   att.reshape(1, kProbeTokens);
   att.set_documents({});
   std::vector<int> tokens(kProbeTokens), argmax(kProbeTokens);
@@ -192,7 +194,7 @@ BalanceInput Trainer::balance_input(const std::vector<SequenceLayout>& seqs) con
   }
   in.gemm_flops_per_token = gemm_flops_per_token();
   const TrainConfig c = cfg_;
-  in.memory_per_rank = [c](std::int64_t len, int cp) { return memory_need(c, 1, len, cp); };
+  in.memory_per_rank = [c](std::int64_t len, int cp) { return memory_need(c, config_at(c.cp, cp), 1, len, cp); };
   in.max_memory = cfg_.max_memory;
   return in;
 }
@@ -209,21 +211,10 @@ Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
       throw Error(fmt::format("step {} has no labels to train on ({} sequences of {} tokens)", data_step + 1,
                               p.sequences.size(), describe_lengths(balance_input(p.sequences).lengths)));
     p.plan = balance(balance_input(p.sequences), cfg_.balance);
-    for (std::size_t i = 0; i < p.sequences.size(); ++i) {
-      const std::int64_t len = p.sequences[i].length;
-      const int size = p.plan.groups[i].size;
-      validate_cp_config(config_at(cfg_.cp, size), size, {1, len, cfg_.model.heads, cfg_.model.head_dim},
-                         cfg_.model.kv_heads);
-      const double need = memory_need(cfg_, 1, len, size);
-      if (cfg_.max_memory > 0 && need > cfg_.max_memory)
-        throw Error(
-            fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
-                        "({} policy), more than --max-memory {}",
-                        i, len, format_bytes(need), size, policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
-    }
+    place_sequences(p);
     const TrainConfig c = cfg_;
-    p.runs = runs_of(p.sequences, p.plan, [&c](std::size_t batch, std::int64_t len, int cp) {
-      return c.max_memory <= 0 || memory_need(c, std::int64_t(batch), len, cp) <= c.max_memory;
+    p.runs = runs_of(p.sequences, p.plan, [&c, &p](std::size_t batch, std::int64_t len, int cp) {
+      return c.max_memory <= 0 || memory_need(c, p.configs.at(cp), std::int64_t(batch), len, cp) <= c.max_memory;
     });
   } catch (const Error& e) {
     err = e.what();
@@ -232,9 +223,27 @@ Trainer::StepPlan Trainer::plan_step(std::int64_t data_step, bool held_out) {
   return p;
 }
 
-CpAttention& Trainer::attention_for(const BalanceGroup& g) {
+void Trainer::place_sequences(StepPlan& p) const {
+  for (std::size_t i = 0; i < p.sequences.size(); ++i) {
+    const BalanceGroup& g = p.plan.groups[i];
+    const std::int64_t len = p.sequences[i].length;
+    auto it = p.configs.find(g.size);  // resized once per group size
+    if (it == p.configs.end()) it = p.configs.emplace(g.size, config_at(cfg_.cp, g.size)).first;
+    const CpConfig& at = it->second;
+    validate_cp_config(at, g.size, {1, len, cfg_.model.heads, cfg_.model.head_dim}, cfg_.model.kv_heads);
+    const double need = memory_need(cfg_, at, 1, len, g.size);
+    if (cfg_.max_memory > 0 && need > cfg_.max_memory)
+      throw Error(
+          fmt::format("sequence {} ({} tokens) needs a predicted {} per rank on its group of {} ranks "
+                      "({} policy), more than --max-memory {}",
+                      i, len, format_bytes(need), g.size, policy_name(cfg_.balance), format_bytes(cfg_.max_memory)));
+    p.placements.push_back(placement(at, g, p.sequences[i]));
+  }
+}
+
+CpAttention& Trainer::attention_for(const BalanceGroup& g, const CpConfig& config) {
   std::unique_ptr<CpAttention>& a = attention_[{g.first_rank, g.size}];
-  if (!a) a = std::make_unique<CpAttention>(groups_.get(g), config_at(cfg_.cp, g.size), cfg_.model, 1, 1, cfg_.dtype);
+  if (!a) a = std::make_unique<CpAttention>(groups_.get(g), config, cfg_.model, 1, 1, cfg_.dtype);
   return *a;
 }
 
@@ -242,8 +251,7 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
                             bool train, Sums& sums) {
   const BalanceGroup g = run.group;
   const SequenceLayout& first = p.sequences[std::size_t(run.sequences.front())];
-  const std::vector<SeqChunk> chunks = chunks_of(cfg_.cp, g.size, comm_.rank() - g.first_rank, first);
-  std::vector<std::int64_t> pos = token_positions(chunks);
+  std::vector<std::int64_t> pos = token_positions(p.placements[std::size_t(run.sequences.front())].of(comm_.rank()));
   for (std::int64_t& q : pos) q -= document_of(first.cu_seqlens, q).begin;  // RoPE: each document from 0
   const std::int64_t n = std::int64_t(pos.size()), B = std::int64_t(run.sequences.size());
   std::vector<int> tokens(std::size_t(B * n)), labels(tokens.size()), argmax(tokens.size());
@@ -257,7 +265,7 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
       scored[dst] = std::uint8_t(s[src + 2]);
     }
   }
-  CpAttention& att = attention_for(g);
+  CpAttention& att = attention_for(g, p.configs.at(g.size));
   att.reshape(B, n);
   att.set_documents(first.cu_seqlens);
   const double t0 = comm_.now();
@@ -281,13 +289,11 @@ void Trainer::run_sequences(const Run& run, const StepPlan& p, const std::map<in
 
 Trainer::Sums Trainer::run_step(const StepPlan& p, std::int64_t data_step, bool held_out, bool train) {
   groups_.ensure(p.plan.groups);
-  const std::map<int, Shard> shards = deal_sequences(
-      comm_, p.plan,
-      [&](int i, int j) {
-        const BalanceGroup& g = p.plan.groups[std::size_t(i)];
-        return chunks_of(cfg_.cp, g.size, j, p.sequences[std::size_t(i)]);
-      },
-      [&](int i) { return data_.sequence(p.sequences[std::size_t(i)], cfg_.seed, data_step, held_out); });
+  std::map<int, Batch> loaded;
+  for (int i = 0; i < int(p.sequences.size()); ++i)
+    if (loader_of(i, comm_.size()) == comm_.rank())
+      loaded.emplace(i, data_.sequence(p.sequences[std::size_t(i)], cfg_.seed, data_step, held_out));
+  const std::map<int, Shard> shards = deal_sequences(comm_, p.placements, loaded);
   if (train) std::fill(model_.grads.begin(), model_.grads.end(), 0.0f);
   const float scale = train ? 1.0f / float(p.targets) : 1.0f;
   Sums sums;

@@ -16,9 +16,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
-
 #include <map>
+#include <vector>
 
 #include "train/attention_ops.hpp"
 #include "train/data.hpp"
@@ -86,8 +85,10 @@ class Trainer {
   // is this model's rate for all of a token's work but attention (layers_rate).
   const std::optional<Calibration>& calibration() const { return calibration_; }
 
-  // A step as every rank plans it before any data moves: its sequences, their groups, and the
-  // runs (sequences of one group and length, computed as one batch) in execution order.
+  // A step as every rank plans it before any data moves, resolved once and then carried to the
+  // deal and the runs: its sequences, their groups, the strategy resized to each group size,
+  // where every member's tokens lie, and the runs (sequences of one group and length, computed
+  // as one batch) in execution order.
   struct Run {
     BalanceGroup group;
     std::vector<int> sequences;
@@ -95,6 +96,8 @@ class Trainer {
   struct StepPlan {
     std::vector<SequenceLayout> sequences;
     BalancePlan plan;
+    std::map<int, CpConfig> configs;    // by group size: the strategy at that size, causal
+    std::vector<Placement> placements;  // by sequence: its group and every member's chunks
     std::vector<Run> runs;
     std::int64_t targets = 0;  // labels in the loss, all sequences
   };
@@ -119,7 +122,10 @@ class Trainer {
   // Collective: the FLOP/s at which this model runs a token's work other than attention
   // (trainer.cpp says why it is timed on the model), the slowest rank's.
   double layers_rate();
-  CpAttention& attention_for(const BalanceGroup& group);
+  // Resolves `p`'s group configurations and placements and checks each sequence against the
+  // strategy and the memory cap (throws the Error every rank then agrees on).
+  void place_sequences(StepPlan& p) const;
+  CpAttention& attention_for(const BalanceGroup& group, const CpConfig& config);
 
   Communicator& comm_;
   TrainConfig cfg_;
