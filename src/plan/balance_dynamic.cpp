@@ -1,5 +1,6 @@
 // The dynamic policy's search (balancer.cpp's top comment says what and why).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -16,6 +17,28 @@ struct Option {
   double seconds = 0;
 };
 
+// Each sequence's options. They depend only on its length, so each distinct length's list is
+// kept once: a step of a million sequences has a few thousand lengths, and the lists (up to a
+// few hundred options at large worlds) would otherwise take most of the planner's memory.
+class Options {
+ public:
+  const std::vector<Option>& operator[](std::size_t i) const { return lists_[list_of_[i]]; }
+  std::size_t size() const { return list_of_.size(); }
+  // Sequence i's list: `make()` runs only for a length not seen before.
+  template <class Make>
+  const std::vector<Option>& add(std::int64_t length, Make make) {
+    auto [it, fresh] = index_.try_emplace(length, std::uint32_t(lists_.size()));
+    if (fresh) lists_.push_back(make());
+    list_of_.push_back(it->second);
+    return lists_[it->second];
+  }
+
+ private:
+  std::vector<std::vector<Option>> lists_;
+  std::vector<std::uint32_t> list_of_;
+  std::map<std::int64_t, std::uint32_t> index_;
+};
+
 // Every size up to 16, then sizes with at most 4 significant bits, then world: ~8 per octave.
 std::vector<int> size_ladder(int world) {
   std::vector<int> sizes;
@@ -24,7 +47,6 @@ std::vector<int> size_ladder(int world) {
   return sizes;
 }
 
-// Sequence i's candidate (size, placement) options: see the top of the file.
 // Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
 // sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
 // step: faster only burns ranks).
@@ -56,7 +78,7 @@ double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<in
   return area / double(in.world);
 }
 
-std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& options) {
   const std::size_t n = options.size();
   std::vector<double> fastest(n);
   for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
@@ -118,7 +140,7 @@ std::uint64_t hash_of(const std::vector<double>& v) {
   return h;
 }
 
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options,
                                       bool area_bound) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
@@ -142,20 +164,27 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   const std::size_t width =
       std::clamp<std::size_t>(std::size_t(kBeamBudget / std::max(1.0, look_ahead ? work + ahead_work : work)), 1,
                               kMaxBeam);
-  std::vector<std::vector<std::size_t>> longest_after(n + 1);
+  // The (up to) 4 longest of sequences i.. n-1, longest first, in fixed arrays: no allocation per sequence.
+  struct Longest {
+    std::array<std::uint32_t, 5> at{};
+    std::uint32_t count = 0;
+  };
+  std::vector<Longest> longest_after(n + 1);
   for (std::size_t i = n; i-- > 0;) {
-    std::vector<std::size_t>& l = longest_after[i];
-    l = longest_after[i + 1];
-    l.push_back(i);
-    std::stable_sort(l.begin(), l.end(), [&](std::size_t a, std::size_t b) {
+    Longest l = longest_after[i + 1];
+    l.at[l.count++] = std::uint32_t(i);
+    std::stable_sort(l.at.begin(), l.at.begin() + l.count, [&](std::uint32_t a, std::uint32_t b) {
       return options[a].back().seconds > options[b].back().seconds;
     });
-    if (l.size() > 4) l.resize(4);
+    l.count = std::min<std::uint32_t>(l.count, 4);
+    longest_after[i] = l;
   }
   auto ahead = [&](std::vector<double> free, std::size_t from) {
     std::sort(free.begin(), free.end());
     double lb = 0;
-    for (std::size_t j : longest_after[from]) {
+    const Longest& l = longest_after[from];
+    for (std::uint32_t k = 0; k < l.count; ++k) {
+      const std::size_t j = l.at[k];
       double least = -1;
       for (const Option& o : options[j]) {
         const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
@@ -229,7 +258,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
 // The most simulated rank-steps (sequence × member updates) the local search may spend.
 constexpr double kSearchBudget = 4e7;
 
-void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& options, std::vector<BalanceGroup>& groups,
+void improve(const BalanceInput& in, const Options& options, std::vector<BalanceGroup>& groups,
              std::vector<double>& seconds) {
   const std::size_t n = groups.size();
   Schedule cur = simulate(in.world, groups, seconds);
@@ -266,13 +295,11 @@ void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& opt
 }
 
 // Each sequence's options with sizes up to `enough` seconds (see options_of).
-std::vector<std::vector<Option>> all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder,
-                                             double enough) {
-  std::vector<std::vector<Option>> options;
-  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
-    options.push_back(options_of(in, costs, i, ladder, enough));
-    if (options.back().empty()) throw_unplaceable(in, i, costs, "");
-  }
+Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder, double enough) {
+  Options options;
+  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+    if (options.add(in.lengths[i], [&] { return options_of(in, costs, i, ladder, enough); }).empty())
+      throw_unplaceable(in, i, costs, "");
   return options;
 }
 
@@ -283,7 +310,7 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   const std::vector<int> ladder = size_ladder(in.world);
   // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
   // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
-  std::vector<std::vector<std::vector<Option>>> option_sets{all_options(in, costs, ladder, 0.0)};
+  std::vector<Options> option_sets{all_options(in, costs, ladder, 0.0)};
   if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, 0.1 * area_bound(in, costs, ladder)));
   std::vector<std::vector<BalanceGroup>> candidates;
   std::vector<std::size_t> set_of;  // which option set made candidate k
