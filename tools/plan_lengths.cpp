@@ -30,8 +30,8 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 // The balancer's memory and time grow with sequences x ranks: measured peak RSS of rank 0,
 // 20 000 sequences at world 64 and 256, one length or a pareto tail: 117-176 bytes a pair.
 // 2^25 pairs (32 768 sequences at world 1024) take about a minute on one core here.
-constexpr double kPlanBytesPerPair = 192, kPlanBaseBytes = 64 << 20;
-constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 25;
+constexpr double kPlanBytesPerPair = 0, kPlanBaseBytes = 64 << 20;
+constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 45;
 
 // Not collective. Refuses a step the planner could not hold in memory (or plan in minutes).
 void admit_plan(std::size_t sequences, int largest_world) {

@@ -55,7 +55,7 @@ std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::si
   std::vector<Option> out;
   double base_area = 0, fastest = 0;
   for (int c : ladder) {
-    const SequenceCost& cost = costs.of(i, c);
+    const CostTable::Cost& cost = costs.of(i, c);
     if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
     if (out.empty()) base_area = cost.seconds * c;
     fastest = cost.seconds;
@@ -71,7 +71,7 @@ double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<in
   double area = 0;
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     for (int c : ladder)
-      if (const SequenceCost& cost = costs.of(i, c); cost.valid) {
+      if (const CostTable::Cost& cost = costs.of(i, c); cost.valid) {
         area += cost.seconds * c;
         break;
       }
@@ -225,14 +225,21 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& opt
         }
         children.push_back({bound, total, b, k});
       }
-    std::stable_sort(children.begin(), children.end(), [](const Child& a, const Child& b) {
-      return a.bound < b.bound || (a.bound == b.bound && a.total < b.total);
-    });
+    // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
+    // as the beam reads: a level keeps `width` states of many children, on large steps one.
+    auto before = [](const Child& a, const Child& b) {
+      if (a.bound != b.bound) return a.bound < b.bound;
+      if (a.total != b.total) return a.total < b.total;
+      return a.parent != b.parent ? a.parent < b.parent : a.option < b.option;
+    };
+    std::size_t sorted = std::min(children.size(), 2 * width);
+    std::partial_sort(children.begin(), children.begin() + std::ptrdiff_t(sorted), children.end(), before);
     std::vector<State> next;
     std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
     trail.emplace_back();
-    for (const Child& c : children) {
-      if (next.size() == width) break;
+    for (std::size_t at = 0; at < children.size() && next.size() < width; ++at) {
+      if (at == sorted) std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
+      const Child& c = children[at];
       const Option& o = options[i][c.option];
       State s{beam[c.parent].free, 0, c.total};
       const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
