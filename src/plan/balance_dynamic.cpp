@@ -17,24 +17,73 @@ struct Option {
   double seconds = 0;
 };
 
-// Each sequence's options. They depend only on its length, so each distinct length's list is
-// kept once: a step of a million sequences has a few thousand lengths, and the lists (up to a
-// few hundred options at large worlds) would otherwise take most of the planner's memory.
-class Options {
+// A length's options: each size it may use, at each placement of that size. Placements depend
+// only on the size, so a list keeps (size, seconds) pairs and reads the placements from a table
+// shared by all lengths: a few hundred bytes a length instead of 16 a placement (hundreds of
+// placements a size at large worlds).
+struct SizeOption {
+  int size = 0;
+  double seconds = 0;
+  std::uint32_t end = 0;  // options up to and including this size's
+};
+using Placements = std::vector<std::vector<int>>;  // by size: placements(cluster, world, size)
+
+class OptionList {
  public:
-  const std::vector<Option>& operator[](std::size_t i) const { return lists_[list_of_[i]]; }
-  std::size_t size() const { return list_of_.size(); }
-  // Sequence i's list: `make()` runs only for a length not seen before.
-  template <class Make>
-  const std::vector<Option>& add(std::int64_t length, Make make) {
-    auto [it, fresh] = index_.try_emplace(length, std::uint32_t(lists_.size()));
-    if (fresh) lists_.push_back(make());
-    list_of_.push_back(it->second);
-    return lists_[it->second];
+  class Iter {
+   public:
+    Iter(const OptionList* l, std::size_t s) : l_(l), s_(s) {}
+    Option operator*() const { return l_->at(s_, p_); }
+    Iter& operator++() {
+      if (++p_ == (*l_->firsts_)[std::size_t((*l_->sizes_)[s_].size)].size()) ++s_, p_ = 0;
+      return *this;
+    }
+    bool operator!=(const Iter& o) const { return s_ != o.s_ || p_ != o.p_; }
+
+   private:
+    const OptionList* l_;
+    std::size_t s_, p_ = 0;
+  };
+  OptionList(const std::vector<SizeOption>& sizes, const Placements& firsts) : sizes_(&sizes), firsts_(&firsts) {}
+  std::size_t size() const { return sizes_->empty() ? 0 : sizes_->back().end; }
+  bool empty() const { return sizes_->empty(); }
+  Iter begin() const { return {this, 0}; }
+  Iter end() const { return {this, sizes_->size()}; }
+  Option back() const { return at(sizes_->size() - 1, (*firsts_)[std::size_t(sizes_->back().size)].size() - 1); }
+  Option operator[](std::size_t k) const {
+    const auto s = std::upper_bound(sizes_->begin(), sizes_->end(), k,
+                                    [](std::size_t k, const SizeOption& o) { return k < o.end; });
+    return at(std::size_t(s - sizes_->begin()), k - (s == sizes_->begin() ? 0 : std::prev(s)->end));
   }
 
  private:
-  std::vector<std::vector<Option>> lists_;
+  Option at(std::size_t s, std::size_t p) const {
+    const SizeOption& o = (*sizes_)[s];
+    return {{(*firsts_)[std::size_t(o.size)][p], o.size}, o.seconds};
+  }
+  const std::vector<SizeOption>* sizes_;
+  const Placements* firsts_;
+};
+
+// Each sequence's options. They depend only on its length, so each distinct length's list is
+// kept once: real steps repeat a few thousand lengths over up to millions of sequences.
+class Options {
+ public:
+  explicit Options(const Placements& firsts) : firsts_(&firsts) {}
+  OptionList operator[](std::size_t i) const { return {lists_[list_of_[i]], *firsts_}; }
+  std::size_t size() const { return list_of_.size(); }
+  // Sequence i's list: `make()` runs only for a length not seen before.
+  template <class Make>
+  OptionList add(std::int64_t length, Make make) {
+    auto [it, fresh] = index_.try_emplace(length, std::uint32_t(lists_.size()));
+    if (fresh) lists_.push_back(make());
+    list_of_.push_back(it->second);
+    return {lists_[it->second], *firsts_};
+  }
+
+ private:
+  const Placements* firsts_;
+  std::vector<std::vector<SizeOption>> lists_;
   std::vector<std::uint32_t> list_of_;
   std::map<std::int64_t, std::uint32_t> index_;
 };
@@ -50,16 +99,17 @@ std::vector<int> size_ladder(int world) {
 // Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
 // sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
 // step: faster only burns ranks).
-std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder,
-                               double enough) {
-  std::vector<Option> out;
+std::vector<SizeOption> options_of(const BalanceInput& in, CostTable& costs, std::size_t i,
+                                   const std::vector<int>& ladder, const Placements& firsts, double enough) {
+  std::vector<SizeOption> out;
   double base_area = 0, fastest = 0;
   for (int c : ladder) {
     const CostTable::Cost& cost = costs.of(i, c);
     if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
     if (out.empty()) base_area = cost.seconds * c;
     fastest = cost.seconds;
-    for (int f : placements(in.model.cluster, in.world, c)) out.push_back({{f, c}, cost.seconds});
+    const std::size_t placed = firsts[std::size_t(c)].size();
+    if (placed > 0) out.push_back({c, cost.seconds, std::uint32_t((out.empty() ? 0 : out.back().end) + placed)});
     if (in.world > 16 && (base_area < 0.2 * cost.seconds * c || cost.seconds <= enough)) break;
   }
   return out;
@@ -85,18 +135,17 @@ std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& opti
   std::vector<double> load(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups(n);
   for (std::size_t i : decreasing(fastest)) {
-    const Option* best = nullptr;
-    double best_end = 0;
+    Option best;
+    double best_end = -1;
     for (const Option& o : options[i]) {
       const auto first = load.begin() + o.group.first_rank;
       const double end = *std::max_element(first, first + o.group.size) + o.seconds;
-      if (best == nullptr || end < best_end ||
-          (end == best_end && o.seconds * o.group.size < best->seconds * best->group.size))
-        best = &o, best_end = end;
+      if (best_end < 0 || end < best_end ||
+          (end == best_end && o.seconds * o.group.size < best.seconds * best.group.size))
+        best = o, best_end = end;
     }
-    groups[i] = best->group;
-    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size,
-              best_end);
+    groups[i] = best.group;
+    std::fill(load.begin() + best.group.first_rank, load.begin() + best.group.first_rank + best.group.size, best_end);
   }
   return groups;
 }
@@ -211,8 +260,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& opt
   for (std::size_t i = 0; i < n; ++i) {
     std::vector<Child> children;
     for (std::size_t b = 0; b < beam.size(); ++b)
-      for (std::size_t k = 0; k < options[i].size(); ++k) {
-        const Option& o = options[i][k];
+      for (std::size_t k = 0; const Option& o : options[i]) {
         const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
         const double end = *std::max_element(first, last) + o.seconds;
         const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
@@ -223,7 +271,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& opt
           std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
           bound = std::max(bound, ahead(std::move(free), i + 1));
         }
-        children.push_back({bound, total, b, k});
+        children.push_back({bound, total, b, k++});
       }
     // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
     // as the beam reads: a level keeps `width` states of many children, on large steps one.
@@ -302,10 +350,11 @@ void improve(const BalanceInput& in, const Options& options, std::vector<Balance
 }
 
 // Each sequence's options with sizes up to `enough` seconds (see options_of).
-Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder, double enough) {
-  Options options;
+Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder, const Placements& firsts,
+                    double enough) {
+  Options options(firsts);
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
-    if (options.add(in.lengths[i], [&] { return options_of(in, costs, i, ladder, enough); }).empty())
+    if (options.add(in.lengths[i], [&] { return options_of(in, costs, i, ladder, firsts, enough); }).empty())
       throw_unplaceable(in, i, costs, "");
   return options;
 }
@@ -317,8 +366,11 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   const std::vector<int> ladder = size_ladder(in.world);
   // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
   // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
-  std::vector<Options> option_sets{all_options(in, costs, ladder, 0.0)};
-  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, 0.1 * area_bound(in, costs, ladder)));
+  Placements firsts(std::size_t(in.world) + 1);
+  for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
+  std::vector<Options> option_sets{all_options(in, costs, ladder, firsts, 0.0)};
+  if (in.world > 16)
+    option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
   std::vector<std::vector<BalanceGroup>> candidates;
   std::vector<std::size_t> set_of;  // which option set made candidate k
   for (std::size_t o = 0; o < option_sets.size(); ++o) {
