@@ -254,7 +254,7 @@ TEST(Balancer, BadInputNamesTheRule) {
         in.gemm_flops_rate = -1;
         balance(in, BalancePolicy::dynamic);
       }),
-      "gemm_flops_rate must be >= 0");
+      "gemm_flops_rate must be finite and >= 0");
   has(error_of([] { parse_policy("best"); }), "'best': expected static, pow2 or dynamic");
   has(error_of([] { predict_plan(small_model(2, {8, 8}), {{0, 2}, {1, 2}}); }), "sequence 1's group [1, 3)");
 }

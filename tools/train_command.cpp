@@ -446,6 +446,11 @@ void check_option_effects(const TrainOptions& o) {
     throw Error("--save-every needs --save DIR (where to write the checkpoints)");
   if (given(o, "--tile-rows") && !o.tiled_mlp && !o.tiled_loss)
     throw Error("--tile-rows sizes the tiles of --tiled-mlp and --tiled-loss: without either it has no effect");
+  // A variable-length step is its own sequences: --seq and --batch would size nothing.
+  const char* variable = o.lengths ? "--lengths" : o.tokens_per_step > 0 ? "--tokens-per-step" : nullptr;
+  for (const char* flag : {"--seq", "--batch"})
+    if (variable != nullptr && given(o, flag))
+      throw Error(fmt::format("{} has no effect with {}, whose steps are their own sequences: drop it", flag, variable));
 }
 
 // Collective. Whole documents, each its own sequence: every one (held-out ones too) that the
