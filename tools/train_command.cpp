@@ -183,7 +183,8 @@ train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
     train::MemoryEstimate worst;
     for (const auto& [len, k] : count) {
       cfg.seq = len;
-      cfg.batch = (k + cfg.dp - 1) / cfg.dp;
+      const std::int64_t share = (k + cfg.dp - 1) / cfg.dp;
+      cfg.batch = share;
       if (cfg.max_memory > 0) {  // the trainer grows a batch while it fits: the largest that does
         std::int64_t lo = 1, hi = cfg.batch;
         while (lo < hi) {
@@ -193,7 +194,8 @@ train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
           else
             hi = cfg.batch - 1;
         }
-        cfg.batch = lo;
+        const std::int64_t pieces = (share + lo - 1) / lo;  // split in equal pieces (runs_of)
+        cfg.batch = (share + pieces - 1) / pieces;
       }
       const train::MemoryEstimate e = train::predict_memory(cfg, cp);
       if (e.total() > worst.total()) worst = e;
