@@ -107,6 +107,9 @@ head -c 200 "$dir/q.npy" > "$dir/truncated.npy"
 "$tool" make "$dir/" 2 32 4 2 16 && mv "$dir/k.npy" "$dir/k_short.npy" && "$tool" make "$dir" 2 64 4 2 16
 expect_error "missing file" 2 "cannot open" --q "$dir/nope.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "malformed file" 2 "not a usable .npy file" --q "$dir/garbage.npy" --k "$dir/k.npy" --v "$dir/v.npy"
+# With files, the random inputs' flags change nothing: refused, not ignored.
+expect_error "--seq with files" 2 "--seq has no effect with --q/--k/--v" "${files[@]}" --seq 64
+expect_error "--backward with files" 2 "--backward has no effect with --q/--k/--v" "${files[@]}" --backward
 expect_error "truncated file" 2 "truncated data" --q "$dir/truncated.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "k shorter than v (k/v may differ from q: cross-attention)" 2 "must have k's shape" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
 expect_error "heads < cp" 4 "num_heads (3) must be at least cp (4)" --heads 3 --seq 64
