@@ -452,7 +452,8 @@ void check_option_effects(const TrainOptions& o) {
   const char* variable = o.lengths ? "--lengths" : o.tokens_per_step > 0 ? "--tokens-per-step" : nullptr;
   for (const char* flag : {"--seq", "--batch"})
     if (variable != nullptr && given(o, flag))
-      throw Error(fmt::format("{} has no effect with {}, whose steps are their own sequences: drop it", flag, variable));
+      throw Error(
+          fmt::format("{} has no effect with {}, whose steps are their own sequences: drop it", flag, variable));
 }
 
 // Collective. Whole documents, each its own sequence: every one (held-out ones too) that the

@@ -189,8 +189,7 @@ std::uint64_t hash_of(const std::vector<double>& v) {
   return h;
 }
 
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options,
-                                      bool area_bound) {
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   std::vector<double> rest(n + 1, 0.0);  // least rank·seconds of sequences i.. n-1
   double work = 0;
@@ -286,7 +285,8 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& opt
     std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
     trail.emplace_back();
     for (std::size_t at = 0; at < children.size() && next.size() < width; ++at) {
-      if (at == sorted) std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
+      if (at == sorted)
+        std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
       const Child& c = children[at];
       const Option& o = options[i][c.option];
       State s{beam[c.parent].free, 0, c.total};
@@ -369,8 +369,7 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   Placements firsts(std::size_t(in.world) + 1);
   for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
   std::vector<Options> option_sets{all_options(in, costs, ladder, firsts, 0.0)};
-  if (in.world > 16)
-    option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
+  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
   std::vector<std::vector<BalanceGroup>> candidates;
   std::vector<std::size_t> set_of;  // which option set made candidate k
   for (std::size_t o = 0; o < option_sets.size(); ++o) {

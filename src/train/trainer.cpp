@@ -90,8 +90,7 @@ void equalize(std::vector<Trainer::Run>& runs, const std::vector<SequenceLayout>
   std::map<std::tuple<int, int, std::int64_t>, std::vector<std::size_t>> split;  // key -> its runs, in order
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const SequenceLayout& first = seqs[std::size_t(runs[r].sequences.front())];
-    if (first.cu_seqlens.empty())
-      split[{runs[r].group.first_rank, runs[r].group.size, first.length}].push_back(r);
+    if (first.cu_seqlens.empty()) split[{runs[r].group.first_rank, runs[r].group.size, first.length}].push_back(r);
   }
   for (const auto& [key, rs] : split) {
     if (rs.size() < 2) continue;
