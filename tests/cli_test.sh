@@ -107,6 +107,9 @@ head -c 200 "$dir/q.npy" > "$dir/truncated.npy"
 "$tool" make "$dir/" 2 32 4 2 16 && mv "$dir/k.npy" "$dir/k_short.npy" && "$tool" make "$dir" 2 64 4 2 16
 expect_error "missing file" 2 "cannot open" --q "$dir/nope.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "malformed file" 2 "not a usable .npy file" --q "$dir/garbage.npy" --k "$dir/k.npy" --v "$dir/v.npy"
+# With files, the random inputs' flags change nothing: refused, not ignored.
+expect_error "--seq with files" 2 "--seq has no effect with --q/--k/--v" "${files[@]}" --seq 64
+expect_error "--backward with files" 2 "--backward has no effect with --q/--k/--v" "${files[@]}" --backward
 expect_error "truncated file" 2 "truncated data" --q "$dir/truncated.npy" --k "$dir/k.npy" --v "$dir/v.npy"
 expect_error "k shorter than v (k/v may differ from q: cross-attention)" 2 "must have k's shape" --q "$dir/q.npy" --k "$dir/k_short.npy" --v "$dir/v.npy"
 expect_error "heads < cp" 4 "num_heads (3) must be at least cp (4)" --heads 3 --seq 64
@@ -131,7 +134,8 @@ expect_error "per-document 2" 2 "--per-document must be 0|1 (an integer in [0, 1
 expect_error "per-document text" 2 "--per-document must be 0|1 (an integer in [0, 1]), got 'no'" --strategy p2p --per-document no --seq 64
 
 # Training: a short run with a checkpoint, resumed to the end, equals the uninterrupted run.
-tiny=(--steps 6 --seq 64 --batch 2 --width 16 --heads 2 --kv-heads 1 --head-dim 8 --hidden 24)
+model=(--steps 6 --width 16 --heads 2 --kv-heads 1 --head-dim 8 --hidden 24)
+tiny=("${model[@]}" --seq 64 --batch 2)
 run 2 train "${tiny[@]}" --log "$dir/full.jsonl" > "$dir/t1.log" 2>&1 || { bad "train"; cat "$dir/t1.log"; }
 run 2 train "${tiny[@]}" --steps 3 --save "$dir/ckpt" > "$dir/t2.log" 2>&1 || { bad "train --save"; cat "$dir/t2.log"; }
 run 2 train --steps 6 --resume "$dir/ckpt" --log "$dir/resumed.jsonl" --svg "$dir/loss.svg" > "$dir/t3.log" 2>&1 || { bad "train --resume"; cat "$dir/t3.log"; }
@@ -158,18 +162,24 @@ grep -qE 'held-out loss [0-9.]+ \([0-9.]+ bits per byte\) on the last [0-9]+ byt
 expect_train_error "train --holdout too short for --seq" 2 "held-out sequences of 64 tokens need at least 65" "${tiny[@]}" --data "$dir/text.txt" --holdout 0.002
 # DP x CP on variable-length steps: --dp, --lengths, whole documents under --tokens-per-step;
 # every rank's idle time in the log; the bad input refused on every rank.
-run 2 train "${tiny[@]}" --steps 2 --dp 2 --lengths 1x128,3x64 --log "$dir/dp.jsonl" > "$dir/t7.log" 2>&1 \
+run 2 train "${model[@]}" --steps 2 --dp 2 --lengths 1x128,3x64 --log "$dir/dp.jsonl" > "$dir/t7.log" 2>&1 \
   && grep -q '"tokens": 320, "step_s": [0-9.]*, "predicted_step_s": [0-9.]*, "idle_ms": \[[0-9.]*, [0-9.]*\]' "$dir/dp.jsonl" \
   && grep -q 'dp 2 x cp 1 (--balance static' "$dir/t7.log" && ok "train --dp 2 --lengths: tokens and idle per rank" \
   || { bad "train --dp 2 --lengths"; cat "$dir/t7.log" "$dir/dp.jsonl"; }
 printf 'first document here\nsecond one\nthe third and longest document of all\nfourth\n' > "$dir/docs.txt"
-run 2 train "${tiny[@]}" --steps 2 --strategy p2p --data "$dir/docs.txt" --holdout 0 --tokens-per-step 64 > "$dir/t8.log" 2>&1 \
+run 2 train "${model[@]}" --steps 2 --strategy p2p --data "$dir/docs.txt" --holdout 0 --tokens-per-step 64 > "$dir/t8.log" 2>&1 \
   && grep -q 'whole documents, each one sequence of its own length, up to 64 tokens' "$dir/t8.log" \
   && ok "train --tokens-per-step: whole documents" || { bad "train --tokens-per-step"; cat "$dir/t8.log"; }
 expect_train_error "train --dp not dividing" 2 "--dp 3 must divide the world size 2" "${tiny[@]}" --dp 3
-expect_train_error "train --lengths to nothing" 2 "no sequence (expected e.g." "${tiny[@]}" --lengths ""
+expect_train_error "train --lengths to nothing" 2 "no sequence (expected e.g." "${model[@]}" --lengths ""
 expect_train_error "train --tokens-per-step < a document" 2 "--data $dir/docs.txt: the document 3 (line 3, byte 31) has 37 token(s): --tokens-per-step 20 is smaller" \
-  "${tiny[@]}" --data "$dir/docs.txt" --holdout 0 --tokens-per-step 20
+  "${model[@]}" --data "$dir/docs.txt" --holdout 0 --tokens-per-step 20
+# A variable-length step is its own sequences: --seq or --batch beside it is refused, not ignored.
+expect_train_error "train --seq with --lengths" 2 "--seq has no effect with --lengths" "${model[@]}" --lengths 1x128 \
+  --seq 64 --log "$dir/never.jsonl" && no_file "$dir/never.jsonl" "train --seq with --lengths"
+expect_train_error "train --batch with --tokens-per-step" 2 "--batch has no effect with --tokens-per-step" "${model[@]}" \
+  --data "$dir/docs.txt" --holdout 0 --tokens-per-step 64 --batch 2 --log "$dir/never.jsonl" \
+  && no_file "$dir/never.jsonl" "train --batch with --tokens-per-step"
 expect_train_error "train --balance unknown" 2 "balance policy 'best': expected static, pow2 or dynamic" "${tiny[@]}" --balance best
 # The dtype in the log and the summary; the default --hidden follows --width; plan --train --dtype.
 grep -q '"dtype": "f32"' "$dir/full.jsonl" && grep -q 'attention dtype f32' "$dir/t1.log" && ok "train: dtype in log and summary" || bad "train: dtype in log and summary"

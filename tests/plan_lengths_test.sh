@@ -33,8 +33,20 @@ check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --len
   --head-dim 64 --max-memory 1MiB
 # The planner's memory is bounded before it plans: a stated limit of sequences x ranks, and what
 # the machine has.
-check_error "are 1024000000 sequence x rank pairs, more than the planner's limit of 33554432" \
+check_error "are 1024000000 sequence x rank pairs, more than the planner's limit of 134217728" \
   --lengths 1000000x512 --world 1024 --heads 8
+# Its memory grows with distinct lengths, not sequences x ranks: 200 000 sequences of 4 lengths
+# at world 64 peak at about 150 MB (1.4 GB when every sequence kept its own options).
+if "$py" - "$bin" "$dir/big.log" <<'PY'
+import resource, subprocess, sys
+with open(sys.argv[2], "w") as log:
+    subprocess.run([sys.argv[1], "plan", "--lengths", "100000x512,60000x2048,30000x8192,10000x32768", "--world", "64",
+                    "--heads", "8", "--head-dim", "64", "--layers", "2"], stdout=log, stderr=log, check=True)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+assert peak < 400e6, f"peak RSS {peak / 1e6:.0f} MB"
+print(f"peak RSS {peak / 1e6:.0f} MB")
+PY
+then ok "plan --lengths: 200 000 sequences of 4 lengths plan in under 400 MB"; else bad "plan --lengths memory"; cat "$dir/big.log"; fi
 ULYSSES_MEM_AVAILABLE=1000000 check_error "ulysses plan --lengths needs about" --lengths 8x512 --world 4 --heads 8
 # Options the mode leaves without effect are refused, not ignored.
 check_error "--world has no effect with --calibrate" --lengths 8x512 --world 4 --heads 8 --calibrate

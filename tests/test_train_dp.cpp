@@ -277,3 +277,20 @@ TEST(DpTimesCpBadInput, ASequenceThatFitsNoGroupUnderTheMemoryCap) {
 }
 
 }  // namespace
+
+// Same-length sequences that the cap splits run in equal pieces (4, 3, 3 of 10, not the greedy
+// 4, 4, 2): the memory model prices the largest piece.
+TEST(DpTimesCp, ASplitBatchRunsInEqualPieces) {
+  MpiCommunicator world;
+  TrainConfig c = tiny("p2p");
+  c.lengths = std::vector<std::int64_t>(10, 64);
+  TrainConfig four = c;
+  four.lengths.clear();
+  four.batch = 4;
+  four.seq = 64;
+  c.max_memory = predict_memory(four, world.size()).total() * 1.001;
+  Trainer t(world, c, DataSource::synthetic());
+  std::vector<std::size_t> pieces;
+  for (const Trainer::Run& r : t.plan_step(0, false).runs) pieces.push_back(r.sequences.size());
+  EXPECT_EQ(pieces, (std::vector<std::size_t>{4, 3, 3}));
+}

@@ -114,6 +114,10 @@ void add_attention_command(CLI::App& app, AttentionOptions& o) {
                 "(required when the k/v length differs from q's)");
   add_timeout_option(c, o.timeout);
   add_backend_options(c, o.backend);
+  c->final_callback([c, &o] {
+    for (const CLI::Option* opt : c->get_options())
+      if (opt->count() > 0) o.given.push_back(opt->get_name());
+  });
 }
 
 namespace {
@@ -145,6 +149,14 @@ Problem load_problem(const AttentionOptions& o) {
   const bool any_file = !o.q.empty() || !o.k.empty() || !o.v.empty();
   if (any_file) {
     if (o.q.empty() || o.k.empty() || o.v.empty()) throw Error("--q, --k and --v must be given together");
+    // The files are the shapes and values: the random inputs' flags would change nothing.
+    for (const char* flag :
+         {"--batch", "--seq", "--heads", "--kv-heads", "--head-dim", "--seed", "--backward", "--kv-seq"})
+      if (std::find(o.given.begin(), o.given.end(), flag) != o.given.end())
+        throw Error(
+            fmt::format("{} has no effect with --q/--k/--v, whose files give the shapes and values (it is "
+                        "for random inputs): drop it{}",
+                        flag, std::string(flag) == "--backward" ? " (--dout runs the backward)" : ""));
     p.fq = read_npy(o.q);
     p.fk = read_npy(o.k);
     p.fv = read_npy(o.v);

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "options.hpp"
 #include "ulysses/cp_config.hpp"
@@ -31,6 +32,7 @@ struct AttentionOptions {
   double timeout = 300;                  // seconds any wait may take (the watchdog; rank 0's work alone is exempt)
   std::int64_t kv_seq = 0;               // random inputs: cross-attention's k/v length; 0 = --seq
   std::optional<std::int64_t> q_offset;  // cross-attention, causal: key position of query 0
+  std::vector<std::string> given;        // the flags on the command line
 };
 
 void add_attention_command(CLI::App& app, AttentionOptions& opt);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -27,22 +28,30 @@ namespace {
 
 constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic};
 
-// The balancer's memory and time grow with sequences x ranks: measured peak RSS of rank 0,
-// 20 000 sequences at world 64 and 256, one length or a pareto tail: 117-176 bytes a pair.
-// 2^25 pairs (32 768 sequences at world 1024) take about a minute on one core here.
-constexpr double kPlanBytesPerPair = 192, kPlanBaseBytes = 64 << 20;
-constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 25;
+// The balancer keeps a few hundred bytes a sequence and, once per distinct length, its costs and
+// options at ~8 group sizes an octave. Measured peak RSS of rank 0 at world 1024: 10^5 sequences
+// of 3 lengths 84 MB, a pareto tail of 10^5 (~50 000 lengths) 163 MB; at world 256, 20 000
+// pareto sequences 63 MB. Its time grows with sequences x ranks: 10^8 pairs took 37-50 s on one
+// core here, so the limit is 2^27 pairs (about a minute).
+constexpr double kPlanBytesPerSequence = 1024, kPlanBytesPerLength = 4096, kPlanBaseBytes = 64 << 20;
+constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 27;
 
 // Not collective. Refuses a step the planner could not hold in memory (or plan in minutes).
-void admit_plan(std::size_t sequences, int largest_world) {
-  const std::int64_t pairs = std::int64_t(sequences) * largest_world;
+void admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
+  const std::int64_t pairs = std::int64_t(lengths.size()) * largest_world;
   if (pairs > kMaxPlanPairs)
     throw Error(
         fmt::format("--lengths: {} sequences at world {} are {} sequence x rank pairs, more than the "
-                    "planner's limit of {} (2^25; its memory and time grow with both): fewer sequences or a "
-                    "smaller --world",
-                    sequences, largest_world, pairs, kMaxPlanPairs));
-  check_memory("ulysses plan --lengths", kPlanBaseBytes + kPlanBytesPerPair * double(pairs), 0, 1);
+                    "planner's limit of {} (2^27, about a minute of planning; its time grows with both): fewer "
+                    "sequences or a smaller --world",
+                    lengths.size(), largest_world, pairs, kMaxPlanPairs));
+  std::vector<std::int64_t> distinct = lengths;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  check_memory("ulysses plan --lengths",
+               kPlanBaseBytes + kPlanBytesPerSequence * double(lengths.size()) +
+                   kPlanBytesPerLength * double(distinct.size()) * std::log2(double(largest_world) + 1),
+               0, 1);
 }
 
 train::GptConfig model_of(const PlanOptions& o) {
@@ -226,7 +235,7 @@ int run_plan_lengths(const PlanOptions& o) {
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
     in = balance_input(o, worlds.front());
-    admit_plan(in.lengths.size(), *std::max_element(worlds.begin(), worlds.end()));
+    admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
     PlanInput probe = in.model;  // the model's sizes, checked once
     probe.seq = 1;

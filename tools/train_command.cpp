@@ -212,7 +212,8 @@ train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
     train::MemoryEstimate worst;
     for (const auto& [len, k] : count) {
       cfg.seq = len;
-      cfg.batch = (k + cfg.dp - 1) / cfg.dp;
+      const std::int64_t share = (k + cfg.dp - 1) / cfg.dp;
+      cfg.batch = share;
       if (cfg.max_memory > 0) {  // the trainer grows a batch while it fits: the largest that does
         std::int64_t lo = 1, hi = cfg.batch;
         while (lo < hi) {
@@ -222,7 +223,8 @@ train::MemoryEstimate predicted_memory(train::TrainConfig cfg, int cp) {
           else
             hi = cfg.batch - 1;
         }
-        cfg.batch = lo;
+        const std::int64_t pieces = (share + lo - 1) / lo;  // split in equal pieces (runs_of)
+        cfg.batch = (share + pieces - 1) / pieces;
       }
       const train::MemoryEstimate e = train::predict_memory(cfg, cp);
       if (e.total() > worst.total()) worst = e;
@@ -477,6 +479,12 @@ void check_option_effects(const TrainOptions& o) {
     throw Error("--save-every needs --save DIR (where to write the checkpoints)");
   if (given(o, "--tile-rows") && !o.tiled_mlp && !o.tiled_loss)
     throw Error("--tile-rows sizes the tiles of --tiled-mlp and --tiled-loss: without either it has no effect");
+  // A variable-length step is its own sequences: --seq and --batch would size nothing.
+  const char* variable = o.lengths ? "--lengths" : o.tokens_per_step > 0 ? "--tokens-per-step" : nullptr;
+  for (const char* flag : {"--seq", "--batch"})
+    if (variable != nullptr && given(o, flag))
+      throw Error(
+          fmt::format("{} has no effect with {}, whose steps are their own sequences: drop it", flag, variable));
 }
 
 // Collective. Whole documents, each its own sequence: every one (held-out ones too) that the

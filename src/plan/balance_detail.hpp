@@ -13,19 +13,35 @@
 namespace ulysses::balance_detail {
 
 // sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
+// The search asks every length at ~8 sizes an octave, so it keeps only the numbers it ranks by
+// (a full SequenceCost, with its config and reason, is 10x larger); `full` memoises the whole
+// cost for the (length, size) pairs a plan ends up using.
 class CostTable {
  public:
+  struct Cost {
+    bool valid = false;
+    double seconds = 0;
+  };
   explicit CostTable(const BalanceInput& in) : in_(in) {}
-  const SequenceCost& at(std::int64_t length, int size) {
+  const Cost& at(std::int64_t length, int size) {
     auto [it, fresh] = cache_.try_emplace({length, size});
-    if (fresh) it->second = sequence_cost(in_, length, size);
+    if (fresh) {
+      const SequenceCost c = sequence_cost(in_, length, size);
+      it->second = {c.valid, c.seconds};
+    }
     return it->second;
   }
-  const SequenceCost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
+  const Cost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
+  const SequenceCost& full(std::size_t i, int size) {
+    auto [it, fresh] = full_.try_emplace({in_.lengths[i], size});
+    if (fresh) it->second = sequence_cost(in_, in_.lengths[i], size);
+    return it->second;
+  }
 
  private:
   const BalanceInput& in_;
-  std::map<std::pair<std::int64_t, int>, SequenceCost> cache_;
+  std::map<std::pair<std::int64_t, int>, Cost> cache_;
+  std::map<std::pair<std::int64_t, int>, SequenceCost> full_;
 };
 
 struct Schedule {

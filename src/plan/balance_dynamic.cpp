@@ -1,5 +1,6 @@
 // The dynamic policy's search (balancer.cpp's top comment says what and why).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -16,6 +17,77 @@ struct Option {
   double seconds = 0;
 };
 
+// A length's options: each size it may use, at each placement of that size. Placements depend
+// only on the size, so a list keeps (size, seconds) pairs and reads the placements from a table
+// shared by all lengths: a few hundred bytes a length instead of 16 a placement (hundreds of
+// placements a size at large worlds).
+struct SizeOption {
+  int size = 0;
+  double seconds = 0;
+  std::uint32_t end = 0;  // options up to and including this size's
+};
+using Placements = std::vector<std::vector<int>>;  // by size: placements(cluster, world, size)
+
+class OptionList {
+ public:
+  class Iter {
+   public:
+    Iter(const OptionList* l, std::size_t s) : l_(l), s_(s) {}
+    Option operator*() const { return l_->at(s_, p_); }
+    Iter& operator++() {
+      if (++p_ == (*l_->firsts_)[std::size_t((*l_->sizes_)[s_].size)].size()) ++s_, p_ = 0;
+      return *this;
+    }
+    bool operator!=(const Iter& o) const { return s_ != o.s_ || p_ != o.p_; }
+
+   private:
+    const OptionList* l_;
+    std::size_t s_, p_ = 0;
+  };
+  OptionList(const std::vector<SizeOption>& sizes, const Placements& firsts) : sizes_(&sizes), firsts_(&firsts) {}
+  std::size_t size() const { return sizes_->empty() ? 0 : sizes_->back().end; }
+  bool empty() const { return sizes_->empty(); }
+  Iter begin() const { return {this, 0}; }
+  Iter end() const { return {this, sizes_->size()}; }
+  Option back() const { return at(sizes_->size() - 1, (*firsts_)[std::size_t(sizes_->back().size)].size() - 1); }
+  Option operator[](std::size_t k) const {
+    const auto s = std::upper_bound(sizes_->begin(), sizes_->end(), k,
+                                    [](std::size_t k, const SizeOption& o) { return k < o.end; });
+    return at(std::size_t(s - sizes_->begin()), k - (s == sizes_->begin() ? 0 : std::prev(s)->end));
+  }
+
+ private:
+  Option at(std::size_t s, std::size_t p) const {
+    const SizeOption& o = (*sizes_)[s];
+    return {{(*firsts_)[std::size_t(o.size)][p], o.size}, o.seconds};
+  }
+  const std::vector<SizeOption>* sizes_;
+  const Placements* firsts_;
+};
+
+// Each sequence's options. They depend only on its length, so each distinct length's list is
+// kept once: real steps repeat a few thousand lengths over up to millions of sequences.
+class Options {
+ public:
+  explicit Options(const Placements& firsts) : firsts_(&firsts) {}
+  OptionList operator[](std::size_t i) const { return {lists_[list_of_[i]], *firsts_}; }
+  std::size_t size() const { return list_of_.size(); }
+  // Sequence i's list: `make()` runs only for a length not seen before.
+  template <class Make>
+  OptionList add(std::int64_t length, Make make) {
+    auto [it, fresh] = index_.try_emplace(length, std::uint32_t(lists_.size()));
+    if (fresh) lists_.push_back(make());
+    list_of_.push_back(it->second);
+    return {lists_[it->second], *firsts_};
+  }
+
+ private:
+  const Placements* firsts_;
+  std::vector<std::vector<SizeOption>> lists_;
+  std::vector<std::uint32_t> list_of_;
+  std::map<std::int64_t, std::uint32_t> index_;
+};
+
 // Every size up to 16, then sizes with at most 4 significant bits, then world: ~8 per octave.
 std::vector<int> size_ladder(int world) {
   std::vector<int> sizes;
@@ -24,20 +96,20 @@ std::vector<int> size_ladder(int world) {
   return sizes;
 }
 
-// Sequence i's candidate (size, placement) options: see the top of the file.
 // Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
 // sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
 // step: faster only burns ranks).
-std::vector<Option> options_of(const BalanceInput& in, CostTable& costs, std::size_t i, const std::vector<int>& ladder,
-                               double enough) {
-  std::vector<Option> out;
+std::vector<SizeOption> options_of(const BalanceInput& in, CostTable& costs, std::size_t i,
+                                   const std::vector<int>& ladder, const Placements& firsts, double enough) {
+  std::vector<SizeOption> out;
   double base_area = 0, fastest = 0;
   for (int c : ladder) {
-    const SequenceCost& cost = costs.of(i, c);
+    const CostTable::Cost& cost = costs.of(i, c);
     if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
     if (out.empty()) base_area = cost.seconds * c;
     fastest = cost.seconds;
-    for (int f : placements(in.model.cluster, in.world, c)) out.push_back({{f, c}, cost.seconds});
+    const std::size_t placed = firsts[std::size_t(c)].size();
+    if (placed > 0) out.push_back({c, cost.seconds, std::uint32_t((out.empty() ? 0 : out.back().end) + placed)});
     if (in.world > 16 && (base_area < 0.2 * cost.seconds * c || cost.seconds <= enough)) break;
   }
   return out;
@@ -49,32 +121,31 @@ double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<in
   double area = 0;
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     for (int c : ladder)
-      if (const SequenceCost& cost = costs.of(i, c); cost.valid) {
+      if (const CostTable::Cost& cost = costs.of(i, c); cost.valid) {
         area += cost.seconds * c;
         break;
       }
   return area / double(in.world);
 }
 
-std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& options) {
   const std::size_t n = options.size();
   std::vector<double> fastest(n);
   for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
   std::vector<double> load(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups(n);
   for (std::size_t i : decreasing(fastest)) {
-    const Option* best = nullptr;
-    double best_end = 0;
+    Option best;
+    double best_end = -1;
     for (const Option& o : options[i]) {
       const auto first = load.begin() + o.group.first_rank;
       const double end = *std::max_element(first, first + o.group.size) + o.seconds;
-      if (best == nullptr || end < best_end ||
-          (end == best_end && o.seconds * o.group.size < best->seconds * best->group.size))
-        best = &o, best_end = end;
+      if (best_end < 0 || end < best_end ||
+          (end == best_end && o.seconds * o.group.size < best.seconds * best.group.size))
+        best = o, best_end = end;
     }
-    groups[i] = best->group;
-    std::fill(load.begin() + best->group.first_rank, load.begin() + best->group.first_rank + best->group.size,
-              best_end);
+    groups[i] = best.group;
+    std::fill(load.begin() + best.group.first_rank, load.begin() + best.group.first_rank + best.group.size, best_end);
   }
   return groups;
 }
@@ -118,17 +189,24 @@ std::uint64_t hash_of(const std::vector<double>& v) {
   return h;
 }
 
+// The (up to) 4 longest of sequences i.. n-1, longest first, in a fixed array: no allocation
+// per sequence.
+struct Longest {
+  std::array<std::uint32_t, 5> at{};
+  std::uint32_t count = 0;
+};
+
 // What the beam search is sized by, computed once from the options: the least rank·seconds the
 // remaining sequences need, the few longest sequences still to come (the look-ahead bound's),
 // whether that bound is affordable, and the beam's width under the budget.
 struct BeamShape {
-  std::vector<double> rest;                             // least rank·seconds of sequences i.. n-1
-  std::vector<std::vector<std::size_t>> longest_after;  // the <= 4 longest of sequences i.. n-1
+  std::vector<double> rest;  // least rank·seconds of sequences i.. n-1
+  std::vector<Longest> longest_after;
   bool look_ahead = false;
   std::size_t width = 1;
 };
 
-BeamShape beam_shape(const BalanceInput& in, const std::vector<std::vector<Option>>& options) {
+BeamShape beam_shape(const BalanceInput& in, const Options& options) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   BeamShape shape;
   std::vector<double>& rest = shape.rest;
@@ -155,26 +233,26 @@ BeamShape beam_shape(const BalanceInput& in, const std::vector<std::vector<Optio
                               kMaxBeam);
   shape.longest_after.resize(n + 1);
   for (std::size_t i = n; i-- > 0;) {
-    std::vector<std::size_t>& l = shape.longest_after[i];
-    l = shape.longest_after[i + 1];
-    l.push_back(i);
-    std::stable_sort(l.begin(), l.end(), [&](std::size_t a, std::size_t b) {
+    Longest l = shape.longest_after[i + 1];
+    l.at[l.count++] = std::uint32_t(i);
+    std::stable_sort(l.at.begin(), l.at.begin() + l.count, [&](std::uint32_t a, std::uint32_t b) {
       return options[a].back().seconds > options[b].back().seconds;
     });
-    if (l.size() > 4) l.resize(4);
+    l.count = std::min<std::uint32_t>(l.count, 4);
+    shape.longest_after[i] = l;
   }
   return shape;
 }
 
 // The look-ahead bound of a state whose ranks are free at `free`: no sequence from `from` on can
 // end before its best option's start on the earliest free ranks plus its time there.
-double ahead(const BeamShape& shape, const std::vector<std::vector<Option>>& options, std::vector<double> free,
-             std::size_t from) {
+double ahead(const BeamShape& shape, const Options& options, std::vector<double> free, std::size_t from) {
   std::sort(free.begin(), free.end());
   double lb = 0;
-  for (std::size_t j : shape.longest_after[from]) {
+  const Longest& l = shape.longest_after[from];
+  for (std::uint32_t k = 0; k < l.count; ++k) {
     double least = -1;
-    for (const Option& o : options[j]) {
+    for (const Option& o : options[l.at[k]]) {
       const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
       least = least < 0 ? t : std::min(least, t);
     }
@@ -185,8 +263,7 @@ double ahead(const BeamShape& shape, const std::vector<std::vector<Option>>& opt
 
 // The groups of the best final state (the first kept), walked back through the trail.
 template <class Step>
-std::vector<BalanceGroup> groups_of(const std::vector<std::vector<Option>>& options,
-                                    const std::vector<std::vector<Step>>& trail) {
+std::vector<BalanceGroup> groups_of(const Options& options, const std::vector<std::vector<Step>>& trail) {
   std::vector<BalanceGroup> groups(options.size());
   std::size_t at = 0;
   for (std::size_t i = options.size(); i-- > 0;) {
@@ -196,8 +273,7 @@ std::vector<BalanceGroup> groups_of(const std::vector<std::vector<Option>>& opti
   return groups;
 }
 
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<std::vector<Option>>& options,
-                                      bool area_bound) {
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   const BeamShape shape = beam_shape(in, options);
   struct State {
@@ -217,8 +293,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
   for (std::size_t i = 0; i < n; ++i) {
     std::vector<Child> children;
     for (std::size_t b = 0; b < beam.size(); ++b)
-      for (std::size_t k = 0; k < options[i].size(); ++k) {
-        const Option& o = options[i][k];
+      for (std::size_t k = 0; const Option& o : options[i]) {
         const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
         const double end = *std::max_element(first, last) + o.seconds;
         const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
@@ -229,16 +304,24 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
           std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
           bound = std::max(bound, ahead(shape, options, std::move(free), i + 1));
         }
-        children.push_back({bound, total, b, k});
+        children.push_back({bound, total, b, k++});
       }
-    std::stable_sort(children.begin(), children.end(), [](const Child& a, const Child& b) {
-      return a.bound < b.bound || (a.bound == b.bound && a.total < b.total);
-    });
+    // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
+    // as the beam reads: a level keeps `width` states of many children, on large steps one.
+    auto before = [](const Child& a, const Child& b) {
+      if (a.bound != b.bound) return a.bound < b.bound;
+      if (a.total != b.total) return a.total < b.total;
+      return a.parent != b.parent ? a.parent < b.parent : a.option < b.option;
+    };
+    std::size_t sorted = std::min(children.size(), 2 * shape.width);
+    std::partial_sort(children.begin(), children.begin() + std::ptrdiff_t(sorted), children.end(), before);
     std::vector<State> next;
     std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
     trail.emplace_back();
-    for (const Child& c : children) {
-      if (next.size() == shape.width) break;
+    for (std::size_t at = 0; at < children.size() && next.size() < shape.width; ++at) {
+      if (at == sorted)
+        std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
+      const Child& c = children[at];
       const Option& o = options[i][c.option];
       State s{beam[c.parent].free, 0, c.total};
       const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
@@ -258,7 +341,7 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const std::vector<
 // The most simulated rank-steps (sequence × member updates) the local search may spend.
 constexpr double kSearchBudget = 4e7;
 
-void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& options, std::vector<BalanceGroup>& groups,
+void improve(const BalanceInput& in, const Options& options, std::vector<BalanceGroup>& groups,
              std::vector<double>& seconds) {
   const std::size_t n = groups.size();
   Schedule cur = simulate(in.world, groups, seconds);
@@ -295,13 +378,12 @@ void improve(const BalanceInput& in, const std::vector<std::vector<Option>>& opt
 }
 
 // Each sequence's options with sizes up to `enough` seconds (see options_of).
-std::vector<std::vector<Option>> all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder,
-                                             double enough) {
-  std::vector<std::vector<Option>> options;
-  for (std::size_t i = 0; i < in.lengths.size(); ++i) {
-    options.push_back(options_of(in, costs, i, ladder, enough));
-    if (options.back().empty()) throw_unplaceable(in, i, costs, "");
-  }
+Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder, const Placements& firsts,
+                    double enough) {
+  Options options(firsts);
+  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+    if (options.add(in.lengths[i], [&] { return options_of(in, costs, i, ladder, firsts, enough); }).empty())
+      throw_unplaceable(in, i, costs, "");
   return options;
 }
 
@@ -312,8 +394,10 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   const std::vector<int> ladder = size_ladder(in.world);
   // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
   // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
-  std::vector<std::vector<std::vector<Option>>> option_sets{all_options(in, costs, ladder, 0.0)};
-  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, 0.1 * area_bound(in, costs, ladder)));
+  Placements firsts(std::size_t(in.world) + 1);
+  for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
+  std::vector<Options> option_sets{all_options(in, costs, ladder, firsts, 0.0)};
+  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
   std::vector<std::vector<BalanceGroup>> candidates;
   std::vector<std::size_t> set_of;  // which option set made candidate k
   for (std::size_t o = 0; o < option_sets.size(); ++o) {

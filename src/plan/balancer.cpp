@@ -212,7 +212,7 @@ std::vector<int> placements(const Cluster& cluster, int world, int size) {
                       i, len, in.max_memory, where, need, smallest));
   }
   throw Error(fmt::format("balance: sequence {} ({} tokens) fits no group{}: on 1 rank, {}", i, len, where,
-                          costs.of(i, 1).reason));
+                          costs.full(i, 1).reason));
 }
 
 // Of `firsts`, the group of `size` whose busiest member's `load` is least (the lowest on ties).
@@ -253,7 +253,7 @@ BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy 
     if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
       throw Error(fmt::format("balance: sequence {}'s group [{}, {}) is not inside the world of {} ranks", i,
                               g.first_rank, g.first_rank + g.size, in.world));
-    const SequenceCost& c = costs.of(i, g.size);
+    const SequenceCost& c = costs.full(i, g.size);
     if (!c.valid)
       throw Error(fmt::format("balance: sequence {} ({} tokens) cannot run on its group of {} ranks: {}", i,
                               in.lengths[i], g.size, c.reason));
@@ -279,7 +279,7 @@ std::vector<BalanceGroup> static_groups(const BalanceInput& in, CostTable& costs
     if (!costs.of(i, cp).valid)
       throw Error(
           fmt::format("balance: sequence {} ({} tokens) fits no static group of {} ranks (world {} / dp {}): {}", i,
-                      in.lengths[i], cp, in.world, in.dp, costs.of(i, cp).reason));
+                      in.lengths[i], cp, in.world, in.dp, costs.full(i, cp).reason));
     groups.push_back({int(i % std::size_t(in.dp)) * cp, cp});
   }
   return groups;

@@ -84,6 +84,30 @@ std::string config_error(const TrainConfig& c, int world) {
   return "";
 }
 
+// Same-length sequences that the cap split into several runs share them out evenly: the greedy
+// fill leaves full runs and a short last one (a full batch then a remainder measured 1.2x the
+// model's prediction of the full one); equal pieces, none larger than the greedy one (so each
+// fits), are the shape the model prices.
+void equalize(std::vector<Trainer::Run>& runs, const std::vector<SequenceLayout>& seqs) {
+  std::map<std::tuple<int, int, std::int64_t>, std::vector<std::size_t>> split;  // key -> its runs, in order
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const SequenceLayout& first = seqs[std::size_t(runs[r].sequences.front())];
+    if (first.cu_seqlens.empty()) split[{runs[r].group.first_rank, runs[r].group.size, first.length}].push_back(r);
+  }
+  for (const auto& [key, rs] : split) {
+    if (rs.size() < 2) continue;
+    std::vector<int> all;
+    for (std::size_t r : rs) all.insert(all.end(), runs[r].sequences.begin(), runs[r].sequences.end());
+    const std::size_t base = all.size() / rs.size(), extra = all.size() % rs.size();
+    auto at = all.begin();
+    for (std::size_t j = 0; j < rs.size(); ++j) {
+      const auto take = std::ptrdiff_t(base + (j < extra ? 1 : 0));
+      runs[rs[j]].sequences.assign(at, at + take);
+      at += take;
+    }
+  }
+}
+
 // Sequences of one group and one length (and no packed documents) run as one batch: bigger
 // GEMMs, the same numbers. Runs execute in order of their first sequence; every member of a
 // group sees the same runs in the same order, so the lowest unfinished run always has all its
@@ -105,6 +129,7 @@ std::vector<Trainer::Run> runs_of(const std::vector<SequenceLayout>& seqs, const
     runs.push_back({g, {int(i)}});
     if (seqs[i].cu_seqlens.empty()) open[key] = runs.size() - 1;
   }
+  equalize(runs, seqs);
   return runs;
 }
 
