@@ -158,7 +158,7 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag : {"--world", "--dp", "--cp-comm-type", "--max-tokens-per-rank"})
     if (given(flag) && !lengths) refuse(flag, "without --lengths");
   if (given("--tile-rows") && !o.train) refuse("--tile-rows", "without --train");
-  for (const char* flag : {"--width", "--hidden", "--max-memory"})
+  for (const char* flag : {"--width", "--hidden"})
     if (given(flag) && plain) refuse(flag, "without --train or --lengths");
   for (const char* flag :
        {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
