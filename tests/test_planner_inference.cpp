@@ -43,7 +43,7 @@ TEST(PlanInference, DecodeReadsEachRanksShareOfTheCacheAtMemoryBandwidth) {
     ASSERT_TRUE(r.valid) << r.reason;
     EXPECT_DOUBLE_EQ(r.read_s, r.kv_bytes / 2e12);
     EXPECT_EQ(r.collectives, r.cp > 1 ? 2 : 0);  // one allgatherv per layer
-    EXPECT_GT(r.step_s, r.read_s);
+    EXPECT_GE(r.step_s, r.read_s);
     EXPECT_DOUBLE_EQ(r.tokens_per_s, 3 / r.step_s);
   }
   EXPECT_EQ(row(p, "cp = 1").comm_s, 0);
