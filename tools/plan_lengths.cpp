@@ -174,9 +174,9 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   if (given("--cp") && lengths) refuse("--cp", "with --lengths (every group's size is planned)");
   if (!o.calibrate) return;
   if (o.train) refuse("--calibrate", "with --train (it sizes memory, not time)");
-  for (const char* flag : {"--world", "--cp", "--ranks-per-node", "--dtype", "--intra-bw", "--intra-lat", "--inter-bw",
-                           "--inter-lat", "--tflops", "--efficiency", "--gpu", "--kernel", "--intra-fabric",
-                           "--inter-fabric"})
+  for (const char* flag :
+       {"--world", "--cp", "--ranks-per-node", "--dtype", "--intra-bw", "--intra-lat", "--inter-bw", "--inter-lat",
+        "--tflops", "--efficiency", "--gpu", "--kernel", "--intra-fabric", "--inter-fabric"})
     if (given(flag))
       refuse(flag,
              fmt::format("with --calibrate, which measures this machine and plans for the {} rank(s) it runs on "

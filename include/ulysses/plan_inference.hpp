@@ -26,9 +26,9 @@ struct DecodeRow {
   std::string layout;  // "heads", "interleaved", or "cp = 1" (the unsharded baseline)
   int cp = 1;
   bool valid = false;
-  std::string reason;           // why invalid, or ""
-  std::int64_t replication = 1;  // ranks holding each KV head (heads with kv_heads < cp)
-  double kv_bytes = 0;          // the cache a rank holds, all layers
+  std::string reason;                            // why invalid, or ""
+  std::int64_t replication = 1;                  // ranks holding each KV head (heads with kv_heads < cp)
+  double kv_bytes = 0;                           // the cache a rank holds, all layers
   double read_s = 0, compute_s = 0, comm_s = 0;  // per step, all layers
   std::int64_t collectives = 0;                  // per step
   double step_s = 0;                             // time per output token

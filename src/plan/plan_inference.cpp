@@ -109,8 +109,9 @@ DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
 
 std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
   auto one = [](std::int64_t x, const char* what) {
-    return x == 0 ? fmt::format("never below 2^30 {}", what)
-           : x == 1 ? fmt::format("from 1 {}", what) : fmt::format("from {} {}", x, what);
+    return x == 0   ? fmt::format("never below 2^30 {}", what)
+           : x == 1 ? fmt::format("from 1 {}", what)
+                    : fmt::format("from {} {}", x, what);
   };
   return fmt::format("{} pays at {} tokens of context {}; at {} request(s) {}", r.layout, in.seq,
                      one(r.crossover_batch, "concurrent requests"), in.batch, one(r.crossover_context, "tokens"));
@@ -165,11 +166,12 @@ TurnPlan plan_turn(const PlanInput& in, std::int64_t cached) {
   t.pass_kv_s = seconds(t.pass_kv_bytes);
   t.pass_q_s = seconds(t.pass_q_bytes);
   t.rule_prefers_pass_q = double(in.seq) / total < 2 * double(in.kv_heads) / double(in.heads);
-  t.choice = fmt::format("{}: T/(T+P) = {}/{} = {:.3f} {} 2*kv_heads/heads = {:.3f} (Meta's rule); bytes per rank "
-                         "{:.3g} MB (pass-KV) vs {:.3g} MB (pass-Q)",
-                         t.rule_prefers_pass_q ? "pass-Q" : "pass-KV", in.seq, in.seq + cached,
-                         double(in.seq) / total, t.rule_prefers_pass_q ? "<" : ">=",
-                         2 * double(in.kv_heads) / double(in.heads), t.pass_kv_bytes / 1e6, t.pass_q_bytes / 1e6);
+  t.choice = fmt::format(
+      "{}: T/(T+P) = {}/{} = {:.3f} {} 2*kv_heads/heads = {:.3f} (Meta's rule); bytes per rank "
+      "{:.3g} MB (pass-KV) vs {:.3g} MB (pass-Q)",
+      t.rule_prefers_pass_q ? "pass-Q" : "pass-KV", in.seq, in.seq + cached, double(in.seq) / total,
+      t.rule_prefers_pass_q ? "<" : ">=", 2 * double(in.kv_heads) / double(in.heads), t.pass_kv_bytes / 1e6,
+      t.pass_q_bytes / 1e6);
   return t;
 }
 
