@@ -168,7 +168,8 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
     if (given(flag) && o.train) refuse(flag, "with --train (it sizes memory, not time)");
   // Presets and modes price one attention call; --train sizes memory and --lengths balances
   // training steps from the rates given as flags.
-  for (const char* flag : {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode"})
+  for (const char* flag :
+       {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode", "--memory-bw", "--cached"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (presets and modes are for a plan of --seq)", mode));
   if (given("--batch") && lengths) refuse("--batch", "with --lengths (the step is its sequences)");
   if (given("--cp") && lengths) refuse("--cp", "with --lengths (every group's size is planned)");
