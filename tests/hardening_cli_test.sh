@@ -97,8 +97,20 @@ run 1 plan --seq 65536 --heads 32 --kv-heads 8 --gpu H100 --efficiency 0.4 > "$d
   grep -q "presets: GPU H100" "$dir/g.log" && grep -q "flags over presets: --efficiency 0.4 (preset: 0.663)" "$dir/g.log" &&
   grep -q "p2p --no-zigzag" "$dir/g.log" && ok "plan --gpu with --efficiency: the flag wins, the header says so" ||
   { bad "plan --gpu --efficiency"; cat "$dir/g.log"; }
-run 1 plan --seq 4096 --heads 8 --cp 4 --mode decode --batch 8 > "$dir/d.log" 2>&1 && grep -q "invalid: sequence length (1)" "$dir/d.log" &&
-  ok "plan --mode decode: a layout that cannot shard one token is invalid, with why" || { bad "plan --mode decode"; cat "$dir/d.log"; }
+run 1 plan --seq 4096 --heads 4 --cp 8 --mode decode --batch 8 > "$dir/d.log" 2>&1 &&
+  grep -q "^heads  *8 invalid: KV layout heads cannot hold 4 query heads at cp = 8" "$dir/d.log" &&
+  grep -q "^interleaved  *8 .*b>=" "$dir/d.log" && grep -q "^decode recommendation: .* pays at 4096 tokens" "$dir/d.log" &&
+  ok "plan --mode decode: each KV layout priced or invalid with why, the crossover printed" ||
+  { bad "plan --mode decode"; cat "$dir/d.log"; }
+expect "plan --train --cached" 2 "--cached has no effect with --train" plan --train --heads 4 --cached 10
+expect "plan --cached without prefill" 1 "--cached has no effect without --mode prefill" plan --seq 1024 --heads 8 --cached 10
+run 1 plan --seq 1024 --heads 64 --kv-heads 8 --cp 4 --mode prefill --cached 31744 > "$dir/t.log" 2>&1 &&
+  grep -q "^turn recommendation: pass-Q: T/(T+P) = 1024/32768" "$dir/t.log" && ok "plan --cached: pass-Q by Meta's rule" ||
+  { bad "plan --cached"; cat "$dir/t.log"; }
+run 1 plan --seq 65536 --heads 32 --cp 8 --max-memory 600MiB > "$dir/m.log" 2>&1 &&
+  grep -q "invalid: memory: needs" "$dir/m.log" && grep -q "^recommendation: memory decides" "$dir/m.log" &&
+  ok "plan --max-memory: rows over it refused, the recommendation says memory decided" ||
+  { bad "plan --max-memory"; cat "$dir/m.log"; }
 expect "threads 100000" 2 "--threads: Value 100000 not in range 0 to 1024" attention --threads 100000 --seq 64
 expect "cp-sizes past int" 2 "--cp-sizes must be INNER,OUTER (two positive integers), got '99999999999,1'" attention \
   --strategy a2a+p2p --cp-sizes 99999999999,1

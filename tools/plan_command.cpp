@@ -14,6 +14,7 @@
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "svg.hpp"
+#include "train/memory.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/calibrate.hpp"
 #include "ulysses/calibrate_kernel.hpp"
@@ -90,8 +91,8 @@ void add_train_and_lengths_options(CLI::App* c, PlanOptions& o) {
   c->add_option("--hidden", o.hidden,
                 "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
   c->add_option("--max-memory", o.max_memory,
-                "with --train: memory per rank; with --lengths: the cap per rank "
-                "(default: none)")
+                "with --train: memory per rank; with --lengths: the cap per rank; a plan of --seq: a row whose "
+                "working set (decode: KV cache) is over it is refused (default: none)")
       ->capture_default_str();
   c->add_option("--lengths", o.lengths,
                 "a variable-length step (NxL terms, or pareto:N:MIN:MAX:ALPHA[:SEED]): plan "
@@ -138,6 +139,13 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
                 "what a step computes: train (forward + backward), forward, prefill (a prompt's forward), decode (one "
                 "token per sequence, --batch sequences, against a cache of --seq tokens)")
       ->capture_default_str();
+  c->add_option("--memory-bw", o.memory_bw,
+                "memory bandwidth per rank (GB/s, TB/s): a decode step reads the cache at it (default: the GPU "
+                "preset's, else H100's 3.35TB/s; on this machine, `generate`'s read rate)");
+  c->add_option("--cached", o.cached,
+                "with --mode prefill: tokens already cached under the --seq new ones (a conversation's next turn): "
+                "pass-KV vs pass-Q")
+      ->check(CLI::NonNegativeNumber);
   add_backend_options(c, o.backend);
   add_timeout_option(c, o.timeout);
   // --train plans `ulysses train`, whose attention is float32 unless --dtype says otherwise.
@@ -281,6 +289,8 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
                    ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq)
                    : "");
   fmt::print("{}", g_preset_note);
+  if (in.mode == PlanMode::decode && in.cp > 1)  // one query token: the strategies' shards would be empty
+    return fmt::print("decode: the KV cache's layouts below, not the training strategies, share the step\n");
   fmt::print("{:<22} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
              "msgs", "compute ms", "comm ms", "hidden", "mem MB/rk", "step s",
              measured.empty() ? "" : "   measured s  meas/pred");
@@ -459,6 +469,18 @@ void apply_presets(const PlanOptions& o, PlanInput& in) {
   g_preset_note += "\n";
 }
 
+// --memory-bw over the GPU preset's (H100's without one: the other defaults are an H100's) and
+// --max-memory as the cap a row must fit; --cached only with a prefill.
+void apply_inference_options(const PlanOptions& o, PlanInput& in) {
+  if (!o.memory_bw.empty()) in.cluster.kernel.memory_bandwidth = parse_bandwidth(o.memory_bw);
+  if (in.mode == PlanMode::decode && !(in.cluster.kernel.memory_bandwidth > 0)) {
+    if (o.calibrate) throw Error("--mode decode --calibrate needs --memory-bw (what `ulysses generate` reads here)");
+    in.cluster.kernel.memory_bandwidth = 3.35e12;
+  }
+  if (o.max_memory_given) in.max_memory_bytes = train::parse_bytes(o.max_memory);
+  if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
+}
+
 // The options as a planner input, checked (throws Error). Calibration plans for this machine:
 // cp = its ranks, all on one node, float32.
 PlanInput plan_input(const PlanOptions& o, int ranks) {
@@ -484,6 +506,7 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
+  apply_inference_options(o, in);
   make_plan(in);  // validates the input
   return in;
 }
@@ -531,6 +554,8 @@ int run_plan(const PlanOptions& o) {
   on_root(comm, [&] {
     print_plan(in, plan, measured);
     nlohmann::json j = to_json(in, plan, measured);
+    if (in.mode == PlanMode::decode) j["decode"] = report_decode(in);
+    if (o.cached >= 0) j["turn"] = report_turn(in, o.cached);
     if (o.scaling) j["scaling"] = scaling_table(in);
     std::vector<std::pair<std::string, std::string>> files;  // all or none
     if (!o.json.empty()) files.emplace_back(o.json, j.dump(2) + "\n");

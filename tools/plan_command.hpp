@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,10 @@ struct PlanOptions {
   // Presets (ulysses/presets.hpp) and what a step computes; explicit flags override a preset.
   std::string gpu, kernel, intra_fabric, inter_fabric, mode = "train";
   std::set<std::string> given;  // the options named on the command line ("--tflops", ...)
+  // Inference: device memory bandwidth (decode reads the cache at it; default: the GPU's, else
+  // H100's) and the tokens already cached under a prefill's new ones (-1: none, no turn table).
+  std::string memory_bw;
+  std::int64_t cached = -1;
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
@@ -59,5 +64,9 @@ void check_plan_option_effects(const PlanOptions& opt, int ranks);
 // Collective. This machine's attention rate and links (ulysses/calibrate.hpp), on the default
 // threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);
+// Rank 0 alone (plan_inference_report.cpp): print the decode layouts' table (plan_decode) and
+// return it as JSON; the same for a turn of in.seq tokens over `cached` (plan_turn).
+nlohmann::json report_decode(const PlanInput& in);
+nlohmann::json report_turn(const PlanInput& in, std::int64_t cached);
 
 }  // namespace ulysses::cli

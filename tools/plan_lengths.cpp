@@ -167,7 +167,7 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag : {"--world", "--dp", "--cp-comm-type", "--max-tokens-per-rank"})
     if (given(flag) && !lengths) refuse(flag, "without --lengths");
   if (given("--tile-rows") && !o.train) refuse("--tile-rows", "without --train");
-  for (const char* flag : {"--width", "--hidden", "--max-memory"})
+  for (const char* flag : {"--width", "--hidden"})
     if (given(flag) && plain) refuse(flag, "without --train or --lengths");
   for (const char* flag :
        {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
@@ -177,7 +177,8 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
     if (given(flag) && o.train) refuse(flag, "with --train (it sizes memory, not time)");
   // Presets and modes price one attention call; --train sizes memory and --lengths balances
   // training steps from the rates given as flags.
-  for (const char* flag : {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode"})
+  for (const char* flag :
+       {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode", "--memory-bw", "--cached"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (presets and modes are for a plan of --seq)", mode));
   if (given("--batch") && lengths) refuse("--batch", "with --lengths (the step is its sequences)");
   if (given("--cp") && lengths) refuse("--cp", "with --lengths (every group's size is planned)");

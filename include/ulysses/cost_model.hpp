@@ -65,6 +65,9 @@ struct PlanInput {
   std::int64_t kv_seq = 0;
   std::optional<std::int64_t> q_offset;
   PlanMode mode = PlanMode::train;
+  // Memory per rank a row may need (0: no cap): the attention working set (PlanRow::memory_bytes)
+  // or, decoding, the KV cache a rank holds; a row over it is refused and says so.
+  double max_memory_bytes = 0;
 };
 
 // True when the step has a backward (PlanMode::train).

@@ -183,6 +183,21 @@ std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& stra
   return r;
 }
 
+// Rows whose working set is over in.max_memory_bytes become invalid, the reason saying by how
+// much: a strategy that does not fit is no choice however fast. Returns how many.
+int refuse_by_memory(const PlanInput& in, Plan& p) {
+  int n = 0;
+  if (!(in.max_memory_bytes > 0)) return n;
+  for (PlanRow& r : p.rows)
+    if (r.valid && r.memory_bytes > in.max_memory_bytes) {
+      r.valid = false;
+      r.reason = fmt::format("memory: needs {:.4g} MB per rank, over the cap of {:.4g} MB", r.memory_bytes / 1e6,
+                             in.max_memory_bytes / 1e6);
+      ++n;
+    }
+  return n;
+}
+
 }  // namespace
 
 PlanMode parse_plan_mode(const std::string& text) {
@@ -289,6 +304,8 @@ std::string plan_input_error(const PlanInput& in) {
     return fmt::format("q_offset {} + seq {} passes the largest position (int64)", *in.q_offset, in.seq);
   if (in.heads % in.kv_heads != 0)
     return fmt::format("heads ({}) must be divisible by kv_heads ({})", in.heads, in.kv_heads);
+  if (!(in.max_memory_bytes >= 0) || !std::isfinite(in.max_memory_bytes))
+    return "the memory cap must be 0 (none) or positive and finite";
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
     return "the compute rate must be positive and the efficiency in (0, 1]";
   return "";
@@ -311,6 +328,7 @@ Plan make_plan(const PlanInput& in_arg) {
       if (std::optional<PlanRow> c = contiguous_twin(in, *strategy, *twin)) rows.push_back(*c);
     p.rows.insert(p.rows.end(), rows.begin(), rows.end());
   }
+  const int refused = refuse_by_memory(in, p);
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
     if (!r.valid) continue;
@@ -328,9 +346,12 @@ Plan make_plan(const PlanInput& in_arg) {
     p.recommendation = "no strategy is valid for this shape: " + invalid_reasons(p);
     return p;
   }
+  if (refused > 0)
+    p.recommendation = fmt::format("memory decides: {} row(s) over the cap of {:.4g} MB per rank refused; ", refused,
+                                   in.max_memory_bytes / 1e6);
   const PlanRow& b = p.rows[std::size_t(p.best)];
   const double exposed = b.comm_s - b.hidden_s;
-  p.recommendation = fmt::format(
+  p.recommendation += fmt::format(
       "{}: {:.3g} s per step, {:.0f}% of it attention compute; {:.3g} ms of communication "
       "per layer, {:.0f}% hidden",
       b.name, b.predicted_step_s, 100 * b.compute_s / (b.compute_s + exposed), b.comm_s * 1e3,

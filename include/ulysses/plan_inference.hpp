@@ -1,0 +1,65 @@
+// The planner's inference mode: what a decode step over a sharded KV cache (kv_cache.hpp) costs
+// per layout, where sharding the cache starts to pay, and which ring a prompt over a cache
+// should pass (keys and values, or queries).
+//
+// Decode is bound by memory bandwidth: one query row per head against the cache is a
+// matrix-vector product, so each step reads every cached byte a rank holds once (docs/inference.md
+// measures the decode kernel at 0.6–1.0 of a plain read). Each layer adds one allgatherv of a
+// few kilobytes (latency-bound): `heads` gathers every rank's heads of the output, `interleaved`
+// every rank's partial (out, lse) for every head, merged by LSE. Sharding pays when the bytes a
+// rank no longer reads take longer than the collective: at high concurrency or long contexts
+// (vLLM / SGLang decode context parallelism report the crossover at 8–16 concurrent requests
+// for 32K contexts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ulysses/cost_model.hpp"
+
+namespace ulysses {
+
+// One decode step (one new token for each of in.batch requests, each over a cache of in.seq
+// tokens), all layers, on the busiest rank of one layout.
+struct DecodeRow {
+  std::string layout;  // "heads", "interleaved", or "cp = 1" (the unsharded baseline)
+  int cp = 1;
+  bool valid = false;
+  std::string reason;                            // why invalid, or ""
+  std::int64_t replication = 1;                  // ranks holding each KV head (heads with kv_heads < cp)
+  double kv_bytes = 0;                           // the cache a rank holds, all layers
+  double read_s = 0, compute_s = 0, comm_s = 0;  // per step, all layers
+  std::int64_t collectives = 0;                  // per step
+  double step_s = 0;                             // time per output token
+  double tokens_per_s = 0;                       // batch / step_s
+  // The least concurrency (requests per step, at in.seq) and the least context (at in.batch)
+  // at which this layout's step is faster than cp = 1's; 0: not below 2^30; 1: from the start.
+  std::int64_t crossover_batch = 0, crossover_context = 0;
+};
+
+struct DecodePlan {
+  std::vector<DecodeRow> rows;  // cp = 1, then heads and interleaved at in.cp
+  int best = -1;
+  std::string recommendation;
+};
+
+// Every layout at in.cp against cp = 1. Memory bandwidth: in.cluster.kernel.memory_bandwidth
+// (0: compute alone prices the read). Rows over in.max_memory_bytes are refused by memory.
+// Throws Error for inputs make_plan refuses.
+DecodePlan plan_decode(const PlanInput& in);
+
+// A prompt of `turn` new tokens over `cached` tokens already in the cache, on a ring of in.cp:
+// pass-KV moves every rank's keys and values of the whole context around the ring, pass-Q the
+// new queries (and their partial outputs and LSE back). Meta (arXiv 2411.01783, section 3.3):
+// pass-Q moves less when turn / (turn + cached) < 2 · kv_heads / heads.
+struct TurnPlan {
+  std::int64_t turn = 0, cached = 0;
+  double pass_kv_bytes = 0, pass_q_bytes = 0;  // per rank, one layer
+  double pass_kv_s = 0, pass_q_s = 0;          // all layers, compute + exposed communication
+  bool rule_prefers_pass_q = false;
+  std::string choice;  // "pass-Q" or "pass-KV", and why
+};
+TurnPlan plan_turn(const PlanInput& in, std::int64_t cached);
+
+}  // namespace ulysses

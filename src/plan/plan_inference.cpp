@@ -1,0 +1,178 @@
+#include "ulysses/plan_inference.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ulysses/error.hpp"
+#include "ulysses/kv_cache.hpp"
+#include "ulysses/planner.hpp"
+#include "ulysses/sharding.hpp"
+
+namespace ulysses {
+
+namespace {
+
+// One layer of a decode step for `batch` requests over `context` tokens on the busiest rank.
+struct StepCost {
+  double read_s = 0, compute_s = 0, comm_s = 0, kv_bytes = 0;
+};
+
+// The busiest rank's query and KV heads under `layout` at `cp` (an uneven Ulysses split gives
+// some ranks one more head; interleaved: all of them).
+struct LayoutHeads {
+  double q = 0, kv = 0;
+};
+LayoutHeads layout_heads(const PlanInput& in, KvLayout layout, int cp) {
+  if (layout == KvLayout::interleaved || cp == 1) return {double(in.heads), double(in.kv_heads)};
+  LayoutHeads h;
+  for (int r = 0; r < cp; ++r) {
+    const RankHeads rh = ulysses_heads(cp, r, in.heads, in.kv_heads);
+    h.q = std::max(h.q, double(rh.q.count));
+    h.kv = std::max(h.kv, double(rh.kv.count));
+  }
+  return h;
+}
+
+// `layout` at `cp` ranks (cp 1: the unsharded cache): its reads, its flops, and its one allgatherv.
+StepCost step_cost(const PlanInput& in, KvLayout layout, int cp, const LayoutHeads& h, double batch,
+                   std::int64_t context) {
+  const double e = double(dtype_size(in.dtype)), d = double(in.head_dim);
+  const double rows = double(kv_rows(layout, context, cp, 0));  // rank 0 holds the most
+  const bool by_heads = layout == KvLayout::heads;
+  StepCost c;
+  c.kv_bytes = 2 * rows * h.kv * d * e;  // per request, one layer
+  const double bw = in.cluster.kernel.memory_bandwidth;
+  c.read_s = bw > 0 ? batch * c.kv_bytes / bw : 0;
+  c.compute_s = 4 * d * h.q * rows * batch / (in.cluster.peak_flops * in.cluster.efficiency);
+  if (cp > 1) {
+    // A ring allgatherv: cp − 1 hops of one rank's part (its heads' outputs; interleaved: every
+    // head's partial output and its float32 LSE).
+    const double part = batch * h.q * (d * e + (by_heads ? 0.0 : 4.0));
+    c.comm_s = (cp - 1) * message_seconds(ring_link(in.cluster, cp, 1), part);
+  }
+  return c;
+}
+
+double step_seconds(const PlanInput& in, KvLayout layout, int cp, const LayoutHeads& h, double batch,
+                    std::int64_t context) {
+  const StepCost c = step_cost(in, layout, cp, h, batch, context);
+  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s);
+}
+
+// The least x in [1, 2^30] with wins(x) (monotone: sharding saves per request and per token what
+// it pays once per step), 0 when none.
+template <class F>
+std::int64_t least(F wins) {
+  const std::int64_t top = std::int64_t(1) << 30;
+  if (!wins(top)) return 0;
+  std::int64_t lo = 0, hi = top;  // wins(hi), !wins(lo) (or lo = 0)
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (wins(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
+  DecodeRow r;
+  r.layout = cp == 1 ? "cp = 1" : to_string(layout);
+  r.cp = cp;
+  r.reason = kv_layout_error(layout, {in.layers, in.heads, in.kv_heads, in.head_dim, in.seq}, cp);
+  r.replication = layout == KvLayout::heads && in.kv_heads < cp ? cp / in.kv_heads : 1;
+  const double batch = double(in.batch);
+  const LayoutHeads heads = layout_heads(in, layout, cp);
+  const StepCost c = step_cost(in, layout, cp, heads, batch, in.seq);
+  const double layers = double(in.layers);
+  r.kv_bytes = layers * batch * c.kv_bytes;
+  if (r.reason.empty() && in.max_memory_bytes > 0 && r.kv_bytes > in.max_memory_bytes)
+    r.reason = fmt::format("memory: the cache needs {:.4g} GB per rank, over the cap of {:.4g} GB", r.kv_bytes / 1e9,
+                           in.max_memory_bytes / 1e9);
+  r.valid = r.reason.empty();
+  if (!r.valid) return r;
+  r.read_s = layers * c.read_s;
+  r.compute_s = layers * c.compute_s;
+  r.comm_s = layers * c.comm_s;
+  r.collectives = cp > 1 ? in.layers : 0;
+  r.step_s = step_seconds(in, layout, cp, heads, batch, in.seq);
+  r.tokens_per_s = r.step_s > 0 ? batch / r.step_s : 0;
+  if (cp == 1) return r;
+  const LayoutHeads all = layout_heads(in, layout, 1);
+  auto faster = [&](double b, std::int64_t s) {
+    return step_seconds(in, layout, cp, heads, b, s) < step_seconds(in, layout, 1, all, b, s);
+  };
+  r.crossover_batch = least([&](std::int64_t b) { return faster(double(b), in.seq); });
+  r.crossover_context = least([&](std::int64_t s) { return faster(batch, std::max<std::int64_t>(s, cp)); });
+  return r;
+}
+
+std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
+  auto one = [](std::int64_t x, const char* what) {
+    return x == 0   ? fmt::format("never below 2^30 {}", what)
+           : x == 1 ? fmt::format("from 1 {}", what)
+                    : fmt::format("from {} {}", x, what);
+  };
+  return fmt::format("{} pays at {} tokens of context {}; at {} request(s) {}", r.layout, in.seq,
+                     one(r.crossover_batch, "concurrent requests"), in.batch, one(r.crossover_context, "tokens"));
+}
+
+}  // namespace
+
+DecodePlan plan_decode(const PlanInput& in) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  DecodePlan p;
+  p.rows.push_back(decode_row(in, KvLayout::heads, 1));
+  if (in.cp > 1)
+    for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, l, in.cp));
+  for (std::size_t i = 0; i < p.rows.size(); ++i)
+    if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))
+      p.best = int(i);
+  if (p.best < 0) {
+    p.recommendation = "no layout holds this cache: " + p.rows.front().reason;
+    return p;
+  }
+  const DecodeRow& b = p.rows[std::size_t(p.best)];
+  p.recommendation = fmt::format("{}: {:.3g} ms per output token, {:.4g} tokens/s ({:.0f}% reading the cache)",
+                                 b.layout, b.step_s * 1e3, b.tokens_per_s,
+                                 b.step_s > 0 ? 100 * std::max(b.read_s, b.compute_s) / b.step_s : 0.0);
+  for (const DecodeRow& r : p.rows)
+    if (r.cp > 1 && r.valid) p.recommendation += "; " + crossover_text(r, in);
+  for (const DecodeRow& r : p.rows)
+    if (!r.valid && r.reason.rfind("memory", 0) == 0) p.recommendation += "; " + r.layout + " refused by " + r.reason;
+  return p;
+}
+
+TurnPlan plan_turn(const PlanInput& in, std::int64_t cached) {
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  if (cached < 0) throw Error(fmt::format("cached tokens must not be negative, got {}", cached));
+  TurnPlan t;
+  t.turn = in.seq;
+  t.cached = cached;
+  const double e = double(dtype_size(in.dtype)), d = double(in.head_dim), cp = double(in.cp);
+  const double total = double(in.seq + cached), hops = cp - 1, b = double(in.batch);
+  // Every rank's shard travels cp − 1 hops: the context's K and V, or the new tokens' queries
+  // (and back, their partial outputs with a float32 LSE per head).
+  t.pass_kv_bytes = hops * b * std::ceil(total / cp) * 2 * double(in.kv_heads) * d * e;
+  t.pass_q_bytes = hops * b * std::ceil(double(in.seq) / cp) * double(in.heads) * (2 * d * e + 4);
+  // The new queries see every cached key and the causal half of their own.
+  const double pairs = b * double(in.heads) * double(in.seq) * (double(cached) + double(in.seq + 1) / 2);
+  const double compute = 4 * d * pairs / cp / (in.cluster.peak_flops * in.cluster.efficiency);
+  const Link link = ring_link(in.cluster, in.cp, 1);
+  auto seconds = [&](double bytes) {
+    const double comm = in.cp > 1 ? hops * message_seconds(link, bytes / std::max(hops, 1.0)) : 0;
+    return double(in.layers) * (compute + std::max(0.0, comm - compute * hops / cp));
+  };
+  t.pass_kv_s = seconds(t.pass_kv_bytes);
+  t.pass_q_s = seconds(t.pass_q_bytes);
+  t.rule_prefers_pass_q = double(in.seq) / total < 2 * double(in.kv_heads) / double(in.heads);
+  t.choice = fmt::format(
+      "{}: T/(T+P) = {}/{} = {:.3f} {} 2*kv_heads/heads = {:.3f} (Meta's rule); bytes per rank "
+      "{:.3g} MB (pass-KV) vs {:.3g} MB (pass-Q)",
+      t.rule_prefers_pass_q ? "pass-Q" : "pass-KV", in.seq, in.seq + cached, double(in.seq) / total,
+      t.rule_prefers_pass_q ? "<" : ">=", 2 * double(in.kv_heads) / double(in.heads), t.pass_kv_bytes / 1e6,
+      t.pass_q_bytes / 1e6);
+  return t;
+}
+
+}  // namespace ulysses
