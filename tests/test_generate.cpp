@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "train/generate.hpp"
@@ -95,6 +96,49 @@ COMM_TEST(Generate, ASecondTurnEqualsOnePrompt) {
       EXPECT_EQ(turns.next_token(got), token) << to_string(layout) << " step " << s;
       want = whole.decode(token);
       got = turns.decode(token);
+    }
+  }
+}
+
+// Concurrent requests of different prompt lengths, finishing at different steps, decoded in one
+// step each (one collective per layer for all of them) at cp = world: each request's tokens and
+// logits equal running it alone on one rank.
+COMM_TEST(Generate, ConcurrentRequestsEqualEachAlone) {
+  Gpt<float> model(tiny_model());
+  model.init_params(5);
+  const std::vector<std::int64_t> prompt_len{9, 17, 12}, new_tokens{3, 8, 5};
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+    const GenerateConfig config{layout, Prefill::ulysses, 32, 0, 0};
+    if (!generate_error(tiny_model(), config, comm.size(), 9, 8, 0).empty()) continue;
+    std::vector<std::unique_ptr<Generator>> gens;
+    std::vector<std::vector<float>> last;
+    std::vector<std::vector<int>> got(3), prompts(3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      for (std::int64_t t = 0; t < prompt_len[i]; ++t) prompts[i].push_back(int((t * 31 + 7 * i + 1) % 64));
+      gens.push_back(std::make_unique<Generator>(comm, tiny_model(), model.params, config));
+      last.push_back(gens[i]->prefill(prompts[i]));
+      got[i].push_back(gens[i]->next_token(last[i]));
+    }
+    for (int step = 1; step < 8; ++step) {  // the requests still running decode together
+      std::vector<Generator*> running;
+      std::vector<int> tokens;
+      std::vector<std::size_t> which;
+      for (std::size_t i = 0; i < 3; ++i)
+        if (std::int64_t(got[i].size()) < new_tokens[i]) {
+          running.push_back(gens[i].get());
+          tokens.push_back(got[i].back());
+          which.push_back(i);
+        }
+      const std::vector<std::vector<float>> logits = Generator::decode(running, tokens);
+      EXPECT_EQ(running[0]->stats().collectives, tiny_model().layers) << "step " << step;
+      for (std::size_t j = 0; j < which.size(); ++j) got[which[j]].push_back(gens[which[j]]->next_token(logits[j]));
+    }
+    for (std::size_t i = 0; i < 3; ++i) {
+      Generator one(*alone, tiny_model(), model.params, config);
+      std::vector<int> want{one.next_token(one.prefill(prompts[i]))};
+      while (std::int64_t(want.size()) < new_tokens[i]) want.push_back(one.next_token(one.decode(want.back())));
+      EXPECT_EQ(got[i], want) << to_string(layout) << " request " << i;
     }
   }
 }

@@ -149,6 +149,36 @@ std::vector<float> Generator::decode(int token) {
   return logits(x.data());
 }
 
+std::vector<std::vector<float>> Generator::decode(const std::vector<Generator*>& requests,
+                                                  const std::vector<int>& tokens) {
+  if (requests.empty() || requests.size() != tokens.size())
+    throw Error(fmt::format("a decode step of {} tokens for {} requests", tokens.size(), requests.size()));
+  Generator& g = *requests[0];
+  const std::int64_t C = g.model_.width, B = std::int64_t(requests.size());
+  std::vector<std::int64_t> pos;
+  std::vector<KvCache*> caches;
+  for (Generator* r : requests) {
+    pos.push_back(r->cache_.tokens(0));
+    caches.push_back(&r->cache_);
+  }
+  CachedAttentionStats stats;
+  const int threads = omp_get_max_threads();  // as in decode(int): few rows, one thread
+  const ScopedThreads one(1);
+  std::vector<float> x(static_cast<std::size_t>(B * C));
+  embedding_forward(x.data(), tokens.data(), g.params_.data() + g.layout_.wte, B, C);
+  for (std::int64_t l = 0; l < g.model_.layers; ++l)
+    g.layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
+      const ScopedThreads team(threads);
+      decode_attention(g.comm_, caches, layer, q, k, v, out, &stats);
+    });
+  std::vector<std::vector<float>> out;
+  for (std::int64_t b = 0; b < B; ++b) {
+    out.push_back(g.logits(x.data() + b * C));
+    requests[std::size_t(b)]->stats_ = stats;
+  }
+  return out;
+}
+
 int Generator::next_token(const std::vector<float>& logits) {
   const auto best = std::max_element(logits.begin(), logits.end());
   if (config_.temperature <= 0) return int(best - logits.begin());

@@ -45,6 +45,13 @@ class Generator {
   std::vector<float> extend(const std::vector<int>& tokens);
   // Collective. Runs `token` at the next position; returns its logits (the same on every rank).
   std::vector<float> decode(int token);
+  // Collective. One decode step of concurrent requests, each its own Generator (one model,
+  // parameters and layout; their caches at any lengths): request i runs tokens[i] at its next
+  // position. Their rows go through the layers together, and their attention takes one
+  // collective per layer for all of them (decode_attention over their caches), so a step's
+  // messages do not grow with the requests. Returns each request's logits, equal to decoding it
+  // alone; every request's stats() are the step's.
+  static std::vector<std::vector<float>> decode(const std::vector<Generator*>& requests, const std::vector<int>& tokens);
   // Not collective. The next token from logits: argmax, or a sample under the configured
   // temperature (the sampler's state advances identically on every rank).
   int next_token(const std::vector<float>& logits);
