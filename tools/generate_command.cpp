@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "generate_requests.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "train/checkpoint.hpp"
@@ -34,6 +35,14 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
+  auto* requests = c->add_option("--requests", o.requests,
+                                 "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
+                                 "request i drawn from --seed + i), decoded together, one collective per layer a step");
+  requests->excludes(file)->excludes(synthetic);
+  c->add_option("--requests-new-tokens", o.requests_new_tokens,
+                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
+                "default --max-new-tokens): they finish at different steps")
+      ->needs(requests);
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
   c->add_option("--turn-tokens", o.turn_tokens,
                 "then a second turn: N synthetic tokens over the filled cache (Ulysses over it under heads, "
@@ -288,6 +297,7 @@ int run_generate(const GenerateOptions& o) {
   comm.set_timeout(o.timeout);
   const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
   set_threads(o.threads > 0 ? o.threads : fallback);
+  if (!o.requests.empty()) return run_generate_requests(comm, o);
   const Request r = load_request(comm, o);
   train::Generator gen(comm, r.model.config.model, r.model.params, r.config);
   const Timing t = run_turn(comm, gen, r.prompt, o.max_new_tokens, true);
