@@ -63,6 +63,23 @@ for layout in heads interleaved; do
 done
 grep -q "tokens/s across them" "$dir/r.log" && ok "per-step tokens/s printed" || bad "per-step tokens/s"
 
+# The memory model of generate against the measured peak RSS (largest over ranks), within 10 %:
+# a cache of 2M tokens (its formula's bytes, allocated whole), the bandwidth probe's buffer,
+# the prefill; concurrent requests.
+memory_within() {  # name, then generate flags
+  local name=$1; shift
+  run "${@:1:1}" "${@:2}" --json "$dir/m.json" > "$dir/m.log" 2>&1 || { bad "$name: run"; cat "$dir/m.log"; return; }
+  local ratio
+  ratio=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory"]["measured_over_predicted"])' "$dir/m.json")
+  if awk -v r="$ratio" 'BEGIN { exit !(r >= 0.9 && r <= 1.1) }'; then ok "$name: measured/predicted $ratio"
+  else bad "$name: measured/predicted '$ratio'"; cat "$dir/m.log"; fi
+}
+memory_within "memory, heads cp 2" 2 generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000
+memory_within "memory, interleaved cp 3" 3 generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 \
+  --kv-layout interleaved
+memory_within "memory, 3 requests cp 2" 2 "${reqs[@]:0:5}" --capacity 1000000
+grep -q "memory per rank: predicted" "$dir/m.log" && ok "memory in the header" || bad "memory line"
+
 # 2. Bad requests: one error, nothing written.
 : > "$dir/empty.txt"
 head -c 100 "$dir/ck/checkpoint.bin" > "$dir/short.bin" && mkdir "$dir/cut" && mv "$dir/short.bin" "$dir/cut/checkpoint.bin"
@@ -80,6 +97,10 @@ expect "requests new tokens" 2 "--requests-new-tokens gives 2 counts for 3 reque
   generate --checkpoint "$dir/ck160" --requests 3x64 --requests-new-tokens 4,5 "${out[@]}"
 expect "request over positions" 2 "request 1 of 2: the prompt has 200 tokens, longer than the model's 160" \
   generate --checkpoint "$dir/ck160" --requests 64,200 "${out[@]}"
+expect "over --max-memory" 2 "more than --max-memory 100.0 MiB" \
+  generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 --max-memory 100MiB "${out[@]}"
+expect "over the machine" 2 "more than this machine has" \
+  generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 4000000000 "${out[@]}"
 no_file "$dir/never.json" "every refusal"
 
 [ $fails -eq 0 ] && echo "generate cli OK" || { echo "$fails failure(s)"; exit 1; }

@@ -143,6 +143,25 @@ COMM_TEST(Generate, ConcurrentRequestsEqualEachAlone) {
   }
 }
 
+// The memory model counts every request's cache by its formula, and a longer prompt's prefill
+// (more rows a rank) as more activations.
+TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
+  const GptConfig m = tiny_model();
+  const std::vector<GenerateConfig> two{{KvLayout::interleaved, Prefill::ulysses, 1000, 0, 0},
+                                        {KvLayout::interleaved, Prefill::ulysses, 333, 0, 0}};
+  for (int rank = 0; rank < 3; ++rank) {
+    const MemoryEstimate e = predict_generate_memory(m, two, 3, rank, 64, 0);
+    const KvCacheShape s{m.layers, m.heads, m.kv_heads, m.head_dim, 0};
+    EXPECT_EQ(e.attention, double(kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim,
+                                                                            1000}, 3, rank) +
+                                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim,
+                                                                            333}, 3, rank)));
+  }
+  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
+            predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);
+  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer
+}
+
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {
   const GptConfig m = tiny_model();
   const GenerateConfig heads{KvLayout::heads, Prefill::ulysses, 100, 0, 0};

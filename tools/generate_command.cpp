@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "generate_memory.hpp"
 #include "generate_requests.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
@@ -64,6 +65,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--json", o.json, "write a JSON report here (rank 0; - for standard output, after the text)");
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")
       ->check(CLI::Range(0, 1024));
+  c->add_option("--max-memory", o.max_memory,
+                "refuse a run predicted to need more than this per rank (e.g. 2GiB); always refused past 90 % of "
+                "what the machine has");
   add_timeout_option(c, o.timeout);
   add_backend_options(c, o.backend);
 }
@@ -97,6 +101,7 @@ struct Request {
   train::Checkpoint model;
   std::vector<int> prompt, turn;
   train::GenerateConfig config;
+  train::MemoryEstimate memory;  // predicted per rank, admitted
 };
 
 // Collective. Reads, checks and agrees on everything before any data moves: one error, every rank.
@@ -127,6 +132,15 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
                       "capacity of {} tokens",
                       P, T, o.max_new_tokens, r.config.capacity));
   });
+  // The cache is allocated whole and zeroed; the bandwidth probe then reads a buffer of at least
+  // 64 MiB and at least the cache's filled rows (measure_bandwidth).
+  const train::GptConfig& m = r.model.config.model;
+  const std::int64_t P = std::int64_t(r.prompt.size()), T = std::int64_t(r.turn.size()),
+                     used = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
+  const double filled =
+      double(kv_bytes_formula(r.config.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, used}, comm.size(), 0));
+  r.memory = admit_generate_memory(comm, m, {r.config}, std::max(P, T), std::max(double(64 << 20), filled),
+                                   o.max_memory);
   return r;
 }
 
@@ -216,7 +230,7 @@ std::string shown(const std::vector<int>& tokens) {
 }
 
 nlohmann::json make_report(const Communicator& comm, const Request& r, const Timing& t, const Bandwidth& b,
-                           const std::vector<std::int64_t>& kv_bytes) {
+                           const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
   const std::int64_t tpot_steps = std::max<std::int64_t>(t.steps, 1);
   nlohmann::json kv = nlohmann::json::array();
   const KvCacheShape shape{r.model.config.model.layers, r.model.config.model.heads, r.model.config.model.kv_heads,
@@ -241,6 +255,7 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
           {"collectives_per_step", t.step_collectives},
           {"comm_s_per_step", t.step_comm_s / double(tpot_steps)},
           {"kv_cache", kv},
+          {"memory", memory_report(r.memory, peak_rss)},
           {"decode_kernel",
            {{"cache_bytes", b.cache_bytes},
             {"bytes_per_s", b.kernel_bytes_s},
@@ -262,6 +277,7 @@ void print_report(const nlohmann::json& j, std::int64_t replication, const std::
   fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill {}\n",
              j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication,
              j["prefill"].get<std::string>());
+  print_memory(j["memory"]);
   fmt::print("  prompt {} tokens, {} new\n", j["prompt_tokens"].get<std::int64_t>(),
              j["new_tokens"].get<std::int64_t>());
   fmt::print("  time to first token {:.2f} ms ({} collectives, {:.2f} ms)\n",
@@ -304,8 +320,9 @@ int run_generate(const GenerateOptions& o) {
   const Timing turn = r.turn.empty() ? Timing{} : run_turn(comm, gen, r.turn, o.max_new_tokens, false);
   const Bandwidth b = measure_bandwidth(gen.cache());
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(gen.cache().bytes());
+  const double peak_rss = largest_peak_rss(comm);
   on_root(comm, [&] {
-    nlohmann::json report = make_report(comm, r, t, b, kv_bytes);
+    nlohmann::json report = make_report(comm, r, t, b, kv_bytes, peak_rss);
     if (!r.turn.empty()) report["turn"] = turn_report(r, turn);
     if (o.json != "-") print_report(report, gen.cache().replication(), shown(t.tokens));
     if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");

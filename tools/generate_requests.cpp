@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "generate_memory.hpp"
 #include "rank_errors.hpp"
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
@@ -24,6 +25,7 @@ struct Batch {
   std::vector<std::vector<int>> prompts;
   std::vector<std::int64_t> new_tokens;
   std::vector<train::GenerateConfig> configs;
+  train::MemoryEstimate memory;  // predicted per rank, admitted
 };
 
 // The new tokens of each of `n` requests: --requests-new-tokens (one count for all, or one a
@@ -64,6 +66,9 @@ Batch load_batch(Communicator& comm, const GenerateOptions& o) {
     for (std::size_t i = 0; i < lengths.size(); ++i)
       b.prompts.push_back(task.held_out_batch(1, lengths[i], o.seed + i, 0).tokens);
   });
+  std::int64_t longest = 0;
+  for (const auto& p : b.prompts) longest = std::max(longest, std::int64_t(p.size()));
+  b.memory = admit_generate_memory(comm, b.model.config.model, b.configs, longest, 0, o.max_memory);
   return b;
 }
 
@@ -107,7 +112,7 @@ BatchTiming run_batch(Communicator& comm, std::vector<std::unique_ptr<train::Gen
 }
 
 nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b, const BatchTiming& t,
-                            const std::vector<std::int64_t>& kv_bytes) {
+                            const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
   nlohmann::json requests = nlohmann::json::array(), steps = nlohmann::json::array(), kv = nlohmann::json::array();
   for (std::size_t i = 0; i < b.prompts.size(); ++i)
     requests.push_back({{"prompt_tokens", b.prompts[i].size()},
@@ -138,7 +143,8 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"prefill", o.prefill},         {"requests", requests},
           {"steps", steps},               {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
-          {"kv_cache", kv}};
+          {"kv_cache", kv},
+          {"memory", memory_report(b.memory, peak_rss)}};
 }
 
 // Steps with the same requests running, as one line each: their count and tokens/s.
@@ -146,6 +152,7 @@ void print_batch(const nlohmann::json& j) {
   fmt::print("ulysses generate: cp = {} ({}), KV layout {}, prefill {}, {} concurrent requests\n", j["cp"].get<int>(),
              j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), j["prefill"].get<std::string>(),
              j["requests"].size());
+  print_memory(j["memory"]);
   int i = 0;
   for (const auto& r : j["requests"])
     fmt::print("  request {}: prompt {} tokens, {} new, time to first token {:.2f} ms\n", i++,
@@ -177,8 +184,9 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   std::int64_t held = 0;
   for (const auto& g : gens) held += g->cache().bytes();
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(held);
+  const double peak_rss = largest_peak_rss(comm);
   on_root(comm, [&] {
-    const nlohmann::json report = batch_report(comm, o, b, t, kv_bytes);
+    const nlohmann::json report = batch_report(comm, o, b, t, kv_bytes, peak_rss);
     if (o.json != "-") print_batch(report);
     if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
   });

@@ -27,6 +27,30 @@ std::string generate_error(const GptConfig& model, const GenerateConfig& config,
                          cp);
 }
 
+MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<GenerateConfig>& requests, int cp,
+                                       int rank, std::int64_t longest_prompt, double scratch) {
+  constexpr double f = sizeof(float);
+  const double P = double(m.num_params()), C = double(m.width), F = double(m.hidden), h = double(m.heads);
+  const double QD = h * double(m.head_dim), KD = double(m.kv_heads * m.head_dim);
+  const double n = double((longest_prompt + cp - 1) / cp);
+  MemoryEstimate e;
+  e.weights = 3 * P * f;
+  for (const GenerateConfig& c : requests)
+    e.attention += double(
+        kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank));
+  // Generator::layer's buffers (x, xn, y, q, att, k, v, then the MLP's two) on this rank's rows
+  // and the all-to-all's packed copy of its q, k, v; the transposes' q, k, v and output of every
+  // prompt token on this rank's heads (at least one).
+  const double heads_share = std::max(1.0, std::ceil(h / cp)) / h;
+  const double prefill = n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f +
+                         double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
+  e.activations = std::max({prefill, scratch, 3 * P * f});  // the file: parameters and moments again
+  TrainConfig probe;
+  probe.model = m;
+  e.baseline = predict_memory(probe, 1).baseline;  // the process's, as measured for train
+  return e;
+}
+
 Generator::Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params,
                      const GenerateConfig& config)
     : comm_(comm), model_(model), layout_(model), params_(params), config_(config),

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "train/gpt.hpp"
+#include "train/memory.hpp"
 #include "ulysses/cached_attention.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/kv_cache.hpp"
@@ -31,6 +32,16 @@ struct GenerateConfig {
 // layout that cannot hold the heads, what would work). Not collective: the same on every rank.
 std::string generate_error(const GptConfig& model, const GenerateConfig& config, int cp, std::int64_t prompt_tokens,
                            std::int64_t new_tokens, std::int64_t max_positions);
+
+// What one rank of `generate` needs at its peak, by the allocations: weights = the checkpoint's
+// parameters and their optimizer moments (read with them, kept while it runs); attention = the
+// KV caches of `requests` on rank `rank` (kv_bytes_formula, every capacity allocated and zeroed
+// at construction); activations = the largest of the prefill of `longest_prompt` tokens (one
+// layer's rows of this rank, and the transposed q, k, v and output of its heads), the
+// checkpoint's file held while it is parsed, and `scratch` bytes (the bandwidth probe's buffer);
+// baseline = the process's (memory.hpp). Not collective.
+MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests, int cp,
+                                       int rank, std::int64_t longest_prompt, double scratch);
 
 class Generator {
  public:
