@@ -80,6 +80,20 @@ memory_within "memory, interleaved cp 3" 3 generate --checkpoint "$dir/ck160" --
 memory_within "memory, 3 requests cp 2" 2 "${reqs[@]:0:5}" --capacity 1000000
 grep -q "memory per rank: predicted" "$dir/m.log" && ok "memory in the header" || bad "memory line"
 
+# --trace: one Chrome trace, a track per rank, the prefill and every decode step as phases
+# around the collectives (one request, and concurrent requests).
+for args in "--prompt-tokens 64" "--requests 2x96"; do
+  ck=$([ "$args" = "--prompt-tokens 64" ] && echo ck || echo ck160)
+  if run 2 generate --checkpoint "$dir/$ck" $args --max-new-tokens 3 --trace "$dir/g.trace" > "$dir/tr.log" 2>&1 &&
+    python3 -c 'import json,sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["name"] for e in ev if e.get("cat") == "phase"}
+assert {e["pid"] for e in ev} == {0, 1}, ev
+assert any(n.startswith("prefill") for n in names) and sum(n.startswith("decode step") for n in names) == 2, names
+assert any(e.get("cat") == "comm" for e in ev)' "$dir/g.trace"; then ok "--trace $args"
+  else bad "--trace $args"; cat "$dir/tr.log"; fi
+done
+
 # 2. Bad requests: one error, nothing written.
 : > "$dir/empty.txt"
 head -c 100 "$dir/ck/checkpoint.bin" > "$dir/short.bin" && mkdir "$dir/cut" && mv "$dir/short.bin" "$dir/cut/checkpoint.bin"
@@ -101,6 +115,7 @@ expect "over --max-memory" 2 "more than --max-memory 100.0 MiB" \
   generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 --max-memory 100MiB "${out[@]}"
 expect "over the machine" 2 "more than this machine has" \
   generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 4000000000 "${out[@]}"
+expect "trace unwritable" 2 "--trace" "${gen[@]}" --trace /nonexistent/dir/t.json "${out[@]}"
 no_file "$dir/never.json" "every refusal"
 
 [ $fails -eq 0 ] && echo "generate cli OK" || { echo "$fails failure(s)"; exit 1; }

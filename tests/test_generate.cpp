@@ -159,7 +159,22 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   }
   EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
             predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);
-  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer
+  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer on top
+}
+
+// Progress on a prompt: the hook hears every layer of a prefill and of a next turn, in order.
+COMM_TEST(Generate, PromptProgressHearsEveryLayer) {
+  Gpt<float> model(tiny_model());
+  model.init_params(3);
+  Generator gen(comm, tiny_model(), model.params, {KvLayout::interleaved, Prefill::ulysses, 40, 0, 0});
+  std::vector<std::int64_t> heard;
+  gen.on_prompt_layer([&](std::int64_t done, std::int64_t layers) {
+    EXPECT_EQ(layers, tiny_model().layers);
+    heard.push_back(done);
+  });
+  gen.prefill(std::vector<int>(12, 5));
+  gen.extend(std::vector<int>(8, 7));
+  EXPECT_EQ(heard, (std::vector<std::int64_t>{1, 2, 1, 2}));
 }
 
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "ulysses/input_file.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -65,6 +67,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--json", o.json, "write a JSON report here (rank 0; - for standard output, after the text)");
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")
       ->check(CLI::Range(0, 1024));
+  c->add_option("--trace", o.trace,
+                "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the prefill and the decode steps here "
+                "(rank 0), every rank's collectives on its own track");
   c->add_option("--max-memory", o.max_memory,
                 "refuse a run predicted to need more than this per rank (e.g. 2GiB); always refused past 90 % of "
                 "what the machine has");
@@ -107,7 +112,7 @@ struct Request {
 // Collective. Reads, checks and agrees on everything before any data moves: one error, every rank.
 Request load_request(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
-    check_outputs({{"--json", o.json, true}},
+    check_outputs({{"--json", o.json, true}, {"--trace", o.trace}},
                   {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}});
   });
   Request r;
@@ -208,11 +213,14 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
   std::vector<float> logits = first ? gen.prefill(prompt) : gen.extend(prompt);
   t.tokens.push_back(gen.next_token(logits));
   t.ttft_s = comm.now() - t0;
+  comm.trace(first ? "prefill" : "next turn", t0, comm.now(), "phase");
   t.prefill_collectives = gen.stats().collectives;
   t.prefill_comm_s = gen.stats().comm_s;
   t0 = comm.now();
   for (std::int64_t i = 1; i < new_tokens; ++i) {
+    const double s0 = comm.now();
     logits = gen.decode(t.tokens.back());
+    comm.trace(fmt::format("decode step {}", i), s0, comm.now(), "phase");
     t.tokens.push_back(gen.next_token(logits));
     t.step_collectives = gen.stats().collectives;
     t.step_comm_s += gen.stats().comm_s;
@@ -316,8 +324,15 @@ int run_generate(const GenerateOptions& o) {
   if (!o.requests.empty()) return run_generate_requests(comm, o);
   const Request r = load_request(comm, o);
   train::Generator gen(comm, r.model.config.model, r.model.params, r.config);
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) tracer.emplace(comm);
+  show_prefill_progress(comm, gen, std::int64_t(r.prompt.size()));
   const Timing t = run_turn(comm, gen, r.prompt, o.max_new_tokens, true);
+  show_prefill_progress(comm, gen, std::int64_t(r.turn.size()));
   const Timing turn = r.turn.empty() ? Timing{} : run_turn(comm, gen, r.turn, o.max_new_tokens, false);
+  const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
+  tracer.reset();  // the runs only, not the probe's or the reports' traffic
+  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
   const Bandwidth b = measure_bandwidth(gen.cache());
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(gen.cache().bytes());
   const double peak_rss = largest_peak_rss(comm);

@@ -14,7 +14,7 @@
 namespace ulysses::cli {
 
 struct GenerateOptions {
-  std::string checkpoint, prompt, json;
+  std::string checkpoint, prompt, json, trace;
   std::string kv_layout = "heads", prefill = "ulysses";
   std::string max_memory;  // per rank, e.g. "2GiB"; empty: only what the machine has
   std::int64_t prompt_tokens = 0;  // a synthetic prompt of this many tokens (the training task's)

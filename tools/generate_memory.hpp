@@ -27,4 +27,8 @@ nlohmann::json memory_report(const train::MemoryEstimate& predicted, double peak
 // "  memory per rank: predicted …; measured peak RSS … (largest over ranks; measured/predicted r)".
 void print_memory(const nlohmann::json& memory);
 
+// Rank 0's progress on a prompt of `tokens` tokens (at least 4096: a shorter one is done before
+// a line would help): "prefill: layer 3/8 (37 %), 1.52 s" to standard error after each layer.
+void show_prefill_progress(Communicator& comm, train::Generator& gen, std::int64_t tokens);
+
 }  // namespace ulysses::cli

@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "generate_memory.hpp"
@@ -16,6 +17,7 @@
 #include "ulysses/error.hpp"
 #include "ulysses/lengths.hpp"
 #include "ulysses/output_file.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses::cli {
 namespace {
@@ -44,7 +46,9 @@ std::vector<std::int64_t> new_token_counts(const GenerateOptions& o, std::size_t
 // the training task's sequence of its length drawn from --seed + i, sampled from --seed + i: the
 // same as `generate --prompt-tokens L --seed S+i` alone.
 Batch load_batch(Communicator& comm, const GenerateOptions& o) {
-  on_root(comm, [&] { check_outputs({{"--json", o.json, true}}, {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}}); });
+  on_root(comm, [&] {
+    check_outputs({{"--json", o.json, true}, {"--trace", o.trace}}, {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}});
+  });
   Batch b;
   on_every_rank(comm, [&] {
     if (o.turn_tokens != 0) throw Error("--turn-tokens runs a second turn of one request, not with --requests");
@@ -89,8 +93,11 @@ BatchTiming run_batch(Communicator& comm, std::vector<std::unique_ptr<train::Gen
   comm.barrier();
   const double t0 = comm.now();
   for (std::size_t i = 0; i < gens.size(); ++i) {
+    const double p0 = comm.now();
+    show_prefill_progress(comm, *gens[i], std::int64_t(b.prompts[i].size()));
     t.tokens.push_back({gens[i]->next_token(gens[i]->prefill(b.prompts[i]))});
     t.ttft_s.push_back(comm.now() - t0);
+    comm.trace(fmt::format("prefill request {}", i), p0, comm.now(), "phase");
   }
   for (;;) {
     std::vector<train::Generator*> running;
@@ -108,6 +115,7 @@ BatchTiming run_batch(Communicator& comm, std::vector<std::unique_ptr<train::Gen
     for (std::size_t j = 0; j < which.size(); ++j) t.tokens[which[j]].push_back(running[j]->next_token(logits[j]));
     t.steps.push_back({std::int64_t(running.size()), running[0]->stats().collectives, comm.now() - s0,
                        running[0]->stats().comm_s});
+    comm.trace(fmt::format("decode step {} ({} requests)", t.steps.size(), running.size()), s0, comm.now(), "phase");
   }
 }
 
@@ -180,7 +188,12 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   std::vector<std::unique_ptr<train::Generator>> gens;
   for (const train::GenerateConfig& c : b.configs)
     gens.push_back(std::make_unique<train::Generator>(comm, b.model.config.model, b.model.params, c));
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) tracer.emplace(comm);
   const BatchTiming t = run_batch(comm, gens, b);
+  const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
+  tracer.reset();  // the runs only, not the reports' traffic
+  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
   std::int64_t held = 0;
   for (const auto& g : gens) held += g->cache().bytes();
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(held);

@@ -44,7 +44,9 @@ MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<Gen
   const double heads_share = std::max(1.0, std::ceil(h / cp)) / h;
   const double prefill = n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f +
                          double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
-  e.activations = std::max({prefill, scratch, 3 * P * f});  // the file: parameters and moments again
+  // The probe comes after the prefill, but the prefill's buffers stay with the process (the
+  // tensors' pool, the heap's grown mmap threshold): measured, they add up.
+  e.activations = std::max(prefill + scratch, 3 * P * f);  // the file: parameters and moments again
   TrainConfig probe;
   probe.model = m;
   e.baseline = predict_memory(probe, 1).baseline;  // the process's, as measured for train
@@ -129,12 +131,14 @@ std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
   stats_ = {};
   std::vector<float> x(static_cast<std::size_t>(n * C));
   embedding_forward(x.data(), tokens.data() + first, params_.data() + layout_.wte, n, C);
-  for (std::int64_t l = 0; l < model_.layers; ++l)
+  for (std::int64_t l = 0; l < model_.layers; ++l) {
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
       if (origin == 0)
         return ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
       ulysses::extend(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
     });
+    if (on_layer_) on_layer_(l + 1, model_.layers);
+  }
   // The last position is the last rank's last row; its logits go to every rank.
   std::vector<float> out =
       me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/gpt.hpp"
@@ -66,6 +68,9 @@ class Generator {
   // Not collective. The next token from logits: argmax, or a sample under the configured
   // temperature (the sampler's state advances identically on every rank).
   int next_token(const std::vector<float>& logits);
+  // Called after each layer of a prompt (prefill or next turn) with the layers done and all of
+  // them: progress on a long prefill. On whichever ranks set it; nothing by default.
+  void on_prompt_layer(std::function<void(std::int64_t done, std::int64_t layers)> fn) { on_layer_ = std::move(fn); }
   const KvCache& cache() const { return cache_; }
   // The collectives of the last prefill or decode call, and their time.
   const CachedAttentionStats& stats() const { return stats_; }
@@ -87,6 +92,7 @@ class Generator {
   KvCache cache_;
   CachedAttentionStats stats_;
   std::uint64_t sampler_;
+  std::function<void(std::int64_t, std::int64_t)> on_layer_;
 };
 
 }  // namespace ulysses::train
