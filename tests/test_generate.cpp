@@ -152,10 +152,10 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   for (int rank = 0; rank < 3; ++rank) {
     const MemoryEstimate e = predict_generate_memory(m, two, 3, rank, 64, 0);
     const KvCacheShape s{m.layers, m.heads, m.kv_heads, m.head_dim, 0};
-    EXPECT_EQ(e.attention, double(kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim,
-                                                                            1000}, 3, rank) +
-                                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim,
-                                                                            333}, 3, rank)));
+    EXPECT_EQ(e.attention,
+              double(
+                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 1000}, 3, rank) +
+                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 333}, 3, rank)));
   }
   EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
             predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);

@@ -38,9 +38,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
-  auto* requests = c->add_option("--requests", o.requests,
-                                 "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
-                                 "request i drawn from --seed + i), decoded together, one collective per layer a step");
+  auto* requests =
+      c->add_option("--requests", o.requests,
+                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
+                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
   requests->excludes(file)->excludes(synthetic);
   c->add_option("--requests-new-tokens", o.requests_new_tokens,
                 "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
@@ -144,8 +145,8 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
                      used = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
   const double filled =
       double(kv_bytes_formula(r.config.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, used}, comm.size(), 0));
-  r.memory = admit_generate_memory(comm, m, {r.config}, std::max(P, T), std::max(double(64 << 20), filled),
-                                   o.max_memory);
+  r.memory =
+      admit_generate_memory(comm, m, {r.config}, std::max(P, T), std::max(double(64 << 20), filled), o.max_memory);
   return r;
 }
 

@@ -13,7 +13,8 @@ namespace ulysses::cli {
 
 train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::GptConfig& model,
                                             const std::vector<train::GenerateConfig>& requests,
-                                            std::int64_t longest_prompt, double scratch, const std::string& max_memory) {
+                                            std::int64_t longest_prompt, double scratch,
+                                            const std::string& max_memory) {
   const std::int64_t available = available_memory_bytes();
   const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
   std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;

@@ -37,8 +37,9 @@ std::vector<std::int64_t> new_token_counts(const GenerateOptions& o, std::size_t
   std::vector<std::int64_t> counts = parse_lengths(o.requests_new_tokens);
   if (counts.size() == 1) counts.resize(n, counts[0]);
   if (counts.size() != n)
-    throw Error(fmt::format("--requests-new-tokens gives {} counts for {} requests (give one for all, or one a request)",
-                            counts.size(), n));
+    throw Error(
+        fmt::format("--requests-new-tokens gives {} counts for {} requests (give one for all, or one a request)",
+                    counts.size(), n));
   return counts;
 }
 
@@ -47,7 +48,8 @@ std::vector<std::int64_t> new_token_counts(const GenerateOptions& o, std::size_t
 // same as `generate --prompt-tokens L --seed S+i` alone.
 Batch load_batch(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
-    check_outputs({{"--json", o.json, true}, {"--trace", o.trace}}, {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}});
+    check_outputs({{"--json", o.json, true}, {"--trace", o.trace}},
+                  {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}});
   });
   Batch b;
   on_every_rank(comm, [&] {
@@ -113,8 +115,8 @@ BatchTiming run_batch(Communicator& comm, std::vector<std::unique_ptr<train::Gen
     const double s0 = comm.now();
     const std::vector<std::vector<float>> logits = train::Generator::decode(running, last);
     for (std::size_t j = 0; j < which.size(); ++j) t.tokens[which[j]].push_back(running[j]->next_token(logits[j]));
-    t.steps.push_back({std::int64_t(running.size()), running[0]->stats().collectives, comm.now() - s0,
-                       running[0]->stats().comm_s});
+    t.steps.push_back(
+        {std::int64_t(running.size()), running[0]->stats().collectives, comm.now() - s0, running[0]->stats().comm_s});
     comm.trace(fmt::format("decode step {} ({} requests)", t.steps.size(), running.size()), s0, comm.now(), "phase");
   }
 }
@@ -146,10 +148,14 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
       formula += kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, comm.size(), rank);
     kv.push_back({{"rank", rank}, {"bytes", kv_bytes[std::size_t(rank)]}, {"formula_bytes", formula}});
   }
-  return {{"command", "generate"},        {"cp", comm.size()},
-          {"backend", comm.backend()},    {"kv_layout", o.kv_layout},
-          {"prefill", o.prefill},         {"requests", requests},
-          {"steps", steps},               {"collectives_per_step", collectives},
+  return {{"command", "generate"},
+          {"cp", comm.size()},
+          {"backend", comm.backend()},
+          {"kv_layout", o.kv_layout},
+          {"prefill", o.prefill},
+          {"requests", requests},
+          {"steps", steps},
+          {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
           {"kv_cache", kv},
           {"memory", memory_report(b.memory, peak_rss)}};
@@ -169,9 +175,10 @@ void print_batch(const nlohmann::json& j) {
   const auto& steps = j["steps"];
   for (std::size_t a = 0, e = 0; a < steps.size(); a = e) {
     double s = 0;
-    for (e = a; e < steps.size() && steps[e]["requests"] == steps[a]["requests"]; ++e) s += steps[e]["seconds"].get<double>();
-    fmt::print("  steps {}-{}: {} request(s), {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n", a + 1, e,
-               steps[a]["requests"].get<std::int64_t>(), steps[a]["requests"].get<double>() * double(e - a) / s,
+    for (e = a; e < steps.size() && steps[e]["requests"] == steps[a]["requests"]; ++e)
+      s += steps[e]["seconds"].get<double>();
+    fmt::print("  steps {}-{}: {} request(s), {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n", a + 1,
+               e, steps[a]["requests"].get<std::int64_t>(), steps[a]["requests"].get<double>() * double(e - a) / s,
                1e3 * s / double(e - a), steps[a]["collectives"].get<std::int64_t>());
   }
   fmt::print("  decode {:.0f} tokens/s across requests\n", j["decode_tokens_per_s"].get<double>());

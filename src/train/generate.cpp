@@ -36,14 +36,14 @@ MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<Gen
   MemoryEstimate e;
   e.weights = 3 * P * f;
   for (const GenerateConfig& c : requests)
-    e.attention += double(
-        kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank));
+    e.attention +=
+        double(kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank));
   // Generator::layer's buffers (x, xn, y, q, att, k, v, then the MLP's two) on this rank's rows
   // and the all-to-all's packed copy of its q, k, v; the transposes' q, k, v and output of every
   // prompt token on this rank's heads (at least one).
   const double heads_share = std::max(1.0, std::ceil(h / cp)) / h;
-  const double prefill = n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f +
-                         double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
+  const double prefill =
+      n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f + double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
   // The probe comes after the prefill, but the prefill's buffers stay with the process (the
   // tensors' pool, the heap's grown mmap threshold): measured, they add up.
   e.activations = std::max(prefill + scratch, 3 * P * f);  // the file: parameters and moments again

@@ -64,7 +64,8 @@ class Generator {
   // collective per layer for all of them (decode_attention over their caches), so a step's
   // messages do not grow with the requests. Returns each request's logits, equal to decoding it
   // alone; every request's stats() are the step's.
-  static std::vector<std::vector<float>> decode(const std::vector<Generator*>& requests, const std::vector<int>& tokens);
+  static std::vector<std::vector<float>> decode(const std::vector<Generator*>& requests,
+                                                const std::vector<int>& tokens);
   // Not collective. The next token from logits: argmax, or a sample under the configured
   // temperature (the sampler's state advances identically on every rank).
   int next_token(const std::vector<float>& logits);
