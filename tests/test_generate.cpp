@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "train/generate.hpp"
@@ -97,6 +98,83 @@ COMM_TEST(Generate, ASecondTurnEqualsOnePrompt) {
       got = turns.decode(token);
     }
   }
+}
+
+// Concurrent requests of different prompt lengths, finishing at different steps, decoded in one
+// step each (one collective per layer for all of them) at cp = world: each request's tokens and
+// logits equal running it alone on one rank.
+COMM_TEST(Generate, ConcurrentRequestsEqualEachAlone) {
+  Gpt<float> model(tiny_model());
+  model.init_params(5);
+  const std::vector<std::int64_t> prompt_len{9, 17, 12}, new_tokens{3, 8, 5};
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+    const GenerateConfig config{layout, Prefill::ulysses, 32, 0, 0};
+    if (!generate_error(tiny_model(), config, comm.size(), 9, 8, 0).empty()) continue;
+    std::vector<std::unique_ptr<Generator>> gens;
+    std::vector<std::vector<float>> last;
+    std::vector<std::vector<int>> got(3), prompts(3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      for (std::int64_t t = 0; t < prompt_len[i]; ++t) prompts[i].push_back(int((t * 31 + 7 * i + 1) % 64));
+      gens.push_back(std::make_unique<Generator>(comm, tiny_model(), model.params, config));
+      last.push_back(gens[i]->prefill(prompts[i]));
+      got[i].push_back(gens[i]->next_token(last[i]));
+    }
+    for (int step = 1; step < 8; ++step) {  // the requests still running decode together
+      std::vector<Generator*> running;
+      std::vector<int> tokens;
+      std::vector<std::size_t> which;
+      for (std::size_t i = 0; i < 3; ++i)
+        if (std::int64_t(got[i].size()) < new_tokens[i]) {
+          running.push_back(gens[i].get());
+          tokens.push_back(got[i].back());
+          which.push_back(i);
+        }
+      const std::vector<std::vector<float>> logits = Generator::decode(running, tokens);
+      EXPECT_EQ(running[0]->stats().collectives, tiny_model().layers) << "step " << step;
+      for (std::size_t j = 0; j < which.size(); ++j) got[which[j]].push_back(gens[which[j]]->next_token(logits[j]));
+    }
+    for (std::size_t i = 0; i < 3; ++i) {
+      Generator one(*alone, tiny_model(), model.params, config);
+      std::vector<int> want{one.next_token(one.prefill(prompts[i]))};
+      while (std::int64_t(want.size()) < new_tokens[i]) want.push_back(one.next_token(one.decode(want.back())));
+      EXPECT_EQ(got[i], want) << to_string(layout) << " request " << i;
+    }
+  }
+}
+
+// The memory model counts every request's cache by its formula, and a longer prompt's prefill
+// (more rows a rank) as more activations.
+TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
+  const GptConfig m = tiny_model();
+  const std::vector<GenerateConfig> two{{KvLayout::interleaved, Prefill::ulysses, 1000, 0, 0},
+                                        {KvLayout::interleaved, Prefill::ulysses, 333, 0, 0}};
+  for (int rank = 0; rank < 3; ++rank) {
+    const MemoryEstimate e = predict_generate_memory(m, two, 3, rank, 64, 0);
+    const KvCacheShape s{m.layers, m.heads, m.kv_heads, m.head_dim, 0};
+    EXPECT_EQ(e.attention,
+              double(
+                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 1000}, 3, rank) +
+                  kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 333}, 3, rank)));
+  }
+  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
+            predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);
+  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer on top
+}
+
+// Progress on a prompt: the hook hears every layer of a prefill and of a next turn, in order.
+COMM_TEST(Generate, PromptProgressHearsEveryLayer) {
+  Gpt<float> model(tiny_model());
+  model.init_params(3);
+  Generator gen(comm, tiny_model(), model.params, {KvLayout::interleaved, Prefill::ulysses, 40, 0, 0});
+  std::vector<std::int64_t> heard;
+  gen.on_prompt_layer([&](std::int64_t done, std::int64_t layers) {
+    EXPECT_EQ(layers, tiny_model().layers);
+    heard.push_back(done);
+  });
+  gen.prefill(std::vector<int>(12, 5));
+  gen.extend(std::vector<int>(8, 7));
+  EXPECT_EQ(heard, (std::vector<std::int64_t>{1, 2, 1, 2}));
 }
 
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "generate_memory.hpp"
+#include "generate_requests.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "train/checkpoint.hpp"
@@ -20,6 +23,7 @@
 #include "ulysses/input_file.hpp"
 #include "ulysses/output_file.hpp"
 #include "ulysses/threads.hpp"
+#include "ulysses/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -34,6 +38,15 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
+  auto* requests =
+      c->add_option("--requests", o.requests,
+                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
+                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
+  requests->excludes(file)->excludes(synthetic);
+  c->add_option("--requests-new-tokens", o.requests_new_tokens,
+                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
+                "default --max-new-tokens): they finish at different steps")
+      ->needs(requests);
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
   c->add_option("--turn-tokens", o.turn_tokens,
                 "then a second turn: N synthetic tokens over the filled cache (Ulysses over it under heads, "
@@ -55,6 +68,12 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--json", o.json, "write a JSON report here (rank 0; - for standard output, after the text)");
   c->add_option("--threads", o.threads, "threads per rank (default: cores / ranks on the node)")
       ->check(CLI::Range(0, 1024));
+  c->add_option("--trace", o.trace,
+                "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the prefill and the decode steps here "
+                "(rank 0), every rank's collectives on its own track");
+  c->add_option("--max-memory", o.max_memory,
+                "refuse a run predicted to need more than this per rank (e.g. 2GiB); always refused past 90 % of "
+                "what the machine has");
   add_timeout_option(c, o.timeout);
   add_backend_options(c, o.backend);
 }
@@ -88,12 +107,13 @@ struct Request {
   train::Checkpoint model;
   std::vector<int> prompt, turn;
   train::GenerateConfig config;
+  train::MemoryEstimate memory;  // predicted per rank, admitted
 };
 
 // Collective. Reads, checks and agrees on everything before any data moves: one error, every rank.
 Request load_request(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
-    check_outputs({{"--json", o.json, true}},
+    check_outputs({{"--json", o.json, true}, {"--trace", o.trace}},
                   {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}});
   });
   Request r;
@@ -118,6 +138,15 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
                       "capacity of {} tokens",
                       P, T, o.max_new_tokens, r.config.capacity));
   });
+  // The cache is allocated whole and zeroed; the bandwidth probe then reads a buffer of at least
+  // 64 MiB and at least the cache's filled rows (measure_bandwidth).
+  const train::GptConfig& m = r.model.config.model;
+  const std::int64_t P = std::int64_t(r.prompt.size()), T = std::int64_t(r.turn.size()),
+                     used = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
+  const double filled =
+      double(kv_bytes_formula(r.config.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, used}, comm.size(), 0));
+  r.memory =
+      admit_generate_memory(comm, m, {r.config}, std::max(P, T), std::max(double(64 << 20), filled), o.max_memory);
   return r;
 }
 
@@ -185,11 +214,14 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
   std::vector<float> logits = first ? gen.prefill(prompt) : gen.extend(prompt);
   t.tokens.push_back(gen.next_token(logits));
   t.ttft_s = comm.now() - t0;
+  comm.trace(first ? "prefill" : "next turn", t0, comm.now(), "phase");
   t.prefill_collectives = gen.stats().collectives;
   t.prefill_comm_s = gen.stats().comm_s;
   t0 = comm.now();
   for (std::int64_t i = 1; i < new_tokens; ++i) {
+    const double s0 = comm.now();
     logits = gen.decode(t.tokens.back());
+    comm.trace(fmt::format("decode step {}", i), s0, comm.now(), "phase");
     t.tokens.push_back(gen.next_token(logits));
     t.step_collectives = gen.stats().collectives;
     t.step_comm_s += gen.stats().comm_s;
@@ -207,7 +239,7 @@ std::string shown(const std::vector<int>& tokens) {
 }
 
 nlohmann::json make_report(const Communicator& comm, const Request& r, const Timing& t, const Bandwidth& b,
-                           const std::vector<std::int64_t>& kv_bytes) {
+                           const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
   const std::int64_t tpot_steps = std::max<std::int64_t>(t.steps, 1);
   nlohmann::json kv = nlohmann::json::array();
   const KvCacheShape shape{r.model.config.model.layers, r.model.config.model.heads, r.model.config.model.kv_heads,
@@ -232,6 +264,7 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
           {"collectives_per_step", t.step_collectives},
           {"comm_s_per_step", t.step_comm_s / double(tpot_steps)},
           {"kv_cache", kv},
+          {"memory", memory_report(r.memory, peak_rss)},
           {"decode_kernel",
            {{"cache_bytes", b.cache_bytes},
             {"bytes_per_s", b.kernel_bytes_s},
@@ -253,6 +286,7 @@ void print_report(const nlohmann::json& j, std::int64_t replication, const std::
   fmt::print("ulysses generate: cp = {} ({}), KV layout {} (each KV head on {} rank(s)), prefill {}\n",
              j["cp"].get<int>(), j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), replication,
              j["prefill"].get<std::string>());
+  print_memory(j["memory"]);
   fmt::print("  prompt {} tokens, {} new\n", j["prompt_tokens"].get<std::int64_t>(),
              j["new_tokens"].get<std::int64_t>());
   fmt::print("  time to first token {:.2f} ms ({} collectives, {:.2f} ms)\n",
@@ -288,14 +322,23 @@ int run_generate(const GenerateOptions& o) {
   comm.set_timeout(o.timeout);
   const int fallback = default_threads(comm);  // collective: on every rank, --threads given or not
   set_threads(o.threads > 0 ? o.threads : fallback);
+  if (!o.requests.empty()) return run_generate_requests(comm, o);
   const Request r = load_request(comm, o);
   train::Generator gen(comm, r.model.config.model, r.model.params, r.config);
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) tracer.emplace(comm);
+  show_prefill_progress(comm, gen, std::int64_t(r.prompt.size()));
   const Timing t = run_turn(comm, gen, r.prompt, o.max_new_tokens, true);
+  show_prefill_progress(comm, gen, std::int64_t(r.turn.size()));
   const Timing turn = r.turn.empty() ? Timing{} : run_turn(comm, gen, r.turn, o.max_new_tokens, false);
+  const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
+  tracer.reset();  // the runs only, not the probe's or the reports' traffic
+  if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
   const Bandwidth b = measure_bandwidth(gen.cache());
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(gen.cache().bytes());
+  const double peak_rss = largest_peak_rss(comm);
   on_root(comm, [&] {
-    nlohmann::json report = make_report(comm, r, t, b, kv_bytes);
+    nlohmann::json report = make_report(comm, r, t, b, kv_bytes, peak_rss);
     if (!r.turn.empty()) report["turn"] = turn_report(r, turn);
     if (o.json != "-") print_report(report, gen.cache().replication(), shown(t.tokens));
     if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");

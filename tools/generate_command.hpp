@@ -14,13 +14,16 @@
 namespace ulysses::cli {
 
 struct GenerateOptions {
-  std::string checkpoint, prompt, json;
+  std::string checkpoint, prompt, json, trace;
   std::string kv_layout = "heads", prefill = "ulysses";
+  std::string max_memory;          // per rank, e.g. "2GiB"; empty: only what the machine has
   std::int64_t prompt_tokens = 0;  // a synthetic prompt of this many tokens (the training task's)
   std::int64_t max_new_tokens = 32;
-  std::int64_t turn_tokens = 0;  // then a second turn of this many synthetic tokens over the cache
-  std::int64_t capacity = 0;     // KV cache tokens; 0: prompt + new tokens
-  float temperature = 0;         // 0: greedy
+  std::string requests;             // concurrent requests: their prompt lengths (a lengths spec)
+  std::string requests_new_tokens;  // and their new tokens (one count, or one a request)
+  std::int64_t turn_tokens = 0;     // then a second turn of this many synthetic tokens over the cache
+  std::int64_t capacity = 0;        // KV cache tokens; 0: prompt + new tokens
+  float temperature = 0;            // 0: greedy
   std::uint64_t seed = 0;
   int threads = 0;
   BackendOptions backend;

@@ -68,6 +68,15 @@ void extend(Communicator& comm, KvCache& cache, std::int64_t layer, const std::v
 void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& out, CachedAttentionStats* stats = nullptr);
 
+// Collective. One decode step of B concurrent requests, each over its own cache (the caches of
+// one shape and layout, at any lengths): row b of q [1, B, heads, d], k and v [1, B, kv_heads, d]
+// and out is request b's token, at position caches[b]->tokens(layer). As decode_attention, with
+// one collective for all B (their blocks side by side): a step's message count does not grow
+// with the requests, only its bytes. Row b's values equal decoding request b alone.
+void decode_attention(Communicator& comm, const std::vector<KvCache*>& caches, std::int64_t layer, const TensorView& q,
+                      const TensorView& k, const TensorView& v, const TensorView& out,
+                      CachedAttentionStats* stats = nullptr);
+
 // Not collective. The local decode kernel: one query row per head against `rows` cached keys,
 // a matrix-vector product per head, streamed once (no query tiles: one row has nothing to
 // reuse them for). q and out are dense [q_heads, d]; query head i is global head q_first + i and

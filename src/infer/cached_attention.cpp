@@ -257,42 +257,82 @@ void extend(Communicator& comm, KvCache& cache, std::int64_t layer, const std::v
 
 void decode_attention(Communicator& comm, KvCache& cache, std::int64_t layer, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
-  const KvCacheShape& s = cache.shape();
-  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, pos = cache.tokens(layer);
-  const float scale = 1.0f / std::sqrt(float(d));
-  const RankHeads& mine = cache.heads();
-  if (cache.layout() == KvLayout::heads) {
-    cache.append(layer, 1, head_slice(k, mine.kv.first, mine.kv.count), head_slice(v, mine.kv.first, mine.kv.count));
-    std::vector<float> part(std::size_t(mine.q.count * d)), lse(std::size_t(mine.q.count));
-    decode_attention_local(part.data(), lse.data(), q.f32(0, 0, mine.q.first), mine.q.count, mine.q.first,
-                           cache.keys(layer), cache.values(layer), mine.kv.first, group, scale);
-    const HeadSplit split = ulysses_head_split(cache.cp(), s.heads, s.kv_heads);
-    std::vector<std::size_t> bytes;
-    for (const HeadRange& r : split.q) bytes.push_back(std::size_t(r.count * d) * sizeof(float));
-    timed(comm, stats, [&] {
-      comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, buffer_of(out), bytes, "decode_gather");
-    });
-    return;
+  decode_attention(comm, std::vector<KvCache*>{&cache}, layer, q, k, v, out, stats);
+}
+
+namespace {
+
+// Heads layout: each rank its query heads of every request over its KV heads; one
+// all-gather(v) of [requests, the rank's heads, d] blocks, then each block into place.
+void decode_heads(Communicator& comm, const std::vector<KvCache*>& caches, std::int64_t layer, const TensorView& q,
+                  const TensorView& k, const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  const KvCacheShape& s = caches[0]->shape();
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, B = std::int64_t(caches.size());
+  const RankHeads& mine = caches[0]->heads();
+  std::vector<float> part(std::size_t(B * mine.q.count * d)), lse(std::size_t(mine.q.count));
+  for (std::int64_t b = 0; b < B; ++b) {
+    KvCache& cache = *caches[std::size_t(b)];
+    cache.append(layer, 1, head_slice(rows(k, b, 1), mine.kv.first, mine.kv.count),
+                 head_slice(rows(v, b, 1), mine.kv.first, mine.kv.count));
+    decode_attention_local(part.data() + b * mine.q.count * d, lse.data(), q.f32(0, b, mine.q.first), mine.q.count,
+                           mine.q.first, cache.keys(layer), cache.values(layer), mine.kv.first, group,
+                           1.0f / std::sqrt(float(d)));
   }
-  const bool owner = cache.owner(pos) == cache.rank();
-  cache.append(layer, 1, rows(k, 0, owner ? 1 : 0), rows(v, 0, owner ? 1 : 0));
-  const std::int64_t h = s.heads, n = h * d + h;  // a rank's partial: out [h, d], then lse [h]
-  std::vector<float> part(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * cache.cp()));
-  decode_attention_local(part.data(), part.data() + h * d, q.f32(0, 0, 0), h, 0, cache.keys(layer), cache.values(layer),
-                         0, group, scale);
+  const HeadSplit split = ulysses_head_split(comm.size(), s.heads, s.kv_heads);
+  std::vector<std::size_t> bytes;
+  for (const HeadRange& r : split.q) bytes.push_back(std::size_t(B * r.count * d) * sizeof(float));
+  std::vector<float> all(std::size_t(B * s.heads * d));
   timed(comm, stats, [&] {
     comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
-                    std::vector<std::size_t>(std::size_t(cache.cp()), std::size_t(n) * sizeof(float)), "decode_merge");
+                    bytes, "decode_gather");
   });
-  // Merged in rank order on every rank: every rank gets the same bits.
-  const TensorView acc = TensorView::dense(all.data(), DType::f32, {1, 1, h, d}, Layout::bshd);
-  const TensorView acc_lse = TensorView::dense(all.data() + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd);
-  for (int r = 1; r < cache.cp(); ++r) {
-    float* p = all.data() + r * n;
-    merge_attention(acc, acc_lse, TensorView::dense(p, DType::f32, {1, 1, h, d}, Layout::bshd),
-                    TensorView::dense(p + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd));
+  const float* blk = all.data();
+  for (const HeadRange& r : split.q)  // rank r's block: [B, its heads, d]
+    for (std::int64_t b = 0; b < B; ++b, blk += r.count * d) std::copy_n(blk, r.count * d, out.f32(0, b, r.first));
+}
+
+// Interleaved layout: each rank every head of every request over its shard (an empty shard gives
+// lse = −inf); one all-gather of the partial (out, lse) of every request, merged by LSE in rank
+// order on every rank (every rank gets the same bits).
+void decode_interleaved(Communicator& comm, const std::vector<KvCache*>& caches, std::int64_t layer,
+                        const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        CachedAttentionStats* stats) {
+  const KvCacheShape& s = caches[0]->shape();
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, B = std::int64_t(caches.size()), h = s.heads,
+                     n = h * d + h, cp = comm.size();  // a request's partial: out [h, d], then lse [h]
+  std::vector<float> part(static_cast<std::size_t>(B * n)), all(static_cast<std::size_t>(B * n * cp));
+  for (std::int64_t b = 0; b < B; ++b) {
+    KvCache& cache = *caches[std::size_t(b)];
+    const bool owner = cache.owner(cache.tokens(layer)) == cache.rank();
+    cache.append(layer, 1, rows(k, b, owner ? 1 : 0), rows(v, b, owner ? 1 : 0));
+    float* p = part.data() + b * n;
+    decode_attention_local(p, p + h * d, q.f32(0, b, 0), h, 0, cache.keys(layer), cache.values(layer), 0, group,
+                           1.0f / std::sqrt(float(d)));
   }
-  copy(acc, out);
+  timed(comm, stats, [&] {
+    comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
+                    std::vector<std::size_t>(std::size_t(cp), std::size_t(B * n) * sizeof(float)), "decode_merge");
+  });
+  auto out_of = [&](float* p) { return TensorView::dense(p, DType::f32, {1, 1, h, d}, Layout::bshd); };
+  auto lse_of = [&](float* p) { return TensorView::dense(p + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd); };
+  for (std::int64_t b = 0; b < B; ++b) {
+    float* acc = all.data() + b * n;
+    for (std::int64_t r = 1; r < cp; ++r) {
+      float* p = all.data() + (r * B + b) * n;
+      merge_attention(out_of(acc), lse_of(acc), out_of(p), lse_of(p));
+    }
+    copy(out_of(acc), rows(out, b, 1));
+  }
+}
+
+}  // namespace
+
+void decode_attention(Communicator& comm, const std::vector<KvCache*>& caches, std::int64_t layer, const TensorView& q,
+                      const TensorView& k, const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
+  if (caches.empty() || std::int64_t(caches.size()) != q.shape.s)
+    throw Error(fmt::format("a decode step of {} query rows for {} caches", q.shape.s, caches.size()));
+  if (caches[0]->layout() == KvLayout::heads) return decode_heads(comm, caches, layer, q, k, v, out, stats);
+  decode_interleaved(comm, caches, layer, q, k, v, out, stats);
 }
 
 }  // namespace ulysses

@@ -27,6 +27,32 @@ std::string generate_error(const GptConfig& model, const GenerateConfig& config,
                          cp);
 }
 
+MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<GenerateConfig>& requests, int cp,
+                                       int rank, std::int64_t longest_prompt, double scratch) {
+  constexpr double f = sizeof(float);
+  const double P = double(m.num_params()), C = double(m.width), F = double(m.hidden), h = double(m.heads);
+  const double QD = h * double(m.head_dim), KD = double(m.kv_heads * m.head_dim);
+  const double n = double((longest_prompt + cp - 1) / cp);
+  MemoryEstimate e;
+  e.weights = 3 * P * f;
+  for (const GenerateConfig& c : requests)
+    e.attention +=
+        double(kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank));
+  // Generator::layer's buffers (x, xn, y, q, att, k, v, then the MLP's two) on this rank's rows
+  // and the all-to-all's packed copy of its q, k, v; the transposes' q, k, v and output of every
+  // prompt token on this rank's heads (at least one).
+  const double heads_share = std::max(1.0, std::ceil(h / cp)) / h;
+  const double prefill =
+      n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f + double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
+  // The probe comes after the prefill, but the prefill's buffers stay with the process (the
+  // tensors' pool, the heap's grown mmap threshold): measured, they add up.
+  e.activations = std::max(prefill + scratch, 3 * P * f);  // the file: parameters and moments again
+  TrainConfig probe;
+  probe.model = m;
+  e.baseline = predict_memory(probe, 1).baseline;  // the process's, as measured for train
+  return e;
+}
+
 Generator::Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params,
                      const GenerateConfig& config)
     : comm_(comm), model_(model), layout_(model), params_(params), config_(config),
@@ -105,12 +131,14 @@ std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
   stats_ = {};
   std::vector<float> x(static_cast<std::size_t>(n * C));
   embedding_forward(x.data(), tokens.data() + first, params_.data() + layout_.wte, n, C);
-  for (std::int64_t l = 0; l < model_.layers; ++l)
+  for (std::int64_t l = 0; l < model_.layers; ++l) {
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
       if (origin == 0)
         return ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
       ulysses::extend(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
     });
+    if (on_layer_) on_layer_(l + 1, model_.layers);
+  }
   // The last position is the last rank's last row; its logits go to every rank.
   std::vector<float> out =
       me == cp - 1 ? logits(x.data() + (n - 1) * C) : std::vector<float>(static_cast<std::size_t>(model_.vocab));
@@ -147,6 +175,36 @@ std::vector<float> Generator::decode(int token) {
       decode_attention(comm_, cache_, layer, q, k, v, out, &stats_);
     });
   return logits(x.data());
+}
+
+std::vector<std::vector<float>> Generator::decode(const std::vector<Generator*>& requests,
+                                                  const std::vector<int>& tokens) {
+  if (requests.empty() || requests.size() != tokens.size())
+    throw Error(fmt::format("a decode step of {} tokens for {} requests", tokens.size(), requests.size()));
+  Generator& g = *requests[0];
+  const std::int64_t C = g.model_.width, B = std::int64_t(requests.size());
+  std::vector<std::int64_t> pos;
+  std::vector<KvCache*> caches;
+  for (Generator* r : requests) {
+    pos.push_back(r->cache_.tokens(0));
+    caches.push_back(&r->cache_);
+  }
+  CachedAttentionStats stats;
+  const int threads = omp_get_max_threads();  // as in decode(int): few rows, one thread
+  const ScopedThreads one(1);
+  std::vector<float> x(static_cast<std::size_t>(B * C));
+  embedding_forward(x.data(), tokens.data(), g.params_.data() + g.layout_.wte, B, C);
+  for (std::int64_t l = 0; l < g.model_.layers; ++l)
+    g.layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
+      const ScopedThreads team(threads);
+      decode_attention(g.comm_, caches, layer, q, k, v, out, &stats);
+    });
+  std::vector<std::vector<float>> out;
+  for (std::int64_t b = 0; b < B; ++b) {
+    out.push_back(g.logits(x.data() + b * C));
+    requests[std::size_t(b)]->stats_ = stats;
+  }
+  return out;
 }
 
 int Generator::next_token(const std::vector<float>& logits) {

@@ -7,10 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/gpt.hpp"
+#include "train/memory.hpp"
 #include "ulysses/cached_attention.hpp"
 #include "ulysses/communicator.hpp"
 #include "ulysses/kv_cache.hpp"
@@ -32,6 +35,16 @@ struct GenerateConfig {
 std::string generate_error(const GptConfig& model, const GenerateConfig& config, int cp, std::int64_t prompt_tokens,
                            std::int64_t new_tokens, std::int64_t max_positions);
 
+// What one rank of `generate` needs at its peak, by the allocations: weights = the checkpoint's
+// parameters and their optimizer moments (read with them, kept while it runs); attention = the
+// KV caches of `requests` on rank `rank` (kv_bytes_formula, every capacity allocated and zeroed
+// at construction); activations = the largest of the prefill of `longest_prompt` tokens (one
+// layer's rows of this rank, and the transposed q, k, v and output of its heads), the
+// checkpoint's file held while it is parsed, and `scratch` bytes (the bandwidth probe's buffer);
+// baseline = the process's (memory.hpp). Not collective.
+MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests, int cp,
+                                       int rank, std::int64_t longest_prompt, double scratch);
+
 class Generator {
  public:
   // Not collective. `params` (the model's parameter slab, ParamLayout) must outlive this.
@@ -45,9 +58,20 @@ class Generator {
   std::vector<float> extend(const std::vector<int>& tokens);
   // Collective. Runs `token` at the next position; returns its logits (the same on every rank).
   std::vector<float> decode(int token);
+  // Collective. One decode step of concurrent requests, each its own Generator (one model,
+  // parameters and layout; their caches at any lengths): request i runs tokens[i] at its next
+  // position. Their rows go through the layers together, and their attention takes one
+  // collective per layer for all of them (decode_attention over their caches), so a step's
+  // messages do not grow with the requests. Returns each request's logits, equal to decoding it
+  // alone; every request's stats() are the step's.
+  static std::vector<std::vector<float>> decode(const std::vector<Generator*>& requests,
+                                                const std::vector<int>& tokens);
   // Not collective. The next token from logits: argmax, or a sample under the configured
   // temperature (the sampler's state advances identically on every rank).
   int next_token(const std::vector<float>& logits);
+  // Called after each layer of a prompt (prefill or next turn) with the layers done and all of
+  // them: progress on a long prefill. On whichever ranks set it; nothing by default.
+  void on_prompt_layer(std::function<void(std::int64_t done, std::int64_t layers)> fn) { on_layer_ = std::move(fn); }
   const KvCache& cache() const { return cache_; }
   // The collectives of the last prefill or decode call, and their time.
   const CachedAttentionStats& stats() const { return stats_; }
@@ -69,6 +93,7 @@ class Generator {
   KvCache cache_;
   CachedAttentionStats stats_;
   std::uint64_t sampler_;
+  std::function<void(std::int64_t, std::int64_t)> on_layer_;
 };
 
 }  // namespace ulysses::train

@@ -1,0 +1,72 @@
+#include "generate_memory.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "rank_errors.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/input_file.hpp"
+
+namespace ulysses::cli {
+
+train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::GptConfig& model,
+                                            const std::vector<train::GenerateConfig>& requests,
+                                            std::int64_t longest_prompt, double scratch,
+                                            const std::string& max_memory) {
+  const std::int64_t available = available_memory_bytes();
+  const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
+  std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;
+  comm.allreduce_min(&least, 1);
+  const bool unknown = least == std::numeric_limits<std::int64_t>::max();
+  const double room = 0.9 * double(least);
+  train::MemoryEstimate busiest;
+  on_every_rank(comm, [&] {
+    const double cap = max_memory.empty() ? 0.0 : train::parse_bytes(max_memory);
+    for (int rank = 0; rank < comm.size(); ++rank) {  // interleaved caches differ by a row
+      const train::MemoryEstimate e =
+          train::predict_generate_memory(model, requests, comm.size(), rank, longest_prompt, scratch);
+      if (e.total() > busiest.total()) busiest = e;
+    }
+    constexpr const char* remedy = "use more ranks, a smaller --capacity, or fewer or shorter requests";
+    if (cap > 0 && busiest.total() > cap)
+      throw Error(fmt::format("generate needs a predicted {} per rank, more than --max-memory {}: {}",
+                              busiest.describe(), train::format_bytes(cap), remedy));
+    if (!unknown && busiest.total() > room)
+      throw Error(fmt::format(
+          "generate needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
+          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
+          busiest.describe(), train::format_bytes(room), train::format_bytes(double(available)), on_node, remedy));
+  });
+  return busiest;
+}
+
+double largest_peak_rss(Communicator& comm) {
+  const std::vector<std::int64_t> all = comm.allgather_value(std::int64_t(train::peak_rss_bytes()));
+  return double(*std::max_element(all.begin(), all.end()));
+}
+
+nlohmann::json memory_report(const train::MemoryEstimate& predicted, double peak_rss) {
+  return {{"predicted_bytes", predicted.total()},
+          {"predicted", predicted.describe()},
+          {"peak_rss_bytes", peak_rss},
+          {"measured_over_predicted", peak_rss / predicted.total()}};
+}
+
+void print_memory(const nlohmann::json& memory) {
+  fmt::print("  memory per rank: predicted {}; measured peak RSS {} (largest over ranks; measured/predicted {:.3f})\n",
+             memory["predicted"].get<std::string>(), train::format_bytes(memory["peak_rss_bytes"].get<double>()),
+             memory["measured_over_predicted"].get<double>());
+}
+
+void show_prefill_progress(Communicator& comm, train::Generator& gen, std::int64_t tokens) {
+  if (comm.rank() != 0 || tokens < 4096) return gen.on_prompt_layer(nullptr);
+  const double t0 = comm.now();
+  gen.on_prompt_layer([&comm, t0, tokens](std::int64_t done, std::int64_t layers) {
+    fmt::print(stderr, "prefill of {} tokens: layer {}/{} ({} %), {:.2f} s\n", tokens, done, layers,
+               100 * done / layers, comm.now() - t0);
+  });
+}
+
+}  // namespace ulysses::cli
