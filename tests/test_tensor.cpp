@@ -42,6 +42,27 @@ TEST(Tensor, BlocksReturnToTheirAllocatorAndViewsKnowTheDevice) {
   EXPECT_EQ(counting.live, 0);
 }
 
+// The host pool hands a freed block to a slightly smaller request (up to an eighth to spare) and
+// takes it back under its real size; a request much smaller or larger gets a block of its own.
+// Sizes no other test in this process uses, so that the pool holds only this test's blocks.
+TEST(Tensor, HostPoolReusesANearSizeAndKeepsTheRealSize) {
+  Allocator& pool = host_allocator();
+  const std::size_t big = (std::size_t(7) << 20) + 3 * 4096;
+  void* a = pool.allocate(big);
+  pool.deallocate(a, big);
+  void* b = pool.allocate(big - 64 * 4096);  // within an eighth: the same block
+  EXPECT_EQ(b, a);
+  pool.deallocate(b, big - 64 * 4096);
+  void* c = pool.allocate(big);  // back under its real size: it still serves the full request
+  EXPECT_EQ(c, a);
+  void* d = pool.allocate(big / 2);  // nothing free near half the size: a new block
+  EXPECT_NE(d, a);
+  std::memset(c, 1, big);  // both usable in full (ASan checks the bounds)
+  std::memset(d, 2, big / 2);
+  pool.deallocate(d, big / 2);
+  pool.deallocate(c, big);
+}
+
 TEST(Tensor, LseIsBhsdFloat32) {
   const Tensor lse = lse_tensor({2, 5, 3, 64});
   EXPECT_EQ(lse.shape(), (Shape{2, 5, 3, 1}));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -194,16 +195,24 @@ class BlockPool final : public Allocator {
   void* take(std::size_t bytes) {
     if (bytes < kMinBytes) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(bytes);
-    if (it == free_.end() || it->second.empty()) return nullptr;
+    // The smallest free block with at most an eighth to spare, not only one of the same size:
+    // a step's pieces differ by a sequence or so (a batch of 512 split as 171, 171, 170), and an
+    // exact-size pool would keep the earlier pieces' blocks while the last one allocated all of
+    // its own (measured: peak RSS 1.28x the model's instead of 1.10x).
+    auto it = free_.lower_bound(bytes);
+    while (it != free_.end() && it->second.empty()) ++it;
+    if (it == free_.end() || it->first > bytes + bytes / 8) return nullptr;
+    const std::size_t size = it->first;
     void* p = it->second.back();
     it->second.pop_back();
-    pooled_ -= bytes;
+    pooled_ -= size;
+    if (size != bytes) larger_[p] = size;  // given back under the size it really has
     return p;
   }
   void give(void* p, std::size_t bytes) {
     if (bytes >= kMinBytes && bytes <= kMaxPooled) {
       std::lock_guard<std::mutex> lock(mu_);
+      if (auto real = larger_.find(p); real != larger_.end()) bytes = real->second, larger_.erase(real);
       // Make room by releasing other sizes, largest first: the newest size is the one in use.
       for (auto it = free_.rbegin(); pooled_ + bytes > kMaxPooled && it != free_.rend(); ++it) {
         if (it->first == bytes) continue;
@@ -223,7 +232,8 @@ class BlockPool final : public Allocator {
   }
 
   std::mutex mu_;
-  std::map<std::size_t, std::vector<void*>> free_;
+  std::map<std::size_t, std::vector<void*>> free_;  // by size
+  std::unordered_map<void*, std::size_t> larger_;   // blocks handed out for a smaller size
   std::size_t pooled_ = 0;
 };
 
