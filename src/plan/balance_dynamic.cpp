@@ -233,12 +233,15 @@ BeamShape beam_shape(const BalanceInput& in, const Options& options) {
                               kMaxBeam);
   shape.longest_after.resize(n + 1);
   for (std::size_t i = n; i-- > 0;) {
+    // i goes after every sequence at least as long (a stable insertion); a fifth drops out.
     Longest l = shape.longest_after[i + 1];
-    l.at[l.count++] = std::uint32_t(i);
-    std::stable_sort(l.at.begin(), l.at.begin() + l.count, [&](std::uint32_t a, std::uint32_t b) {
+    const auto end = l.at.begin() + l.count;
+    const auto at = std::upper_bound(l.at.begin(), end, std::uint32_t(i), [&](std::uint32_t a, std::uint32_t b) {
       return options[a].back().seconds > options[b].back().seconds;
     });
-    l.count = std::min<std::uint32_t>(l.count, 4);
+    std::copy_backward(at, end, end + 1);
+    *at = std::uint32_t(i);
+    l.count = std::min<std::uint32_t>(l.count + 1, 4);
     shape.longest_after[i] = l;
   }
   return shape;
