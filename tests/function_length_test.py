@@ -21,9 +21,7 @@ Prints "function length OK" and the counts when there is nothing to report.
 """
 
 import ast
-import pathlib
 import re
-import sys
 
 import tree_checks
 
@@ -32,9 +30,7 @@ CPP_DIRS = ["src", "tools", "python/src"]
 PY_DIRS = ["python/ulysses"]
 CPP_SUFFIXES = {".cpp", ".hpp", ".h", ".cc", ".cu"}
 # Raw strings first (they may hold quotes), then comments, strings and character literals.
-LEXEME = re.compile(
-    r'R"([^(\s]*)\(.*?\)\1"|//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S
-)
+LEXEME = re.compile(r'R"([^(\s]*)\(.*?\)\1"|//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 PREPROCESSOR = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
 SCOPE_HEAD = re.compile(r"^(?:template\s*<.*>\s*)?(?:namespace|class|struct|union|enum|extern)\b", re.S)
 OPERATOR = re.compile(r"\boperator\s*[^\s(]+")
@@ -129,7 +125,11 @@ SELFTEST_FILES = {
     "python/ulysses/ok.py": "def f():\n" + "    x = 1\n" * 50,
 }
 SELFTEST_MISTAKES = [
-    ("src/long.cpp", "namespace a {\ntemplate <class T>\nT f(T x)\n{\n" + body(57) + "}\n}\n", "src/long.cpp:2: f is 61"),
+    (
+        "src/long.cpp",
+        "namespace a {\ntemplate <class T>\nT f(T x)\n{\n" + body(57) + "}\n}\n",
+        "src/long.cpp:2: f is 61",
+    ),
     ("src/module.cpp", "PYBIND11_MODULE(m, x) {\n" + body(60) + "}\n", "src/module.cpp:1: PYBIND11_MODULE is 62"),
     ("tools/member.hpp", "class C {\n  void g() {\n" + body(59) + "  }\n};\n", "tools/member.hpp:2: g is 61"),
     ("src/ctor.cpp", "C::C(int x)\n    : a_{x}, b_{x} {\n" + body(59) + "}\n", "src/ctor.cpp:1: C::C is 62"),

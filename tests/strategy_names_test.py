@@ -18,7 +18,6 @@ are not scanned. Prints "strategy names OK" and the counts when there is nothing
 """
 
 import ast
-import pathlib
 import re
 import sys
 
