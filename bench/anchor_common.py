@@ -1,12 +1,22 @@
 """What the PyTorch anchors (sdpa_anchor.py, deepspeed_anchor.py) share: their dtypes, the
 names of SDPA's backends and the query for the one torch picks, the comma-list option parser,
-their random inputs and their timing fields. Imported once torch and numpy are known to be
-there (each anchor exits 3 without them)."""
+their random inputs and their timing fields; and the check both need first: importing this
+module ends the program with exit code 3 and one line when numpy or torch >= 2.0 with
+scaled_dot_product_attention is missing."""
 
+import os
 import sys
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
+except (ImportError, AttributeError) as e:
+    prog = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    print(f"{prog}: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})", file=sys.stderr)
+    sys.exit(3)
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 BACKEND_NAMES = {

@@ -72,26 +72,10 @@ def _die(msg):
     sys.exit(3)
 
 
-try:
-    import numpy  # noqa: F401 - anchor_common's; checked here with torch
-    import torch
-    import torch.distributed as tdist
-    import torch.nn.functional as F
-
-    F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
-except (ImportError, AttributeError) as e:
-    _die(f"needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})")
-
-from anchor_common import (  # noqa: E402 - after the torch check
-    DTYPES,
-    add_attention_args,
-    cpu_capability,
-    parse_attention_args,
-    random_qkv,
-    require_positive,
-    sdpa_backend,
-    timing_fields,
-)
+import anchor_common as common  # noqa: E402 - exits 3 without numpy or torch >= 2.0 with SDPA
+import torch  # noqa: E402
+import torch.distributed as tdist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def _import_deepspeed():
@@ -147,7 +131,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="DeepSpeed-Ulysses DistributedAttention + SDPA anchor over gloo (JSON on stdout)"
     )
-    add_attention_args(p, 8192, ["f32", "bf16"])
+    common.add_attention_args(p, 8192, ["f32", "bf16"])
     p.add_argument("--causal", action="store_true", help="causal mask (default: full)")
     p.add_argument(
         "--check-seq", type=int, default=256, help="global s of the correctness check (0 disables; default 256)"
@@ -164,8 +148,8 @@ def parse_args(argv=None):
         default=29531,
         help="MASTER_PORT when launched by mpirun and MASTER_PORT is unset (default 29531)",
     )
-    a = parse_attention_args(p, argv, "deepspeed_anchor")
-    require_positive(p, a, ("seq", "heads", "head_dim", "batch", "threads", "reps"))
+    a = common.parse_attention_args(p, argv, "deepspeed_anchor")
+    common.require_positive(p, a, ("seq", "heads", "head_dim", "batch", "threads", "reps"))
     if a.check_seq < 0:
         p.error("--check-seq must be >= 0")
     return a
@@ -188,7 +172,7 @@ class LocalSDPA(torch.nn.Module):
 def detect_backend(shape, dtype, causal):
     """SDPA backend torch's dispatcher picks for the local [b, h/cp, s, d] problem (private API)."""
     x = torch.zeros(shape, dtype=dtype).transpose(1, 2)
-    return sdpa_backend(x, x, x, causal)
+    return common.sdpa_backend(x, x, x, causal)
 
 
 def gather_seq(x, world):
@@ -201,7 +185,7 @@ def gather_seq(x, world):
 
 def check_case(a, dattn, dtype_name, rank, world):
     """DistributedAttention (fwd + bwd) vs single-process SDPA on the full sequence."""
-    dtype = DTYPES[dtype_name]
+    dtype = common.DTYPES[dtype_name]
     b, h, d, s = a.batch, a.heads, a.head_dim, a.check_seq
     sl = s // world
     g = torch.Generator().manual_seed(a.seed + 12345)  # same full tensors on every rank
@@ -235,11 +219,11 @@ def check_case(a, dattn, dtype_name, rank, world):
 
 
 def bench_case(a, dattn, dtype_name, rank, world):
-    dtype = DTYPES[dtype_name]
+    dtype = common.DTYPES[dtype_name]
     b, h, d, s = a.batch, a.heads, a.head_dim, a.seq
     sl = s // world
     g = torch.Generator().manual_seed(a.seed * 1000 + rank)
-    q, k, v, grad = random_qkv(g, dtype, (b, sl, h, d), (b, sl, h, d))
+    q, k, v, grad = common.random_qkv(g, dtype, (b, sl, h, d), (b, sl, h, d))
 
     def clear():
         q.grad = k.grad = v.grad = None
@@ -274,7 +258,7 @@ def bench_case(a, dattn, dtype_name, rank, world):
     bwd_max = slowest[a.reps :].tolist()
     return {
         "dtype": dtype_name,
-        **timing_fields(fwd_max, bwd_max, b, s, h, d, a.causal),
+        **common.timing_fields(fwd_max, bwd_max, b, s, h, d, a.causal),
         "local_sdp_backend": detect_backend((b, s, h // world, d), dtype, a.causal),
     }
 
@@ -316,7 +300,7 @@ def main():
         "launcher": launcher,
         "world_size": world,
         "threads": torch.get_num_threads(),
-        "cpu_capability": cpu_capability(),
+        "cpu_capability": common.cpu_capability(),
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),
         "shape": {

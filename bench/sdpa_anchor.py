@@ -40,33 +40,16 @@ if _torch_major() < 2:
     print(f"sdpa_anchor: needs torch >= 2.0, found {getattr(torch, '__version__', '?')}", file=sys.stderr)
     sys.exit(3)
 
-try:
-    import numpy as np
-    import torch.nn.functional as F
-
-    F.scaled_dot_product_attention  # noqa: B018 - torch >= 2.0
-except (ImportError, AttributeError) as e:
-    print(f"sdpa_anchor: needs numpy and torch >= 2.0 with scaled_dot_product_attention ({e})", file=sys.stderr)
-    sys.exit(3)
-
-from anchor_common import (  # noqa: E402 - after the torch check
-    DTYPES,
-    add_attention_args,
-    cpu_capability,
-    parse_attention_args,
-    random_qkv,
-    require_positive,
-    sdpa_backend,
-    split_list,
-    timing_fields,
-)
+import anchor_common as common  # noqa: E402 - after the version check; exits 3 without numpy or SDPA
+import numpy as np  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 MASKS = ("full", "causal")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch CPU SDPA forward/backward anchor (JSON on stdout)")
-    add_attention_args(p, 4096, ["f32"])
+    common.add_attention_args(p, 4096, ["f32"])
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA when < heads; default = heads)")
     p.add_argument(
         "--masks",
@@ -87,12 +70,14 @@ def parse_args(argv=None):
         default=1,
         help="bf16 2048^3 GEMM reps (default 1: minutes each on AVX2; 0 skips it)",
     )
-    a = parse_attention_args(p, argv, "sdpa_anchor")
-    masks = split_list(a.masks, MASKS, "mask", "sdpa_anchor") + split_list(a.mask_flags, MASKS, "mask", "sdpa_anchor")
+    a = common.parse_attention_args(p, argv, "sdpa_anchor")
+    masks = common.split_list(a.masks, MASKS, "mask", "sdpa_anchor") + common.split_list(
+        a.mask_flags, MASKS, "mask", "sdpa_anchor"
+    )
     a.mask_list = [m for m in MASKS if m in masks] or ["full", "causal"]
     if a.kv_heads is None:
         a.kv_heads = a.heads
-    require_positive(p, a, ("seq", "heads", "kv_heads", "head_dim", "batch", "threads", "reps", "gemm_reps"))
+    common.require_positive(p, a, ("seq", "heads", "kv_heads", "head_dim", "batch", "threads", "reps", "gemm_reps"))
     if a.heads % a.kv_heads:
         p.error("--heads must be a multiple of --kv-heads")
     return a
@@ -110,7 +95,7 @@ def sdpa_supports_gqa():
 
 def detect_backend(q, k, v, causal, gqa_kw):
     """Backend torch's dispatcher picks for these inputs (private API; None if unavailable)."""
-    return sdpa_backend(q, k, v, causal, **gqa_kw)
+    return common.sdpa_backend(q, k, v, causal, **gqa_kw)
 
 
 def profiled_ops(fn):
@@ -143,10 +128,10 @@ def profiled_ops(fn):
 
 
 def bench_case(a, dtype_name, causal, gqa_native):
-    dtype = DTYPES[dtype_name]
+    dtype = common.DTYPES[dtype_name]
     b, h, hk, s, d = a.batch, a.heads, a.kv_heads, a.seq, a.head_dim
     g = torch.Generator().manual_seed(a.seed)
-    q, k, v, grad = random_qkv(g, dtype, (b, h, s, d), (b, hk, s, d))
+    q, k, v, grad = common.random_qkv(g, dtype, (b, h, s, d), (b, hk, s, d))
 
     gqa = hk < h
     gqa_kw = {"enable_gqa": True} if (gqa and gqa_native) else {}
@@ -191,7 +176,7 @@ def bench_case(a, dtype_name, causal, gqa_native):
     return {
         "dtype": dtype_name,
         "causal": causal,
-        **timing_fields(fwd, bwd, b, s, h, d, causal),
+        **common.timing_fields(fwd, bwd, b, s, h, d, causal),
         "sdp_backend": backend,
         "aten_ops": ops,
     }
@@ -211,8 +196,8 @@ def bench_gemm(reps, bf16_reps):
     for dt, m, kdim, n, nrep in shapes:
         if nrep < 1:
             continue
-        A = torch.randn(m, kdim, generator=g).to(DTYPES[dt])
-        B = torch.randn(kdim, n, generator=g).to(DTYPES[dt])
+        A = torch.randn(m, kdim, generator=g).to(common.DTYPES[dt])
+        B = torch.randn(kdim, n, generator=g).to(common.DTYPES[dt])
         if dt == "f32":
             torch.mm(A, B)
         else:
@@ -245,7 +230,7 @@ def main():
     result = {
         "tool": "sdpa_anchor",
         "torch_version": torch.__version__,
-        "cpu_capability": cpu_capability(),
+        "cpu_capability": common.cpu_capability(),
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "machine": platform.processor() or platform.machine(),

@@ -18,7 +18,6 @@ are not scanned. Prints "strategy names OK" and the counts when there is nothing
 """
 
 import ast
-import pathlib
 import re
 import sys
 
@@ -118,21 +117,7 @@ SELFTEST_MISTAKES = [
 
 
 def selftest():
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        root = pathlib.Path(tmp)
-        tree_checks.write_tree(root, SELFTEST_FILES)
-        errors, _, _ = check(root)
-        if errors:
-            sys.exit("selftest: the clean tree fails:\n" + "\n".join(errors))
-        for rel, text, expected in SELFTEST_MISTAKES:
-            tree_checks.write_tree(root, {rel: text})
-            errors, _, _ = check(root)
-            if not any(e.startswith(expected) for e in errors):
-                sys.exit(f"selftest: {rel} not reported as {expected!r}; got {errors}")
-            (root / rel).unlink()
-    print(f"strategy names selftest OK: {len(SELFTEST_MISTAKES)} mistakes caught")
+    tree_checks.selftest_mistakes("strategy names", check, SELFTEST_FILES, SELFTEST_MISTAKES)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/local_communicator.hpp"
 #include "ulysses/trace.hpp"
 
 using namespace ulysses;
+
+using test_util::error_of;
 
 namespace {
 
@@ -395,6 +398,37 @@ TEST(Local, CollectivesOutOfOrderAndBadArgumentsAreErrors) {
   EXPECT_THROW(alone.split(-1, 0), Error);
   EXPECT_THROW(alone.isend(nullptr, 0, 1, 0), Error);
   EXPECT_EQ(alone.size(), 1);
+}
+
+// A backend is registered like a strategy: make_communicator and the list of names see it, and
+// a taken name or a missing maker is refused (the new backend wraps the local one).
+TEST(Local, BackendsAreRegisteredByName) {
+  static const bool registered = [] {  // once per process, whatever --gtest_repeat says
+    register_communicator_backend({"local-again", [] { return make_communicator("local"); },
+                                   [] { return std::make_unique<LocalCommunicator>(); }});
+    return true;
+  }();
+  ASSERT_TRUE(registered);
+  const std::vector<std::string> names = communicator_backends();
+  EXPECT_EQ(names.front(), "mpi");
+  EXPECT_EQ(names.back(), "local-again");
+  EXPECT_EQ(make_communicator("local-again")->size(), 1);
+  run_local(2, [](Communicator& c) {
+    const std::unique_ptr<Communicator> world = make_communicator("local-again");  // this rank's world again
+    EXPECT_EQ(world->size(), 2);
+    EXPECT_EQ(world->rank(), c.rank());
+  });
+  EXPECT_EQ(make_self_communicator(LocalCommunicator())->size(), 1);
+  EXPECT_NE(error_of([] {
+              register_communicator_backend(
+                  {"local", [] { return make_communicator("local"); }, [] { return make_communicator("local"); }});
+            }).find("'local' is already registered"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              register_communicator_backend({"half", [] { return make_communicator("local"); }, {}});
+            }).find("needs both its makers"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { make_communicator("nccl"); }).find("known: mpi, local, local-again"), std::string::npos);
 }
 
 }  // namespace

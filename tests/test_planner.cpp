@@ -30,9 +30,7 @@ PlanInput gpt(std::int64_t seq, std::int64_t heads, std::int64_t kv, int cp) {
 }
 
 const PlanRow& row(const Plan& p, const std::string& name) {
-  for (const PlanRow& r : p.rows)
-    if (r.name == name) return r;
-  throw Error("no row " + name);
+  return test_util::row_where(p.rows, &PlanRow::name, name);
 }
 
 TEST(Planner, ParsesUnitsAndRejectsUnknownOnes) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/plan_inference.hpp"
 #include "ulysses/planner.hpp"
@@ -26,9 +27,7 @@ PlanInput decode_input(std::int64_t seq, std::int64_t batch, std::int64_t heads,
 }
 
 const DecodeRow& row(const DecodePlan& p, const std::string& layout) {
-  for (const DecodeRow& r : p.rows)
-    if (r.layout == layout) return r;
-  throw Error("no row " + layout);
+  return test_util::row_where(p.rows, &DecodeRow::layout, layout);
 }
 
 TEST(PlanInference, DecodeReadsEachRanksShareOfTheCacheAtMemoryBandwidth) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,8 +28,7 @@ struct Measured {
 
 struct Published {
   std::string source, gpu, kernel;
-  PlanMode mode;
-  std::int64_t seq, heads, kv_heads, head_dim, batch;
+  PlanInput in;  // the shape, the ranks and the mode; the cluster is the gpu's and the kernel's
   std::vector<Measured> rows;
 };
 
@@ -36,150 +36,61 @@ struct Published {
 // tokens per GPU, causal, bf16, flash_attn 2) and long-context-attention README (8xA100-SXM4-80GB
 // NVLink, forward only, batch 2, causal, zigzag qkvpacked; ulysses_degree 8/4/2/1 = a2a,
 // a2a+p2p [4,2], [2,4], p2p).
+
+// A ring-flash-attention case: Llama-3.1-8B attention, batch 1, 8k tokens per GPU.
+Published ring_flash(const char* gpu, PlanMode mode, std::int64_t seq, std::vector<Measured> rows) {
+  const PlanInput in{.seq = seq, .heads = 32, .kv_heads = 8, .head_dim = 128, .cp = int(seq / 8192), .mode = mode};
+  return {"ring-flash-attention", gpu, "fa2", in, std::move(rows)};
+}
+
+// A long-context-attention case: 8xA100, forward, batch 2, as many KV heads as heads; its rows
+// by ulysses_degree as the README lists them (8, 4, 2, 1: a2a, a2a+p2p [4,2], [2,4], p2p).
+struct ByDegree {
+  int ulysses_degree;
+  double iter_per_s, predicted_ms;
+};
+Published long_context(std::int64_t seq, std::int64_t heads, std::int64_t head_dim, const std::vector<ByDegree>& rows) {
+  const PlanInput in{.seq = seq,
+                     .batch = 2,
+                     .heads = heads,
+                     .kv_heads = heads,
+                     .head_dim = head_dim,
+                     .cp = 8,
+                     .mode = PlanMode::forward};
+  Published c{"long-context-attention", "A100", "fa2", in, {}};
+  static const std::map<int, std::string> row_of_degree{{8, "a2a"},
+                                                        {4, "a2a+p2p [4,2]"},
+                                                        {2, "a2a+p2p [2,4]"},
+                                                        {1, "p2p"}};
+  for (const ByDegree& r : rows) c.rows.push_back({row_of_degree.at(r.ulysses_degree), r.iter_per_s, r.predicted_ms});
+  return c;
+}
+
 const std::vector<Published>& published() {
   static const std::vector<Published> all{
-      {"ring-flash-attention",
-       "H800",
-       "fa2",
-       PlanMode::forward,
-       65536,
-       32,
-       8,
-       128,
-       1,
-       {{"p2p", 63.0, 14.483}, {"p2p --no-zigzag", 38.5, 24.810}}},
-      {"ring-flash-attention",
-       "H800",
-       "fa2",
-       PlanMode::train,
-       65536,
-       32,
-       8,
-       128,
-       1,
-       {{"p2p", 17.4, 52.405}, {"p2p --no-zigzag", 10.4, 92.682}}},
-      {"ring-flash-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       65536,
-       32,
-       8,
-       128,
-       1,
-       {{"p2p", 38.2, 25.856}, {"p2p --no-zigzag", 24.0, 44.793}}},
-      {"ring-flash-attention",
-       "A100",
-       "fa2",
-       PlanMode::train,
-       65536,
-       32,
-       8,
-       128,
-       1,
-       {{"p2p", 10.6, 94.300}, {"p2p --no-zigzag", 6.2, 168.153}}},
-      {"ring-flash-attention", "H800", "fa2", PlanMode::forward, 8192, 32, 8, 128, 1, {{"a2a", 591.5, 1.590}}},
-      {"ring-flash-attention", "H800", "fa2", PlanMode::train, 8192, 32, 8, 128, 1, {{"a2a", 154.7, 6.104}}},
-      {"ring-flash-attention", "A100", "fa2", PlanMode::forward, 8192, 32, 8, 128, 1, {{"a2a", 373.4, 2.873}}},
-      {"ring-flash-attention", "A100", "fa2", PlanMode::train, 8192, 32, 8, 128, 1, {{"a2a", 94.7, 11.110}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       8192,
-       32,
-       32,
-       32,
-       2,
-       {{"a2a", 237.874, 0.375},
-        {"a2a+p2p [4,2]", 581.26, 0.460},
-        {"a2a+p2p [2,4]", 417.267, 0.600},
-        {"p2p", 245.756, 0.890}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       32768,
-       32,
-       32,
-       32,
-       2,
-       {{"a2a", 87.997, 4.123},
-        {"a2a+p2p [4,2]", 89.286, 4.361},
-        {"a2a+p2p [2,4]", 78.662, 4.642},
-        {"p2p", 59.774, 5.215}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       131072,
-       32,
-       32,
-       32,
-       2,
-       {{"a2a", 15.895, 61.974},
-        {"a2a+p2p [4,2]", 16.027, 62.826},
-        {"a2a+p2p [2,4]", 15.305, 63.671},
-        {"p2p", 13.169, 65.372}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       131072,
-       8,
-       8,
-       32,
-       2,
-       {{"a2a", 58.629, 15.552},
-        {"a2a+p2p [4,2]", 59.483, 15.791},
-        {"a2a+p2p [2,4]", 58.277, 16.071},
-        {"p2p", 51.83, 16.643}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       131072,
-       4,
-       4,
-       32,
-       2,
-       {{"a2a+p2p [4,2]", 102.432, 7.951}, {"a2a+p2p [2,4]", 101.666, 8.137}, {"p2p", 100.156, 8.521}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       131072,
-       2,
-       2,
-       32,
-       2,
-       {{"a2a+p2p [2,4]", 174.567, 4.171}, {"p2p", 168.255, 4.461}}},
-      {"long-context-attention",
-       "A100",
-       "fa2",
-       PlanMode::forward,
-       131072,
-       8,
-       8,
-       128,
-       2,
-       {{"a2a", 20.992, 44.345},
-        {"a2a+p2p [4,2]", 21.916, 45.157},
-        {"a2a+p2p [2,4]", 21.383, 45.948},
-        {"p2p", 18.211, 47.541}}},
+      ring_flash("H800", PlanMode::forward, 65536, {{"p2p", 63.0, 14.483}, {"p2p --no-zigzag", 38.5, 24.810}}),
+      ring_flash("H800", PlanMode::train, 65536, {{"p2p", 17.4, 52.405}, {"p2p --no-zigzag", 10.4, 92.682}}),
+      ring_flash("A100", PlanMode::forward, 65536, {{"p2p", 38.2, 25.856}, {"p2p --no-zigzag", 24.0, 44.793}}),
+      ring_flash("A100", PlanMode::train, 65536, {{"p2p", 10.6, 94.300}, {"p2p --no-zigzag", 6.2, 168.153}}),
+      ring_flash("H800", PlanMode::forward, 8192, {{"a2a", 591.5, 1.590}}),
+      ring_flash("H800", PlanMode::train, 8192, {{"a2a", 154.7, 6.104}}),
+      ring_flash("A100", PlanMode::forward, 8192, {{"a2a", 373.4, 2.873}}),
+      ring_flash("A100", PlanMode::train, 8192, {{"a2a", 94.7, 11.110}}),
+      long_context(8192, 32, 32, {{8, 237.874, 0.375}, {4, 581.26, 0.460}, {2, 417.267, 0.600}, {1, 245.756, 0.890}}),
+      long_context(32768, 32, 32, {{8, 87.997, 4.123}, {4, 89.286, 4.361}, {2, 78.662, 4.642}, {1, 59.774, 5.215}}),
+      long_context(131072, 32, 32,
+                   {{8, 15.895, 61.974}, {4, 16.027, 62.826}, {2, 15.305, 63.671}, {1, 13.169, 65.372}}),
+      long_context(131072, 8, 32, {{8, 58.629, 15.552}, {4, 59.483, 15.791}, {2, 58.277, 16.071}, {1, 51.83, 16.643}}),
+      long_context(131072, 4, 32, {{4, 102.432, 7.951}, {2, 101.666, 8.137}, {1, 100.156, 8.521}}),
+      long_context(131072, 2, 32, {{2, 174.567, 4.171}, {1, 168.255, 4.461}}),
+      long_context(131072, 8, 128,
+                   {{8, 20.992, 44.345}, {4, 21.916, 45.157}, {2, 21.383, 45.948}, {1, 18.211, 47.541}}),
   };
   return all;
 }
 
 PlanInput input_of(const Published& c) {
-  PlanInput in;
-  in.seq = c.seq;
-  in.heads = c.heads;
-  in.kv_heads = c.kv_heads;
-  in.head_dim = c.head_dim;
-  in.batch = c.batch;
-  in.cp = c.seq == 8192 && c.source == "ring-flash-attention" ? 1 : 8;
-  in.mode = c.mode;
+  PlanInput in = c.in;
   const GpuPreset& g = find_gpu_preset(c.gpu);
   apply_gpu(in.cluster, g, find_kernel_preset(c.kernel), DType::bf16);
   apply_intra_fabric(in.cluster, find_fabric_preset(g.intra));
@@ -187,9 +98,7 @@ PlanInput input_of(const Published& c) {
 }
 
 const PlanRow& row_of(const Plan& p, const std::string& name) {
-  for (const PlanRow& r : p.rows)
-    if (r.name == name) return r;
-  throw Error("no row " + name);
+  return test_util::row_where(p.rows, &PlanRow::name, name);
 }
 
 }  // namespace

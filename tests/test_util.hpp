@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "ulysses/error.hpp"
 
@@ -30,6 +31,15 @@ inline std::string scratch(const std::string& name) {
       std::filesystem::temp_directory_path() / ("ulysses_test_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
+}
+
+// The row of a plan's `rows` whose `key` member is `name` (a planner's row by name, a decode
+// row by layout); an Error naming it when there is none.
+template <class Row, class Key>
+const Row& row_where(const std::vector<Row>& rows, Key Row::*key, const std::string& name) {
+  for (const Row& r : rows)
+    if (r.*key == name) return r;
+  throw ulysses::Error("no row " + name);
 }
 
 inline std::string slurp(const std::string& path) {

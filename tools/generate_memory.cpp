@@ -3,11 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 
+#include "guard.hpp"
 #include "rank_errors.hpp"
 #include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
 
 namespace ulysses::cli {
 
@@ -15,12 +14,7 @@ train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::Gpt
                                             const std::vector<train::GenerateConfig>& requests,
                                             std::int64_t longest_prompt, double scratch,
                                             const std::string& max_memory) {
-  const std::int64_t available = available_memory_bytes();
-  const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
-  std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;
-  comm.allreduce_min(&least, 1);
-  const bool unknown = least == std::numeric_limits<std::int64_t>::max();
-  const double room = 0.9 * double(least);
+  const MemoryRoom room = memory_room(comm);
   train::MemoryEstimate busiest;
   on_every_rank(comm, [&] {
     const double cap = max_memory.empty() ? 0.0 : train::parse_bytes(max_memory);
@@ -33,11 +27,9 @@ train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::Gpt
     if (cap > 0 && busiest.total() > cap)
       throw Error(fmt::format("generate needs a predicted {} per rank, more than --max-memory {}: {}",
                               busiest.describe(), train::format_bytes(cap), remedy));
-    if (!unknown && busiest.total() > room)
-      throw Error(fmt::format(
-          "generate needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
-          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
-          busiest.describe(), train::format_bytes(room), train::format_bytes(double(available)), on_node, remedy));
+    if (const std::string refusal = room.refusal("generate", busiest.total(), busiest.describe(), remedy);
+        !refusal.empty())
+      throw Error(refusal);
   });
   return busiest;
 }

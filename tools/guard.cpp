@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <sstream>
 
 #include "report.hpp"
+#include "train/memory.hpp"
 #include "ulysses/input_file.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/tensor.hpp"
@@ -41,6 +44,26 @@ void check_memory(const std::string& what, double per_rank, double root_extra, i
                   "available (MemAvailable): use a smaller problem or more nodes",
                   what, human_bytes(need), ranks_on_node, human_bytes(per_rank), human_bytes(root_extra),
                   human_bytes(double(available))));
+}
+
+MemoryRoom memory_room(Communicator& comm) {
+  MemoryRoom room;
+  room.available = available_memory_bytes();
+  room.on_node = std::max(1, comm.ranks_on_this_node());
+  std::int64_t least = room.available < 0 ? std::numeric_limits<std::int64_t>::max() : room.available / room.on_node;
+  comm.allreduce_min(&least, 1);
+  room.known = least != std::numeric_limits<std::int64_t>::max();
+  room.per_rank = 0.9 * double(least);
+  return room;
+}
+
+std::string MemoryRoom::refusal(const std::string& what, double need, const std::string& described,
+                                const std::string& remedy) const {
+  if (!known || need <= per_rank) return "";
+  return fmt::format(
+      "{} needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
+      "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
+      what, described, train::format_bytes(per_rank), train::format_bytes(double(available)), on_node, remedy);
 }
 
 void check_finite(const NpyArray& a, const char* name, const std::string& path) {

@@ -23,6 +23,24 @@ CLI::Validator non_negative_number();
 // node has available: "<what> needs about X ..., only Y available".
 void check_memory(const std::string& what, double per_rank, double root_extra, int ranks_on_node);
 
+// What each rank of a run may count on: 90 % of what its node has (MemAvailable, or what the
+// cgroup's limit still allows) over the node's ranks, the least over the nodes. The model of a
+// run's memory errs by up to about 10 %, and MemAvailable moves while a run goes on.
+struct MemoryRoom {
+  bool known = false;          // false when no node could tell
+  double per_rank = 0;         // the 90 %, per rank
+  std::int64_t available = 0;  // this node's (for the message)
+  int on_node = 1;             // ranks on this node
+  // Not collective. The refusal when `need` bytes (`described`) are more than per_rank: "<what>
+  // needs a predicted <described> per rank, more than this machine has: …: <remedy>"; "" when
+  // they fit or nothing is known.
+  std::string refusal(const std::string& what, double need, const std::string& described,
+                      const std::string& remedy) const;
+};
+
+// Collective (one small all-reduce).
+MemoryRoom memory_room(Communicator& comm);
+
 // Not collective. Throws Error "<name> (<path>) has a non-finite value ..." for the first NaN or
 // Inf in `a` (a 4-D float32 array), with how to allow it.
 void check_finite(const NpyArray& a, const char* name, const std::string& path);

@@ -513,12 +513,7 @@ void check_documents(const train::TrainConfig& cfg, const train::DataSource& dat
 // on. Sets the cap the trainer splits batches of same-length sequences under: --max-memory,
 // else that 90 %.
 void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
-  const std::int64_t available = available_memory_bytes();
-  const std::int64_t on_node = std::max(1, comm.ranks_on_this_node());
-  std::int64_t least = available < 0 ? std::numeric_limits<std::int64_t>::max() : available / on_node;
-  comm.allreduce_min(&least, 1);
-  const bool unknown = least == std::numeric_limits<std::int64_t>::max();
-  const double room = 0.9 * double(least);
+  const MemoryRoom room = memory_room(comm);
   on_every_rank(comm, [&] {
     train::TrainConfig one = cfg;
     one.max_memory = 0;  // the largest batch alone: a longer run is split under the cap
@@ -528,12 +523,10 @@ void admit_memory(Communicator& comm, train::TrainConfig& cfg, int cp) {
     if (cfg.max_memory > 0 && need.total() > cfg.max_memory)
       throw Error(fmt::format("the run needs a predicted {} per rank, more than --max-memory {}: {}", need.describe(),
                               train::format_bytes(cfg.max_memory), kMemoryRemedy));
-    if (!unknown && need.total() > room)
-      throw Error(fmt::format(
-          "the run needs a predicted {} per rank, more than this machine has: {} per rank (90 % of {} available "
-          "(MemAvailable or the cgroup's limit) over {} rank(s) on this node; the least of any node): {}",
-          need.describe(), train::format_bytes(room), train::format_bytes(double(available)), on_node, kMemoryRemedy));
-    if (cfg.max_memory <= 0 && !unknown) cfg.max_memory = room;
+    if (const std::string refusal = room.refusal("the run", need.total(), need.describe(), kMemoryRemedy);
+        !refusal.empty())
+      throw Error(refusal);
+    if (cfg.max_memory <= 0 && room.known) cfg.max_memory = room.per_rank;
   });
 }
 

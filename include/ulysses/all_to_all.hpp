@@ -16,7 +16,7 @@
 // Blocks are sized exactly: ranks holding more tokens or more heads send or receive more
 // bytes, nothing is padded.
 //
-// GQA: ranks may share a KV head (fewer KV heads than ranks, ulysses_heads in sharding.hpp):
+// GQA: ranks may share a KV head (fewer KV heads than ranks, ulysses_heads.hpp):
 // the pack reads the source head for each rank that needs it (DeepSpeed ALST's
 // repeat_interleave, never materialised) and the adjoint sums the copies' gradients.
 #pragma once

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ulysses/tensor.hpp"
@@ -241,8 +242,15 @@ class Communicator {
  private:
   // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
-  // Counts an all-to-all(v): the bytes and non-empty blocks sent to other ranks.
-  void count_alltoallv(const std::string& op, std::span<const std::size_t> send_bytes, double begin_s);
+  // A counted collective: `run` (the backend's call) timed, counted under `op` as `bytes` sent
+  // in `messages`, traced, and `op` named to the watchdog while it runs.
+  template <class Run>
+  void counted(const std::string& op, std::int64_t bytes, std::int64_t messages, Run&& run);
+  // An uncounted collective (agreements, checks): timed and traced under `name` all the same.
+  template <class Run>
+  void uncounted(const char* name, Run&& run);
+  // What an all-to-all(v) sends to other ranks: bytes and non-empty blocks.
+  std::pair<std::int64_t, std::int64_t> alltoallv_sent(std::span<const std::size_t> send_bytes) const;
   void trace_op(const std::string& op, double begin_s, std::int64_t bytes, std::int64_t messages) const;
   // Records the caller's operation name for the duration of one public call.
   class OpScope;

@@ -1,5 +1,6 @@
 // make_communicator — the one place that turns a backend's name into a Communicator, so that
-// tools, benchmarks and the Python binding never name a backend's class.
+// tools, benchmarks and the Python binding never name a backend's class. Backends are
+// registered like strategies: the built-ins below, others with register_communicator_backend.
 //
 //   "mpi"   every process of the MPI job (a dup of MPI_COMM_WORLD; an MpiSession initialises
 //           MPI first). Collective over MPI_COMM_WORLD.
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +19,19 @@
 
 namespace ulysses {
 
-// The backends' names, the default ("mpi") first.
+// A backend: its name (what make_communicator takes and its communicators' backend() return),
+// how it makes the world, and how it makes a communicator of the calling rank alone.
+struct CommunicatorBackend {
+  std::string name;
+  std::function<std::unique_ptr<Communicator>()> world;
+  std::function<std::unique_ptr<Communicator>()> self;
+};
+
+// Adds a backend; throws Error if its name is taken or a maker is missing. Call before any
+// communicator of it is made.
+void register_communicator_backend(CommunicatorBackend backend);
+
+// The backends' names in registration order, the default ("mpi") first.
 std::vector<std::string> communicator_backends();
 
 // Throws Error naming the known backends for any other name.

@@ -4,7 +4,7 @@
 // (strategy.hpp: a2a, p2p, all_gather, a2a+p2p). On one rank every strategy is plain flash
 // attention.
 //
-// Sharding: which tokens rank r holds is given by rank_chunks() in sharding.hpp: contiguous
+// Sharding: which tokens rank r holds is given by rank_chunks() in token_layout.hpp: contiguous
 // for a2a and for any strategy without a causal mask, zigzag otherwise. The global length s
 // need not divide by cp: rank r holds s_r tokens, the first ranks (chunks) one more, and s is
 // the sum over the ranks (s >= cp; s >= 2·cp under zigzag).
@@ -13,7 +13,7 @@
 // b, h, h_kv, d, dtype and settings are the same on every rank; s_r is each rank's own.
 // float32 or bfloat16 storage (all the same dtype), any layout/strides with d contiguous.
 // Heads (a2a, and the inner all-to-all of a2a+p2p over a group of g ranks): ulysses_heads()
-// in sharding.hpp, which needs h >= g only: whole GQA groups per rank when h_kv >= g, else
+// in ulysses_heads.hpp, which needs h >= g only: whole GQA groups per rank when h_kv >= g, else
 // each KV head shared by some ranks that split its query heads (gradients of the copies are
 // summed); h need not divide by g. p2p and all_gather compute every head on their tokens and
 // move K/V at their native head count.

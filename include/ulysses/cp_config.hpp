@@ -31,7 +31,7 @@ struct CpConfig {
   // a2a only: split each rank's heads into this many chunks (whole GQA groups) and pipeline,
   // the all-to-alls of one chunk travelling while another computes. Same bytes, ×chunks
   // messages. 1 = plain Ulysses. Clamped to the fewest KV heads a rank holds
-  // (ulysses_overlap_chunks in sharding.hpp); below 1, or above 1 on another strategy, is an Error.
+  // (ulysses_overlap_chunks in ulysses_heads.hpp); below 1, or above 1 on another strategy, is an Error.
   int overlap_chunks = 1;
   // Cross-attention (k/v of s_k tokens, q of s): the global key position of query 0, so query i
   // sees keys j <= q_offset + i under a causal mask. Required with a causal mask when s_k != s

@@ -1,6 +1,7 @@
 // Ranges of tokens and heads: the vocabulary every layer above the core shares (the kernels'
 // document masks, the all-to-all's head split, the strategies' token layouts), kept apart from
-// the rules that choose them (sharding.hpp) so the kernels never see the communicator.
+// the rules that choose them (token_layout.hpp, ulysses_heads.hpp) so the kernels never see the
+// communicator; and the one cut both rules make.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +24,7 @@ struct HeadRange {
   bool operator==(const HeadRange&) const = default;
 };
 
-// The query and KV heads one rank holds (ulysses_heads in sharding.hpp).
+// The query and KV heads one rank holds (ulysses_heads.hpp).
 struct RankHeads {
   HeadRange q, kv;
 };
@@ -31,6 +32,12 @@ struct RankHeads {
 struct HeadSplit {
   std::vector<HeadRange> q, kv;
 };
+
+// Part i of n items cut into `parts` contiguous parts whose sizes differ by at most one, the
+// first n % parts one larger (torch.tensor_split): tokens over ranks, heads over ranks.
+HeadRange even_part(std::int64_t n, std::int64_t parts, std::int64_t i);
+// Which part of even_part(n, parts, ·) item x falls in.
+std::int64_t part_holding(std::int64_t n, std::int64_t parts, std::int64_t x);
 
 // The local row where chunk i starts (the lengths of the chunks before it).
 std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i);

@@ -158,7 +158,7 @@ class Strategy {
 
   // Not collective. Throws Error when `config` cannot run on cp ranks with global q
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
-  // is rank_chunks()'s (sharding.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
+  // is rank_chunks()'s (token_layout.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
   // work per rank) unless config.zigzag is false, contiguous otherwise; refined to
@@ -166,7 +166,7 @@ class Strategy {
   virtual TokenLayout token_layout(const CpConfig& config) const;
 
   // The query and KV heads rank `rank` computes attention on. By default all of them
-  // (sequence-sharded strategies); Ulysses splits them (ulysses_heads in sharding.hpp).
+  // (sequence-sharded strategies); Ulysses splits them (ulysses_heads.hpp).
   virtual RankHeads heads_of(const CpConfig& config, int cp, int rank, std::int64_t heads, std::int64_t kv_heads) const;
 
   // ---- Execution. ----

@@ -22,6 +22,8 @@
 #include "ulysses/reference.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/tensor.hpp"
+#include "ulysses/token_layout.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/trace.hpp"
+#include "ulysses/ulysses_heads.hpp"
 #include "ulysses/version.hpp"

@@ -79,12 +79,25 @@ void Communicator::count_op(const std::string& op, std::int64_t bytes, std::int6
   trace_op(op, begin_s, bytes, messages);
 }
 
-void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+template <class Run>
+void Communicator::counted(const std::string& op, std::int64_t bytes, std::int64_t messages, Run&& run) {
   ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
-  do_alltoall(send, recv, bytes_per_rank);
-  count_op(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1, t0);
+  run();
+  count_op(op, bytes, messages, t0);
+}
+
+template <class Run>
+void Communicator::uncounted(const char* name, Run&& run) {
+  ++collectives_;
+  const double t0 = now();
+  run();
+  trace_op(name, t0, -1, -1);
+}
+
+void Communicator::alltoall(const void* send, void* recv, std::size_t bytes_per_rank, const std::string& op) {
+  counted(op, std::int64_t(bytes_per_rank) * (size_ - 1), size_ - 1, [&] { do_alltoall(send, recv, bytes_per_rank); });
 }
 
 void Communicator::check_per_rank(const char* what, std::initializer_list<std::size_t> sizes) const {
@@ -97,21 +110,19 @@ void Communicator::alltoallv(const void* send, std::span<const std::size_t> send
                              std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                              const std::string& op) {
   check_per_rank("alltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait();
-  count_alltoallv(op, send_bytes, t0);
+  const auto [bytes, messages] = alltoallv_sent(send_bytes);
+  counted(op, bytes, messages,
+          [&] { do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets)->wait(); });
 }
 
-void Communicator::count_alltoallv(const std::string& op, std::span<const std::size_t> send_bytes, double begin_s) {
+std::pair<std::int64_t, std::int64_t> Communicator::alltoallv_sent(std::span<const std::size_t> send_bytes) const {
   std::int64_t bytes = 0, messages = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_ && send_bytes[std::size_t(j)] > 0) {
       bytes += std::int64_t(send_bytes[std::size_t(j)]);
       ++messages;
     }
-  count_op(op, bytes, messages, begin_s);
+  return {bytes, messages};
 }
 
 Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
@@ -123,7 +134,8 @@ Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> 
   const OpScope scope(*this, op);
   const double t0 = now();
   std::unique_ptr<Request::Impl> impl = do_ialltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
-  count_alltoallv(op, send_bytes, t0);
+  const auto [sent, messages] = alltoallv_sent(send_bytes);
+  count_op(op, sent, messages, t0);
   if (!tracer()) return Request(std::move(impl));
   std::int64_t bytes = 0;
   for (std::size_t b : send_bytes) bytes += std::int64_t(b);
@@ -131,20 +143,13 @@ Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> 
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t bytes, const std::string& op) {
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_allgather(send, recv, bytes);
-  count_op(op, std::int64_t(bytes) * (size_ - 1), size_ - 1, t0);
+  counted(op, std::int64_t(bytes) * (size_ - 1), size_ - 1, [&] { do_allgather(send, recv, bytes); });
 }
 
 void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
   check_per_rank("allgatherv", {bytes.size()});
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_allgatherv(send, recv, bytes);
-  count_op(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1, t0);
+  counted(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1,
+          [&] { do_allgatherv(send, recv, bytes); });
 }
 
 std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, const std::string& op) {
@@ -154,48 +159,30 @@ std::vector<std::int64_t> Communicator::allgather_value(std::int64_t value, cons
 }
 
 void Communicator::gather(const void* send, void* recv, std::size_t bytes, int root, const std::string& op) {
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_gather(send, recv, bytes, root);
-  count_op(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1, t0);
+  counted(op, rank_ == root ? 0 : std::int64_t(bytes), rank_ == root ? 0 : 1,
+          [&] { do_gather(send, recv, bytes, root); });
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op) {
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_reduce_scatter_sum(send, recv, count);
-  count_op(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1, t0);
+  counted(op, std::int64_t(count * sizeof(float)) * (size_ - 1), size_ - 1,
+          [&] { do_reduce_scatter_sum(send, recv, count); });
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
                                       const std::string& op) {
   check_per_rank("reduce_scatter_sum", {counts.size()});
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_reduce_scatter_sum_v(send, recv, counts);
   std::size_t others = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) others += counts[std::size_t(j)];
-  count_op(op, std::int64_t(others * sizeof(float)), size_ - 1, t0);
+  counted(op, std::int64_t(others * sizeof(float)), size_ - 1, [&] { do_reduce_scatter_sum_v(send, recv, counts); });
 }
 
 void Communicator::allreduce_sum(double* data, std::size_t n, const std::string& op) {
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_allreduce(data, n, ScalarType::f64, ReduceOp::sum);
-  count_op(op, std::int64_t(n * sizeof(double)), 0, t0);
+  counted(op, std::int64_t(n * sizeof(double)), 0, [&] { do_allreduce(data, n, ScalarType::f64, ReduceOp::sum); });
 }
 
 void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& op) {
-  ++collectives_;
-  const OpScope scope(*this, op);
-  const double t0 = now();
-  do_allreduce(data, n, ScalarType::f32, ReduceOp::sum);
-  count_op(op, std::int64_t(n * sizeof(float)), 0, t0);
+  counted(op, std::int64_t(n * sizeof(float)), 0, [&] { do_allreduce(data, n, ScalarType::f32, ReduceOp::sum); });
 }
 
 Request Communicator::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
@@ -215,38 +202,23 @@ Request Communicator::irecv(void* data, std::size_t bytes, int src, int tag, con
 
 // The uncounted operations, traced all the same: they synchronise the ranks.
 void Communicator::allreduce_min(std::int64_t* data, std::size_t n) {
-  ++collectives_;
-  const double t0 = now();
-  do_allreduce(data, n, ScalarType::i64, ReduceOp::min);
-  trace_op("allreduce_min", t0, -1, -1);
+  uncounted("allreduce_min", [&] { do_allreduce(data, n, ScalarType::i64, ReduceOp::min); });
 }
 
 void Communicator::allreduce_max(std::int64_t* data, std::size_t n) {
-  ++collectives_;
-  const double t0 = now();
-  do_allreduce(data, n, ScalarType::i64, ReduceOp::max);
-  trace_op("allreduce_max", t0, -1, -1);
+  uncounted("allreduce_max", [&] { do_allreduce(data, n, ScalarType::i64, ReduceOp::max); });
 }
 
 void Communicator::allreduce_max(double* data, std::size_t n) {
-  ++collectives_;
-  const double t0 = now();
-  do_allreduce(data, n, ScalarType::f64, ReduceOp::max);
-  trace_op("allreduce_max", t0, -1, -1);
+  uncounted("allreduce_max", [&] { do_allreduce(data, n, ScalarType::f64, ReduceOp::max); });
 }
 
 void Communicator::broadcast(void* data, std::size_t bytes, int root) {
-  ++collectives_;
-  const double t0 = now();
-  do_broadcast(data, bytes, root);
-  trace_op("broadcast", t0, -1, -1);
+  uncounted("broadcast", [&] { do_broadcast(data, bytes, root); });
 }
 
 void Communicator::barrier() {
-  ++collectives_;
-  const double t0 = now();
-  do_barrier();
-  trace_op("barrier", t0, -1, -1);
+  uncounted("barrier", [&] { do_barrier(); });
 }
 
 void Communicator::absorb_counters(Communicator& sub, const std::string& prefix) {

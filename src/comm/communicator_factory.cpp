@@ -4,7 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstring>
+#include <string_view>
+#include <utility>
 
 #include "ulysses/error.hpp"
 #include "ulysses/local_communicator.hpp"
@@ -12,14 +13,46 @@
 
 namespace ulysses {
 
-std::vector<std::string> communicator_backends() { return {"mpi", "local"}; }
+namespace {
+
+std::vector<CommunicatorBackend>& backends() {
+  static std::vector<CommunicatorBackend> all{
+      {"mpi", [] { return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); },
+       [] { return std::make_unique<MpiCommunicator>(MPI_COMM_SELF); }},
+      {"local",
+       []() -> std::unique_ptr<Communicator> {
+         if (Communicator* world = local_world()) return world->split(0, world->rank());
+         return std::make_unique<LocalCommunicator>();
+       },
+       [] { return std::make_unique<LocalCommunicator>(); }},
+  };
+  return all;
+}
+
+const CommunicatorBackend* find_backend(std::string_view name) {
+  for (const CommunicatorBackend& b : backends())
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+}  // namespace
+
+void register_communicator_backend(CommunicatorBackend backend) {
+  if (!backend.world || !backend.self)
+    throw Error(fmt::format("register_communicator_backend: '{}' needs both its makers", backend.name));
+  if (find_backend(backend.name))
+    throw Error(fmt::format("register_communicator_backend: '{}' is already registered", backend.name));
+  backends().push_back(std::move(backend));
+}
+
+std::vector<std::string> communicator_backends() {
+  std::vector<std::string> names;
+  for (const CommunicatorBackend& b : backends()) names.push_back(b.name);
+  return names;
+}
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
-  if (backend == "mpi") return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-  if (backend == "local") {
-    if (Communicator* world = local_world()) return world->split(0, world->rank());
-    return std::make_unique<LocalCommunicator>();
-  }
+  if (const CommunicatorBackend* b = find_backend(backend)) return b->world();
   throw Error(
       fmt::format("unknown communicator backend '{}' (known: {})", backend, fmt::join(communicator_backends(), ", ")));
 }
@@ -29,8 +62,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::int64_t fortran_handle)
 }
 
 std::unique_ptr<Communicator> make_self_communicator(const Communicator& like) {
-  if (std::strcmp(like.backend(), "mpi") == 0) return std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
-  if (std::strcmp(like.backend(), "local") == 0) return std::make_unique<LocalCommunicator>();
+  if (const CommunicatorBackend* b = find_backend(like.backend())) return b->self();
   throw Error(fmt::format("make_self_communicator: unknown backend '{}'", like.backend()));
 }
 

@@ -1,6 +1,18 @@
 #include "ulysses/ranges.hpp"
 
+#include <algorithm>
+
 namespace ulysses {
+
+HeadRange even_part(std::int64_t n, std::int64_t parts, std::int64_t i) {
+  const std::int64_t base = n / parts, extra = n % parts;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+std::int64_t part_holding(std::int64_t n, std::int64_t parts, std::int64_t x) {
+  const std::int64_t base = n / parts, extra = n % parts, long_items = extra * (base + 1);
+  return x < long_items ? x / (base + 1) : extra + (x - long_items) / base;
+}
 
 std::int64_t chunk_row(const std::vector<SeqChunk>& chunks, std::size_t i) {
   std::int64_t r = 0;

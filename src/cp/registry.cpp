@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <limits>
 
-#include "head_split.hpp"
 #include "strategies/builtin.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/strategy.hpp"
+#include "ulysses/ulysses_heads.hpp"
 
 namespace ulysses {
 

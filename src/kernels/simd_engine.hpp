@@ -53,24 +53,16 @@ inline vf splat(float x) { return splat_lanes(x, std::make_index_sequence<W>{});
 // x86's min/max return the second operand when either is NaN, exactly like these ternaries;
 // GCC emits compare + blend for the ternaries, so use the one-instruction form where the
 // file's flags have it (the emulated build keeps the ternaries).
-inline vf vmax(vf a, vf b) {
 #if defined(__AVX512F__) && ULYSSES_SIMD_LANES == 16
-  return (vf)_mm512_max_ps((__m512)b, (__m512)a);
+inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)b, (__m512)a); }
+inline vf vmin(vf a, vf b) { return (vf)_mm512_min_ps((__m512)b, (__m512)a); }
 #elif defined(__AVX__) && ULYSSES_SIMD_LANES == 8
-  return (vf)_mm256_max_ps((__m256)b, (__m256)a);
+inline vf vmax(vf a, vf b) { return (vf)_mm256_max_ps((__m256)b, (__m256)a); }
+inline vf vmin(vf a, vf b) { return (vf)_mm256_min_ps((__m256)b, (__m256)a); }
 #else
-  return a > b ? a : b;
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 #endif
-}
-inline vf vmin(vf a, vf b) {
-#if defined(__AVX512F__) && ULYSSES_SIMD_LANES == 16
-  return (vf)_mm512_min_ps((__m512)b, (__m512)a);
-#elif defined(__AVX__) && ULYSSES_SIMD_LANES == 8
-  return (vf)_mm256_min_ps((__m256)b, (__m256)a);
-#else
-  return a < b ? a : b;
-#endif
-}
 
 // ---- the micro-kernel -------------------------------------------------------------------
 

@@ -233,12 +233,15 @@ BeamShape beam_shape(const BalanceInput& in, const Options& options) {
                               kMaxBeam);
   shape.longest_after.resize(n + 1);
   for (std::size_t i = n; i-- > 0;) {
+    // i goes after every sequence at least as long (a stable insertion); a fifth drops out.
     Longest l = shape.longest_after[i + 1];
-    l.at[l.count++] = std::uint32_t(i);
-    std::stable_sort(l.at.begin(), l.at.begin() + l.count, [&](std::uint32_t a, std::uint32_t b) {
+    const auto end = l.at.begin() + l.count;
+    const auto at = std::upper_bound(l.at.begin(), end, std::uint32_t(i), [&](std::uint32_t a, std::uint32_t b) {
       return options[a].back().seconds > options[b].back().seconds;
     });
-    l.count = std::min<std::uint32_t>(l.count, 4);
+    std::copy_backward(at, end, end + 1);
+    *at = std::uint32_t(i);
+    l.count = std::min<std::uint32_t>(l.count + 1, 4);
     shape.longest_after[i] = l;
   }
   return shape;
@@ -273,67 +276,85 @@ std::vector<BalanceGroup> groups_of(const Options& options, const std::vector<st
   return groups;
 }
 
-std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
-  const std::size_t n = options.size(), world = std::size_t(in.world);
-  const BeamShape shape = beam_shape(in, options);
-  struct State {
-    std::vector<double> free;
-    double most = 0, total = 0;
-  };
-  struct Child {  // a state not yet made: scored from its parent without copying it
-    double bound, total;
-    std::size_t parent, option;
-  };
-  struct Step {
-    std::size_t parent, option;
-  };
-  std::vector<State> beam(1);
-  beam[0].free.assign(world, 0.0);
-  std::vector<std::vector<Step>> trail;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::vector<Child> children;
-    for (std::size_t b = 0; b < beam.size(); ++b)
-      for (std::size_t k = 0; const Option& o : options[i]) {
-        const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
-        const double end = *std::max_element(first, last) + o.seconds;
-        const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
-        const double most = std::max(beam[b].most, end);
-        double bound = area_bound ? std::max(most, (total + shape.rest[i + 1]) / double(world)) : most;
-        if (area_bound && shape.look_ahead && i + 1 < n) {
-          std::vector<double> free = beam[b].free;
-          std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
-          bound = std::max(bound, ahead(shape, options, std::move(free), i + 1));
-        }
-        children.push_back({bound, total, b, k++});
+// A state of the beam: when each rank is free, the latest of those, and the sum of their times.
+struct BeamState {
+  std::vector<double> free;
+  double most = 0, total = 0;
+};
+// A state not yet made: scored from its parent without copying it.
+struct BeamChild {
+  double bound, total;
+  std::size_t parent, option;
+};
+// How a kept state was reached: its parent in the level before and the option taken.
+struct BeamStep {
+  std::size_t parent, option;
+};
+
+// Every child of the beam at sequence i: each state extended by each of i's options, scored by
+// the bound the search ranks by.
+std::vector<BeamChild> beam_children(const BeamShape& shape, const Options& options, const std::vector<BeamState>& beam,
+                                     std::size_t i, bool area_bound) {
+  const std::size_t n = options.size(), world = beam[0].free.size();
+  std::vector<BeamChild> children;
+  for (std::size_t b = 0; b < beam.size(); ++b)
+    for (std::size_t k = 0; const Option& o : options[i]) {
+      const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
+      const double end = *std::max_element(first, last) + o.seconds;
+      const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
+      const double most = std::max(beam[b].most, end);
+      double bound = area_bound ? std::max(most, (total + shape.rest[i + 1]) / double(world)) : most;
+      if (area_bound && shape.look_ahead && i + 1 < n) {
+        std::vector<double> free = beam[b].free;
+        std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
+        bound = std::max(bound, ahead(shape, options, std::move(free), i + 1));
       }
-    // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
-    // as the beam reads: a level keeps `width` states of many children, on large steps one.
-    auto before = [](const Child& a, const Child& b) {
-      if (a.bound != b.bound) return a.bound < b.bound;
-      if (a.total != b.total) return a.total < b.total;
-      return a.parent != b.parent ? a.parent < b.parent : a.option < b.option;
-    };
-    std::size_t sorted = std::min(children.size(), 2 * shape.width);
-    std::partial_sort(children.begin(), children.begin() + std::ptrdiff_t(sorted), children.end(), before);
-    std::vector<State> next;
-    std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
-    trail.emplace_back();
-    for (std::size_t at = 0; at < children.size() && next.size() < shape.width; ++at) {
-      if (at == sorted)
-        std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
-      const Child& c = children[at];
-      const Option& o = options[i][c.option];
-      State s{beam[c.parent].free, 0, c.total};
-      const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
-      std::fill(first, last, *std::max_element(first, last) + o.seconds);
-      s.most = *std::max_element(s.free.begin(), s.free.end());
-      std::vector<std::size_t>& same = kept[hash_of(s.free)];
-      if (std::any_of(same.begin(), same.end(), [&](std::size_t k) { return next[k].free == s.free; })) continue;
-      same.push_back(next.size());
-      trail.back().push_back({c.parent, c.option});
-      next.push_back(std::move(s));
+      children.push_back({bound, total, b, k++});
     }
-    beam = std::move(next);
+  return children;
+}
+
+// The next level: the best `width` distinct states among the children, made in order; how each
+// was reached goes to `steps`.
+std::vector<BeamState> beam_level(std::vector<BeamChild>& children, const std::vector<BeamState>& beam,
+                                  const OptionList& level, std::size_t width, std::vector<BeamStep>& steps) {
+  // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
+  // as the beam reads: a level keeps `width` states of many children, on large steps one.
+  auto before = [](const BeamChild& a, const BeamChild& b) {
+    if (a.bound != b.bound) return a.bound < b.bound;
+    if (a.total != b.total) return a.total < b.total;
+    return a.parent != b.parent ? a.parent < b.parent : a.option < b.option;
+  };
+  std::size_t sorted = std::min(children.size(), 2 * width);
+  std::partial_sort(children.begin(), children.begin() + std::ptrdiff_t(sorted), children.end(), before);
+  std::vector<BeamState> next;
+  std::map<std::uint64_t, std::vector<std::size_t>> kept;  // hash of free times -> states in next
+  for (std::size_t at = 0; at < children.size() && next.size() < width; ++at) {
+    if (at == sorted)
+      std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
+    const BeamChild& c = children[at];
+    const Option& o = level[c.option];
+    BeamState s{beam[c.parent].free, 0, c.total};
+    const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
+    std::fill(first, last, *std::max_element(first, last) + o.seconds);
+    s.most = *std::max_element(s.free.begin(), s.free.end());
+    std::vector<std::size_t>& same = kept[hash_of(s.free)];
+    if (std::any_of(same.begin(), same.end(), [&](std::size_t k) { return next[k].free == s.free; })) continue;
+    same.push_back(next.size());
+    steps.push_back({c.parent, c.option});
+    next.push_back(std::move(s));
+  }
+  return next;
+}
+
+std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
+  const BeamShape shape = beam_shape(in, options);
+  std::vector<BeamState> beam(1);
+  beam[0].free.assign(std::size_t(in.world), 0.0);
+  std::vector<std::vector<BeamStep>> trail(options.size());
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    std::vector<BeamChild> children = beam_children(shape, options, beam, i, area_bound);
+    beam = beam_level(children, beam, options[i], shape.width, trail[i]);
   }
   return groups_of(options, trail);
 }

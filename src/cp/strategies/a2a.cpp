@@ -22,13 +22,13 @@
 #include <span>
 #include <utility>
 
-#include "../head_split.hpp"
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/ulysses_heads.hpp"
 #include "ulysses/traffic.hpp"
 
 namespace ulysses {

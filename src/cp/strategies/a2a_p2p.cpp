@@ -19,13 +19,13 @@
 #include <numeric>
 #include <span>
 
-#include "../head_split.hpp"
 #include "../ring_attention.hpp"
 #include "builtin.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/documents.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
+#include "ulysses/ulysses_heads.hpp"
 #include "ulysses/traffic.hpp"
 
 namespace ulysses {

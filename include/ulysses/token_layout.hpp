@@ -1,0 +1,63 @@
+// Which tokens each rank holds, for any s: rank_chunks is the one rule every strategy, the
+// trainer and the sharding helpers use; each strategy says which layout it runs (its
+// token_layout: a sequence-sharded strategy that balances by heads keeps contiguous; a ring
+// under a causal mask zigzags; one that zigzags every packed document says so in its traits).
+//
+// A sequence of s tokens is cut into parts whose lengths differ by at most one, the first ones
+// one longer (torch.tensor_split's rule, even_part), so s need not divide by anything:
+//   contiguous    s cut into cp parts, rank r holds part r.
+//   zigzag        s cut into 2·cp chunks, rank r holds chunks r and 2·cp−1−r (in that order), so
+//                 every rank does the same causal work (up to the odd token).
+//   per_document  with packed documents (cu_seqlens), unless CpConfig::per_document is false:
+//                 every document cut into 2·cp chunks and rank r holding chunks r and 2·cp−1−r
+//                 of each, documents in order. Zigzag balances one causal document, not
+//                 several; this balances each. A document's chunks differ by at most one token;
+//                 its n % 2·cp longer ones are dealt round robin over the ranks, first chunks
+//                 forward from where the previous document stopped, mirror chunks backward, so
+//                 one document is exactly zigzag and documents shorter than 2·cp spread one
+//                 token per rank. A rank may hold no token of a short document; adjacent chunks
+//                 of a rank are merged.
+// Ranks' token counts differ by at most one either way. Every rank holds at least one token
+// (zigzag: two chunks of at least one), so s >= cp (s >= 2·cp under plain zigzag); shorter
+// sequences are refused rather than leaving ranks empty.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ulysses/cp_config.hpp"
+#include "ulysses/ranges.hpp"
+
+namespace ulysses {
+
+// Which tokens a rank holds (rank_chunks has the exact rule for any s).
+enum class TokenLayout {
+  contiguous,    // s cut into cp parts; rank r holds part r
+  zigzag,        // s cut into 2·cp chunks; rank r holds chunks r and 2·cp−1−r: equal causal work per rank
+  per_document,  // every document cut so: equal causal work per rank whatever the documents
+};
+
+// The layout of `config` (its strategy's token_layout).
+TokenLayout token_layout(const CpConfig& config);
+// True unless the layout is contiguous.
+bool uses_zigzag(const CpConfig& config);
+// "contiguous", "zigzag" or "per-document zigzag".
+const char* layout_name(TokenLayout layout);
+// What a ring strategy's zigzag becomes for `config`: per_document with packed documents
+// (cu_seqlens) and config.per_document, else `layout` unchanged.
+TokenLayout per_document_layout(TokenLayout layout, const CpConfig& config);
+
+// The chunks rank `rank` of `cp` holds for a global sequence of `seq` tokens, in local order:
+// the single source of truth of every strategy's token layout. Throws Error when seq < cp
+// (seq < 2·cp under plain zigzag), naming the values, or when the per-document layout's
+// cu_seqlens are not a valid cut of seq (cu_seqlens_error's message).
+std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
+
+// How many tokens ranks [first_rank, first_rank + ranks) hold together (their rank_chunks'
+// lengths), in O(1) (per-document zigzag: O(documents)): the traffic formulas ask it for every rank.
+std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq);
+
+// rank_chunks of every rank, in rank order.
+std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
+
+}  // namespace ulysses
