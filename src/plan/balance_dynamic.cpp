@@ -273,20 +273,26 @@ std::vector<BalanceGroup> groups_of(const Options& options, const std::vector<st
   return groups;
 }
 
+// The beam's states: each rank's free time, the latest and their sum; a child is a state not yet
+// made, scored from its parent without copying it; a step is how a kept state was made.
+struct BeamState {
+  std::vector<double> free;
+  double most = 0, total = 0;
+};
+struct BeamChild {
+  double bound, total;
+  std::size_t parent, option;
+};
+struct BeamStep {
+  std::size_t parent, option;
+};
+
 std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
   const std::size_t n = options.size(), world = std::size_t(in.world);
   const BeamShape shape = beam_shape(in, options);
-  struct State {
-    std::vector<double> free;
-    double most = 0, total = 0;
-  };
-  struct Child {  // a state not yet made: scored from its parent without copying it
-    double bound, total;
-    std::size_t parent, option;
-  };
-  struct Step {
-    std::size_t parent, option;
-  };
+  using State = BeamState;
+  using Child = BeamChild;
+  using Step = BeamStep;
   std::vector<State> beam(1);
   beam[0].free.assign(world, 0.0);
   std::vector<std::vector<Step>> trail;
