@@ -192,7 +192,7 @@ no_file "$dir/t.json" "plan --train --json"
 run 2 plan --calibrate --grid quick --grid-runs 2 --json "$dir/grid.json" > "$dir/grid.log" 2>&1 && python3 -c '
 import json, math, sys
 g = json.load(open(sys.argv[1]))
-assert len(g["shapes"]) == 4 and g["runs"] == 2, g
+assert len(g["shapes"]) == 4 and g["runs"] == 2 and g["clock"] == "cpu" and len(g["load_average"]) == 2, g
 names = set()
 for s in g["shapes"]:
     rows = {r["name"]: r for r in s["rows"]}
@@ -211,6 +211,8 @@ no_file "$dir/g2.json" "plan --grid without --calibrate"
 expect "plan --grid huge" 2 "unknown --grid 'huge' (use quick or full)" plan --calibrate --grid huge
 expect "plan --grid --seq" 2 "--seq has no effect with --grid (the grid sets the shapes)" plan --calibrate --grid quick --seq 512
 expect "plan --grid-runs without --grid" 2 "--grid-runs has no effect without --grid" plan --seq 512 --heads 4 --grid-runs 2
+expect "plan --grid-clock without --grid" 2 "--grid-clock has no effect without --grid" plan --seq 512 --heads 4 --grid-clock wall
+expect "plan --grid-clock gpu" 2 "--grid-clock: gpu not in {cpu,wall}" plan --calibrate --grid quick --grid-clock gpu
 expect "plan without --heads" 1 "--heads is required (unless --grid)" plan --seq 512
 
 echo "$fails failure(s)"

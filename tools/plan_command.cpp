@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <memory>
 #include <tuple>
 
@@ -71,6 +72,11 @@ void add_attention_and_report_options(CLI::App* c, PlanOptions& o) {
   c->add_option("--grid-runs", o.grid_runs, "with --grid: interleaved runs of each row, the fastest kept")
       ->capture_default_str()
       ->check(positive_number());
+  c->add_option("--grid-clock", o.grid_clock,
+                "with --grid: cpu (each rank's CPU seconds, the attention rate calibrated the same way: a machine "
+                "shared with other work) or wall (elapsed seconds: across hosts, where the wire takes time)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "wall"}));
   c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
   c->add_option("--docs", o.docs,
                 "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
@@ -187,7 +193,15 @@ std::string one_line(std::string text) {
 }  // namespace
 
 // Runs one strategy for real on every rank `runs` times: each run's seconds on the slowest rank.
-std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs) {
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs,
+                                 StepClock clock) {
+  auto now = [&] { return clock == StepClock::cpu ? cpu_seconds() : comm.now(); };
   const int cp = comm.size();
   const std::int64_t n = total_tokens(rank_chunks(cfg, cp, comm.rank(), in.seq));
   const std::int64_t nk = total_tokens(rank_chunks(cfg, cp, comm.rank(), kv_seq_of(in)));
@@ -199,10 +213,10 @@ std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const 
   std::vector<double> t;
   for (int i = 0; i < runs; ++i) {
     comm.barrier();
-    const double t0 = comm.now();
+    const double t0 = now();
     const CpContext ctx = attn.forward(o.view(), q.view(), k.view(), v.view());
     if (backward) attn.backward(ctx, dq.view(), dk.view(), dv.view(), g.view());
-    double dt = comm.now() - t0;
+    double dt = now() - t0;
     comm.allreduce_max(&dt, 1);
     t.push_back(dt);
   }

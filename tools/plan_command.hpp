@@ -51,6 +51,7 @@ struct PlanOptions {
   // fastest of grid_runs interleaved runs against its prediction (plan_grid.cpp).
   std::string grid;
   int grid_runs = 3;
+  std::string grid_clock = "cpu";  // cpu: process CPU time (a loaded machine); wall: seconds
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
@@ -64,10 +65,19 @@ struct PlanRequest {
 // Not collective. The options as a planner input, checked (throws Error). Calibration plans for
 // this machine: cp = its ranks, all on one node, float32.
 PlanRequest plan_request(const PlanOptions& opt, int ranks);
+// How a run is timed. wall: elapsed seconds. cpu: the process's CPU seconds, which on a machine
+// shared with other work leave out the time the rank waited for a core; a rank that waits for
+// its peer spins, so while every process gets the same share of the cores a step's CPU seconds
+// are its wall seconds on a quiet machine (for steps whose transfers the CPUs make: shared
+// memory, not a network's wire time).
+enum class StepClock { wall, cpu };
+// Not collective: this process's CPU seconds (all its threads).
+double cpu_seconds();
 // Collective over `comm`: runs the strategy `cfg` at in's shape `runs` times (forward and
 // backward; forward alone in the forward and prefill modes) and returns each run's seconds on
 // the slowest rank, the same on every rank.
-std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs);
+std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs,
+                                 StepClock clock = StepClock::wall);
 // What measure_runs needs per rank at its largest over in's valid rows: q, k, v, out, dout and
 // the gradients, and the most any strategy's working set holds.
 double measured_memory(const PlanInput& in);

@@ -15,6 +15,8 @@
 #include "plan_command.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
+#include "ulysses/attention.hpp"
+#include "ulysses/kernel_model.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/output_file.hpp"
@@ -65,15 +67,44 @@ std::vector<GridCase> grid_cases(const PlanOptions& o, int ranks) {
   return cases;
 }
 
+// FLOP/s of the local kernels on this rank in CPU seconds, counted as attention_rate counts them
+// (forward and backward of a causal self-attention of 2048 tokens, 2 heads, 3.5 forwards' FLOPs;
+// the median of 5 after a warm-up); every rank's, the slowest kept.
+double cpu_attention_rate(Communicator& comm, std::int64_t d) {
+  const std::int64_t s = 2048, h = 2;
+  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
+      dv(q.shape());
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const Tensor lse = lse_tensor(q.shape());
+  const AttentionParams p{.causal = true};
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    const double t0 = cpu_seconds();
+    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
+                             lse.view(), p);
+    if (i > 0) t.push_back(cpu_seconds() - t0);
+  }
+  double seconds = median(t);
+  comm.allreduce_max(&seconds, 1);
+  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
+}
+
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
 // it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:
 // the best of N, as each row keeps its fastest run.
-void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<std::int64_t, Cluster>& best) {
+// With the CPU clock the attention rate is measured in CPU seconds too (the links and the
+// kernel curve keep calibrate()'s).
+void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<std::int64_t, Cluster>& best,
+                     StepClock clock) {
   std::map<std::int64_t, bool> done;
   for (GridCase& c : cases) {
     if (done[c.in.head_dim]) continue;
     done[c.in.head_dim] = true;
     calibrate_cluster(comm, c.in);
+    if (clock == StepClock::cpu)
+      c.in.cluster.peak_flops = cpu_attention_rate(comm, c.in.head_dim) /
+                                block_efficiency(c.in.cluster.kernel, c.in.head_dim, 2048, 2048, true);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
   }
@@ -81,7 +112,7 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
 
 // Rounds of one calibration and one run of every valid row of every shape, interleaved; each row
 // keeps its fastest run. Then every shape is planned with its head dim's best calibration.
-void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds) {
+void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, StepClock clock) {
   std::map<std::int64_t, Cluster> clusters;
   for (GridCase& c : cases) {
     c.plan = make_plan(c.in);  // the rows to run; planned again below for this machine
@@ -89,11 +120,12 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds) 
   }
   for (int round = 0; round < rounds; ++round) {
     const double t0 = comm.now();
-    calibrate_round(comm, cases, clusters);
+    calibrate_round(comm, cases, clusters, clock);
     for (GridCase& c : cases)
       for (std::size_t i = 0; i < c.plan.rows.size(); ++i)
         if (c.plan.rows[i].valid)
-          c.best[i] = std::min(c.best[i], measure_runs(comm, c.in, c.plan.rows[i].config, 1)[0] * double(c.in.layers));
+          c.best[i] =
+              std::min(c.best[i], measure_runs(comm, c.in, c.plan.rows[i].config, 1, clock)[0] * double(c.in.layers));
     if (comm.rank() == 0)
       fmt::print(stderr, "grid: round {} of {} took {:.0f} s\n", round + 1, rounds, comm.now() - t0);
   }
@@ -200,11 +232,14 @@ int run_plan_grid(const PlanOptions& o) {
     check_memory("ulysses plan --grid (every strategy of every shape run for real)", most, 0, node_ranks);
   });
   const std::string load = load_average();
-  measure_grid(comm, cases, o.grid_runs);
+  const StepClock clock = o.grid_clock == "wall" ? StepClock::wall : StepClock::cpu;
+  measure_grid(comm, cases, o.grid_runs, clock);
   on_root(comm, [&] {
     nlohmann::json j = report_grid(cases, o.grid_runs);
     j["load_average"] = {load, load_average()};
-    fmt::print("load average (1, 5, 15 min) at the start: {}; at the end: {}\n", load, load_average());
+    j["clock"] = o.grid_clock;
+    fmt::print("timed in {} seconds; load average (1, 5, 15 min) at the start: {}; at the end: {}\n", o.grid_clock,
+               load, load_average());
     if (!o.json.empty()) write_files_atomic({{o.json, j.dump(2) + "\n"}});
   });
   return 0;

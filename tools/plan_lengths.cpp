@@ -180,7 +180,8 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag :
        {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode", "--memory-bw", "--cached"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (presets and modes are for a plan of --seq)", mode));
-  if (given("--grid-runs") && o.grid.empty()) refuse("--grid-runs", "without --grid");
+  for (const char* flag : {"--grid-runs", "--grid-clock"})
+    if (given(flag) && o.grid.empty()) refuse(flag, "without --grid");
   if (!o.grid.empty() && !o.calibrate) refuse("--grid", "without --calibrate (it runs every strategy here)", "add it");
   if (!o.grid.empty())
     for (const char* flag : {"--seq", "--heads", "--kv-heads", "--head-dim", "--no-causal", "--docs", "--window",
