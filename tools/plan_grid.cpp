@@ -90,6 +90,20 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
+// A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
+// the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
+// make, slowed by the load as the kernel is.
+void cpu_time_cluster(Communicator& comm, PlanInput& in) {
+  Cluster& c = in.cluster;
+  const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  const double cpu = cpu_attention_rate(comm, in.head_dim), load = std::max(1.0, cpu / wall);
+  c.peak_flops = cpu / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  for (Link* l : {&c.intra, &c.inter, &c.alltoall_intra, &c.inter_concurrent}) {
+    l->bandwidth *= load;
+    l->latency /= load;
+  }
+}
+
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
 // it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:
 // the best of N, as each row keeps its fastest run.
@@ -102,9 +116,7 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     if (done[c.in.head_dim]) continue;
     done[c.in.head_dim] = true;
     calibrate_cluster(comm, c.in);
-    if (clock == StepClock::cpu)
-      c.in.cluster.peak_flops = cpu_attention_rate(comm, c.in.head_dim) /
-                                block_efficiency(c.in.cluster.kernel, c.in.head_dim, 2048, 2048, true);
+    if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
   }
