@@ -187,6 +187,33 @@ expect "plan --calibrate --cp" 2 "--cp has no effect with --calibrate" plan --ca
 expect "plan --world without --lengths" 2 "--world has no effect without --lengths" plan --seq 512 --heads 4 --world 8
 expect "plan --train --json" 2 "--json has no effect with --train" plan --train --heads 4 --json "$dir/t.json"
 no_file "$dir/t.json" "plan --train --json"
+# The calibrate grid: every valid row of every shape measured, the counts consistent with the
+# rows; its options refused where they do nothing, nothing written.
+run 2 plan --calibrate --grid quick --grid-runs 2 --json "$dir/grid.json" > "$dir/grid.log" 2>&1 && python3 -c '
+import json, math, sys
+g = json.load(open(sys.argv[1]))
+assert len(g["shapes"]) == 4 and g["runs"] == 2 and g["clock"] == "cpu" and len(g["load_average"]) == 2, g
+names = set()
+for s in g["shapes"]:
+    rows = {r["name"]: r for r in s["rows"]}
+    assert {s["recommended"], s["predicted_fastest"], s["measured_fastest"]} <= rows.keys(), s
+    assert all(r["measured_s"] > 0 and math.isfinite(r["measured_s"]) and r["predicted_s"] > 0 for r in s["rows"]), s
+    best = min(r["measured_s"] for r in s["rows"])
+    assert rows[s["measured_fastest"]]["measured_s"] == best, s
+    names |= rows.keys()
+assert {"a2a", "p2p", "p2p --no-zigzag", "all_gather"} <= names, names
+assert 0 <= g["predicted_fastest_within_5_percent"] <= 4 and 0 <= g["recommended_within_5_percent"] <= 4
+assert g["rows"] == sum(len(s["rows"]) for s in g["shapes"]) and 0 <= g["rows_within_20_percent"] <= g["rows"]' \
+  "$dir/grid.json" && grep -q "^grid: the recommendation measures within 5% of the fastest in [0-4] of 4 shapes" "$dir/grid.log" &&
+  ok "plan --calibrate --grid quick: every row measured, the counts" || { bad "plan --grid"; cat "$dir/grid.log"; }
+expect "plan --grid without --calibrate" 2 "--grid has no effect without --calibrate" plan --grid quick --json "$dir/g2.json"
+no_file "$dir/g2.json" "plan --grid without --calibrate"
+expect "plan --grid huge" 2 "unknown --grid 'huge' (use quick or full)" plan --calibrate --grid huge
+expect "plan --grid --seq" 2 "--seq has no effect with --grid (the grid sets the shapes)" plan --calibrate --grid quick --seq 512
+expect "plan --grid-runs without --grid" 2 "--grid-runs has no effect without --grid" plan --seq 512 --heads 4 --grid-runs 2
+expect "plan --grid-clock without --grid" 2 "--grid-clock has no effect without --grid" plan --seq 512 --heads 4 --grid-clock wall
+expect "plan --grid-clock gpu" 2 "--grid-clock: gpu not in {cpu,wall}" plan --calibrate --grid quick --grid-clock gpu
+expect "plan without --heads" 1 "--heads is required (unless --grid)" plan --seq 512
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

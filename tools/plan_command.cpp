@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <memory>
 #include <tuple>
 
@@ -36,7 +37,7 @@ namespace {
 // The attention planned and the machine it runs on.
 void add_shape_and_machine_options(CLI::App* c, PlanOptions& o) {
   c->add_option("--seq", o.seq, "sequence length (global; required unless --train)")->check(positive_number());
-  c->add_option("--heads", o.heads, "query heads")->required()->check(positive_number());
+  c->add_option("--heads", o.heads, "query heads (required unless --grid)")->check(positive_number());
   c->add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads)")->check(positive_number());
   c->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str()->check(positive_number());
   c->add_option("--batch", o.batch, "sequences per step")->capture_default_str()->check(positive_number());
@@ -64,6 +65,18 @@ void add_attention_and_report_options(CLI::App* c, PlanOptions& o) {
               "measure this machine (attention rate, an alpha-beta fit of MPI send/recv; across hosts also with every "
               "rank sending at once), plan for it at cp = the number of ranks, then run every strategy for real and "
               "print measured / predicted");
+  c->add_option("--grid", o.grid,
+                "with --calibrate: plan and run every strategy over a grid of shapes (quick: 4 small ones; full: 24 "
+                "of 2k-32k tokens, 4-32 heads, head dim 64 and 128, full and causal, GQA) and count how often the "
+                "predicted fastest measures fastest");
+  c->add_option("--grid-runs", o.grid_runs, "with --grid: interleaved runs of each row, the fastest kept")
+      ->capture_default_str()
+      ->check(positive_number());
+  c->add_option("--grid-clock", o.grid_clock,
+                "with --grid: cpu (each rank's CPU seconds, the attention rate calibrated the same way: a machine "
+                "shared with other work) or wall (elapsed seconds: across hosts, where the wire takes time)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "wall"}));
   c->add_flag("--scaling", o.scaling, "also print per-GPU communication of Ulysses vs Megatron-SP from 8 to 1024 GPUs");
   c->add_option("--docs", o.docs,
                 "packed documents (batch 1): their lengths, e.g. 1000,5000,2192 or 16x1024 (COUNTxLENGTH), adding up "
@@ -169,9 +182,6 @@ const char* mode_name(PlanMode m) {
   return "?";
 }
 
-// What the presets set and which explicit flags won over them, for the header; "" without presets.
-std::string g_preset_note;
-
 // The header's preset lines as one line for JSON: "presets: ...; flags over presets: ...".
 std::string one_line(std::string text) {
   for (std::size_t i; (i = text.find("\n")) != std::string::npos;) text.replace(i, 1, "; ");
@@ -180,8 +190,18 @@ std::string one_line(std::string text) {
   return text.empty() || text[0] != ' ' ? text : text.substr(1);
 }
 
-// Runs one strategy for real on every rank: median seconds of forward + backward.
-double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
+}  // namespace
+
+// Runs one strategy for real on every rank `runs` times: each run's seconds on the slowest rank.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs,
+                                 StepClock clock) {
+  auto now = [&] { return clock == StepClock::cpu ? cpu_seconds() : comm.now(); };
   const int cp = comm.size();
   const std::int64_t n = total_tokens(rank_chunks(cfg, cp, comm.rank(), in.seq));
   const std::int64_t nk = total_tokens(rank_chunks(cfg, cp, comm.rank(), kv_seq_of(in)));
@@ -189,22 +209,33 @@ double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
   Tensor o(q.shape()), g(q.shape()), dq(q.shape()), dk(k.shape()), dv(k.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
   ContextParallelAttention attn(comm, cfg);
+  const bool backward = in.mode == PlanMode::train;  // forward and prefill time the forward alone
   std::vector<double> t;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < runs; ++i) {
     comm.barrier();
-    const double t0 = comm.now();
+    const double t0 = now();
     const CpContext ctx = attn.forward(o.view(), q.view(), k.view(), v.view());
-    attn.backward(ctx, dq.view(), dk.view(), dv.view(), g.view());
-    double dt = comm.now() - t0;
+    if (backward) attn.backward(ctx, dq.view(), dk.view(), dv.view(), g.view());
+    double dt = now() - t0;
     comm.allreduce_max(&dt, 1);
-    if (i > 0) t.push_back(dt);  // the first run warms up
+    t.push_back(dt);
   }
+  return t;
+}
+
+namespace {
+
+// Median seconds of a strategy's step after one warm-up run.
+double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
+  std::vector<double> t = measure_runs(comm, in, cfg, 4);
+  t.erase(t.begin());
   return median(t);
 }
 
 // ---- output ---------------------------------------------------------------------------------
 
-nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
+nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {
+  const PlanInput& in = req.in;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const PlanRow& r = p.rows[i];
@@ -254,7 +285,7 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
               {"call_s", in.cluster.kernel.call_s},
               {"merge_passes", in.cluster.kernel.merge_passes},
               {"memory_bandwidth", in.cluster.kernel.memory_bandwidth}}},
-            {"presets", one_line(g_preset_note)},
+            {"presets", one_line(req.presets)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
             {"kv_seq", kv_seq_of(in)},
@@ -264,7 +295,8 @@ nlohmann::json to_json(const PlanInput& in, const Plan& p, const std::vector<dou
           {"recommendation", p.recommendation}};
 }
 
-void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& measured) {
+void print_plan(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {
+  const PlanInput& in = req.in;
   fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq,
              in.batch, in.heads, in.kv_heads, in.head_dim, in.layers, in.cp, to_string(in.dtype),
              in.causal ? ", causal" : "");
@@ -288,7 +320,7 @@ void print_plan(const PlanInput& in, const Plan& p, const std::vector<double>& m
                in.mode == PlanMode::decode
                    ? fmt::format(", {} new token(s) against a cache of {} tokens", in.batch, in.seq)
                    : "");
-  fmt::print("{}", g_preset_note);
+  fmt::print("{}", req.presets);
   if (in.mode == PlanMode::decode && in.cp > 1)  // one query token: the strategies' shards would be empty
     return fmt::print("decode: the KV cache's layouts below, not the training strategies, share the step\n");
   fmt::print("{:<22} {:>11} {:>11} {:>6} {:>10} {:>10} {:>7} {:>10} {:>11}{}\n", "strategy", "fwd MB/rk", "bwd MB/rk",
@@ -418,8 +450,8 @@ std::vector<std::int64_t> parse_documents(const std::string& text) {
   return out;
 }
 
-// What measure() needs per rank at its largest: q, k, v, out, dout and the gradients, and the
-// most any strategy's working set holds.
+}  // namespace
+
 double measured_memory(const PlanInput& in) {
   const double tokens = double(in.batch) * double((std::max(in.seq, kv_seq_of(in)) + in.cp - 1) / in.cp);
   double working = 0;
@@ -428,9 +460,12 @@ double measured_memory(const PlanInput& in) {
   return 4 * tokens * double(in.head_dim) * double(4 * in.heads + 4 * in.kv_heads) + working;
 }
 
+namespace {
+
 // --gpu, --kernel, --intra-fabric, --inter-fabric over the defaults, then the explicit flags
-// over the presets (each noted in g_preset_note).
-void apply_presets(const PlanOptions& o, PlanInput& in) {
+// over the presets. Returns the header's lines naming each preset and each flag that won ("":
+// no preset).
+std::string apply_presets(const PlanOptions& o, PlanInput& in) {
   std::vector<std::string> used, won;
   const Cluster flags = in.cluster;
   if (!o.kernel.empty() && o.gpu.empty()) throw Error("--kernel needs --gpu (the kernel's curve is per GPU)");
@@ -452,7 +487,7 @@ void apply_presets(const PlanOptions& o, PlanInput& in) {
     in.cluster.inter = find_fabric_preset(o.inter_fabric).link;
     used.push_back("inter " + o.inter_fabric);
   }
-  if (used.empty()) return;
+  if (used.empty()) return "";
   auto keep = [&](const char* flag, double& field, double value, double unit, const char* what) {
     if (!o.given.count(flag)) return;
     won.push_back(fmt::format("{} {:.4g}{} (preset: {:.4g})", flag, value / unit, what, field / unit));
@@ -464,9 +499,9 @@ void apply_presets(const PlanOptions& o, PlanInput& in) {
   keep("--intra-lat", in.cluster.intra.latency, flags.intra.latency, 1e-6, " us");
   keep("--inter-bw", in.cluster.inter.bandwidth, flags.inter.bandwidth, 1e9, " GB/s");
   keep("--inter-lat", in.cluster.inter.latency, flags.inter.latency, 1e-6, " us");
-  g_preset_note = "  presets: " + fmt::format("{}", fmt::join(used, "; "));
-  if (!won.empty()) g_preset_note += "\n  flags over presets: " + fmt::format("{}", fmt::join(won, "; "));
-  g_preset_note += "\n";
+  std::string note = "  presets: " + fmt::format("{}", fmt::join(used, "; ")) + "\n";
+  if (!won.empty()) note += "  flags over presets: " + fmt::format("{}", fmt::join(won, "; ")) + "\n";
+  return note;
 }
 
 // --memory-bw over the GPU preset's (H100's without one: the other defaults are an H100's) and
@@ -481,11 +516,12 @@ void apply_inference_options(const PlanOptions& o, PlanInput& in) {
   if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
 }
 
-// The options as a planner input, checked (throws Error). Calibration plans for this machine:
-// cp = its ranks, all on one node, float32.
-PlanInput plan_input(const PlanOptions& o, int ranks) {
+}  // namespace
+
+PlanRequest plan_request(const PlanOptions& o, int ranks) {
   if (o.seq <= 0) throw Error("--seq is required (or --train)");
-  PlanInput in;
+  PlanRequest req;
+  PlanInput& in = req.in;
   in.seq = o.seq;
   in.batch = o.batch;
   in.heads = o.heads;
@@ -501,17 +537,15 @@ PlanInput plan_input(const PlanOptions& o, int ranks) {
   in.cluster.peak_flops = o.tflops * 1e12;
   in.cluster.efficiency = o.efficiency;
   in.mode = parse_plan_mode(o.mode);
-  apply_presets(o, in);
+  req.presets = apply_presets(o, in);
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
   if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
   make_plan(in);  // validates the input
-  return in;
+  return req;
 }
-
-}  // namespace
 
 void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
@@ -521,16 +555,18 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
 
 int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
+  if (!o.grid.empty()) return run_plan_grid(o);
   if (!o.lengths.empty()) return run_plan_lengths(o);
   const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
   Communicator& comm = *world;
   comm.set_timeout(o.timeout);
-  PlanInput in;
+  PlanRequest req;
+  PlanInput& in = req.in;
   const int node_ranks = o.calibrate ? comm.ranks_on_this_node() : 1;  // collective: outside the checks
   on_every_rank(comm, [&] {
     check_plan_option_effects(o, comm.size());
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}, {"--svg", o.svg}});  // before any work
-    in = plan_input(o, comm.size());
+    req = plan_request(o, comm.size());
     if (o.calibrate)
       check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
@@ -552,8 +588,8 @@ int run_plan(const PlanOptions& o) {
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
   on_root(comm, [&] {
-    print_plan(in, plan, measured);
-    nlohmann::json j = to_json(in, plan, measured);
+    print_plan(req, plan, measured);
+    nlohmann::json j = to_json(req, plan, measured);
     if (in.mode == PlanMode::decode) j["decode"] = report_decode(in);
     if (o.cached >= 0) j["turn"] = report_turn(in, o.cached);
     if (o.scaling) j["scaling"] = scaling_table(in);

@@ -47,12 +47,46 @@ struct PlanOptions {
   // H100's) and the tokens already cached under a prefill's new ones (-1: none, no turn table).
   std::string memory_bw;
   std::int64_t cached = -1;
+  // --calibrate --grid quick|full: every strategy of a grid of shapes run for real, each row's
+  // fastest of grid_runs interleaved runs against its prediction (plan_grid.cpp).
+  std::string grid;
+  int grid_runs = 3;
+  std::string grid_clock = "cpu";  // cpu: process CPU time (a loaded machine); wall: seconds
 };
 
 void add_plan_command(CLI::App& app, PlanOptions& opt);
 
+// A checked planner input and the header's lines naming the presets it used and the explicit
+// flags that won over them ("" without presets).
+struct PlanRequest {
+  PlanInput in;
+  std::string presets;
+};
+// Not collective. The options as a planner input, checked (throws Error). Calibration plans for
+// this machine: cp = its ranks, all on one node, float32.
+PlanRequest plan_request(const PlanOptions& opt, int ranks);
+// How a run is timed. wall: elapsed seconds. cpu: the process's CPU seconds, which on a machine
+// shared with other work leave out the time the rank waited for a core; a rank that waits for
+// its peer spins, so while every process gets the same share of the cores a step's CPU seconds
+// are its wall seconds on a quiet machine (for steps whose transfers the CPUs make: shared
+// memory, not a network's wire time).
+enum class StepClock { wall, cpu };
+// Not collective: this process's CPU seconds (all its threads).
+double cpu_seconds();
+// Collective over `comm`: runs the strategy `cfg` at in's shape `runs` times (forward and
+// backward; forward alone in the forward and prefill modes) and returns each run's seconds on
+// the slowest rank, the same on every rank.
+std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs,
+                                 StepClock clock = StepClock::wall);
+// What measure_runs needs per rank at its largest over in's valid rows: q, k, v, out, dout and
+// the gradients, and the most any strategy's working set holds.
+double measured_memory(const PlanInput& in);
+
 // Collective over MPI_COMM_WORLD when calibrating; otherwise rank 0 does the work.
 int run_plan(const PlanOptions& opt);
+// `ulysses plan --calibrate --grid`: the planner against measured steps over a grid of shapes
+// (plan_grid.cpp). Collective over MPI_COMM_WORLD.
+int run_plan_grid(const PlanOptions& opt);
 // Rank 0 alone: the table of `ulysses plan --train`.
 int run_plan_train(const PlanOptions& opt);
 // `ulysses plan --lengths`: each balance policy's plan and predictions (plan_lengths.cpp).

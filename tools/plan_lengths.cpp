@@ -180,6 +180,14 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag :
        {"--gpu", "--kernel", "--intra-fabric", "--inter-fabric", "--mode", "--memory-bw", "--cached"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (presets and modes are for a plan of --seq)", mode));
+  for (const char* flag : {"--grid-runs", "--grid-clock"})
+    if (given(flag) && o.grid.empty()) refuse(flag, "without --grid");
+  if (!o.grid.empty() && !o.calibrate) refuse("--grid", "without --calibrate (it runs every strategy here)", "add it");
+  if (!o.grid.empty())
+    for (const char* flag : {"--seq", "--heads", "--kv-heads", "--head-dim", "--no-causal", "--docs", "--window",
+                             "--kv-seq", "--q-offset", "--scaling", "--svg", "--cached", "--train", "--lengths"})
+      if (given(flag)) refuse(flag, "with --grid (the grid sets the shapes)");
+  if (o.heads <= 0 && o.grid.empty()) throw Error("--heads is required (unless --grid)");
   if (given("--batch") && lengths) refuse("--batch", "with --lengths (the step is its sequences)");
   if (given("--cp") && lengths) refuse("--cp", "with --lengths (every group's size is planned)");
   if (!o.calibrate) return;

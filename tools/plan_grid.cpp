@@ -1,0 +1,267 @@
+// `ulysses plan --calibrate --grid quick|full`: the planner's choice against every strategy run
+// for real, over a grid of shapes on this machine. One calibration per head dim; then rounds of
+// one run of every valid row of every shape, interleaved so that a change of load reaches every
+// row alike, each row keeping its fastest run (best of --grid-runs).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "guard.hpp"
+#include "plan_command.hpp"
+#include "rank_errors.hpp"
+#include "report.hpp"
+#include "ulysses/attention.hpp"
+#include "ulysses/kernel_model.hpp"
+#include "ulysses/communicator_factory.hpp"
+#include "ulysses/error.hpp"
+#include "ulysses/output_file.hpp"
+
+namespace ulysses::cli {
+
+namespace {
+
+struct GridShape {
+  std::int64_t seq, heads, kv_heads, head_dim;
+  bool causal;
+};
+
+// The shapes of a grid: sequence 2k-32k, 4-32 heads, head dim 64 and 128, full and causal, GQA.
+// Sized so that a shape's slowest row runs in seconds on a few CPU cores: the longest sequences
+// with the fewest heads. quick: four small shapes, for the tests.
+std::vector<GridShape> grid_shapes(const std::string& name) {
+  if (name == "quick")
+    return {{512, 4, 4, 16, true}, {512, 4, 2, 16, false}, {1024, 2, 2, 32, true}, {256, 8, 8, 16, true}};
+  if (name != "full") throw Error(fmt::format("unknown --grid '{}' (use quick or full)", name));
+  return {{2048, 4, 4, 64, true},    {2048, 8, 8, 64, true},  {2048, 16, 4, 64, true},   {2048, 32, 8, 64, true},
+          {2048, 32, 32, 64, false}, {2048, 8, 2, 128, true}, {2048, 16, 16, 128, true}, {2048, 8, 8, 128, false},
+          {4096, 4, 4, 64, true},    {4096, 8, 2, 64, true},  {4096, 16, 4, 64, true},   {4096, 8, 8, 64, false},
+          {4096, 4, 4, 128, true},   {4096, 8, 8, 128, true}, {4096, 4, 1, 128, false},  {8192, 4, 4, 64, true},
+          {8192, 8, 2, 64, true},    {8192, 4, 4, 64, false}, {8192, 4, 4, 128, true},   {8192, 8, 8, 128, true},
+          {16384, 4, 4, 64, true},   {16384, 4, 1, 64, true}, {16384, 4, 4, 128, true},  {32768, 4, 4, 64, true}};
+}
+
+std::string shape_name(const GridShape& g) {
+  return fmt::format("s {} h {} (kv {}) d {} {}", g.seq, g.heads, g.kv_heads, g.head_dim, g.causal ? "causal" : "full");
+}
+
+struct GridCase {
+  GridShape shape;
+  PlanInput in;
+  Plan plan;
+  std::vector<double> best;  // per row: the fastest run (-1: invalid row)
+};
+
+// Every shape's checked input, with the options' mode, layers, batch and timeout.
+std::vector<GridCase> grid_cases(const PlanOptions& o, int ranks) {
+  std::vector<GridCase> cases;
+  for (const GridShape& g : grid_shapes(o.grid)) {
+    PlanOptions s = o;
+    s.seq = g.seq, s.heads = g.heads, s.kv_heads = g.kv_heads, s.head_dim = g.head_dim, s.no_causal = !g.causal;
+    cases.push_back({g, plan_request(s, ranks).in, {}, {}});
+  }
+  return cases;
+}
+
+// FLOP/s of the local kernels on this rank in CPU seconds, counted as attention_rate counts them
+// (forward and backward of a causal self-attention of 2048 tokens, 2 heads, 3.5 forwards' FLOPs;
+// the median of 5 after a warm-up); every rank's, the slowest kept.
+double cpu_attention_rate(Communicator& comm, std::int64_t d) {
+  const std::int64_t s = 2048, h = 2;
+  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
+      dv(q.shape());
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const Tensor lse = lse_tensor(q.shape());
+  const AttentionParams p{.causal = true};
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    const double t0 = cpu_seconds();
+    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
+                             lse.view(), p);
+    if (i > 0) t.push_back(cpu_seconds() - t0);
+  }
+  double seconds = median(t);
+  comm.allreduce_max(&seconds, 1);
+  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
+}
+
+// A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
+// the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
+// make, slowed by the load as the kernel is.
+void cpu_time_cluster(Communicator& comm, PlanInput& in) {
+  Cluster& c = in.cluster;
+  const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  const double cpu = cpu_attention_rate(comm, in.head_dim), load = std::max(1.0, cpu / wall);
+  c.peak_flops = cpu / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  for (Link* l : {&c.intra, &c.inter, &c.alltoall_intra, &c.inter_concurrent}) {
+    l->bandwidth *= load;
+    l->latency /= load;
+  }
+}
+
+// One calibration of every head dim of the grid (the attention rate and kernel curve depend on
+// it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:
+// the best of N, as each row keeps its fastest run.
+// With the CPU clock the attention rate is measured in CPU seconds too (the links and the
+// kernel curve keep calibrate()'s).
+void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<std::int64_t, Cluster>& best,
+                     StepClock clock) {
+  std::map<std::int64_t, bool> done;
+  for (GridCase& c : cases) {
+    if (done[c.in.head_dim]) continue;
+    done[c.in.head_dim] = true;
+    calibrate_cluster(comm, c.in);
+    if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
+    auto it = best.find(c.in.head_dim);
+    if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
+  }
+}
+
+// Rounds of one calibration and one run of every valid row of every shape, interleaved; each row
+// keeps its fastest run. Then every shape is planned with its head dim's best calibration.
+void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, StepClock clock) {
+  std::map<std::int64_t, Cluster> clusters;
+  for (GridCase& c : cases) {
+    c.plan = make_plan(c.in);  // the rows to run; planned again below for this machine
+    for (const PlanRow& r : c.plan.rows) c.best.push_back(r.valid ? INFINITY : -1);
+  }
+  for (int round = 0; round < rounds; ++round) {
+    const double t0 = comm.now();
+    calibrate_round(comm, cases, clusters, clock);
+    for (GridCase& c : cases) {
+      c.in.cluster = clusters.at(c.in.head_dim);
+      c.plan = make_plan(c.in);
+      for (std::size_t i = 0; i < c.plan.rows.size(); ++i) {
+        if (!c.plan.rows[i].valid) continue;
+        // A strategy's first call sets up its groups and buffers: a row predicted at a second or
+        // less runs twice and keeps the second (warm) run, as the plain --calibrate does.
+        const int runs = c.plan.rows[i].predicted_step_s < 1 ? 2 : 1;
+        const double t = measure_runs(comm, c.in, c.plan.rows[i].config, runs, clock).back();
+        c.best[i] = std::min(c.best[i], t * double(c.in.layers));
+      }
+    }
+    if (comm.rank() == 0)
+      fmt::print(stderr, "grid: round {} of {} took {:.0f} s\n", round + 1, rounds, comm.now() - t0);
+  }
+  for (GridCase& c : cases) {
+    c.in.cluster = clusters.at(c.in.head_dim);
+    c.plan = make_plan(c.in);
+  }
+  if (comm.rank() == 0)
+    for (const auto& [d, k] : clusters)
+      fmt::print(
+          "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank, kernel half rate at {:.0f} "
+          "keys; send/recv {:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
+          d, rounds, k.peak_flops / 1e9, k.kernel.kv_half, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
+          k.alltoall_intra.bandwidth / 1e9);
+}
+
+// This machine's load (/proc/loadavg's 1, 5 and 15 minute averages; "?" where there is none):
+// the grid's timings are only as steady as the machine is quiet.
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  return f >> a >> b >> c ? a + " " + b + " " + c : "?";
+}
+
+// The valid row of least predicted time (the first on a tie).
+int predicted_fastest(const Plan& p) {
+  int best = -1;
+  for (std::size_t i = 0; i < p.rows.size(); ++i)
+    if (p.rows[i].valid && (best < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(best)].predicted_step_s))
+      best = int(i);
+  return best;
+}
+
+struct GridTally {
+  int shapes = 0, recommended_within = 0, fastest_within = 0, rows = 0, rows_within = 0;
+};
+
+// One shape's line and JSON; adds it to the tally. `within`: measured over the measured fastest
+// at most 1.05; a row's prediction within 20 % of its measurement.
+nlohmann::json report_case(const GridCase& c, GridTally& t) {
+  const Plan& p = c.plan;
+  const auto fastest = std::size_t(
+      std::min_element(c.best.begin(), c.best.end(), [](double a, double b) { return b < 0 || (a >= 0 && a < b); }) -
+      c.best.begin());
+  const auto rec = std::size_t(p.best), pred = std::size_t(predicted_fastest(p));
+  nlohmann::json rows = nlohmann::json::array();
+  int close = 0, valid = 0;
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    if (!p.rows[i].valid) continue;
+    const double ratio = c.best[i] / p.rows[i].predicted_step_s;
+    valid += 1, close += std::abs(ratio - 1) <= 0.2;
+    rows.push_back({{"name", p.rows[i].name}, {"predicted_s", p.rows[i].predicted_step_s}, {"measured_s", c.best[i]}});
+  }
+  const double rec_x = c.best[rec] / c.best[fastest], pred_x = c.best[pred] / c.best[fastest];
+  t.shapes += 1, t.rows += valid, t.rows_within += close;
+  t.recommended_within += rec_x <= 1.05, t.fastest_within += pred_x <= 1.05;
+  fmt::print("{:<34} {:<16} {:>6.2f} {:<16} {:>6.2f} {:<16} {:>9.4f} {:>9.2f} {:>5}/{}\n", shape_name(c.shape),
+             p.rows[rec].name, rec_x, p.rows[pred].name, pred_x, p.rows[fastest].name, c.best[fastest],
+             c.best[rec] / p.rows[rec].predicted_step_s, close, valid);
+  return {{"seq", c.shape.seq},
+          {"heads", c.shape.heads},
+          {"kv_heads", c.shape.kv_heads},
+          {"head_dim", c.shape.head_dim},
+          {"causal", c.shape.causal},
+          {"recommended", p.rows[rec].name},
+          {"predicted_fastest", p.rows[pred].name},
+          {"measured_fastest", p.rows[fastest].name},
+          {"rows", rows}};
+}
+
+// Rank 0: the table, the counts, and the JSON of every shape.
+nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
+  fmt::print("{:<34} {:<16} {:>6} {:<16} {:>6} {:<16} {:>9} {:>9} {:>7}\n", "shape", "recommended", "x best",
+             "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%");
+  GridTally t;
+  nlohmann::json shapes = nlohmann::json::array();
+  for (const GridCase& c : cases) shapes.push_back(report_case(c, t));
+  fmt::print(
+      "grid: the recommendation measures within 5% of the fastest in {} of {} shapes, the predicted fastest in {} of "
+      "{}; predicted step times within 20% of measured in {} of {} rows (best of {} interleaved runs)\n",
+      t.recommended_within, t.shapes, t.fastest_within, t.shapes, t.rows_within, t.rows, rounds);
+  return {{"shapes", shapes},
+          {"runs", rounds},
+          {"recommended_within_5_percent", t.recommended_within},
+          {"predicted_fastest_within_5_percent", t.fastest_within},
+          {"rows_within_20_percent", t.rows_within},
+          {"rows", t.rows}};
+}
+
+}  // namespace
+
+int run_plan_grid(const PlanOptions& o) {
+  const std::unique_ptr<Communicator> world = make_communicator(o.backend.comm);
+  Communicator& comm = *world;
+  comm.set_timeout(o.timeout);
+  std::vector<GridCase> cases;
+  const int node_ranks = comm.ranks_on_this_node();  // collective: outside the checks
+  on_every_rank(comm, [&] {
+    check_plan_option_effects(o, comm.size());
+    if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
+    cases = grid_cases(o, comm.size());
+    double most = 0;
+    for (const GridCase& c : cases) most = std::max(most, measured_memory(c.in));
+    check_memory("ulysses plan --grid (every strategy of every shape run for real)", most, 0, node_ranks);
+  });
+  const std::string load = load_average();
+  const StepClock clock = o.grid_clock == "wall" ? StepClock::wall : StepClock::cpu;
+  measure_grid(comm, cases, o.grid_runs, clock);
+  on_root(comm, [&] {
+    nlohmann::json j = report_grid(cases, o.grid_runs);
+    j["load_average"] = {load, load_average()};
+    j["clock"] = o.grid_clock;
+    fmt::print("timed in {} seconds; load average (1, 5, 15 min) at the start: {}; at the end: {}\n", o.grid_clock,
+               load, load_average());
+    if (!o.json.empty()) write_files_atomic({{o.json, j.dump(2) + "\n"}});
+  });
+  return 0;
+}
+
+}  // namespace ulysses::cli
