@@ -17,6 +17,7 @@
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/cached_attention.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
@@ -176,6 +177,11 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
   const RankHeads& h = cache.heads();
   std::vector<float> q(static_cast<std::size_t>(h.q.count * s.head_dim), 0.5f), out(q.size()),
       lse(static_cast<std::size_t>(h.q.count));
+  const Shape rows{1, 1, h.q.count, s.head_dim};
+  const TensorView qv = TensorView::dense(q.data(), DType::f32, rows, Layout::bshd),
+                   ov = TensorView::dense(out.data(), DType::f32, rows, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, h.q.count, 1}, Layout::bhsd);
+  const DecodeParams params{.q_first = h.q.first, .kv_first = h.kv.first, .group = s.heads / s.kv_heads};
   Bandwidth b;
   for (std::int64_t l = 0; l < s.layers; ++l)
     b.cache_bytes += 2.0 * double(cache.keys(l).shape.numel()) * sizeof(float);
@@ -183,8 +189,7 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t l = 0; l < s.layers; ++l)
-      decode_attention_local(out.data(), lse.data(), q.data(), h.q.count, h.q.first, cache.keys(l), cache.values(l),
-                             h.kv.first, s.heads / s.kv_heads, 1.0f / std::sqrt(float(s.head_dim)));
+      decode_attention_forward(ov, lv, qv, cache.keys(l), cache.values(l), params);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   b.kernel_bytes_s = b.cache_bytes / best;

@@ -2,6 +2,7 @@
 // streams its own range of rows once (every query head of a KV head reads the row while it is
 // in L1), in blocks whose scores are kept so the running maximum rescales once a block; the
 // threads' partial results are merged by their LSE at the end.
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include <limits>
 #include <vector>
 
-#include "../kernels/exp_poly.hpp"
-#include "ulysses/cached_attention.hpp"
+#include "exp_poly.hpp"
+#include "ulysses/attention.hpp"
+#include "flash_common.hpp"
+#include "ulysses/error.hpp"
 
 namespace ulysses {
 namespace {
@@ -33,10 +36,10 @@ inline float dot(const float* a, const float* b, std::int64_t d) {
 }
 
 struct Problem {
-  const float* q;
+  const TensorView *q, *k, *v;
   std::int64_t q_heads, q_first, kv_first, group, d;
-  const TensorView *k, *v;
   float scale;
+  const float* qrow(std::int64_t i) const { return q->f32(0, 0, i); }
   const float* krow(std::int64_t t, std::int64_t i) const { return k->f32(0, t, (q_first + i) / group - kv_first); }
   const float* vrow(std::int64_t t, std::int64_t i) const { return v->f32(0, t, (q_first + i) / group - kv_first); }
 };
@@ -63,7 +66,7 @@ void block(const Problem& p, std::int64_t t0, std::int64_t n, Partial& part, flo
     float* s = scores + i * kBlock;
     float mx = part.m[std::size_t(i)];
     for (std::int64_t t = 0; t < n; ++t) {
-      s[t] = p.scale * dot(p.q + i * d, p.krow(t0 + t, i), d);
+      s[t] = p.scale * dot(p.qrow(i), p.krow(t0 + t, i), d);
       mx = std::max(mx, s[t]);
     }
     float* acc = part.acc.data() + i * d;
@@ -92,24 +95,20 @@ void rows_range(const Problem& p, std::int64_t r0, std::int64_t r1, Partial& par
   for (std::int64_t t = r0; t < r1; t += kBlock) block(p, t, std::min(kBlock, r1 - t), part, scores.data());
 }
 
-}  // namespace
-
-void decode_attention_local(float* out, float* lse, const float* q, std::int64_t q_heads, std::int64_t q_first,
-                            const TensorView& k, const TensorView& v, std::int64_t kv_first, std::int64_t group,
-                            float scale) {
-  const std::int64_t rows = k.shape.s, d = k.shape.d;
-  const Problem p{q, q_heads, q_first, kv_first, group, d, &k, &v, scale};
+// The CPU's kernel: threads split the rows, their partials merged by LSE in order.
+void decode_cpu(const TensorView& out, const TensorView& lse, const Problem& p) {
+  const std::int64_t rows = p.k->shape.s, d = p.d;
   const int parts = int(std::clamp<std::int64_t>(rows / kRowsPerPart, 1, omp_get_max_threads()));
   std::vector<Partial> partial(static_cast<std::size_t>(parts));
 #pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
   for (int t = 0; t < parts; ++t) rows_range(p, rows * t / parts, rows * (t + 1) / parts, partial[std::size_t(t)]);
-  for (std::int64_t i = 0; i < q_heads; ++i) {  // merge the parts in order: the same bits every run
+  for (std::int64_t i = 0; i < p.q_heads; ++i) {  // merge the parts in order: the same bits every run
     float m = -std::numeric_limits<float>::infinity();
     for (const Partial& pt : partial) m = std::max(m, pt.m[std::size_t(i)]);
-    float* o = out + i * d;
+    float* o = out.f32(0, 0, i);
     std::fill_n(o, d, 0.0f);
     if (m == -std::numeric_limits<float>::infinity()) {  // no row: nothing seen
-      lse[i] = m;
+      *lse.f32(0, 0, i) = m;
       continue;
     }
     float l = 0;
@@ -119,8 +118,45 @@ void decode_attention_local(float* out, float* lse, const float* q, std::int64_t
       for (std::int64_t j = 0; j < d; ++j) o[j] += w * pt.acc[std::size_t(i * d + j)];
     }
     for (std::int64_t j = 0; j < d; ++j) o[j] /= l;
-    lse[i] = m + std::log(l);
+    *lse.f32(0, 0, i) = m + std::log(l);
   }
+}
+
+void check_decode(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                  const TensorView& v, const DecodeParams& p) {
+  auto fail = [](const std::string& m) { throw Error("decode attention: " + m); };
+  for (const TensorView* t : {&out, &lse, &q, &k, &v}) {
+    if (t->dtype != DType::f32) fail("every tensor must be float32");
+    if (t->device != q.device)
+      fail(fmt::format("q is on {}, another tensor on {}", to_string(q.device), to_string(t->device)));
+  }
+  const Shape& s = q.shape;
+  if (s.b != 1 || s.s != 1 || s.h <= 0 || s.d <= 0) fail(fmt::format("q must be [1, 1, h, d], got {}", s.str()));
+  if (!(out.shape == s)) fail(fmt::format("out must be {} like q, got {}", s.str(), out.shape.str()));
+  if (!(lse.shape == Shape{1, 1, s.h, 1})) fail(fmt::format("lse must be [1, 1, {}, 1], got {}", s.h, lse.shape.str()));
+  if (k.shape.b != 1 || k.shape.s < 0 || k.shape.h <= 0 || k.shape.d != s.d)
+    fail(fmt::format("k must be [1, rows, h_kv, {}], got {}", s.d, k.shape.str()));
+  if (!(v.shape == k.shape)) fail(fmt::format("v must be {} like k, got {}", k.shape.str(), v.shape.str()));
+  const std::int64_t lo = p.q_first / std::max<std::int64_t>(p.group, 1) - p.kv_first,
+                     hi = (p.q_first + s.h - 1) / std::max<std::int64_t>(p.group, 1) - p.kv_first;
+  if (p.group < 1 || p.q_first < 0 || lo < 0 || hi >= k.shape.h)
+    fail(fmt::format("query heads [{}, {}) at group {} read KV heads [{}, {}] of the {} held from head {}", p.q_first,
+                     p.q_first + s.h, p.group, lo + p.kv_first, hi + p.kv_first, k.shape.h, p.kv_first));
+}
+
+}  // namespace
+
+void decode_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const DecodeParams& params) {
+  check_decode(out, lse, q, k, v, params);
+  if (q.device != Device::cpu) {
+    const AttentionKernels* kernels = device_kernels(q.device);
+    if (kernels == nullptr || kernels->decode == nullptr)
+      throw Error(fmt::format("decode attention: no decode kernel for device {}", to_string(q.device)));
+    return kernels->decode(out, lse, q, k, v, params);
+  }
+  const float scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(float(q.shape.d));
+  decode_cpu(out, lse, Problem{&q, &k, &v, q.shape.h, params.q_first, params.kv_first, params.group, q.shape.d, scale});
 }
 
 }  // namespace ulysses
