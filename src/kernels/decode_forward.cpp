@@ -20,6 +20,14 @@
 namespace ulysses {
 namespace {
 
+// The row loops are compiled for AVX2 with FMA beside the baseline, chosen at load time (the
+// library is built for any x86-64; the flash kernels dispatch per ISA the same way).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KERNEL_CLONES
+#endif
+
 constexpr std::int64_t kBlock = 64;         // rows whose scores are held at once
 constexpr std::int64_t kRowsPerPart = 256;  // fewer rows than this per thread are not worth a thread
 
@@ -28,10 +36,17 @@ struct Partial {
   std::vector<float> acc, m, l;
 };
 
-inline float dot(const float* a, const float* b, std::int64_t d) {
+// a · b over d floats in eight lanes (one vector of FMAs, the lanes summed once at the end);
+// always inlined so the AVX2 clone of block gets it in AVX2.
+[[gnu::always_inline]] inline float dot(const float* __restrict a, const float* __restrict b, std::int64_t d) {
+  float lanes[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+#pragma omp simd
+    for (int j = 0; j < 8; ++j) lanes[j] += a[i + j] * b[i + j];
   float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (std::int64_t i = 0; i < d; ++i) s += a[i] * b[i];
+  for (; i < d; ++i) s += a[i] * b[i];
+  for (const float x : lanes) s += x;
   return s;
 }
 
@@ -39,16 +54,23 @@ struct Problem {
   const TensorView *q, *k, *v;
   std::int64_t q_heads, q_first, kv_first, group, d;
   float scale;
-  const float* qrow(std::int64_t i) const { return q->f32(0, 0, i); }
-  const float* krow(std::int64_t t, std::int64_t i) const { return k->f32(0, t, (q_first + i) / group - kv_first); }
-  const float* vrow(std::int64_t t, std::int64_t i) const { return v->f32(0, t, (q_first + i) / group - kv_first); }
+  std::vector<std::int64_t> k_at, v_at;  // query head i's KV head: its offset in a row of k, of v
+  Problem(const TensorView* q, const TensorView* k, const TensorView* v, std::int64_t q_first, std::int64_t kv_first,
+          std::int64_t group, float scale)
+      : q(q), k(k), v(v), q_heads(q->shape.h), q_first(q_first), kv_first(kv_first), group(group), d(q->shape.d),
+        scale(scale) {
+    for (std::int64_t i = 0; i < q_heads; ++i) {
+      k_at.push_back(((q_first + i) / group - kv_first) * k->stride_h);
+      v_at.push_back(((q_first + i) / group - kv_first) * v->stride_h);
+    }
+  }
 };
 
 // s[t] = e^(s[t] − mx) for t < n, vectorised as the kernels' own exp (simd_engine.hpp's vexp):
 // 2^k · e^r, k = round(x · log2 e) by the 1.5·2^23 rounding constant, r = x − k·ln 2 in two
 // parts (|r| <= ln2/2), e^r by exp_poly.hpp (2e-9 relative). x is clamped at −87 so 2^k stays a
 // normal float; e^−87 is below anything a sum of weights that includes 1 can notice.
-void exp_block(float* s, std::int64_t n, float mx) {
+[[gnu::always_inline]] inline void exp_block(float* s, std::int64_t n, float mx) {
 #pragma omp simd
   for (std::int64_t t = 0; t < n; ++t) {
     const float x = std::max(s[t] - mx, -87.0f);
@@ -60,30 +82,39 @@ void exp_block(float* s, std::int64_t n, float mx) {
   }
 }
 
-void block(const Problem& p, std::int64_t t0, std::int64_t n, Partial& part, float* scores) {
-  const std::int64_t d = p.d;
-  for (std::int64_t i = 0; i < p.q_heads; ++i) {
-    float* s = scores + i * kBlock;
+// Rows [t0, t0 + n) for every query head. Row by row, every head of a row while it is in L1:
+// a row's KV heads lie side by side, so the cache streams in address order (head by head, each
+// pass would read a strided quarter of every row, which the prefetchers do not keep up with).
+// Pointers step by the views' strides: an index per row (a 64-bit division for the GQA head) cost
+// more than the row's bytes.
+KERNEL_CLONES void block(const Problem& p, std::int64_t t0, std::int64_t n, Partial& part, float* scores) {
+  const std::int64_t d = p.d, h = p.q_heads, ks = p.k->stride_s, vs = p.v->stride_s;
+  const float* __restrict k0 = p.k->f32(0, t0, 0);
+  const float* __restrict v0 = p.v->f32(0, t0, 0);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t i = 0; i < h; ++i)
+      scores[i * kBlock + t] = p.scale * dot(p.q->f32(0, 0, i), k0 + t * ks + p.k_at[std::size_t(i)], d);
+  for (std::int64_t i = 0; i < h; ++i) {
+    float* __restrict s = scores + i * kBlock;
+    float* __restrict acc = part.acc.data() + i * d;
     float mx = part.m[std::size_t(i)];
-    for (std::int64_t t = 0; t < n; ++t) {
-      s[t] = p.scale * dot(p.qrow(i), p.krow(t0 + t, i), d);
-      mx = std::max(mx, s[t]);
-    }
-    float* acc = part.acc.data() + i * d;
+    for (std::int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
     const float rescale = std::exp(part.m[std::size_t(i)] - mx);  // 0 on the first block (m = −inf)
     float l = part.l[std::size_t(i)] * rescale;
     for (std::int64_t j = 0; j < d; ++j) acc[j] *= rescale;
     exp_block(s, n, mx);
-    for (std::int64_t t = 0; t < n; ++t) {
-      const float w = s[t];
-      l += w;
-      const float* vr = p.vrow(t0 + t, i);
-#pragma omp simd
-      for (std::int64_t j = 0; j < d; ++j) acc[j] += w * vr[j];
-    }
+    for (std::int64_t t = 0; t < n; ++t) l += s[t];
     part.m[std::size_t(i)] = mx;
     part.l[std::size_t(i)] = l;
   }
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t i = 0; i < h; ++i) {
+      const float w = scores[i * kBlock + t];
+      const float* __restrict row = v0 + t * vs + p.v_at[std::size_t(i)];
+      float* __restrict acc = part.acc.data() + i * d;
+#pragma omp simd
+      for (std::int64_t j = 0; j < d; ++j) acc[j] += w * row[j];
+    }
 }
 
 void rows_range(const Problem& p, std::int64_t r0, std::int64_t r1, Partial& part) {
@@ -156,7 +187,7 @@ void decode_attention_forward(const TensorView& out, const TensorView& lse, cons
     return kernels->decode(out, lse, q, k, v, params);
   }
   const float scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(float(q.shape.d));
-  decode_cpu(out, lse, Problem{&q, &k, &v, q.shape.h, params.q_first, params.kv_first, params.group, q.shape.d, scale});
+  decode_cpu(out, lse, Problem(&q, &k, &v, params.q_first, params.kv_first, params.group, scale));
 }
 
 }  // namespace ulysses
