@@ -2,7 +2,8 @@
 """The static half of the device-neutrality check (the runtime half is test_device_ops).
 
 The code that moves tensors between ranks and strategies (src/cp/**, src/comm/all_to_all.cpp)
-must never read or write tensor memory itself: it builds views and calls the device's table
+and over the sharded KV cache (src/infer: the prefills, pass-Q, the decode step) must never
+read or write tensor memory itself: it builds views and calls the device's table
 (include/ulysses/device_ops.hpp), the kernels and the communicator. This lists every line
 there that touches memory directly (memcpy and friends, typed element pointers, row loads and
 stores, host-only fills) or hands the communicator a raw pointer instead of a Buffer (which
@@ -15,7 +16,7 @@ import pathlib
 import re
 import sys
 
-CHECKED = ["src/cp/**/*.cpp", "src/cp/**/*.hpp", "src/comm/all_to_all.cpp"]
+CHECKED = ["src/cp/**/*.cpp", "src/cp/**/*.hpp", "src/comm/all_to_all.cpp", "src/infer/*.cpp"]
 
 # What reads or writes tensor memory on the host.
 TOUCHES = re.compile(
@@ -70,7 +71,7 @@ def main():
     if found:
         print(f"{len(found)} line(s) touch tensor memory outside the device table (device_ops.hpp)")
         return 1
-    print("src/cp and src/comm/all_to_all.cpp move data only through the device table")
+    print("src/cp, src/comm/all_to_all.cpp and src/infer move data only through the device table")
     return 0
 
 

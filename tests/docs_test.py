@@ -250,7 +250,9 @@ def check_python(build):
     import ulysses.torch
 
     errors, tested = [], 0
-    modules = [ulysses, ulysses.torch] + [sys.modules[f"ulysses.{m}"] for m in ("_comm", "_sharding", "_tensors")]
+    modules = [ulysses, ulysses.torch] + [
+        sys.modules[f"ulysses.{m}"] for m in ("_comm", "_infer", "_sharding", "_tensors")
+    ]
     for module in modules:
         if not inspect.getdoc(module):
             errors.append(f"{module.__name__}: no module docstring")

@@ -12,11 +12,15 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "ulysses/attention.hpp"
+#include "ulysses/cached_attention.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/device_ops.hpp"
 #include "ulysses/error.hpp"
+#include "ulysses/kv_cache.hpp"
 #include "ulysses/local_communicator.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
@@ -144,6 +148,11 @@ const AttentionKernels kPoisonKernels{
       flash_attention_backward(on_cpu(dq), on_cpu(dk), on_cpu(dv), on_cpu(dout), on_cpu(q), on_cpu(k), on_cpu(v),
                                on_cpu(out), on_cpu(lse), p);
     },
+    [](const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k, const TensorView& v,
+       const DecodeParams& p) {
+      const Window w;
+      decode_attention_forward(on_cpu(out), on_cpu(lse), on_cpu(q), on_cpu(k), on_cpu(v), p);
+    },
 };
 
 void register_poison() {
@@ -219,6 +228,54 @@ void expect_poison_equals_cpu(int ranks, DType dtype, std::int64_t kv_heads) {
       EXPECT_TRUE(same_bytes(poison.dv, host.dv));
     }
   });
+}
+
+// Inference with the cache and every tensor on `device`: a prompt prefilled (`how`), a next
+// turn over it (Ulysses over the cache or pass-Q), then decode steps; every output.
+std::vector<Tensor> infer_outputs(Communicator& comm, Device device, KvLayout layout, Prefill how) {
+  const int cp = comm.size(), me = comm.rank();
+  const std::int64_t h = 4, hkv = 2, d = 8, prompt = 5 * cp + 1, turn = 2 * cp + 1, steps = 3;
+  KvCache cache(layout, {1, h, hkv, d, prompt + turn + steps}, cp, me, device);
+  std::vector<Tensor> outs;
+  std::uint64_t seed = 1;
+  auto input = [&](std::int64_t first, std::int64_t n, std::int64_t heads) {
+    Tensor t({1, n, heads, d});
+    fill_uniform(t.view(), seed++, first);  // rank-independent values of global token positions
+    return on(device, t);
+  };
+  for (const std::int64_t origin : {std::int64_t(0), prompt}) {
+    const std::int64_t total = origin == 0 ? prompt : turn, first = origin + total * me / cp;
+    std::vector<std::int64_t> rank_tokens;
+    for (int r = 0; r < cp; ++r) rank_tokens.push_back(total * (r + 1) / cp - total * r / cp);
+    const std::int64_t n = rank_tokens[std::size_t(me)];
+    const Tensor q = input(first, n, h), k = input(first, n, hkv), v = input(first, n, hkv);
+    outs.emplace_back(Shape{1, n, h, d}, DType::f32, Layout::bshd, device);
+    if (origin == 0)
+      prefill(comm, cache, how, 0, rank_tokens, q.view(), k.view(), v.view(), outs.back().view());
+    else
+      extend(comm, cache, 0, rank_tokens, q.view(), k.view(), v.view(), outs.back().view());
+  }
+  for (std::int64_t t = prompt + turn; t < prompt + turn + steps; ++t) {
+    const Tensor q = input(t, 1, h), k = input(t, 1, hkv), v = input(t, 1, hkv);
+    outs.emplace_back(Shape{1, 1, h, d}, DType::f32, Layout::bshd, device);
+    decode_attention(comm, cache, 0, q.view(), k.view(), v.view(), outs.back().view());
+  }
+  return outs;
+}
+
+TEST(PoisonDevice, InferenceMatchesTheCpuBitForBit) {
+  register_poison();
+  for (int ranks : {1, 2, 3})
+    run_local(ranks, [&](Communicator& comm) {
+      for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved})
+        for (Prefill how : {Prefill::ulysses, Prefill::ring}) {
+          SCOPED_TRACE(std::string(to_string(layout)) + ", " + to_string(how) + ", cp " + std::to_string(ranks));
+          const std::vector<Tensor> host = infer_outputs(comm, Device::cpu, layout, how),
+                                    poison = infer_outputs(comm, kPoison, layout, how);
+          ASSERT_EQ(host.size(), poison.size());
+          for (std::size_t i = 0; i < host.size(); ++i) EXPECT_TRUE(same_bytes(poison[i], host[i])) << "output " << i;
+        }
+    });
 }
 
 TEST(PoisonDevice, HostAccessFaults) {

@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "test_util.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/cached_attention.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/kv_cache.hpp"
@@ -145,12 +147,29 @@ TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {
   const std::int64_t rows = 3000, h = 4, hkv = 2, d = 16;
   const Rows q(4, 1, h, d), k(5, rows, hkv, d), v(6, rows, hkv, d);
   std::vector<float> out(static_cast<std::size_t>(h * d)), lse(static_cast<std::size_t>(h));
-  decode_attention_local(out.data(), lse.data(), q.at(0, 0), h, 0, k.view(0, rows), v.view(0, rows), 0, h / hkv,
-                         1.0f / std::sqrt(float(d)));
+  const TensorView ov = TensorView::dense(out.data(), DType::f32, {1, 1, h, d}, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, h, 1}, Layout::bhsd),
+                   qv = TensorView::dense(const_cast<float*>(q.at(0, 0)), DType::f32, {1, 1, h, d}, Layout::bshd);
+  decode_attention_forward(ov, lv, qv, k.view(0, rows), v.view(0, rows), DecodeParams{.group = h / hkv});
   EXPECT_LT(worst_error(q, k, v, 0, rows, out.data()), kTol);
-  decode_attention_local(out.data(), lse.data(), q.at(0, 0), h, 0, k.view(0, 0), v.view(0, 0), 0, h / hkv, 1.0f);
+  decode_attention_forward(ov, lv, qv, k.view(0, 0), v.view(0, 0), DecodeParams{.group = h / hkv, .scale = 1.0f});
   EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
   EXPECT_EQ(out[0], 0.0f);
+}
+
+TEST(CachedAttention, LocalKernelRefusesHeadsItDoesNotHold) {
+  const Rows q(4, 1, 4, 8), k(5, 10, 2, 8);
+  std::vector<float> out(32), lse(4);
+  const TensorView ov = TensorView::dense(out.data(), DType::f32, {1, 1, 4, 8}, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, 4, 1}, Layout::bhsd),
+                   qv = TensorView::dense(const_cast<float*>(q.at(0, 0)), DType::f32, {1, 1, 4, 8}, Layout::bshd);
+  // 4 query heads at group 1 need 4 KV heads: the cache holds 2.
+  const std::string heads =
+      test_util::error_of([&] { decode_attention_forward(ov, lv, qv, k.view(0, 10), k.view(0, 10), {}); });
+  EXPECT_NE(heads.find("read KV heads [0, 3] of the 2 held"), std::string::npos) << heads;
+  const std::string shape = test_util::error_of(
+      [&] { decode_attention_forward(ov, lv, qv, k.view(0, 10), k.view(0, 9), DecodeParams{.group = 2}); });
+  EXPECT_NE(shape.find("v must be [1, 10, 2, 8] like k"), std::string::npos) << shape;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
+#include "ulysses/attention.hpp"
 #include "ulysses/cached_attention.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
@@ -150,19 +152,36 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
   return r;
 }
 
-// Seconds of one pass that reads `bytes` (summing floats over every thread): this machine's read rate.
-double read_pass_s(const std::vector<float>& data) {
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    float sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (std::size_t i = 0; i < data.size(); ++i) sum += data[i];
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (sum == 12345.0f) fmt::print("");  // keeps the loop
-    best = std::min(best, s);
+// The probes' clock: this thread's CPU time when the kernels run on this thread alone (on a
+// shared host, wall time would count the spells other processes held the core, which differ
+// between the kernel's pass and the read's), else wall time.
+double probe_clock() {
+  if (omp_get_max_threads() == 1) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
   }
-  return best;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds of one pass that reads `data` (every thread its part): this machine's read rate. Each
+// thread sums into 32 independent lanes: one running sum would wait on the adder's latency at
+// every float and measure that (about a fifth of what one core reads here), not the memory.
+double read_pass_s(const std::vector<float>& data) {
+  constexpr std::size_t kLanes = 32;
+  const double t0 = probe_clock();
+  float total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    float lanes[kLanes] = {};
+#pragma omp for schedule(static)
+    for (std::size_t i = 0; i < data.size() / kLanes; ++i)
+#pragma omp simd
+      for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += data[i * kLanes + j];
+    for (const float x : lanes) total += x;
+  }
+  if (total == 12345.0f) fmt::print("");  // keeps the loop
+  return probe_clock() - t0;
 }
 
 struct Bandwidth {
@@ -176,20 +195,26 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
   const RankHeads& h = cache.heads();
   std::vector<float> q(static_cast<std::size_t>(h.q.count * s.head_dim), 0.5f), out(q.size()),
       lse(static_cast<std::size_t>(h.q.count));
+  const Shape rows{1, 1, h.q.count, s.head_dim};
+  const TensorView qv = TensorView::dense(q.data(), DType::f32, rows, Layout::bshd),
+                   ov = TensorView::dense(out.data(), DType::f32, rows, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, h.q.count, 1}, Layout::bhsd);
+  const DecodeParams params{.q_first = h.q.first, .kv_first = h.kv.first, .group = s.heads / s.kv_heads};
   Bandwidth b;
   for (std::int64_t l = 0; l < s.layers; ++l)
     b.cache_bytes += 2.0 * double(cache.keys(l).shape.numel()) * sizeof(float);
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t floats = std::max<std::size_t>(std::size_t(64) << 18, std::size_t(b.cache_bytes / 4));
+  const std::vector<float> buffer((floats + 31) / 32 * 32, 1.0f);  // whole lanes of read_pass_s
+  double kernel = 1e30, read = 1e30;
+  for (int rep = 0; rep < 7; ++rep) {  // alternated, best of each: a loaded machine's slow spells hit both
+    const double t0 = probe_clock();
     for (std::int64_t l = 0; l < s.layers; ++l)
-      decode_attention_local(out.data(), lse.data(), q.data(), h.q.count, h.q.first, cache.keys(l), cache.values(l),
-                             h.kv.first, s.heads / s.kv_heads, 1.0f / std::sqrt(float(s.head_dim)));
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      decode_attention_forward(ov, lv, qv, cache.keys(l), cache.values(l), params);
+    kernel = std::min(kernel, probe_clock() - t0);
+    read = std::min(read, read_pass_s(buffer));
   }
-  b.kernel_bytes_s = b.cache_bytes / best;
-  const std::vector<float> buffer(std::max<std::size_t>(std::size_t(64) << 18, std::size_t(b.cache_bytes / 4)), 1.0f);
-  b.read_bytes_s = double(buffer.size() * sizeof(float)) / read_pass_s(buffer);
+  b.kernel_bytes_s = b.cache_bytes / kernel;
+  b.read_bytes_s = double(buffer.size() * sizeof(float)) / read;
   return b;
 }
 

@@ -104,6 +104,24 @@ void flash_attention_backward(const TensorView& dq, const TensorView& dk, const 
                               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                               const TensorView& lse, const AttentionParams& params);
 
+// Decode attention: one query row per head over every cached row, a matrix-vector product per
+// head streamed once (a prefill kernel's query tiles would be mostly empty). Query head i of q
+// is the model's head q_first + i and reads KV head (q_first + i) / group − kv_first of k and v:
+// a rank's query heads over the KV heads it holds.
+struct DecodeParams {
+  std::int64_t q_first = 0, kv_first = 0, group = 1;
+  float scale = 0;  // 0: 1/sqrt(d)
+};
+
+// Not collective. out and q float32 [1, 1, h_q, d], k and v float32 [1, rows, h_kv, d], lse
+// float32 [1, 1, h_q, 1] (any strides, d contiguous) on one device: out gets the attention of
+// each query head, lse its natural-log sum of exp of the scaled scores (rows = 0: out = 0,
+// lse = −inf). The CPU's kernel splits the rows over the threads and merges their partials in
+// a fixed order (the same bits every run); another device runs its registered decode. Throws
+// Error naming the tensor for shapes or heads that do not fit.
+void decode_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const DecodeParams& params);
+
 // The attention kernels of a device other than the CPU (whose are built in, chosen per ISA): a
 // device backend registers its pair at start-up, and flash_attention_forward/backward run it,
 // after their checks, on tensors of that device. `kernels` must outlive its use.
@@ -114,6 +132,9 @@ struct AttentionKernels {
   void (*backward)(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
                    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView& lse, const AttentionParams& params) = nullptr;
+  // decode_attention_forward after its checks (null: the device has no decode kernel).
+  void (*decode)(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                 const TensorView& v, const DecodeParams& params) = nullptr;
 };
 void register_attention_kernels(const AttentionKernels& kernels);
 

@@ -77,14 +77,7 @@ void decode_attention(Communicator& comm, const std::vector<KvCache*>& caches, s
                       const TensorView& k, const TensorView& v, const TensorView& out,
                       CachedAttentionStats* stats = nullptr);
 
-// Not collective. The local decode kernel: one query row per head against `rows` cached keys,
-// a matrix-vector product per head, streamed once (no query tiles: one row has nothing to
-// reuse them for). q and out are dense [q_heads, d]; query head i is global head q_first + i and
-// uses global KV head (q_first + i) / group, which is head ((q_first + i) / group − kv_first) of
-// k and v ([1, rows, kv heads, d]). lse[q_heads] gets the natural-log sum of exp of the
-// scaled scores (−inf and out = 0 when rows = 0). Threads split the rows (OpenMP).
-void decode_attention_local(float* out, float* lse, const float* q, std::int64_t q_heads, std::int64_t q_first,
-                            const TensorView& k, const TensorView& v, std::int64_t kv_first, std::int64_t group,
-                            float scale);
+// The local decode kernel every rank runs over its rows is decode_attention_forward
+// (attention.hpp): a kernel of the device's table, like the prefill's flash attention.
 
 }  // namespace ulysses

@@ -42,8 +42,9 @@ std::int64_t kv_bytes_formula(KvLayout layout, const KvCacheShape& shape, int cp
 
 class KvCache {
  public:
-  // Throws Error for a bad shape or kv_layout_error's reason.
-  KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank);
+  // Throws Error for a bad shape or kv_layout_error's reason. The rows live on `device` (its
+  // allocator); appends copy through its table (device_ops.hpp).
+  KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank, Device device = Device::cpu);
 
   KvLayout layout() const { return layout_; }
   const KvCacheShape& shape() const { return shape_; }

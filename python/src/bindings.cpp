@@ -19,9 +19,11 @@
 
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/balancer.hpp"
+#include "ulysses/cached_attention.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/communicator_factory.hpp"
+#include "ulysses/kv_cache.hpp"
 #include "ulysses/local_communicator.hpp"
 #include "ulysses/sharding.hpp"
 #include "ulysses/strategy.hpp"
@@ -373,6 +375,106 @@ void add_layout_bindings(py::module_& m) {
 
 }  // namespace
 
+// ---- inference (ulysses.torch.KvCache): the sharded KV cache and attention over it ----
+namespace {
+
+py::dict cache_stats(const CachedAttentionStats& s) {
+  py::dict d;
+  d["collectives"] = s.collectives;
+  d["comm_s"] = s.comm_s;
+  return d;
+}
+
+// [rows, kv heads held, d] float32 copy of one layer's cached keys or values.
+py::array_t<float> cached_rows(const TensorView& x) {
+  py::array_t<float> a({x.shape.s, x.shape.h, x.shape.d});
+  copy(x, TensorView::dense(a.mutable_data(), DType::f32, {1, x.shape.s, x.shape.h, x.shape.d}, Layout::bshd));
+  return a;
+}
+
+void add_cache_class(py::module_& m) {
+  py::class_<KvCache>(m, "KvCache", "One rank's part of a KV cache sharded over a CP group (kv_cache.hpp).")
+      .def(py::init([](const std::string& layout, std::int64_t layers, std::int64_t heads, std::int64_t kv_heads,
+                       std::int64_t head_dim, std::int64_t capacity, int cp, int rank) {
+             return std::make_unique<KvCache>(parse_kv_layout(layout),
+                                              KvCacheShape{layers, heads, kv_heads, head_dim, capacity}, cp, rank);
+           }),
+           py::arg("layout"), py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("capacity"), py::arg("cp"), py::arg("rank"))
+      .def_property_readonly("layout", [](const KvCache& c) { return std::string(to_string(c.layout())); })
+      .def_property_readonly("bytes", &KvCache::bytes)
+      .def_property_readonly("replication", &KvCache::replication)
+      .def_property_readonly("heads",
+                             [](const KvCache& c) {
+                               const RankHeads& h = c.heads();
+                               return py::make_tuple(py::make_tuple(h.q.first, h.q.count),
+                                                     py::make_tuple(h.kv.first, h.kv.count));
+                             })
+      .def("tokens", &KvCache::tokens, py::arg("layer"))
+      .def("rows", &KvCache::rows, py::arg("layer"))
+      .def(
+          "keys", [](const KvCache& c, std::int64_t layer) { return cached_rows(c.keys(layer)); }, py::arg("layer"))
+      .def(
+          "values", [](const KvCache& c, std::int64_t layer) { return cached_rows(c.values(layer)); }, py::arg("layer"))
+      .def("clear", &KvCache::clear);
+  m.def(
+      "kv_bytes_formula",
+      [](const std::string& layout, std::int64_t layers, std::int64_t heads, std::int64_t kv_heads,
+         std::int64_t head_dim, std::int64_t capacity, int cp, int rank) {
+        return kv_bytes_formula(parse_kv_layout(layout), KvCacheShape{layers, heads, kv_heads, head_dim, capacity}, cp,
+                                rank);
+      },
+      "layers * 2 * kv_rows(capacity) * kv heads held * head_dim * 4: the bytes rank `rank` of `cp` holds.");
+}
+
+void add_cache_bindings(py::module_& m) {
+  add_cache_class(m);
+  m.def(
+      "cache_prefill",
+      [](Communicator& comm, KvCache& cache, const std::string& how, std::int64_t layer,
+         const std::vector<std::int64_t>& rank_tokens, const py::tuple& q, const py::tuple& k, const py::tuple& v,
+         const py::tuple& out, bool over_cache) {
+        const TensorView qv = view_of(q), kv = view_of(k), vv = view_of(v), o = view_of(out);
+        const Prefill path = parse_prefill(how);
+        CachedAttentionStats s;
+        {
+          py::gil_scoped_release nogil;
+          if (over_cache)
+            extend(comm, cache, layer, rank_tokens, qv, kv, vv, o, &s);
+          else
+            prefill(comm, cache, path, layer, rank_tokens, qv, kv, vv, o, &s);
+        }
+        return cache_stats(s);
+      },
+      py::arg("comm"), py::arg("cache"), py::arg("how"), py::arg("layer"), py::arg("rank_tokens"), py::arg("q"),
+      py::arg("k"), py::arg("v"), py::arg("out"), py::arg("over_cache"),
+      "Collective, unchecked across ranks: prefill (or extend, over_cache) of one layer; returns its stats.");
+  m.def(
+      "cache_decode",
+      [](Communicator& comm, const std::vector<KvCache*>& caches, std::int64_t layer, const py::tuple& q,
+         const py::tuple& k, const py::tuple& v, const py::tuple& out) {
+        const TensorView qv = view_of(q), kv = view_of(k), vv = view_of(v), o = view_of(out);
+        CachedAttentionStats s;
+        {
+          py::gil_scoped_release nogil;
+          decode_attention(comm, caches, layer, qv, kv, vv, o, &s);
+        }
+        return cache_stats(s);
+      },
+      "Collective, unchecked across ranks: one decode step of len(caches) requests; returns its stats.");
+  m.def(
+      "agree_all",
+      [](Communicator& comm, const std::string& local_error, const std::string& what, const std::string& description,
+         const std::vector<std::int64_t>& values) {
+        py::gil_scoped_release nogil;
+        return comm.agree_all(local_error, what, description, values);
+      },
+      "Collective: agree(local_error), agree_identical(what, description) and an all-gather of `values` in one "
+      "small all-gather; returns every rank's values back to back.");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_ulysses, m) {
   m.doc() = "ulysses: context-parallel attention over MPI (the C++ library)";
   m.attr("__version__") = ulysses::version();
@@ -383,4 +485,5 @@ PYBIND11_MODULE(_ulysses, m) {
   add_layout_bindings(m);
   m.def("set_threads", &set_threads, "OpenMP threads of the kernels (BLAS pinned to one).");
   add_balance_bindings(m);
+  add_cache_bindings(m);
 }

@@ -128,3 +128,56 @@ def balance(
     dtype: str,
 ) -> Dict[str, Any]:
     """The balancer's plan (balancer.hpp) as a dict of BalancePlan's fields; ulysses.balance wraps it."""
+
+class KvCache:
+    """One rank's part of a KV cache sharded over a CP group (kv_cache.hpp): float32, every layer's
+    capacity allocated at construction. Not collective; ulysses.torch.KvCache agrees its arguments."""
+    def __init__(
+        self, layout: str, layers: int, heads: int, kv_heads: int, head_dim: int, capacity: int, cp: int, rank: int
+    ) -> None: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def bytes(self) -> int:
+        """The bytes the allocated tensors hold (equals kv_bytes_formula)."""
+    @property
+    def replication(self) -> int:
+        """How many ranks hold each KV head (heads layout with kv_heads < cp), else 1."""
+    @property
+    def heads(self) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        """((first, count) of this rank's query heads, the same of its KV heads)."""
+    def tokens(self, layer: int) -> int: ...
+    def rows(self, layer: int) -> int: ...
+    def keys(self, layer: int) -> np.ndarray:
+        """A float32 copy of this rank's cached keys: [rows, kv heads held, d]."""
+    def values(self, layer: int) -> np.ndarray: ...
+    def clear(self) -> None: ...
+
+def kv_bytes_formula(
+    layout: str, layers: int, heads: int, kv_heads: int, head_dim: int, capacity: int, cp: int, rank: int
+) -> int:
+    """layers * 2 * kv_rows(capacity) * kv heads held * head_dim * 4: the bytes rank `rank` of `cp` holds."""
+
+def cache_prefill(
+    comm: Communicator,
+    cache: KvCache,
+    how: str,
+    layer: int,
+    rank_tokens: List[int],
+    q: View,
+    k: View,
+    v: View,
+    out: View,
+    over_cache: bool,
+) -> Dict[str, Any]:
+    """Collective, unchecked across ranks: prefill (or extend, over_cache) of one layer; returns
+    {"collectives", "comm_s"}."""
+
+def cache_decode(
+    comm: Communicator, caches: List[KvCache], layer: int, q: View, k: View, v: View, out: View
+) -> Dict[str, Any]:
+    """Collective, unchecked across ranks: one decode step of len(caches) requests; returns its stats."""
+
+def agree_all(comm: Communicator, local_error: str, what: str, description: str, values: List[int]) -> List[int]:
+    """Collective: agree(local_error), agree_identical(what, description) and an all-gather of
+    `values` in one small all-gather; every rank's values back to back."""

@@ -10,6 +10,7 @@ import torch
 
 from . import _ulysses
 from ._agree import INT64_MAX, agree_identical, agreed, integer
+from ._infer import KvCache, prompt_chunk  # noqa: F401  (exported: inference over a sharded KV cache)
 from ._tensors import check, from_buffer, readable, spec
 
 MAX_OVERLAP_CHUNKS = 1024  # the CLI's --overlap-chunks limit

@@ -9,8 +9,10 @@
 
 #include "../cp/merge.hpp"
 #include "../cp/ring_attention.hpp"
+#include "../cp/tensor_ops.hpp"
 #include "ulysses/all_to_all.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/device_ops.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/sharding.hpp"
 
@@ -23,6 +25,26 @@ TensorView head_slice(const TensorView& x, std::int64_t first, std::int64_t coun
   s.data = x.row(0, 0, first);
   s.shape.h = count;
   return s;
+}
+
+// An uninitialised float32 tensor of `floats` elements on `device`: a buffer the views below
+// carve up, every element of it written before it is read.
+Tensor flat(std::int64_t floats, Device device) {
+  return Tensor::uninitialized({1, std::max<std::int64_t>(floats, 1), 1, 1}, DType::f32, Layout::bshd, device);
+}
+
+// A dense float32 view of `shape` in `layout` at element `at` of a flat buffer.
+TensorView carve(const Tensor& buffer, std::int64_t at, const Shape& shape, Layout layout) {
+  return TensorView::dense(buffer.view().row(0, at, 0), DType::f32, shape, layout, buffer.device());
+}
+
+// Rows first, first + step, ... (n of them) of a [1, s, h, d] view.
+TensorView every(const TensorView& x, std::int64_t first, std::int64_t n, std::int64_t step) {
+  if (n == 0) return rows(x, 0, 0);
+  TensorView e = rows(x, first, 1);
+  e.shape.s = n;
+  e.stride_s = x.stride_s * step;
+  return e;
 }
 
 // Runs fn(), a collective, counting it and its time in stats.
@@ -53,40 +75,34 @@ void scatter_interleaved(Communicator& comm, KvCache& cache, std::int64_t layer,
   };
   const std::size_t ranks = static_cast<std::size_t>(cp);
   std::vector<std::size_t> sb(ranks), so(ranks), rb(ranks), ro(ranks);
-  std::int64_t at = origin;
+  std::int64_t at = origin, mine = 0;
   for (int j = 0; j < cp; ++j) {
     sb[std::size_t(j)] = std::size_t(2 * owned(first, k.shape.s, j) * row) * sizeof(float);
     rb[std::size_t(j)] = std::size_t(2 * owned(at, rank_tokens[std::size_t(j)], me) * row) * sizeof(float);
+    mine += owned(at, rank_tokens[std::size_t(j)], me);
     at += rank_tokens[std::size_t(j)];
   }
   std::exclusive_scan(sb.begin(), sb.end(), so.begin(), std::size_t(0));
   std::exclusive_scan(rb.begin(), rb.end(), ro.begin(), std::size_t(0));
-  std::vector<float> send(std::size_t(2 * k.shape.s * row)), recv((ro.back() + rb.back()) / sizeof(float));
-  for (int j = 0; j < cp; ++j) {  // block j: the K rows rank j owns, then their V rows
-    float* dst = send.data() + so[std::size_t(j)] / sizeof(float);
-    const std::int64_t n = owned(first, k.shape.s, j);
-    for (std::int64_t i = 0, p = (j - first % cp + cp) % cp; i < n; ++i, p += cp) {
-      for (const TensorView* x : {&k, &v}) {
-        const float* src = x->f32(0, p, 0);
-        std::copy(src, src + row, dst + (x == &k ? i : n + i) * row);
-      }
-    }
+  const Shape send_rows{1, 2 * k.shape.s, k.shape.h, k.shape.d}, recv_rows{1, 2 * mine, k.shape.h, k.shape.d};
+  const Tensor send(send_rows, DType::f32, Layout::bshd, k.device), recv(recv_rows, DType::f32, Layout::bshd, k.device);
+  std::vector<ViewCopy> pack, unpack;
+  const Tensor kr({1, mine, k.shape.h, k.shape.d}, DType::f32, Layout::bshd, k.device),
+      vr({1, mine, k.shape.h, k.shape.d}, DType::f32, Layout::bshd, k.device);
+  for (std::int64_t j = 0, to = 0, from = 0, r = 0; j < cp; ++j) {  // block j: the K rows rank j owns, then their V
+    const std::int64_t n = owned(first, k.shape.s, int(j)), p = (j - first % cp + cp) % cp;
+    const std::int64_t got = std::int64_t(rb[std::size_t(j)] / sizeof(float)) / (2 * row);
+    pack.push_back({every(k, p, n, cp), rows(send.view(), to, n)});
+    pack.push_back({every(v, p, n, cp), rows(send.view(), to + n, n)});
+    unpack.push_back({rows(recv.view(), from, got), rows(kr.view(), r, got)});
+    unpack.push_back({rows(recv.view(), from + got, got), rows(vr.view(), r, got)});
+    to += 2 * n, from += 2 * got, r += got;
   }
-  timed(comm, stats, [&] {
-    comm.ialltoallv(Buffer{send.data(), send.size() * sizeof(float)}, sb, so,
-                    Buffer{recv.data(), recv.size() * sizeof(float)}, rb, ro, "prefill_scatter")
-        .wait();
-  });
-  const std::int64_t mine = std::int64_t(recv.size()) / (2 * row);
-  Tensor kr({1, mine, k.shape.h, k.shape.d}), vr({1, mine, k.shape.h, k.shape.d});
-  std::int64_t r = 0;
-  for (int j = 0; j < cp; ++j) {
-    const float* blk = recv.data() + ro[std::size_t(j)] / sizeof(float);
-    const std::int64_t n = std::int64_t(rb[std::size_t(j)] / sizeof(float)) / (2 * row);
-    std::copy(blk, blk + n * row, kr.view().f32(0, r, 0));
-    std::copy(blk + n * row, blk + 2 * n * row, vr.view().f32(0, r, 0));
-    r += n;
-  }
+  const DeviceOps& ops = device_ops(k.device);
+  ops.copy(pack);
+  timed(comm, stats,
+        [&] { comm.ialltoallv(buffer_of(send), sb, so, buffer_of(recv), rb, ro, "prefill_scatter").wait(); });
+  ops.copy(unpack);
   cache.append(layer, total, kr.view(), vr.view());
 }
 
@@ -107,8 +123,8 @@ void prefill_ulysses(Communicator& comm, KvCache& cache, std::int64_t layer,
     values = cache.values(layer);
   }
   const TensorView qh = qkv.part(0);
-  FusedHeads oh(DType::f32, 1, rank_tokens, q.shape.d, {qh.shape.h});
-  const Tensor lse = lse_tensor(qh.shape);
+  FusedHeads oh(DType::f32, 1, rank_tokens, q.shape.d, {qh.shape.h}, nullptr, q.device);
+  const Tensor lse = lse_tensor(qh.shape, q.device);
   flash_attention_forward(oh.part(0), lse.view(), qh, keys, values,
                           AttentionParams{.causal = true, .q_offset = origin});
   const SeqShard o[] = {{out, split.q}};
@@ -116,62 +132,55 @@ void prefill_ulysses(Communicator& comm, KvCache& cache, std::int64_t layer,
   if (cache.layout() == KvLayout::interleaved) scatter_interleaved(comm, cache, layer, rank_tokens, k, v, stats);
 }
 
-// out [1, n, h, d] = the LSE merge, in rank order, of every rank's partial rows: parts holds
-// cp blocks of n rows of (out [h, d], lse [h]).
-void merge_rows(const std::vector<float>& parts, int cp, std::int64_t n, std::int64_t h, std::int64_t d,
-                const TensorView& out) {
-  const std::int64_t row = h * d + h;
-  for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t g = 0; g < h; ++g) {
-      auto at = [&](int r) { return parts.data() + (r * n + i) * row; };
-      float m = -std::numeric_limits<float>::infinity(), total = 0;
-      for (int r = 0; r < cp; ++r) m = std::max(m, at(r)[h * d + g]);
-      float* o = out.f32(0, i, g);
-      std::fill_n(o, d, 0.0f);
-      for (int r = 0; r < cp; ++r) {
-        const float w = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(at(r)[h * d + g] - m);
-        total += w;
-        for (std::int64_t c = 0; c < d; ++c) o[c] += w * at(r)[g * d + c];
-      }
-      for (std::int64_t c = 0; c < d; ++c) o[c] = total > 0 ? o[c] / total : 0.0f;
-    }
-}
+// A block of n partial rows in a flat buffer at element `at`: out [1, n, h, d] dense, then its
+// lse [1, n, h, 1] dense bhsd (merge_attention's operands as they travel).
+struct Partials {
+  TensorView out, lse;
+  Partials(const Tensor& buffer, std::int64_t at, std::int64_t n, std::int64_t h, std::int64_t d)
+      : out(carve(buffer, at, {1, n, h, d}, Layout::bshd)),
+        lse(carve(buffer, at + n * h * d, {1, n, h, 1}, Layout::bhsd)) {}
+};
 
-// Every query of a turn over this rank's shard, into part (T rows of out [h, d], lse [h]): the
-// rows cached before the turn are visible to every query (one flash call without a mask: its
-// query tiles reuse each row they load, where a matrix-vector product per query would read the
-// shard T times); the turn's own rows, at most ⌈T/cp⌉ of them, per query up to its position
-// (over a strided shard the causal mask is no band the kernel knows); the two merged by LSE.
+// Every query of a turn over this rank's shard, into part: the rows of rank r's queries as one
+// Partials block at element Σ_{i<r} n_i · (h·d + h). The rows cached before the turn are visible
+// to every query (one flash call without a mask: its query tiles reuse each row they load, where
+// a matrix-vector product per query would read the shard T times); the turn's own rows, at most
+// ⌈T/cp⌉ of them, per query up to its position (over a strided shard the causal mask is no band
+// the kernel knows); the two merged by LSE.
 void shard_partials(const KvCache& cache, std::int64_t layer, std::int64_t origin, const TensorView& q,
-                    std::int64_t group, std::vector<float>& part) {
+                    std::int64_t group, const std::vector<std::int64_t>& rank_tokens, const Tensor& part) {
   const int cp = cache.cp(), me = cache.rank();
-  const std::int64_t T = q.shape.s, h = q.shape.h, d = q.shape.d, row = h * d + h;
+  const std::int64_t T = q.shape.s, h = q.shape.h, d = q.shape.d;
   const std::int64_t old = kv_rows(KvLayout::interleaved, origin, cp, me);
-  Tensor acc(q.shape), turn(q.shape), acc_lse = lse_tensor(q.shape), turn_lse = lse_tensor(q.shape);
-  float *al = acc_lse.view().f32(0, 0, 0), *tl = turn_lse.view().f32(0, 0, 0);  // bhsd: [h][T]
-  std::fill_n(al, h * T, -std::numeric_limits<float>::infinity());
+  const Tensor acc(q.shape, DType::f32, Layout::bshd, q.device), turn(q.shape, DType::f32, Layout::bshd, q.device),
+      acc_lse = lse_tensor(q.shape, q.device), turn_lse = lse_tensor(q.shape, q.device);
+  zero(acc.view());
+  fill(acc_lse.view(), -std::numeric_limits<float>::infinity());
   if (old > 0)
     flash_attention_forward(acc.view(), acc_lse.view(), q, rows(cache.keys(layer), 0, old),
                             rows(cache.values(layer), 0, old), AttentionParams{});
-  std::vector<float> lse(static_cast<std::size_t>(h));
   for (std::int64_t t = 0; t < T; ++t) {  // query t sees the turn's rows at positions <= origin + t
     const std::int64_t seen = kv_rows(KvLayout::interleaved, origin + t + 1, cp, me) - old;
-    decode_attention_local(turn.view().f32(0, t, 0), lse.data(), q.f32(0, t, 0), h, 0,
-                           rows(cache.keys(layer), old, seen), rows(cache.values(layer), old, seen), 0, group,
-                           1.0f / std::sqrt(float(d)));
-    for (std::int64_t g = 0; g < h; ++g) tl[g * T + t] = lse[static_cast<std::size_t>(g)];
+    decode_attention_forward(rows(turn.view(), t, 1), rows(turn_lse.view(), t, 1), rows(q, t, 1),
+                             rows(cache.keys(layer), old, seen), rows(cache.values(layer), old, seen),
+                             DecodeParams{.group = group});
   }
   merge_attention(acc.view(), acc_lse.view(), turn.view(), turn_lse.view());
-  for (std::int64_t t = 0; t < T; ++t) {
-    std::copy_n(acc.view().f32(0, t, 0), h * d, part.data() + t * row);
-    for (std::int64_t g = 0; g < h; ++g) part[static_cast<std::size_t>(t * row + h * d + g)] = al[g * T + t];
+  std::vector<ViewCopy> pack;
+  for (std::int64_t r = 0, a = 0; r < cp; a += rank_tokens[std::size_t(r++)]) {
+    const std::int64_t n = rank_tokens[std::size_t(r)];
+    const Partials block(part, a * (h * d + h), n, h, d);
+    pack.push_back({rows(acc.view(), a, n), block.out});
+    pack.push_back({rows(acc_lse.view(), a, n), block.lse});
   }
+  device_ops(q.device).copy(pack);
 }
 
 // Pass-Q over an interleaved cache: the new tokens' K and V go to their owners; every query goes
 // to every rank (one all-gather), which attends it over the rows of its shard at or before the
 // query's position; the partial (out, lse) rows go back to the queries' ranks (one
-// all-to-all(v)) and merge by LSE. Only queries and partial outputs travel, never the cache.
+// all-to-all(v)) and merge by LSE in rank order. Only queries and partial outputs travel, never
+// the cache.
 void prefill_pass_q(Communicator& comm, KvCache& cache, std::int64_t layer,
                     const std::vector<std::int64_t>& rank_tokens, const TensorView& q, const TensorView& k,
                     const TensorView& v, const TensorView& out, CachedAttentionStats* stats) {
@@ -190,19 +199,18 @@ void prefill_pass_q(Communicator& comm, KvCache& cache, std::int64_t layer,
     rb.push_back(std::size_t(mine * row) * sizeof(float));
     T += n;
   }
-  std::vector<float> qall(static_cast<std::size_t>(T * h * d)), part(static_cast<std::size_t>(T * row)),
-      back(static_cast<std::size_t>(cp * mine * row));
-  timed(comm, stats, [&] {
-    comm.allgatherv(buffer_of(q), Buffer{qall.data(), qall.size() * sizeof(float)}, qb, "pass_q_gather");
-  });
-  shard_partials(cache, layer, origin, TensorView::dense(qall.data(), DType::f32, {1, T, h, d}, Layout::bshd), group,
-                 part);
-  timed(comm, stats, [&] {
-    comm.ialltoallv(Buffer{part.data(), part.size() * sizeof(float)}, sb, so,
-                    Buffer{back.data(), back.size() * sizeof(float)}, rb, ro, "pass_q_return")
-        .wait();
-  });
-  merge_rows(back, cp, mine, h, d, out);
+  const Tensor qall({1, T, h, d}, DType::f32, Layout::bshd, q.device), part = flat(T * row, q.device),
+                                                                       back = flat(cp * mine * row, q.device);
+  timed(comm, stats, [&] { comm.allgatherv(buffer_of(q), buffer_of(qall), qb, "pass_q_gather"); });
+  shard_partials(cache, layer, origin, qall.view(), group, rank_tokens, part);
+  timed(comm, stats,
+        [&] { comm.ialltoallv(buffer_of(part), sb, so, buffer_of(back), rb, ro, "pass_q_return").wait(); });
+  const Partials acc(back, 0, mine, h, d);
+  for (std::int64_t r = 1; r < cp; ++r) {
+    const Partials p(back, r * mine * row, mine, h, d);
+    merge_attention(acc.out, acc.lse, p.out, p.lse);
+  }
+  copy(acc.out, out);
 }
 
 // The ring (pass-KV): each rank's queries stay, K and V go round; the ring's R − 1 steps are
@@ -269,26 +277,27 @@ void decode_heads(Communicator& comm, const std::vector<KvCache*>& caches, std::
   const KvCacheShape& s = caches[0]->shape();
   const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, B = std::int64_t(caches.size());
   const RankHeads& mine = caches[0]->heads();
-  std::vector<float> part(std::size_t(B * mine.q.count * d)), lse(std::size_t(mine.q.count));
+  const Tensor part({1, B, mine.q.count, d}, DType::f32, Layout::bshd, q.device),
+      lse = lse_tensor({1, 1, mine.q.count, d}, q.device), all = flat(B * s.heads * d, q.device);
   for (std::int64_t b = 0; b < B; ++b) {
     KvCache& cache = *caches[std::size_t(b)];
     cache.append(layer, 1, head_slice(rows(k, b, 1), mine.kv.first, mine.kv.count),
                  head_slice(rows(v, b, 1), mine.kv.first, mine.kv.count));
-    decode_attention_local(part.data() + b * mine.q.count * d, lse.data(), q.f32(0, b, mine.q.first), mine.q.count,
-                           mine.q.first, cache.keys(layer), cache.values(layer), mine.kv.first, group,
-                           1.0f / std::sqrt(float(d)));
+    decode_attention_forward(rows(part.view(), b, 1), lse.view(), head_slice(rows(q, b, 1), mine.q.first, mine.q.count),
+                             cache.keys(layer), cache.values(layer),
+                             DecodeParams{.q_first = mine.q.first, .kv_first = mine.kv.first, .group = group});
   }
   const HeadSplit split = ulysses_head_split(comm.size(), s.heads, s.kv_heads);
   std::vector<std::size_t> bytes;
   for (const HeadRange& r : split.q) bytes.push_back(std::size_t(B * r.count * d) * sizeof(float));
-  std::vector<float> all(std::size_t(B * s.heads * d));
-  timed(comm, stats, [&] {
-    comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
-                    bytes, "decode_gather");
-  });
-  const float* blk = all.data();
+  timed(comm, stats, [&] { comm.allgatherv(buffer_of(part), buffer_of(all), bytes, "decode_gather"); });
+  std::vector<ViewCopy> unpack;
+  std::int64_t at = 0;
   for (const HeadRange& r : split.q)  // rank r's block: [B, its heads, d]
-    for (std::int64_t b = 0; b < B; ++b, blk += r.count * d) std::copy_n(blk, r.count * d, out.f32(0, b, r.first));
+    for (std::int64_t b = 0; b < B; ++b, at += r.count * d)
+      unpack.push_back(
+          {carve(all, at, {1, 1, r.count, d}, Layout::bshd), head_slice(rows(out, b, 1), r.first, r.count)});
+  device_ops(q.device).copy(unpack);
 }
 
 // Interleaved layout: each rank every head of every request over its shard (an empty shard gives
@@ -300,28 +309,26 @@ void decode_interleaved(Communicator& comm, const std::vector<KvCache*>& caches,
   const KvCacheShape& s = caches[0]->shape();
   const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads, B = std::int64_t(caches.size()), h = s.heads,
                      n = h * d + h, cp = comm.size();  // a request's partial: out [h, d], then lse [h]
-  std::vector<float> part(static_cast<std::size_t>(B * n)), all(static_cast<std::size_t>(B * n * cp));
+  const Tensor part = flat(B * n, q.device), all = flat(B * n * cp, q.device);
   for (std::int64_t b = 0; b < B; ++b) {
     KvCache& cache = *caches[std::size_t(b)];
     const bool owner = cache.owner(cache.tokens(layer)) == cache.rank();
     cache.append(layer, 1, rows(k, b, owner ? 1 : 0), rows(v, b, owner ? 1 : 0));
-    float* p = part.data() + b * n;
-    decode_attention_local(p, p + h * d, q.f32(0, b, 0), h, 0, cache.keys(layer), cache.values(layer), 0, group,
-                           1.0f / std::sqrt(float(d)));
+    const Partials p(part, b * n, 1, h, d);
+    decode_attention_forward(p.out, p.lse, rows(q, b, 1), cache.keys(layer), cache.values(layer),
+                             DecodeParams{.group = group});
   }
   timed(comm, stats, [&] {
-    comm.allgatherv(Buffer{part.data(), part.size() * sizeof(float)}, Buffer{all.data(), all.size() * sizeof(float)},
+    comm.allgatherv(buffer_of(part), buffer_of(all),
                     std::vector<std::size_t>(std::size_t(cp), std::size_t(B * n) * sizeof(float)), "decode_merge");
   });
-  auto out_of = [&](float* p) { return TensorView::dense(p, DType::f32, {1, 1, h, d}, Layout::bshd); };
-  auto lse_of = [&](float* p) { return TensorView::dense(p + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd); };
   for (std::int64_t b = 0; b < B; ++b) {
-    float* acc = all.data() + b * n;
+    const Partials acc(all, b * n, 1, h, d);
     for (std::int64_t r = 1; r < cp; ++r) {
-      float* p = all.data() + (r * B + b) * n;
-      merge_attention(out_of(acc), lse_of(acc), out_of(p), lse_of(p));
+      const Partials p(all, (r * B + b) * n, 1, h, d);
+      merge_attention(acc.out, acc.lse, p.out, p.lse);
     }
-    copy(out_of(acc), rows(out, b, 1));
+    copy(acc.out, rows(out, b, 1));
   }
 }
 

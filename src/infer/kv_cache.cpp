@@ -48,7 +48,7 @@ std::int64_t kv_bytes_formula(KvLayout layout, const KvCacheShape& s, int cp, in
          std::int64_t(sizeof(float));
 }
 
-KvCache::KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank)
+KvCache::KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank, Device device)
     : layout_(layout), shape_(shape), cp_(cp), rank_(rank) {
   if (const std::string e = kv_layout_error(layout, shape, cp); !e.empty()) throw Error(e);
   if (rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in a group of {}", rank, cp));
@@ -56,8 +56,8 @@ KvCache::KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank)
                                      : RankHeads{{0, shape.heads}, {0, shape.kv_heads}};
   const Shape rows{1, kv_rows(layout, shape.capacity, cp, rank), heads_.kv.count, shape.head_dim};
   for (std::int64_t l = 0; l < shape.layers; ++l) {
-    k_.emplace_back(rows);
-    v_.emplace_back(rows);
+    k_.emplace_back(rows, DType::f32, Layout::bshd, device);
+    v_.emplace_back(rows, DType::f32, Layout::bshd, device);
   }
   tokens_.assign(std::size_t(shape.layers), 0);
 }
