@@ -131,6 +131,13 @@ def communicator(group: Any, name: str = "sequence_process_group") -> Communicat
         return group
     if type(group).__module__.startswith("mpi4py"):
         return Communicator(group)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise _ulysses.Error(
+            f"{name} does not hold this process (global rank {dist.get_rank()}): torch.distributed.new_group "
+            "returns GroupMember.NON_GROUP_MEMBER outside the group; pass the group this rank's tensors belong to, "
+            "and build the module only on its members"
+        )
     is_group = group is None or (torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup))
     if not is_group:
         raise _ulysses.Error(
