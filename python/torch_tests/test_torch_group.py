@@ -168,3 +168,19 @@ def test_before_init_process_group():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE") and not k.startswith("OMPI_")}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode != 0 and "call torch.distributed.init_process_group('gloo') first" in run.stderr, run.stderr
+
+
+def test_all_to_all_uneven_tokens_and_heads(world):
+    """Lengths and heads that do not divide by the group: the library's split (the first ranks
+    one token larger, whole heads), there and back bit for bit."""
+    s, h = 3 * P + 1, 2 * P + 1
+    torch.manual_seed(RANK)
+    x = torch.randn(2, s // P + (RANK < s % P), h, 8)
+    heads = ut.all_to_all(x, 2, 1, 0, world)
+    assert heads.shape[1] == s
+    assert agreed_ok(torch.equal(ut.all_to_all(heads, 1, 2, 0, world), x))
+
+
+def test_all_to_all_refuses_other_dims(world):
+    err = error_of(lambda: ut.all_to_all(torch.zeros(1, 4, 2 * P, 8), 3, 1, 0, world))
+    assert "scatter_idx and gather_idx are 2 and the sequence's dim" in err, err

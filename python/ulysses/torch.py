@@ -346,8 +346,8 @@ def all_to_all(
         # Every rank's heads (uneven ones too) and sequence length, agreed in one small collective.
         sizes = comm._impl.agree_all("", "all_to_all's sequence length", str(x.shape[1]), [x.shape[2]])
         starts = [sum(sizes[:r]) for r in range(comm.size)]
-        chunks = _ulysses.rank_chunks("a2a", False, [], comm.size, comm.rank, x.shape[1])
-        out = _HeadToSeq.apply(comm, list(zip(starts, sizes)), sum(n for _, n in chunks), x)
+        s, p = x.shape[1], comm.size  # contiguous parts differing by one token, the first s % p larger
+        out = _HeadToSeq.apply(comm, list(zip(starts, sizes)), s // p + (comm.rank < s % p), x)
     return out.transpose(0, 1) if seq_first else out
 
 
