@@ -33,13 +33,18 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = world.bcast(s.getsockname()[1] if world.rank == 0 else None)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank, world_size=world.size)
-comms = {"mpi": ulysses.Communicator(world, threads=a.threads), "torch": ulysses.Communicator.from_torch(None, a.threads)}
+comms = {
+    "mpi": ulysses.Communicator(world, threads=a.threads),
+    "torch": ulysses.Communicator.from_torch(None, a.threads),
+}
 torch.manual_seed(world.rank)
 n = a.seq // world.size
 q, k, v, dout = (torch.randn(1, n, a.heads, a.head_dim) for _ in range(4))
 mods = {name: ut.ContextParallelAttention(c, a.strategy, causal=True) for name, c in comms.items()}
 if a.transpose:
-    mods = {name: lambda q, k, v, c=c: ut.all_to_all(ut.all_to_all(q, 2, 1, 0, c), 1, 2, 0, c) for name, c in comms.items()}
+    mods = {
+        name: lambda q, k, v, c=c: ut.all_to_all(ut.all_to_all(q, 2, 1, 0, c), 1, 2, 0, c) for name, c in comms.items()
+    }
 
 
 def once(mod):

@@ -184,3 +184,34 @@ def test_all_to_all_uneven_tokens_and_heads(world):
 def test_all_to_all_refuses_other_dims(world):
     err = error_of(lambda: ut.all_to_all(torch.zeros(1, 4, 2 * P, 8), 3, 1, 0, world))
     assert "scatter_idx and gather_idx are 2 and the sequence's dim" in err, err
+
+
+HANG = """
+import time, torch.distributed as dist, ulysses
+dist.init_process_group("gloo")
+comm = ulysses.Communicator.from_torch()
+comm.timeout = 2
+if dist.get_rank() == 0:
+    comm._impl.agree("")  # rank 1 never joins this collective
+time.sleep(60)
+"""
+
+
+def test_the_watchdog_ends_the_job(tmp_path):
+    """A rank that skips a collective: the waiting rank names it and exits 75; torchrun ends the
+    job (a torchrun of its own, started by rank 0)."""
+    ok = True
+    if RANK == 0:
+        script = tmp_path / "hang.py"
+        script.write_text(HANG)
+        launch = ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC", "GROUP_", "ROLE_", "OMPI_", "PMIX")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        out = run.stdout + run.stderr
+        said = (
+            "ulysses watchdog: rank 0 (torch global rank 0" in out and "the torch group of global ranks [0, 1]" in out
+        )
+        ok = run.returncode != 0 and said and "exitcode: 75" in out
+        assert ok, out[-3000:]
+    assert agreed_ok(ok)
