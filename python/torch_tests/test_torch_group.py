@@ -215,3 +215,13 @@ def test_the_watchdog_ends_the_job(tmp_path):
         ok = run.returncode != 0 and said and "exitcode: 75" in out
         assert ok, out[-3000:]
     assert agreed_ok(ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shard_and_unshard_over_the_group(world, dtype):
+    """shard, positions and unshard take the group too: zigzag tokens there and back exactly."""
+    x = torch.arange(2 * (4 * P + 1) * 3, dtype=torch.float32).view(2, 4 * P + 1, 3, 1).to(dtype)
+    mine = ulysses.shard(x, world, "p2p", causal=True)
+    pos = ulysses.positions(x.shape[1], None, "p2p", causal=True)
+    same = torch.equal(mine, x[:, pos])
+    assert agreed_ok(same and torch.equal(ulysses.unshard(mine, world, "p2p", causal=True), x))
