@@ -123,6 +123,8 @@ def error_of(fn):
 def test_a_group_without_this_rank(world):
     """A group that does not hold this rank's tensors is refused on that rank, naming both; its
     members build as usual."""
+    if P < 2:
+        pytest.skip("needs a rank outside the group")
     members = [0] if P == 2 else [0, 1]
     group = dist.new_group(members)
     err = error_of(lambda: ut.DistributedAttention(sdpa, group))
