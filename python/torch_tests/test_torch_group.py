@@ -84,7 +84,7 @@ def test_every_strategy_over_the_group(world, strategy, sizes):
     bit for bit what the same strategy gives over MPI (the same ranks, the same arithmetic)."""
     (q, k, v, _), (out, _, _, _) = reference(1, 6 * P, 4, 8, seed=5)
     comm = ulysses.Communicator.from_torch(world)
-    attn = ut.ContextParallelAttention(strategy=strategy, causal=True, cp_sizes=sizes)  # the default group
+    attn = ut.ContextParallelAttention(None, strategy, causal=True, cp_sizes=sizes)  # None: the default group
     shards = [ulysses.shard(x, comm, strategy, True, cp_sizes=sizes) for x in (q, k, v)]
     got = attn(*shards)
     want = ulysses.shard(out, comm, strategy, True, cp_sizes=sizes)

@@ -91,7 +91,7 @@ class ContextParallelAttention(torch.nn.Module):
 
     def __init__(
         self,
-        comm: Any = None,
+        comm: Any,
         strategy: str = "a2a",
         causal: bool = False,
         cp_sizes: Optional[Sequence[int]] = None,
