@@ -29,6 +29,7 @@
 #include "ulysses/strategy.hpp"
 #include "ulysses/threads.hpp"
 #include "ulysses/version.hpp"
+#include "torch_communicator.hpp"
 
 namespace py = pybind11;
 using namespace ulysses;
@@ -238,9 +239,19 @@ void add_communicator_bindings(py::module_& m) {
            "Collective: every rank raises the same Error naming both texts when a rank's description differs from "
            "rank 0's.")
       .def(
+          "agree_all",
+          [](Communicator& c, const std::string& local_error, const std::string& what, const std::string& description,
+             const std::vector<std::int64_t>& values) { return c.agree_all(local_error, what, description, values); },
+          py::arg("local_error"), py::arg("what"), py::arg("description"), py::arg("values"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Collective: agree and agree_identical, and every rank's values (as many on each) in rank order, in one "
+          "small all-gather.")
+      .def(
           "default_threads", [](Communicator& c) { return default_threads(c); },
           py::call_guard<py::gil_scoped_release>(), "Collective: cores on this node / ranks on this node.");
 
+  m.def("torch_communicator", &make_torch_communicator, py::arg("transport"),
+        "Not collective: a communicator over a torch.distributed group (python/ulysses/_torch_comm.py's transport).");
   m.def("run_local", &run_local_py, py::arg("size"), py::arg("fn"),
         "fn(comm) on `size` threads, one per rank of a new local group; returns the results in rank order. An "
         "exception on a rank releases the others and is re-raised here once every rank has ended.");

@@ -1,5 +1,6 @@
-"""The communicator a context-parallel group runs on: made from an mpi4py communicator, or a
-rank of a local group (``ulysses.local_group``)."""
+"""The communicator a context-parallel group runs on: made from an mpi4py communicator, from a
+torch.distributed group (``Communicator.from_torch``), or a rank of a local group
+(``ulysses.local_group``)."""
 
 from __future__ import annotations
 
@@ -29,22 +30,50 @@ class Communicator:
     def __init__(self, mpi_comm: Any, threads: Optional[int] = None) -> None:
         from mpi4py import MPI  # noqa: F401  (initialises MPI if the caller has not)
 
-        self.mpi = mpi_comm
+        self.mpi, self.group = mpi_comm, None
         self._impl = _ulysses.Communicator(mpi_comm.py2f())
-        fallback = self._impl.default_threads()  # collective: on every rank, threads given or not
-        n = agreed(self, lambda: None if threads is None else integer("threads", threads, 1, MAX_THREADS))
-        _ulysses.set_threads(fallback if n is None else n)
+        self._set_threads(threads)
 
     @classmethod
     def _of(cls, impl: Any) -> "Communicator":
         """Wraps a communicator the library made (a local group's rank): no MPI, threads as they are."""
         comm = cls.__new__(cls)
-        comm.mpi, comm._impl = None, impl
+        comm.mpi, comm.group, comm._impl = None, None, impl
         return comm
+
+    @classmethod
+    def from_torch(cls, group: Any = None, threads: Optional[int] = None) -> "Communicator":
+        """The communicator of a ``torch.distributed`` group (None: the default group), backend
+        ``"torch"``: how programs launched by ``torchrun`` run without MPI. Collective over the
+        group; one per group (modules of every layer share it), ``threads`` as for MPI. Raises
+        ``ulysses.Error`` saying what to do when torch.distributed is not initialised, this
+        process is not in the group, or the group cannot move CPU tensors (not gloo)."""
+        from ._torch_comm import communicator
+
+        comm = communicator(group, "group")
+        comm._set_threads(threads)
+        return comm
+
+    @classmethod
+    def _from_torch(cls, impl: Any, group: Any) -> "Communicator":
+        """Wraps a torch-backed communicator (collective: agrees the group's members and threads)."""
+        import torch.distributed as dist
+
+        comm = cls._of(impl)
+        comm.group = group
+        impl.agree_identical("the process group's global ranks", repr(dist.get_process_group_ranks(group)))
+        comm._set_threads(None)
+        return comm
+
+    def _set_threads(self, threads: Optional[int]) -> None:
+        fallback = self._impl.default_threads()  # collective: on every rank, threads given or not
+        n = agreed(self, lambda: None if threads is None else integer("threads", threads, 1, MAX_THREADS))
+        _ulysses.set_threads(fallback if n is None else n)
 
     @property
     def backend(self) -> str:
-        """ "mpi" or "local" (ranks as threads: ``ulysses.local_group``)."""
+        """ "mpi", "torch" (a torch.distributed group: ``from_torch``) or "local" (ranks as threads:
+        ``ulysses.local_group``)."""
         return self._impl.backend
 
     @property

@@ -1,6 +1,8 @@
 """Global tensors ↔ the tokens each rank holds, for a strategy's token layout. Every function
 is collective: the ranks agree on their arguments (and unshard on the shards' dtype and shapes)
-before any data moves, so a rank that differs raises the same ``ulysses.Error`` everywhere."""
+before any data moves, so a rank that differs raises the same ``ulysses.Error`` everywhere.
+``comm`` is a ``ulysses.Communicator``, or a ``torch.distributed`` group (None: the default
+group) as the modules of ``ulysses.torch`` take it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from . import _ulysses
 from ._agree import INT64_MAX, agree_identical, agreed, integer
+from ._torch_comm import communicator
 
 if TYPE_CHECKING:
     from ._comm import Communicator
@@ -70,6 +73,8 @@ def shard(
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     """
 
+    comm = communicator(comm, "comm")
+
     def local():
         d, layout = _tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options)
         return d, layout, _chunks(comm, x.shape[d], layout, comm.rank)
@@ -97,6 +102,8 @@ def positions(
     >>> ulysses.positions(4, ulysses.Communicator(MPI.COMM_SELF, threads=1)).tolist()
     [0, 1, 2, 3]
     """
+
+    comm = communicator(comm, "comm")
 
     def local():
         n, layout = (
@@ -144,13 +151,12 @@ def unshard(
     >>> bool((ulysses.unshard(ulysses.shard(x, comm, "p2p", causal=True), comm, "p2p", causal=True) == x).all())
     True
     """
-    if comm.mpi is None:  # the same on every rank of a local group: nothing has moved yet
+    comm = communicator(comm, "comm")
+    if comm.mpi is None and comm.group is None:  # the same on every rank of a local group: nothing has moved yet
         raise _ulysses.Error(
-            "unshard needs an MPI communicator; on a local group, return each rank's shard from run() "
-            "and place its rows with ulysses.positions"
+            "unshard needs an MPI communicator or a torch group; on a local group, return each rank's shard from "
+            "run() and place its rows with ulysses.positions"
         )
-    from mpi4py import MPI
-
     d, layout = agreed(
         comm, lambda: (_tensor_dim(x, dim), _layout(strategy, causal, cp_sizes, q_offset, cu_seqlens, options))
     )
@@ -158,7 +164,7 @@ def unshard(
     shape[d] = "*"
     agree_identical(comm, "ulysses.unshard shards and arguments", shape, str(x.dtype), d, layout)
     local = x.movedim(d, 0).contiguous()
-    lengths = comm.mpi.allgather(local.shape[0])
+    lengths = comm._impl.agree_all("", "unshard", "", [local.shape[0]])
     seq = sum(lengths)
     chunks = agreed(comm, lambda: [_chunks(comm, seq, layout, r) for r in range(comm.size)])
     for r, held in enumerate(lengths):  # every rank sees every length: the same error everywhere
@@ -168,12 +174,25 @@ def unshard(
                 f"unshard: rank {r} holds {held} tokens along dim {d} but cp_comm_type {layout[0]} "
                 f"with s = {seq} gives it {want} (ulysses.shard)"
             )
+    return _in_sequence_order(_gather_rows(comm, local, lengths), chunks).movedim(0, d)
+
+
+def _gather_rows(comm, local, lengths):
+    """Every rank's rows (dim 0) back to back in rank order, on every rank (collective)."""
+    if comm.group is not None:  # torch.distributed: equal blocks, so pad to the longest
+        padded = torch.zeros((max(lengths),) + tuple(local.shape[1:]), dtype=local.dtype)
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in lengths]
+        torch.distributed.all_gather(parts, padded, group=comm.group)
+        return torch.cat([part[:n] for part, n in zip(parts, lengths)])
+    from mpi4py import MPI
+
     row = int(np.prod(local.shape[1:])) * local.element_size()
-    gathered = torch.empty((seq,) + tuple(local.shape[1:]), dtype=x.dtype)
+    gathered = torch.empty((sum(lengths),) + tuple(local.shape[1:]), dtype=local.dtype)
     counts = [n * row for n in lengths]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
     comm.mpi.Allgatherv(
         local.reshape(-1).view(torch.uint8).numpy(),
         [gathered.reshape(-1).view(torch.uint8).numpy(), counts, displs, MPI.BYTE],
     )
-    return _in_sequence_order(gathered, chunks).movedim(0, d)
+    return gathered

@@ -19,9 +19,15 @@ def check(t: torch.Tensor, name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise Error(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise Error(f"{name} is on {t.device}; ulysses runs on CPU tensors")
+        raise Error(
+            f"{name} is on {t.device}; ulysses runs on CPU tensors: move them with .cpu() (the output back with "
+            ".to(device)), or keep DeepSpeed's module for GPU tensors"
+        )
     if t.dtype not in _DTYPES:
-        raise Error(f"{name} has dtype {t.dtype}; ulysses takes torch.float32 or torch.bfloat16")
+        raise Error(
+            f"{name} has dtype {t.dtype}; ulysses takes torch.float32 or torch.bfloat16: convert with .float() "
+            "or .bfloat16() (and the output back with .to(dtype))"
+        )
     if t.dim() != 4:
         raise Error(f"{name} must be 4-D [b, s, h, d], got shape {tuple(t.shape)}")
 

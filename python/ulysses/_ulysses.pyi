@@ -41,6 +41,9 @@ class Communicator:
     def agree_identical(self, what: str, description: str) -> None:
         """Collective: every rank raises the same Error naming both texts when a rank's
         description differs from rank 0's."""
+    def agree_all(self, local_error: str, what: str, description: str, values: List[int]) -> List[int]:
+        """Collective: agree and agree_identical, and every rank's values (as many on each) in rank
+        order, in one small all-gather."""
 
 class Context:
     """What one forward keeps for its backward."""
@@ -70,6 +73,10 @@ class ContextParallelAttention:
 
 class HeadBuffer:
     """The head-sharded side of the fused all-to-all."""
+
+def torch_communicator(transport: Any) -> Communicator:
+    """Not collective: a communicator over a torch.distributed group (the transport of
+    ulysses/_torch_comm.py: rank, size, me, name and one method per operation)."""
 
 def run_local(size: int, fn: Callable[[Communicator], Any]) -> List[Any]:
     """fn(comm) on `size` threads, one per rank of a new local group; the results in rank order.

@@ -4,7 +4,7 @@ signature, our fused all-to-all around any local attention)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -12,13 +12,11 @@ from . import _ulysses
 from ._agree import INT64_MAX, agree_identical, agreed, integer
 from ._infer import KvCache, prompt_chunk  # noqa: F401  (exported: inference over a sharded KV cache)
 from ._tensors import check, from_buffer, readable, spec
+from ._torch_comm import communicator as _communicator
 
 MAX_OVERLAP_CHUNKS = 1024  # the CLI's --overlap-chunks limit
 
-if TYPE_CHECKING:
-    from ._comm import Communicator
-
-__all__ = ["ContextParallelAttention", "DistributedAttention"]
+__all__ = ["ContextParallelAttention", "DistributedAttention", "all_to_all"]
 
 
 class _CpAttention(torch.autograd.Function):
@@ -82,6 +80,10 @@ class ContextParallelAttention(torch.nn.Module):
     required when ``s_k != s``. With ``q_offset`` set every strategy keeps contiguous chunks.
     No window and no documents with cross-attention.
 
+    ``comm`` is a ``ulysses.Communicator``, a ``torch.distributed`` ProcessGroup (None: the
+    default group; gloo, e.g. under torchrun: ``Communicator.from_torch``) or an mpi4py
+    communicator.
+
     Construction and every call are collective over ``comm``: a bad or differing argument on
     any rank (``overlap_chunks`` in [1, 1024], integers in int64) raises the same
     ``ulysses.Error`` on every rank, before any data moves; the library's own rules (window,
@@ -90,7 +92,7 @@ class ContextParallelAttention(torch.nn.Module):
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: Any,
         strategy: str = "a2a",
         causal: bool = False,
         cp_sizes: Optional[Sequence[int]] = None,
@@ -101,6 +103,7 @@ class ContextParallelAttention(torch.nn.Module):
         options: Optional[Mapping[str, Sequence[int]]] = None,
     ) -> None:
         super().__init__()
+        comm = _communicator(comm, "comm")
         self.comm, self.strategy, self.causal = comm, strategy, causal
 
         def build():
@@ -233,19 +236,21 @@ class DistributedAttention(torch.nn.Module):
     ``batch_dim_idx=0``); the local attention gets and returns the same layout with the full
     sequence and this rank's heads (h/p; uneven h keeps GQA groups whole). Q, K and V travel in
     ONE all-to-all (DeepSpeed sends three); fewer KV heads than ranks are shared and their
-    gradients summed. ``comm`` is a
-    ``ulysses.Communicator`` (DeepSpeed's ``sequence_process_group``)."""
+    gradients summed. ``sequence_process_group`` is DeepSpeed's: a ``torch.distributed``
+    ProcessGroup (None: the default group), or a ``ulysses.Communicator``, or an mpi4py
+    communicator; by position or by name, as DeepSpeed's other arguments."""
 
     def __init__(
         self,
         local_attention: Callable[..., torch.Tensor],
-        comm: Communicator,
+        sequence_process_group: Any = None,
         scatter_idx: int = 2,
         gather_idx: int = 0,
         sp_stream: Any = None,
         num_kv_heads: Optional[int] = None,
     ) -> None:
         super().__init__()
+        comm = _communicator(sequence_process_group)
 
         def validate():
             if scatter_idx != 2 or gather_idx not in (0, 1):
@@ -299,3 +304,59 @@ class DistributedAttention(torch.nn.Module):
         out = self.local_attn(qh, kh, vh, *args, **kwargs)
         out = _HeadToSeq.apply(self.comm, q_heads, q.shape[1], out.transpose(0, 1) if seq_first else out)
         return out.transpose(0, 1) if seq_first else out
+
+
+def _a2a_layout(x: torch.Tensor, scatter_idx: int, gather_idx: int, batch_dim_idx: Optional[int], p: int):
+    """DeepSpeed's all-to-all arguments checked (not collective): (to heads?, sequence first?)."""
+    check(x, "input")
+    pair = sorted((scatter_idx, gather_idx))
+    if pair not in ([0, 2], [1, 2]):
+        raise _ulysses.Error(
+            f"all_to_all moves between the sequence (dim 0 or 1) and the heads (dim 2): scatter_idx and gather_idx "
+            f"are 2 and the sequence's dim, got scatter_idx={scatter_idx}, gather_idx={gather_idx}"
+        )
+    if batch_dim_idx not in (None, 0, 1):
+        raise _ulysses.Error(f"batch_dim_idx must be 0 ([b, s, h, d]) or 1 ([s, b, h, d]), got {batch_dim_idx!r}")
+    seq_first = pair[0] == 0 if batch_dim_idx is None else batch_dim_idx == 1
+    return scatter_idx == 2, seq_first
+
+
+def all_to_all(
+    input: torch.Tensor,
+    scatter_idx: int,
+    gather_idx: int,
+    batch_dim_idx: Optional[int] = None,
+    group: Any = None,
+) -> torch.Tensor:
+    """DeepSpeed's ``single_all_to_all`` (and ``_SeqAllToAll.apply(group, input, scatter_idx,
+    gather_idx, batch_dim_idx)``): differentiable, its backward the same call with the indices
+    swapped. ``scatter_idx=2`` scatters the heads and gathers the sequence: this rank's
+    ``[b, s/p, h, d]`` (``batch_dim_idx=0``) or ``[s/p, b, h, d]`` (``1``) becomes the whole
+    sequence for its heads ``[b, s, h/p, d]`` / ``[s, b, h/p, d]``; ``gather_idx=2`` is the way
+    back. ``batch_dim_idx`` decides the layout, as in DeepSpeed; when None, the sequence's index
+    among scatter_idx and gather_idx does. Uneven sizes are split as the library splits them
+    (whole GQA groups of heads; tokens differing by one), not refused. ``group`` as in
+    ``DistributedAttention``. Collective: bad input raises the same ``ulysses.Error`` everywhere."""
+    comm = _communicator(group, "group")
+    to_heads, seq_first = agreed(comm, _a2a_layout, input, scatter_idx, gather_idx, batch_dim_idx, comm.size)
+    x = input.transpose(0, 1) if seq_first else input  # [b, s, h, d] views: the library reads strides
+    if to_heads:
+        q_heads, _ = _ulysses.head_split(comm.size, x.shape[2], x.shape[2])
+        out = _SeqToHead.apply(comm, [q_heads], x)[0]
+    else:
+        # Every rank's heads (uneven ones too) and sequence length, agreed in one small collective.
+        sizes = comm._impl.agree_all("", "all_to_all's sequence length", str(x.shape[1]), [x.shape[2]])
+        starts = [sum(sizes[:r]) for r in range(comm.size)]
+        s, p = x.shape[1], comm.size  # contiguous parts differing by one token, the first s % p larger
+        out = _HeadToSeq.apply(comm, list(zip(starts, sizes)), s // p + (comm.rank < s % p), x)
+    return out.transpose(0, 1) if seq_first else out
+
+
+class _SeqAllToAll:
+    """DeepSpeed's ``_SeqAllToAll``: ``apply(group, input, scatter_idx, gather_idx,
+    batch_dim_idx)`` is ``all_to_all`` (DeepSpeed's stream and overlap arguments do not apply
+    to CPU tensors and must be left out)."""
+
+    @staticmethod
+    def apply(group: Any, input: torch.Tensor, scatter_idx: int, gather_idx: int, batch_dim_idx: Optional[int] = None):
+        return all_to_all(input, scatter_idx, gather_idx, batch_dim_idx, group)

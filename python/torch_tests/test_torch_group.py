@@ -1,0 +1,230 @@
+"""A torch.distributed group where a Communicator goes: DeepSpeed's DistributedAttention
+arguments by position and by name, ContextParallelAttention on every strategy, the byte counters
+to the formula, the same results as MPI's communicator under mpirun, and bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import ulysses
+import ulysses.torch as ut
+from conftest import agreed_ok, launcher, sdpa
+
+RANK, P = dist.get_rank(), dist.get_world_size()
+
+
+def reference(b, s, h, d, seed=3):
+    """The global q, k, v, dout and single-process attention with its gradients (float32)."""
+    torch.manual_seed(seed)
+    q, k, v, dout = (torch.randn(b, s, h, d) for _ in range(4))
+    rq, rk, rv = (x.clone().requires_grad_() for x in (q, k, v))
+    out = sdpa(rq, rk, rv)
+    out.backward(dout)
+    return (q, k, v, dout), (out.detach(), rq.grad, rk.grad, rv.grad)
+
+
+def mine(x, dim=1):
+    """This rank's contiguous tokens (DeepSpeed's layout: equal parts)."""
+    n = x.shape[dim] // P
+    return x.narrow(dim, RANK * n, n).contiguous()
+
+
+def test_the_group_is_a_communicator(world):
+    comm = ulysses.Communicator.from_torch()
+    assert (comm.backend, comm.rank, comm.size) == ("torch", RANK, P)
+    assert ulysses.Communicator.from_torch(world) is comm  # one per group, shared by every layer
+    assert comm.group is world
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda attn, g: ut.DistributedAttention(attn, g, 2, 1),
+        lambda attn, g: ut.DistributedAttention(attn, sequence_process_group=g, scatter_idx=2, gather_idx=1),
+        lambda attn, g: ut.DistributedAttention(local_attention=attn, sequence_process_group=None, gather_idx=1),
+        lambda attn, g: ut.DistributedAttention(attn, ulysses.Communicator.from_torch(g), gather_idx=1),
+    ],
+    ids=["positional", "keywords", "default-group", "communicator"],
+)
+def test_distributed_attention_takes_their_group(world, make):
+    (q, k, v, dout), (out, dq, dk, dv) = reference(2, 8 * P, 4, 16)
+    layer = make(sdpa, world)
+    lq, lk, lv = (mine(x).requires_grad_() for x in (q, k, v))
+    got = layer(lq, lk, lv, 0)  # batch_dim_idx=0: [b, s/p, h, d], as DeepSpeed >= 0.15 passes it
+    got.backward(mine(dout))
+    pairs = [(got.detach(), out), (lq.grad, dq), (lk.grad, dk), (lv.grad, dv)]
+    errs = [float((a - mine(b)).abs().max()) for a, b in pairs]
+    assert agreed_ok(max(errs) < 1e-5), errs
+
+
+def test_counters_are_the_formula(world):
+    """seq_to_head sends (p-1)/p of q, k and v; head_to_seq (p-1)/p of the output: exact bytes."""
+    b, n, h, d = 2, 8, 4 * P, 16
+    layer = ut.DistributedAttention(sdpa, world, 2, 1)
+    layer.comm.reset_counters()
+    x = torch.randn(b, n, h, d)
+    layer(x, x, x)
+    c = layer.comm.counters()
+    per_tensor = b * n * h * d * 4 * (P - 1) // P
+    assert c["seq_to_head"]["bytes_sent"] == 3 * per_tensor
+    assert c["head_to_seq"]["bytes_sent"] == per_tensor
+
+
+def strategies():
+    out = [(s, None) for s in ulysses.strategy_names() if s != "a2a+p2p"]
+    return out + [("a2a+p2p", [i, P // i]) for i in range(1, P + 1) if P % i == 0]
+
+
+@pytest.mark.parametrize("strategy,sizes", strategies())
+def test_every_strategy_over_the_group(world, strategy, sizes):
+    """Every strategy over torch.distributed equals single-process attention; under mpirun it is
+    bit for bit what the same strategy gives over MPI (the same ranks, the same arithmetic)."""
+    (q, k, v, _), (out, _, _, _) = reference(1, 6 * P, 4, 8, seed=5)
+    comm = ulysses.Communicator.from_torch(world)
+    attn = ut.ContextParallelAttention(None, strategy, causal=True, cp_sizes=sizes)  # None: the default group
+    shards = [ulysses.shard(x, comm, strategy, True, cp_sizes=sizes) for x in (q, k, v)]
+    got = attn(*shards)
+    want = ulysses.shard(out, comm, strategy, True, cp_sizes=sizes)
+    ok = float((got - want).abs().max()) < 1e-5
+    if launcher() == "mpirun":
+        from mpi4py import MPI
+
+        mpi = ulysses.Communicator(MPI.COMM_WORLD)
+        ok = ok and torch.equal(got, ut.ContextParallelAttention(mpi, strategy, causal=True, cp_sizes=sizes)(*shards))
+    assert agreed_ok(ok)
+
+
+def test_a_sub_group(world):
+    """Groups of 2 inside the world (DeepSpeed's sp < world): each pair attends on its own."""
+    if P % 2:
+        pytest.skip("needs an even world")
+    groups = [dist.new_group([r, r + 1]) for r in range(0, P, 2)]  # every rank makes every group
+    group = groups[RANK // 2]
+    torch.manual_seed(11 + RANK // 2)
+    q, k, v = (torch.randn(1, 8, 4, 16) for _ in range(3))
+    half = RANK % 2
+    layer = ut.DistributedAttention(sdpa, group, 2, 1)
+    got = layer(*(x[:, 4 * half : 4 * half + 4] for x in (q, k, v)))
+    assert layer.comm.size == 2 and layer.comm.rank == half
+    assert agreed_ok(float((got - sdpa(q, k, v)[:, 4 * half : 4 * half + 4]).abs().max()) < 1e-5)
+
+
+def error_of(fn):
+    try:
+        fn()
+    except ulysses.Error as e:
+        return str(e)
+    return None
+
+
+def test_a_group_without_this_rank(world):
+    """A group that does not hold this rank's tensors is refused on that rank, naming both; its
+    members build as usual."""
+    if P < 2:
+        pytest.skip("needs a rank outside the group")
+    members = [0] if P == 2 else [0, 1]
+    group = dist.new_group(members)
+    err = error_of(lambda: ut.DistributedAttention(sdpa, group))
+    if RANK in members:
+        assert err is None
+    else:
+        assert f"does not hold this process (global rank {RANK})" in err, err
+        assert "pass the group this rank's tensors belong to" in err
+
+
+@pytest.mark.parametrize(
+    "bad,says",
+    [
+        (lambda x: x.to(torch.float16), ["dtype torch.float16", "convert with .float() or .bfloat16()"]),
+        (lambda x: x.double(), ["dtype torch.float64", "convert with .float()"]),
+        (lambda x: torch.empty(x.shape, device="meta"), ["is on meta", "move them with .cpu()"]),
+    ],
+    ids=["float16", "float64", "device"],
+)
+def test_tensors_we_cannot_take(world, bad, says):
+    """One rank's bad tensor: the same error on every rank, saying what to do, no hang."""
+    x = torch.randn(1, 4, 2 * P, 8)
+    q = bad(x) if RANK == P - 1 else x
+    errors = [
+        error_of(lambda: ut.DistributedAttention(sdpa, world, 2, 1)(q, x, x)),
+        error_of(lambda: ut.ContextParallelAttention(world)(q, x, x)),
+        error_of(lambda: ut.all_to_all(q, 2, 1, 0, world)),
+    ]
+    for err in errors:
+        prefix = f"rank {P - 1}: " if P > 1 else ""  # the failing rank, named on every rank
+        assert err is not None and err.startswith(prefix) and all(s in err for s in says), err
+
+
+def test_what_is_not_a_group(world):
+    err = error_of(lambda: ut.DistributedAttention(sdpa, "world"))
+    assert "must be a torch.distributed ProcessGroup" in err and "got str" in err
+
+
+def test_before_init_process_group():
+    """Without torch.distributed initialised: what to call first (a process of its own)."""
+    if RANK != 0:
+        return
+    code = "import ulysses.torch as ut; ut.DistributedAttention(lambda q, k, v: q, None)"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE") and not k.startswith("OMPI_")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode != 0 and "call torch.distributed.init_process_group('gloo') first" in run.stderr, run.stderr
+
+
+def test_all_to_all_uneven_tokens_and_heads(world):
+    """Lengths and heads that do not divide by the group: the library's split (the first ranks
+    one token larger, whole heads), there and back bit for bit."""
+    s, h = 3 * P + 1, 2 * P + 1
+    torch.manual_seed(RANK)
+    x = torch.randn(2, s // P + (RANK < s % P), h, 8)
+    heads = ut.all_to_all(x, 2, 1, 0, world)
+    assert heads.shape[1] == s
+    assert agreed_ok(torch.equal(ut.all_to_all(heads, 1, 2, 0, world), x))
+
+
+def test_all_to_all_refuses_other_dims(world):
+    err = error_of(lambda: ut.all_to_all(torch.zeros(1, 4, 2 * P, 8), 3, 1, 0, world))
+    assert "scatter_idx and gather_idx are 2 and the sequence's dim" in err, err
+
+
+HANG = """
+import time, torch.distributed as dist, ulysses
+dist.init_process_group("gloo")
+comm = ulysses.Communicator.from_torch()
+comm.timeout = 2
+if dist.get_rank() == 0:
+    comm._impl.agree("")  # rank 1 never joins this collective
+time.sleep(60)
+"""
+
+
+def test_the_watchdog_ends_the_job(tmp_path):
+    """A rank that skips a collective: the waiting rank names it and exits 75; torchrun ends the
+    job (a torchrun of its own, started by rank 0)."""
+    ok = True
+    if RANK == 0:
+        script = tmp_path / "hang.py"
+        script.write_text(HANG)
+        launch = ("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC", "GROUP_", "ROLE_", "OMPI_", "PMIX")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        out = run.stdout + run.stderr
+        said = (
+            "ulysses watchdog: rank 0 (torch global rank 0" in out and "the torch group of global ranks [0, 1]" in out
+        )
+        ok = run.returncode != 0 and said and "exitcode: 75" in out
+        assert ok, out[-3000:]
+    assert agreed_ok(ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shard_and_unshard_over_the_group(world, dtype):
+    """shard, positions and unshard take the group too: zigzag tokens there and back exactly."""
+    x = torch.arange(2 * (4 * P + 1) * 3, dtype=torch.float32).view(2, 4 * P + 1, 3, 1).to(dtype)
+    mine = ulysses.shard(x, world, "p2p", causal=True)
+    pos = ulysses.positions(x.shape[1], None, "p2p", causal=True)
+    same = torch.equal(mine, x[:, pos])
+    assert agreed_ok(same and torch.equal(ulysses.unshard(mine, world, "p2p", causal=True), x))

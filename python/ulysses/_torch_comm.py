@@ -1,0 +1,150 @@
+"""A ``torch.distributed`` process group as a ``ulysses.Communicator`` (backend ``"torch"``):
+what programs launched by ``torchrun`` (no MPI) run on, and what a DeepSpeed user's
+``sequence_process_group`` becomes. The C++ backend (python/src/torch_communicator.cpp) calls
+the transport below for every collective; counting, agreement and the watchdog are the
+library's, as over MPI.
+
+A torch group is always served by torch.distributed, under ``torchrun`` and under ``mpirun``
+alike: its ranks are the group's ranks by construction (no second numbering to reconcile), and
+one path serves both launchers. A program that wants MPI's transport passes
+``ulysses.Communicator(mpi4py_comm)`` instead (docs/python.md, docs/perf.md: the cost of each)."""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List
+
+import torch
+
+from . import _ulysses
+from ._comm import Communicator
+
+_REDUCE = {"sum": "SUM", "min": "MIN", "max": "MAX"}
+_COMMUNICATORS: Dict[Any, Communicator] = {}  # one per group: modules of every layer share it
+
+
+class _Waited:
+    """A point-to-point Work whose completion can be polled. Gloo's send and receive Work only
+    learns that it is complete inside a blocking wait() (is_completed stays False until then),
+    so a pool thread makes that wait (it releases the GIL) and the watchdog polls the thread."""
+
+    _pool = None
+
+    def __init__(self, work: Any) -> None:
+        if _Waited._pool is None:
+            _Waited._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ulysses-p2p")
+        self._done = _Waited._pool.submit(work.wait)
+
+    def is_completed(self) -> bool:
+        return self._done.done()
+
+    def wait(self) -> None:
+        self._done.result()  # re-raises what the transport met
+
+
+class _Transport:
+    """Posts one operation on ``group`` over this rank's memory (numpy arrays that view it, no
+    copy) and returns the ``Work``; the C++ side polls it under the watchdog."""
+
+    def __init__(self, group: Any) -> None:
+        dist = torch.distributed
+        self.group = group
+        self.ranks: List[int] = dist.get_process_group_ranks(group)
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.me = f"rank {self.rank} (torch global rank {dist.get_rank()}, host {socket.gethostname()})"
+        self.name = f"the torch group of global ranks {_ranks_text(self.ranks)}"
+
+    def alltoallv(self, send, send_counts, recv, recv_counts):
+        return torch.distributed.all_to_all_single(
+            torch.from_numpy(recv),
+            torch.from_numpy(send),
+            list(recv_counts),
+            list(send_counts),
+            group=self.group,
+            async_op=True,
+        )
+
+    def allgather(self, send, recv):
+        out = list(torch.from_numpy(recv).view(self.size, -1).unbind(0))
+        return torch.distributed.all_gather(out, torch.from_numpy(send), group=self.group, async_op=True)
+
+    def allreduce(self, data, how):
+        op = getattr(torch.distributed.ReduceOp, _REDUCE[how])
+        return torch.distributed.all_reduce(torch.from_numpy(data), op=op, group=self.group, async_op=True)
+
+    def broadcast(self, data, root):
+        src = self.ranks[root]
+        return torch.distributed.broadcast(torch.from_numpy(data), src, group=self.group, async_op=True)
+
+    def barrier(self):
+        return torch.distributed.barrier(group=self.group, async_op=True)
+
+    def isend(self, data, dest, tag):
+        return _Waited(torch.distributed.isend(torch.from_numpy(data), self.ranks[dest], group=self.group, tag=tag))
+
+    def irecv(self, data, src, tag):
+        return _Waited(torch.distributed.irecv(torch.from_numpy(data), self.ranks[src], group=self.group, tag=tag))
+
+    def subgroup(self, members: List[int]) -> "_Transport":
+        """A transport over ``members`` (ranks of this group, in the new group's order); only
+        they call it (torch >= 2.1's local synchronisation: the other ranks need not join)."""
+        ranks = [self.ranks[r] for r in members]
+        return _Transport(torch.distributed.new_group(ranks, use_local_synchronization=True))
+
+
+def _ranks_text(ranks: List[int]) -> str:
+    return f"[{', '.join(map(str, ranks))}]" if len(ranks) <= 16 else f"[{ranks[0]}, ..., {ranks[-1]}] ({len(ranks)})"
+
+
+def _check_group(group: Any, name: str) -> Any:
+    """The group to use for ``group`` (None: the default group), or Error saying what to do."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        raise _ulysses.Error(
+            f"{name}: torch.distributed is not initialised; call torch.distributed.init_process_group('gloo') "
+            "first (torchrun sets its environment), or pass a ulysses.Communicator (mpirun, or ulysses.local_group)"
+        )
+    if int(torch.__version__.split(".")[0]) < 2:
+        raise _ulysses.Error(f"{name}: a torch.distributed group needs torch >= 2 (this is torch {torch.__version__})")
+    group = dist.group.WORLD if group is None else group
+    ranks = dist.get_process_group_ranks(group)
+    if dist.get_rank(group) < 0:
+        raise _ulysses.Error(
+            f"{name} holds global ranks {_ranks_text(ranks)}, not this process (global rank {dist.get_rank()}): "
+            "pass the group this rank's tensors belong to, and build the module only on its members"
+        )
+    backend = str(dist.get_backend(group))
+    if "gloo" not in backend and "mpi" not in backend:
+        raise _ulysses.Error(
+            f"{name} uses the {backend} backend, which does not move CPU tensors; ulysses runs on CPU: "
+            f"make a gloo group of the same ranks, torch.distributed.new_group({ranks}, backend='gloo')"
+        )
+    return group
+
+
+def communicator(group: Any, name: str = "sequence_process_group") -> Communicator:
+    """A ``ulysses.Communicator`` for what a caller passed as its group: a Communicator as it is,
+    an mpi4py communicator wrapped, a torch ProcessGroup (or None: the default group) through
+    torch.distributed. Collective over the group the first time a torch group is seen."""
+    if isinstance(group, Communicator):
+        return group
+    if type(group).__module__.startswith("mpi4py"):
+        return Communicator(group)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise _ulysses.Error(
+            f"{name} does not hold this process (global rank {dist.get_rank()}): torch.distributed.new_group "
+            "returns GroupMember.NON_GROUP_MEMBER outside the group; pass the group this rank's tensors belong to, "
+            "and build the module only on its members"
+        )
+    is_group = group is None or (torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup))
+    if not is_group:
+        raise _ulysses.Error(
+            f"{name} must be a torch.distributed ProcessGroup (None: the default group), a ulysses.Communicator or "
+            f"an mpi4py communicator, got {type(group).__name__}"
+        )
+    group = _check_group(group, name)
+    if group not in _COMMUNICATORS:
+        _COMMUNICATORS[group] = Communicator._from_torch(_ulysses.torch_communicator(_Transport(group)), group)
+    return _COMMUNICATORS[group]
