@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _ulysses
-from ._agree import agree_identical, agreed
+from ._agree import agreed
 from ._sharding import shard
 from .torch import DistributedAttention
 
@@ -76,6 +76,19 @@ class ShardedBatch:
     num_items: int
 
 
+class _WholeValue(torch.autograd.Function):
+    """``whole`` (the same bits on every rank) as the value, ``mine`` (this rank's part) for the
+    gradient: each rank's backward then reaches the parameters through its own tokens once."""
+
+    @staticmethod
+    def forward(ctx, mine, whole):
+        return whole.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 class _LazyMask:
     """What transformers' mask builder asked for, at this rank's length; the attention builds the
     mask at the global length once per forward (every layer of a forward shares this object)."""
@@ -120,6 +133,12 @@ def _attention_interface(module, query, key, value, attention_mask, dropout=0.0,
 
 AttentionInterface.register(NAME, _attention_interface)
 AttentionMaskInterface.register(NAME, _mask_interface)
+
+
+def _agree_text(comm: Any, what: str, text: str) -> None:
+    """Collective: every rank raises "<what> differ between ranks: rank 0 has <text>, rank r has
+    <its text>" unless all ranks' texts are equal."""
+    comm._impl.agree_identical(what, text)
 
 
 def _digest(*tensors: Optional[torch.Tensor]) -> str:
@@ -224,7 +243,7 @@ class SequenceParallel:
             _check_heads(model, self.size)
             return _digest(*model.state_dict().values())
 
-        agree_identical(self.comm, "the model's parameters (sha256)", agreed(self.comm, check))
+        _agree_text(self.comm, "the model's parameters (sha256)", agreed(self.comm, check))
         model.set_attn_implementation(NAME)
         for m in model.modules():
             object.__setattr__(m, "_ulysses_sp", self)
@@ -253,7 +272,7 @@ class SequenceParallel:
             return ids, mask, pos, shifted, items, f"valid tokens per row {rows}, sha256 {_digest(ids, mask, lab, pos)}"
 
         ids, mask, pos, shifted, items, described = agreed(self.comm, local)
-        agree_identical(self.comm, "shard_batch's batches (input_ids, attention_mask, labels, position_ids)", described)
+        _agree_text(self.comm, "shard_batch's batches (input_ids, attention_mask, labels, position_ids)", described)
         sh = lambda x: shard(x, self.comm, "a2a", causal=True, dim=1)
         inputs = {"input_ids": sh(ids), "position_ids": sh(pos), "use_cache": False}
         if mask is not None:
@@ -277,9 +296,8 @@ class SequenceParallel:
         agreed(self.comm, local)
         flat = logits.float().reshape(-1, logits.shape[-1])
         mine = F.cross_entropy(flat, batch.shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
-        total = self._all_reduce(mine.detach().double().reshape(1))[0]
-        scaled = mine / batch.num_items
-        return scaled + (total / batch.num_items - scaled.detach()).float()
+        whole = self._all_reduce(mine.detach().double().reshape(1))[0] / batch.num_items
+        return _WholeValue.apply(mine / batch.num_items, whole.float())
 
     def reduce_gradients(self, model: Any) -> None:
         """Sums every parameter's gradient over the group (in rank order, identical on every rank):
@@ -305,7 +323,7 @@ class SequenceParallel:
             ids = _as_rows("input_ids", input_ids, None)
             return _digest(ids, _as_rows("attention_mask", attention_mask, ids.shape))
 
-        agree_identical(self.comm, "generate's prompts (sha256)", agreed(self.comm, local))
+        _agree_text(self.comm, "generate's prompts (sha256)", agreed(self.comm, local))
         previous = model.config._attn_implementation
         model.set_attn_implementation("sdpa")
         try:
@@ -348,7 +366,7 @@ class SequenceParallel:
                 built = agreed(self.comm, mask.build, seq)
                 padding = mask.request.get("attention_mask")
                 rows = "none" if padding is None else str(padding.sum(-1).tolist())
-                agree_identical(self.comm, "attention masks", f"valid tokens per row {rows}, sha256 {_digest(padding)}")
+                _agree_text(self.comm, "attention masks", f"valid tokens per row {rows}, sha256 {_digest(padding)}")
                 mask.built = [built]
             return mask.built[0]
 
