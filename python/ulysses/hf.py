@@ -400,8 +400,8 @@ class SequenceParallel:
         self._gathered.clear()
         with torch.no_grad():
             self._gather(q, k, v)
-        rows = self._gathered.pop().reshape(self.size, 3 * third)[:, : bits.numel()].contiguous()
-        return rows.view(wide.dtype).to(x.dtype).reshape(self.size, *x.shape)
+        rows = self._gathered.pop().reshape(self.size, 3 * third)[:, : bits.numel()]
+        return rows.reshape(-1).view(wide.dtype).to(x.dtype).reshape(self.size, *x.shape)
 
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's ``x``, added in rank order: the same bits on every rank."""
