@@ -14,9 +14,8 @@ def test_heads_that_do_not_fit_the_group(comm):
     sp = ulysses.hf.SequenceParallel(comm)
     messages = errors_on_every_rank(comm, lambda: sp.attach(tiny("llama", heads=heads, kv_heads=heads)))
     assert len(set(messages)) == 1
-    assert f"LlamaForCausalLM: num_attention_heads ({heads}) must be at least the group's size ({comm.size})" in (
-        messages[0]
-    )
+    expected = f"LlamaForCausalLM: num_attention_heads ({heads}) must be at least the group's size ({comm.size})"
+    assert expected in messages[0]
 
 
 def test_parameters_that_differ_between_ranks(comm):
@@ -31,9 +30,8 @@ def test_padding_that_differs_between_ranks(comm):
     messages = errors_on_every_rank(comm, lambda: sp.shard_batch(ids, attention_mask=mask, labels=ids))
     assert len(set(messages)) == 1
     assert "shard_batch's batches (input_ids, attention_mask, labels, position_ids) differ between ranks" in messages[0]
-    assert "rank 0 has valid tokens per row [30, 21]" in messages[0] and "rank 1 has valid tokens per row [30, 20]" in (
-        messages[0]
-    )
+    assert "rank 0 has valid tokens per row [30, 21]" in messages[0]
+    assert "rank 1 has valid tokens per row [30, 20]" in messages[0]
 
     # The same masks given to the model directly: its first attention stops every rank.
     inputs = sp.shard_batch(batch()).inputs

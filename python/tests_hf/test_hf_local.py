@@ -3,7 +3,6 @@ equals cp = 1's, as under mpirun."""
 
 import copy
 
-import torch
 import ulysses
 import ulysses.hf
 from conftest import batch, rel, tiny, worst_grad

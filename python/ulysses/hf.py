@@ -66,10 +66,11 @@ class ShardedBatch:
     """This rank's part of a batch (``SequenceParallel.shard_batch``).
 
     ``inputs``: the model's keywords: ``input_ids`` and ``position_ids`` of this rank's tokens
-    ``[b, s/cp]``, ``use_cache=False`` (a cache would hold this rank's keys only) and ``attention_mask``, the *global* ``[b, s]`` padding mask when one was given
-    (the attention needs every key's). ``shift_labels``: this rank's ``[b, s/cp]`` next-token
-    targets (``IGNORE_INDEX`` where there is none), or None without labels. ``num_items``: the
-    valid targets of the whole batch, over all ranks."""
+    ``[b, s/cp]``, ``use_cache=False`` (a cache would hold this rank's keys only), and, when one
+    was given, ``attention_mask``: the *global* ``[b, s]`` padding mask (the attention needs
+    every key's). ``shift_labels``: this rank's ``[b, s/cp]`` next-token targets
+    (``IGNORE_INDEX`` where there is none), or None without labels. ``num_items``: the valid
+    targets of the whole batch, over all ranks."""
 
     inputs: Dict[str, torch.Tensor]
     shift_labels: Optional[torch.Tensor]
@@ -174,7 +175,9 @@ def _check_heads(model: Any, cp: int) -> None:
             f"every rank at least one whole head (num_key_value_heads {kv_heads}); use a group of at most {heads} ranks"
         )
     if heads % kv_heads:
-        raise _ulysses.Error(f"{name}: num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})")
+        raise _ulysses.Error(
+            f"{name}: num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})"
+        )
 
 
 def _global_position_ids(ids, mask, position_ids):
@@ -356,7 +359,9 @@ class SequenceParallel:
         if k.shape[1] != q.shape[1]:
             k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
         causal = mask is None and causal and q.shape[2] > 1
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling
+        )
         return out.transpose(1, 2)
 
     def _global_mask(self, mask: Any, seq: int) -> Optional[torch.Tensor]:
@@ -373,7 +378,9 @@ class SequenceParallel:
         def given():
             if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape[-2:]) != (seq, seq)):
                 got = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-                raise _ulysses.Error(f"a 4-D attention_mask must cover the whole sequence [b, 1, {seq}, {seq}], got {got}")
+                raise _ulysses.Error(
+                    f"a 4-D attention_mask must cover the whole sequence [b, 1, {seq}, {seq}], got {got}"
+                )
 
         agreed(self.comm, given)
         return mask
