@@ -83,3 +83,20 @@ def test_greedy_generation_matches_cp1(comm):
     assert max(gathered(comm, worst)) < 1e-5
     assert all(gathered(comm, torch.equal(got, want)))
     assert model.config._attn_implementation == "ulysses"  # restored after generate
+
+
+def test_gradient_checkpointing_matches_cp1(comm):
+    # The backward recomputes each layer's forward, all-to-alls and mask included.
+    ref, sp, model = pair("llama", comm)
+    for m in (ref, model):
+        m.gradient_checkpointing_enable()
+        m.train()
+    ids = batch()
+    want = ref(input_ids=ids, labels=ids, use_cache=False).loss
+    want.backward()
+    sharded = sp.shard_batch(ids, labels=ids)
+    loss = sp.loss(model(**sharded.inputs).logits, sharded)
+    loss.backward()
+    sp.reduce_gradients(model)
+    worst = max(rel(loss.detach(), want.detach()), worst_grad(model, ref))
+    assert max(gathered(comm, worst)) < TOLERANCE
