@@ -260,6 +260,8 @@ class SequenceParallel:
 
         def local():
             ids = _as_rows("input_ids", input_ids, None)
+            if ids is None:
+                raise _ulysses.Error("shard_batch needs input_ids [b, s]")
             if ids.shape[1] < self.size:
                 raise _ulysses.Error(f"input_ids has {ids.shape[1]} tokens per row, fewer than the {self.size} ranks")
             mask, lab = _as_rows("attention_mask", attention_mask, ids.shape), _as_rows("labels", labels, ids.shape)
@@ -323,6 +325,8 @@ class SequenceParallel:
 
         def local():
             ids = _as_rows("input_ids", input_ids, None)
+            if ids is None:
+                raise _ulysses.Error("generate needs input_ids [b, s]")
             return _digest(ids, _as_rows("attention_mask", attention_mask, ids.shape))
 
         _agree_text(self.comm, "generate's prompts (sha256)", agreed(self.comm, local))
