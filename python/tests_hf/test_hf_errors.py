@@ -78,4 +78,4 @@ def test_a_model_no_group_attached(comm):
 
 def test_not_a_group(comm):
     messages = errors_on_every_rank(comm, lambda: ulysses.hf.SequenceParallel("world"))
-    assert "SequenceParallel needs a ulysses.Communicator" in messages[0]
+    assert "SequenceParallel's group must be a torch.distributed ProcessGroup" in messages[0]

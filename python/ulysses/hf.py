@@ -48,16 +48,12 @@ _UNSUPPORTED = ("softcap", "s_aux")
 
 
 def _communicator(group: Any) -> Any:
-    """The ``ulysses.Communicator`` of ``group``: the one place a group is resolved, so that other
-    kinds of group (a torch.distributed ProcessGroup) arrive here and nowhere else."""
-    from ._comm import Communicator
+    """The ``ulysses.Communicator`` of ``group``: a Communicator, an mpi4py communicator or a
+    torch.distributed ProcessGroup (None: the default group), resolved as every module resolves
+    one (``ulysses.torch``'s ``sequence_process_group``)."""
+    from ._torch_comm import communicator
 
-    if isinstance(group, Communicator):
-        return group
-    raise _ulysses.Error(
-        f"SequenceParallel needs a ulysses.Communicator (ulysses.Communicator(mpi4py_comm), or the comm a "
-        f"ulysses.local_group(n).run gives), got {type(group).__name__}"
-    )
+    return communicator(group, "SequenceParallel's group")
 
 
 @dataclass
