@@ -177,18 +177,20 @@ class ToyAllGatherHalves final : public Strategy {
   }
 
   // Its context: float32 q, out and lse of the busiest rank's tokens, the full K and V in
-  // float32. The backward adds dq and dout of its tokens, then full-length dK, dV, two partials
-  // and the reduce-scatter's blocks.
-  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+  // float32; the forward gathers into one more full K and V beside its own, packed. The backward adds dq and dout of its
+  // tokens, then full-length dK, dV, two partials and the reduce-scatter's blocks.
+  StrategyMemory memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                        DType) const override {
     const double tokens = double(q.b) * double((q.s + cp - 1) / cp), qd = double(q.h * q.d);
-    const double full = double(q.b) * double(q.s) * double(kv_heads * q.d);
-    const double bytes = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
-    return {bytes, 4 * (2 * tokens * qd + 5 * full) / bytes};
+    const double full = double(q.b) * double(kv_seq) * double(kv_heads * q.d);
+    const double kept = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
+    const double own = 8 * double(q.b) * double((kv_seq + cp - 1) / cp) * double(kv_heads * q.d);
+    return {kept + 8 * full + own, kept, 4 * (2 * tokens * qd + 5 * full)};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {
     const Link& l = ring_link(in.cluster, in.cp, 1);
-    return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0, 0.0};
+    return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0};
   }
 };
 
