@@ -68,8 +68,8 @@ double replay(Communicator& comm, Communicator* inner, Communicator* outer, cons
         const std::size_t block = std::size_t(n / steps);
         buffers(block);
         for (int s = 0; s < steps; ++s) {
-          Request rr = c.irecv(b.data(), block, (c.rank() - 1 + R) % R, 7);
-          c.isend(a.data(), block, (c.rank() + 1) % R, 7, "replay").wait();
+          Request rr = c.irecv({b.data(), block}, (c.rank() - 1 + R) % R, 7);
+          c.isend({a.data(), block}, (c.rank() + 1) % R, 7, "replay").wait();
           rr.wait();
         }
       } else if (op == "all_gather_kv") {

@@ -55,7 +55,7 @@ void gather_half(Communicator& comm, const TensorView& x, const Tensor& full, co
   std::vector<std::size_t> bytes = block_elements(ctx, x.shape);
   for (std::size_t& b : bytes) b *= sizeof(float);
   Tensor all(full.shape());
-  comm.allgatherv(mine.data(), all.data(), bytes, op);
+  comm.allgatherv(buffer_of(mine), buffer_of(all), bytes, op);
   for (int r = 0; r < comm.size(); ++r)
     unshard_sequence(rank_block(all, ctx, x.shape, r), full.view(), ctx.chunks[std::size_t(r)]);
 }
@@ -66,7 +66,7 @@ void scatter_half(Communicator& comm, const Tensor& full_grad, const TensorView&
   Tensor blocks(full_grad.shape()), mine(out.shape);
   for (int r = 0; r < comm.size(); ++r)
     shard_sequence(full_grad.view(), rank_block(blocks, ctx, out.shape, r), ctx.chunks[std::size_t(r)]);
-  comm.reduce_scatter_sum(blocks.f32(), mine.f32(), block_elements(ctx, out.shape), op);
+  comm.reduce_scatter_sum(buffer_of(blocks), buffer_of(mine), block_elements(ctx, out.shape), op);
   copy(mine.view(), out);
 }
 
