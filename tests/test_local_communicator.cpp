@@ -120,6 +120,36 @@ TEST(Local, ARankBlockedElsewhereStillServesItsCollectivesInFlight) {
   });
 }
 
+// Host memory is a Buffer like a tensor's, so the collectives check that it holds every block
+// before anything moves, on every rank alike (the same sizes fail the same way everywhere).
+TEST(Local, HostBuffersTooSmallForTheirBlocksAreRefusedBeforeAnyTransfer) {
+  auto error_of = [](const std::function<void(Communicator&)>& fn) {
+    try {
+      run_local(2, fn);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::vector<std::size_t> bytes{4, 4}, offsets{0, 4};
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<std::uint8_t> send(8), recv(6);
+              c.ialltoallv(send, bytes, offsets, recv, bytes, offsets).wait();
+            }).find("ialltoallv recv: block 1 [4, 8) passes the end of its buffer of 6 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<float> mine(1), all(1);
+              c.allgatherv(mine, all, bytes);
+            }).find("allgatherv recv"),
+            std::string::npos);
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<float> send(1), recv(1);
+              const std::vector<std::size_t> counts{1, 1};
+              c.reduce_scatter_sum(send, recv, counts);
+            }).find("reduce_scatter_sum send"),
+            std::string::npos);
+}
+
 TEST(Local, GathersBroadcastAndBarrier) {
   on_1_to_4([](Communicator& c) {
     const int n = c.size(), me = c.rank();
