@@ -6,6 +6,7 @@
 // communication replayed alone (hidden = alone − exposed), bytes per rank against the formula,
 // and the library's peak working memory per rank against local Q+K+V.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <optional>
@@ -26,6 +27,15 @@ struct Result {
   int ranks = 1, threads = 1;
   double fwd = 0, bwd = 0, compute = 0, exposed = 0, alone = 0;
   std::int64_t bytes = 0, expected = 0, peak = 0;
+  double model = 0;     // the strategy's memory model of that peak (Strategy::memory)
+  std::string untuned;  // a tuning's row: the name of the row it varies ("" otherwise)
+};
+
+// One configuration the section runs: its row's name and, for a tuning, the row it varies.
+struct Run {
+  std::string name;
+  CpConfig cfg;
+  std::string untuned;
 };
 
 // The same communication as one forward + backward, without the compute: what it costs alone.
@@ -58,8 +68,8 @@ double replay(Communicator& comm, Communicator* inner, Communicator* outer, cons
         const std::size_t block = std::size_t(n / steps);
         buffers(block);
         for (int s = 0; s < steps; ++s) {
-          Request rr = c.irecv(b.data(), block, (c.rank() - 1 + R) % R, 7);
-          c.isend(a.data(), block, (c.rank() + 1) % R, 7, "replay").wait();
+          Request rr = c.irecv({b.data(), block}, (c.rank() - 1 + R) % R, 7);
+          c.isend({a.data(), block}, (c.rank() + 1) % R, 7, "replay").wait();
           rr.wait();
         }
       } else if (op == "all_gather_kv") {
@@ -135,6 +145,11 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
   r.expected = mine.total_forward_bytes() + mine.total_backward_bytes();
   comm.allreduce_max(&r.expected, 1);
   const CommVolume vol = predicted_comm_volume(cfg, cp, {1, s, kHeads, kHeadDim}, kvh, DType::f32);
+  if (cp > 1) {  // one rank runs plain flash attention, whatever the strategy
+    const StrategyMemory m =
+        find_strategy(cfg.cp_comm_type).memory(cfg, cp, {1, s, kHeads, kHeadDim}, s, kvh, DType::f32);
+    r.model = std::max(m.forward, m.kept + m.backward);
+  }
   std::unique_ptr<Communicator> inner, outer;
   if (find_strategy(cfg.cp_comm_type).hierarchical()) {
     const int I = cfg.hierarchical_context_parallel_sizes[0];
@@ -148,6 +163,46 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
   return r;
 }
 
+// What a tuning sets that its strategy's plain configuration does not: "--overlap-chunks 2".
+std::string tuned_options(const Strategy& strategy, const CpConfig& plain, const CpConfig& tuned) {
+  std::string out;
+  for (const StrategyOption& option : strategy.options())
+    if (const auto v = option_value(option, tuned); v != option_value(option, plain))
+      out += fmt::format(" --{} {}", option.flag, fmt::join(v, ","));
+  return out;
+}
+
+// Every registered strategy at each configuration the planner compares, then each one's
+// tunings beside its plain configuration (a2a's overlap), then, for the strategies a causal
+// sliding window of s/16 spares traffic (the ring's halo exchange), that window, zigzag and
+// contiguous ("c").
+std::vector<Run> runs(int cp, std::int64_t seq) {
+  std::vector<Run> out;
+  const Shape q{1, seq, kHeads, kHeadDim};
+  for (const Strategy* strategy : strategies())
+    for (const CpConfig& cfg : strategy->plan_configs(cp, true)) out.push_back({strategy->config_name(cfg), cfg, ""});
+  for (const Strategy* strategy : strategies()) {
+    const CpConfig plain = strategy->plan_configs(cp, true).front();
+    for (const CpConfig& tuned : strategy->tunings(plain, cp, kKvHeads))
+      if (const std::string options = tuned_options(*strategy, plain, tuned); !options.empty())
+        out.push_back({strategy->config_name(tuned) + options, tuned, strategy->config_name(plain)});
+  }
+  for (const Strategy* strategy : strategies()) {
+    CpConfig windowed = strategy->plan_configs(cp, true).front();
+    windowed.window_left = seq / 16;
+    auto bytes = [&](const CpConfig& c) {
+      return predicted_comm_volume(c, cp, q, kKvHeads, DType::f32).total_forward_bytes();
+    };
+    if (!strategy->supports_window() || bytes(windowed) >= bytes(strategy->plan_configs(cp, true).front())) continue;
+    for (bool zigzag : {true, false}) {
+      windowed.zigzag = zigzag;
+      out.push_back(
+          {fmt::format("{} W={}{}", strategy->config_name(windowed), seq / 16, zigzag ? "" : " c"), windowed, ""});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json strategies_section(Communicator& world, const Options& o) {
@@ -158,29 +213,18 @@ nlohmann::json strategies_section(Communicator& world, const Options& o) {
     const std::unique_ptr<Communicator> alone = make_self_communicator(world);
     Communicator& self = *alone;
     set_threads(o.cores);
-    results.push_back(run(self, CpConfig{"a2a", {}, true, std::nullopt}, o, "1 rank (no CP)", o.cores));
+    CpConfig plain;  // any strategy: one rank runs plain flash attention
+    plain.causal = true;
+    results.push_back(run(self, plain, o, "1 rank (no CP)", o.cores));
   }
   idle_barrier(MPI_COMM_WORLD);
   set_threads(o.threads_per_rank);
-  std::vector<std::pair<std::string, CpConfig>> configs;
-  for (const Strategy* strategy : strategies())
-    for (const CpConfig& cfg : strategy->plan_configs(cp, true)) configs.emplace_back(strategy->config_name(cfg), cfg);
-  for (int chunks : {2, 4})  // overlapped Ulysses, beside plain a2a
-    if (ulysses_overlap_chunks(chunks, cp, kKvHeads) == chunks) {
-      CpConfig cfg{"a2a", {}, true, std::nullopt};
-      cfg.overlap_chunks = chunks;
-      configs.emplace_back(fmt::format("a2a overlap {}", chunks), cfg);
-    }
-  // The ring under a causal sliding window of s/16 (its halo exchange), zigzag and
-  // contiguous ("c"), beside the plain ring above.
-  for (bool zigzag : {true, false})
-    configs.emplace_back(fmt::format("p2p W={}{}", o.seq / 16, zigzag ? "" : " c"),
-                         CpConfig{"p2p", {}, true, std::nullopt, zigzag, {}, o.seq / 16, -1});
-  for (const auto& [name, cfg] : configs) {
+  for (const Run& c : runs(cp, o.seq)) {
     try {
-      results.push_back(run(world, cfg, o, name, o.threads_per_rank));
+      results.push_back(run(world, c.cfg, o, c.name, o.threads_per_rank));
+      results.back().untuned = c.untuned;
     } catch (const Error& e) {  // agreed on every rank: e.g. heads not divisible
-      if (world.rank() == 0) fmt::print("{}: skipped: {}\n", name, e.what());
+      if (world.rank() == 0) fmt::print("{}: skipped: {}\n", c.name, e.what());
     }
   }
   nlohmann::json rows = nlohmann::json::array();
@@ -190,21 +234,18 @@ nlohmann::json strategies_section(Communicator& world, const Options& o) {
   fmt::print("\n[3] causal attention fwd+bwd, s = {}, heads {}, kv heads {}, d {}; {} ranks x {} threads{}\n", o.seq,
              kHeads, kKvHeads, kHeadDim, cp, o.threads_per_rank,
              cp > o.cores ? " (OVERSUBSCRIBED: more ranks than cores)" : "");
-  fmt::print("{:<16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>5} {:>8} {:>6} {:>6} {:>7}\n", "strategy", "fwd ms",
-             "bwd ms", "compute", "exposed", "comm", "hidden", "MB/rank", "=form", "peak MB", "/qkv", "model",
+  fmt::print("{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>5} {:>8} {:>6} {:>8} {:>7}\n", "strategy", "fwd ms",
+             "bwd ms", "compute", "exposed", "comm", "hidden", "MB/rank", "=form", "peak MB", "/qkv", "model MB",
              "vs 1rk");
   for (const Result& r : results) {
     const double hidden = r.alone > 0 ? std::max(0.0, 1.0 - r.exposed / r.alone) : 0.0;
     const double ratio = double(r.peak) / (local_qkv * (r.ranks == 1 ? double(cp) : 1.0));
-    // Memory model, in units of local q+k+v: all_gather holds the full K and V (and dK, dV):
-    // grows with cp; the others hold a constant multiple of their 1/cp share.
-    const std::string model = r.name == "all_gather" ? fmt::format(">{:.1f}", 2.0 * 2.0 * cp / 3.0) : "O(1)";
     fmt::print(
-        "{:<16} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>6.0f}% {:>9.2f} {:>5} {:>8.1f} {:>6.2f} {:>6} "
+        "{:<24} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>6.0f}% {:>9.2f} {:>5} {:>8.1f} {:>6.2f} {:>8} "
         "{:>7.2f}\n",
         r.name, r.fwd * 1e3, r.bwd * 1e3, r.compute * 1e3, r.exposed * 1e3, r.alone * 1e3, hidden * 100,
-        double(r.bytes) / 1e6, r.bytes == r.expected ? "yes" : "NO", double(r.peak) / 1e6, ratio, model,
-        base / (r.fwd + r.bwd));
+        double(r.bytes) / 1e6, r.bytes == r.expected ? "yes" : "NO", double(r.peak) / 1e6, ratio,
+        r.model > 0 ? fmt::format("{:.1f}", r.model / 1e6) : "-", base / (r.fwd + r.bwd));
     rows.push_back({{"strategy", r.name},
                     {"ranks", r.ranks},
                     {"threads", r.threads},
@@ -217,18 +258,22 @@ nlohmann::json strategies_section(Communicator& world, const Options& o) {
                     {"expected_bytes", r.expected},
                     {"peak_tensor_bytes", r.peak},
                     {"peak_over_local_qkv", ratio},
+                    {"model_peak_bytes", r.model},
                     {"throughput_vs_one_rank", base / (r.fwd + r.bwd)}});
   }
-  const auto plain = std::find_if(results.begin(), results.end(), [](const Result& r) { return r.name == "a2a"; });
-  for (const Result& r : results)
-    if (r.name.starts_with("a2a overlap") && plain != results.end())
-      fmt::print("{}: exposed communication {:.1f} ms vs plain a2a {:.1f} ms ({:.2f}x), fwd+bwd {:.2f}x plain a2a's\n",
-                 r.name, r.exposed * 1e3, plain->exposed * 1e3, r.exposed / plain->exposed,
+  for (const Result& r : results) {
+    const auto plain =
+        std::find_if(results.begin(), results.end(), [&](const Result& p) { return p.name == r.untuned; });
+    if (!r.untuned.empty() && plain != results.end())
+      fmt::print("{}: exposed communication {:.1f} ms vs plain {} {:.1f} ms ({:.2f}x), fwd+bwd {:.2f}x plain's\n",
+                 r.name, r.exposed * 1e3, plain->name, plain->exposed * 1e3, r.exposed / plain->exposed,
                  (r.fwd + r.bwd) / (plain->fwd + plain->bwd));
+  }
   fmt::print(
       "compute/exposed/comm: ms per fwd+bwd (slowest rank); comm = the same transfers replayed alone;\n"
       "hidden = 1 - exposed/comm; peak MB = library working memory per rank; /qkv = peak / local q+k+v;\n"
-      "model = that ratio's model; vs 1rk = throughput relative to one rank using every core.\n");
+      "model MB = the strategy's memory model of that peak (Strategy::memory: its forward's, or what it keeps\n"
+      "and its backward's buffers); vs 1rk = throughput relative to one rank using every core.\n");
   return rows;
 }
 

@@ -35,8 +35,8 @@ ALLOWED = {
 }
 
 
-# A collective or message over tensor memory must say which device it is on: the Buffer
-# overloads (buffer_of), never raw pointers.
+# A collective or message over tensor memory must say which device it is on: a Buffer made by
+# buffer_of, never host memory's {pointer, bytes}.
 COLLECTIVE = re.compile(
     r"[.>](isend|irecv|ialltoallv|alltoallv|alltoall|allgatherv|allgather|gather|reduce_scatter_sum|broadcast)\s*\("
 )

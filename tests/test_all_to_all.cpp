@@ -74,10 +74,10 @@ COMM_TEST(Collectives, VariableBlocksMoveExactlyTheirBytes) {
     bytes.push_back(counts.back() * sizeof(float));
   }
   std::vector<float> mine(std::size_t(me + 1), float(me)), all(std::size_t(cp * (cp + 1) / 2), -1.0f);
-  comm.allgatherv(mine.data(), all.data(), bytes, "g");
+  comm.allgatherv(mine, all, bytes, "g");
   for (int j = 0, at = 0; j < cp; at += j + 1, ++j) EXPECT_EQ(all[std::size_t(at + j)], float(j));
   std::vector<float> sum(std::size_t(me + 1));
-  comm.reduce_scatter_sum(all.data(), sum.data(), counts, "rs");
+  comm.reduce_scatter_sum(all, sum, counts, "rs");
   EXPECT_EQ(sum[0], float(me * cp));
   EXPECT_EQ(comm.counters().at("g").bytes_sent, std::int64_t((cp - 1) * (me + 1) * 4));
   EXPECT_EQ(comm.counters().at("rs").bytes_sent, std::int64_t((cp * (cp + 1) / 2 - (me + 1)) * 4));

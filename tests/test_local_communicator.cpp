@@ -93,7 +93,7 @@ TEST(Local, SeveralIalltoallvInFlightCompleteInAnyOrder) {
     for (std::size_t k = 0; k < 3; ++k) {
       for (int j = 0; j < n; ++j)
         for (std::size_t i = 0; i < 4; ++i) send[k][std::size_t(j) * 4 + i] = mark(me, j, i + k);
-      reqs.push_back(c.ialltoallv(send[k].data(), bytes, offs, recv[k].data(), bytes, offs, "pipe"));
+      reqs.push_back(c.ialltoallv(send[k], bytes, offs, recv[k], bytes, offs, "pipe"));
     }
     while (!reqs[1].test()) {
     }
@@ -112,12 +112,42 @@ TEST(Local, ARankBlockedElsewhereStillServesItsCollectivesInFlight) {
   run_local(3, [](Communicator& c) {
     const std::vector<std::size_t> bytes(3, 1), offs{0, 1, 2};
     std::uint8_t send[3] = {std::uint8_t(c.rank()), std::uint8_t(c.rank()), std::uint8_t(c.rank())}, recv[3] = {};
-    Request r = c.ialltoallv(send, bytes, offs, recv, bytes, offs);
+    Request r = c.ialltoallv({send, 3}, bytes, offs, {recv, 3}, bytes, offs);
     if (c.rank() == 0) r.wait();
     c.barrier();
     r.wait();
     EXPECT_EQ(recv[2], 2);
   });
+}
+
+// Host memory is a Buffer like a tensor's, so the collectives check that it holds every block
+// before anything moves, on every rank alike (the same sizes fail the same way everywhere).
+TEST(Local, HostBuffersTooSmallForTheirBlocksAreRefusedBeforeAnyTransfer) {
+  auto error_of = [](const std::function<void(Communicator&)>& fn) {
+    try {
+      run_local(2, fn);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::vector<std::size_t> bytes{4, 4}, offsets{0, 4};
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<std::uint8_t> send(8), recv(6);
+              c.ialltoallv(send, bytes, offsets, recv, bytes, offsets).wait();
+            }).find("ialltoallv recv: block 1 [4, 8) passes the end of its buffer of 6 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<float> mine(1), all(1);
+              c.allgatherv(mine, all, bytes);
+            }).find("allgatherv recv"),
+            std::string::npos);
+  EXPECT_NE(error_of([&](Communicator& c) {
+              std::vector<float> send(1), recv(1);
+              const std::vector<std::size_t> counts{1, 1};
+              c.reduce_scatter_sum(send, recv, counts);
+            }).find("reduce_scatter_sum send"),
+            std::string::npos);
 }
 
 TEST(Local, GathersBroadcastAndBarrier) {
@@ -130,7 +160,7 @@ TEST(Local, GathersBroadcastAndBarrier) {
     std::vector<std::size_t> bytes(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) bytes[std::size_t(j)] = std::size_t(j + 1);
     std::vector<std::uint8_t> mine(std::size_t(me + 1), std::uint8_t(me)), got(std::size_t(n * (n + 1) / 2), 255);
-    c.allgatherv(mine.data(), got.data(), bytes, "agv");
+    c.allgatherv(mine, got, bytes, "agv");
     std::size_t at = 0;
     for (int j = 0; j < n; ++j)
       for (int i = 0; i <= j; ++i) EXPECT_EQ(got[at++], std::uint8_t(j));
@@ -182,7 +212,7 @@ TEST(Local, ReductionsAddInRankOrderBitForBit) {
     for (int j = 0; j < n; ++j) counts[std::size_t(j)] = std::size_t(j + 1);
     std::vector<float> send(std::size_t(n * (n + 1) / 2)), recv(std::size_t(me + 1));
     for (std::size_t i = 0; i < send.size(); ++i) send[i] = float(me + 1) * float(i);
-    c.reduce_scatter_sum(send.data(), recv.data(), counts, "rsv");
+    c.reduce_scatter_sum(send, recv, counts, "rsv");
     const std::size_t off = std::size_t(me * (me + 1) / 2);
     for (std::size_t i = 0; i < recv.size(); ++i) EXPECT_EQ(recv[i], float(n * (n + 1) / 2) * float(off + i));
     EXPECT_EQ(sent(c, "rsv"), std::int64_t(4 * (send.size() - recv.size())));
@@ -198,14 +228,14 @@ TEST(Local, PointToPointMatchesBySourceAndTagInPostingOrder) {
     if (c.rank() == 0) {
       std::int32_t a[4] = {10, 20, 11, 21};  // tags 1, 2, 1, 2
       std::vector<Request> r;
-      for (int i = 0; i < 4; ++i) r.push_back(c.isend(&a[i], 4, 1, 1 + i % 2, "p2p"));
+      for (int i = 0; i < 4; ++i) r.push_back(c.isend({&a[i], 4}, 1, 1 + i % 2, "p2p"));
       for (Request& q : r) q.wait();
       EXPECT_EQ(sent(c, "p2p"), 16);
       EXPECT_EQ(c.counters().at("p2p").messages, 4);
     } else {
       std::int32_t t2a = 0, t1a = 0, t2b = 0, t1b[2] = {0, 0};  // a buffer larger than its message is fine
-      Request r2a = c.irecv(&t2a, 4, 0, 2), r1a = c.irecv(&t1a, 4, 0, 1), r2b = c.irecv(&t2b, 4, 0, 2);
-      Request r1b = c.irecv(t1b, 8, 0, 1);
+      Request r2a = c.irecv({&t2a, 4}, 0, 2), r1a = c.irecv({&t1a, 4}, 0, 1), r2b = c.irecv({&t2b, 4}, 0, 2);
+      Request r1b = c.irecv({t1b, 8}, 0, 1);
       for (Request* q : {&r2a, &r1a, &r2b, &r1b}) q->wait();
       EXPECT_EQ(t1a, 10);
       EXPECT_EQ(t1b[0], 11);
@@ -216,9 +246,9 @@ TEST(Local, PointToPointMatchesBySourceAndTagInPostingOrder) {
     // for it first cannot deadlock; too large for its receive buffer, it fails the receive.
     std::int64_t big = 5;
     std::int32_t small = 0;
-    if (c.rank() == 0) c.isend(&big, 8, 1, 9).wait();
+    if (c.rank() == 0) c.isend({&big, 8}, 1, 9).wait();
     c.barrier();
-    if (c.rank() == 1) EXPECT_THROW(c.irecv(&small, 4, 0, 9).wait(), Error);
+    if (c.rank() == 1) EXPECT_THROW(c.irecv({&small, 4}, 0, 9).wait(), Error);
   });
 }
 
@@ -345,7 +375,7 @@ TEST(Local, ARankThatReturnsWhileOthersWaitForItEndsTheGroupNamingIt) {
                          [](Communicator& c) {
                            if (c.rank() == 0) return;
                            std::vector<char> buf(1 << 20);
-                           c.irecv(buf.data(), buf.size(), 0, 3).wait();
+                           c.irecv(buf, 0, 3).wait();
                          }),
                Error);
   EXPECT_NO_THROW(run_local(3, [](Communicator& c) {
@@ -367,7 +397,7 @@ TEST(Local, ACommunicatorKeptAfterItsRunThrowsOnUse) {
       EXPECT_NE(std::string(e.what()).find("the local group of 2 ranks has ended"), std::string::npos) << e.what();
     }
     int x = 0;
-    EXPECT_THROW(c->isend(&x, sizeof(x), 0, 1), Error);
+    EXPECT_THROW(c->isend({&x, sizeof(x)}, 0, 1), Error);
     EXPECT_THROW(c->split(0, 0), Error);
   }
 }
@@ -396,7 +426,7 @@ TEST(Local, CollectivesOutOfOrderAndBadArgumentsAreErrors) {
   EXPECT_THROW(make_communicator("nccl"), Error);
   LocalCommunicator alone;
   EXPECT_THROW(alone.split(-1, 0), Error);
-  EXPECT_THROW(alone.isend(nullptr, 0, 1, 0), Error);
+  EXPECT_THROW(alone.isend({nullptr, 0}, 1, 0), Error);
   EXPECT_EQ(alone.size(), 1);
 }
 

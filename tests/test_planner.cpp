@@ -1,5 +1,6 @@
 // The planner: units, validity rules, recommendations that follow the seed's reasoning, the
 // paper's scaling claim; its byte counts against real runs are in test_context_parallel.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -68,6 +69,32 @@ TEST(Planner, BytesAreTheExactFormulas) {
   // Ulysses: (s/cp)·h·d·(cp−1)/cp per tensor, Q + 2·KV in, O out, bf16.
   const std::int64_t per = 65536 / 8 * 128 * 7 / 8 * 2;
   EXPECT_EQ(row(p, "a2a").forward_bytes_per_rank, per * (32 + 2 * 8) + per * 32);
+}
+
+TEST(Planner, EveryRowsMemoryIsItsStrategysOneModel) {
+  // A row's working set: the busiest rank's q, k, v and out, counted here, and the forward of
+  // its strategy's one memory model (Strategy::memory), which training reads too (test_train);
+  // self- and cross-attention, bf16 and float32, every registered strategy and configuration.
+  for (const DType dtype : {DType::bf16, DType::f32})
+    for (const auto& [seq, kv_seq, heads, kv, cp] :
+         {std::tuple{65536, 0, 32, 8, 8}, {4099, 0, 8, 2, 3}, {8192, 1000, 16, 16, 4}}) {
+      PlanInput in = gpt(seq, heads, kv, cp);
+      in.kv_seq = kv_seq, in.dtype = dtype, in.batch = 2, in.causal = kv_seq == 0;
+      const std::int64_t k_seq = kv_seq > 0 ? kv_seq : seq;
+      const double caller =
+          2.0 * 2 * 128 * double(dtype_size(dtype)) * double((seq + cp - 1) / cp * heads + (k_seq + cp - 1) / cp * kv);
+      int rows = 0;
+      for (const PlanRow& r : make_plan(in).rows) {
+        if (!r.valid) continue;
+        SCOPED_TRACE(fmt::format("{} {} s {} s_k {} cp {}", r.name, to_string(dtype), seq, k_seq, cp));
+        const StrategyMemory m =
+            find_strategy(r.config.cp_comm_type).memory(r.config, cp, {2, seq, heads, 128}, k_seq, kv, dtype);
+        EXPECT_DOUBLE_EQ(r.memory_bytes, caller + m.forward);
+        EXPECT_GE(m.forward, m.kept);
+        ++rows;
+      }
+      EXPECT_GE(rows, 3);
+    }
 }
 
 TEST(Planner, FollowsTheSeedsJudgement) {

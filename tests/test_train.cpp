@@ -610,18 +610,23 @@ TEST(TrainingBf16, AttentionContextsShrinkInTheMemoryModel) {
     }
 }
 
-TEST(TrainingMemory, AStrategyFromItsOwnFileBringsItsMemoryModel) {
-  // tests/toy_strategy.cpp registers itself with its context's model; predict_memory counts it
-  // per layer and its transients once, without a line about it anywhere else.
-  const TrainConfig c = small_config({"toy_all_gather_halves", {}, true, std::nullopt});
-  const int cp = 2;
-  const ContextMemory m =
-      find_strategy(c.cp.cp_comm_type)
-          .context_memory(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.model.kv_heads, DType::f32);
-  TrainConfig deeper = c;
-  deeper.model.layers += 2;
-  EXPECT_DOUBLE_EQ(predict_memory(deeper, cp).attention - predict_memory(c, cp).attention, 2 * m.bytes);
-  EXPECT_DOUBLE_EQ(predict_memory(c, cp).attention, (c.model.layers + m.transient) * m.bytes);
+TEST(TrainingMemory, EveryStrategysOneMemoryModelIsWhatTrainingCounts) {
+  // Training reads each strategy's one declaration (Strategy::memory): its kept bytes per layer
+  // and its backward once, for the built-ins and tests/toy_strategy.cpp's alike, without a line
+  // about any of them anywhere else.
+  for (const Strategy* strategy : ulysses::strategies())
+    for (const int cp : {2, 4}) {
+      TrainConfig c = small_config(strategy->plan_configs(cp, true).front());
+      SCOPED_TRACE(fmt::format("{} at cp {}", strategy->config_name(c.cp), cp));
+      const StrategyMemory m = strategy->memory(c.cp, cp, {c.batch, c.seq, c.model.heads, c.model.head_dim}, c.seq,
+                                                c.model.kv_heads, DType::f32);
+      ASSERT_GT(m.kept, 0);
+      EXPECT_GE(m.forward, m.kept) << "the forward allocates what it keeps";
+      TrainConfig deeper = c;
+      deeper.model.layers += 2;
+      EXPECT_DOUBLE_EQ(predict_memory(deeper, cp).attention - predict_memory(c, cp).attention, 2 * m.kept);
+      EXPECT_DOUBLE_EQ(predict_memory(c, cp).attention, c.model.layers * m.kept + m.backward);
+    }
 }
 
 TEST(TrainingBf16, ResumesBitForBitAndRefusesAnotherDtype) {

@@ -61,8 +61,8 @@ COMM_TEST(Watchdog, CollectivesAndMessagesCompleteUnderADeadline) {
   int got = -1;
   const int right = (world.rank() + 1) % world.size(), left = (world.rank() + world.size() - 1) % world.size();
   const int mine = world.rank();
-  Request recv = world.irecv(&got, sizeof(got), left, 3);
-  world.isend(&mine, sizeof(mine), right, 3).wait();
+  Request recv = world.irecv({&got, sizeof(got)}, left, 3);
+  world.isend({&mine, sizeof(mine)}, right, 3).wait();
   recv.wait();
   EXPECT_EQ(got, left);
   world.barrier();

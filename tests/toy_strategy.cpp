@@ -55,7 +55,7 @@ void gather_half(Communicator& comm, const TensorView& x, const Tensor& full, co
   std::vector<std::size_t> bytes = block_elements(ctx, x.shape);
   for (std::size_t& b : bytes) b *= sizeof(float);
   Tensor all(full.shape());
-  comm.allgatherv(mine.data(), all.data(), bytes, op);
+  comm.allgatherv(buffer_of(mine), buffer_of(all), bytes, op);
   for (int r = 0; r < comm.size(); ++r)
     unshard_sequence(rank_block(all, ctx, x.shape, r), full.view(), ctx.chunks[std::size_t(r)]);
 }
@@ -66,7 +66,7 @@ void scatter_half(Communicator& comm, const Tensor& full_grad, const TensorView&
   Tensor blocks(full_grad.shape()), mine(out.shape);
   for (int r = 0; r < comm.size(); ++r)
     shard_sequence(full_grad.view(), rank_block(blocks, ctx, out.shape, r), ctx.chunks[std::size_t(r)]);
-  comm.reduce_scatter_sum(blocks.f32(), mine.f32(), block_elements(ctx, out.shape), op);
+  comm.reduce_scatter_sum(buffer_of(blocks), buffer_of(mine), block_elements(ctx, out.shape), op);
   copy(mine.view(), out);
 }
 
@@ -177,18 +177,20 @@ class ToyAllGatherHalves final : public Strategy {
   }
 
   // Its context: float32 q, out and lse of the busiest rank's tokens, the full K and V in
-  // float32. The backward adds dq and dout of its tokens, then full-length dK, dV, two partials
-  // and the reduce-scatter's blocks.
-  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads, DType) const override {
+  // float32; the forward gathers into one more full K and V beside its own, packed. The backward adds dq and dout of its
+  // tokens, then full-length dK, dV, two partials and the reduce-scatter's blocks.
+  StrategyMemory memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                        DType) const override {
     const double tokens = double(q.b) * double((q.s + cp - 1) / cp), qd = double(q.h * q.d);
-    const double full = double(q.b) * double(q.s) * double(kv_heads * q.d);
-    const double bytes = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
-    return {bytes, 4 * (2 * tokens * qd + 5 * full) / bytes};
+    const double full = double(q.b) * double(kv_seq) * double(kv_heads * q.d);
+    const double kept = 4 * (tokens * (2 * qd + double(q.h)) + 2 * full);
+    const double own = 8 * double(q.b) * double((kv_seq + cp - 1) / cp) * double(kv_heads * q.d);
+    return {kept + 8 * full + own, kept, 4 * (2 * tokens * qd + 5 * full)};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig&, const CommVolume& v, double, double) const override {
     const Link& l = ring_link(in.cluster, in.cp, 1);
-    return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0, 0.0};
+    return {message_seconds(l, double(v.total_forward_bytes() + v.total_backward_bytes())), 0.0};
   }
 };
 

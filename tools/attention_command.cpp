@@ -239,9 +239,7 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
   const double q = double(p.q.numel()), kv = double(p.kv.numel()), grads = p.backward ? 2 : 1;
   const double files = p.fq ? 4 * (q * grads + 2 * kv) : 0;
   const double shards = double(dtype_size(s.dtype)) * grads * (2 * q + 2 * kv) / s.cp;
-  const PlanInput in = plan_input_of(s);
-  const CommVolume volume = predicted_comm_volume(s.cfg, s.cp, p.q, p.kv.h, s.dtype, p.kv.s);
-  const double working = find_strategy(s.cfg.cp_comm_type).cost(in, s.cfg, volume, 1, 1).memory_bytes;
+  const double working = planned_memory_bytes(find_strategy(s.cfg.cp_comm_type), plan_input_of(s), s.cfg);
   const bool outputs = !o.out.empty() || !o.dq.empty() || !o.dk.empty() || !o.dv.empty();
   const double gathered = o.check || outputs ? 4 * grads * (q + kv) : 0;
   return {files + shards + grads * working, gathered + (o.check ? 12 * grads * (2 * q + 2 * kv) : 0)};

@@ -35,14 +35,25 @@ struct CommCounter {
 
 // Memory a collective or message reads or writes: where it starts, its size, what it holds and
 // on which device. A backend moves the memory of the devices it reaches() in place; for any
-// other, the Buffer overloads below stage the bytes through host buffers with the device's
-// table (to_host / from_host, device_ops.hpp), so every backend takes every device's tensors
-// and a device-aware one (NCCL for CUDA memory) moves them directly.
+// other, the collectives stage the bytes through host buffers with the device's table
+// (to_host / from_host, device_ops.hpp), so every backend takes every device's tensors and a
+// device-aware one (NCCL for CUDA memory) moves them directly. Host memory converts as it is
+// (`{pointer, bytes}`, a vector), so host callers read as before; only memory a collective
+// receives into is written, whatever the constness it came with.
 struct Buffer {
   void* data = nullptr;
   std::size_t bytes = 0;
   DType dtype = DType::f32;
   Device device = Device::cpu;
+
+  Buffer() = default;
+  Buffer(void* data, std::size_t bytes, DType dtype, Device device)
+      : data(data), bytes(bytes), dtype(dtype), device(device) {}
+  // Host memory: `bytes` bytes at `data`.
+  Buffer(const void* data, std::size_t bytes) : data(const_cast<void*>(data)), bytes(bytes) {}
+  // A host vector's elements.
+  template <class T>
+  Buffer(const std::vector<T>& v) : Buffer(v.data(), v.size() * sizeof(T)) {}  // NOLINT: implicit on purpose
 };
 // The memory of a view that is one dense block (Error otherwise), or of a tensor.
 Buffer buffer_of(const TensorView& view);
@@ -103,15 +114,18 @@ class Communicator {
   // Collective, nonblocking: alltoallv posted now (and counted now), complete when the Request
   // is (its wait is under the watchdog like every other). The buffers must stay untouched until
   // then; several may be in flight, posted in the same order on every rank. Pipelines call the
-  // Request's test() between pieces of compute so the transfer progresses.
-  Request ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                     std::span<const std::size_t> send_offsets, void* recv, std::span<const std::size_t> recv_bytes,
-                     std::span<const std::size_t> recv_offsets, const std::string& op = "alltoallv");
+  // Request's test() between pieces of compute so the transfer progresses. Byte counts and
+  // offsets are within the buffers, which must hold them (Error otherwise); a staged request
+  // writes what it received to the device when it is waited for.
+  Request ialltoallv(const Buffer& send, std::span<const std::size_t> send_bytes,
+                     std::span<const std::size_t> send_offsets, const Buffer& recv,
+                     std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                     const std::string& op = "alltoallv");
   // Collective. Every rank contributes `bytes`; recv holds size() blocks in rank order.
   void allgather(const void* send, void* recv, std::size_t bytes, const std::string& op = "allgather");
   // Collective. Every rank contributes bytes[rank()] bytes; recv holds every rank's block back
   // to back in rank order, bytes[j] from rank j.
-  void allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes,
+  void allgatherv(const Buffer& send, const Buffer& recv, std::span<const std::size_t> bytes,
                   const std::string& op = "allgatherv");
   // Collective. Every rank's `value`, in rank order (an all-gather of one int64, counted under `op`).
   std::vector<std::int64_t> allgather_value(std::int64_t value, const std::string& op = "allgather");
@@ -121,8 +135,8 @@ class Communicator {
   // over ranks and lands in rank j's recv. Counts the (size()−1) blocks each rank sends.
   void reduce_scatter_sum(const float* send, float* recv, std::size_t count, const std::string& op = "reduce_scatter");
   // Collective. The same with blocks of counts[j] floats back to back in rank order (this
-  // rank receives counts[rank()]). Counts the other ranks' blocks.
-  void reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
+  // rank receives counts[rank()]), in float32 buffers. Counts the other ranks' blocks.
+  void reduce_scatter_sum(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
                           const std::string& op = "reduce_scatter");
   // Collective. In-place reductions over ranks (sums are counted, min/max are bookkeeping).
   void allreduce_sum(double* data, std::size_t n, const std::string& op = "allreduce");
@@ -133,23 +147,8 @@ class Communicator {
   void broadcast(void* data, std::size_t bytes, int root);
   void barrier();
 
-  // Not collective. Nonblocking point-to-point; isend is counted under `op`. While a tracer is
-  // attached, a wait that blocks on either shows on the timeline as "wait <op>".
-  Request isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op = "p2p");
-  Request irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op = "recv");
-
-  // The same over Buffers, for tensors of any device (byte counts and offsets within the
-  // buffers, which must hold them: Error otherwise); counted and traced alike. A staged
-  // request writes what it received to the device when it is waited for.
-  Request ialltoallv(const Buffer& send, std::span<const std::size_t> send_bytes,
-                     std::span<const std::size_t> send_offsets, const Buffer& recv,
-                     std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
-                     const std::string& op = "alltoallv");
-  void allgatherv(const Buffer& send, const Buffer& recv, std::span<const std::size_t> bytes,
-                  const std::string& op = "allgatherv");
-  // Float32 buffers; counts in elements.
-  void reduce_scatter_sum(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
-                          const std::string& op = "reduce_scatter");
+  // Not collective. Nonblocking point-to-point of a whole buffer; isend is counted under `op`.
+  // While a tracer is attached, a wait that blocks on either shows on the timeline as "wait <op>".
   Request isend(const Buffer& data, int dest, int tag, const std::string& op = "p2p");
   Request irecv(const Buffer& data, int src, int tag, const std::string& op = "recv");
   // Whether this backend moves memory of `device` itself (MPI and the local backend: the host's).
@@ -240,6 +239,17 @@ class Communicator {
   const std::string& current_op() const;
 
  private:
+  // The collectives over Buffers once staged: over host memory (or memory the backend
+  // reaches), where they are counted and traced.
+  Request host_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                          std::span<const std::size_t> send_offsets, void* recv,
+                          std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
+                          const std::string& op);
+  void host_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op);
+  void host_reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
+                               const std::string& op);
+  Request host_isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op);
+  Request host_irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op);
   // Counts `op` and traces it from `begin_s` (now()'s clock) to now.
   void count_op(const std::string& op, std::int64_t bytes, std::int64_t messages, double begin_s);
   // A counted collective: `run` (the backend's call) timed, counted under `op` as `bytes` sent

@@ -4,8 +4,8 @@
 // A strategy knows everything about itself: which inputs it accepts, where tokens live, its
 // forward and backward (one pair for self- and cross-attention: self-attention is the case
 // where the query and key/value chunks coincide), and, apart from the execution, its analytics:
-// the exact bytes it sends, its work, what the planner should expect it to cost, the training
-// memory model of its context, and the options it adds to CpConfig. ContextParallelAttention,
+// the exact bytes it sends, its work, what the planner should expect it to cost, its memory
+// (one model, for the planner and training alike), and the options it adds to CpConfig. ContextParallelAttention,
 // validate_cp_config, the planner, predicted_comm_volume, the training memory model, the CLI
 // (its flags and help) and the parametrised tests all iterate the registry and never compare a
 // strategy's name, so adding a strategy is one new file under src/cp/strategies/ plus one line
@@ -60,20 +60,22 @@ class CpGroup {
 
 // The planner's estimate for one configuration, one layer.
 struct StrategyCost {
-  double comm_s = 0;        // all transfers, forward + backward
-  double hidden_s = 0;      // of comm_s, hidden behind compute
-  double memory_bytes = 0;  // attention working set per rank
+  double comm_s = 0;    // all transfers, forward + backward
+  double hidden_s = 0;  // of comm_s, hidden behind compute
   // Forward (+ backward) compute at the block shapes it runs (kernel_model.hpp), the time its
   // transfers hide behind; < 0: the planner's flat estimate.
   double compute_s = -1;
 };
 
-// The training memory model of one layer's context on the busiest rank (train/memory.cpp adds
-// it up over the layers in flight; train_memory_test.sh checks the sum against measured peaks).
-struct ContextMemory {
-  double bytes = 0;      // what one forward keeps for its backward (its StrategyContext)
-  double transient = 0;  // the backward's own buffers on top (head-sharded dout and gradients,
-                         // send buffers, the ring's K/V in flight), in contexts of `bytes`
+// A strategy's one memory model: one layer's attention on the busiest rank, in bytes, beyond the
+// caller's q, k, v and out. The planner's working set (planned_memory_bytes: plan, the attention
+// command's admission) reads `forward`; training's (train/memory.cpp) reads `kept` per layer in
+// flight and `backward` once, so the two cannot disagree.
+struct StrategyMemory {
+  double forward = 0;   // the forward's peak: what it keeps and its transfer buffers at their largest
+  double kept = 0;      // what one forward keeps for its backward (its StrategyContext), exactly
+  double backward = 0;  // the backward's own buffers on top of `kept` (head-sharded dout and
+                        // gradients, send buffers, the ring's K/V in flight), fitted to measured peaks
 };
 
 // A setting a strategy adds to CpConfig, declared by the strategy: the CLI's attention and
@@ -205,19 +207,20 @@ class Strategy {
   virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                              std::int64_t kv_heads, DType dtype) const = 0;
 
-  // The training memory model of its context for global q [b, s, h, d] with kv_heads KV heads
-  // stored in `dtype` on cp > 1 ranks (one rank runs plain flash attention, whatever the
-  // strategy). By default a sequence-sharded strategy's: q, out, k, v and lse of the busiest
-  // rank's tokens, and 3.5 contexts of transients (fitted to the measured peaks of p2p).
-  virtual ContextMemory context_memory(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads,
-                                       DType dtype) const;
+  // Its memory model (StrategyMemory) for global q [b, s, h, d] against k/v of kv_seq tokens
+  // with kv_heads KV heads, stored in `dtype`, on cp > 1 ranks (one rank runs plain flash
+  // attention, whatever the strategy). By default a sequence-sharded strategy's: q, k, v of the
+  // busiest rank's tokens in `dtype`, out and lse in float32; forward adds three K/V blocks (the
+  // one computed on, two in flight) and a partial out, backward 3.5 contexts (fitted to the measured peaks of p2p).
+  virtual StrategyMemory memory(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                std::int64_t kv_heads, DType dtype) const;
 
   // The configurations the planner compares: by default just this strategy; a2a+p2p gives
   // one per factorisation of cp.
   virtual std::vector<CpConfig> plan_configs(int cp, bool causal) const;
   // The planner's name of a configuration: "a2a", "a2a+p2p [2,4]".
   virtual std::string config_name(const CpConfig& config) const;
-  // Communication time, hidden time and memory for a validated configuration whose exact
+  // Communication time and hidden time for a validated configuration whose exact
   // traffic is `volume` (each counter's busiest rank) and whose attention compute takes
   // fwd_s + bwd_s per layer on the busiest rank.
   virtual StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
@@ -236,6 +239,11 @@ bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq);
 // The same for a forward's chunks (every rank's; the lengths they cover).
 bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
               const std::vector<std::vector<SeqChunk>>& kv_chunks);
+
+// The attention working set per rank of one layer for a validated `config` (what plan reports
+// and caps, and the attention command admits): the busiest rank's q, k, v and out in in.dtype
+// plus the strategy's forward (Strategy::memory).
+double planned_memory_bytes(const Strategy& strategy, const PlanInput& in, const CpConfig& config);
 
 // The registry, in registration order (the built-ins first, in the order listed above).
 const Strategy& find_strategy(std::string_view name);  // throws Error naming the known ones

@@ -1,5 +1,6 @@
-// The Buffer overloads of the collectives: memory the backend reaches goes through as is,
-// any other through host copies made with the device's table (a device-unaware MPI's staging).
+// The collectives over Buffers: memory the backend reaches goes through as is, any other
+// through host copies made with the device's table (a device-unaware MPI's staging); then the
+// host_* halves in communicator.cpp count and trace them.
 #include <fmt/format.h>
 
 #include <functional>
@@ -88,11 +89,12 @@ Request Communicator::ialltoallv(const Buffer& send, std::span<const std::size_t
                                  std::span<const std::size_t> send_offsets, const Buffer& recv,
                                  std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
                                  const std::string& op) {
+  check_per_rank("ialltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
   check_holds(send, send_bytes, send_offsets, "ialltoallv send");
   check_holds(recv, recv_bytes, recv_offsets, "ialltoallv recv");
   auto s = std::make_shared<Staged>(*this, send, true);
   auto r = std::make_shared<Staged>(*this, recv, false);
-  Request inner = ialltoallv(s->data(), send_bytes, send_offsets, r->data(), recv_bytes, recv_offsets, op);
+  Request inner = host_ialltoallv(s->data(), send_bytes, send_offsets, r->data(), recv_bytes, recv_offsets, op);
   if (s->direct() && r->direct()) return inner;
   return staged(std::move(inner), [s, r, bytes = std::vector<std::size_t>(recv_bytes.begin(), recv_bytes.end()),
                                    offsets = std::vector<std::size_t>(recv_offsets.begin(), recv_offsets.end())] {
@@ -106,7 +108,7 @@ void Communicator::allgatherv(const Buffer& send, const Buffer& recv, std::span<
   check_holds(send, bytes[std::size_t(rank_)], "allgatherv send");
   check_holds(recv, std::accumulate(bytes.begin(), bytes.end(), std::size_t(0)), "allgatherv recv");
   Staged s(*this, send, true), r(*this, recv, false);
-  allgatherv(s.data(), r.data(), bytes, op);
+  host_allgatherv(s.data(), r.data(), bytes, op);
   r.write_back();
 }
 
@@ -119,20 +121,20 @@ void Communicator::reduce_scatter_sum(const Buffer& send, const Buffer& recv, st
   check_holds(send, std::accumulate(counts.begin(), counts.end(), std::size_t(0)) * 4, "reduce_scatter_sum send");
   check_holds(recv, counts[std::size_t(rank_)] * 4, "reduce_scatter_sum recv");
   Staged s(*this, send, true), r(*this, recv, false);
-  reduce_scatter_sum(static_cast<const float*>(s.data()), static_cast<float*>(r.data()), counts, op);
+  host_reduce_scatter_sum(static_cast<const float*>(s.data()), static_cast<float*>(r.data()), counts, op);
   r.write_back();
 }
 
 Request Communicator::isend(const Buffer& data, int dest, int tag, const std::string& op) {
   auto s = std::make_shared<Staged>(*this, data, true);
-  Request inner = isend(s->data(), data.bytes, dest, tag, op);
+  Request inner = host_isend(s->data(), data.bytes, dest, tag, op);
   if (s->direct()) return inner;
   return staged(std::move(inner), [s] {});
 }
 
 Request Communicator::irecv(const Buffer& data, int src, int tag, const std::string& op) {
   auto r = std::make_shared<Staged>(*this, data, false);
-  Request inner = irecv(r->data(), data.bytes, src, tag, op);
+  Request inner = host_irecv(r->data(), data.bytes, src, tag, op);
   if (r->direct()) return inner;
   return staged(std::move(inner), [r] { r->write_back(); });
 }

@@ -125,11 +125,10 @@ std::pair<std::int64_t, std::int64_t> Communicator::alltoallv_sent(std::span<con
   return {bytes, messages};
 }
 
-Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
-                                 std::span<const std::size_t> send_offsets, void* recv,
-                                 std::span<const std::size_t> recv_bytes, std::span<const std::size_t> recv_offsets,
-                                 const std::string& op) {
-  check_per_rank("ialltoallv", {send_bytes.size(), send_offsets.size(), recv_bytes.size(), recv_offsets.size()});
+Request Communicator::host_ialltoallv(const void* send, std::span<const std::size_t> send_bytes,
+                                      std::span<const std::size_t> send_offsets, void* recv,
+                                      std::span<const std::size_t> recv_bytes,
+                                      std::span<const std::size_t> recv_offsets, const std::string& op) {
   ++collectives_;
   const OpScope scope(*this, op);
   const double t0 = now();
@@ -146,8 +145,8 @@ void Communicator::allgather(const void* send, void* recv, std::size_t bytes, co
   counted(op, std::int64_t(bytes) * (size_ - 1), size_ - 1, [&] { do_allgather(send, recv, bytes); });
 }
 
-void Communicator::allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes, const std::string& op) {
-  check_per_rank("allgatherv", {bytes.size()});
+void Communicator::host_allgatherv(const void* send, void* recv, std::span<const std::size_t> bytes,
+                                   const std::string& op) {
   counted(op, std::int64_t(bytes[std::size_t(rank_)]) * (size_ - 1), size_ - 1,
           [&] { do_allgatherv(send, recv, bytes); });
 }
@@ -168,9 +167,8 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_
           [&] { do_reduce_scatter_sum(send, recv, count); });
 }
 
-void Communicator::reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
-                                      const std::string& op) {
-  check_per_rank("reduce_scatter_sum", {counts.size()});
+void Communicator::host_reduce_scatter_sum(const float* send, float* recv, std::span<const std::size_t> counts,
+                                           const std::string& op) {
   std::size_t others = 0;
   for (int j = 0; j < size_; ++j)
     if (j != rank_) others += counts[std::size_t(j)];
@@ -185,7 +183,7 @@ void Communicator::allreduce_sum(float* data, std::size_t n, const std::string& 
   counted(op, std::int64_t(n * sizeof(float)), 0, [&] { do_allreduce(data, n, ScalarType::f32, ReduceOp::sum); });
 }
 
-Request Communicator::isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
+Request Communicator::host_isend(const void* data, std::size_t bytes, int dest, int tag, const std::string& op) {
   const OpScope scope(*this, op);
   const double t0 = now();
   std::unique_ptr<Request::Impl> impl = do_isend(data, bytes, dest, tag);
@@ -194,7 +192,7 @@ Request Communicator::isend(const void* data, std::size_t bytes, int dest, int t
   return Request(std::make_unique<TracedRequest>(std::move(impl), *this, op, std::int64_t(bytes)));
 }
 
-Request Communicator::irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op) {
+Request Communicator::host_irecv(void* data, std::size_t bytes, int src, int tag, const std::string& op) {
   std::unique_ptr<Request::Impl> impl = do_irecv(data, bytes, src, tag);
   if (!tracer()) return Request(std::move(impl));
   return Request(std::make_unique<TracedRequest>(std::move(impl), *this, op, std::int64_t(bytes)));

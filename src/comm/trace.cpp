@@ -67,13 +67,13 @@ std::string chrome_trace_json(Communicator& comm, const std::vector<TraceEvent>&
   const std::vector<std::int64_t> lengths = comm.allgather_value(std::int64_t(mine.size()), "trace");
   constexpr int kTag = 0x7ace;
   if (comm.rank() != 0) {
-    comm.isend(mine.data(), mine.size(), 0, kTag, "trace").wait();
+    comm.isend({mine.data(), mine.size()}, 0, kTag, "trace").wait();
     return "";
   }
   std::string all = "{\"traceEvents\": [\n" + mine;
   for (int r = 1; r < comm.size(); ++r) {
     std::string theirs(std::size_t(lengths[std::size_t(r)]), '\0');
-    comm.irecv(theirs.data(), theirs.size(), r, kTag, "trace").wait();
+    comm.irecv({theirs.data(), theirs.size()}, r, kTag, "trace").wait();
     all += ",\n" + theirs;
   }
   return all + "\n],\n\"displayTimeUnit\": \"ms\"}\n";

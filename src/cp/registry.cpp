@@ -96,11 +96,23 @@ std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shap
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 
-ContextMemory Strategy::context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
-                                       DType dtype) const {
-  const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
-  const double per_token = 2 * double(q.h * q.d) + 2 * double(kv_heads * q.d) + double(q.h);  // q, out, k, v, lse
-  return {double(dtype_size(dtype)) * tokens * per_token, 3.5};
+StrategyMemory Strategy::memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                                DType dtype) const {
+  const double es = double(dtype_size(dtype)), d = double(q.d);
+  const double tokens = double(q.b) * double((q.s + cp - 1) / cp),
+               kv_tokens = double(q.b) * double((kv_seq + cp - 1) / cp);
+  const double kv = es * 2 * kv_tokens * double(kv_heads) * d;  // this rank's K and V
+  const double out = 4 * tokens * double(q.h) * (d + 1);        // out and lse, float32
+  const double kept = es * tokens * double(q.h) * d + kv + out;
+  return {kept + 3 * kv + out, kept, 3.5 * kept};
+}
+
+double planned_memory_bytes(const Strategy& strategy, const PlanInput& in, const CpConfig& config) {
+  const double tokens = double(busiest_tokens(in)), kv_tokens = double(busiest_kv_tokens(in));
+  const double caller = 2 * (tokens * double(in.heads) + kv_tokens * double(in.kv_heads)) * double(in.batch) *
+                        double(in.head_dim) * double(dtype_size(in.dtype));  // q, out; k, v
+  const Shape q{in.batch, in.seq, in.heads, in.head_dim};
+  return caller + strategy.memory(config, in.cp, q, kv_seq_of(in), in.kv_heads, in.dtype).forward;
 }
 
 std::string Strategy::describe(const CpConfig&, int, std::int64_t) const { return ""; }

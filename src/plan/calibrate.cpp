@@ -59,11 +59,11 @@ Link fit_link(Communicator& comm, int peer) {
       comm.barrier();
       const double t0 = comm.now();
       if (comm.rank() == 0) {
-        comm.isend(buf.data(), bytes, peer, 9, "calibrate").wait();
-        comm.irecv(buf.data(), bytes, peer, 9).wait();
+        comm.isend({buf.data(), bytes}, peer, 9, "calibrate").wait();
+        comm.irecv({buf.data(), bytes}, peer, 9).wait();
       } else if (comm.rank() == peer) {
-        comm.irecv(buf.data(), bytes, 0, 9).wait();
-        comm.isend(buf.data(), bytes, 0, 9, "calibrate").wait();
+        comm.irecv({buf.data(), bytes}, 0, 9).wait();
+        comm.isend({buf.data(), bytes}, 0, 9, "calibrate").wait();
       }
       t.push_back((comm.now() - t0) / 2);
     }
@@ -100,8 +100,8 @@ Link fit_concurrent(Communicator& comm, int per_node) {
   auto timed = [&](std::size_t bytes) {
     Mapped send(bytes, 1), recv(bytes);
     return slowest_median(comm, [&] {
-      Request r = comm.irecv(recv.data(), bytes, from, 10);
-      comm.isend(send.data(), bytes, to, 10, "calibrate").wait();
+      Request r = comm.irecv({recv.data(), bytes}, from, 10);
+      comm.isend({send.data(), bytes}, to, 10, "calibrate").wait();
       r.wait();
     });
   };

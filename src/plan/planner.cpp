@@ -99,7 +99,7 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   if (!has_backward(in)) r.backward_bytes_per_rank = r.backward_messages = 0;
   r.comm_s = c.comm_s;
   r.hidden_s = c.hidden_s;
-  r.memory_bytes = c.memory_bytes;
+  r.memory_bytes = planned_memory_bytes(strategy, in, cfg);
   r.predicted_step_s = double(in.layers) * (r.compute_s + r.comm_s - r.hidden_s);
   return r;
 }

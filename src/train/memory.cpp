@@ -28,16 +28,16 @@ constexpr double kBaselineBytes = 22.4 * (1 << 20), kBf16GemmBytes = 3.0 * (1 <<
 // train_memory_test.sh.
 constexpr double kOneRankTransient = 0.5;
 
-// One layer's attention context on the busiest rank in `dtype`: its strategy's model
-// (Strategy::context_memory) on cp > 1 ranks; on one rank ContextParallelAttention's plain
-// flash attention, which keeps q, k, v, out and lse (each counted at `dtype` width),
-// and half a context of transients.
-ContextMemory context_of(const TrainConfig& c, int cp, DType dtype) {
+// One layer's attention on the busiest rank in `dtype`: its strategy's model (Strategy::memory)
+// on cp > 1 ranks; on one rank ContextParallelAttention's plain flash attention, which keeps
+// q, k, v, out and lse (each counted at `dtype` width), and half a context of transients.
+StrategyMemory memory_of(const TrainConfig& c, int cp, DType dtype) {
   const GptConfig& m = c.model;
   const Shape q{c.batch, c.seq, m.heads, m.head_dim};
-  if (cp > 1) return find_strategy(c.cp.cp_comm_type).context_memory(c.cp, cp, q, m.kv_heads, dtype);
+  if (cp > 1) return find_strategy(c.cp.cp_comm_type).memory(c.cp, cp, q, c.seq, m.kv_heads, dtype);
   const double per_token = 2 * double(m.heads * m.head_dim) + 2 * double(m.kv_heads * m.head_dim) + double(m.heads);
-  return {double(dtype_size(dtype)) * double(c.batch) * double(c.seq) * per_token, kOneRankTransient};
+  const double kept = double(dtype_size(dtype)) * double(c.batch) * double(c.seq) * per_token;
+  return {kept, kept, kOneRankTransient * kept};
 }
 
 // bf16 on a CPU without a bf16 engine (kernel_converts): the kernels work on
@@ -87,13 +87,14 @@ MemoryEstimate predict_memory(const TrainConfig& c, int cp) {
   e.activations = kFloat * std::max(fwd_end, bwd) + data;
   // Contexts in flight (all layers', or the recomputed one's), and the strategy's buffers in
   // the backward (head-sharded dout and gradients, send buffers; the ring's K/V and dK/dV in
-  // flight), in contexts (ContextMemory::transient, fitted to the measured peaks).
-  const ContextMemory context = context_of(c, cp, c.dtype);
-  const bool converted = kernel_converts(c.dtype);
-  const double f32_context = context_of(c, cp, DType::f32).bytes;
+  // flight: StrategyMemory::backward, fitted to the measured peaks). Converted, those are
+  // float32 contexts.
+  const StrategyMemory mem = memory_of(c, cp, c.dtype);
+  const double f32_context = memory_of(c, cp, DType::f32).kept;
   const double converted_transient = cp == 1 ? kConvertedOneRankContexts : kConvertedContexts;
-  e.attention = context.bytes * (ckpt ? 1 : L) + (converted ? f32_context * (context.transient + converted_transient)
-                                                            : context.bytes * context.transient);
+  e.attention =
+      mem.kept * (ckpt ? 1 : L) +
+      (kernel_converts(c.dtype) ? f32_context * (mem.backward / mem.kept + converted_transient) : mem.backward);
   if (c.dtype == DType::bf16) e.attention += 2.0 * N * (2 * QD + 2 * KD);  // CpAttention's bf16 q | k | v | out
   return e;
 }

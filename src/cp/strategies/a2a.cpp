@@ -335,18 +335,26 @@ class A2aStrategy final : public Strategy {
     return v;
   }
 
-  // Head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse. A float32
-  // backward computes in the context's buffers and receives dout into dq's (backward_consuming):
-  // what is left grows with the other ranks' share of the transposes' send and receive buffers,
-  // 0.1 + 0.92·(cp − 1)/cp contexts, fitted to the headline at cp = 2 and 4 and the a2a shapes
-  // of train_memory_test.sh (1.7 before, as bf16 still is).
-  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
-                               DType dtype) const override {
+  // Kept: head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse.
+  // Forward: the first transpose (the fused heads, their packed sequence shards and lse), or
+  // the second (what is kept and out's heads twice in `dtype`, packed and converted). A float32
+  // backward computes in the context's buffers and receives dout into dq's
+  // (backward_consuming): what is left grows with the other ranks' share of the transposes'
+  // send and receive buffers, 0.1 + 0.92·(cp − 1)/cp contexts, fitted to the headline at cp = 2
+  // and 4 and the a2a shapes of train_memory_test.sh (1.7 before, as bf16 still is).
+  StrategyMemory memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                        DType dtype) const override {
     const HeadSplit split = ulysses_head_split(cp, q.h, kv_heads);
     const double h = double(most_heads(split.q)), kv = double(most_heads(split.kv));
-    const double tokens = double(q.b) * double(q.s), d = double(q.d);
-    const double bytes = double(dtype_size(dtype)) * tokens * (h + 2 * kv) * d + 4 * tokens * (h * d + h);
-    return {bytes, dtype == DType::f32 ? 0.1 + 0.92 * double(cp - 1) / double(cp) : 1.7};
+    const double es = double(dtype_size(dtype)), d = double(q.d), b = double(q.b);
+    const double tokens = b * double(q.s), kv_tokens = b * double(kv_seq);
+    const double heads = es * (tokens * h + 2 * kv_tokens * kv) * d, lse = 4 * tokens * h;
+    const double kept = heads + 4 * tokens * h * d + lse;
+    const double shards =
+        es * b * (double((q.s + cp - 1) / cp) * double(q.h) + 2 * double((kv_seq + cp - 1) / cp) * double(kv_heads)) *
+        d;
+    const double forward = std::max(heads + shards + lse, kept + 2 * es * tokens * h * d);
+    return {forward, kept, kept * (dtype == DType::f32 ? 0.1 + 0.92 * double(cp - 1) / double(cp) : 1.7)};
   }
 
   // Each transpose as c all-to-alls of 1/c of the bytes; the pipeline hides what travels while
@@ -373,13 +381,6 @@ class A2aStrategy final : public Strategy {
       exposed += pipeline_exposed(c, in_s, out_s, compute_s / c);
     }
     r.hidden_s = r.comm_s - exposed;
-    const double row = double(in.batch) * double(in.head_dim) * double(dtype_size(in.dtype));
-    // q, out (s tokens) and k, v (s_k under cross-attention), sequence-sharded then head-sharded
-    const double seq_side =
-        2 * (double(in.heads) * double(busiest_tokens(in)) + double(in.kv_heads) * double(busiest_kv_tokens(in))) * row;
-    r.memory_bytes =
-        seq_side +
-        2 * (double(most_heads(split.q)) * double(in.seq) + double(most_heads(split.kv)) * double(kv_seq_of(in))) * row;
     return r;
   }
 };

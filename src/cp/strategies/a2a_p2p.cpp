@@ -218,6 +218,21 @@ class A2aP2pStrategy final : public Strategy {
     return hs.size() == 2 ? fmt::format("a2a+p2p [{},{}]", hs[0], hs[1]) : "a2a+p2p";
   }
 
+  // Kept: head-sharded q | k | v of the inner group's tokens in `dtype`, the ring's copy of its
+  // K and V, out and lse in float32. The forward adds the ring's three K/V blocks and a partial
+  // out (a ring of one keeps only its copy).
+  StrategyMemory memory(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                        DType dtype) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    const HeadSplit split = ulysses_head_split(I, q.h, kv_heads);
+    const double h = double(most_heads(split.q)), es = double(dtype_size(dtype)), d = double(q.d);
+    const double tokens = double(q.b) * double((q.s + cp - 1) / cp * I);
+    const double kv = es * 2 * double(q.b) * double((kv_seq + cp - 1) / cp * I) * double(most_heads(split.kv)) * d;
+    const double out = 4 * tokens * h * (d + 1);  // out and lse
+    const double kept = es * tokens * h * d + 2 * kv + out;
+    return {kept + 3 * kv + out, kept, 3.5 * kept};
+  }
+
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& v, double fwd_s,
                     double /*bwd_s: kernel_model's at its blocks*/) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
@@ -227,8 +242,7 @@ class A2aP2pStrategy final : public Strategy {
         r.comm_s += all_to_all_seconds(in.cluster, I, double(bytes->at(op)));
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim) * es;
-    const double local_q = double(busiest_tokens(in)) * row, local_kv = double(busiest_kv_tokens(in)) * row;
-    const double qo = 2 * double(in.heads) * local_q, kv = 2 * double(in.kv_heads) * local_kv;
+    const double local_kv = double(busiest_kv_tokens(in)) * row;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
     // O ring steps over chunks of s/(2·O) (zigzag) or s/O tokens on the busiest inner rank's heads
@@ -248,7 +262,6 @@ class A2aP2pStrategy final : public Strategy {
              : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0, k.fwd, k.bwd);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
-    r.memory_bytes = qo + kv + qo + ring_kv + (O > 1 ? 2 * ring_kv : 0.0);
     return r;
   }
 

@@ -169,19 +169,23 @@ class AllGatherStrategy final : public Strategy {
     return v;
   }
 
-  // q, out and lse of the busiest rank's tokens, the full K and V.
-  ContextMemory context_memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_heads,
-                               DType dtype) const override {
+  // Kept: q of the busiest rank's tokens and the full K and V in `dtype`, its out and lse in
+  // float32; the forward receives the full K and V once more (the gather's blocks) beside its
+  // own K and V packed to send.
+  StrategyMemory memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
+                        DType dtype) const override {
+    const double es = double(dtype_size(dtype)), d = double(q.d);
     const double tokens = double(q.b) * double((q.s + cp - 1) / cp);
-    const double full_kv = 2 * double(q.b) * double(q.s) * double(kv_heads * q.d);
-    return {double(dtype_size(dtype)) * (2 * tokens * double(q.h * q.d) + full_kv + tokens * double(q.h)), 3.5};
+    const double full_kv = es * 2 * double(q.b) * double(kv_seq) * double(kv_heads) * d;
+    const double kept = es * tokens * double(q.h) * d + full_kv + 4 * tokens * double(q.h) * (d + 1);
+    const double own_kv = es * 2 * double(q.b) * double((kv_seq + cp - 1) / cp) * double(kv_heads) * d;
+    return {kept + full_kv + own_kv, kept, 3.5 * kept};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume&, double fwd_s,
                     double) const override {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim) * es;
-    const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row;
     const double kv =
         2 * double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k tokens under cross-attention
     const Link& l = ring_link(in.cluster, in.cp, 1);
@@ -194,7 +198,7 @@ class AllGatherStrategy final : public Strategy {
                                               {zz ? 2 : 1, q_len, double(kv_seq_of(in)), b * double(in.heads),
                                                b * double(in.kv_heads), config.causal ? 1.0 / in.cp : 0.0, false},
                                               fwd_s);
-    return {comm, 0.0, qo + kv + double(in.cp) * kv, k.fwd + k.bwd};  // the full K and V
+    return {comm, 0.0, k.fwd + k.bwd};
   }
 };
 

@@ -65,12 +65,11 @@ class P2pStrategy final : public Strategy {
                     double /*bwd_s: kernel_model's at its blocks*/) const override {
     const double es = double(dtype_size(in.dtype));
     const double row = double(in.batch) * double(in.head_dim);
-    const double qo = 2 * double(in.heads) * double(busiest_tokens(in)) * row * es;
     const double kv_rows = double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k under cross-attention
     const double kv = 2 * kv_rows * es;
     if (uses_halo(attention_params(config))) {  // + the halos received (the busiest rank's)
       const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
-      return {t.comm, t.hidden, qo + kv + double(volume.forward_bytes.at("p2p_kv"))};
+      return {t.comm, t.hidden};
     }
     // cp steps, each over chunks of s/(2cp) (zigzag) or s/cp tokens, merged by their LSE
     const bool zz = token_layout(config) != TokenLayout::contiguous;
@@ -84,7 +83,7 @@ class P2pStrategy final : public Strategy {
     const bool bwd = has_backward(in);
     const RingSeconds t =
         ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, bwd ? 2 * kv_rows * 4 : 0, k.fwd, k.bwd);
-    return {t.comm, t.hidden, qo + kv + 2 * kv, k.fwd + k.bwd};  // + two K/V ring buffers
+    return {t.comm, t.hidden, k.fwd + k.bwd};
   }
 };
 
