@@ -543,7 +543,7 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
-  make_plan(in);  // validates the input
+  check_plan_input(in);
   return req;
 }
 

@@ -71,6 +71,15 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
   return c;
 }
 
+// The visible (query, key) pairs of rank r's own tokens against all kv_seq keys, one head.
+std::int64_t own_pairs(const CpConfig& config, int cp, int r, std::int64_t s, std::int64_t kv_seq) {
+  const AttentionParams params = attention_params(config);
+  std::int64_t pairs = 0;
+  for (const SeqChunk& c : rank_chunks(config, cp, r, s))
+    pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+  return pairs;
+}
+
 class A2aP2pStrategy final : public Strategy {
  public:
   using Strategy::Strategy;
@@ -166,12 +175,24 @@ class A2aP2pStrategy final : public Strategy {
   std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                     std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], first = rank / I * I;
-    const AttentionParams params = attention_params(config);
     std::int64_t pairs = 0;
-    for (int r = first; r < first + I; ++r)
-      for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
-        pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+    for (int r = first; r < first + I; ++r) pairs += own_pairs(config, cp, r, q.s, kv_seq);
     return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
+  }
+
+  // Every rank's work with each inner group's pairs counted once (work() counts them per member:
+  // cp × I chunk scans, where the planner asks all cp ranks).
+  std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                          std::int64_t kv_heads) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    std::vector<std::int64_t> w(static_cast<std::size_t>(cp));
+    for (int first = 0; first < cp; first += I) {
+      std::int64_t pairs = 0;
+      for (int r = first; r < first + I; ++r) pairs += own_pairs(config, cp, r, q.s, kv_seq);
+      for (int r = first; r < first + I; ++r)
+        w[std::size_t(r)] = pairs * q.b * heads_of(config, cp, r, q.h, kv_heads).q.count;
+    }
+    return w;
   }
 
   // Inner group g = rank / I holds the tokens of ranks [g·I, g·I + I); after the inner
