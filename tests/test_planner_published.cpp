@@ -187,6 +187,24 @@ TEST(PlannerPublished, CalibrationFitsTheFixedCostPerCall) {
   EXPECT_LT(kernel_seconds(m, {1, 4096, 4096, 1, 1, 0, false}, 64, 4, 1.0).fwd, 1.0001);
 }
 
+TEST(PlannerPublished, HierarchicalWithoutARingPaysItsPairs) {
+  // a2a+p2p [cp,1] moves a2a's bytes but runs the ring over one member: at cp 2, zigzag, causal,
+  // 4 chunks and 10 calls (4 on the diagonal), each merged, where a2a makes one call. Flat: equal.
+  PlanInput in{.seq = 8192, .heads = 8, .kv_heads = 8, .head_dim = 64, .cp = 2, .mode = PlanMode::forward};
+  in.cluster.ranks_per_node = 2;
+  const Plan flat = make_plan(in);
+  EXPECT_DOUBLE_EQ(row_of(flat, "a2a+p2p [2,1]").compute_s, row_of(flat, "a2a").compute_s);
+  in.cluster.kernel.call_s = 1e-3;
+  const Plan p = make_plan(in);
+  EXPECT_NEAR(row_of(p, "a2a+p2p [2,1]").compute_s - row_of(p, "a2a").compute_s, 9e-3, 1e-9);
+  in.cluster.kernel.memory_bandwidth = 1e14;  // the reads' floor out of the way
+  in.cluster.kernel.merge_passes = 1e5;
+  // + 10 merges of a 2048-token chunk's float32 output on 4 heads of 64
+  const Plan m = make_plan(in);
+  EXPECT_NEAR(row_of(m, "a2a+p2p [2,1]").compute_s - row_of(m, "a2a").compute_s,
+              9e-3 + 10 * 1e5 * 2048 * 4 * 64 * 4 / 1e14, 1e-9);
+}
+
 TEST(PlannerPublished, CalibrationFitRefusesWhatItCannotFit) {
   // Bad input gives the flat model, never a negative or non-finite figure.
   EXPECT_EQ(fit_kernel_times({}).call_s, 0);

@@ -80,6 +80,23 @@ std::int64_t own_pairs(const CpConfig& config, int cp, int r, std::int64_t s, st
   return pairs;
 }
 
+// The kernel calls of the busiest rank's forward on the busiest inner rank's heads. O > 1: O ring
+// steps over chunks of s/(2·O) (zigzag) or s/O tokens, each merged. O = 1 runs the same ring over
+// one member: a call per visible pair of the group's n chunks (2 per rank zigzagged, else 1),
+// each merged, where plain a2a makes one call.
+KernelCalls ring_calls(const PlanInput& in, const CpConfig& config, int I, int O) {
+  const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
+  const bool zz = token_layout(config) != TokenLayout::contiguous;
+  const double b = double(in.batch), s = double(in.seq), sk = double(kv_seq_of(in));
+  const double q_heads = b * double(most_heads(split.q)), kv_heads = b * double(most_heads(split.kv));
+  if (O == 1) {
+    const double n = double(I) * (zz ? 2 : 1), pairs = config.causal ? n * (n + 1) / 2 : n * n;
+    return {std::int64_t(pairs), s / n, sk / n, q_heads, kv_heads, config.causal ? 1 / n : 0.0, true, sk / n};
+  }
+  const double chunk = sk / O / (zz ? 2 : 1), share = config.causal ? (zz ? 1.0 : 0.5) / O : 0;
+  return {O, s / O, chunk, q_heads, kv_heads, share, true, sk / O};
+}
+
 class A2aP2pStrategy final : public Strategy {
  public:
   using Strategy::Strategy;
@@ -252,16 +269,7 @@ class A2aP2pStrategy final : public Strategy {
     const double qo = 2 * double(in.heads) * local_q, kv = 2 * double(in.kv_heads) * local_kv;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
-    // O ring steps over chunks of s/(2·O) (zigzag) or s/O tokens on the busiest inner rank's heads
-    const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
-    const bool zz = token_layout(config) != TokenLayout::contiguous;
-    const double chunk = double(kv_seq_of(in)) / O / (zz && O > 1 ? 2 : 1), b = double(in.batch);
-    const double share = config.causal ? (zz || O == 1 ? 1.0 : 0.5) / O : 0;
-    const KernelSeconds k =
-        attention_seconds(in,
-                          {O, double(in.seq) / O, chunk, b * double(most_heads(split.q)),
-                           b * double(most_heads(split.kv)), share, O > 1, double(kv_seq_of(in)) / O},
-                          fwd_s);
+    const KernelSeconds k = attention_seconds(in, ring_calls(in, config, I, O), fwd_s);
     const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;
     const RingSeconds t =
