@@ -9,6 +9,8 @@
 
 #include "cp/ring_attention.hpp"
 #include "ulysses/comm_volume.hpp"
+#include "ulysses/context_parallel.hpp"
+#include "ulysses/documents.hpp"
 #include "test_util.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/planner.hpp"
@@ -442,3 +444,27 @@ TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
 }
 
 }  // namespace
+
+TEST(Planner, WorkOfRanksIsWorkRankByRank) {
+  // Every strategy's one-call count equals its rank-by-rank one, plain, with packed documents
+  // (uneven, one crossing many ranks) and with a window, at cp 8; at cp 0 it is empty.
+  const Shape q{1, 4000, 8, 16};
+  const std::vector<std::int64_t> docs{100, 2900, 1000};
+  for (const Strategy* s : strategies())
+    for (const CpConfig& base : s->plan_configs(8, true))
+      for (int variant = 0; variant < 3; ++variant) {
+        CpConfig cfg = base;
+        if (variant == 1 && s->supports_documents()) cfg.cu_seqlens = cu_seqlens_of(docs);
+        if (variant == 2 && s->supports_window()) cfg.window_left = 300, cfg.window_right = 0;
+        try {
+          validate_cp_config(cfg, 8, q, 4, q.s);
+        } catch (const Error&) {
+          continue;  // a factorisation this shape does not take
+        }
+        const std::vector<std::int64_t> all = s->work_of_ranks(cfg, 8, q, q.s, 4);
+        ASSERT_EQ(all.size(), 8u);
+        for (int r = 0; r < 8; ++r)
+          EXPECT_EQ(all[std::size_t(r)], s->work(cfg, 8, r, q, q.s, 4)) << s->config_name(cfg);
+      }
+  EXPECT_TRUE(find_strategy("p2p").work_of_ranks(CpConfig{}, 0, q, q.s, 4).empty());
+}

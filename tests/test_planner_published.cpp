@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "test_util.hpp"
+#include "ulysses/calibrate_kernel.hpp"
 #include "ulysses/error.hpp"
 #include "ulysses/kernel_model.hpp"
 #include "ulysses/planner.hpp"
@@ -165,6 +166,59 @@ TEST(PlannerPublished, ShortBlocksAndMergesCost) {
   // Decode: one query row against 128k keys reads the cache: memory-bound, not FLOP-bound.
   const KernelSeconds d = kernel_seconds(mem, {1, 1, 131072, 32, 8, 1, false}, 128, 2, 1e-9);
   EXPECT_NEAR(d.fwd, 50e-6 + (2.0 * 32 + 2.0 * 131072 * 8) * 128 * 2 / 2e12, 1e-9);
+}
+
+TEST(PlannerPublished, CalibrationFitsTheFixedCostPerCall) {
+  // Times made by the model itself (20 us per call, kv_half 300, 10 GFLOP/s) come back exactly,
+  // whatever the shapes; calibrate_kernel's four shapes among them.
+  auto seconds = [](double flops, double kv) { return 20e-6 + flops / 10e9 * (1 + 300 / kv); };
+  std::vector<KernelTiming> t;
+  for (auto [q, kv, h] : {std::tuple{256.0, 128.0, 2.0}, {256.0, 2048.0, 2.0}, {64.0, 64.0, 1.0}, {16.0, 16.0, 1.0}}) {
+    const double flops = 4 * q * kv * h * 64;
+    t.push_back({seconds(flops, kv), flops, kv});
+  }
+  const KernelFit f = fit_kernel_times(t);
+  EXPECT_NEAR(f.call_s, 20e-6, 1e-9);
+  EXPECT_NEAR(f.kv_half, 300, 1e-6);
+  // The fixed cost decides a short call, not a long one: the short ring steps' penalty.
+  KernelModel m;
+  m.call_s = f.call_s;
+  EXPECT_GT(kernel_seconds(m, {8, 64, 64, 1, 1, 0, true}, 64, 4, 1e-4).fwd, 2.5e-4);
+  EXPECT_LT(kernel_seconds(m, {1, 4096, 4096, 1, 1, 0, false}, 64, 4, 1.0).fwd, 1.0001);
+}
+
+TEST(PlannerPublished, HierarchicalWithoutARingPaysItsPairs) {
+  // a2a+p2p [cp,1] moves a2a's bytes but runs the ring over one member: at cp 2, zigzag, causal,
+  // 4 chunks and 10 calls (4 on the diagonal), each merged, where a2a makes one call. Flat: equal.
+  PlanInput in{.seq = 8192, .heads = 8, .kv_heads = 8, .head_dim = 64, .cp = 2, .mode = PlanMode::forward};
+  in.cluster.ranks_per_node = 2;
+  const Plan flat = make_plan(in);
+  EXPECT_DOUBLE_EQ(row_of(flat, "a2a+p2p [2,1]").compute_s, row_of(flat, "a2a").compute_s);
+  in.cluster.kernel.call_s = 1e-3;
+  const Plan p = make_plan(in);
+  EXPECT_NEAR(row_of(p, "a2a+p2p [2,1]").compute_s - row_of(p, "a2a").compute_s, 9e-3, 1e-9);
+  in.cluster.kernel.memory_bandwidth = 1e14;  // the reads' floor out of the way
+  in.cluster.kernel.merge_passes = 1e5;
+  // + 10 merges of a 2048-token chunk's float32 output on 4 heads of 64
+  const Plan m = make_plan(in);
+  EXPECT_NEAR(row_of(m, "a2a+p2p [2,1]").compute_s - row_of(m, "a2a").compute_s,
+              9e-3 + 10 * 1e5 * 2048 * 4 * 64 * 4 / 1e14, 1e-9);
+}
+
+TEST(PlannerPublished, CalibrationFitRefusesWhatItCannotFit) {
+  // Bad input gives the flat model, never a negative or non-finite figure.
+  EXPECT_EQ(fit_kernel_times({}).call_s, 0);
+  EXPECT_EQ(fit_kernel_times({{1e-3, 1e6, 128}, {2e-3, 2e6, 128}}).kv_half, 0);  // two rows: three unknowns
+  const std::vector<KernelTiming> junk = {
+      {-1, 1e6, 128}, {NAN, 1e6, 128}, {1e-3, 0, 128}, {1e-3, 1e6, 0}, {INFINITY, 1e6, 128}};
+  EXPECT_EQ(fit_kernel_times(junk).call_s, 0);
+  // The same shape three times: singular, flat.
+  EXPECT_EQ(fit_kernel_times({{1e-3, 1e6, 128}, {1e-3, 1e6, 128}, {1e-3, 1e6, 128}}).kv_half, 0);
+  // Short blocks measured faster than long ones: a negative half length, clamped to flat.
+  const KernelFit f = fit_kernel_times({{1e-4, 1e6, 128}, {3e-3, 1e7, 2048}, {1e-5, 1e4, 16}});
+  EXPECT_GE(f.kv_half, 0);
+  EXPECT_GE(f.call_s, 0);
+  EXPECT_TRUE(std::isfinite(f.kv_half) && std::isfinite(f.call_s));
 }
 
 TEST(PlannerPublished, PresetsAndTheirBadInput) {

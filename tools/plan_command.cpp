@@ -543,7 +543,7 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
-  make_plan(in);  // validates the input
+  check_plan_input(in);
   return req;
 }
 
@@ -552,6 +552,18 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
   in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
   apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
 }
+
+namespace {
+
+// --memory-bw over the calibrated memory rate; a ring step's merge keeps its measured seconds.
+void keep_memory_bw(PlanInput& in, double memory_bw) {
+  KernelModel& k = in.cluster.kernel;
+  if (!(memory_bw > 0)) return;
+  if (k.memory_bandwidth > 0) k.merge_passes *= memory_bw / k.memory_bandwidth;
+  k.memory_bandwidth = memory_bw;
+}
+
+}  // namespace
 
 int run_plan(const PlanOptions& o) {
   if (o.train) return run_plan_train(o);
@@ -571,7 +583,11 @@ int run_plan(const PlanOptions& o) {
       check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
   std::vector<double> measured;
-  if (o.calibrate) calibrate_cluster(comm, in);
+  if (o.calibrate) {
+    const double memory_bw = in.cluster.kernel.memory_bandwidth;  // --memory-bw's, when given
+    calibrate_cluster(comm, in);
+    keep_memory_bw(in, memory_bw);
+  }
   const Plan plan = make_plan(in);
   if (o.calibrate) {
     if (comm.rank() == 0)
@@ -579,11 +595,13 @@ int run_plan(const PlanOptions& o) {
           "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
           "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
           "across); all-to-all "
-          "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat)\n",
+          "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
+          "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s\n",
           comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
           in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
-          in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half);
+          in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
+          in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }

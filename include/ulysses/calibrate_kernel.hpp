@@ -1,19 +1,38 @@
 // This machine's attention-kernel curve (kernel_model.hpp) for `plan --calibrate`: the same
-// model the GPU presets carry, fitted from the local kernels timed at two key-block lengths.
+// model the GPU presets carry, fitted from the local kernels timed at several block shapes.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ulysses/communicator.hpp"
 #include "ulysses/cost_model.hpp"
 
 namespace ulysses {
 
-// Collective over `comm`: the forward rate of a non-causal call of 256 queries against 128 and
-// against 2048 keys (2 heads of head_dim, in dtype), every rank at once, the slowest rank's
-// rates, fitted to rate(L) = rate_∞ × L / (L + kv_half): kv_half, clamped to [0, 8192] (a
-// noisy pair that says the short block is faster gives 0, the flat model). Backward 2.5× as
-// the calibrated attention rate counts it; no per-call costs (one process per rank, no launch).
+// One timed forward call: its seconds, its FLOPs, its key-block length.
+struct KernelTiming {
+  double seconds = 0, flops = 0, kv_len = 0;
+};
+
+// A call's fixed seconds and the key-block length at which the rate halves.
+struct KernelFit {
+  double call_s = 0, kv_half = 0;
+};
+
+// Fits t = call_s + F / rate_∞ × (1 + kv_half / kv_len) to `timings` (least squares on the
+// relative error; at least three of distinct shapes). call_s is clamped at 0 and kv_half to
+// [0, 8192]; timings that cannot be fitted (fewer than three, singular, a rate that is not
+// positive) give {0, 0}, the flat model. Not collective.
+KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings);
+
+// Collective over `comm`: the forward of non-causal calls of 256 queries against 128 and 2048
+// keys (2 heads) and of two short calls (64 × 64 and 16 × 16, 1 head) at head_dim in dtype,
+// every rank at once, the slowest rank's times, fitted by fit_kernel_times: the curve (kv_half)
+// and the fixed cost per call (call_s: on a CPU the kernel's thread team and its buffers). The
+// LSE merge of a ring step's float32 output is timed beside a copy of the same bytes: the copy
+// gives memory_bandwidth (read and written), the merge its passes at that rate (merge_passes).
+// Backward 2.5× as the calibrated attention rate counts it.
 KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dtype);
 
 // Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block) to the

@@ -57,6 +57,9 @@ inline constexpr int kMaxPlanRanks = 1 << 16;
 std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs.
 Plan make_plan(const PlanInput& in);
+// Throws what make_plan throws for `in` (plan_input_error's message, documents that do not add
+// up to seq) without pricing a row: a check costs nothing at any cp.
+void check_plan_input(const PlanInput& in);
 // make_plan's rows of one strategy alone (its plan_configs at in.cp): what the balancer prices a
 // sequence with, without the other strategies' rows. Throws as make_plan does.
 std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy);

@@ -201,6 +201,11 @@ class Strategy {
   // (rank_chunks over s, at q_offset) against every key, on every head.
   virtual std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                             std::int64_t kv_heads) const;
+  // work() of every rank, [0, cp), in one call: what the planner asks at every cp, so a strategy
+  // whose ranks share a computation (a group's tokens) counts it once, not once per member. By
+  // default, work() rank by rank.
+  virtual std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                                  std::int64_t kv_heads) const;
   // Exact bytes and messages rank `rank` sends in one layer, by counter name (validated
   // config; k/v of kv_seq tokens, s for self-attention; ranks differ when the tokens or heads do
   // not split evenly).

@@ -96,6 +96,13 @@ std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shap
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 
+std::vector<std::int64_t> Strategy::work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                                  std::int64_t kv_heads) const {
+  std::vector<std::int64_t> w(std::size_t(std::max(cp, 0)));
+  for (int r = 0; r < cp; ++r) w[std::size_t(r)] = work(config, cp, r, q, kv_seq, kv_heads);
+  return w;
+}
+
 StrategyMemory Strategy::memory(const CpConfig&, int cp, const Shape& q, std::int64_t kv_seq, std::int64_t kv_heads,
                                 DType dtype) const {
   const double es = double(dtype_size(dtype)), d = double(q.d);

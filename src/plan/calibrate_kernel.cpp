@@ -1,40 +1,117 @@
 #include "ulysses/calibrate_kernel.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "ulysses/attention.hpp"
 #include "ulysses/calibrate.hpp"
+#include "ulysses/device_ops.hpp"
 #include "ulysses/tensor.hpp"
 
 namespace ulysses {
 
 namespace {
 
-// Seconds per forward FLOP of 256 queries against `keys` keys, non-causal, on this rank.
-double seconds_per_flop(const Communicator& comm, std::int64_t keys, std::int64_t d, DType dtype) {
-  const std::int64_t sq = 256, h = 2;
-  Tensor q({1, sq, h, d}, dtype), o(q.shape(), dtype), k({1, keys, h, d}, dtype), v(k.shape(), dtype);
+// One timed forward: q_len queries against kv_len keys on `heads` heads, non-causal.
+struct KernelShape {
+  std::int64_t q_len, kv_len, heads;
+};
+
+// Seconds of one forward call at `shape` on this rank (median of 5 after a warm-up).
+double forward_seconds(const Communicator& comm, KernelShape shape, std::int64_t d, DType dtype) {
+  Tensor q({1, shape.q_len, shape.heads, d}, dtype), o(q.shape(), dtype), k({1, shape.kv_len, shape.heads, d}, dtype),
+      v(k.shape(), dtype);
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
   const Tensor lse = lse_tensor(q.shape());
   const AttentionParams p{.causal = false};
-  const double s = local_median_seconds(comm, [&] {
-    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-  });
-  return s / attention_forward_flops(1, sq, keys, h, d, false);
+  return local_median_seconds(comm,
+                              [&] { flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p); });
+}
+
+// A ring step's LSE merge of a float32 [1, tokens, heads, d] partial output into a running one,
+// and a copy of the same bytes: {the output's bytes, the merge's seconds, the copy's}.
+std::array<double, 3> merge_and_copy_seconds(const Communicator& comm, std::int64_t d) {
+  const std::int64_t tokens = 4096, heads = 4;  // 4 MiB at d 64: past the caches, as the grid's outputs are
+  Tensor acc({1, tokens, heads, d}, DType::f32), part(acc.shape(), DType::f32);
+  Tensor acc_lse = lse_tensor(acc.shape()), part_lse = lse_tensor(acc.shape());
+  for (auto [t, seed] : {std::pair{&acc, 1}, {&part, 2}, {&acc_lse, 3}, {&part_lse, 4}})
+    fill_uniform(t->view(), std::uint64_t(seed));
+  const DeviceOps& ops = device_ops(Device::cpu);
+  const double merge =
+      local_median_seconds(comm, [&] { ops.merge(acc.view(), acc_lse.view(), part.view(), part_lse.view()); });
+  const std::size_t bytes = std::size_t(tokens * heads * d) * 4;
+  const double copy = local_median_seconds(comm, [&] { std::memcpy(acc.data(), part.data(), bytes); });
+  return {double(bytes), merge, copy};
+}
+
+// Solves the 3×3 system a·x = b by Cramer's rule; false when it is singular.
+bool solve3(const std::array<std::array<double, 3>, 3>& a, const std::array<double, 3>& b, std::array<double, 3>& x) {
+  auto det = [](const std::array<std::array<double, 3>, 3>& m) {
+    return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+           m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+  };
+  const double d = det(a);
+  if (!(std::abs(d) > 0) || !std::isfinite(d)) return false;
+  for (int c = 0; c < 3; ++c) {
+    auto m = a;
+    for (int r = 0; r < 3; ++r) m[std::size_t(r)][std::size_t(c)] = b[std::size_t(r)];
+    x[std::size_t(c)] = det(m) / d;
+  }
+  return true;
 }
 
 }  // namespace
 
+KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
+  // t = call_s + F·a + (F / kv)·b with a = 1 / rate_∞ and b = a·kv_half: linear in (call_s, a, b),
+  // fitted by least squares on the relative error (each row over its own time), so the short
+  // calls weigh as much as the long ones.
+  std::array<std::array<double, 3>, 3> ata{};
+  std::array<double, 3> atb{}, x{};
+  int rows = 0;
+  for (const KernelTiming& t : timings) {
+    if (!(t.seconds > 0) || !(t.flops > 0) || !(t.kv_len > 0) || !std::isfinite(t.seconds + t.flops + t.kv_len))
+      continue;
+    rows += 1;
+    const std::array<double, 3> row{1 / t.seconds, t.flops / t.seconds, t.flops / t.kv_len / t.seconds};
+    for (std::size_t i = 0; i < 3; ++i) {
+      atb[i] += row[i];
+      for (std::size_t j = 0; j < 3; ++j) ata[i][j] += row[i] * row[j];
+    }
+  }
+  KernelFit f;
+  if (rows < 3 || !solve3(ata, atb, x) || !(x[1] > 0)) return f;
+  f.call_s = std::max(0.0, x[0]);
+  f.kv_half = std::clamp(x[2] / x[1], 0.0, 8192.0);  // a fit that says short blocks run faster: the flat model
+  return f;
+}
+
 KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dtype) {
-  constexpr double short_len = 128, long_len = 2048;
-  double per_flop[2] = {seconds_per_flop(comm, std::int64_t(short_len), head_dim, dtype),
-                        seconds_per_flop(comm, std::int64_t(long_len), head_dim, dtype)};
-  comm.allreduce_max(per_flop, 2);
-  // rate ratio ρ = r(128) / r(2048) = (128/(128+h)) / (2048/(2048+h)), solved for h.
-  const double rho = per_flop[1] / per_flop[0];
+  // Two key lengths at 256 queries give the curve; two short calls give the fixed cost per call.
+  constexpr std::array<KernelShape, 4> shapes{{{256, 128, 2}, {256, 2048, 2}, {64, 64, 1}, {16, 16, 1}}};
+  std::array<double, 6> t{};
+  for (std::size_t i = 0; i < shapes.size(); ++i) t[i] = forward_seconds(comm, shapes[i], head_dim, dtype);
+  const std::array<double, 3> merge = merge_and_copy_seconds(comm, head_dim);
+  t[4] = merge[1], t[5] = merge[2];
+  comm.allreduce_max(t.data(), 6);  // the slowest rank's times
+  std::vector<KernelTiming> timings;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const KernelShape& s = shapes[i];
+    timings.push_back(
+        {t[i], attention_forward_flops(1, s.q_len, s.kv_len, s.heads, head_dim, false), double(s.kv_len)});
+  }
+  const KernelFit fit = fit_kernel_times(timings);
   KernelModel m;
-  if (rho < 1 && rho * long_len > short_len)
-    m.kv_half = std::clamp(short_len * long_len * (1 - rho) / (rho * long_len - short_len), 0.0, 8192.0);
+  m.kv_half = fit.kv_half;
+  m.call_s = fit.call_s;
+  // The merge as passes over its output at the rate a copy reads and writes (two passes).
+  if (t[5] > 0 && t[4] > 0) {
+    m.memory_bandwidth = 2 * merge[0] / t[5];
+    m.merge_passes = t[4] * m.memory_bandwidth / merge[0];
+  }
   return m;
 }
 

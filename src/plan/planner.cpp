@@ -82,10 +82,10 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
   const double rate = in.cluster.peak_flops * in.cluster.efficiency;
   r.head_imbalance = head_imbalance(in, strategy, cfg);
   double most = 0, total = 0;
-  for (int rank = 0; rank < in.cp; ++rank) {
-    const double w = double(rank_work(in, strategy, cfg, rank));
-    most = std::max(most, w);
-    total += w;
+  for (const std::int64_t n :
+       strategy.work_of_ranks(cfg, in.cp, {in.batch, in.seq, in.heads, in.head_dim}, kv_seq_of(in), in.kv_heads)) {
+    most = std::max(most, double(n));
+    total += double(n);
   }
   r.work_imbalance = total > 0 ? most * in.cp / total : 1.0;
   const double fwd = 4.0 * double(in.head_dim) * most / rate;
@@ -311,9 +311,19 @@ std::string plan_input_error(const PlanInput& in) {
   return "";
 }
 
-std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
+namespace {
+
+void check_input(const PlanInput& in) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   check_documents(in);
+}
+
+}  // namespace
+
+void check_plan_input(const PlanInput& in) { check_input(mode_input(in)); }
+
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
+  check_input(in);
   std::vector<PlanRow> rows;
   for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal)) rows.push_back(evaluate(in, strategy, cfg));
   return rows;

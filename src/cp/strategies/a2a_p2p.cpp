@@ -71,6 +71,32 @@ std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<Se
   return c;
 }
 
+// The visible (query, key) pairs of rank r's own tokens against all kv_seq keys, one head.
+std::int64_t own_pairs(const CpConfig& config, int cp, int r, std::int64_t s, std::int64_t kv_seq) {
+  const AttentionParams params = attention_params(config);
+  std::int64_t pairs = 0;
+  for (const SeqChunk& c : rank_chunks(config, cp, r, s))
+    pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+  return pairs;
+}
+
+// The kernel calls of the busiest rank's forward on the busiest inner rank's heads. O > 1: O ring
+// steps over chunks of s/(2·O) (zigzag) or s/O tokens, each merged. O = 1 runs the same ring over
+// one member: a call per visible pair of the group's n chunks (2 per rank zigzagged, else 1),
+// each merged, where plain a2a makes one call.
+KernelCalls ring_calls(const PlanInput& in, const CpConfig& config, int I, int O) {
+  const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
+  const bool zz = token_layout(config) != TokenLayout::contiguous;
+  const double b = double(in.batch), s = double(in.seq), sk = double(kv_seq_of(in));
+  const double q_heads = b * double(most_heads(split.q)), kv_heads = b * double(most_heads(split.kv));
+  if (O == 1) {
+    const double n = double(I) * (zz ? 2 : 1), pairs = config.causal ? n * (n + 1) / 2 : n * n;
+    return {std::int64_t(pairs), s / n, sk / n, q_heads, kv_heads, config.causal ? 1 / n : 0.0, true, sk / n};
+  }
+  const double chunk = sk / O / (zz ? 2 : 1), share = config.causal ? (zz ? 1.0 : 0.5) / O : 0;
+  return {O, s / O, chunk, q_heads, kv_heads, share, true, sk / O};
+}
+
 class A2aP2pStrategy final : public Strategy {
  public:
   using Strategy::Strategy;
@@ -166,12 +192,24 @@ class A2aP2pStrategy final : public Strategy {
   std::int64_t work(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                     std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], first = rank / I * I;
-    const AttentionParams params = attention_params(config);
     std::int64_t pairs = 0;
-    for (int r = first; r < first + I; ++r)
-      for (const SeqChunk& c : rank_chunks(config, cp, r, q.s))
-        pairs += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+    for (int r = first; r < first + I; ++r) pairs += own_pairs(config, cp, r, q.s, kv_seq);
     return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
+  }
+
+  // Every rank's work with each inner group's pairs counted once (work() counts them per member:
+  // cp × I chunk scans, where the planner asks all cp ranks).
+  std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                          std::int64_t kv_heads) const override {
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    std::vector<std::int64_t> w(static_cast<std::size_t>(cp));
+    for (int first = 0; first < cp; first += I) {
+      std::int64_t pairs = 0;
+      for (int r = first; r < first + I; ++r) pairs += own_pairs(config, cp, r, q.s, kv_seq);
+      for (int r = first; r < first + I; ++r)
+        w[std::size_t(r)] = pairs * q.b * heads_of(config, cp, r, q.h, kv_heads).q.count;
+    }
+    return w;
   }
 
   // Inner group g = rank / I holds the tokens of ranks [g·I, g·I + I); after the inner
@@ -245,16 +283,7 @@ class A2aP2pStrategy final : public Strategy {
     const double local_kv = double(busiest_kv_tokens(in)) * row;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
-    // O ring steps over chunks of s/(2·O) (zigzag) or s/O tokens on the busiest inner rank's heads
-    const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
-    const bool zz = token_layout(config) != TokenLayout::contiguous;
-    const double chunk = double(kv_seq_of(in)) / O / (zz && O > 1 ? 2 : 1), b = double(in.batch);
-    const double share = config.causal ? (zz || O == 1 ? 1.0 : 0.5) / O : 0;
-    const KernelSeconds k =
-        attention_seconds(in,
-                          {O, double(in.seq) / O, chunk, b * double(most_heads(split.q)),
-                           b * double(most_heads(split.kv)), share, O > 1, double(kv_seq_of(in)) / O},
-                          fwd_s);
+    const KernelSeconds k = attention_seconds(in, ring_calls(in, config, I, O), fwd_s);
     const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;
     const RingSeconds t =
