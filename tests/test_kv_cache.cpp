@@ -43,11 +43,13 @@ struct Rows {
   }
 };
 
-// Float64: query `t` of q (head i) against keys 0..keys−1; returns the largest error of got.
-double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, std::int64_t keys, const float* got) {
-  const std::int64_t h = q.heads, d = q.d, group = h / k.heads;
+// Float64: query `t` of q (heads [first, first + count), every head by default) against keys
+// 0..keys−1; returns the largest error of got (those heads' rows).
+double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, std::int64_t keys, const float* got,
+                   std::int64_t first = 0, std::int64_t count = -1) {
+  const std::int64_t h = q.heads, d = q.d, group = h / k.heads, end = count < 0 ? h : first + count;
   double worst = 0;
-  for (std::int64_t i = 0; i < h; ++i) {
+  for (std::int64_t i = first; i < end; ++i) {
     std::vector<double> s(static_cast<std::size_t>(keys));
     double mx = -1e300, sum = 0;
     for (std::int64_t j = 0; j < keys; ++j) {
@@ -60,7 +62,7 @@ double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, 
     for (std::int64_t c = 0; c < d; ++c) {
       double o = 0;
       for (std::int64_t j = 0; j < keys; ++j) o += s[std::size_t(j)] / sum * double(v.at(j, i / group)[c]);
-      worst = std::max(worst, std::abs(o - double(got[i * d + c])) / (1.0 + std::abs(o)));
+      worst = std::max(worst, std::abs(o - double(got[(i - first) * d + c])) / (1.0 + std::abs(o)));
     }
   }
   return worst;
@@ -155,6 +157,37 @@ TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {
   decode_attention_forward(ov, lv, qv, k.view(0, 0), v.view(0, 0), DecodeParams{.group = h / hkv, .scale = 1.0f});
   EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
   EXPECT_EQ(out[0], 0.0f);
+}
+
+// Every way the kernel cuts a GQA group (units of 4, 2 and 1 query heads on one KV head), head
+// sizes with and without a tail past whole vectors, a rank's slice of the query heads starting
+// inside a group and of the KV heads from a later one, and row counts that leave a short last
+// block: each against float64.
+TEST(CachedAttention, LocalKernelOverEveryGqaShapeEqualsFloat64) {
+  struct Case {
+    std::int64_t h, hkv, d, q_first, q_count, kv_first, rows;
+  };
+  const Case cases[] = {{8, 2, 64, 0, 8, 0, 3001},  {8, 8, 32, 0, 8, 0, 700},   {6, 2, 12, 0, 6, 0, 333},
+                        {12, 2, 20, 0, 12, 0, 129}, {5, 1, 8, 0, 5, 0, 65},     {8, 2, 64, 2, 5, 0, 300},
+                        {8, 4, 16, 3, 4, 1, 97},    {16, 2, 24, 9, 7, 1, 1000}, {4, 4, 3, 1, 2, 1, 7}};
+  for (const Case& c : cases) {
+    const Rows q(7, 1, c.h, c.d), k(8, c.rows, c.hkv, c.d), v(9, c.rows, c.hkv, c.d);
+    const std::int64_t group = c.h / c.hkv, held = (c.q_first + c.q_count - 1) / group - c.kv_first + 1;
+    std::vector<float> out(static_cast<std::size_t>(c.q_count * c.d)), lse(static_cast<std::size_t>(c.q_count));
+    const Shape rows{1, 1, c.q_count, c.d};
+    const TensorView ov = TensorView::dense(out.data(), DType::f32, rows, Layout::bshd),
+                     lv = TensorView::dense(lse.data(), DType::f32, {1, 1, c.q_count, 1}, Layout::bhsd),
+                     qv = TensorView::dense(const_cast<float*>(q.at(0, c.q_first)), DType::f32, rows, Layout::bshd);
+    TensorView kv = k.view(0, c.rows), vv = v.view(0, c.rows);
+    for (TensorView* x : {&kv, &vv}) {  // the KV heads [kv_first, kv_first + held) of every row
+      x->data = x->f32(0, 0, c.kv_first);
+      x->shape.h = held;
+    }
+    decode_attention_forward(ov, lv, qv, kv, vv,
+                             DecodeParams{.q_first = c.q_first, .kv_first = c.kv_first, .group = group});
+    EXPECT_LT(worst_error(q, k, v, 0, c.rows, out.data(), c.q_first, c.q_count), kTol)
+        << "h " << c.h << " h_kv " << c.hkv << " d " << c.d << " heads from " << c.q_first << " rows " << c.rows;
+  }
 }
 
 TEST(CachedAttention, LocalKernelRefusesHeadsItDoesNotHold) {

@@ -12,7 +12,7 @@ namespace ulysses::kernels {
 namespace {
 
 template <class T>
-inline T exp_poly(T r) {
+inline T exp_poly(const T& r) {
   T p = T{} + 1.3843643246e-3f;
   p = p * r + 8.3741554990e-3f;
   p = p * r + 4.1668001562e-2f;
