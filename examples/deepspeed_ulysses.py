@@ -12,7 +12,8 @@ the group's tokens. Run it either way:
     mpirun -n 2 python3 examples/deepspeed_ulysses.py      # torch >= 2 in both cases
 
 It prints the loss of every step; python/torch_tests/test_drop_in.py checks them against the
-same script with a plain torch.distributed all-to-all (DeepSpeed's algorithm) in place of ours.
+same script with a plain torch.distributed all-to-all (DeepSpeed's algorithm) in place of ours,
+and bench/deepspeed_compare.py against DeepSpeed itself (bit for bit the same losses and gradients).
 """
 
 import os

@@ -4,7 +4,7 @@ gradients of a few SGD steps, a padded batch against its sequences unpadded, gre
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batch, gathered, pair, rel, worst_grad
+from conftest import batch, errors_on_every_rank, gathered, pair, rel, worst_grad
 
 TOLERANCE = 1e-5  # relative, float32
 
@@ -74,15 +74,33 @@ def test_padded_batch_equals_unpadded(comm, side):
     assert max(gathered(comm, worst)) < TOLERANCE
 
 
-def test_greedy_generation_matches_cp1(comm):
-    ref, sp, model, _, worst = train_both("llama", comm, batch(), steps=2)
-    prompt, mask = padded(batch(seed=2, seq=12), [12, 9], "left")
+@pytest.mark.parametrize("kind,length", [("llama", 12), ("qwen2", 14), ("llama", 3)])
+def test_greedy_generation_matches_cp1(comm, kind, length):
+    """sp.generate's prefill runs sharded (each rank's tokens through the ulysses attention, the
+    keys and values gathered into one cache), then decodes on every rank: the tokens of cp = 1's
+    model.generate, every step's logits within 1e-5. Qwen2's 14-token prompt overflows its
+    sliding window of 8; 3 tokens leave fewer than cp = 4 to prefill sharded (then unsharded)."""
+    ref, sp, model, _, worst = train_both(kind, comm, batch(), steps=2)
+    prompt, mask = padded(batch(seed=2, seq=length), [length, length - 2], "left")
     args = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    args.update(return_dict_in_generate=True, output_logits=True)
     want = ref.generate(prompt, **args)
+    sp.comm.reset_counters()
     got = sp.generate(model, prompt, **args)
+    sharded = length - 1 >= sp.size
+    layers = model.config.num_hidden_layers
+    prefills = sp.comm.counters().get("seq_to_head", {}).get("calls", 0)
+    assert prefills == (layers + 1 if sharded else 0)  # one all-to-all a layer, one gathers the cache
+    worst = max([worst] + [rel(a, b) for a, b in zip(got.logits, want.logits)])
     assert max(gathered(comm, worst)) < 1e-5
-    assert all(gathered(comm, torch.equal(got, want)))
+    assert all(gathered(comm, torch.equal(got.sequences, want.sequences)))
     assert model.config._attn_implementation == "ulysses"  # restored after generate
+
+
+def test_generate_fills_its_own_cache(comm):
+    ref, sp, model = pair("llama", comm)
+    messages = errors_on_every_rank(comm, lambda: sp.generate(model, batch(), past_key_values=object()))
+    assert "SequenceParallel.generate fills the KV cache itself: pass no past_key_values" in messages[0]
 
 
 def test_gradient_checkpointing_matches_cp1(comm):

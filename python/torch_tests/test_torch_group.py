@@ -121,18 +121,66 @@ def error_of(fn):
 
 
 def test_a_group_without_this_rank(world):
-    """A group that does not hold this rank's tensors is refused on that rank, naming both; its
-    members build as usual."""
+    """A rank passing a group that does not hold it: the same error on every rank, naming that
+    rank, never its members left waiting for it."""
     if P < 2:
         pytest.skip("needs a rank outside the group")
     members = [0] if P == 2 else [0, 1]
     group = dist.new_group(members)
     err = error_of(lambda: ut.DistributedAttention(sdpa, group))
-    if RANK in members:
+    outsider = members[-1] + 1
+    assert err.startswith(f"global rank {outsider}: sequence_process_group does not hold this process"), err
+    assert "pass the group this rank's tensors belong to" in err
+
+
+def differing_groups():
+    """(what rank r passes, what every rank must be told) for groups that differ between ranks."""
+    if P == 2:  # rank 0 both ranks, rank 1 a group of its own (fresh groups: a used one is not agreed again)
+        both, alone = dist.new_group([0, 1]), dist.new_group([1])
+        return (
+            both if RANK == 0 else alone
+        ), "rank 0 passed the group of global ranks [0, 1], its member global rank 1 passed [1]"
+    pairs = {r: dist.new_group([r, r + 1]) for r in range(P - 1)}
+    last = dist.new_group([P - 1])
+    mine = {0: pairs[0], 1: pairs[1], 2: pairs[1]}.get(RANK, last)  # rank 0 [0, 1], ranks 1 and 2 [1, 2]
+    return mine, "rank 0 passed the group of global ranks [0, 1], its member global rank 1 passed [1, 2]"
+
+
+def test_groups_that_differ_between_ranks(world):
+    """Rank 0 passes [0, 1] where rank 1 passes [1, 2] (or, on 2 ranks, a group of its own):
+    the group's first collective would wait for a peer busy in another group. The same error on
+    every rank instead, naming both."""
+    if P < 2:
+        pytest.skip("needs two ranks")
+    mine, says = differing_groups()
+    err = error_of(lambda: ut.DistributedAttention(sdpa, mine))
+    assert err.startswith("sequence_process_group differs between ranks: global ") and says in err, err
+    assert "every member of a group must pass that same group" in err
+
+
+def test_another_group_of_the_same_ranks(world):
+    """Two new_group calls of the same ranks are two transports: passing one on rank 0 and the
+    other elsewhere would hang as surely; the error says so."""
+    twins = [dist.new_group(list(range(P))) for _ in range(2)]
+    err = error_of(lambda: ulysses.Communicator.from_torch(twins[RANK == 0]))
+    if P == 1:
         assert err is None
     else:
-        assert f"does not hold this process (global rank {RANK})" in err, err
-        assert "pass the group this rank's tensors belong to" in err
+        assert "differs between ranks" in err and "another group of the same ranks (group names" in err, err
+
+
+def test_an_nccl_group(world, monkeypatch):
+    """NCCL moves GPU tensors only: refused on every rank, saying to make a gloo group. An NCCL
+    group cannot be made without a GPU (torch: "nccl2 requires at least one CUDA device"), so the
+    last rank's gloo group says it is NCCL."""
+    group = dist.new_group(list(range(P)))
+    get_backend = dist.get_backend
+    if RANK == P - 1:
+        monkeypatch.setattr(dist, "get_backend", lambda g=None: "nccl" if g is group else get_backend(g))
+    err = error_of(lambda: ut.DistributedAttention(sdpa, group))
+    want = f"global rank {P - 1}: sequence_process_group uses the nccl backend, which does not move CPU tensors"
+    assert err is not None and err.startswith(want), err
+    assert f"torch.distributed.new_group({list(range(P))}, backend='gloo')" in err, err
 
 
 @pytest.mark.parametrize(

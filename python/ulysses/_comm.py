@@ -44,10 +44,13 @@ class Communicator:
     @classmethod
     def from_torch(cls, group: Any = None, threads: Optional[int] = None) -> "Communicator":
         """The communicator of a ``torch.distributed`` group (None: the default group), backend
-        ``"torch"``: how programs launched by ``torchrun`` run without MPI. Collective over the
-        group; one per group (modules of every layer share it), ``threads`` as for MPI. Raises
-        ``ulysses.Error`` saying what to do when torch.distributed is not initialised, this
-        process is not in the group, or the group cannot move CPU tensors (not gloo)."""
+        ``"torch"``: how programs launched by ``torchrun`` run without MPI. One per group (modules
+        of every layer share it), ``threads`` as for MPI. A group's first use is collective over
+        the default group, every process passing its own group (as every process calls
+        ``new_group``); later ones over the group. Raises the same ``ulysses.Error`` on every rank,
+        saying what to do, when this process is not in its group, a group cannot move CPU tensors
+        (not gloo) or members of a group passed different groups; on this process alone when
+        torch.distributed is not initialised."""
         from ._torch_comm import communicator
 
         comm = communicator(group, "group")

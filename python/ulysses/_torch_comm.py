@@ -97,8 +97,8 @@ def _ranks_text(ranks: List[int]) -> str:
     return f"[{', '.join(map(str, ranks))}]" if len(ranks) <= 16 else f"[{ranks[0]}, ..., {ranks[-1]}] ({len(ranks)})"
 
 
-def _check_group(group: Any, name: str) -> Any:
-    """The group to use for ``group`` (None: the default group), or Error saying what to do."""
+def _check_initialised(name: str) -> None:
+    """Error unless torch.distributed (torch >= 2) is up: without it there is no world to agree in."""
     dist = torch.distributed
     if not dist.is_available() or not dist.is_initialized():
         raise _ulysses.Error(
@@ -107,12 +107,33 @@ def _check_group(group: Any, name: str) -> Any:
         )
     if int(torch.__version__.split(".")[0]) < 2:
         raise _ulysses.Error(f"{name}: a torch.distributed group needs torch >= 2 (this is torch {torch.__version__})")
-    group = dist.group.WORLD if group is None else group
+
+
+def _check_kind(group: Any, name: str) -> None:
+    """Error unless ``group`` is None or a torch.distributed ProcessGroup."""
+    if group is not None and not (
+        torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup)
+    ):
+        raise _ulysses.Error(
+            f"{name} must be a torch.distributed ProcessGroup (None: the default group), a ulysses.Communicator or "
+            f"an mpi4py communicator, got {type(group).__name__}"
+        )
+
+
+def _check_group(group: Any, name: str) -> None:
+    """Error saying what to do unless ``group`` is a gloo (or MPI) ProcessGroup holding this process."""
+    dist = torch.distributed
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise _ulysses.Error(
+            f"{name} does not hold this process (global rank {dist.get_rank()}): torch.distributed.new_group "
+            "returns GroupMember.NON_GROUP_MEMBER outside the group; pass the group this rank's tensors belong to"
+        )
+    _check_kind(group, name)
     ranks = dist.get_process_group_ranks(group)
     if dist.get_rank(group) < 0:
         raise _ulysses.Error(
             f"{name} holds global ranks {_ranks_text(ranks)}, not this process (global rank {dist.get_rank()}): "
-            "pass the group this rank's tensors belong to, and build the module only on its members"
+            "pass the group this rank's tensors belong to"
         )
     backend = str(dist.get_backend(group))
     if "gloo" not in backend and "mpi" not in backend:
@@ -120,31 +141,65 @@ def _check_group(group: Any, name: str) -> Any:
             f"{name} uses the {backend} backend, which does not move CPU tensors; ulysses runs on CPU: "
             f"make a gloo group of the same ranks, torch.distributed.new_group({ranks}, backend='gloo')"
         )
-    return group
+
+
+def _first_problem(choices: List[Any], name: str) -> str:
+    """What is wrong with every process's (error, ranks, group name), "" when nothing: the lowest
+    global rank's own error, else the first member that passed another group than its group's."""
+    for rank, (error, _, _) in enumerate(choices):
+        if error:
+            return f"global rank {rank}: {error}"
+    for rank, (_, ranks, group_name) in enumerate(choices):
+        for member in ranks:
+            _, theirs, their_name = choices[member]
+            if (theirs, their_name) == (ranks, group_name):
+                continue
+            other = _ranks_text(theirs)
+            if theirs == ranks:
+                other = f"another group of the same ranks (group names {group_name} and {their_name})"
+            return (
+                f"{name} differs between ranks: global rank {rank} passed the group of global ranks "
+                f"{_ranks_text(ranks)}, its member global rank {member} passed {other}; every member of a group "
+                "must pass that same group (the object new_group returned to it), at the same point"
+            )
+    return ""
+
+
+def _agree_on_groups(group: Any, name: str) -> None:
+    """Collective over the default group (every process, each with its own group, as every
+    process calls new_group): the same Error on every rank when a group is bad on any rank or
+    its members passed different groups, which would otherwise leave a rank waiting for a peer
+    that is busy in another group."""
+    dist = torch.distributed
+    try:
+        _check_group(group, name)
+        mine = ("", dist.get_process_group_ranks(group), group.group_name)
+    except _ulysses.Error as e:
+        mine = (str(e), [], "")
+    choices: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(choices, mine)
+    problem = _first_problem(choices, name)
+    if problem:
+        raise _ulysses.Error(problem)
 
 
 def communicator(group: Any, name: str = "sequence_process_group") -> Communicator:
     """A ``ulysses.Communicator`` for what a caller passed as its group: a Communicator as it is,
     an mpi4py communicator wrapped, a torch ProcessGroup (or None: the default group) through
-    torch.distributed. Collective over the group the first time a torch group is seen."""
+    torch.distributed. The first time a process passes a torch group (or anything else where a
+    group goes) is collective over the default group: every process passes its own group then
+    (``_agree_on_groups``); later the same group is the same Communicator, with no collective."""
     if isinstance(group, Communicator):
         return group
     if type(group).__module__.startswith("mpi4py"):
         return Communicator(group)
     dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise _ulysses.Error(
-            f"{name} does not hold this process (global rank {dist.get_rank()}): torch.distributed.new_group "
-            "returns GroupMember.NON_GROUP_MEMBER outside the group; pass the group this rank's tensors belong to, "
-            "and build the module only on its members"
-        )
-    is_group = group is None or (torch.distributed.is_available() and isinstance(group, torch.distributed.ProcessGroup))
-    if not is_group:
-        raise _ulysses.Error(
-            f"{name} must be a torch.distributed ProcessGroup (None: the default group), a ulysses.Communicator or "
-            f"an mpi4py communicator, got {type(group).__name__}"
-        )
-    group = _check_group(group, name)
-    if group not in _COMMUNICATORS:
-        _COMMUNICATORS[group] = Communicator._from_torch(_ulysses.torch_communicator(_Transport(group)), group)
+    if not dist.is_available() or not dist.is_initialized():
+        _check_kind(group, name)  # what is not a group is said first: no world is needed to tell
+    _check_initialised(name)
+    group = dist.group.WORLD if group is None else group
+    if isinstance(group, dist.ProcessGroup) and group in _COMMUNICATORS:
+        return _COMMUNICATORS[group]
+    _agree_on_groups(group, name)
+    _COMMUNICATORS[group] = Communicator._from_torch(_ulysses.torch_communicator(_Transport(group)), group)
     return _COMMUNICATORS[group]

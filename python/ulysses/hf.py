@@ -9,7 +9,7 @@
     loss = sp.loss(model(**batch.inputs).logits, batch)  # over the valid tokens of every rank
     loss.backward()
     sp.reduce_gradients(model)                          # the sum over the group, as at cp = 1
-    tokens = sp.generate(model, prompt, max_new_tokens=8)  # not sharded (see ``generate``)
+    tokens = sp.generate(model, prompt, max_new_tokens=8)  # prefill sharded, decoding on every rank
 
 Each rank holds the whole model and s/cp tokens of every sequence. Around every attention, one
 all-to-all (``ulysses.torch.DistributedAttention``) turns this rank's tokens of all heads into
@@ -21,6 +21,7 @@ second all-to-all brings the output back to this rank's tokens.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +33,7 @@ from ._agree import agreed
 from .torch import DistributedAttention
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, DynamicCache
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 except ImportError as e:  # an unhelpful ModuleNotFoundError deep in a user's import otherwise
     raise ImportError(f"ulysses.hf needs Hugging Face transformers (pip install transformers): {e}") from None
@@ -204,6 +205,12 @@ def _shift(labels, mask):
     return shifted
 
 
+def _cache_keyword(model: Any) -> str:
+    """The name ``model.generate`` takes a KV cache by: the model's own (``cache`` in recent
+    transformers, which deprecated ``past_key_values``; ``past_key_values`` before)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _as_rows(name: str, x: Any, shape: Optional[torch.Size]) -> Optional[torch.Tensor]:
     """``x`` as a 2-D integer CPU tensor of ``shape`` (the input_ids'), or None."""
     if x is None:
@@ -220,7 +227,8 @@ class SequenceParallel:
     """A Hugging Face causal LM over a context-parallel group with Ulysses attention.
 
     ``group``: a ``ulysses.Communicator`` (mpi4py under mpirun, or a rank of
-    ``ulysses.local_group``). Every method is collective over the group: every rank calls it, in
+    ``ulysses.local_group``), an mpi4py communicator or a ``torch.distributed`` ProcessGroup (None:
+    the default group). Every method is collective over the group: every rank calls it, in
     the same order, with the same global batch; a bad or differing argument on any rank raises
     the same ``ulysses.Error`` on every rank before any data moves."""
 
@@ -229,6 +237,7 @@ class SequenceParallel:
         self.size, self.rank = comm.size, comm.rank
         self._attention = DistributedAttention(self._local_attention, comm, scatter_idx=2, gather_idx=1)
         self._gathered: List[torch.Tensor] = []
+        self._captured: Optional[List[Any]] = None
         self._gather = DistributedAttention(self._capture, comm, scatter_idx=2, gather_idx=1)
 
     def attach(self, model: Any) -> Any:
@@ -313,25 +322,55 @@ class SequenceParallel:
             start += p.numel()
 
     def generate(self, model: Any, input_ids: torch.Tensor, attention_mask=None, **kwargs: Any) -> torch.Tensor:
-        """``model.generate`` on the whole prompt on every rank, not sharded: decoding one token
-        against a KV cache is not what context parallelism splits, and the ulysses attention keeps
-        no cache. The model's attention is transformers' ``sdpa`` for the call. Collective: the
-        prompt must be the same on every rank; greedy decoding (or one seed on every rank) gives
-        every rank the same tokens."""
+        """``model.generate`` of the whole prompt on every rank, its prefill sharded: the prompt but
+        its last token runs through the model under the ulysses attention (this rank's s/cp
+        tokens; every attention over the whole prompt), every layer's keys and values are gathered
+        into a transformers ``DynamicCache`` on every rank, and ``model.generate`` continues from
+        that cache with transformers' ``sdpa``, one token at a time on every rank (a decode step
+        is one query row: not what context parallelism splits). A prompt of cp tokens or fewer
+        is not sharded. Collective: the prompt must be the same on every rank; greedy decoding
+        (or one seed on every rank) gives every rank the same tokens."""
 
         def local():
             ids = _as_rows("input_ids", input_ids, None)
             if ids is None:
                 raise _ulysses.Error("generate needs input_ids [b, s]")
+            if "past_key_values" in kwargs or "cache" in kwargs:
+                raise _ulysses.Error("SequenceParallel.generate fills the KV cache itself: pass no past_key_values")
             return _digest(ids, _as_rows("attention_mask", attention_mask, ids.shape))
 
         _agree_text(self.comm, "generate's prompts (sha256)", agreed(self.comm, local))
+        cache = self._prefill(model, input_ids, attention_mask)
         previous = model.config._attn_implementation
         model.set_attn_implementation("sdpa")
         try:
-            return model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            given = {_cache_keyword(model): cache}
+            return model.generate(input_ids=input_ids, attention_mask=attention_mask, **given, **kwargs)
         finally:
             model.set_attn_implementation(previous)
+
+    def _prefill(self, model: Any, ids: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[DynamicCache]:
+        """The KV cache of the prompt but its last token, the same on every rank, from a sharded
+        forward of the model's decoder (no logits: the last token's are generate's first step);
+        None when that part has fewer tokens than ranks. Collective."""
+        n = ids.shape[1] - 1
+        if n < self.size:
+            return None
+        batch = self.shard_batch(ids[:, :n], attention_mask=None if mask is None else mask[:, :n])
+        self._captured = []
+        try:
+            with torch.no_grad():
+                model.base_model(**batch.inputs)
+            mine = torch.stack([torch.stack(kv) for kv in self._captured])  # [layers, 2, b, h_kv, s/cp, d]
+        finally:
+            self._captured = None
+        sizes = [len(part) for part in torch.arange(n).tensor_split(self.size)]  # shard_batch's split
+        every = self._all_gather(F.pad(mine, (0, 0, 0, sizes[0] - mine.shape[-2])))
+        whole = torch.cat([every[r, ..., : sizes[r], :] for r in range(self.size)], dim=-2)
+        cache = DynamicCache(config=model.config)
+        for layer, (k, v) in enumerate(whole):
+            cache.update(k, v, layer)
+        return cache
 
     def _attend(self, query, key, value, mask, dropout, scaling, causal, kw) -> torch.Tensor:
         """[b, s/cp, h, d] of this rank's tokens from transformers' [b, h, s/cp, d] (collective)."""
@@ -347,6 +386,8 @@ class SequenceParallel:
                 )
 
         agreed(self.comm, local)
+        if self._captured is not None:  # a sharded prefill: this rank's tokens' keys and values
+            self._captured.append((key, value))
         q, k, v = (x.transpose(1, 2) for x in (query, key, value))
         return self._attention(q, k, v, mask=mask, dropout=dropout, scaling=scaling, causal=causal)
 
