@@ -26,8 +26,8 @@ constexpr std::int64_t kRowsPerPart = 256;  // fewer rows than this per thread a
 
 // The call as pointers and strides, its query heads in runs that share one KV head.
 DecodeJob job_of(const TensorView& q, const TensorView& k, const TensorView& v, const DecodeParams& p, float scale) {
-  DecodeJob job{q.f32(0, 0, 0), k.f32(0, 0, 0), v.f32(0, 0, 0), q.shape.h, q.shape.d, q.stride_h, k.stride_s,
-                k.stride_h,     v.stride_s,     v.stride_h,     scale,     {}};
+  DecodeJob job{q.f32(0, 0, 0), k.f32(0, 0, 0), v.f32(0, 0, 0), q.shape.h,  q.shape.d, q.stride_h,
+                k.stride_s,     k.stride_h,     v.stride_s,     v.stride_h, scale,     {}};
   for (std::int64_t i = 0; i < q.shape.h;) {
     const std::int64_t kv = (p.q_first + i) / p.group, end = std::min(q.shape.h, (kv + 1) * p.group - p.q_first);
     job.runs.push_back({i, end - i, kv - p.kv_first});
@@ -50,6 +50,11 @@ void decode_cpu(const TensorView& out, const TensorView& lse, const DecodeJob& j
   const int parts = int(std::clamp<std::int64_t>(rows / kRowsPerPart, 1, omp_get_max_threads()));
   const kernels::DecodeRowsFn pass = rows_fn();
   std::vector<DecodePartial> partial(static_cast<std::size_t>(parts));
+  for (DecodePartial& pt : partial) {
+    pt.acc.assign(std::size_t(job.q_heads * d), 0.0f);
+    pt.m.assign(std::size_t(job.q_heads), -std::numeric_limits<float>::infinity());
+    pt.l.assign(std::size_t(job.q_heads), 0.0f);
+  }
 #pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
   for (int t = 0; t < parts; ++t) pass(job, rows * t / parts, rows * (t + 1) / parts, partial[std::size_t(t)]);
   for (std::int64_t i = 0; i < job.q_heads; ++i) {  // merge the parts in order: the same bits every run

@@ -22,7 +22,9 @@ struct DecodeJob {
   std::vector<DecodeRun> runs;  // every query head in exactly one run
 };
 
-// One thread's partial result: acc [q_heads · d] unnormalised, running maximum m and sum l per head.
+// One thread's partial result: acc [q_heads · d] unnormalised, running maximum m and sum l per
+// head; the caller sizes it (0, −inf, 0: no row seen), so that no std::vector code is compiled
+// with an ISA's flags (a weak symbol the linker could pick for the baseline's callers).
 struct DecodePartial {
   std::vector<float> acc, m, l;
 };

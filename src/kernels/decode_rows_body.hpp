@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "decode_rows.hpp"
 #include "exp_poly.hpp"
@@ -53,8 +52,9 @@ typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
 #if DECODE_W == 16
   vf y[8], z[4], u[2];
   for (int i = 0; i < 8; ++i)
-    y[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    y[i] =
+        __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   for (int i = 0; i < 4; ++i)
     z[i] = __builtin_shufflevector(y[2 * i], y[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
            __builtin_shufflevector(y[2 * i], y[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
@@ -224,15 +224,12 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
 }  // namespace
 
 void DECODE_FN(const DecodeJob& job, std::int64_t r0, std::int64_t r1, DecodePartial& part) {
-  part.acc.assign(std::size_t(job.q_heads * job.d), 0.0f);
-  part.m.assign(std::size_t(job.q_heads), -std::numeric_limits<float>::infinity());
-  part.l.assign(std::size_t(job.q_heads), 0.0f);
   alignas(64) float scores[4 * kBlock] = {};
   const int nv = vectors_of(job.d);
   for (const DecodeRun& run : job.runs)  // per KV head: its K and V rows, each streamed once
     for (std::int64_t t = r0; t < r1; t += kBlock)
       run_block(job, nv, run.j, run.j + run.n, job.k + run.kv * job.k_stride_h + t * job.k_stride_s,
-                job.v + run.kv * job.v_stride_h + t * job.v_stride_s, std::min(kBlock, r1 - t),                part, scores);
+                job.v + run.kv * job.v_stride_h + t * job.v_stride_s, std::min(kBlock, r1 - t), part, scores);
 }
 
 }  // namespace ulysses::kernels
