@@ -3,13 +3,14 @@
 // it defines) set; everything else has internal linkage, so each ISA's object keeps its own.
 //
 // The order: per KV head, its rows in blocks of kBlock, every query head reading that KV head
-// over the block before the next block. The cache holds each KV head's rows contiguously (kv_cache.hpp:
-// [h_kv, s, d]), so each thread reads two sequential streams per KV head, K and V, which the
-// hardware prefetchers follow at the memory's rate; a row-major [s, h_kv, d] cache read one head
-// at a time was measured at half of it (docs/perf.md, v25). The block's rows stay in L1/L2 for
-// the group's other heads. Per head, the scores of W rows come out as one vector (W dots summed
-// by one tree of shuffles), and the p·v accumulators of up to four heads stay in registers over
-// the block: per row, d/W loads of V feed G·d/W FMAs.
+// over the block before the next block. The cache holds each KV head's rows contiguously
+// (kv_cache.hpp: [h_kv, s, d]), so each thread reads two sequential streams per KV head, K and
+// V. The memory runs at its rate only while the loop keeps asking for them: a pass that read a
+// K block for one query head and then served the group's other heads from L1 left the memory
+// idle meanwhile (compute and read time added: 0.46 of the read rate under GQA, docs/perf.md
+// v28). So each K row is loaded once for the group's heads (their dots of W/G rows × G heads
+// summed by one tree of shuffles into one vector of scores), and the p·v accumulators of up to
+// four heads stay in registers over the block, each V vector loaded once for them.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +24,8 @@ namespace ulysses::kernels {
 namespace {
 
 constexpr int W = DECODE_W;
-// Rows a block: a multiple of W. Small blocks keep the K and V streams read in turns of a few KiB;
-// 64-row blocks (16 KiB a head at d = 64) read DRAM at 0.6 of the rate 32-row ones did here.
+// Rows a block: a multiple of W. The K and V streams are read in turns of a block: 64-row blocks
+// (16 KiB a head at d = 64) read DRAM at 0.6–0.8 of the rate 32-row ones did here (MHA).
 constexpr std::int64_t kBlock = 32;
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
