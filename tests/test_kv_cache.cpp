@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/isa.hpp"
 #include "test_util.hpp"
 #include "ulysses/attention.hpp"
 #include "ulysses/cached_attention.hpp"
@@ -43,6 +44,24 @@ struct Rows {
   }
 };
 
+// x ([1, s, h, d]) copied into a [h, s, d] block per head (bhsd), the order the cache keeps.
+Tensor head_major(const TensorView& x) {
+  Tensor t(x.shape, DType::f32, Layout::bhsd);
+  copy(x, t.view());
+  return t;
+}
+
+// f(level's name) under every ISA level this CPU runs (the decode kernel's pass is one per level).
+template <class F>
+void for_every_isa(F f) {
+  const kernels::Isa before = kernels::active_isa();
+  for (const kernels::Isa isa : kernels::supported_isas()) {
+    kernels::force_isa(isa);
+    f(kernels::to_string(isa));
+  }
+  kernels::force_isa(before);
+}
+
 // Float64: query `t` of q (heads [first, first + count), every head by default) against keys
 // 0..keys−1; returns the largest error of got (those heads' rows).
 double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, std::int64_t keys, const float* got,
@@ -66,6 +85,22 @@ double worst_error(const Rows& q, const Rows& k, const Rows& v, std::int64_t t, 
     }
   }
   return worst;
+}
+
+// Each KV head's rows are one contiguous [s, d] block (the decode kernel streams a head's K and
+// V in address order), and an append lands where keys() reads it.
+TEST(KvCache, KeepsEachKvHeadsRowsContiguous) {
+  KvCache cache(KvLayout::interleaved, {1, 4, 2, 8, 10}, 1, 0);
+  const Rows k(5, 3, 2, 8), v(6, 3, 2, 8);
+  cache.append(0, 3, k.view(0, 3), v.view(0, 3));
+  const TensorView keys = cache.keys(0), values = cache.values(0);
+  EXPECT_EQ(keys.stride_s, 8);
+  EXPECT_EQ(keys.stride_h, 10 * 8);  // the capacity's rows of a head, then the next head
+  for (std::int64_t t = 0; t < 3; ++t)
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(keys.f32(0, t, h)[3], k.at(t, h)[3]);
+      EXPECT_EQ(values.f32(0, t, h)[7], v.at(t, h)[7]);
+    }
 }
 
 TEST(KvCache, BytesHeldEqualTheFormula) {
@@ -152,8 +187,11 @@ TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {
   const TensorView ov = TensorView::dense(out.data(), DType::f32, {1, 1, h, d}, Layout::bshd),
                    lv = TensorView::dense(lse.data(), DType::f32, {1, 1, h, 1}, Layout::bhsd),
                    qv = TensorView::dense(const_cast<float*>(q.at(0, 0)), DType::f32, {1, 1, h, d}, Layout::bshd);
-  decode_attention_forward(ov, lv, qv, k.view(0, rows), v.view(0, rows), DecodeParams{.group = h / hkv});
-  EXPECT_LT(worst_error(q, k, v, 0, rows, out.data()), kTol);
+  const Tensor kh = head_major(k.view(0, rows)), vh = head_major(v.view(0, rows));
+  for_every_isa([&](const char* isa) {
+    decode_attention_forward(ov, lv, qv, kh.view(), vh.view(), DecodeParams{.group = h / hkv});
+    EXPECT_LT(worst_error(q, k, v, 0, rows, out.data()), kTol) << isa;
+  });
   decode_attention_forward(ov, lv, qv, k.view(0, 0), v.view(0, 0), DecodeParams{.group = h / hkv, .scale = 1.0f});
   EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
   EXPECT_EQ(out[0], 0.0f);
@@ -183,10 +221,16 @@ TEST(CachedAttention, LocalKernelOverEveryGqaShapeEqualsFloat64) {
       x->data = x->f32(0, 0, c.kv_first);
       x->shape.h = held;
     }
-    decode_attention_forward(ov, lv, qv, kv, vv,
-                             DecodeParams{.q_first = c.q_first, .kv_first = c.kv_first, .group = group});
-    EXPECT_LT(worst_error(q, k, v, 0, c.rows, out.data(), c.q_first, c.q_count), kTol)
-        << "h " << c.h << " h_kv " << c.hkv << " d " << c.d << " heads from " << c.q_first << " rows " << c.rows;
+    const Tensor kh = head_major(kv), vh = head_major(vv);
+    for_every_isa([&](const char* isa) {
+      for (const bool cache_order : {false, true}) {
+        decode_attention_forward(ov, lv, qv, cache_order ? kh.view() : kv, cache_order ? vh.view() : vv,
+                                 DecodeParams{.q_first = c.q_first, .kv_first = c.kv_first, .group = group});
+        EXPECT_LT(worst_error(q, k, v, 0, c.rows, out.data(), c.q_first, c.q_count), kTol)
+            << isa << (cache_order ? " [h_kv, s, d]" : " [s, h_kv, d]") << " h " << c.h << " h_kv " << c.hkv << " d "
+            << c.d << " heads from " << c.q_first << " rows " << c.rows;
+      }
+    });
   }
 }
 

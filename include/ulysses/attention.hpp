@@ -117,7 +117,10 @@ struct DecodeParams {
 // float32 [1, 1, h_q, 1] (any strides, d contiguous) on one device: out gets the attention of
 // each query head, lse its natural-log sum of exp of the scaled scores (rows = 0: out = 0,
 // lse = −inf). The CPU's kernel splits the rows over the threads and merges their partials in
-// a fixed order (the same bits every run); another device runs its registered decode. Throws
+// a fixed order (the same bits every run); each thread's pass is the active ISA level's
+// (isa.hpp) and reads each KV head's rows in turn, at the memory's rate when they are
+// contiguous (stride_s == d: the KV cache's order; a [rows, h_kv, d] order gives the same
+// result, at a fraction of the rate). Another device runs its registered decode. Throws
 // Error naming the tensor for shapes or heads that do not fit.
 void decode_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                               const TensorView& v, const DecodeParams& params);

@@ -5,9 +5,12 @@
 //                (replication() says by how many): the query heads still split, the cache does not.
 //   interleaved  token i on rank i mod cp, every KV head: any kv_heads, and a new token shards
 //                itself (the decode step appends it on one rank only). A rank may hold no token.
-// Rows are float32 [1, rows, kv_heads_local, head_dim] (bshd) per layer for K and for V, all of
-// the capacity allocated at construction: bytes() is what is held, bytes_formula() the
-// closed form it must equal. Not collective; owned by the rank that made it.
+// Rows are float32, per layer for K and for V, viewed as [1, rows, kv_heads_local, head_dim] but
+// held head by head ([kv_heads_local, capacity, head_dim], bhsd): each KV head's rows are one
+// contiguous block, which the decode kernel reads in address order (the hardware prefetchers
+// follow it; attention.hpp). All of the capacity is allocated at construction: bytes() is what
+// is held, bytes_formula() the closed form it must equal. Not collective; owned by the rank
+// that made it.
 #pragma once
 
 #include <cstdint>

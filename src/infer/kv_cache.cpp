@@ -56,8 +56,8 @@ KvCache::KvCache(KvLayout layout, const KvCacheShape& shape, int cp, int rank, D
                                      : RankHeads{{0, shape.heads}, {0, shape.kv_heads}};
   const Shape rows{1, kv_rows(layout, shape.capacity, cp, rank), heads_.kv.count, shape.head_dim};
   for (std::int64_t l = 0; l < shape.layers; ++l) {
-    k_.emplace_back(rows, DType::f32, Layout::bshd, device);
-    v_.emplace_back(rows, DType::f32, Layout::bshd, device);
+    k_.emplace_back(rows, DType::f32, Layout::bhsd, device);
+    v_.emplace_back(rows, DType::f32, Layout::bhsd, device);
   }
   tokens_.assign(std::size_t(shape.layers), 0);
 }

@@ -1,0 +1,236 @@
+// The body of decode_rows.hpp's pass, included once per instruction set with DECODE_W (floats a
+// vector), DECODE_ACC (vector registers the p·v accumulators may take) and DECODE_FN (the name
+// it defines) set; everything else has internal linkage, so each ISA's object keeps its own.
+//
+// The order: per KV head, its rows in blocks of kBlock, every query head reading that KV head
+// over the block before the next block. The cache holds each KV head's rows contiguously
+// (kv_cache.hpp: [h_kv, s, d]), so each thread reads two sequential streams per KV head, K and
+// V. The memory runs at its rate only while the loop keeps asking for them: a pass that read a
+// K block for one query head and then served the group's other heads from L1 left the memory
+// idle meanwhile (compute and read time added: 0.46 of the read rate under GQA, docs/perf.md
+// v28). So each K row is loaded once for the group's heads (their dots of W/G rows × G heads
+// summed by one tree of shuffles into one vector of scores), and the p·v accumulators of up to
+// four heads stay in registers over the block, each V vector loaded once for them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "decode_rows.hpp"
+#include "exp_poly.hpp"
+
+namespace ulysses::kernels {
+namespace {
+
+constexpr int W = DECODE_W;
+// Rows a block: a multiple of W. The K and V streams are read in turns of a block: 64-row blocks
+// (16 KiB a head at d = 64) read DRAM at 0.6–0.8 of the rate 32-row ones did here (MHA).
+constexpr std::int64_t kBlock = 32;
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
+
+[[gnu::always_inline]] inline vf load(const float* p) {
+  vf r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+[[gnu::always_inline]] inline void store(float* p, const vf& x) { std::memcpy(p, &x, sizeof x); }
+
+// e^x for x <= 0, the kernels' own exp (simd_engine.hpp's vexp): 2^k · e^r, k = round(x · log2 e)
+// by the 1.5·2^23 rounding constant, r = x − k·ln 2 in two parts, e^r by exp_poly.hpp (2e-9
+// relative). x is clamped at −87 so 2^k stays a normal float.
+[[gnu::always_inline]] inline vf expv(const vf& in) {
+  const vf x = in > -87.0f ? in : vf{} - 87.0f;
+  const vf km = x * 1.44269504088896341f + 12582912.0f;
+  const vf k = km - 12582912.0f;
+  const vf r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+  return exp_poly(r) * (vf)(((vu)km << 23) + (127u << 23));
+}
+
+// Lane i of the result is the sum of x[i]'s lanes: a tree of shuffled adds (W − 1 adds in all).
+[[gnu::always_inline]] inline vf lane_sums(const vf (&x)[W]) {
+#if DECODE_W == 16
+  vf y[8], z[4], u[2];
+  for (int i = 0; i < 8; ++i)
+    y[i] =
+        __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)
+    z[i] = __builtin_shufflevector(y[2 * i], y[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(y[2 * i], y[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    u[i] = __builtin_shufflevector(z[2 * i], z[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(z[2 * i], z[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(u[0], u[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(u[0], u[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+  vf y[4], z[2];
+  for (int i = 0; i < 4; ++i)
+    y[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; ++i)
+    z[i] = __builtin_shufflevector(y[2 * i], y[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(y[2 * i], y[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+// Query heads [j, j + G) over the block's n rows at k (row stride ks): scores[g · kBlock + t],
+// scaled. Each K row is loaded once for the G heads (their q held in G·NV registers), so the K
+// stream is read evenly through the whole pass; the W dots of R = W/G rows × G heads are summed
+// by one tree (lane g·R + r: head g, row r). Rows past n repeat row n − 1: their scores land in
+// the buffer's padding and are never used.
+template <int G, int NV>
+[[gnu::always_inline]] inline void scores_of(const DecodeJob& job, std::int64_t j, const float* k, std::int64_t n,
+                                             float* scores) {
+  constexpr int R = W / G;
+  vf q[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) q[g][c] = load(job.q + (j + g) * job.q_stride_h + c * W);
+  for (std::int64_t t = 0; t < n; t += R) {
+    vf dots[W];
+    for (int r = 0; r < R; ++r) {
+      const float* row = k + std::min(t + r, n - 1) * job.k_stride_s;
+      for (int g = 0; g < G; ++g) {
+        vf a = q[g][0] * load(row);
+        for (int c = 1; c < NV; ++c) a += q[g][c] * load(row + c * W);
+        dots[g * R + r] = a;
+      }
+    }
+    alignas(64) float s[W];
+    store(s, lane_sums(dots) * job.scale);
+    for (int g = 0; g < G; ++g) std::memcpy(scores + g * kBlock + t, s + g * R, R * sizeof(float));
+  }
+}
+
+// Heads [j, j + count): the running maximum, sum and accumulator brought up to the block's n
+// scores, and the scores replaced by their weights e^(s − m), a vector at a time (the lanes past
+// n of the last vector are computed and not kept).
+inline void softmax_of(const DecodeJob& job, std::int64_t j, int count, std::int64_t n, DecodePartial& part,
+                       float* scores) {
+  const std::int64_t whole = n / W * W;
+  for (int g = 0; g < count; ++g) {
+    float* s = scores + g * kBlock;
+    const std::size_t i = std::size_t(j + g);
+    vf m = vf{} + part.m[i];
+    for (std::int64_t t = 0; t < whole; t += W) m = m > load(s + t) ? m : load(s + t);
+    float mx = part.m[i];
+    for (int c = 0; c < W; ++c) mx = std::max(mx, m[c]);
+    for (std::int64_t t = whole; t < n; ++t) mx = std::max(mx, s[t]);
+    const float rescale = std::exp(part.m[i] - mx);  // 0 on the first block (m = −inf)
+    float* acc = part.acc.data() + i * std::size_t(job.d);
+    for (std::int64_t c = 0; c < job.d; ++c) acc[c] *= rescale;
+    vf l = {};
+    for (std::int64_t t = 0; t < whole; t += W) {
+      const vf e = expv(load(s + t) - mx);
+      store(s + t, e);
+      l += e;
+    }
+    float sum = 0;
+    for (int c = 0; c < W; ++c) sum += l[c];
+    if (whole < n) {
+      const vf e = expv(load(s + whole) - mx);
+      store(s + whole, e);
+      for (std::int64_t t = whole; t < n; ++t) sum += e[t - whole];
+    }
+    part.m[i] = mx;
+    part.l[i] = part.l[i] * rescale + sum;
+  }
+}
+
+// acc of heads [j, j + G) += Σ_t w_t · v_t over the block's n rows at v (row stride vs): the G·NV
+// accumulators in registers for the whole block, each V vector loaded once for the G heads.
+template <int G, int NV>
+[[gnu::always_inline]] inline void pv_of(const DecodeJob& job, std::int64_t j, const float* v, std::int64_t n,
+                                         const float* scores, DecodePartial& part) {
+  float* a = part.acc.data() + j * job.d;
+  vf acc[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) acc[g][c] = load(a + g * job.d + c * W);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* row = v + t * job.v_stride_s;
+    vf x[NV];
+    for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
+    for (int g = 0; g < G; ++g) {
+      const vf w = vf{} + scores[g * kBlock + t];
+      for (int c = 0; c < NV; ++c) acc[g][c] += w * x[c];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) store(a + g * job.d + c * W, acc[g][c]);
+}
+
+template <int G, int NV>
+void heads_block(const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
+                 DecodePartial& part, float* scores) {
+  scores_of<G, NV>(job, j, k, n, scores);
+  softmax_of(job, j, G, n, part, scores);
+  pv_of<G, NV>(job, j, v, n, scores, part);
+}
+
+// One head of any d (not a whole number of vectors): a float at a time.
+void head_block_any(const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
+                    DecodePartial& part, float* scores) {
+  const float* q = job.q + j * job.q_stride_h;
+  for (std::int64_t t = 0; t < n; ++t) {
+    float s = 0;
+    for (std::int64_t c = 0; c < job.d; ++c) s += q[c] * k[t * job.k_stride_s + c];
+    scores[t] = s * job.scale;
+  }
+  softmax_of(job, j, 1, n, part, scores);
+  float* a = part.acc.data() + j * job.d;
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t c = 0; c < job.d; ++c) a[c] += scores[t] * v[t * job.v_stride_s + c];
+}
+
+template <int G>
+void heads_block_g(int nv, const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
+                   DecodePartial& part, float* scores) {
+  switch (nv) {
+    case 1: return heads_block<G, 1>(job, j, k, v, n, part, scores);
+    case 2: return heads_block<G, 2>(job, j, k, v, n, part, scores);
+    case 4: return heads_block<G, 4>(job, j, k, v, n, part, scores);
+    case 8: return heads_block<G, 8>(job, j, k, v, n, part, scores);
+    default: return heads_block<G, 16>(job, j, k, v, n, part, scores);
+  }
+}
+
+// Vectors a row of d floats takes when the kernels' templates cover it (1, 2, 4, 8 or 16 whole
+// vectors), else 0: the float-at-a-time head.
+int vectors_of(std::int64_t d) {
+  for (const int nv : {1, 2, 4, 8, 16})
+    if (d == std::int64_t(nv) * W) return nv;
+  return 0;
+}
+
+// Heads [j, end) on one KV head over one block: as many at a time (4, 2 or 1) as the
+// accumulators' registers hold. Returns nothing; part and scores updated.
+void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, const float* k, const float* v,
+               std::int64_t n, DecodePartial& part, float* scores) {
+  while (j < end) {
+    if (nv == 0) {
+      head_block_any(job, j++, k, v, n, part, scores);
+      continue;
+    }
+    const int g = end - j >= 4 && 4 * nv <= DECODE_ACC ? 4 : end - j >= 2 && 2 * nv <= DECODE_ACC ? 2 : 1;
+    if (g == 4) heads_block_g<4>(nv, job, j, k, v, n, part, scores);
+    if (g == 2) heads_block_g<2>(nv, job, j, k, v, n, part, scores);
+    if (g == 1) heads_block_g<1>(nv, job, j, k, v, n, part, scores);
+    j += g;
+  }
+}
+
+}  // namespace
+
+void DECODE_FN(const DecodeJob& job, std::int64_t r0, std::int64_t r1, DecodePartial& part) {
+  alignas(64) float scores[4 * kBlock] = {};
+  const int nv = vectors_of(job.d);
+  for (const DecodeRun& run : job.runs)  // per KV head: its K and V rows, each streamed once
+    for (std::int64_t t = r0; t < r1; t += kBlock)
+      run_block(job, nv, run.j, run.j + run.n, job.k + run.kv * job.k_stride_h + t * job.k_stride_s,
+                job.v + run.kv * job.v_stride_h + t * job.v_stride_s, std::min(kBlock, r1 - t), part, scores);
+}
+
+}  // namespace ulysses::kernels
