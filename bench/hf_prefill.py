@@ -24,13 +24,17 @@ from mpi4py import MPI
 from transformers import LlamaConfig, LlamaForCausalLM
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--seq", type=int, default=2048, help="prompt tokens")
-p.add_argument("--new", type=int, default=1, help="tokens generated")
-p.add_argument("--hidden", type=int, default=256)
-p.add_argument("--heads", type=int, default=8)
-p.add_argument("--layers", type=int, default=4)
-p.add_argument("--reps", type=int, default=5)
-p.add_argument("--threads", type=int, default=1)
+# Every option is a whole number: (flag, default, help).
+for flag, default, what in (
+    ("--seq", 2048, "prompt tokens"),
+    ("--new", 1, "tokens generated"),
+    ("--hidden", 256, "the model's hidden size"),
+    ("--heads", 8, "attention heads (as many KV heads)"),
+    ("--layers", 4, "decoder layers"),
+    ("--reps", 5, "timed repetitions of each way (best of)"),
+    ("--threads", 1, "torch threads per rank"),
+):
+    p.add_argument(flag, type=int, default=default, help=what)
 a = p.parse_args()
 
 world = MPI.COMM_WORLD

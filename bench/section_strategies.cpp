@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "bench.hpp"
+#include "replay.hpp"
 #include "ulysses/comm_volume.hpp"
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
@@ -37,53 +38,6 @@ struct Run {
   CpConfig cfg;
   std::string untuned;
 };
-
-// The same communication as one forward + backward, without the compute: what it costs alone.
-// An overlapped a2a's transposes go as `chunks` all-to-alls of 1/chunks of the bytes each.
-double replay(Communicator& comm, Communicator* inner, Communicator* outer, const CommVolume& v, int chunks) {
-  std::vector<char> a, b;
-  auto buffers = [&](std::size_t n) {
-    if (a.size() < n) {
-      a.assign(n, 1);
-      b.assign(n, 0);
-    }
-  };
-  comm.barrier();
-  const double t0 = comm.now();
-  for (const auto* bytes : {&v.forward_bytes, &v.backward_bytes})
-    for (const auto& [op, n] : *bytes) {
-      Communicator& c = op.starts_with("inner.") ? *inner : op.starts_with("outer.") ? *outer : comm;
-      const int R = c.size();
-      if (R == 1 || n == 0) continue;
-      if (op.ends_with("seq_to_head") || op.ends_with("head_to_seq")) {
-        const std::size_t block = std::size_t(n / (R - 1) / chunks);
-        buffers(block * std::size_t(R));
-        for (int i = 0; i < chunks; ++i) c.alltoall(a.data(), b.data(), block, "replay");
-      } else if (op.ends_with("p2p_kv") || op.ends_with("p2p_dkv")) {
-        // The busiest rank's messages (ring: R − 1 K/V steps, R dK/dV steps; a window's halo
-        // exchange: one per neighbour), each rank to the next: the same count on every rank.
-        const auto& messages = bytes == &v.forward_bytes ? v.forward_messages : v.backward_messages;
-        const int steps = int(messages.at(op));
-        if (steps == 0) continue;
-        const std::size_t block = std::size_t(n / steps);
-        buffers(block);
-        for (int s = 0; s < steps; ++s) {
-          Request rr = c.irecv({b.data(), block}, (c.rank() - 1 + R) % R, 7);
-          c.isend({a.data(), block}, (c.rank() + 1) % R, 7, "replay").wait();
-          rr.wait();
-        }
-      } else if (op == "all_gather_kv") {
-        const std::size_t block = std::size_t(n / (R - 1));
-        buffers(block * std::size_t(R));
-        c.allgather(a.data(), b.data(), block, "replay");
-      } else if (op == "all_gather_dkv") {
-        const std::size_t count = std::size_t(n / (R - 1)) / 4;
-        std::vector<float> send(count * std::size_t(R), 1.0f), recv(count);
-        c.reduce_scatter_sum(send.data(), recv.data(), count, "replay");
-      }
-    }
-  return slowest(comm, comm.now() - t0);
-}
 
 constexpr std::int64_t kHeads = 8, kKvHeads = 8, kHeadDim = 64;
 
@@ -150,15 +104,9 @@ Result run(Communicator& comm, const CpConfig& cfg, const Options& o, const std:
         find_strategy(cfg.cp_comm_type).memory(cfg, cp, {1, s, kHeads, kHeadDim}, s, kvh, DType::f32);
     r.model = std::max(m.forward, m.kept + m.backward);
   }
-  std::unique_ptr<Communicator> inner, outer;
-  if (find_strategy(cfg.cp_comm_type).hierarchical()) {
-    const int I = cfg.hierarchical_context_parallel_sizes[0];
-    inner = comm.split(comm.rank() / I, comm.rank());
-    outer = comm.split(comm.rank() % I, comm.rank());
-  }
+  Replay replay(comm, vol);  // the same transfers without the compute
   std::vector<double> alone;
-  const int pieces = ulysses_overlap_chunks(cfg.overlap_chunks, cp, kvh);
-  for (int i = 0; i < o.reps; ++i) alone.push_back(replay(comm, inner.get(), outer.get(), vol, pieces));
+  for (int i = 0; i < o.reps; ++i) alone.push_back(slowest(comm, replay.run()));
   r.alone = median(alone);
   return r;
 }

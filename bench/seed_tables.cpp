@@ -45,7 +45,8 @@ Traffic formula_traffic(const CpConfig& config, int cp, int rank, const Shape& q
   for (const auto& [op, n] : bytes) t.bytes += n;
   for (const auto& [op, n] : messages) {
     t.messages += n;
-    t.calls += op.ends_with("p2p_kv") || op.ends_with("p2p_dkv") ? n : 1;  // a ring step is one isend
+    const Transfer& transfer = v.transfers.at(op);
+    t.calls += transfer.calls(n, v.members(transfer, cp));  // a ring step is one isend
   }
   return t;
 }

@@ -168,10 +168,12 @@ class ToyAllGatherHalves final : public Strategy {
     for (const char* op : {"toy_k", "toy_v"}) {
       v.forward_bytes[op] = (cp - 1) * mine * per_token;
       v.forward_messages[op] = cp - 1;
+      declare_transfer(v, "", op, Collective::all_gather);
     }
     for (const char* op : {"toy_dk", "toy_dv"}) {
       v.backward_bytes[op] = (q.s - mine) * per_token;
       v.backward_messages[op] = cp - 1;
+      declare_transfer(v, "", op, Collective::reduce_scatter);
     }
     return v;
   }

@@ -5,7 +5,9 @@
 // Keys are the Communicator counter names: "seq_to_head", "head_to_seq" (a2a), "p2p_kv", "p2p_dkv"
 // (p2p), "all_gather_kv", "all_gather_dkv" (all_gather), and "inner.*" / "outer.*" for
 // a2a+p2p. K/V travel in the storage dtype; gradients that are summed across ranks (dK/dV of
-// p2p and all_gather) travel in float32.
+// p2p and all_gather) travel in float32. Each key's CommVolume::transfers entry says which
+// collective carries it and in which group: what reads the volume (the benchmark's replay,
+// the call counts) dispatches on that, not on the names.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// CommVolume, the bytes and messages one rank sends per Communicator counter, and the blocks
-// the strategies' traffic formulas (Strategy::traffic) are made of: below the strategies, so
-// that predicted_comm_volume (comm_volume.hpp), which asks them, sits above.
+// CommVolume, the bytes and messages one rank sends per Communicator counter and how each
+// travels, and the blocks the strategies' traffic formulas (Strategy::traffic) are made of:
+// below the strategies, so that predicted_comm_volume (comm_volume.hpp), which asks them, sits
+// above.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +12,48 @@
 
 namespace ulysses {
 
+// How a counter's bytes travel. Code that replays a strategy's traffic without its compute
+// (the benchmark) or counts its calls reads this, never the counter's name, so a new
+// strategy's traffic replays as its formula declares it.
+enum class Collective {
+  all_to_all,      // messages / (members − 1) all-to-alls: a block to every other member each
+  ring,            // `messages` sends, each its own call (a ring's steps, a halo's neighbours)
+  all_gather,      // one all-gather: a block to every other member
+  reduce_scatter,  // one float32 reduce-scatter: a block to every other member
+};
+
+// A group a strategy splits its ranks into (MPI_Comm_split): `members` ranks `stride` apart.
+// a2a+p2p's inner groups are contiguous ({inner, 1}), its outer rings strided ({outer, inner}).
+struct Subgroup {
+  int members = 1, stride = 1;
+  // The split's color of `rank`: the ranks of one group share it (the key is the rank).
+  int color(int rank) const { return rank / (members * stride) * stride + rank % stride; }
+};
+
+struct Transfer {
+  Collective collective = Collective::all_to_all;
+  std::string group;  // "": the strategy's whole group; else a key of CommVolume::groups
+  // The calls that send `messages` messages to the other ranks of a group of `members`.
+  std::int64_t calls(std::int64_t messages, int members) const;
+};
+
 struct CommVolume {
   std::map<std::string, std::int64_t> forward_bytes, backward_bytes;        // per rank
   std::map<std::string, std::int64_t> forward_messages, backward_messages;  // per rank
+  std::map<std::string, Transfer> transfers;  // per counter: how it travels (every counter has one)
+  std::map<std::string, Subgroup> groups;     // the sub-groups the transfers name, by name
+  // The members of the group `transfer` runs in, in a strategy's group of `cp` ranks.
+  int members(const Transfer& transfer, int cp) const;
   std::int64_t total_forward_bytes() const;
   std::int64_t total_backward_bytes() const;
 };
 
 // Building blocks of the strategies' formulas for one rank, O(1) whatever the group size (the
-// planner asks every rank).
+// planner asks every rank). They name their counters "<prefix><op>" and their transfers' group
+// after the prefix ("inner." → "inner": how CpGroup names a subgroup's counters); a strategy
+// that runs in subgroups declares their shapes in CommVolume::groups.
+// Counter "<prefix><op>" travels as `collective`, in the group the prefix names.
+void declare_transfer(CommVolume& v, const std::string& prefix, const std::string& op, Collective collective);
 // One Ulysses layer over `group` ranks, as "<prefix>seq_to_head" / "<prefix>head_to_seq": this
 // rank holds `tokens` of the group's `group_tokens` and gets the heads `mine` of `heads` query
 // heads and `kv_heads_held` KV heads in all (ulysses_kv_heads_held); it sends its tokens of the

@@ -32,6 +32,8 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
     take_max(busiest.backward_bytes, v.backward_bytes);
     take_max(busiest.forward_messages, v.forward_messages);
     take_max(busiest.backward_messages, v.backward_messages);
+    busiest.transfers.insert(v.transfers.begin(), v.transfers.end());  // the same on every rank
+    busiest.groups.insert(v.groups.begin(), v.groups.end());
   }
   return busiest;
 }

@@ -89,6 +89,7 @@ void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int 
   v.backward_bytes[prefix + "p2p_dkv"] = held * per_token * 4;
   v.forward_messages[prefix + "p2p_kv"] = to;
   v.backward_messages[prefix + "p2p_dkv"] = back;
+  for (const char* op : {"p2p_kv", "p2p_dkv"}) declare_transfer(v, prefix, op, Collective::ring);
 }
 
 RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s) {

@@ -2,6 +2,25 @@
 
 namespace ulysses {
 
+std::int64_t Transfer::calls(std::int64_t messages, int members) const {
+  if (messages == 0) return 0;
+  switch (collective) {
+    case Collective::all_to_all: return members > 1 ? messages / (members - 1) : 0;
+    case Collective::ring: return messages;
+    case Collective::all_gather:
+    case Collective::reduce_scatter: return 1;
+  }
+  return 0;
+}
+
+int CommVolume::members(const Transfer& transfer, int cp) const {
+  return transfer.group.empty() ? cp : groups.at(transfer.group).members;
+}
+
+void declare_transfer(CommVolume& v, const std::string& prefix, const std::string& op, Collective collective) {
+  v.transfers[prefix + op] = {collective, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1)};
+}
+
 void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
                         std::int64_t group_tokens, const RankHeads& mine, std::int64_t heads,
                         std::int64_t kv_heads_held, std::int64_t row_bytes) {
@@ -16,6 +35,7 @@ void add_ulysses_volume(CommVolume& v, const std::string& prefix, int group, std
     (*m)[prefix + "seq_to_head"] = group - 1;
     (*m)[prefix + "head_to_seq"] = group - 1;
   }
+  for (const char* op : {"seq_to_head", "head_to_seq"}) declare_transfer(v, prefix, op, Collective::all_to_all);
 }
 
 void add_ulysses_cross_volume(CommVolume& v, const std::string& prefix, int group, std::int64_t tokens,
@@ -35,6 +55,7 @@ void add_ulysses_cross_volume(CommVolume& v, const std::string& prefix, int grou
   v.forward_messages[h2s] = group - 1;
   v.backward_messages[s2h] = group - 1;
   v.backward_messages[h2s] = 2 * (group - 1);
+  for (const char* op : {"seq_to_head", "head_to_seq"}) declare_transfer(v, prefix, op, Collective::all_to_all);
 }
 
 void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std::int64_t total_elems,
@@ -46,6 +67,7 @@ void add_ring_volume(CommVolume& v, const std::string& prefix, int members, std:
   v.forward_messages[prefix + "p2p_kv"] = members - 1;
   v.backward_messages[prefix + "p2p_kv"] = members - 1;
   v.backward_messages[prefix + "p2p_dkv"] = members > 1 ? members : 0;
+  for (const char* op : {"p2p_kv", "p2p_dkv"}) declare_transfer(v, prefix, op, Collective::ring);
 }
 
 std::int64_t CommVolume::total_forward_bytes() const {

@@ -16,8 +16,10 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <map>
 #include <numeric>
 #include <span>
+#include <string>
 
 #include "../ring_attention.hpp"
 #include "builtin.hpp"
@@ -44,6 +46,10 @@ struct HierarchicalContext final : StrategyContext {
   Communicator* inner = nullptr;
   Communicator* outer = nullptr;
 };
+
+// The groups it splits cp ranks into, I per inner group: the inner groups contiguous, each
+// outer ring of one rank per inner group. The forward splits them, the traffic declares them.
+std::map<std::string, Subgroup> subgroups(int I, int cp) { return {{"inner", {I, 1}}, {"outer", {cp / I, I}}}; }
 
 // The token counts of the inner group of `rank`'s members, in inner rank order.
 std::vector<std::int64_t> inner_tokens(const std::vector<std::vector<SeqChunk>>& per_rank, int inner, int rank) {
@@ -222,6 +228,7 @@ class A2aP2pStrategy final : public Strategy {
     const std::int64_t es = std::int64_t(dtype_size(dtype));
     const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
     CommVolume v;
+    v.groups = subgroups(I, cp);
     const std::int64_t tq = tokens_held(config, cp, rank, 1, q.s), gq = tokens_held(config, cp, group * I, I, q.s);
     if (is_cross(config, q.s, kv_seq))
       add_ulysses_cross_volume(v, "inner.", I, tq, gq, tokens_held(config, cp, rank, 1, kv_seq),
@@ -303,8 +310,9 @@ class A2aP2pStrategy final : public Strategy {
     Communicator& comm = group.comm();
     const int I = config.hierarchical_context_parallel_sizes[0];
     auto ctx = std::make_unique<HierarchicalContext>();
-    ctx->inner = &group.subgroup("inner", comm.rank() / I, comm.rank());  // contiguous inner groups
-    ctx->outer = &group.subgroup("outer", comm.rank() % I, comm.rank());  // strided outer groups
+    const auto shapes = subgroups(I, comm.size());
+    ctx->inner = &group.subgroup("inner", shapes.at("inner").color(comm.rank()), comm.rank());
+    ctx->outer = &group.subgroup("outer", shapes.at("outer").color(comm.rank()), comm.rank());
     ctx->heads = ulysses_head_split(I, q.shape.h, k.shape.h);
     ctx->dtype = q.dtype;
     const std::array<SeqShard, 3> in{{{q, ctx->heads.q}, {k, ctx->heads.kv}, {v, ctx->heads.kv}}};

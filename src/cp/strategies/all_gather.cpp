@@ -166,6 +166,8 @@ class AllGatherStrategy final : public Strategy {
     v.backward_bytes["all_gather_dkv"] = (kv_seq - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
     v.backward_messages["all_gather_dkv"] = cp - 1;
+    declare_transfer(v, "", "all_gather_kv", Collective::all_gather);
+    declare_transfer(v, "", "all_gather_dkv", Collective::reduce_scatter);
     return v;
   }
 
