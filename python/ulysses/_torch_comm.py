@@ -11,6 +11,8 @@ one path serves both launchers. A program that wants MPI's transport passes
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List
@@ -37,6 +39,10 @@ class _Waited:
         self._done = _Waited._pool.submit(work.wait)
 
     def is_completed(self) -> bool:
+        return self._done.done()
+
+    def done_within(self, seconds: float) -> bool:
+        concurrent.futures.wait([self._done], timeout=seconds)
         return self._done.done()
 
     def wait(self) -> None:
@@ -85,6 +91,19 @@ class _Transport:
 
     def irecv(self, data, src, tag):
         return _Waited(torch.distributed.irecv(torch.from_numpy(data), self.ranks[src], group=self.group, tag=tag))
+
+    @staticmethod
+    def done(work: Any, seconds: float) -> bool:
+        """Whether ``work`` completed, waiting for it up to ``seconds`` (torch releases the GIL).
+        A gloo collective's wait that times out leaves the operation running, to be waited
+        again; any other error counts as done, so that the caller's wait() raises it."""
+        if isinstance(work, _Waited):
+            return work.done_within(seconds)
+        try:
+            work.wait(datetime.timedelta(seconds=seconds))
+        except RuntimeError as e:
+            return "Operation timed out" not in str(e)
+        return True
 
     def subgroup(self, members: List[int]) -> "_Transport":
         """A transport over ``members`` (ranks of this group, in the new group's order); only
