@@ -45,9 +45,9 @@ class Communicator:
     def from_torch(cls, group: Any = None, threads: Optional[int] = None) -> "Communicator":
         """The communicator of a ``torch.distributed`` group (None: the default group), backend
         ``"torch"``: how programs launched by ``torchrun`` run without MPI. One per group (modules
-        of every layer share it), ``threads`` as for MPI. A group's first use is collective over
-        the default group, every process passing its own group (as every process calls
-        ``new_group``); later ones over the group. Raises the same ``ulysses.Error`` on every rank,
+        of every layer share it), ``threads`` as for MPI. Every call is collective over the default
+        group (one small all-gather), every process passing its own group (as every process
+        calls ``new_group``), a group used before too. Raises the same ``ulysses.Error`` on every rank,
         saying what to do, when this process is not in its group, a group cannot move CPU tensors
         (not gloo) or members of a group passed different groups; on this process alone when
         torch.distributed is not initialised."""
