@@ -307,7 +307,10 @@ class DistributedAttention(torch.nn.Module):
             for t, name in ((query, "query"), (key, "key"), (value, "value")):
                 check(t, name)
             seq_first = self.gather_idx == 0 if batch_dim_idx is None else batch_dim_idx == 1
-            q, k, v = (readable(x.transpose(0, 1) if seq_first else x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+            q, k, v = (
+                readable(x.transpose(0, 1) if seq_first else x, n)
+                for x, n in ((query, "query"), (key, "key"), (value, "value"))
+            )
             if self.num_kv_heads is not None and self.num_kv_heads != k.shape[2]:
                 raise _ulysses.Error(f"num_kv_heads={self.num_kv_heads} but key has {k.shape[2]} heads")
             q_heads, kv_heads = _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
