@@ -287,6 +287,10 @@ void add_attention_bindings(py::module_& m) {
             return cu_seqlens.empty() ? a.forward(o, qv, kv, vv) : a.forward(o, qv, kv, vv, std::move(cu_seqlens));
           },
           py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens") = std::vector<std::int64_t>{})
+      .def("refuse_forward", &ContextParallelAttention::refuse_forward, py::arg("error"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: this rank's part of a forward whose inputs failed the caller's checks; every rank raises "
+           "the lowest failing rank's error.")
       .def("backward", [](ContextParallelAttention& a, const CpContext& ctx, const py::tuple& dq, const py::tuple& dk,
                           const py::tuple& dv, const py::tuple& dout) {
         const TensorView a1 = view_of(dq), a2 = view_of(dk), a3 = view_of(dv), g = view_of(dout);

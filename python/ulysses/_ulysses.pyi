@@ -71,6 +71,9 @@ class ContextParallelAttention:
     ) -> None: ...
     def forward(self, out: View, q: View, k: View, v: View, cu_seqlens: List[int] = ...) -> Context:
         """Collective: writes out; returns the context for backward."""
+    def refuse_forward(self, error: str) -> None:
+        """Collective: this rank's part of a forward whose inputs failed the caller's checks;
+        every rank raises the lowest failing rank's error."""
     def backward(self, ctx: Context, dq: View, dk: View, dv: View, dout: View) -> Dict[str, float]:
         """Collective: writes dq, dk, dv; returns the backward's stats."""
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from . import _ulysses
-from ._agree import INT64_MAX, agree_identical, agreed, agreed_all, integer
+from ._agree import INT64_MAX, agree_identical, agreed, agreed_all, attempt, integer
 from ._infer import KvCache, prompt_chunk  # noqa: F401  (exported: inference over a sharded KV cache)
 from ._tensors import check, from_buffer, readable, spec
 from ._torch_comm import communicator as _communicator
@@ -153,7 +153,10 @@ class ContextParallelAttention(torch.nn.Module):
                 return []
             return [integer("cu_seqlens", x, -INT64_MAX - 1, INT64_MAX) for x in cu_seqlens]
 
-        return _CpAttention.apply(self.comm, self._impl, q, k, v, agreed(self.comm, local))
+        cu, error = attempt(local)
+        if error:  # the library's forward agrees its own checks: this rank joins that one agreement
+            self._impl.refuse_forward(error)
+        return _CpAttention.apply(self.comm, self._impl, q, k, v, cu)
 
     def extra_repr(self) -> str:
         extra = "" if self.window_size == (-1, -1) else f", window_size={self.window_size}"
