@@ -61,6 +61,9 @@ class _Transport:
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.me = f"rank {self.rank} (torch global rank {dist.get_rank()}, host {socket.gethostname()})"
         self.name = f"the torch group of global ranks {_ranks_text(self.ranks)}"
+        # gloo's wait honours a timeout (the slices below); torch's MPI backend ignores it, so its
+        # Work is polled, or the watchdog could not fire
+        self.blocking = "gloo" in str(dist.get_backend(group))
 
     def alltoallv(self, send, send_counts, recv, recv_counts):
         return torch.distributed.all_to_all_single(
@@ -93,13 +96,14 @@ class _Transport:
     def irecv(self, data, src, tag):
         return _Waited(torch.distributed.irecv(torch.from_numpy(data), self.ranks[src], group=self.group, tag=tag))
 
-    @staticmethod
-    def done(work: Any, seconds: float) -> bool:
+    def done(self, work: Any, seconds: float) -> bool:
         """Whether ``work`` completed, waiting for it up to ``seconds`` (torch releases the GIL).
         A gloo collective's wait that times out leaves the operation running, to be waited
         again; any other error counts as done, so that the caller's wait() raises it."""
         if isinstance(work, _Waited):
             return work.done_within(seconds)
+        if not self.blocking:
+            return work.is_completed()
         try:
             work.wait(datetime.timedelta(seconds=seconds))
         except RuntimeError as e:
