@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The torch.distributed communicator (gloo) against the MPI one: the same attention, the same
 ranks, one mpirun. Each repetition runs both in turn (forward + backward of
-ContextParallelAttention, after a barrier), per-rank times reduced with MAX; rank 0 prints the
+ContextParallelAttention, or with --distributed of DistributedAttention around torch's SDPA,
+after a barrier), per-rank times reduced with MAX; rank 0 prints the
 best of N of each and their ratio (interleaved, so load drifts hit both alike).
 
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=build/python \\
@@ -26,6 +27,7 @@ p.add_argument("--strategy", default="a2a")
 p.add_argument("--reps", type=int, default=7)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--transpose", action="store_true", help="only the all-to-all there and back (no attention)")
+p.add_argument("--distributed", action="store_true", help="DistributedAttention around torch's SDPA instead")
 a = p.parse_args()
 
 world = MPI.COMM_WORLD
@@ -41,6 +43,11 @@ torch.manual_seed(world.rank)
 n = a.seq // world.size
 q, k, v, dout = (torch.randn(1, n, a.heads, a.head_dim) for _ in range(4))
 mods = {name: ut.ContextParallelAttention(c, a.strategy, causal=True) for name, c in comms.items()}
+if a.distributed:
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731  [b, s, h, d]
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    ).transpose(1, 2)
+    mods = {name: ut.DistributedAttention(sdpa, c, 2, 1) for name, c in comms.items()}
 if a.transpose:
     mods = {
         name: lambda q, k, v, c=c: ut.all_to_all(ut.all_to_all(q, 2, 1, 0, c), 1, 2, 0, c) for name, c in comms.items()
@@ -64,6 +71,7 @@ for _ in range(a.reps):
 if world.rank == 0:
     best = {name: min(t) for name, t in times.items()}
     what = "all_to_all there and back, forward + backward" if a.transpose else a.strategy
+    what = "DistributedAttention(SDPA)" if a.distributed else what
     print(f"{what}, {world.size} ranks, s={a.seq}, h={a.heads}, d={a.head_dim}, best of {a.reps} interleaved:")
     for name, t in best.items():
         print(f"  {name:5s} {t * 1e3:9.2f} ms   (per run: {' '.join(f'{x * 1e3:.1f}' for x in times[name])})")

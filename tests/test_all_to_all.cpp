@@ -109,6 +109,20 @@ COMM_TEST(SeqToHead, HashTensorsLandWhereTheSeedSays) {
   EXPECT_EQ(bad, 0);
 }
 
+// Each transpose agrees its inputs and learns every rank's n_r in one small collective before
+// its all-to-all: the checks, the descriptions and the token counts travel together.
+COMM_TEST(SeqToHead, OneAgreementBeforeEachAllToAll) {
+  const int cp = comm.size(), r = comm.rank();
+  Tensor q({2, tokens_of(r, 5), 2 * cp, 8}, DType::f32, Layout::bshd);
+  fill_uniform(q.view(), 3, tokens_before(r, 5));
+  const std::array<SeqShard, 1> in{{{q.view(), ulysses_head_split(cp, 2 * cp, 2 * cp).q}}};
+  const std::int64_t before = comm.collectives();
+  FusedHeads x = seq_to_head(comm, in);
+  EXPECT_EQ(comm.collectives() - before, 2);
+  head_to_seq(comm, x, in);
+  EXPECT_EQ(comm.collectives() - before, 4);
+}
+
 class RoundTrip : public ::testing::TestWithParam<std::tuple<DType, Layout, Layout>> {};
 
 COMM_TEST_P(RoundTrip, HeadToSeqInvertsSeqToHeadBitForBit) {

@@ -263,6 +263,24 @@ COMM_TEST(Ulysses, OneSmallCollectiveBeforeTheAllToAlls) {
   }
 }
 
+// A rank whose inputs failed a caller's own checks (the Python module's) joins the forward's
+// one agreement through refuse_forward: every rank throws that rank's error, no rank waits, and
+// the caller's checks cost no collective of their own.
+COMM_TEST(Ulysses, ARefusedForwardIsOneErrorOnEveryRank) {
+  const int cp = comm.size(), last = cp - 1;
+  const GlobalProblem g({1, 4 * cp, 2 * cp, 8}, 2 * cp, DType::f32, true, 5);
+  CpConfig cfg{"a2a", {}, true, std::nullopt};
+  Problem p(g, cfg, cp, comm.rank(), Layout::bshd);
+  ContextParallelAttention attn(comm, cfg);
+  const std::int64_t before = comm.collectives();
+  const std::string err = test_util::error_of([&] {
+    if (comm.rank() == last) attn.refuse_forward("q has dtype torch.float16");
+    (void)attn.forward(p.out.view(), p.q.view(), p.k.view(), p.v.view());
+  });
+  EXPECT_EQ(err, cp > 1 ? fmt::format("rank {}: q has dtype torch.float16", last) : "q has dtype torch.float16");
+  EXPECT_EQ(comm.collectives() - before, 4);  // the all-gather; the error: an all-reduce, two broadcasts
+}
+
 // Head counts that do not divide by cp (or by the inner size of a2a+p2p): whole GQA groups
 // per rank, or KV heads shared by the ranks splitting their group (also when cp % h_kv != 0),
 // with an uneven sequence too. A2a (inner) groups larger than h are refused everywhere.

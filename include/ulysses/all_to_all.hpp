@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ulysses/communicator.hpp"
@@ -106,9 +107,20 @@ class PendingTranspose {
   std::function<void()> finish_;  // owns the buffers in flight
 };
 
-// Collective. seq_to_head's and head_to_seq's checks and agreement: `shards` as the inputs of
-// seq_to_head (or the outputs of head_to_seq).
-void check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op);
+// Not collective. seq_to_head's checks on this rank, `shards` as its inputs (or the outputs
+// of head_to_seq): why they cannot be transposed ("" when they can), and what every rank must
+// agree on (dtype, b, h, d and the head lists; not n_r), for a caller that folds them into its
+// own agreement (Communicator::agree_all) instead of paying for a second one.
+struct TransposeCheck {
+  std::string error, description;
+};
+TransposeCheck local_transpose_check(std::span<const SeqShard> shards, int cp, const char* op);
+
+// Collective. seq_to_head's and head_to_seq's checks and agreement, in one small all-gather
+// (Communicator::agree_all): `shards` as the inputs of seq_to_head (or the outputs of
+// head_to_seq), `local_error` a failure the caller found on this rank. Returns every rank's n_r.
+std::vector<std::int64_t> check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op,
+                                          const std::string& local_error = "");
 
 // Collective. Posts seq_to_head of `inputs` (rank_tokens: every rank's n_r); `out` is valid
 // after the returned transfer's wait(). The inputs may change once this returns (they are packed).

@@ -85,6 +85,11 @@ class ContextParallelAttention {
   // functions take cu_seqlens per call. The context keeps them for its backward.
   [[nodiscard]] CpContext forward(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                                   std::vector<std::int64_t> cu_seqlens);
+  // Collective. This rank's part of a forward whose inputs failed the caller's own checks
+  // (`error`, not empty): it joins the forward's one agreement in their place, so every rank
+  // throws the lowest failing rank's error and the caller's checks cost no collective of their
+  // own. Always throws.
+  [[noreturn]] void refuse_forward(const std::string& error);
   // Collective. Writes dq, dk, dv for the forward that made `context` (which stays valid:
   // a second backward of the same context gives the same gradients). Returns its stats.
   CpStats backward(const CpContext& context, const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -228,6 +228,8 @@ void add_communicator_bindings(py::module_& m) {
              return d;
            })
       .def("reset_counters", &Communicator::reset_counters)
+      .def_property_readonly("collectives", &Communicator::collectives,
+                             "How many collectives this rank has entered: transfers and agreements alike.")
       .def_property("timeout", &Communicator::timeout, &Communicator::set_timeout,
                     "Seconds any wait may last before the group fails with the watchdog's message (0: none); "
                     "shared with the communicators split from it.")
@@ -285,6 +287,10 @@ void add_attention_bindings(py::module_& m) {
             return cu_seqlens.empty() ? a.forward(o, qv, kv, vv) : a.forward(o, qv, kv, vv, std::move(cu_seqlens));
           },
           py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens") = std::vector<std::int64_t>{})
+      .def("refuse_forward", &ContextParallelAttention::refuse_forward, py::arg("error"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: this rank's part of a forward whose inputs failed the caller's checks; every rank raises "
+           "the lowest failing rank's error.")
       .def("backward", [](ContextParallelAttention& a, const CpContext& ctx, const py::tuple& dq, const py::tuple& dk,
                           const py::tuple& dv, const py::tuple& dout) {
         const TensorView a1 = view_of(dq), a2 = view_of(dk), a3 = view_of(dv), g = view_of(dout);
@@ -297,38 +303,60 @@ void add_attention_bindings(py::module_& m) {
       });
 }
 
-// Ulysses' fused all-to-all and its adjoint, over tensors Python owns.
+// Ulysses' fused all-to-all and its adjoint, over tensors Python owns. Without `tokens` each
+// agrees its inputs and learns every rank's n_r in one small collective; with them (every rank's
+// n_r, from an agreement the caller already made, e.g. over the same inputs' forward) it trusts
+// its inputs and makes the all-to-all alone.
 void add_transpose_bindings(py::module_& m) {
   py::class_<HeadBuffer>(m, "HeadBuffer", "The head-sharded side of the fused all-to-all.");
-
+  using Tokens = std::optional<std::vector<std::int64_t>>;
+  m.def(
+      "transpose_check",
+      [](const py::list& views, const HeadLists& heads, int cp, const std::string& op) {
+        const TransposeCheck c = local_transpose_check(shards_of(views, heads), cp, op.c_str());
+        return py::make_tuple(c.error, c.description);
+      },
+      py::arg("views"), py::arg("heads"), py::arg("cp"), py::arg("op"),
+      "Not collective: (why these shards cannot be transposed here or \"\", what every rank must agree on).");
   m.def(
       "seq_to_head",
-      [](Communicator& comm, const py::list& views, const HeadLists& heads) {
+      [](Communicator& comm, const py::list& views, const HeadLists& heads, const Tokens& tokens) {
         const std::vector<SeqShard> shards = shards_of(views, heads);
         auto buffer = std::make_unique<HeadBuffer>();
         {
           py::gil_scoped_release nogil;
-          buffer->heads = seq_to_head(comm, shards);
+          if (tokens)
+            post_seq_to_head(comm, shards, *tokens, buffer->heads).wait();
+          else
+            buffer->heads = seq_to_head(comm, shards);
         }
         py::object owner = py::cast(std::move(buffer));
-        return whole_array(owner.cast<HeadBuffer&>().heads, owner);
+        const FusedHeads& f = owner.cast<HeadBuffer&>().heads;
+        return py::make_tuple(whole_array(f, owner), f.rank_tokens());
       },
+      py::arg("comm"), py::arg("views"), py::arg("heads"), py::arg("tokens") = Tokens{},
       "Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of tensor t; "
-      "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back.");
+      "returns the [s, b, H, d] head-sharded buffer, tensors' heads back to back, and every rank's n_r.");
   m.def(
       "head_to_seq",
-      [](Communicator& comm, const py::list& head_views, const py::list& out_views, const HeadLists& heads) {
+      [](Communicator& comm, const py::list& head_views, const py::list& out_views, const HeadLists& heads,
+         const Tokens& tokens) {
         const std::vector<TensorView> in = views_of(head_views);
         const std::vector<SeqShard> out = shards_of(out_views, heads);
         if (in.empty() || in.size() != out.size()) throw Error("head_to_seq: one head-sharded input per output");
         std::vector<std::int64_t> local_heads;
         for (const TensorView& v : in) local_heads.push_back(v.shape.h);
         py::gil_scoped_release nogil;
-        const std::vector<std::int64_t> tokens = comm.allgather_value(out[0].view.shape.s, "validate");
-        FusedHeads f(in[0].dtype, in[0].shape.b, tokens, in[0].shape.d, local_heads);
+        const std::vector<std::int64_t> rank_tokens =
+            tokens ? *tokens : comm.allgather_value(out[0].view.shape.s, "validate");
+        FusedHeads f(in[0].dtype, in[0].shape.b, rank_tokens, in[0].shape.d, local_heads);
         for (std::size_t t = 0; t < in.size(); ++t) copy(in[t], f.part(int(t)));
-        head_to_seq(comm, f, out);
+        if (tokens)
+          post_head_to_seq(comm, f, out).wait();
+        else
+          head_to_seq(comm, f, out);
       },
+      py::arg("comm"), py::arg("head_views"), py::arg("out_views"), py::arg("heads"), py::arg("tokens") = Tokens{},
       "Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d] (shared heads summed).");
 }
 

@@ -73,6 +73,60 @@ def test_counters_are_the_formula(world):
     assert c["head_to_seq"]["bytes_sent"] == per_tensor
 
 
+def collectives_of(comm, fn, group_checks):
+    """How many collectives ``fn()`` entered on this rank: ours on ``comm`` (transfers and
+    agreements alike) and the default group's all-gathers that check a group where one is
+    passed (``group_checks``: a list the patched check appends to)."""
+    before, checks = comm.collectives, len(group_checks)
+    out = fn()
+    return out, (comm.collectives - before, len(group_checks) - checks)
+
+
+def test_collectives_per_call(world, monkeypatch):
+    """What the algorithm needs and no more (latency, not bytes, bounds small steps): the
+    DistributedAttention forward agrees its inputs and every rank's tokens in one all-gather,
+    makes the inputs' all-to-all, agrees the local attention's output, makes its all-to-all;
+    the backward only its two all-to-alls (autograd's gradients are shaped as the agreed
+    outputs). DeepSpeed's module makes 4 + 4 (Q, K and V travel apart). ``all_to_all`` takes its
+    group at every call, so it also checks the group over the default group."""
+    checks, check = [], ulysses._torch_comm._agree_on_groups
+    monkeypatch.setattr(ulysses._torch_comm, "_agree_on_groups", lambda *a: checks.append(1) or check(*a))
+    layer = ut.DistributedAttention(sdpa, world, 2, 1)
+    comm = layer.comm
+    q, k, v = (torch.randn(2, 8, 2 * P, 16, requires_grad=True) for _ in range(3))
+    out, forward = collectives_of(comm, lambda: layer(q, k, v, 0), checks)
+    _, backward = collectives_of(comm, lambda: out.sum().backward(), checks)
+    heads, to_heads = collectives_of(comm, lambda: ut.all_to_all(q, 2, 1, 0, world), checks)
+    _, to_seq = collectives_of(comm, lambda: ut.all_to_all(heads, 1, 2, 0, world), checks)
+    _, a2a_backward = collectives_of(comm, lambda: heads.sum().backward(), checks)
+    cp = ut.ContextParallelAttention(world)
+    cp_out, cp_forward = collectives_of(comm, lambda: cp(q, k, v), checks)
+    _, cp_backward = collectives_of(comm, lambda: cp_out.sum().backward(), checks)
+    got = (forward, backward, to_heads, to_seq, a2a_backward, cp_forward, cp_backward)
+    assert got == ((4, 0), (2, 0), (2, 1), (2, 1), (1, 0), (3, 0), (3, 0)), got
+
+
+def test_a_local_attention_output_that_does_not_fit(world):
+    """One rank's local attention returns another shape: the same error on every rank, before
+    the output's all-to-all (which would otherwise move the wrong bytes or wait)."""
+    last = lambda q, k, v: sdpa(q, k, v)[:, :-1] if RANK == P - 1 else sdpa(q, k, v)  # noqa: E731
+    x = torch.randn(1, 4, 2 * P, 8)
+    err = error_of(lambda: ut.DistributedAttention(last, world, 2, 1)(x, x, x, 0))
+    prefix = f"rank {P - 1}: " if P > 1 else ""
+    assert err is not None and err.startswith(prefix + "attention output is (1, "), err
+    assert f"the whole sequence s = {4 * P}" in err, err
+
+
+def test_layouts_that_differ_between_ranks(world):
+    """batch_dim_idx differs between ranks: the same error on every rank, naming both layouts."""
+    if P < 2:
+        pytest.skip("needs two ranks")
+    x = torch.randn(4, 4, 2 * P, 8)
+    err = error_of(lambda: ut.DistributedAttention(sdpa, world, 2, 1)(x, x, x, RANK % 2))
+    assert err is not None and err.startswith("DistributedAttention inputs differ between ranks: rank 0 has"), err
+    assert "sequence first: False" in err and "sequence first: True" in err, err
+
+
 def strategies():
     out = [(s, None) for s in ulysses.strategy_names() if s != "a2a+p2p"]
     return out + [("a2a+p2p", [i, P // i]) for i in range(1, P + 1) if P % i == 0]
@@ -167,6 +221,21 @@ def test_another_group_of_the_same_ranks(world):
         assert err is None
     else:
         assert "differs between ranks" in err and "another group of the same ranks (group names" in err, err
+
+
+def test_a_cached_group_beside_a_new_one(world):
+    """Rank 0 reuses a group every rank used before (its communicator cached) while the others
+    pass a new group of the same ranks: rank 0 went straight to the old group's collectives and
+    the others waited for it in the new group's first agreement. One error on every rank now."""
+    if P < 2:
+        pytest.skip("needs two ranks")
+    used = dist.new_group(list(range(P)))
+    ut.DistributedAttention(sdpa, used)  # every rank: this group is cached from now on
+    fresh = dist.new_group(list(range(P)))
+    err = error_of(lambda: ut.DistributedAttention(sdpa, used if RANK == 0 else fresh))
+    assert err is not None and "differs between ranks" in err, err
+    assert "another group of the same ranks (group names" in err, err
+    assert ut.DistributedAttention(sdpa, used).comm is ulysses.Communicator.from_torch(used)  # still usable
 
 
 def test_an_nccl_group(world, monkeypatch):

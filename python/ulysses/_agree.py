@@ -10,18 +10,33 @@ from ._ulysses import Error
 INT64_MAX = 2**63 - 1
 
 
+def attempt(check, *args):
+    """``check(*args)`` on this rank, not collective: (its result, "") or (None, why it raised)."""
+    try:
+        return check(*args), ""
+    except Error as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001  (a TypeError on one rank must stop every rank too)
+        return None, f"{type(e).__name__}: {e}"
+
+
 def agreed(comm, check, *args):
     """Collective over ``comm`` (a ``ulysses.Communicator``): ``check(*args)`` on this rank, then
     one small all-reduce; when it raised on any rank, every rank raises the same Error (the
     lowest failing rank's message, prefixed with that rank)."""
-    try:
-        result, error = check(*args), ""
-    except Error as e:
-        result, error = None, str(e)
-    except Exception as e:  # noqa: BLE001  (a TypeError on one rank must stop every rank too)
-        result, error = None, f"{type(e).__name__}: {e}"
+    result, error = attempt(check, *args)
     comm._impl.agree(error)
     return result
+
+
+def agreed_all(comm, what, count, check, *args):
+    """Collective, the one agreement of a call: ``check(*args)`` returns (result, description,
+    ``count`` integers) on this rank; one small all-gather, and every rank raises the same Error
+    when the check raised on any rank or the descriptions differ (naming ``what``). Returns
+    (result, every rank's integers in rank order)."""
+    out, error = attempt(check, *args)
+    result, description, values = out if out is not None else (None, "", [0] * count)
+    return result, comm._impl.agree_all(error, what, description, list(values))
 
 
 def agree_identical(comm, what, *values):

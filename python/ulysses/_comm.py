@@ -45,9 +45,9 @@ class Communicator:
     def from_torch(cls, group: Any = None, threads: Optional[int] = None) -> "Communicator":
         """The communicator of a ``torch.distributed`` group (None: the default group), backend
         ``"torch"``: how programs launched by ``torchrun`` run without MPI. One per group (modules
-        of every layer share it), ``threads`` as for MPI. A group's first use is collective over
-        the default group, every process passing its own group (as every process calls
-        ``new_group``); later ones over the group. Raises the same ``ulysses.Error`` on every rank,
+        of every layer share it), ``threads`` as for MPI. Every call is collective over the default
+        group (one small all-gather), every process passing its own group (as every process
+        calls ``new_group``), a group used before too. Raises the same ``ulysses.Error`` on every rank,
         saying what to do, when this process is not in its group, a group cannot move CPU tensors
         (not gloo) or members of a group passed different groups; on this process alone when
         torch.distributed is not initialised."""
@@ -118,3 +118,16 @@ class Communicator:
     def reset_counters(self) -> None:
         """Sets every operation's counters back to zero (on this rank only)."""
         self._impl.reset_counters()
+
+    @property
+    def collectives(self) -> int:
+        """How many collectives this rank has entered since the group was made: the transfers and
+        the agreements (a bad argument raised on every rank costs one), never reset. The count a
+        latency-bound step pays for.
+
+        >>> from mpi4py import MPI
+        >>> import ulysses
+        >>> ulysses.Communicator(MPI.COMM_SELF, threads=1).collectives >= 0
+        True
+        """
+        return self._impl.collectives

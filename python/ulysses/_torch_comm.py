@@ -11,7 +11,10 @@ one path serves both launchers. A program that wants MPI's transport passes
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import socket
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List
 
@@ -39,6 +42,10 @@ class _Waited:
     def is_completed(self) -> bool:
         return self._done.done()
 
+    def done_within(self, seconds: float) -> bool:
+        concurrent.futures.wait([self._done], timeout=seconds)
+        return self._done.done()
+
     def wait(self) -> None:
         self._done.result()  # re-raises what the transport met
 
@@ -54,6 +61,9 @@ class _Transport:
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.me = f"rank {self.rank} (torch global rank {dist.get_rank()}, host {socket.gethostname()})"
         self.name = f"the torch group of global ranks {_ranks_text(self.ranks)}"
+        # gloo's wait honours a timeout (the slices below); torch's MPI backend ignores it, so its
+        # Work is polled, or the watchdog could not fire
+        self.blocking = "gloo" in str(dist.get_backend(group))
 
     def alltoallv(self, send, send_counts, recv, recv_counts):
         return torch.distributed.all_to_all_single(
@@ -85,6 +95,20 @@ class _Transport:
 
     def irecv(self, data, src, tag):
         return _Waited(torch.distributed.irecv(torch.from_numpy(data), self.ranks[src], group=self.group, tag=tag))
+
+    def done(self, work: Any, seconds: float) -> bool:
+        """Whether ``work`` completed, waiting for it up to ``seconds`` (torch releases the GIL).
+        A gloo collective's wait that times out leaves the operation running, to be waited
+        again; any other error counts as done, so that the caller's wait() raises it."""
+        if isinstance(work, _Waited):
+            return work.done_within(seconds)
+        if not self.blocking:
+            return work.is_completed()
+        try:
+            work.wait(datetime.timedelta(seconds=seconds))
+        except RuntimeError as e:
+            return "Operation timed out" not in str(e)
+        return True
 
     def subgroup(self, members: List[int]) -> "_Transport":
         """A transport over ``members`` (ranks of this group, in the new group's order); only
@@ -165,30 +189,61 @@ def _first_problem(choices: List[Any], name: str) -> str:
     return ""
 
 
-def _agree_on_groups(group: Any, name: str) -> None:
-    """Collective over the default group (every process, each with its own group, as every
-    process calls new_group): the same Error on every rank when a group is bad on any rank or
-    its members passed different groups, which would otherwise leave a rank waiting for a peer
-    that is busy in another group."""
+def _group_record(group: Any, name: str) -> torch.Tensor:
+    """This process's choice as fixed-size integers, so that one all-gather carries every
+    process's: [failed, the group name's checksum, its global ranks as a bit mask]."""
     dist = torch.distributed
+    words = (dist.get_world_size() + 62) // 63
+    record = torch.zeros(2 + words, dtype=torch.int64)
     try:
         _check_group(group, name)
-        mine = ("", dist.get_process_group_ranks(group), group.group_name)
+    except _ulysses.Error:
+        record[0] = 1
+        return record
+    record[1] = zlib.crc32(group.group_name.encode())
+    for r in dist.get_process_group_ranks(group):
+        record[2 + r // 63] |= 1 << (r % 63)
+    return record
+
+
+def _record_problem(records: List[torch.Tensor], rank: int) -> bool:
+    """Whether process ``rank`` failed, or a member of its group passed another group."""
+    mine = records[rank]
+    if mine[0]:
+        return True
+    members = [r for r in range(len(records)) if int(mine[2 + r // 63]) >> (r % 63) & 1]
+    return any(not torch.equal(records[m], mine) for m in members)
+
+
+def _agree_on_groups(group: Any, name: str) -> None:
+    """Collective over the default group (every process, each with its own group, as every
+    process calls new_group), at every use of a group, a cached one too: the same Error on every
+    rank when a group is bad on any rank or its members passed different groups, which would
+    otherwise leave a rank waiting for a peer that is busy in another group (a peer reusing a
+    group while this rank passes a new one included). One all-gather of a few integers when all
+    is well; the texts travel only to name a problem."""
+    dist = torch.distributed
+    mine = _group_record(group, name)
+    records = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(records, mine)
+    if not any(_record_problem(records, r) for r in range(len(records))):
+        return
+    try:
+        _check_group(group, name)
+        choice = ("", dist.get_process_group_ranks(group), group.group_name)
     except _ulysses.Error as e:
-        mine = (str(e), [], "")
+        choice = (str(e), [], "")
     choices: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(choices, mine)
-    problem = _first_problem(choices, name)
-    if problem:
-        raise _ulysses.Error(problem)
+    dist.all_gather_object(choices, choice)
+    raise _ulysses.Error(_first_problem(choices, name) or f"{name}: the processes' groups disagree")
 
 
 def communicator(group: Any, name: str = "sequence_process_group") -> Communicator:
     """A ``ulysses.Communicator`` for what a caller passed as its group: a Communicator as it is,
     an mpi4py communicator wrapped, a torch ProcessGroup (or None: the default group) through
-    torch.distributed. The first time a process passes a torch group (or anything else where a
-    group goes) is collective over the default group: every process passes its own group then
-    (``_agree_on_groups``); later the same group is the same Communicator, with no collective."""
+    torch.distributed. Every time a process passes a torch group (or anything else where a group
+    goes) is collective over the default group: every process passes its own group then
+    (``_agree_on_groups``: one small all-gather); the same group is the same Communicator."""
     if isinstance(group, Communicator):
         return group
     if type(group).__module__.startswith("mpi4py"):
@@ -198,8 +253,8 @@ def communicator(group: Any, name: str = "sequence_process_group") -> Communicat
         _check_kind(group, name)  # what is not a group is said first: no world is needed to tell
     _check_initialised(name)
     group = dist.group.WORLD if group is None else group
-    if isinstance(group, dist.ProcessGroup) and group in _COMMUNICATORS:
+    _agree_on_groups(group, name)  # a cached group too: a peer passing a new one would wait for it otherwise
+    if group in _COMMUNICATORS:
         return _COMMUNICATORS[group]
-    _agree_on_groups(group, name)
     _COMMUNICATORS[group] = Communicator._from_torch(_ulysses.torch_communicator(_Transport(group)), group)
     return _COMMUNICATORS[group]

@@ -44,6 +44,9 @@ class Communicator:
     def agree_all(self, local_error: str, what: str, description: str, values: List[int]) -> List[int]:
         """Collective: agree and agree_identical, and every rank's values (as many on each) in rank
         order, in one small all-gather."""
+    @property
+    def collectives(self) -> int:
+        """How many collectives this rank has entered: transfers and agreements alike."""
 
 class Context:
     """What one forward keeps for its backward."""
@@ -68,6 +71,9 @@ class ContextParallelAttention:
     ) -> None: ...
     def forward(self, out: View, q: View, k: View, v: View, cu_seqlens: List[int] = ...) -> Context:
         """Collective: writes out; returns the context for backward."""
+    def refuse_forward(self, error: str) -> None:
+        """Collective: this rank's part of a forward whose inputs failed the caller's checks;
+        every rank raises the lowest failing rank's error."""
     def backward(self, ctx: Context, dq: View, dk: View, dv: View, dout: View) -> Dict[str, float]:
         """Collective: writes dq, dk, dv; returns the backward's stats."""
 
@@ -82,12 +88,27 @@ def run_local(size: int, fn: Callable[[Communicator], Any]) -> List[Any]:
     """fn(comm) on `size` threads, one per rank of a new local group; the results in rank order.
     An exception on a rank releases the others and is re-raised here once every rank has ended."""
 
-def seq_to_head(comm: Communicator, views: List[View], heads: List[HeadRanges]) -> np.ndarray:
-    """Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of
-    tensor t; returns the [s, b, H, d] head-sharded buffer (int16 bits for bf16)."""
+def transpose_check(views: List[View], heads: List[HeadRanges], cp: int, op: str) -> Tuple[str, str]:
+    """Not collective: why these shards cannot be transposed on this rank ("" when they can) and
+    what every rank must agree on (dtype, b, h, d, the head lists), for the caller's one agreement."""
 
-def head_to_seq(comm: Communicator, head_views: List[View], out_views: List[View], heads: List[HeadRanges]) -> None:
-    """Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d]."""
+def seq_to_head(
+    comm: Communicator, views: List[View], heads: List[HeadRanges], tokens: Optional[List[int]] = None
+) -> Tuple[np.ndarray, List[int]]:
+    """Collective: one all-to-all of every tensor [b, n_rank, h, d], rank j getting heads[t][j] of
+    tensor t; returns the [s, b, H, d] head-sharded buffer (int16 bits for bf16) and every rank's
+    n_r. Without ``tokens`` it agrees its inputs first (one small collective); with every rank's
+    n_r it trusts them (the caller agreed them) and makes the all-to-all alone."""
+
+def head_to_seq(
+    comm: Communicator,
+    head_views: List[View],
+    out_views: List[View],
+    heads: List[HeadRanges],
+    tokens: Optional[List[int]] = None,
+) -> None:
+    """Collective: the adjoint of seq_to_head; writes every output [b, n_rank, h, d]. ``tokens``
+    as for seq_to_head."""
 
 def rank_chunks(
     cp_comm_type: str,

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from . import _ulysses
-from ._agree import INT64_MAX, agree_identical, agreed, integer
+from ._agree import INT64_MAX, agree_identical, agreed, agreed_all, attempt, integer
 from ._infer import KvCache, prompt_chunk  # noqa: F401  (exported: inference over a sharded KV cache)
 from ._tensors import check, from_buffer, readable, spec
 from ._torch_comm import communicator as _communicator
@@ -34,7 +34,9 @@ class _CpAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        dout = agreed(ctx.comm, readable, dout, "dout")
+        # Autograd hands dout shaped, typed and placed as the forward's output: it cannot fail on
+        # one rank alone, and the library's backward agrees it (one collective, not two).
+        dout = readable(dout, "dout")
         dq = torch.empty(dout.shape, dtype=dout.dtype)
         dk = torch.empty(ctx.kv_shape, dtype=dout.dtype)
         dv = torch.empty(ctx.kv_shape, dtype=dout.dtype)
@@ -151,7 +153,10 @@ class ContextParallelAttention(torch.nn.Module):
                 return []
             return [integer("cu_seqlens", x, -INT64_MAX - 1, INT64_MAX) for x in cu_seqlens]
 
-        return _CpAttention.apply(self.comm, self._impl, q, k, v, agreed(self.comm, local))
+        cu, error = attempt(local)
+        if error:  # the library's forward agrees its own checks: this rank joins that one agreement
+            self._impl.refuse_forward(error)
+        return _CpAttention.apply(self.comm, self._impl, q, k, v, cu)
 
     def extra_repr(self) -> str:
         extra = "" if self.window_size == (-1, -1) else f", window_size={self.window_size}"
@@ -185,47 +190,63 @@ def _head_parts(whole: Any, heads: List[int], dtype: torch.dtype) -> List[torch.
 
 
 class _SeqToHead(torch.autograd.Function):
-    """One all-to-all for all tensors: [b, s/p, h_t, d] → [b, s, heads_t[rank], d]."""
+    """One all-to-all for all tensors: [b, s/p, h_t, d] → [b, s, heads_t[rank], d]. The caller
+    agreed the inputs (``tokens``: every rank's n_r, from that agreement); the backward needs no
+    agreement of its own: autograd hands gradients shaped, typed and placed as the outputs."""
 
     @staticmethod
-    def forward(ctx, comm, heads, *xs):
+    def forward(ctx, comm, heads, tokens, *xs):
         xs = [readable(x, "input") for x in xs]
-        whole = _ulysses.seq_to_head(comm._impl, [spec(x) for x in xs], heads)
-        ctx.comm, ctx.heads, ctx.shapes, ctx.dtype = comm, heads, [x.shape for x in xs], xs[0].dtype
+        whole, _ = _ulysses.seq_to_head(comm._impl, [spec(x) for x in xs], heads, tokens)
+        ctx.comm, ctx.heads, ctx.tokens, ctx.shapes, ctx.dtype = comm, heads, tokens, [x.shape for x in xs], xs[0].dtype
         parts = _head_parts(whole, [h[comm.rank][1] for h in heads], xs[0].dtype)
         ctx.part_shapes = [p.shape for p in parts]  # for gradients autograd omits (None)
         return tuple(parts)
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = agreed(
-            ctx.comm,
-            lambda: [
-                readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
-                for g, shape in zip(grads, ctx.part_shapes)
-            ],
-        )
+        grads = [
+            readable(torch.zeros(shape, dtype=ctx.dtype) if g is None else g, "grad")
+            for g, shape in zip(grads, ctx.part_shapes)
+        ]
         outs = [torch.empty(s, dtype=grads[0].dtype) for s in ctx.shapes]
-        _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], ctx.heads)
-        return (None, None) + tuple(outs)
+        _ulysses.head_to_seq(ctx.comm._impl, [spec(g) for g in grads], [spec(o) for o in outs], ctx.heads, ctx.tokens)
+        return (None, None, None) + tuple(outs)
 
 
 class _HeadToSeq(torch.autograd.Function):
-    """The output's all-to-all: [b, s, q_heads[rank], d] → [b, n_rank, h, d]."""
+    """The output's all-to-all: [b, s, q_heads[rank], d] → [b, tokens[rank], h, d]; ``x`` agreed by
+    the caller (``_head_side``), the backward trusting autograd's gradient as ``_SeqToHead``'s."""
 
     @staticmethod
-    def forward(ctx, comm, q_heads, local_tokens, x):
-        x = agreed(comm, readable, x, "attention output")
-        out = torch.empty((x.shape[0], local_tokens, sum(c for _, c in q_heads), x.shape[3]), dtype=x.dtype)
-        _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [q_heads])
-        ctx.comm, ctx.q_heads = comm, q_heads
+    def forward(ctx, comm, q_heads, tokens, x):
+        out = torch.empty((x.shape[0], tokens[comm.rank], sum(c for _, c in q_heads), x.shape[3]), dtype=x.dtype)
+        _ulysses.head_to_seq(comm._impl, [spec(x)], [spec(out)], [q_heads], tokens)
+        ctx.comm, ctx.q_heads, ctx.tokens = comm, q_heads, tokens
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        grad = agreed(ctx.comm, readable, grad, "grad")
-        whole = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [ctx.q_heads])
+        grad = readable(grad, "grad")
+        whole, _ = _ulysses.seq_to_head(ctx.comm._impl, [spec(grad)], [ctx.q_heads], ctx.tokens)
         return None, None, None, _head_parts(whole, [ctx.q_heads[ctx.comm.rank][1]], grad.dtype)[0]
+
+
+def _head_side(comm, x, heads, tokens, name):
+    """``x`` readable as the head-sharded side ``[b, s, heads[rank], d]`` of ``tokens`` (s their
+    sum), agreed in one small collective: a bad local attention's output fails every rank."""
+
+    def local():
+        y = readable(x, name)
+        want = (sum(tokens), heads[comm.rank][1])
+        if tuple(y.shape[1:3]) != want:
+            raise _ulysses.Error(
+                f"{name} is {tuple(y.shape)}: [b, s, h, d] with the whole sequence s = {want[0]} and this rank's "
+                f"heads h = {want[1]} expected"
+            )
+        return y, f"{y.dtype} [{y.shape[0]}, *, *, {y.shape[3]}]", []
+
+    return agreed_all(comm, name, 0, local)[0]
 
 
 class DistributedAttention(torch.nn.Module):
@@ -280,7 +301,7 @@ class DistributedAttention(torch.nn.Module):
         """``local_attention`` over the whole sequence for this rank's heads, between the two
         all-to-alls (collective); the output has the inputs' layout and this rank's tokens."""
 
-        def local():  # every check before the first all-to-all, agreed
+        def local():  # every check before the first all-to-all, in its one agreement
             if rotary_pos_emb is not None:
                 raise _ulysses.Error(
                     "rotary_pos_emb is not supported: apply RoPE before the call "
@@ -289,21 +310,37 @@ class DistributedAttention(torch.nn.Module):
             for t, name in ((query, "query"), (key, "key"), (value, "value")):
                 check(t, name)
             seq_first = self.gather_idx == 0 if batch_dim_idx is None else batch_dim_idx == 1
-            q, k, v = (x.transpose(0, 1) if seq_first else x for x in (query, key, value))
+            q, k, v = (
+                readable(x.transpose(0, 1) if seq_first else x, n)
+                for x, n in ((query, "query"), (key, "key"), (value, "value"))
+            )
             if self.num_kv_heads is not None and self.num_kv_heads != k.shape[2]:
                 raise _ulysses.Error(f"num_kv_heads={self.num_kv_heads} but key has {k.shape[2]} heads")
-            return seq_first, q, k, v, _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
+            q_heads, kv_heads = _ulysses.head_split(self.comm.size, q.shape[2], k.shape[2])
+            heads = [q_heads, kv_heads, kv_heads]
+            description = _transpose_description([q, k, v], heads, self.comm.size)
+            return (seq_first, q, k, v, heads), f"{description}, sequence first: {seq_first}", [q.shape[1]]
 
-        seq_first, q, k, v, (q_heads, kv_heads) = agreed(self.comm, local)
-        qh, kh, vh = _SeqToHead.apply(self.comm, [q_heads, kv_heads, kv_heads], q, k, v)
+        (seq_first, q, k, v, heads), tokens = agreed_all(self.comm, "DistributedAttention inputs", 1, local)
+        qh, kh, vh = _SeqToHead.apply(self.comm, heads, tokens, q, k, v)
         if seq_first:
             qh, kh, vh = qh.transpose(0, 1), kh.transpose(0, 1), vh.transpose(0, 1)
         # Local kernels such as SDPA run far slower on strided views of the fused buffer (2.8x at
         # s = 2048, measured): one dense copy per tensor, as DeepSpeed's all-to-all unpack makes.
         qh, kh, vh = qh.contiguous(), kh.contiguous(), vh.contiguous()
         out = self.local_attn(qh, kh, vh, *args, **kwargs)
-        out = _HeadToSeq.apply(self.comm, q_heads, q.shape[1], out.transpose(0, 1) if seq_first else out)
+        out = _head_side(self.comm, out.transpose(0, 1) if seq_first else out, heads[0], tokens, "attention output")
+        out = _HeadToSeq.apply(self.comm, heads[0], tokens, out)
         return out.transpose(0, 1) if seq_first else out
+
+
+def _transpose_description(xs, heads, p):
+    """What every rank must agree on before seq_to_head of ``xs`` (readable), else the Error why
+    this rank cannot take part."""
+    error, description = _ulysses.transpose_check([spec(x) for x in xs], heads, p, "seq_to_head")
+    if error:
+        raise _ulysses.Error(error)
+    return description
 
 
 def _a2a_layout(x: torch.Tensor, scatter_idx: int, gather_idx: int, batch_dim_idx: Optional[int], p: int):
@@ -338,17 +375,25 @@ def all_to_all(
     (whole GQA groups of heads; tokens differing by one), not refused. ``group`` as in
     ``DistributedAttention``. Collective: bad input raises the same ``ulysses.Error`` everywhere."""
     comm = _communicator(group, "group")
-    to_heads, seq_first = agreed(comm, _a2a_layout, input, scatter_idx, gather_idx, batch_dim_idx, comm.size)
-    x = input.transpose(0, 1) if seq_first else input  # [b, s, h, d] views: the library reads strides
-    if to_heads:
-        q_heads, _ = _ulysses.head_split(comm.size, x.shape[2], x.shape[2])
-        out = _SeqToHead.apply(comm, [q_heads], x)[0]
+
+    def local():  # every check before the all-to-all, in its one agreement: [tokens, heads] per rank
+        to_heads, seq_first = _a2a_layout(input, scatter_idx, gather_idx, batch_dim_idx, comm.size)
+        x = readable(input.transpose(0, 1) if seq_first else input, "input")  # [b, s, h, d]: the library reads strides
+        layout = f"scatter_idx={scatter_idx}, gather_idx={gather_idx}, sequence first: {seq_first}"
+        if to_heads:
+            heads = [_ulysses.head_split(comm.size, x.shape[2], x.shape[2])[0]]
+            return (x, seq_first, heads), f"{_transpose_description([x], heads, comm.size)}, {layout}", x.shape[1:3]
+        return (x, seq_first, None), f"{x.dtype} [{x.shape[0]}, {x.shape[1]}, *, {x.shape[3]}], {layout}", x.shape[1:3]
+
+    (x, seq_first, heads), values = agreed_all(comm, "all_to_all inputs", 2, local)
+    if heads is not None:
+        out = _SeqToHead.apply(comm, heads, values[0::2], x)[0]
     else:
-        # Every rank's heads (uneven ones too) and sequence length, agreed in one small collective.
-        sizes = comm._impl.agree_all("", "all_to_all's sequence length", str(x.shape[1]), [x.shape[2]])
+        sizes = values[1::2]  # every rank's heads (uneven ones too) and the whole sequence
         starts = [sum(sizes[:r]) for r in range(comm.size)]
         s, p = x.shape[1], comm.size  # contiguous parts differing by one token, the first s % p larger
-        out = _HeadToSeq.apply(comm, list(zip(starts, sizes)), s // p + (comm.rank < s % p), x)
+        tokens = [s // p + (r < s % p) for r in range(p)]
+        out = _HeadToSeq.apply(comm, list(zip(starts, sizes)), tokens, x)
     return out.transpose(0, 1) if seq_first else out
 
 

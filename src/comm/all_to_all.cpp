@@ -93,12 +93,19 @@ std::string shard_error(std::span<const SeqShard> shards, std::size_t t, int cp,
 
 }  // namespace
 
-// Local checks, then agreement across ranks.
-void check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op) {
+TransposeCheck local_transpose_check(std::span<const SeqShard> shards, int cp, const char* op) {
   std::string err = shards.empty() ? fmt::format("{}: no tensors given", op) : "";
-  for (std::size_t t = 0; t < shards.size() && err.empty(); ++t) err = shard_error(shards, t, comm.size(), op);
-  comm.agree(err);
-  comm.agree_identical(fmt::format("{} inputs", op), describe_shards(shards));
+  for (std::size_t t = 0; t < shards.size() && err.empty(); ++t) err = shard_error(shards, t, cp, op);
+  return {err, err.empty() ? describe_shards(shards) : ""};
+}
+
+// Local checks, then one agreement across ranks that also carries every rank's n_r.
+std::vector<std::int64_t> check_transpose(Communicator& comm, std::span<const SeqShard> shards, const char* op,
+                                          const std::string& local_error) {
+  TransposeCheck c = local_transpose_check(shards, comm.size(), op);
+  if (!local_error.empty()) c.error = local_error;
+  const std::int64_t tokens = c.error.empty() ? shards[0].view.shape.s : 0;
+  return comm.agree_all(c.error, fmt::format("{} inputs", op), c.description, std::span(&tokens, 1));
 }
 
 void PendingTranspose::wait() {
@@ -217,9 +224,9 @@ PendingTranspose post_seq_to_head(Communicator& comm, std::span<const SeqShard> 
 }
 
 FusedHeads seq_to_head(Communicator& comm, std::span<const SeqShard> inputs) {
-  check_transpose(comm, inputs, "seq_to_head");
+  const std::vector<std::int64_t> tokens = check_transpose(comm, inputs, "seq_to_head");
   FusedHeads out;
-  post_seq_to_head(comm, inputs, comm.allgather_value(inputs[0].view.shape.s, "validate"), out).wait();
+  post_seq_to_head(comm, inputs, tokens, out).wait();
   return out;
 }
 
@@ -301,8 +308,9 @@ PendingTranspose post_head_to_seq(Communicator& comm, const FusedHeads& in, std:
 }
 
 void head_to_seq(Communicator& comm, const FusedHeads& in, std::span<const SeqShard> outputs) {
-  check_transpose(comm, outputs, "head_to_seq");
-  comm.agree(head_side_error(comm, in, outputs));
+  std::string err = local_transpose_check(outputs, comm.size(), "head_to_seq").error;
+  if (err.empty()) err = head_side_error(comm, in, outputs);  // reads heads[rank]: only once they are checked
+  check_transpose(comm, outputs, "head_to_seq", err);
   post_head_to_seq(comm, in, outputs).wait();
 }
 

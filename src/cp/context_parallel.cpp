@@ -18,6 +18,9 @@ namespace ulysses {
 
 namespace {
 
+// What the forward's one agreement names when the ranks' settings differ.
+constexpr const char* kForwardAgreement = "attention inputs and settings";
+
 // One rank: every strategy is plain flash attention on copies of the inputs (kept for the
 // backward) in their own dtype: bf16 runs on the level's bf16 engine where there is one.
 struct LocalContext final : StrategyContext {
@@ -230,6 +233,13 @@ std::string token_count_error(const CpConfig& config, const std::vector<std::int
 
 }  // namespace
 
+void ContextParallelAttention::refuse_forward(const std::string& error) {
+  if (error.empty()) throw Error("refuse_forward needs the error that stops this rank");
+  const std::array<std::int64_t, 2> none{0, 0};  // run_forward's record: every rank's q and k/v tokens
+  group_->comm().agree_all(error, kForwardAgreement, "", none);
+  throw Error(error);  // not reached: agree_all throws the agreed error on every rank
+}
+
 CpContext ContextParallelAttention::forward(const TensorView& out, const TensorView& q, const TensorView& k,
                                             const TensorView& v) {
   return run_forward(config_, out, q, k, v);
@@ -249,9 +259,9 @@ CpContext ContextParallelAttention::run_forward(const CpConfig& config, const Te
   // One small all-gather agrees on the errors and settings and tells every rank every rank's
   // token counts, so the checks below throw the same Error everywhere; the strategy trusts
   // what it is handed and adds none of its own before its first transfer.
-  const std::array<std::int64_t, 2> mine{q.shape.s, k.shape.s};
+  const std::array<std::int64_t, 2> mine{q.shape.s, k.shape.s};  // refuse_forward's record has this size
   const std::vector<std::int64_t> counts =
-      comm.agree_all(local_error(out, q, k, v), "attention inputs and settings", describe(config, q, k), mine);
+      comm.agree_all(local_error(out, q, k, v), kForwardAgreement, describe(config, q, k), mine);
   std::vector<std::int64_t> tokens, kv_tokens;
   for (std::size_t r = 0; r < counts.size(); r += 2) {
     tokens.push_back(counts[r]);
