@@ -119,7 +119,7 @@ void Gpt<T>::init_params(std::uint64_t seed) {
 
 namespace {
 template <class T>
-void zeroed(std::vector<T>& v, i64 n) {
+void zeroed(Buffer<T>& v, i64 n) {
   v.assign(std::size_t(n), T(0));
 }
 // fn(first row, rows) over [0, N) in tiles of `tile` rows.
@@ -134,6 +134,14 @@ T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, con
                   int* argmax) {
   const GptConfig& c = config;
   const i64 N = B * n, C = c.width;
+  // A step of another size first frees the last one's kept state: growing each buffer in place
+  // would hold its old and new copies at once, and the freed smaller ones do not fit the larger
+  // (a sequence of 1031 tokens after the 1024-token calibration peaked 1.2x the model's).
+  if (N != N_) {
+    for (LayerActs& a : acts_) a = LayerActs{};
+    work_ = LayerActs{};
+    for (auto* v : {&x_final_, &xf_, &rstdf_, &dlogits_}) Buffer<T>().swap(*v);
+  }
   N_ = N;
   B_ = B;
   n_ = n;
@@ -145,7 +153,7 @@ T Gpt<T>::forward(AttentionOp<T>& att, const int* tokens, const int* labels, con
   rope_.build(pos_rows.data(), N, c.head_dim);
   if constexpr (std::is_same_v<T, float>)  // the weights changed since the last step
     if (bf16_matmuls) round_to_bf16(params16_, params.data(), layout.total);
-  std::vector<T> x(std::size_t(N * C));
+  Buffer<T> x(std::size_t(N * C));
   embedding_forward(x.data(), tokens, params.data() + layout.wte, N, C);
   for (i64 l = 0; l < c.layers; ++l) {
     LayerActs& kept = acts_[std::size_t(l)];
@@ -184,7 +192,7 @@ void Gpt<T>::layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A,
   rope_forward(A.q.data(), rope_, N, c.heads, c.head_dim);
   rope_forward(A.k.data(), rope_, N, c.kv_heads, c.head_dim);
   att.forward(int(l), A.att.data(), A.q.data(), A.k.data(), A.v.data());
-  for (auto* v : {&A.q, &A.k, &A.v}) std::vector<T>().swap(*v);  // the op keeps what its backward needs
+  for (auto* v : {&A.q, &A.k, &A.v}) Buffer<T>().swap(*v);  // the op keeps what its backward needs
   linear_forward(x_out, A.att.data(), L.wo, N, QD, C);
   for (i64 i = 0; i < N * C; ++i) A.x2[std::size_t(i)] = x[i] + x_out[i];
   rmsnorm_forward(A.xn2.data(), A.rstd2.data(), A.x2.data(), P + L.rms2, N, C);
@@ -208,7 +216,7 @@ void Gpt<T>::mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* 
     return;
   }
   const i64 tile = std::min(memory.tile_rows, N);
-  std::vector<T> a(std::size_t(tile * F)), g(a.size());
+  Buffer<T> a(std::size_t(tile * F)), g(a.size());
   for_tiles(N, tile, [&](i64 r0, i64 n) { rows(r0, n, a.data(), g.data(), a.data()); });
 }
 
@@ -218,13 +226,13 @@ T Gpt<T>::loss_forward(const int* labels, T grad_scale, int* argmax) {
   const i64 N = N_, C = config.width, V = config.vocab;
   const T* head = params.data() + layout.lm_head;
   if (!memory.tiled_loss) {
-    std::vector<T> logits(std::size_t(N * V));
+    Buffer<T> logits(std::size_t(N * V));
     matmul_forward(logits.data(), xf_.data(), head, N, C, V);
     dlogits_.resize(logits.size());
     return crossentropy_forward_backward(dlogits_.data(), logits.data(), labels, N, V, grad_scale, argmax);
   }
   const i64 tile = std::min(memory.tile_rows, N);
-  std::vector<T> logits(std::size_t(tile * V));
+  Buffer<T> logits(std::size_t(tile * V));
   T total = 0;
   for_tiles(N, tile, [&](i64 r0, i64 n) {
     matmul_forward(logits.data(), xf_.data() + r0 * C, head, n, C, V);
@@ -242,11 +250,11 @@ void Gpt<T>::loss_backward(T* dxf) {
   T* dhead = grads.data() + layout.lm_head;
   if (!memory.tiled_loss) {
     matmul_backward(dxf, dhead, dlogits_.data(), xf_.data(), head, N, C, V);
-    std::vector<T>().swap(dlogits_);  // not needed any more: below the layers' backward peak
+    Buffer<T>().swap(dlogits_);  // not needed any more: below the layers' backward peak
     return;
   }
   const i64 tile = std::min(memory.tile_rows, N);
-  std::vector<T> logits(std::size_t(tile * V)), dlogits(logits.size());
+  Buffer<T> logits(std::size_t(tile * V)), dlogits(logits.size());
   for_tiles(N, tile, [&](i64 r0, i64 n) {
     matmul_forward(logits.data(), xf_.data() + r0 * C, head, n, C, V);
     crossentropy_forward_backward(dlogits.data(), logits.data(), labels_.data() + r0, n, V, grad_scale_);
@@ -258,14 +266,14 @@ template <class T>
 void Gpt<T>::backward(AttentionOp<T>& att) {
   const GptConfig& c = config;
   const i64 N = N_, C = c.width;
-  std::vector<T> dx(std::size_t(N * C), T(0));
+  Buffer<T> dx(std::size_t(N * C), T(0));
   {
-    std::vector<T> dxf(std::size_t(N * C), T(0));
+    Buffer<T> dxf(std::size_t(N * C), T(0));
     loss_backward(dxf.data());
     rmsnorm_backward(dx.data(), grads.data() + layout.rmsf, dxf.data(), x_final_.data(), params.data() + layout.rmsf,
                      rstdf_.data(), N, C);
   }
-  std::vector<T> scratch(memory.checkpoint_activations ? std::size_t(N * C) : 0);  // the recompute's output
+  Buffer<T> scratch(memory.checkpoint_activations ? std::size_t(N * C) : 0);  // the recompute's output
   for (i64 l = c.layers - 1; l >= 0; --l) {
     const LayerActs& kept = acts_[std::size_t(l)];
     if (memory.checkpoint_activations) layer_forward(att, l, kept.x.data(), work_, scratch.data());
@@ -277,8 +285,7 @@ void Gpt<T>::backward(AttentionOp<T>& att) {
 
 // dx: the gradient of the layer's output in, of its input x out.
 template <class T>
-void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G,
-                            std::vector<T>& dx) {
+void Gpt<T>::layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, Buffer<T>& dx) {
   const GptConfig& c = config;
   const i64 N = N_, C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim;
   const auto& L = layout.layer[std::size_t(l)];
@@ -322,7 +329,7 @@ void Gpt<T>::mlp_backward(const LayerActs& A, const typename ParamLayout::Layer&
     rows(0, N, A.a.data(), A.g.data(), A.h.data());
     return;
   }
-  std::vector<T> a(std::size_t(tile * F)), g(a.size()), h(a.size());
+  Buffer<T> a(std::size_t(tile * F)), g(a.size()), h(a.size());
   for_tiles(N, tile, [&](i64 r0, i64 n) {
     linear_forward(a.data(), A.xn2.data() + r0 * C, L.w1, n, C, F);
     linear_forward(g.data(), A.xn2.data() + r0 * C, L.w3, n, C, F);

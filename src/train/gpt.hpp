@@ -12,8 +12,29 @@
 #include <vector>
 
 #include "train/layers.hpp"
+#include "ulysses/tensor.hpp"
 
 namespace ulysses::train {
+
+// Activations live in the host's block pool (ulysses/tensor.hpp) beside the attention's tensors,
+// not in malloc's heap: a step's buffers come and go in sizes that change with its sequences, and
+// the heap, which keeps freed memory resident between steps (train_command.cpp), held freed
+// blocks of one length that the next could not use (a pareto step on one rank peaked 1.12x the
+// model's). The pool maps large blocks, reuses near sizes and holds no more than its busiest
+// moment needed.
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() = default;
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(host_allocator().allocate(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) { host_allocator().deallocate(p, n * sizeof(T)); }
+  friend bool operator==(const PoolAllocator&, const PoolAllocator&) { return true; }
+  friend bool operator!=(const PoolAllocator&, const PoolAllocator&) { return false; }
+};
+template <class T>
+using Buffer = std::vector<T, PoolAllocator<T>>;
 
 struct GptConfig {
   i64 vocab = 256, layers = 2, width = 64, heads = 4, kv_heads = 2, head_dim = 16, hidden = 172;
@@ -91,14 +112,14 @@ class Gpt {
   // under tiled_mlp; q, k, v only live until the attention forward, whose op keeps its own
   // copies: the backward needs xn1 and dq, dk, dv only).
   struct LayerActs {
-    std::vector<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h;
+    Buffer<T> x, xn1, rstd1, q, k, v, att, x2, xn2, rstd2, a, g, h;
   };
   // The layer's gradient temporaries, allocated per layer of the backward.
   struct LayerGrads {
-    std::vector<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1;
+    Buffer<T> dx2, dxn2, dh, da, dg, datt, dq, dk, dv, dxn1;
   };
   void layer_forward(AttentionOp<T>& att, i64 l, const T* x, LayerActs& A, T* x_out);
-  void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, std::vector<T>& dx);
+  void layer_backward(AttentionOp<T>& att, i64 l, const T* x, const LayerActs& A, LayerGrads& G, Buffer<T>& dx);
   void mlp_forward(LayerActs& A, const typename ParamLayout::Layer& L, T* out);
   void mlp_backward(const LayerActs& A, const typename ParamLayout::Layer& L, LayerGrads& G, const T* dout);
   // out[N, OC] = inp[N, IC] · the weight at slab offset w, and its backward (+= into dinp and
@@ -109,7 +130,7 @@ class Gpt {
   void loss_backward(T* dxf);
   std::vector<LayerActs> acts_;  // per layer (only x under checkpoint_activations)
   LayerActs work_;               // the recomputed layer under checkpoint_activations
-  std::vector<T> x_final_, xf_, rstdf_, dlogits_;
+  Buffer<T> x_final_, xf_, rstdf_, dlogits_;
   std::vector<std::uint16_t> params16_;  // bf16_matmuls: the weights rounded, once per forward
   std::vector<int> labels_;
   T grad_scale_ = 1;
