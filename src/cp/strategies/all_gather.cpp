@@ -161,12 +161,18 @@ class AllGatherStrategy final : public Strategy {
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
-    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, kv_seq);
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d,
+                       mine = traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0];
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
     v.backward_bytes["all_gather_dkv"] = (kv_seq - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
     v.backward_messages["all_gather_dkv"] = cp - 1;
     return v;
+  }
+  // Its own K/V tokens.
+  TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape&, std::int64_t kv_seq,
+                         std::int64_t) const override {
+    return {tokens_held(config, cp, rank, 1, kv_seq)};
   }
 
   // Kept: q of the busiest rank's tokens and the full K and V in `dtype`, its out and lse in
