@@ -204,7 +204,12 @@ class AllGatherStrategy final : public Strategy {
                                               {zz ? 2 : 1, q_len, double(kv_seq_of(in)), b * double(in.heads),
                                                b * double(in.kv_heads), config.causal ? 1.0 / in.cp : 0.0, false},
                                               fwd_s);
-    return {comm, 0.0, k.fwd + k.bwd};
+    // The gathered blocks copied into the full K/V (read and written once), and the backward's
+    // full float32 dK/dV into the reduce-scatter's blocks: memory-bound passes, priced at the
+    // calibrated or preset memory rate (none in the flat model).
+    const double bw = in.cluster.kernel.memory_bandwidth;
+    const double copies = bw > 0 ? 2 * kv / bw + (has_backward(in) ? 2 * kv / es * 4 / bw : 0.0) : 0.0;
+    return {comm, 0.0, k.fwd + k.bwd + copies};
   }
 };
 
