@@ -16,6 +16,7 @@
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "ulysses/attention.hpp"
+#include "ulysses/calibrate_kernel.hpp"
 #include "ulysses/kernel_model.hpp"
 #include "ulysses/communicator_factory.hpp"
 #include "ulysses/error.hpp"
@@ -102,8 +103,10 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
     l->bandwidth *= load;
     l->latency /= load;
   }
-  c.kernel.call_s /= load;  // the fixed cost per call and the merge's passes are the CPUs' work too
-  c.kernel.memory_bandwidth *= load;
+  c.kernel.call_s /= load;  // the fixed cost per call is the CPUs' work too
+  // The merge and the copy timed again in CPU seconds, as the steps are: scaled by a load
+  // measured at another moment, the merge's rate moved 3-8x between calibrations.
+  calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
 }
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on

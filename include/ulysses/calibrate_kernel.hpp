@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ulysses/communicator.hpp"
@@ -34,6 +35,13 @@ KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings);
 // gives memory_bandwidth (read and written), the merge its passes at that rate (merge_passes).
 // Backward 2.5× as the calibrated attention rate counts it.
 KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dtype);
+// Collective over `comm`: the LSE merge of a ring step's float32 [1, 4096, 4, head_dim] output
+// and a copy of the same bytes, each the median of `runs` (after a warm-up) timed by `seconds`
+// (comm.now, or CPU seconds on a shared machine, where elapsed time measures the load), the
+// slowest rank's: sets model.memory_bandwidth (the copy, read and written) and
+// model.merge_passes (the merge at that rate). Unchanged when a time is not positive.
+void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::function<double()>& seconds, int runs,
+                     KernelModel& model);
 
 // Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block) to the
 // long-block rate the kernel model multiplies, and installs `kernel`.

@@ -18,6 +18,8 @@
 //               groups (hierarchical_context_parallel_sizes = {inner, outer}).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -211,6 +213,15 @@ class Strategy {
   // not split evenly).
   virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                              std::int64_t kv_heads, DType dtype) const = 0;
+  // What traffic() reads of `rank`: a few integers (its tokens, its heads, its ring neighbour's
+  // tokens) such that ranks with equal keys send alike. predicted_comm_volume prices the busiest
+  // rank from each distinct key once: under an even split a handful at any cp, where every
+  // rank's formula, cp of them per planned row, made a plan at cp 65536 take a second. By
+  // default the rank itself (every rank priced); a strategy's traffic() must read `rank` only
+  // through its own key, which the tests check against every rank's formula.
+  using TrafficKey = std::array<std::int64_t, 8>;
+  virtual TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                                 std::int64_t kv_heads) const;
 
   // Its memory model (StrategyMemory) for global q [b, s, h, d] against k/v of kv_seq tokens
   // with kv_heads KV heads, stored in `dtype`, on cp > 1 ranks (one rank runs plain flash

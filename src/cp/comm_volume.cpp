@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "ulysses/context_parallel.hpp"
 #include "ulysses/error.hpp"
@@ -26,8 +27,13 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
   auto take_max = [](std::map<std::string, std::int64_t>& into, const std::map<std::string, std::int64_t>& from) {
     for (const auto& [op, n] : from) into[op] = std::max(into[op], n);
   };
+  const std::int64_t s_k = kv_seq == 0 ? q.s : kv_seq;
+  // Ranks with equal keys send alike: each distinct key's formula once (a few under an even
+  // split, every rank's under a halo), the keys in a set that holds no more than cp of them.
+  std::set<Strategy::TrafficKey> priced;
   for (int r = 0; r < cp; ++r) {
-    const CommVolume v = strategy.traffic(config, cp, r, q, kv_seq == 0 ? q.s : kv_seq, kv_heads, dtype);
+    if (!priced.insert(strategy.traffic_key(config, cp, r, q, s_k, kv_heads)).second) continue;
+    const CommVolume v = strategy.traffic(config, cp, r, q, s_k, kv_heads, dtype);
     take_max(busiest.forward_bytes, v.forward_bytes);
     take_max(busiest.backward_bytes, v.backward_bytes);
     take_max(busiest.forward_messages, v.forward_messages);

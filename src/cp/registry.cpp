@@ -96,6 +96,11 @@ std::int64_t Strategy::work(const CpConfig& config, int cp, int rank, const Shap
   return pairs * q.b * heads_of(config, cp, rank, q.h, kv_heads).q.count;
 }
 
+Strategy::TrafficKey Strategy::traffic_key(const CpConfig&, int, int rank, const Shape&, std::int64_t,
+                                           std::int64_t) const {
+  return {rank};
+}
+
 std::vector<std::int64_t> Strategy::work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
                                                   std::int64_t kv_heads) const {
   std::vector<std::int64_t> w(std::size_t(std::max(cp, 0)));

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "ulysses/attention.hpp"
@@ -29,22 +30,6 @@ double forward_seconds(const Communicator& comm, KernelShape shape, std::int64_t
   const AttentionParams p{.causal = false};
   return local_median_seconds(comm,
                               [&] { flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p); });
-}
-
-// A ring step's LSE merge of a float32 [1, tokens, heads, d] partial output into a running one,
-// and a copy of the same bytes: {the output's bytes, the merge's seconds, the copy's}.
-std::array<double, 3> merge_and_copy_seconds(const Communicator& comm, std::int64_t d) {
-  const std::int64_t tokens = 4096, heads = 4;  // 4 MiB at d 64: past the caches, as the grid's outputs are
-  Tensor acc({1, tokens, heads, d}, DType::f32), part(acc.shape(), DType::f32);
-  Tensor acc_lse = lse_tensor(acc.shape()), part_lse = lse_tensor(acc.shape());
-  for (auto [t, seed] : {std::pair{&acc, 1}, {&part, 2}, {&acc_lse, 3}, {&part_lse, 4}})
-    fill_uniform(t->view(), std::uint64_t(seed));
-  const DeviceOps& ops = device_ops(Device::cpu);
-  const double merge =
-      local_median_seconds(comm, [&] { ops.merge(acc.view(), acc_lse.view(), part.view(), part_lse.view()); });
-  const std::size_t bytes = std::size_t(tokens * heads * d) * 4;
-  const double copy = local_median_seconds(comm, [&] { std::memcpy(acc.data(), part.data(), bytes); });
-  return {double(bytes), merge, copy};
 }
 
 // Solves the 3×3 system a·x = b by Cramer's rule; false when it is singular.
@@ -92,11 +77,9 @@ KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
 KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dtype) {
   // Two key lengths at 256 queries give the curve; two short calls give the fixed cost per call.
   constexpr std::array<KernelShape, 4> shapes{{{256, 128, 2}, {256, 2048, 2}, {64, 64, 1}, {16, 16, 1}}};
-  std::array<double, 6> t{};
+  std::array<double, 4> t{};
   for (std::size_t i = 0; i < shapes.size(); ++i) t[i] = forward_seconds(comm, shapes[i], head_dim, dtype);
-  const std::array<double, 3> merge = merge_and_copy_seconds(comm, head_dim);
-  t[4] = merge[1], t[5] = merge[2];
-  comm.allreduce_max(t.data(), 6);  // the slowest rank's times
+  comm.allreduce_max(t.data(), 4);  // the slowest rank's times
   std::vector<KernelTiming> timings;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const KernelShape& s = shapes[i];
@@ -107,12 +90,40 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   KernelModel m;
   m.kv_half = fit.kv_half;
   m.call_s = fit.call_s;
-  // The merge as passes over its output at the rate a copy reads and writes (two passes).
-  if (t[5] > 0 && t[4] > 0) {
-    m.memory_bandwidth = 2 * merge[0] / t[5];
-    m.merge_passes = t[4] * m.memory_bandwidth / merge[0];
-  }
+  calibrate_merge(
+      comm, head_dim, [&] { return comm.now(); }, 15, m);
   return m;
+}
+
+void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::function<double()>& seconds, int runs,
+                     KernelModel& model) {
+  const std::int64_t tokens = 4096, heads = 4;  // 4 MiB at d 64: past the caches, as the grid's outputs are
+  Tensor acc({1, tokens, heads, head_dim}, DType::f32), part(acc.shape(), DType::f32);
+  Tensor acc_lse = lse_tensor(acc.shape()), part_lse = lse_tensor(acc.shape());
+  for (auto [t, seed] : {std::pair{&acc, 1}, {&part, 2}, {&acc_lse, 3}, {&part_lse, 4}})
+    fill_uniform(t->view(), std::uint64_t(seed));
+  const DeviceOps& ops = device_ops(Device::cpu);
+  const double bytes = double(tokens * heads * head_dim) * 4;
+  // Medians of many runs: under other processes' load a few runs of a millisecond moved the
+  // merge's rate 3-8x between calibrations.
+  auto median_of_runs = [&](const std::function<void()>& run) {
+    run();
+    std::vector<double> t;
+    for (int i = 0; i < std::max(runs, 1); ++i) {
+      const double t0 = seconds();
+      run();
+      t.push_back(seconds() - t0);
+    }
+    std::nth_element(t.begin(), t.begin() + std::ptrdiff_t(t.size() / 2), t.end());
+    return t[t.size() / 2];
+  };
+  std::array<double, 2> t{median_of_runs([&] { ops.merge(acc.view(), acc_lse.view(), part.view(), part_lse.view()); }),
+                          median_of_runs([&] { std::memcpy(acc.data(), part.data(), std::size_t(bytes)); })};
+  comm.allreduce_max(t.data(), 2);  // the slowest rank's
+  // The merge as passes over its output at the rate a copy reads and writes (two passes).
+  if (!(t[0] > 0) || !(t[1] > 0)) return;
+  model.memory_bandwidth = 2 * bytes / t[1];
+  model.merge_passes = t[0] * model.memory_bandwidth / bytes;
 }
 
 void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim) {

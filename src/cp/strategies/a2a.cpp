@@ -318,21 +318,29 @@ class A2aStrategy final : public Strategy {
   // The plain transposes' bytes, in c× the messages (every chunk has heads on every rank).
   // Cross-attention: q and k|v each transposed on their own token counts, so the q-only
   // directions keep one message per peer and the k|v ones add one.
+  // Read through traffic_key: its tokens (of q and, under cross-attention, of k/v) and head counts.
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
+    const TrafficKey key = traffic_key(config, cp, rank, q, kv_seq, kv_heads);
+    const RankHeads mine{{0, key[1]}, {0, key[2]}};  // the volumes read the counts alone
+    const std::int64_t row_bytes = q.b * q.d * std::int64_t(dtype_size(dtype));
     CommVolume v;
     if (is_cross(config, q.s, kv_seq)) {
-      add_ulysses_cross_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s,
-                               tokens_held(config, cp, rank, 1, kv_seq), kv_seq, ulysses_heads(cp, rank, q.h, kv_heads),
-                               q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
+      add_ulysses_cross_volume(v, "", cp, key[0], q.s, key[3], kv_seq, mine, q.h, ulysses_kv_heads_held(cp, kv_heads),
+                               row_bytes);
       return v;
     }
-    add_ulysses_volume(v, "", cp, tokens_held(config, cp, rank, 1, q.s), q.s, ulysses_heads(cp, rank, q.h, kv_heads),
-                       q.h, ulysses_kv_heads_held(cp, kv_heads), q.b * q.d * std::int64_t(dtype_size(dtype)));
+    add_ulysses_volume(v, "", cp, key[0], q.s, mine, q.h, ulysses_kv_heads_held(cp, kv_heads), row_bytes);
     const int c = ulysses_overlap_chunks(config.overlap_chunks, cp, kv_heads);
     for (auto* m : {&v.forward_messages, &v.backward_messages})
       for (auto& [op, n] : *m) n *= c;
     return v;
+  }
+  TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                         std::int64_t kv_heads) const override {
+    const RankHeads h = ulysses_heads(cp, rank, q.h, kv_heads);
+    const std::int64_t kv_tokens = is_cross(config, q.s, kv_seq) ? tokens_held(config, cp, rank, 1, kv_seq) : 0;
+    return {tokens_held(config, cp, rank, 1, q.s), h.q.count, h.kv.count, kv_tokens};
   }
 
   // Kept: head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse.

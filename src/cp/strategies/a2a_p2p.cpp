@@ -68,6 +68,36 @@ FusedHeads seq_to_head_in(Communicator& inner, std::span<const SeqShard> inputs,
   return out;
 }
 
+// What a2a+p2p's traffic reads of `rank` without a halo (its traffic_key): its tokens and its
+// inner group's (q), its query and KV head counts, the next group's K/V tokens, and under
+// cross-attention its and its group's K/V tokens.
+Strategy::TrafficKey ring_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                              std::int64_t kv_heads) {
+  const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
+  const int group = rank / I;
+  const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
+  const bool cross = is_cross(config, q.s, kv_seq);
+  return {tokens_held(config, cp, rank, 1, q.s),
+          tokens_held(config, cp, group * I, I, q.s),
+          mine.q.count,
+          mine.kv.count,
+          tokens_held(config, cp, (group + 1) % O * I, I, kv_seq),
+          cross ? tokens_held(config, cp, rank, 1, kv_seq) : 0,
+          cross ? tokens_held(config, cp, group * I, I, kv_seq) : 0};
+}
+
+// The inner group's all-to-alls of the rank whose ring_key is `key`.
+void add_inner_volume(CommVolume& v, const CpConfig& config, const Strategy::TrafficKey& key, const Shape& q,
+                      std::int64_t kv_seq, std::int64_t kv_heads, std::int64_t es) {
+  const int I = config.hierarchical_context_parallel_sizes[0];
+  const RankHeads mine{{0, key[2]}, {0, key[3]}};  // the volumes read the counts alone
+  if (is_cross(config, q.s, kv_seq))
+    add_ulysses_cross_volume(v, "inner.", I, key[0], key[1], key[5], key[6], mine, q.h,
+                             ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
+  else
+    add_ulysses_volume(v, "inner.", I, key[0], key[1], mine, q.h, ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
+}
+
 // For the outer ring: member o holds, after the inner all-to-all, the chunks of inner
 // ranks o·inner + 0 .. o·inner + inner−1, in that order.
 std::vector<std::vector<SeqChunk>> outer_chunks(const std::vector<std::vector<SeqChunk>>& per_rank, int inner) {
@@ -224,19 +254,13 @@ class A2aP2pStrategy final : public Strategy {
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
-    const int group = rank / I;
     const std::int64_t es = std::int64_t(dtype_size(dtype));
-    const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
+    // Without a halo this reads `rank` through its traffic_key alone (ring_key).
+    const TrafficKey key = ring_key(config, cp, rank, q, kv_seq, kv_heads);
     CommVolume v;
     v.groups = subgroups(I, cp);
-    const std::int64_t tq = tokens_held(config, cp, rank, 1, q.s), gq = tokens_held(config, cp, group * I, I, q.s);
-    if (is_cross(config, q.s, kv_seq))
-      add_ulysses_cross_volume(v, "inner.", I, tq, gq, tokens_held(config, cp, rank, 1, kv_seq),
-                               tokens_held(config, cp, group * I, I, kv_seq), mine, q.h,
-                               ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
-    else
-      add_ulysses_volume(v, "inner.", I, tq, gq, mine, q.h, ulysses_kv_heads_held(I, kv_heads), q.b * q.d * es);
-    const std::int64_t per_token = 2 * q.b * mine.kv.count * q.d;  // K and V of this rank's KV heads
+    add_inner_volume(v, config, key, q, kv_seq, kv_heads, es);
+    const std::int64_t per_token = 2 * q.b * key[3] * q.d;  // K and V of this rank's KV heads
     if (const AttentionParams p = attention_params(config); uses_halo(p)) {
       auto group_chunks = [&](int g) {  // outer member g: the chunks of its inner group's ranks
         std::vector<SeqChunk> c;
@@ -244,12 +268,16 @@ class A2aP2pStrategy final : public Strategy {
           for (const SeqChunk& x : rank_chunks(config, cp, r, q.s)) c.push_back(x);
         return c;
       };
-      add_halo_volume(v, "outer.", O, group, group_chunks, p, per_token, es);
+      add_halo_volume(v, "outer.", O, rank / I, group_chunks, p, per_token, es);
       return v;
     }
-    add_ring_volume(v, "outer.", O, per_token * kv_seq,
-                    per_token * tokens_held(config, cp, (group + 1) % O * I, I, kv_seq), es);
+    add_ring_volume(v, "outer.", O, per_token * kv_seq, per_token * key[4], es);
     return v;
+  }
+  TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                         std::int64_t kv_heads) const override {
+    if (uses_halo(attention_params(config))) return Strategy::traffic_key(config, cp, rank, q, kv_seq, kv_heads);
+    return ring_key(config, cp, rank, q, kv_seq, kv_heads);
   }
 
   std::vector<CpConfig> plan_configs(int cp, bool causal) const override {

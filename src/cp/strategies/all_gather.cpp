@@ -161,7 +161,8 @@ class AllGatherStrategy final : public Strategy {
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
-    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = tokens_held(config, cp, rank, 1, kv_seq);
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d,
+                       mine = traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0];
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
     v.backward_bytes["all_gather_dkv"] = (kv_seq - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
@@ -169,6 +170,11 @@ class AllGatherStrategy final : public Strategy {
     declare_transfer(v, "", "all_gather_kv", Collective::all_gather);
     declare_transfer(v, "", "all_gather_dkv", Collective::reduce_scatter);
     return v;
+  }
+  // Its own K/V tokens.
+  TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape&, std::int64_t kv_seq,
+                         std::int64_t) const override {
+    return {tokens_held(config, cp, rank, 1, kv_seq)};
   }
 
   // Kept: q of the busiest rank's tokens and the full K and V in `dtype`, its out and lse in
@@ -200,7 +206,12 @@ class AllGatherStrategy final : public Strategy {
                                               {zz ? 2 : 1, q_len, double(kv_seq_of(in)), b * double(in.heads),
                                                b * double(in.kv_heads), config.causal ? 1.0 / in.cp : 0.0, false},
                                               fwd_s);
-    return {comm, 0.0, k.fwd + k.bwd};
+    // The gathered blocks copied into the full K/V (read and written once), and the backward's
+    // full float32 dK/dV into the reduce-scatter's blocks: memory-bound passes, priced at the
+    // calibrated or preset memory rate (none in the flat model).
+    const double bw = in.cluster.kernel.memory_bandwidth;
+    const double copies = bw > 0 ? 2 * kv / bw + (has_backward(in) ? 2 * kv / es * 4 / bw : 0.0) : 0.0;
+    return {comm, 0.0, k.fwd + k.bwd + copies};
   }
 };
 

@@ -56,9 +56,15 @@ class P2pStrategy final : public Strategy {
           std::int64_t(dtype_size(dtype)));
       return v;
     }
-    add_ring_volume(v, "", cp, per_token * kv_seq, per_token * tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq),
+    add_ring_volume(v, "", cp, per_token * kv_seq, per_token * traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0],
                     std::int64_t(dtype_size(dtype)));
     return v;
+  }
+  // The ring's: the next rank's K/V tokens (its own never travel to it). A halo: every rank.
+  TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
+                         std::int64_t kv_heads) const override {
+    if (uses_halo(attention_params(config))) return Strategy::traffic_key(config, cp, rank, q, kv_seq, kv_heads);
+    return {tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq)};
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,
