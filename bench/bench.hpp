@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator_factory.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
 
 namespace ulysses::bench {
 

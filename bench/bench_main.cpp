@@ -18,15 +18,15 @@
 #include <fmt/format.h>
 
 #include "bench.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/core/threads.hpp"
 
 using namespace ulysses;
 
 namespace {
 
-// Collective. Rank 0 checks the outputs before any work (ulysses/output_file.hpp's rules; the
+// Collective. Rank 0 checks the outputs before any work (ulysses/io/output_file.hpp's rules; the
 // plots' directory is created when missing); false, with the message printed, on every rank.
 bool agree_outputs(Communicator& world, const std::string& json, const std::string& plots) {
   std::string error;

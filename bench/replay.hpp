@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/traffic.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses::bench {
 

@@ -7,8 +7,8 @@
 
 #include "mpi_helpers.hpp"
 #include "replay.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
 #include "worlds.hpp"
 
 namespace ulysses {

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "bench.hpp"
-#include "ulysses/all_to_all.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/comm/all_to_all.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses::bench {
 

@@ -22,7 +22,7 @@
 #include "bench.hpp"
 #include "kernels/onednn_gemm.hpp"
 #include "kernels/peak.hpp"
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace ulysses::bench {
 

@@ -41,9 +41,9 @@
 #include "kernels/peak.hpp"
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/threads.hpp"
 
 namespace ulysses::bench {
 

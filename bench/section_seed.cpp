@@ -19,12 +19,12 @@
 #include "seed.hpp"
 #include "seed_kernels.hpp"
 #include "svg.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/threads.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/core/threads.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses::bench {
 

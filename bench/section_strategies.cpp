@@ -13,11 +13,11 @@
 
 #include "bench.hpp"
 #include "replay.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/core/threads.hpp"
 
 namespace ulysses::bench {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::seed {
 

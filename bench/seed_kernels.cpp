@@ -9,10 +9,10 @@
 #include <memory>
 
 #include "bench.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses::seed {
 

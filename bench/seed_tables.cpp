@@ -1,9 +1,9 @@
 // The seed's claims: the tables computed from the library's rules and formulas (seed.hpp).
 #include "seed.hpp"
 
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::seed {
 

@@ -10,8 +10,8 @@
 
 #include "mpi_helpers.hpp"
 #include "seed.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 namespace {

@@ -10,11 +10,11 @@
 
 #include "kernels/engines.hpp"
 #include "kernels/isa.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/reference.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 

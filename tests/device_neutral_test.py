@@ -4,7 +4,7 @@
 The code that moves tensors between ranks and strategies (src/cp/**, src/comm/all_to_all.cpp)
 and over the sharded KV cache (src/infer: the prefills, pass-Q, the decode step) must never
 read or write tensor memory itself: it builds views and calls the device's table
-(include/ulysses/device_ops.hpp), the kernels and the communicator. This lists every line
+(include/ulysses/core/device_ops.hpp), the kernels and the communicator. This lists every line
 there that touches memory directly (memcpy and friends, typed element pointers, row loads and
 stores, host-only fills) or hands the communicator a raw pointer instead of a Buffer (which
 carries the device), and fails when there is one.

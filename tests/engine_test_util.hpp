@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/engine.hpp"
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace engine_test {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/mpi_communicator.hpp"
-#include "ulysses/reference.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
+#include "ulysses/cp/sharding.hpp"
 #include "worlds.hpp"
 
 namespace ulysses::testing {

@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "ulysses/error.hpp"
-#include "ulysses/npy.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/npy.hpp"
+#include "ulysses/core/tensor.hpp"
 
 using namespace ulysses;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The output layer's rules (ulysses/output_file.hpp) on every writer of the CLI, and bounded
+# The output layer's rules (ulysses/io/output_file.hpp) on every writer of the CLI, and bounded
 # reads: a device node, a FIFO, a symlink, one file named twice, an input named as an output,
 # a full filesystem, /dev/zero as an input, and the training log on --resume. Every refusal is a
 # non-zero exit within seconds naming the flag and the path, writes nothing, and leaves device

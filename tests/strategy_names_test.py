@@ -30,9 +30,12 @@ NAME = re.compile(r'StrategyTraits\s*\{\s*\.name\s*=\s*"([^"]+)"')
 # Comments and character literals are matched so that what they hold is not taken for a string.
 TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"((?:\\.|[^"\\\n])*)"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 ALLOWED = {
-    ("include/ulysses/cp_config.hpp", "a2a"): "CpConfig's default cp_comm_type (Megatron's): the one place the "
+    ("include/ulysses/cp/cp_config.hpp", "a2a"): "CpConfig's default cp_comm_type (Megatron's): the one place the "
     "default is written; the tools and the balancer read CpConfig().cp_comm_type",
-    ("include/ulysses/communicator.hpp", "p2p"): "isend's default byte-counter name (point-to-point), not the strategy",
+    (
+        "include/ulysses/comm/communicator.hpp",
+        "p2p",
+    ): "isend's default byte-counter name (point-to-point), not the strategy",
 }
 
 
@@ -93,7 +96,7 @@ SELFTEST_FILES = {
     "src/cp/strategies/ring.cpp": 'return make(StrategyTraits{.name = "ring"});\n',
     "src/cp/strategies/star.cpp": 'return make(StrategyTraits{\n    .name = "star"});\n'
     '// a comment may say "ring"\nconst char* q = "\\"ring\\" quoted";\n',
-    "include/ulysses/cp_config.hpp": '// the default is "ring"\n',
+    "include/ulysses/cp/cp_config.hpp": '// the default is "ring"\n',
     "python/ulysses/ok.py": 'def f(strategy="ring"):\n    """f(strategy="ring")"""\n',
 }
 # Each mistake, the file it goes in, and what the report must say.

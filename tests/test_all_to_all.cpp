@@ -8,9 +8,9 @@
 #include <cstring>
 
 #include "mpi_helpers.hpp"
-#include "ulysses/all_to_all.hpp"
-#include "ulysses/bf16.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/comm/all_to_all.hpp"
+#include "ulysses/core/bf16.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 using namespace ulysses;
 

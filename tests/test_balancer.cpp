@@ -7,11 +7,11 @@
 #include <cmath>
 #include <random>
 
-#include "ulysses/balancer.hpp"
-#include "ulysses/calibrate.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/lengths.hpp"
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/plan/calibrate.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/lengths.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
 
 namespace {
 

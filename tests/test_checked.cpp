@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "test_util.hpp"
-#include "ulysses/checked.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/checked.hpp"
+#include "ulysses/core/tensor.hpp"
 
 using namespace ulysses;
 using test_util::error_of;

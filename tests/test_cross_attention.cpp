@@ -11,10 +11,10 @@
 #include <optional>
 
 #include "mpi_helpers.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/reference.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 using namespace ulysses;
 using ulysses::testing::forward_backward_counted;

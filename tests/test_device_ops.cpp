@@ -15,15 +15,15 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/cached_attention.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/kv_cache.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/infer/kv_cache.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 

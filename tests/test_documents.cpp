@@ -5,7 +5,7 @@
 #include <limits>
 #include <random>
 
-#include "ulysses/documents.hpp"
+#include "ulysses/core/documents.hpp"
 
 using namespace ulysses;
 

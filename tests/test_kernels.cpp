@@ -15,10 +15,10 @@
 #include "kernels/flash_common.hpp"
 #include "kernels/isa.hpp"
 #include "kernels/peak.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/bf16.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/reference.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/bf16.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
 #include "test_util.hpp"
 
 using namespace ulysses;

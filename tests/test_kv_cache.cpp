@@ -9,10 +9,10 @@
 
 #include "kernels/isa.hpp"
 #include "test_util.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/cached_attention.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/kv_cache.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/infer/kv_cache.hpp"
 #include "worlds.hpp"
 
 using namespace ulysses;

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "ulysses/error.hpp"
-#include "ulysses/lengths.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/lengths.hpp"
 
 namespace {
 

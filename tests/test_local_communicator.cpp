@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "test_util.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/comm/trace.hpp"
 
 using namespace ulysses;
 

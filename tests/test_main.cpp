@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "ulysses/mpi_communicator.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
+#include "ulysses/core/threads.hpp"
 #include "worlds.hpp"
 
 namespace {

@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "cp/merge.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/reference.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
 
 using namespace ulysses;
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "test_util.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/npy.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/npy.hpp"
 
 using namespace ulysses;
 using test_util::error_of;

@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "test_util.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/output_file.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/io/output_file.hpp"
 
 using namespace ulysses;
 namespace fs = std::filesystem;

@@ -8,14 +8,14 @@
 #include <tuple>
 
 #include "cp/ring_attention.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/documents.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/documents.hpp"
 #include "test_util.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/planner.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 using test_util::error_of;

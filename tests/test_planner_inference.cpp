@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "test_util.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/plan_inference.hpp"
-#include "ulysses/planner.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/plan/plan_inference.hpp"
+#include "ulysses/plan/planner.hpp"
 
 namespace ulysses {
 namespace {

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "test_util.hpp"
-#include "ulysses/calibrate_kernel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/kernel_model.hpp"
-#include "ulysses/planner.hpp"
-#include "ulysses/presets.hpp"
+#include "ulysses/plan/calibrate_kernel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/kernel_model.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/plan/presets.hpp"
 
 using namespace ulysses;
 using test_util::error_of;

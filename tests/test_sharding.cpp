@@ -10,11 +10,11 @@
 #include <random>
 
 #include "test_util.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/reference.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 using test_util::error_of;

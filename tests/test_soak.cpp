@@ -10,9 +10,9 @@
 #include <cstring>
 
 #include "mpi_helpers.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <limits>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/tensor.hpp"
 
 using namespace ulysses;
 

@@ -10,9 +10,9 @@
 #include <set>
 
 #include "mpi_helpers.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses {
 namespace {

@@ -22,8 +22,8 @@
 #include "train/gpt.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 using namespace ulysses;
 using namespace ulysses::train;

@@ -17,7 +17,7 @@
 #include "train_test_util.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
-#include "ulysses/lengths.hpp"
+#include "ulysses/core/lengths.hpp"
 
 using namespace ulysses;
 using namespace ulysses::train;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace test_util {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 #include "worlds.hpp"
 
 using namespace ulysses;

@@ -10,12 +10,12 @@
 #include <memory>
 #include <numeric>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses::testing {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "train/trainer.hpp"
-#include "ulysses/cp_config.hpp"
+#include "ulysses/cp/cp_config.hpp"
 
 namespace train_test {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
 
 using namespace ulysses;
 

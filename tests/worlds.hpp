@@ -10,8 +10,8 @@
 
 #include <string>
 
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/local_communicator.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/comm/local_communicator.hpp"
 
 namespace ulysses::testing {
 

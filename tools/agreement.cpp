@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::cli {
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include "ulysses/communicator_factory.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,18 +21,18 @@
 #include "rank_errors.hpp"
 #include "options.hpp"
 #include "report.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/npy.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/reference.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/planner.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/threads.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/npy.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/core/threads.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -246,7 +246,7 @@ std::pair<double, double> memory_need(const Setup& s, const AttentionOptions& o)
 }
 
 // Not collective. Every file the command writes, against each other and the files it reads,
-// before any work (ulysses/output_file.hpp's rules).
+// before any work (ulysses/io/output_file.hpp's rules).
 void check_files(const AttentionOptions& o) {
   check_outputs(
       {{"--out", o.out},

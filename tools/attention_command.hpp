@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "options.hpp"
-#include "ulysses/cp_config.hpp"
+#include "ulysses/cp/cp_config.hpp"
 
 namespace ulysses::cli {
 

@@ -18,14 +18,14 @@
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/cached_attention.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/threads.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/core/threads.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses::cli {
 

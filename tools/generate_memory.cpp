@@ -6,7 +6,7 @@
 
 #include "guard.hpp"
 #include "rank_errors.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::cli {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "train/generate.hpp"
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses::cli {
 

@@ -14,10 +14,10 @@
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/lengths.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/lengths.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses::cli {
 namespace {

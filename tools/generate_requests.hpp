@@ -3,7 +3,7 @@
 #pragma once
 
 #include "generate_command.hpp"
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses::cli {
 

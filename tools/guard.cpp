@@ -11,9 +11,9 @@
 
 #include "report.hpp"
 #include "train/memory.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::cli {
 

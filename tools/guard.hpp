@@ -1,5 +1,5 @@
 // Checks the commands make before they compute: memory enough, inputs finite and identical on
-// every rank (outputs: ulysses/output_file.hpp).
+// every rank (outputs: ulysses/io/output_file.hpp).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/npy.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/io/npy.hpp"
 
 namespace ulysses::cli {
 

@@ -11,11 +11,11 @@
 #include "agreement.hpp"
 #include "commands.hpp"
 #include "rank_errors.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/mpi_communicator.hpp"
-#include "ulysses/version.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
+#include "ulysses/core/version.hpp"
 
 namespace {
 

@@ -8,11 +8,11 @@
 #include <charconv>
 #include <limits>
 
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/npy.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/io/npy.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses::cli {
 

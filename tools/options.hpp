@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/cp_config.hpp"
+#include "ulysses/cp/cp_config.hpp"
 
 namespace ulysses::cli {
 

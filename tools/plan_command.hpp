@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "options.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/planner.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/plan/planner.hpp"
 
 namespace ulysses::cli {
 
@@ -40,7 +40,7 @@ struct PlanOptions {
   BackendOptions backend;  // --comm, --ranks
   double timeout = 300;    // seconds any wait may take (--calibrate's collectives)
   bool max_memory_given = false;
-  // Presets (ulysses/presets.hpp) and what a step computes; explicit flags override a preset.
+  // Presets (ulysses/plan/presets.hpp) and what a step computes; explicit flags override a preset.
   std::string gpu, kernel, intra_fabric, inter_fabric, mode = "train";
   std::set<std::string> given;  // the options named on the command line ("--tflops", ...)
   // Inference: device memory bandwidth (decode reads the cache at it; default: the GPU's, else
@@ -95,7 +95,7 @@ int run_plan_lengths(const PlanOptions& opt);
 // Not collective. An option the mode (--train, --lengths, a plan of --seq; --calibrate) would
 // leave without effect is an Error naming it, never silently ignored. `ranks`: this job's.
 void check_plan_option_effects(const PlanOptions& opt, int ranks);
-// Collective. This machine's attention rate and links (ulysses/calibrate.hpp), on the default
+// Collective. This machine's attention rate and links (ulysses/plan/calibrate.hpp), on the default
 // threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);
 // Rank 0 alone (plan_inference_report.cpp): print the decode layouts' table (plan_decode) and

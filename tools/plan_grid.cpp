@@ -15,12 +15,12 @@
 #include "plan_command.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/calibrate_kernel.hpp"
-#include "ulysses/kernel_model.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/output_file.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/plan/calibrate_kernel.hpp"
+#include "ulysses/cp/kernel_model.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/output_file.hpp"
 
 namespace ulysses::cli {
 

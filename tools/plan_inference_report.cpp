@@ -1,10 +1,10 @@
 // `ulysses plan --mode decode` and `--mode prefill --cached P`: the inference tables
-// (ulysses/plan_inference.hpp) beside the strategies' table.
+// (ulysses/plan/plan_inference.hpp) beside the strategies' table.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "plan_command.hpp"
-#include "ulysses/plan_inference.hpp"
+#include "ulysses/plan/plan_inference.hpp"
 
 namespace ulysses::cli {
 

@@ -14,13 +14,13 @@
 #include "report.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/balancer.hpp"
-#include "ulysses/calibrate.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/lengths.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/plan/calibrate.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/lengths.hpp"
+#include "ulysses/core/threads.hpp"
 
 namespace ulysses::cli {
 

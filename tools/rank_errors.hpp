@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses::cli {
 

@@ -25,16 +25,16 @@
 #include "train/log.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/lengths.hpp"
-#include "ulysses/output_file.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/threads.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/core/lengths.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/core/threads.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses::cli {
 
@@ -585,7 +585,7 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
 }
 
 // Not collective. Every file the run writes, against each other and the files it reads, before
-// any work (ulysses/output_file.hpp's rules). A checkpoint may be saved over the one it resumed.
+// any work (ulysses/io/output_file.hpp's rules). A checkpoint may be saved over the one it resumed.
 void check_files(const TrainOptions& o) {
   const std::string saved = o.save.empty() ? "" : o.save + "/checkpoint.bin";
   const std::string resumed = o.resume.empty() ? "" : o.resume + "/checkpoint.bin";

@@ -1,6 +1,6 @@
 // Ulysses attention on every rank of MPI_COMM_WORLD, checked against the float64 reference.
 //   mpirun -n 2 ./minimal
-#include <ulysses/mpi_communicator.hpp>
+#include <ulysses/comm/mpi_communicator.hpp>
 #include <ulysses/ulysses.hpp>
 
 #include <cstdio>

@@ -17,18 +17,18 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/all_to_all.hpp"
-#include "ulysses/balancer.hpp"
-#include "ulysses/cached_attention.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/communicator_factory.hpp"
-#include "ulysses/kv_cache.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/threads.hpp"
-#include "ulysses/version.hpp"
+#include "ulysses/comm/all_to_all.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/infer/kv_cache.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/core/threads.hpp"
+#include "ulysses/core/version.hpp"
 #include "torch_communicator.hpp"
 
 namespace py = pybind11;

@@ -16,7 +16,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace py = pybind11;
 

@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses {
 

@@ -1,6 +1,6 @@
 // seq_to_head / head_to_seq: pack into the all-to-all's block order, one all-to-all(v), and
 // (only on the sequence-sharded side) unpack. See all_to_all.hpp for the layout.
-#include "ulysses/all_to_all.hpp"
+#include "ulysses/comm/all_to_all.hpp"
 
 #include <fmt/format.h>
 
@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/device_ops.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

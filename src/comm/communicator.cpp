@@ -1,5 +1,5 @@
 // The backend-independent half of every communicator: byte counters, error agreement.
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "ulysses/error.hpp"
-#include "ulysses/trace.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/trace.hpp"
 
 namespace ulysses {
 

@@ -1,5 +1,5 @@
 // The backends by name: the only file above the backends that knows their classes.
-#include "ulysses/communicator_factory.hpp"
+#include "ulysses/comm/communicator_factory.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -7,9 +7,9 @@
 #include <string_view>
 #include <utility>
 
-#include "ulysses/error.hpp"
-#include "ulysses/local_communicator.hpp"
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/comm/local_communicator.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
 
 namespace ulysses {
 

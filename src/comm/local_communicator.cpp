@@ -3,7 +3,7 @@
 // all-to-alls with some blocks empty), a reduction or a split, posted into the group's shared
 // state (local_group.hpp) and completed under the watchdog; each rank's thread copies or
 // reduces what it receives itself (local_group.cpp).
-#include "ulysses/local_communicator.hpp"
+#include "ulysses/comm/local_communicator.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 #include "local_group.hpp"
-#include "ulysses/threads.hpp"
+#include "ulysses/core/threads.hpp"
 
 namespace ulysses {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses::local {
 

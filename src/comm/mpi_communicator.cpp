@@ -1,7 +1,7 @@
 // The MPI backend of Communicator: one MPI call per hook. Collectives are the nonblocking
 // MPI-3 ones, completed by polling under the communicator's watchdog (a blocking MPI call
 // cannot be given a deadline).
-#include "ulysses/mpi_communicator.hpp"
+#include "ulysses/comm/mpi_communicator.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -1,12 +1,12 @@
 // The per-rank timeline and its Chrome trace JSON.
-#include "ulysses/trace.hpp"
+#include "ulysses/comm/trace.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 
-#include "ulysses/output_file.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/io/output_file.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

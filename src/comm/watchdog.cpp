@@ -1,5 +1,5 @@
 // The watchdog's deadline loop and message; the backends call it around every blocking wait.
-#include "ulysses/watchdog.hpp"
+#include "ulysses/comm/watchdog.hpp"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -8,8 +8,8 @@
 #include <cmath>
 #include <thread>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

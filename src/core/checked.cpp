@@ -1,8 +1,8 @@
-#include "ulysses/checked.hpp"
+#include "ulysses/core/checked.hpp"
 
 #include <fmt/format.h>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -1,6 +1,6 @@
 // The device table registry and the CPU's table: host loops over strided views, OpenMP over
 // rows.
-#include "ulysses/device_ops.hpp"
+#include "ulysses/core/device_ops.hpp"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

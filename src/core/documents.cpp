@@ -1,11 +1,11 @@
-#include "ulysses/documents.hpp"
+#include "ulysses/core/documents.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
 
-#include "ulysses/saturating.hpp"
+#include "ulysses/core/saturating.hpp"
 
 namespace ulysses {
 

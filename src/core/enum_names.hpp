@@ -9,7 +9,7 @@
 #include <string_view>
 #include <utility>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

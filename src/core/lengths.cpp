@@ -1,11 +1,11 @@
-#include "ulysses/lengths.hpp"
+#include "ulysses/core/lengths.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <sstream>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/ranges.hpp"
+#include "ulysses/core/ranges.hpp"
 
 #include <algorithm>
 

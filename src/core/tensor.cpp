@@ -1,4 +1,4 @@
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "enum_names.hpp"
-#include "ulysses/bf16.hpp"
-#include "ulysses/checked.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/core/bf16.hpp"
+#include "ulysses/core/checked.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/threads.hpp"
+#include "ulysses/core/threads.hpp"
 
 #include <omp.h>
 

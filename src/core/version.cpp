@@ -1,4 +1,4 @@
-#include "ulysses/version.hpp"
+#include "ulysses/core/version.hpp"
 
 namespace ulysses {
 

@@ -1,13 +1,13 @@
-#include "ulysses/comm_volume.hpp"
+#include "ulysses/cp/comm_volume.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <set>
 
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses {
 

@@ -1,6 +1,6 @@
 // ContextParallelAttention: validate and agree across ranks, then run the registered strategy
 // (or, on one rank, plain flash attention).
-#include "ulysses/context_parallel.hpp"
+#include "ulysses/cp/context_parallel.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,10 +9,10 @@
 #include <numeric>
 
 #include "ring_attention.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/cost_model.hpp"
+#include "ulysses/cp/cost_model.hpp"
 
 #include <algorithm>
 

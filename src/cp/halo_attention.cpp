@@ -12,7 +12,7 @@
 
 #include "ring_attention.hpp"
 #include "tensor_ops.hpp"
-#include "ulysses/saturating.hpp"
+#include "ulysses/core/saturating.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/kernel_model.hpp"
+#include "ulysses/cp/kernel_model.hpp"
 
 #include <algorithm>
 

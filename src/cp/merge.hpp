@@ -7,7 +7,7 @@
 // L = −∞ (no key seen yet) takes (O_i, L_i) as is; L_i = −∞ leaves the row unchanged.
 #pragma once
 
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "merge.hpp"
-#include "ulysses/documents.hpp"
+#include "ulysses/core/documents.hpp"
 #include "tensor_ops.hpp"
 
 namespace ulysses {

@@ -36,13 +36,13 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/cost_model.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/traffic.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/cost_model.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses {
 

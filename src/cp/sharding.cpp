@@ -1,11 +1,11 @@
-#include "ulysses/sharding.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <numeric>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -1,6 +1,6 @@
 #include "tensor_ops.hpp"
 
-#include "ulysses/device_ops.hpp"
+#include "ulysses/core/device_ops.hpp"
 
 namespace ulysses {
 

@@ -2,7 +2,7 @@
 // (device_ops.hpp).
 #pragma once
 
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

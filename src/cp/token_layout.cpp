@@ -1,4 +1,4 @@
-#include "ulysses/token_layout.hpp"
+#include "ulysses/cp/token_layout.hpp"
 
 #include <fmt/format.h>
 
@@ -6,9 +6,9 @@
 #include <numeric>
 
 #include "../core/enum_names.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses {
 

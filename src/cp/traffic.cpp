@@ -1,4 +1,4 @@
-#include "ulysses/traffic.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses {
 

@@ -1,10 +1,10 @@
-#include "ulysses/ulysses_heads.hpp"
+#include "ulysses/cp/ulysses_heads.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

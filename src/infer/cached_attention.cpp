@@ -1,4 +1,4 @@
-#include "ulysses/cached_attention.hpp"
+#include "ulysses/infer/cached_attention.hpp"
 
 #include <fmt/format.h>
 
@@ -10,11 +10,11 @@
 #include "../cp/merge.hpp"
 #include "../cp/ring_attention.hpp"
 #include "../cp/tensor_ops.hpp"
-#include "ulysses/all_to_all.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/comm/all_to_all.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 namespace {

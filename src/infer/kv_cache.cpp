@@ -1,9 +1,9 @@
-#include "ulysses/kv_cache.hpp"
+#include "ulysses/infer/kv_cache.hpp"
 
 #include <fmt/format.h>
 
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

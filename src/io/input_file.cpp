@@ -1,4 +1,4 @@
-#include "ulysses/input_file.hpp"
+#include "ulysses/io/input_file.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include <limits>
 #include <utility>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

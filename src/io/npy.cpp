@@ -1,6 +1,6 @@
 // .npy: magic "\x93NUMPY", version (1.0: u16 header length; 2.0/3.0: u32), a Python-dict
 // header {'descr': '<f4', 'fortran_order': False, 'shape': (...), }, padding, raw data.
-#include "ulysses/npy.hpp"
+#include "ulysses/io/npy.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,9 +10,9 @@
 #include <cstring>
 #include <fstream>
 
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/output_file.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/io/output_file.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/output_file.hpp"
+#include "ulysses/io/output_file.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
 
 namespace ulysses {
 

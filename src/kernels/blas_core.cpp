@@ -16,7 +16,7 @@
 
 #include "blas_core.hpp"
 #include "isa.hpp"
-#include "ulysses/attention.hpp"
+#include "ulysses/kernels/attention.hpp"
 
 // Weak: an OpenBLAS built for one core (no DYNAMIC_ARCH) has no re-selection to offer.
 extern "C" {

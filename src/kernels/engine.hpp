@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::kernels {
 

@@ -45,7 +45,7 @@
 #include "amx_tiles.hpp"
 #include "bf16_lanes.hpp"
 #include "engines.hpp"
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace ulysses::kernels::ULYSSES_KERNEL_NS {
 

@@ -22,8 +22,8 @@
 
 #include "flash_common.hpp"
 #include "isa.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

@@ -6,10 +6,10 @@
 #include <limits>
 
 #include "engine.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/saturating.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/saturating.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

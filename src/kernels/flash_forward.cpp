@@ -23,11 +23,11 @@
 
 #include "flash_common.hpp"
 #include "isa.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/bf16.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/bf16.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

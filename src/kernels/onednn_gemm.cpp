@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace ulysses::kernels {
 

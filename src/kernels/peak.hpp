@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::kernels {
 

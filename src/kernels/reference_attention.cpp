@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "ulysses/error.hpp"
-#include "ulysses/reference.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
 
 namespace ulysses {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/balancer.hpp"
+#include "ulysses/plan/balancer.hpp"
 
 namespace ulysses::balance_detail {
 

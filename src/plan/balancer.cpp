@@ -45,7 +45,7 @@
 //          O(n·S) planner rows (memoised per (len, c)); the beam O(n·B·S·P·W) with B chosen so
 //          that stays under kBeamBudget; LPT O(n log n + n·S·P·W); the search <= kSearchBudget.
 // Every choice breaks ties by index, ranks and sizes ascending: the plan is a pure function.
-#include "ulysses/balancer.hpp"
+#include "ulysses/plan/balancer.hpp"
 
 #include "../core/enum_names.hpp"
 #include "balance_detail.hpp"
@@ -58,9 +58,9 @@
 #include <map>
 #include <numeric>
 
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses {
 

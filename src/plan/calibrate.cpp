@@ -1,6 +1,6 @@
 // This machine's rates and links (calibrate.hpp): timed locally, fitted to the α–β model of
 // planner.hpp, agreed on across ranks.
-#include "ulysses/calibrate.hpp"
+#include "ulysses/plan/calibrate.hpp"
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -14,8 +14,8 @@
 #include <new>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

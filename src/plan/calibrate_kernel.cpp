@@ -1,4 +1,4 @@
-#include "ulysses/calibrate_kernel.hpp"
+#include "ulysses/plan/calibrate_kernel.hpp"
 
 #include <algorithm>
 #include <array>
@@ -7,10 +7,10 @@
 #include <functional>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/calibrate.hpp"
-#include "ulysses/device_ops.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/plan/calibrate.hpp"
+#include "ulysses/core/device_ops.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -1,14 +1,14 @@
-#include "ulysses/plan_inference.hpp"
+#include "ulysses/plan/plan_inference.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "ulysses/error.hpp"
-#include "ulysses/kv_cache.hpp"
-#include "ulysses/planner.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/infer/kv_cache.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

@@ -1,4 +1,4 @@
-#include "ulysses/planner.hpp"
+#include "ulysses/plan/planner.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,13 +8,13 @@
 #include <cmath>
 #include <map>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/comm_volume.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

@@ -1,11 +1,11 @@
-#include "ulysses/presets.hpp"
+#include "ulysses/plan/presets.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses {
 

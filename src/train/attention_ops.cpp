@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace ulysses::train {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "train/gpt.hpp"
-#include "ulysses/context_parallel.hpp"
-#include "ulysses/reference.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/kernels/reference_attention.hpp"
 
 namespace ulysses::train {
 

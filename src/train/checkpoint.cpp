@@ -12,10 +12,10 @@
 #include <map>
 #include <sstream>
 
-#include "ulysses/checked.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
-#include "ulysses/output_file.hpp"
+#include "ulysses/core/checked.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
+#include "ulysses/io/output_file.hpp"
 
 namespace ulysses::train {
 

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "ulysses/error.hpp"
-#include "ulysses/input_file.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/input_file.hpp"
 
 namespace ulysses::train {
 

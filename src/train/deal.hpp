@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "train/data.hpp"
-#include "ulysses/balancer.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses::train {
 

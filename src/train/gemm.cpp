@@ -2,7 +2,7 @@
 
 #include "kernels/onednn_gemm.hpp"
 #include "kernels/peak.hpp"
-#include "ulysses/bf16.hpp"
+#include "ulysses/core/bf16.hpp"
 
 namespace ulysses::train {
 

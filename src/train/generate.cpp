@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::train {
 

@@ -14,9 +14,9 @@
 
 #include "train/gpt.hpp"
 #include "train/memory.hpp"
-#include "ulysses/cached_attention.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/kv_cache.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/infer/kv_cache.hpp"
 
 namespace ulysses::train {
 

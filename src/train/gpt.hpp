@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "train/layers.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::train {
 
-// Activations live in the host's block pool (ulysses/tensor.hpp) beside the attention's tensors,
+// Activations live in the host's block pool (ulysses/core/tensor.hpp) beside the attention's tensors,
 // not in malloc's heap: a step's buffers come and go in sizes that change with its sequences, and
 // the heap, which keeps freed memory resident between steps (train_command.cpp), held freed
 // blocks of one length that the next could not use (a pareto step on one rank peaked 1.12x the

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::train {
 

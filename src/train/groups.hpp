@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/balancer.hpp"
-#include "ulysses/communicator.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses::train {
 

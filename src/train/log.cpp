@@ -4,7 +4,7 @@
 
 #include <charconv>
 
-#include "ulysses/input_file.hpp"
+#include "ulysses/io/input_file.hpp"
 
 namespace ulysses::train {
 

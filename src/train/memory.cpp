@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "kernels/peak.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/strategy.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses::train {
 

@@ -8,9 +8,9 @@
 
 #include "train/data.hpp"
 #include "train/gpt.hpp"
-#include "ulysses/balancer.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses::train {
 

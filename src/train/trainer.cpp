@@ -11,9 +11,9 @@
 
 #include "train/checkpoint.hpp"
 #include "train/memory.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/lengths.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/lengths.hpp"
 
 namespace ulysses::train {
 

@@ -25,9 +25,9 @@
 #include "train/gpt.hpp"
 #include "train/groups.hpp"
 #include "train/train_config.hpp"
-#include "ulysses/balancer.hpp"
-#include "ulysses/calibrate.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/plan/balancer.hpp"
+#include "ulysses/plan/calibrate.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses::train {
 

@@ -15,8 +15,8 @@
 #include "commands.hpp"
 #include "options.hpp"
 #include "train/memory.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "train/trainer.hpp"
-#include "ulysses/error.hpp"
+#include "ulysses/core/error.hpp"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "options.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/planner.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/core/tensor.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "ulysses/error.hpp"
-#include "ulysses/npy.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/io/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::string path = "/tmp/ulysses_fuzz_npy_" + std::to_string(getpid()) + ".npy";

@@ -23,13 +23,13 @@
 #include <utility>
 
 #include "builtin.hpp"
-#include "ulysses/all_to_all.hpp"
-#include "ulysses/attention.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/ulysses_heads.hpp"
-#include "ulysses/traffic.hpp"
+#include "ulysses/comm/all_to_all.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/ulysses_heads.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses {
 

@@ -11,8 +11,8 @@
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

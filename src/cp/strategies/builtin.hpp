@@ -1,9 +1,9 @@
-// The built-in strategies, one file each in this folder; registry.cpp lists them.
+// The built-in strategies, one file each in this folder; strategy.cpp lists them.
 #pragma once
 
 #include <memory>
 
-#include "ulysses/strategy.hpp"
+#include "ulysses/cp/strategy.hpp"
 
 namespace ulysses {
 

@@ -7,7 +7,7 @@
 #include "../ring_attention.hpp"
 #include "../tensor_ops.hpp"
 #include "builtin.hpp"
-#include "ulysses/sharding.hpp"
+#include "ulysses/cp/sharding.hpp"
 
 namespace ulysses {
 

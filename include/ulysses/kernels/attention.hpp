@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/documents.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

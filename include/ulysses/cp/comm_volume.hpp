@@ -12,9 +12,9 @@
 
 #include <cstdint>
 
-#include "ulysses/cp_config.hpp"
-#include "ulysses/tensor.hpp"
-#include "ulysses/traffic.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/core/tensor.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

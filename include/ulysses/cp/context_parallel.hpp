@@ -37,11 +37,11 @@
 #include <cstdint>
 #include <memory>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -19,7 +19,7 @@
 #include <functional>
 #include <memory>
 
-#include "ulysses/communicator.hpp"
+#include "ulysses/comm/communicator.hpp"
 
 namespace ulysses {
 

@@ -6,8 +6,8 @@
 #include <functional>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/cost_model.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/cost_model.hpp"
 
 namespace ulysses {
 

@@ -12,8 +12,8 @@
 #include <cstddef>
 #include <span>
 
-#include "ulysses/error.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/planner.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/plan/planner.hpp"
 
 namespace ulysses {
 

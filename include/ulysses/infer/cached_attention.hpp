@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/kv_cache.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/infer/kv_cache.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

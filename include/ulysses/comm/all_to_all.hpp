@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/ranges.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/core/ranges.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

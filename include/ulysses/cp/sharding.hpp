@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "ulysses/communicator.hpp"
-#include "ulysses/ranges.hpp"
-#include "ulysses/tensor.hpp"
-#include "ulysses/token_layout.hpp"
-#include "ulysses/ulysses_heads.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/core/ranges.hpp"
+#include "ulysses/core/tensor.hpp"
+#include "ulysses/cp/token_layout.hpp"
+#include "ulysses/cp/ulysses_heads.hpp"
 
 namespace ulysses {
 

@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ulysses/cp_config.hpp"
-#include "ulysses/ranges.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/core/ranges.hpp"
 
 namespace ulysses {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/cost_model.hpp"
+#include "ulysses/cp/cost_model.hpp"
 
 namespace ulysses {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/cost_model.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/cp/cost_model.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

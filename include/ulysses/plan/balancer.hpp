@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/cp_config.hpp"
-#include "ulysses/planner.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/plan/planner.hpp"
 
 namespace ulysses {
 

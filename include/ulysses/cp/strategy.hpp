@@ -9,7 +9,7 @@
 // validate_cp_config, the planner, predicted_comm_volume, the training memory model, the CLI
 // (its flags and help) and the parametrised tests all iterate the registry and never compare a
 // strategy's name, so adding a strategy is one new file under src/cp/strategies/ plus one line
-// in src/cp/registry.cpp (or register_strategy() from outside the library). The built-ins, in registry order:
+// in src/cp/strategy.cpp (or register_strategy() from outside the library). The built-ins, in registry order:
 //   a2a         DeepSpeed-Ulysses: all-to-all seq→head, local attention over the full
 //               sequence on h/cp heads, all-to-all head→seq.
 //   p2p         ring attention: K/V travel around the ring, overlapped with compute.
@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/attention.hpp"
-#include "ulysses/communicator.hpp"
-#include "ulysses/cost_model.hpp"
-#include "ulysses/cp_config.hpp"
-#include "ulysses/sharding.hpp"
-#include "ulysses/tensor.hpp"
-#include "ulysses/traffic.hpp"
+#include "ulysses/kernels/attention.hpp"
+#include "ulysses/comm/communicator.hpp"
+#include "ulysses/cp/cost_model.hpp"
+#include "ulysses/cp/cp_config.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/core/tensor.hpp"
+#include "ulysses/cp/traffic.hpp"
 
 namespace ulysses {
 

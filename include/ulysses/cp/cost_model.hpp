@@ -11,8 +11,8 @@
 #include <optional>
 #include <vector>
 
-#include "ulysses/kernel_model.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/cp/kernel_model.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ulysses/ranges.hpp"
+#include "ulysses/core/ranges.hpp"
 
 namespace ulysses {
 

@@ -7,10 +7,10 @@
 #include <limits>
 
 #include "strategies/builtin.hpp"
-#include "ulysses/documents.hpp"
-#include "ulysses/error.hpp"
-#include "ulysses/strategy.hpp"
-#include "ulysses/ulysses_heads.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/core/error.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/cp/ulysses_heads.hpp"
 
 namespace ulysses {
 

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "ulysses/ranges.hpp"
+#include "ulysses/core/ranges.hpp"
 
 namespace ulysses {
 

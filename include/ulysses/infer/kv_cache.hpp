@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ulysses/ranges.hpp"
-#include "ulysses/tensor.hpp"
+#include "ulysses/core/ranges.hpp"
+#include "ulysses/core/tensor.hpp"
 
 namespace ulysses {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ulysses/ranges.hpp"
+#include "ulysses/core/ranges.hpp"
 
 namespace ulysses {
 

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "ulysses/tensor.hpp"
-#include "ulysses/watchdog.hpp"
+#include "ulysses/core/tensor.hpp"
+#include "ulysses/comm/watchdog.hpp"
 
 namespace ulysses {
 
