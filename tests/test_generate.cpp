@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "train/generate.hpp"
+#include "train/serve.hpp"
 #include "worlds.hpp"
 
 using namespace ulysses;
@@ -143,6 +144,66 @@ COMM_TEST(Generate, ConcurrentRequestsEqualEachAlone) {
   }
 }
 
+// Requests arriving at decode steps (out of index order, two at once, one done at its prefill,
+// one after the others finished): each is prefilled when its step comes and joins the next
+// step. The steps run and who joined them are the schedule worked out by hand, and each
+// request's tokens (greedy and sampled) equal it generated alone on one rank.
+COMM_TEST(Generate, RequestsJoiningMidwayEqualEachAlone) {
+  Gpt<float> model(tiny_model());
+  model.init_params(6);
+  const std::vector<std::int64_t> prompt_len{9, 17, 12, 10, 11, 8}, new_tokens{3, 6, 4, 1, 2, 3},
+      arrival{0, 0, 2, 2, 9, 1};
+  std::vector<ServedRequest> requests;
+  for (std::size_t i = 0; i < prompt_len.size(); ++i) {
+    requests.push_back({{}, new_tokens[i], arrival[i]});
+    for (std::int64_t t = 0; t < prompt_len[i]; ++t) requests[i].prompt.push_back(int((t * 29 + 5 * i + 3) % 64));
+  }
+  using Ids = std::vector<std::size_t>;
+  const std::vector<std::int64_t> want_steps{1, 2, 3, 4, 5, 10};  // idle from 6 to 9: not run
+  const std::vector<Ids> want_running{{0, 1}, {0, 1, 5}, {1, 2, 5}, {1, 2}, {1, 2}, {4}},
+      want_joined{{0, 1}, {5}, {2}, {}, {}, {4}};
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved})
+    for (float temperature : {0.0f, 0.8f}) {
+      const std::string what = std::string(to_string(layout)) + (temperature > 0 ? " sampled" : " greedy");
+      std::vector<std::unique_ptr<Generator>> gens;
+      std::vector<Generator*> served;
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        const GenerateConfig config{layout, Prefill::ulysses, 32, temperature, 40 + i};
+        if (!generate_error(tiny_model(), config, comm.size(), 8, 6, 0).empty()) break;
+        gens.push_back(std::make_unique<Generator>(comm, tiny_model(), model.params, config));
+        served.push_back(gens.back().get());
+      }
+      if (served.size() != requests.size()) continue;  // a layout that cannot hold the heads here
+      const ServedRun run = serve(comm, served, requests);
+      ASSERT_EQ(run.steps.size(), want_steps.size()) << what;
+      for (std::size_t s = 0; s < run.steps.size(); ++s) {
+        EXPECT_EQ(run.steps[s].step, want_steps[s]) << what;
+        EXPECT_EQ(run.steps[s].running, want_running[s]) << what << " step " << want_steps[s];
+        EXPECT_EQ(run.steps[s].joined, want_joined[s]) << what << " step " << want_steps[s];
+        EXPECT_EQ(run.steps[s].collectives, tiny_model().layers) << what;  // one per layer, whoever runs
+      }
+      EXPECT_EQ(run.arrival_s[2], run.arrival_s[3]);  // they arrive together, after step 2
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        Generator one(*alone, tiny_model(), model.params, {layout, Prefill::ulysses, 32, temperature, 40 + i});
+        std::vector<int> want{one.next_token(one.prefill(requests[i].prompt))};
+        while (std::int64_t(want.size()) < new_tokens[i]) want.push_back(one.next_token(one.decode(want.back())));
+        EXPECT_EQ(run.tokens[i], want) << what << " request " << i;
+      }
+    }
+}
+
+// What serve refuses, before anything runs: named by the request's index.
+TEST(Generate, ServeRefusesBadRequests) {
+  const std::vector<int> prompt{1, 2, 3};
+  EXPECT_EQ(serve_error({{prompt, 2, 0}, {prompt, 1, 7}}), "");
+  EXPECT_EQ(serve_error({{prompt, 2, 0}, {prompt, 1, -1}}),
+            "request 1 of 2: arrival step -1 is negative (0 is the start, s after s decode steps)");
+  EXPECT_EQ(serve_error({{prompt, 0, 0}}), "request 0 of 1: 0 new tokens (at least 1)");
+  EXPECT_EQ(serve_error({{{}, 1, 0}}), "request 0 of 1: the prompt is empty");
+  EXPECT_EQ(serve_error({}), "no request to serve");
+}
+
 // The memory model counts every request's cache by its formula, and a longer prompt's prefill
 // (more rows a rank) as more activations.
 TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
@@ -162,7 +223,8 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   EXPECT_GT(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer on top
 }
 
-// Progress on a prompt: the hook hears every layer of a prefill and of a next turn, in order.
+// Progress on a prompt: the hook hears the start and every layer of a prefill and of a next
+// turn, in order.
 COMM_TEST(Generate, PromptProgressHearsEveryLayer) {
   Gpt<float> model(tiny_model());
   model.init_params(3);
@@ -174,7 +236,7 @@ COMM_TEST(Generate, PromptProgressHearsEveryLayer) {
   });
   gen.prefill(std::vector<int>(12, 5));
   gen.extend(std::vector<int>(8, 7));
-  EXPECT_EQ(heard, (std::vector<std::int64_t>{1, 2, 1, 2}));
+  EXPECT_EQ(heard, (std::vector<std::int64_t>{0, 1, 2, 0, 1, 2}));
 }
 
 TEST(Generate, RefusesBadRequestsWithTheNumbers) {

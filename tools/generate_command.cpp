@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "agreement.hpp"
 #include "generate_memory.hpp"
 #include "generate_requests.hpp"
 #include "rank_errors.hpp"
@@ -35,7 +36,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                   "Generate from a `train --save` checkpoint over a KV cache sharded across the ranks: the prompt "
                   "prefilled into the cache, then one token per step with one collective per layer.");
   c->add_option("--checkpoint", o.checkpoint, "the folder `ulysses train --save` wrote")->required();
-  auto* file = c->add_option("--prompt", o.prompt, "the prompt: a file's bytes (byte-level tokens)");
+  auto* file =
+      input_path(c->add_option("--prompt", o.prompt, "the prompt: a file's bytes (byte-level tokens)"), "file");
   auto* synthetic = c->add_option("--prompt-tokens", o.prompt_tokens,
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
@@ -49,10 +51,17 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
                 "default --max-new-tokens): they finish at different steps")
       ->needs(requests);
+  c->add_option("--requests-arrive", o.requests_arrive,
+                "with --requests: the decode step each request arrives at, one a request (e.g. 0,0,4,9; NxS: N "
+                "requests at step S; default: all at 0): it is prefilled then and joins the next step")
+      ->needs(requests);
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
-  c->add_option("--turn-tokens", o.turn_tokens,
-                "then a second turn: N synthetic tokens over the filled cache (Ulysses over it under heads, "
-                "pass-Q under interleaved), and --max-new-tokens more");
+  auto* turn = input_path(c->add_option("--turn", o.turn,
+                                        "then a second turn over the filled cache: a file's bytes (Ulysses over it "
+                                        "under heads, pass-Q under interleaved), and --max-new-tokens more"),
+                          "file");
+  c->add_option("--turn-tokens", o.turn_tokens, "or a second turn of N synthetic tokens (the training task's)")
+      ->excludes(turn);
   c->add_option("--kv-layout", o.kv_layout,
                 "heads (each rank its KV heads of every token) | interleaved (token i on rank i mod cp, all heads)")
       ->capture_default_str()
@@ -91,18 +100,35 @@ std::vector<int> synthetic_tokens(const char* flag, std::int64_t n, std::uint64_
   return task.held_out_batch(1, n, seed, 0).tokens;
 }
 
+// A file's bytes as tokens (byte-level), each inside the model's vocabulary.
+std::vector<int> file_tokens(const char* flag, const std::string& path, std::int64_t vocab) {
+  std::vector<int> tokens;
+  for (unsigned char ch : read_input_within_memory(flag, path)) tokens.push_back(int(ch));
+  for (int t : tokens)
+    if (t >= vocab) throw Error(fmt::format("{} holds byte {}, outside the model's vocabulary of {}", flag, t, vocab));
+  return tokens;
+}
+
 // The prompt's tokens: the file's bytes, or the training task's sequence (the same on every rank).
 std::vector<int> load_prompt(const GenerateOptions& o, std::int64_t vocab) {
   if (o.prompt.empty() && o.prompt_tokens <= 0)
     throw Error(o.prompt_tokens < 0 ? fmt::format("--prompt-tokens must be positive, got {}", o.prompt_tokens)
                                     : "the prompt is empty: give --prompt FILE or --prompt-tokens N");
-  std::vector<int> tokens;
-  if (!o.prompt.empty())
-    for (unsigned char ch : read_input_within_memory("--prompt", o.prompt)) tokens.push_back(int(ch));
-  if (o.prompt.empty()) tokens = synthetic_tokens("--prompt-tokens", o.prompt_tokens, o.seed);
-  for (int t : tokens)
-    if (t >= vocab) throw Error(fmt::format("--prompt holds byte {}, outside the model's vocabulary of {}", t, vocab));
-  return tokens;
+  return o.prompt.empty() ? synthetic_tokens("--prompt-tokens", o.prompt_tokens, o.seed)
+                          : file_tokens("--prompt", o.prompt, vocab);
+}
+
+// The second turn's tokens (none without --turn or --turn-tokens): the file's bytes, or the
+// training task's sequence of --seed + 1. Error for a turn with fewer tokens than ranks.
+std::vector<int> load_turn(const GenerateOptions& o, std::int64_t vocab, int cp) {
+  if (o.turn_tokens < 0) throw Error(fmt::format("--turn-tokens must be positive, got {}", o.turn_tokens));
+  std::vector<int> turn;
+  if (!o.turn.empty()) turn = file_tokens("--turn", o.turn, vocab);
+  if (o.turn_tokens > 0) turn = synthetic_tokens("--turn-tokens", o.turn_tokens, o.seed + 1);
+  if ((!o.turn.empty() || o.turn_tokens > 0) && std::int64_t(turn.size()) < cp)
+    throw Error(fmt::format("{}: a turn of {} tokens; it needs at least one token a rank ({})",
+                            o.turn.empty() ? "--turn-tokens" : "--turn " + o.turn, turn.size(), cp));
+  return turn;
 }
 
 struct Request {
@@ -116,13 +142,13 @@ struct Request {
 Request load_request(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
     check_outputs({{"--json", o.json, true}, {"--trace", o.trace}},
-                  {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}});
+                  {{"--checkpoint", o.checkpoint + "/checkpoint.bin"}, {"--prompt", o.prompt}, {"--turn", o.turn}});
   });
   Request r;
   on_every_rank(comm, [&] {
     r.model = train::read_checkpoint(o.checkpoint);
     r.prompt = load_prompt(o, r.model.config.model.vocab);
-    if (o.turn_tokens > 0) r.turn = synthetic_tokens("--turn-tokens", o.turn_tokens, o.seed + 1);
+    r.turn = load_turn(o, r.model.config.model.vocab, comm.size());
     const std::int64_t P = std::int64_t(r.prompt.size()), T = std::int64_t(r.turn.size()),
                        tokens = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
     r.config = {parse_kv_layout(o.kv_layout), parse_prefill(o.prefill), o.capacity > 0 ? o.capacity : tokens,
@@ -131,9 +157,6 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
     const std::int64_t positions = t.lengths.empty() ? t.seq : *std::max_element(t.lengths.begin(), t.lengths.end());
     const std::string e = train::generate_error(t.model, r.config, comm.size(), P, o.max_new_tokens, positions);
     if (!e.empty()) throw Error(e);
-    if (o.turn_tokens < 0 || (T > 0 && T < comm.size()))
-      throw Error(
-          fmt::format("--turn-tokens {}: a turn needs at least one token a rank ({})", o.turn_tokens, comm.size()));
     if (tokens > r.config.capacity)
       throw Error(
           fmt::format("the prompt's {} tokens, the turn's {} and 2 x {} new ones do not fit in the KV cache's "

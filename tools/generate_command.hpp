@@ -21,7 +21,9 @@ struct GenerateOptions {
   std::int64_t max_new_tokens = 32;
   std::string requests;             // concurrent requests: their prompt lengths (a lengths spec)
   std::string requests_new_tokens;  // and their new tokens (one count, or one a request)
-  std::int64_t turn_tokens = 0;     // then a second turn of this many synthetic tokens over the cache
+  std::string requests_arrive;      // and the decode step each arrives at (one a request; empty: all at 0)
+  std::string turn;                 // then a second turn over the cache: a file's bytes
+  std::int64_t turn_tokens = 0;     // or this many synthetic tokens
   std::int64_t capacity = 0;        // KV cache tokens; 0: prompt + new tokens
   float temperature = 0;            // 0: greedy
   std::uint64_t seed = 0;

@@ -54,8 +54,11 @@ void print_memory(const nlohmann::json& memory) {
 
 void show_prefill_progress(Communicator& comm, train::Generator& gen, std::int64_t tokens) {
   if (comm.rank() != 0 || tokens < 4096) return gen.on_prompt_layer(nullptr);
-  const double t0 = comm.now();
-  gen.on_prompt_layer([&comm, t0, tokens](std::int64_t done, std::int64_t layers) {
+  gen.on_prompt_layer([&comm, t0 = 0.0, tokens](std::int64_t done, std::int64_t layers) mutable {
+    if (done == 0) {  // the prompt starts: its clock
+      t0 = comm.now();
+      return;
+    }
     fmt::print(stderr, "prefill of {} tokens: layer {}/{} ({} %), {:.2f} s\n", tokens, done, layers,
                100 * done / layers, comm.now() - t0);
   });

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <string>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -14,6 +16,7 @@
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
+#include "train/serve.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/core/lengths.hpp"
 #include "ulysses/io/output_file.hpp"
@@ -24,8 +27,7 @@ namespace {
 
 struct Batch {
   train::Checkpoint model;
-  std::vector<std::vector<int>> prompts;
-  std::vector<std::int64_t> new_tokens;
+  std::vector<train::ServedRequest> requests;
   std::vector<train::GenerateConfig> configs;
   train::MemoryEstimate memory;  // predicted per rank, admitted
 };
@@ -43,9 +45,47 @@ std::vector<std::int64_t> new_token_counts(const GenerateOptions& o, std::size_t
   return counts;
 }
 
+// One number of a --requests-arrive term (`what`: "count" or "step"): a decimal integer, at
+// least 1 for a count and 0 for a step.
+std::int64_t arrival_number(const std::string& spec, const std::string& text, const std::string& what) {
+  std::int64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || stop != end)
+    throw Error(fmt::format("--requests-arrive '{}': '{}' is not a {} (terms S, or NxS: N requests at decode step S)",
+                            spec, text, what));
+  if (what == "step" && v < 0)
+    throw Error(
+        fmt::format("--requests-arrive '{}': step {} is negative (0: at the start; S: after S decode steps)", spec, v));
+  if (what == "count" && v < 1) throw Error(fmt::format("--requests-arrive '{}': a count of {} requests", spec, v));
+  return v;
+}
+
+// The decode step each of `n` requests arrives at: --requests-arrive, terms S or NxS (N requests
+// at step S), one step a request; all 0 without it.
+std::vector<std::int64_t> arrival_steps(const GenerateOptions& o, std::size_t n) {
+  if (o.requests_arrive.empty()) return std::vector<std::int64_t>(n, 0);
+  const std::string& spec = o.requests_arrive;
+  constexpr std::size_t npos = std::string::npos;
+  std::vector<std::int64_t> steps;
+  for (std::size_t at = 0, comma = 0; comma != npos; at = comma + 1) {
+    comma = spec.find(',', at);
+    const std::string term = spec.substr(at, comma == npos ? npos : comma - at);
+    const std::size_t x = term.find('x');
+    const std::int64_t count = x == npos ? 1 : arrival_number(spec, term.substr(0, x), "count");
+    const std::int64_t step = arrival_number(spec, x == npos ? term : term.substr(x + 1), "step");
+    // Past n + 1 it is too many however many: the count is not allocated.
+    steps.resize(steps.size() + std::size_t(std::min<std::int64_t>(count, std::int64_t(n + 1 - steps.size()))), step);
+  }
+  if (steps.size() != n)
+    throw Error(fmt::format("--requests-arrive '{}' gives {} steps for {} requests (give one a request)", spec,
+                            steps.size() > n ? "more" : std::to_string(steps.size()), n));
+  return steps;
+}
+
 // Collective. Reads, checks and agrees on every request before any data moves. Request i is
 // the training task's sequence of its length drawn from --seed + i, sampled from --seed + i: the
-// same as `generate --prompt-tokens L --seed S+i` alone.
+// same as `generate --prompt-tokens L --seed S+i` alone; it arrives at its --requests-arrive step.
 Batch load_batch(Communicator& comm, const GenerateOptions& o) {
   on_root(comm, [&] {
     check_outputs({{"--json", o.json, true}, {"--trace", o.trace}},
@@ -53,92 +93,75 @@ Batch load_batch(Communicator& comm, const GenerateOptions& o) {
   });
   Batch b;
   on_every_rank(comm, [&] {
-    if (o.turn_tokens != 0) throw Error("--turn-tokens runs a second turn of one request, not with --requests");
+    if (o.turn_tokens != 0 || !o.turn.empty())
+      throw Error("--turn and --turn-tokens run a second turn of one request, not with --requests");
     b.model = train::read_checkpoint(o.checkpoint);
     const std::vector<std::int64_t> lengths = parse_lengths(o.requests);
-    b.new_tokens = new_token_counts(o, lengths.size());
+    const std::vector<std::int64_t> new_tokens = new_token_counts(o, lengths.size()),
+                                    arrivals = arrival_steps(o, lengths.size());
     const train::TrainConfig& t = b.model.config;
     const std::int64_t positions = t.lengths.empty() ? t.seq : *std::max_element(t.lengths.begin(), t.lengths.end());
-    const train::DataSource task = train::DataSource::synthetic();
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      const std::uint64_t seed = o.seed + i;
-      const std::int64_t P = lengths[i], N = b.new_tokens[i];
+      const std::int64_t P = lengths[i], N = new_tokens[i];
       b.configs.push_back({parse_kv_layout(o.kv_layout), parse_prefill(o.prefill), o.capacity > 0 ? o.capacity : P + N,
-                           o.temperature, seed});
+                           o.temperature, o.seed + i});
       std::string e = P < 64 ? fmt::format("a synthetic sequence has at least 64 tokens, got {}", P)
                              : train::generate_error(t.model, b.configs.back(), comm.size(), P, N, positions);
       if (!e.empty()) throw Error(fmt::format("--requests: request {} of {}: {}", i, lengths.size(), e));
     }
+    const train::DataSource task = train::DataSource::synthetic();
     for (std::size_t i = 0; i < lengths.size(); ++i)
-      b.prompts.push_back(task.held_out_batch(1, lengths[i], o.seed + i, 0).tokens);
+      b.requests.push_back({task.held_out_batch(1, lengths[i], o.seed + i, 0).tokens, new_tokens[i], arrivals[i]});
+    if (const std::string e = train::serve_error(b.requests); !e.empty()) throw Error("--requests: " + e);
   });
   std::int64_t longest = 0;
-  for (const auto& p : b.prompts) longest = std::max(longest, std::int64_t(p.size()));
+  for (const auto& r : b.requests) longest = std::max(longest, std::int64_t(r.prompt.size()));
   b.memory = admit_generate_memory(comm, b.model.config.model, b.configs, longest, 0, o.max_memory);
   return b;
 }
 
-struct Step {
-  std::int64_t running = 0, collectives = 0;
-  double seconds = 0, comm_s = 0;
-};
-
-struct BatchTiming {
-  std::vector<std::vector<int>> tokens;
-  std::vector<double> ttft_s;  // from the start of the first prefill (they run one after another)
-  std::vector<Step> steps;
-};
-
-// Collective. Every request prefilled in turn, then steps of every request still running.
-BatchTiming run_batch(Communicator& comm, std::vector<std::unique_ptr<train::Generator>>& gens, const Batch& b) {
-  BatchTiming t;
-  comm.barrier();
-  const double t0 = comm.now();
-  for (std::size_t i = 0; i < gens.size(); ++i) {
-    const double p0 = comm.now();
-    show_prefill_progress(comm, *gens[i], std::int64_t(b.prompts[i].size()));
-    t.tokens.push_back({gens[i]->next_token(gens[i]->prefill(b.prompts[i]))});
-    t.ttft_s.push_back(comm.now() - t0);
-    comm.trace(fmt::format("prefill request {}", i), p0, comm.now(), "phase");
-  }
-  for (;;) {
-    std::vector<train::Generator*> running;
-    std::vector<int> last;
-    std::vector<std::size_t> which;
-    for (std::size_t i = 0; i < gens.size(); ++i)
-      if (std::int64_t(t.tokens[i].size()) < b.new_tokens[i]) {
-        running.push_back(gens[i].get());
-        last.push_back(t.tokens[i].back());
-        which.push_back(i);
+// Each request: its prompt, arrival and tokens, and the decode steps it ran in (first_step null:
+// it had its tokens from its prefill).
+nlohmann::json requests_report(const Batch& b, const train::ServedRun& run) {
+  nlohmann::json requests = nlohmann::json::array();
+  for (std::size_t i = 0; i < b.requests.size(); ++i) {
+    nlohmann::json first = nullptr, last = nullptr;
+    for (const train::ServedStep& s : run.steps)
+      if (std::find(s.running.begin(), s.running.end(), i) != s.running.end()) {
+        if (first.is_null()) first = s.step;
+        last = s.step;
       }
-    if (running.empty()) return t;
-    const double s0 = comm.now();
-    const std::vector<std::vector<float>> logits = train::Generator::decode(running, last);
-    for (std::size_t j = 0; j < which.size(); ++j) t.tokens[which[j]].push_back(running[j]->next_token(logits[j]));
-    t.steps.push_back(
-        {std::int64_t(running.size()), running[0]->stats().collectives, comm.now() - s0, running[0]->stats().comm_s});
-    comm.trace(fmt::format("decode step {} ({} requests)", t.steps.size(), running.size()), s0, comm.now(), "phase");
+    requests.push_back({{"prompt_tokens", b.requests[i].prompt.size()},
+                        {"arrival_step", b.requests[i].arrival_step},
+                        {"arrival_s", run.arrival_s[i]},
+                        {"time_to_first_token_s", run.ttft_s[i]},
+                        {"prefill_collectives", run.prefill_collectives[i]},
+                        {"first_step", first},
+                        {"last_step", last},
+                        {"new_tokens", run.tokens[i].size()},
+                        {"tokens", run.tokens[i]}});
   }
+  return requests;
 }
 
-nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b, const BatchTiming& t,
-                            const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
-  nlohmann::json requests = nlohmann::json::array(), steps = nlohmann::json::array(), kv = nlohmann::json::array();
-  for (std::size_t i = 0; i < b.prompts.size(); ++i)
-    requests.push_back({{"prompt_tokens", b.prompts[i].size()},
-                        {"new_tokens", t.tokens[i].size()},
-                        {"tokens", t.tokens[i]},
-                        {"time_to_first_token_s", t.ttft_s[i]}});
+nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b,
+                            const train::ServedRun& run, const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
+  nlohmann::json steps = nlohmann::json::array(), kv = nlohmann::json::array();
   double decode_s = 0;
   std::int64_t decoded = 0, collectives = 0;
-  for (const Step& s : t.steps) {
-    steps.push_back({{"requests", s.running},
+  for (const train::ServedStep& s : run.steps) {
+    const double n = double(s.running.size());
+    steps.push_back({{"step", s.step},
+                     {"requests", s.running.size()},
+                     {"running", s.running},
+                     {"joined", s.joined},
+                     {"prefill_s", s.prefill_s},
                      {"seconds", s.seconds},
-                     {"tokens_per_s", double(s.running) / s.seconds},
+                     {"tokens_per_s", n / s.seconds},
                      {"collectives", s.collectives},
                      {"comm_s", s.comm_s}});
     decode_s += s.seconds;
-    decoded += s.running;
+    decoded += std::int64_t(s.running.size());
     collectives = std::max(collectives, s.collectives);
   }
   const train::GptConfig& m = b.model.config.model;
@@ -153,7 +176,7 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"backend", comm.backend()},
           {"kv_layout", o.kv_layout},
           {"prefill", o.prefill},
-          {"requests", requests},
+          {"requests", requests_report(b, run)},
           {"steps", steps},
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
@@ -161,7 +184,36 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"memory", memory_report(b.memory, peak_rss)}};
 }
 
-// Steps with the same requests running, as one line each: their count and tokens/s.
+// "0, 2, 3" from a JSON array of request indices.
+std::string ids(const nlohmann::json& list) {
+  std::string text;
+  for (const auto& i : list) text += (text.empty() ? "" : ", ") + std::to_string(i.get<std::int64_t>());
+  return text;
+}
+
+// Each run of consecutive steps with the same requests running as one line: which, who joined
+// at its first step (after how long prefilling them), and their tokens/s.
+void print_steps(const nlohmann::json& steps) {
+  for (std::size_t a = 0, e = 0; a < steps.size(); a = e) {
+    double s = 0;
+    for (e = a; e < steps.size() && steps[e]["running"] == steps[a]["running"] &&
+                steps[e]["step"].get<std::int64_t>() - steps[a]["step"].get<std::int64_t>() == std::int64_t(e - a);
+         ++e)
+      s += steps[e]["seconds"].get<double>();
+    const auto& first = steps[a];
+    const std::int64_t from = first["step"].get<std::int64_t>(), to = steps[e - 1]["step"].get<std::int64_t>();
+    const std::string joined = first["joined"].empty()
+                                   ? ""
+                                   : fmt::format(" ({} joined after {:.2f} ms of prefill)", ids(first["joined"]),
+                                                 1e3 * first["prefill_s"].get<double>());
+    fmt::print("  {}: request{} {}{}: {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n",
+               from == to ? fmt::format("step {}", from) : fmt::format("steps {}-{}", from, to),
+               first["requests"] == 1 ? "" : "s", ids(first["running"]), joined,
+               first["requests"].get<double>() * double(e - a) / s, 1e3 * s / double(e - a),
+               first["collectives"].get<std::int64_t>());
+  }
+}
+
 void print_batch(const nlohmann::json& j) {
   fmt::print("ulysses generate: cp = {} ({}), KV layout {}, prefill {}, {} concurrent requests\n", j["cp"].get<int>(),
              j["backend"].get<std::string>(), j["kv_layout"].get<std::string>(), j["prefill"].get<std::string>(),
@@ -169,18 +221,16 @@ void print_batch(const nlohmann::json& j) {
   print_memory(j["memory"]);
   int i = 0;
   for (const auto& r : j["requests"])
-    fmt::print("  request {}: prompt {} tokens, {} new, time to first token {:.2f} ms\n", i++,
-               r["prompt_tokens"].get<std::int64_t>(), r["new_tokens"].get<std::int64_t>(),
-               1e3 * r["time_to_first_token_s"].get<double>());
-  const auto& steps = j["steps"];
-  for (std::size_t a = 0, e = 0; a < steps.size(); a = e) {
-    double s = 0;
-    for (e = a; e < steps.size() && steps[e]["requests"] == steps[a]["requests"]; ++e)
-      s += steps[e]["seconds"].get<double>();
-    fmt::print("  steps {}-{}: {} request(s), {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n", a + 1,
-               e, steps[a]["requests"].get<std::int64_t>(), steps[a]["requests"].get<double>() * double(e - a) / s,
-               1e3 * s / double(e - a), steps[a]["collectives"].get<std::int64_t>());
-  }
+    fmt::print(
+        "  request {}: prompt {} tokens, arrives at step {}, {} new ({}), time to first token {:.2f} ms from "
+        "its arrival\n",
+        i++, r["prompt_tokens"].get<std::int64_t>(), r["arrival_step"].get<std::int64_t>(),
+        r["new_tokens"].get<std::int64_t>(),
+        r["first_step"].is_null()
+            ? std::string("all from its prefill")
+            : fmt::format("steps {}-{}", r["first_step"].get<std::int64_t>(), r["last_step"].get<std::int64_t>()),
+        1e3 * r["time_to_first_token_s"].get<double>());
+  print_steps(j["steps"]);
   fmt::print("  decode {:.0f} tokens/s across requests\n", j["decode_tokens_per_s"].get<double>());
   for (const auto& k : j["kv_cache"])
     fmt::print("  KV cache rank {}: {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
@@ -195,9 +245,14 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   std::vector<std::unique_ptr<train::Generator>> gens;
   for (const train::GenerateConfig& c : b.configs)
     gens.push_back(std::make_unique<train::Generator>(comm, b.model.config.model, b.model.params, c));
+  std::vector<train::Generator*> served;
+  for (const auto& g : gens) {
+    show_prefill_progress(comm, *g, std::int64_t(b.requests[served.size()].prompt.size()));
+    served.push_back(g.get());
+  }
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  const BatchTiming t = run_batch(comm, gens, b);
+  const train::ServedRun run = train::serve(comm, served, b.requests);
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
   if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
@@ -206,7 +261,7 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   const std::vector<std::int64_t> kv_bytes = comm.allgather_value(held);
   const double peak_rss = largest_peak_rss(comm);
   on_root(comm, [&] {
-    const nlohmann::json report = batch_report(comm, o, b, t, kv_bytes, peak_rss);
+    const nlohmann::json report = batch_report(comm, o, b, run, kv_bytes, peak_rss);
     if (o.json != "-") print_batch(report);
     if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
   });

@@ -131,6 +131,7 @@ std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
   stats_ = {};
   std::vector<float> x(static_cast<std::size_t>(n * C));
   embedding_forward(x.data(), tokens.data() + first, params_.data() + layout_.wte, n, C);
+  if (on_layer_) on_layer_(0, model_.layers);
   for (std::int64_t l = 0; l < model_.layers; ++l) {
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
       if (origin == 0)

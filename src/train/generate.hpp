@@ -69,8 +69,10 @@ class Generator {
   // Not collective. The next token from logits: argmax, or a sample under the configured
   // temperature (the sampler's state advances identically on every rank).
   int next_token(const std::vector<float>& logits);
-  // Called after each layer of a prompt (prefill or next turn) with the layers done and all of
-  // them: progress on a long prefill. On whichever ranks set it; nothing by default.
+  // Called before the first layer of a prompt (prefill or next turn; done = 0) and after each
+  // layer, with the layers done and all of them: progress on a long prefill, timed from its own
+  // start (a request may be prefilled long after its hook was set). On whichever ranks set it;
+  // nothing by default.
   void on_prompt_layer(std::function<void(std::int64_t done, std::int64_t layers)> fn) { on_layer_ = std::move(fn); }
   const KvCache& cache() const { return cache_; }
   // The collectives of the last prefill or decode call, and their time.

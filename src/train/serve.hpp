@@ -1,0 +1,55 @@
+// Continuous batching over Generators (generate.hpp): requests arrive at decode steps; when a
+// request's step comes it is prefilled and joins the next decode step beside the requests already
+// running, and it leaves the step after it has its tokens. Every step is one Generator::decode of
+// the requests running (one collective per layer for all of them), and every request has its own
+// cache, so a request that joins mid-way changes nothing of the others: each request's tokens are
+// those of generating it alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/generate.hpp"
+#include "ulysses/comm/communicator.hpp"
+
+namespace ulysses::train {
+
+struct ServedRequest {
+  std::vector<int> prompt;        // the same on every rank
+  std::int64_t new_tokens = 1;    // tokens to generate, the prefill's first one included
+  std::int64_t arrival_step = 0;  // arrives once this many decode steps have run (0: at the start)
+};
+
+// One decode step of the requests running.
+struct ServedStep {
+  std::int64_t step = 0;                     // its number: the steps run before it plus one, idle ones counted
+  std::vector<std::size_t> running, joined;  // the requests it decoded; those whose first step it was
+  double prefill_s = 0;            // the prefills of the requests that arrived since the previous step (before it)
+  double seconds = 0, comm_s = 0;  // the step itself, and its time in collectives
+  std::int64_t collectives = 0;
+};
+
+struct ServedRun {
+  std::vector<std::vector<int>> tokens;  // each request's, in request order
+  std::vector<double> arrival_s;         // each request's arrival, seconds after the start
+  std::vector<double> ttft_s;            // its first token, seconds after its arrival (its wait included)
+  std::vector<std::int64_t> prefill_collectives;
+  std::vector<ServedStep> steps;
+};
+
+// Not collective. "" when `requests` can be served, else the one problem: no request, or a
+// request without a prompt, a new token or a valid arrival step, named by its index.
+std::string serve_error(const std::vector<ServedRequest>& requests);
+
+// Collective. gens[i] (one model, parameters and layout; its own cache) serves requests[i]. The
+// clock is the decode step: after step s (s = 0: at the start), the requests arriving at s are
+// prefilled in request order (each one's time to first token counts from s's end, so it includes
+// the prefills before it), then step s + 1 decodes every request still short of its tokens. While
+// nothing is running the clock moves to the next arrival at once: a step with nothing to decode
+// is not run. Puts its phases on the communicator's timeline (arrivals, prefills, steps). Throws
+// Error (the same on every rank) for serve_error's problems or gens.size() != requests.size().
+ServedRun serve(Communicator& comm, const std::vector<Generator*>& gens, const std::vector<ServedRequest>& requests);
+
+}  // namespace ulysses::train
