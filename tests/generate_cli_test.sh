@@ -173,11 +173,13 @@ expect "turn file empty" 2 "--turn $dir/empty.txt: a turn of 0 tokens; it needs 
 head -c 2 "$dir/turn.txt" > "$dir/short.txt"
 expect "turn file short" 3 "a turn of 2 tokens; it needs at least one token a rank (3)" \
   "${gen[@]}" --turn "$dir/short.txt" "${out[@]}"
-expect "turn file missing" 2 "--turn" "${gen[@]}" --turn "$dir/nonexistent.txt" "${out[@]}"
-expect "turn and turn tokens" 2 "--turn-tokens excludes --turn" "${gen[@]}" --turn "$dir/turn.txt" --turn-tokens 64 "${out[@]}"
+expect "turn file missing" 2 "--turn $dir/nonexistent.txt: cannot open" "${gen[@]}" --turn "$dir/nonexistent.txt" "${out[@]}"
+expect "turn and turn tokens" 2 "--turn excludes --turn-tokens" "${gen[@]}" --turn "$dir/turn.txt" --turn-tokens 64 "${out[@]}"
 expect "turn with requests" 2 "not with --requests" \
   generate --checkpoint "$dir/ck160" --requests 2x64 --turn "$dir/turn.txt" "${out[@]}"
 expect "turn file is the json" 2 "refusing to overwrite an input" "${gen[@]}" --turn "$dir/turn.txt" --json "$dir/turn.txt"
+[ "$(cat "$dir/turn.txt")" = "And what did the needle say? Answer now." ] && ok "the turn file kept" ||
+  bad "the turn file was overwritten"
 expect "over --max-memory" 2 "more than --max-memory 100.0 MiB" \
   generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 --max-memory 100MiB "${out[@]}"
 expect "over the machine" 2 "more than this machine has" \
