@@ -200,6 +200,8 @@ TEST(Generate, ServeRefusesBadRequests) {
   EXPECT_EQ(serve_error({{prompt, 2, 0}, {prompt, 1, -1}}),
             "request 1 of 2: arrival step -1 is negative (0 is the start, s after s decode steps)");
   EXPECT_EQ(serve_error({{prompt, 0, 0}}), "request 0 of 1: 0 new tokens (at least 1)");
+  EXPECT_EQ(serve_error({{prompt, 1, kMaxArrivalStep + 1}}),
+            "request 0 of 1: arrival step 4611686018427387905 is past 4611686018427387904");
   EXPECT_EQ(serve_error({{{}, 1, 0}}), "request 0 of 1: the prompt is empty");
   EXPECT_EQ(serve_error({}), "no request to serve");
 }

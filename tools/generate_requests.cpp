@@ -57,7 +57,8 @@ std::int64_t arrival_number(const std::string& spec, const std::string& text, co
   if (what == "step" && v < 0)
     throw Error(
         fmt::format("--requests-arrive '{}': step {} is negative (0: at the start; S: after S decode steps)", spec, v));
-  if (what == "count" && v < 1) throw Error(fmt::format("--requests-arrive '{}': a count of {} requests", spec, v));
+  if (what == "count" && v < 1)
+    throw Error(fmt::format("--requests-arrive '{}': a count of {} requests (NxS needs N >= 1)", spec, v));
   return v;
 }
 

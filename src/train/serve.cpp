@@ -20,6 +20,8 @@ std::string serve_error(const std::vector<ServedRequest>& requests) {
     if (r.arrival_step < 0)
       return fmt::format("{}: arrival step {} is negative (0 is the start, s after s decode steps)", which,
                          r.arrival_step);
+    if (r.arrival_step > kMaxArrivalStep)  // the clock counts on past it: it must not overflow
+      return fmt::format("{}: arrival step {} is past {}", which, r.arrival_step, kMaxArrivalStep);
   }
   return "";
 }

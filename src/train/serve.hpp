@@ -39,6 +39,9 @@ struct ServedRun {
   std::vector<ServedStep> steps;
 };
 
+// The latest arrival step: the clock, which counts on past it, stays far from overflowing.
+inline constexpr std::int64_t kMaxArrivalStep = std::int64_t(1) << 62;
+
 // Not collective. "" when `requests` can be served, else the one problem: no request, or a
 // request without a prompt, a new token or a valid arrival step, named by its index.
 std::string serve_error(const std::vector<ServedRequest>& requests);
