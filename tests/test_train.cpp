@@ -547,7 +547,10 @@ TEST(TrainingBf16, BothGemmUnitsGiveTheSameStep) {
   kernels::use_level_for_testing(&fma);
   const std::vector<float> g_fma = one_step_gradients(true, &l_fma);
   kernels::use_level_for_testing(nullptr);
-  EXPECT_NEAR(l_dot / l_fma, 1.0, 1e-6);
+  // The loss, a mean over every token, moves by whole bf16 roundings of the activations where
+  // the two orders of adding round apart. Measured: 1.8e-6 relative on a Sapphire Rapids (oneDNN
+  // on AMX tiles against OpenBLAS), under that on an Emerald Rapids; bound 1e-5.
+  EXPECT_NEAR(l_dot / l_fma, 1.0, 1e-5);
   // Measured: 2.0e-4 relative L2 on an Emerald Rapids (oneDNN on vdpbf16ps against OpenBLAS).
   EXPECT_LT(relative_distance(g_dot, g_fma), 1.0 / 512) << "the two units' weight gradients";
 }
