@@ -295,6 +295,18 @@ nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<
           {"recommendation", p.recommendation}};
 }
 
+// A PCIe node's tiers, which decide its all-to-alls and rings (cost_model.hpp's Cluster).
+void print_shared_links(const Cluster& c) {
+  if (c.switch_ranks <= 0 && c.socket_ranks <= 0) return;
+  const Link wide = alltoall_link(c, c.ranks_per_node);
+  fmt::print("  all-to-all per rank: {:.3g} GB/s under a switch of {}", c.intra.bandwidth / 1e9, c.switch_ranks);
+  if (c.socket_ranks > 0)
+    fmt::print(", {:.3g} GB/s in a socket of {}", alltoall_link(c, c.socket_ranks).bandwidth / 1e9, c.socket_ranks);
+  fmt::print(", {:.3g} GB/s over the node", wide.bandwidth / 1e9);
+  if (c.cross_socket.bandwidth > 0) fmt::print("; a ring across sockets {:.3g} GB/s", c.cross_socket.bandwidth / 1e9);
+  fmt::print("\n");
+}
+
 void print_plan(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {
   const PlanInput& in = req.in;
   fmt::print("ulysses plan: seq {}, batch {}, heads {} (kv {}), head_dim {}, {} layer(s), cp {}, {}{}\n", in.seq,
@@ -315,6 +327,7 @@ void print_plan(const PlanRequest& req, const Plan& p, const std::vector<double>
       in.cluster.ranks_per_node, in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6,
       in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6, in.cluster.peak_flops / 1e12,
       in.cluster.efficiency);
+  print_shared_links(in.cluster);
   if (in.mode != PlanMode::train)
     fmt::print("  mode {}: forward only{}\n", mode_name(in.mode),
                in.mode == PlanMode::decode

@@ -23,12 +23,17 @@ double message_seconds(const Link& l, double bytes) { return l.latency + bytes /
 double all_to_all_seconds(const Cluster& c, int g, double bytes) {
   if (g <= 1 || bytes == 0) return 0;
   const int intra_peers = std::min(g, c.ranks_per_node) - 1, inter_peers = g - 1 - intra_peers;
-  const bool one_switch = c.switch_ranks > 0 && g <= c.switch_ranks;
-  const Link& intra = c.alltoall_intra.bandwidth > 0 && !one_switch ? c.alltoall_intra : c.intra;
+  const Link intra = alltoall_link(c, std::min(g, c.ranks_per_node));
   const Link inter = inter_link(c, std::min(g, c.ranks_per_node));
   const double per_peer = bytes / (g - 1);
   return double(g - 1) * std::max(intra.latency, inter_peers ? inter.latency : 0.0) +
          std::max(intra_peers * per_peer / intra.bandwidth, inter_peers * per_peer / inter.bandwidth);
+}
+
+Link alltoall_link(const Cluster& c, int g) {
+  if (c.switch_ranks > 0 && g <= c.switch_ranks) return c.intra;
+  if (c.socket_ranks > 0 && g <= c.socket_ranks && c.alltoall_socket.bandwidth > 0) return c.alltoall_socket;
+  return c.alltoall_intra.bandwidth > 0 ? c.alltoall_intra : c.intra;
 }
 
 Link inter_link(const Cluster& c, int flows) {
@@ -38,7 +43,10 @@ Link inter_link(const Cluster& c, int flows) {
 }
 
 Link ring_link(const Cluster& c, int members, int stride) {
-  return members * stride <= c.ranks_per_node ? c.intra : inter_link(c, std::min(stride, c.ranks_per_node));
+  const int span = members * stride;
+  if (span > c.ranks_per_node) return inter_link(c, std::min(stride, c.ranks_per_node));
+  const bool crosses = c.socket_ranks > 0 && span > c.socket_ranks && c.cross_socket.bandwidth > 0;
+  return crosses && c.cross_socket.bandwidth < c.intra.bandwidth ? c.cross_socket : c.intra;
 }
 
 RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s) {

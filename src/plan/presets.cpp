@@ -64,8 +64,8 @@ const std::vector<GpuPreset>& gpu_presets() {
       {"H200", 989e12, 67e12, 141e9, 4.8e12, "fa3", 1, "nvlink4", "H200 SXM datasheet"},
       {"B200", 2250e12, 75e12, 180e9, 8e12, "fa3", 0.9, "nvlink5",
        "HGX B200 datasheet per GPU; kernel: FlashAttention-3's curve at 0.9 of its H100 efficiency (assumed)"},
-      {"L20", 119.5e12, 59.8e12, 48e9, 0.864e12, "fa2", 0.5 / 0.376, "pcie4",
-       "L20 datasheet (PCIe Gen4, no NVLink); kernel efficiency 0.5 assumed"},
+      {"L20", 119.5e12, 59.8e12, 48e9, 0.864e12, "fa2", 0.82 / 0.376, "pcie4",
+       "L20 datasheet (PCIe Gen4, no NVLink); kernel efficiency 0.82 fitted on long-context-attention's 8xL20 rings"},
       {"L40S", 362e12, 91.6e12, 48e9, 0.864e12, "fa2", 0.5 / 0.376, "pcie4",
        "L40S datasheet (PCIe Gen4, no NVLink); kernel efficiency 0.5 assumed"},
   };
@@ -74,22 +74,39 @@ const std::vector<GpuPreset>& gpu_presets() {
 
 const std::vector<FabricPreset>& fabric_presets() {
   // Per rank, per direction. NVLink: links x 25 GB/s per direction (NVIDIA). PCIe: x16 lanes at
-  // 80 % of the raw rate; 8 GPUs under 4 switches (2 each) on 2 sockets: an all-to-all over the
-  // node shares the switches' uplinks and the socket link (assumed 1/3 of the per-GPU rate).
+  // 80 % of the raw rate; 8 GPUs under 4 switches (2 each) on 2 sockets. Without peer-to-peer
+  // between them, what leaves a switch goes through the host: long-context-attention's 8xL20
+  // table (docs/planner.md) measures an all-to-all at about 4.5 GB/s a rank within a socket's 4,
+  // 1.5 GB/s over both sockets, and a ring's blocks across the sockets at about 7 GB/s.
   // InfiniBand/RoCE: the port's line rate, one port per GPU.
   static const std::vector<FabricPreset> all{
-      {"nvlink3", {300e9, 2e-6}, 0, 0, "A100: 12 NVLink 3 links, 600 GB/s both directions"},
-      {"nvlink4", {450e9, 2e-6}, 0, 0, "H100/H200: 18 NVLink 4 links, 900 GB/s both directions"},
-      {"nvlink4-h800", {200e9, 2e-6}, 0, 0, "H800: NVLink 400 GB/s both directions"},
-      {"nvlink5", {900e9, 2e-6}, 0, 0, "B200: 18 NVLink 5 links, 1.8 TB/s both directions"},
-      {"pcie4", {25.6e9, 5e-6}, 8.5e9, 2, "PCIe 4.0 x16: 32 GB/s raw per direction"},
-      {"pcie5", {51.2e9, 5e-6}, 17e9, 2, "PCIe 5.0 x16: 64 GB/s raw per direction"},
-      {"ib-hdr", {25e9, 5e-6}, 0, 0, "InfiniBand HDR 200 Gb/s per GPU"},
-      {"ib-ndr", {50e9, 5e-6}, 0, 0, "InfiniBand NDR 400 Gb/s per GPU"},
-      {"ib-xdr", {100e9, 5e-6}, 0, 0, "InfiniBand XDR 800 Gb/s per GPU"},
-      {"roce-100", {12.5e9, 8e-6}, 0, 0, "RoCE 100 Gb/s per GPU"},
-      {"roce-200", {25e9, 8e-6}, 0, 0, "RoCE 200 Gb/s per GPU"},
-      {"roce-400", {50e9, 8e-6}, 0, 0, "RoCE 400 Gb/s per GPU"},
+      {"nvlink3", {300e9, 2e-6}, 0, 0, 0, 0, 0, "A100: 12 NVLink 3 links, 600 GB/s both directions"},
+      {"nvlink4", {450e9, 2e-6}, 0, 0, 0, 0, 0, "H100/H200: 18 NVLink 4 links, 900 GB/s both directions"},
+      {"nvlink4-h800", {200e9, 2e-6}, 0, 0, 0, 0, 0, "H800: NVLink 400 GB/s both directions"},
+      {"nvlink5", {900e9, 2e-6}, 0, 0, 0, 0, 0, "B200: 18 NVLink 5 links, 1.8 TB/s both directions"},
+      {"pcie4",
+       {25.6e9, 5e-6},
+       1.5e9,
+       2,
+       4,
+       4.5e9,
+       7e9,
+       "PCIe 4.0 x16: 32 GB/s raw per direction; all-to-all and cross-socket rates fitted on "
+       "long-context-attention's 8xL20 table"},
+      {"pcie5",
+       {51.2e9, 5e-6},
+       3e9,
+       2,
+       4,
+       9e9,
+       14e9,
+       "PCIe 5.0 x16: 64 GB/s raw per direction; pcie4's fits x2 (assumed)"},
+      {"ib-hdr", {25e9, 5e-6}, 0, 0, 0, 0, 0, "InfiniBand HDR 200 Gb/s per GPU"},
+      {"ib-ndr", {50e9, 5e-6}, 0, 0, 0, 0, 0, "InfiniBand NDR 400 Gb/s per GPU"},
+      {"ib-xdr", {100e9, 5e-6}, 0, 0, 0, 0, 0, "InfiniBand XDR 800 Gb/s per GPU"},
+      {"roce-100", {12.5e9, 8e-6}, 0, 0, 0, 0, 0, "RoCE 100 Gb/s per GPU"},
+      {"roce-200", {25e9, 8e-6}, 0, 0, 0, 0, 0, "RoCE 200 Gb/s per GPU"},
+      {"roce-400", {50e9, 8e-6}, 0, 0, 0, 0, 0, "RoCE 400 Gb/s per GPU"},
   };
   return all;
 }
@@ -110,6 +127,9 @@ void apply_intra_fabric(Cluster& c, const FabricPreset& f) {
   c.intra = f.link;
   c.alltoall_intra = f.alltoall_bandwidth > 0 ? Link{f.alltoall_bandwidth, f.link.latency} : Link{0, 0};
   c.switch_ranks = f.switch_ranks;
+  c.socket_ranks = f.socket_ranks;
+  c.alltoall_socket = Link{f.socket_alltoall_bandwidth, f.socket_alltoall_bandwidth > 0 ? f.link.latency : 0};
+  c.cross_socket = Link{f.cross_socket_bandwidth, f.cross_socket_bandwidth > 0 ? f.link.latency : 0};
 }
 
 }  // namespace ulysses

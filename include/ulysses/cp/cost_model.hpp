@@ -32,6 +32,13 @@ struct Cluster {
   // within one switch moves at the point-to-point rate; a wider one shares the links above the
   // switches, alltoall_intra's rate.
   int switch_ranks = 0;
+  // Ranks under one CPU socket (0: the node is one tier). PCIe GPUs without peer-to-peer reach
+  // each other through their socket's root complex, and across sockets through the host: an
+  // all-to-all within a socket moves at alltoall_socket's rate, a wider one at alltoall_intra's,
+  // and a ring whose members span sockets passes its blocks at cross_socket's (point to point).
+  int socket_ranks = 0;
+  Link alltoall_socket{0, 0};
+  Link cross_socket{0, 0};
   // The inter-node link per rank when every rank of a node sends across at once (a calibrated
   // fit): ranks that share one NIC (or one shaped link) split it. A bandwidth of 0 means "a
   // link per rank" (one NIC per GPU): concurrent flows cost what one does.
@@ -88,12 +95,16 @@ double message_seconds(const Link& link, double bytes);
 // peers send in parallel, and the group's ranks on one node share its inter-node link
 // (inter_link); each peer costs one latency.
 double all_to_all_seconds(const Cluster& cluster, int group, double bytes);
+// The link an all-to-all over `group` contiguous ranks of one node moves at: the point-to-point
+// link under one switch, the socket's all-to-all rate within a socket, else the node's.
+Link alltoall_link(const Cluster& cluster, int group);
 // The inter-node link each of `flows` ranks of one node gets while they all send across at
 // once: the point-to-point fit, or the node's share (inter_concurrent × ranks_per_node) split
 // `flows` ways when that is less.
 Link inter_link(const Cluster& cluster, int flows);
 // The slowest hop of a ring of `members` ranks `stride` apart (contiguous placement): when it
-// leaves the node, min(stride, ranks_per_node) ranks of each node send across at once.
+// leaves the node, min(stride, ranks_per_node) ranks of each node send across at once; inside a
+// node whose ring spans sockets, the hop between sockets (cross_socket) when it is slower.
 Link ring_link(const Cluster& cluster, int members, int stride);
 // A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
 // backward K/V steps plus dK/dV steps, the last dK/dV hop exposed. No backward (a forward-only

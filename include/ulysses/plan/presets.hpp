@@ -34,6 +34,10 @@ struct FabricPreset {
   // ranks sit on one switch below the link they share (0: none shared, NVSwitch).
   double alltoall_bandwidth = 0;
   int switch_ranks = 0;
+  // Ranks under one CPU socket (0: one tier), an all-to-all's rate per rank within one, and a
+  // point-to-point flow's between sockets (Cluster::socket_ranks).
+  int socket_ranks = 0;
+  double socket_alltoall_bandwidth = 0, cross_socket_bandwidth = 0;
   std::string source;
 };
 
