@@ -447,14 +447,16 @@ TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
 
 TEST(Planner, WorkOfRanksIsWorkRankByRank) {
   // Every strategy's one-call count equals its rank-by-rank one, plain, with packed documents
-  // (uneven, one crossing many ranks) and with a window, at cp 8; at cp 0 it is empty.
+  // (uneven, one crossing many ranks; 400 shorter than 2·cp, most ranks holding none of each)
+  // and with a window, at cp 8; at cp 0 it is empty.
   const Shape q{1, 4000, 8, 16};
-  const std::vector<std::int64_t> docs{100, 2900, 1000};
+  const std::vector<std::int64_t> docs{100, 2900, 1000}, short_docs(400, 10);
   for (const Strategy* s : strategies())
     for (const CpConfig& base : s->plan_configs(8, true))
-      for (int variant = 0; variant < 3; ++variant) {
+      for (int variant = 0; variant < 4; ++variant) {
         CpConfig cfg = base;
         if (variant == 1 && s->supports_documents()) cfg.cu_seqlens = cu_seqlens_of(docs);
+        if (variant == 3 && s->supports_documents()) cfg.cu_seqlens = cu_seqlens_of(short_docs);
         if (variant == 2 && s->supports_window()) cfg.window_left = 300, cfg.window_right = 0;
         try {
           validate_cp_config(cfg, 8, q, 4, q.s);
@@ -511,10 +513,15 @@ TEST(Planner, RanksWithEqualTrafficKeysSendAlike) {
     std::int64_t window = -1, kv_seq = 0;
     std::optional<std::int64_t> q_offset = std::nullopt;
   };
-  const std::vector<Case> cases{{1000, 12, 4, true, true, {}},          {1003, 12, 3, false, true, {}},
-                                {997, 24, 6, true, false, {}},          {1000, 8, 8, true, true, {100, 650, 250}},
-                                {1001, 12, 12, true, true, {}, 30},     {1000, 12, 4, false, true, {}, -1, 333, 5},
-                                {1000, 6, 2, false, true, {}, -1, 1777}};
+  const std::vector<Case> cases{{1000, 12, 4, true, true, {}},
+                                {1003, 12, 3, false, true, {}},
+                                {997, 24, 6, true, false, {}},
+                                {1000, 8, 8, true, true, {100, 650, 250}},
+                                {1001, 12, 12, true, true, {}, 30},
+                                {1000, 12, 4, false, true, {}, -1, 333, 5},
+                                {1000, 6, 2, false, true, {}, -1, 1777},
+                                {1000, 8, 8, true, true, std::vector<std::int64_t>(100, 10)},
+                                {1000, 8, 8, true, true, {100, 650, 250}, 40}};
   int checked = 0;
   for (const Case& c : cases)
     for (int cp : {1, 2, 3, 4, 6, 8, 12})
@@ -533,7 +540,10 @@ TEST(Planner, RanksWithEqualTrafficKeysSendAlike) {
           }
           const std::string what = fmt::format("{} cp {} s {} h {}/{}", s->config_name(cfg), cp, c.s, c.h, c.kv);
           std::map<Strategy::TrafficKey, int> first;
+          const std::vector<Strategy::TrafficKey> keys = s->traffic_keys(cfg, cp, q, kv_seq, c.kv);
+          ASSERT_EQ(keys.size(), std::size_t(cp)) << what;
           for (int r = 0; r < cp; ++r) {
+            EXPECT_EQ(keys[std::size_t(r)], s->traffic_key(cfg, cp, r, q, kv_seq, c.kv)) << what << " rank " << r;
             const int r0 = first.emplace(s->traffic_key(cfg, cp, r, q, kv_seq, c.kv), r).first->second;
             expect_same_volume(s->traffic(cfg, cp, r, q, kv_seq, c.kv, DType::bf16),
                                s->traffic(cfg, cp, r0, q, kv_seq, c.kv, DType::bf16),

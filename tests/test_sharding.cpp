@@ -116,6 +116,34 @@ TEST(Sharding, PerDocumentZigzagCutsEachDocument) {
             "cu_seqlens must end at the sequence length 4, got 3");
 }
 
+// The bulk forms the planner reads at large cp: every rank's tokens at once and every rank's
+// chunks document by document, against rank_chunks rank by rank (random packings with empty,
+// short and long documents; contiguous and zigzag too).
+TEST(Sharding, EveryRanksTokensAndChunksAtOnceAreEachRanks) {
+  std::mt19937_64 rng(37);
+  for (int cp : {1, 2, 3, 4, 5, 8, 13})
+    for (int trial = 0; trial < 30; ++trial) {
+      std::vector<std::int64_t> lengths(1 + rng() % 9);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3 * cp : 30 * cp));
+      const std::vector<std::int64_t> cu = cu_seqlens_of(lengths);
+      const std::int64_t s = cu.back();
+      if (s < 2 * cp) continue;
+      for (CpConfig cfg : {ring_with(cu), ring_with({}), CpConfig{"p2p", {}, false}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "cp " << cp << " trial " << trial << " " << layout_name(token_layout(cfg)));
+        std::vector<std::vector<SeqChunk>> pieces(static_cast<std::size_t>(cp));
+        for_each_rank_chunk(cfg, cp, s, [&](int r, const SeqChunk& c) { pieces[std::size_t(r)].push_back(c); });
+        const std::vector<std::int64_t> tokens = tokens_of_ranks(cfg, cp, s);
+        ASSERT_EQ(tokens.size(), std::size_t(cp));
+        for (int r = 0; r < cp; ++r) {
+          EXPECT_EQ(tokens[std::size_t(r)], total_tokens(rank_chunks(cfg, cp, r, s))) << "rank " << r;
+          EXPECT_EQ(token_positions(pieces[std::size_t(r)]), token_positions(rank_chunks(cfg, cp, r, s)))
+              << "rank " << r;
+        }
+      }
+    }
+}
+
 // Random packings (empty, short, long documents): every position on exactly one rank; one
 // document alone is exactly zigzag; inside each document the owners rise 0..cp−1 and fall back
 // (chunk r, then chunk 2·cp−1−r, each of ⌊n/2cp⌋ or one more tokens); the ranks' counts differ

@@ -31,8 +31,9 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
   // Ranks with equal keys send alike: each distinct key's formula once (a few under an even
   // split, every rank's under a halo), the keys in a set that holds no more than cp of them.
   std::set<Strategy::TrafficKey> priced;
+  const std::vector<Strategy::TrafficKey> keys = strategy.traffic_keys(config, cp, q, s_k, kv_heads);
   for (int r = 0; r < cp; ++r) {
-    if (!priced.insert(strategy.traffic_key(config, cp, r, q, s_k, kv_heads)).second) continue;
+    if (!priced.insert(keys[std::size_t(r)]).second) continue;
     const CommVolume v = strategy.traffic(config, cp, r, q, s_k, kv_heads, dtype);
     take_max(busiest.forward_bytes, v.forward_bytes);
     take_max(busiest.backward_bytes, v.backward_bytes);

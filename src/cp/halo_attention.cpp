@@ -64,34 +64,6 @@ std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std:
   return out;
 }
 
-void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int me,
-                     const std::function<std::vector<SeqChunk>(int)>& chunks_of, const AttentionParams& params,
-                     std::int64_t per_token, std::int64_t es) {
-  // Neighbouring chunks belong to neighbouring members (contiguous and zigzag alike; a zigzag
-  // member's mirror chunk is further away than its first one), so the gap to a member's chunks
-  // grows with the distance to it: walk outwards on each side until a member exchanges nothing.
-  // Per-document zigzag (documents given) interleaves the members at every document: ask all.
-  const std::vector<SeqChunk> mine = chunks_of(me);
-  const bool ask_all = !params.cu_seqlens.empty();
-  std::int64_t given = 0, held = 0, to = 0, back = 0;  // rows sent forward; halo rows whose dK/dV go home
-  for (int step : {-1, 1})
-    for (int r = me + step; r >= 0 && r < members; r += step) {
-      const std::vector<SeqChunk> theirs = chunks_of(r);
-      const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)),
-                         in = total_tokens(halo_rows(mine, theirs, params));
-      if (out == 0 && in == 0 && !ask_all) break;
-      given += out;
-      held += in;
-      to += out > 0;
-      back += in > 0;
-    }
-  v.forward_bytes[prefix + "p2p_kv"] = given * per_token * es;
-  v.backward_bytes[prefix + "p2p_dkv"] = held * per_token * 4;
-  v.forward_messages[prefix + "p2p_kv"] = to;
-  v.backward_messages[prefix + "p2p_dkv"] = back;
-  for (const char* op : {"p2p_kv", "p2p_dkv"}) declare_transfer(v, prefix, op, Collective::ring);
-}
-
 RingSeconds halo_seconds(const Link& link, const CommVolume& v, const std::string& prefix, double fwd_s) {
   auto seconds = [&](const std::map<std::string, std::int64_t>& bytes, const std::map<std::string, std::int64_t>& msgs,
                      const std::string& op) {

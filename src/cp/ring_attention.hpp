@@ -86,13 +86,35 @@ bool uses_halo(const AttentionParams& params);
 std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std::vector<SeqChunk>& keys,
                                 const AttentionParams& params);
 
-// The halo exchange's volume for member `me` of `members` (chunks_of(r): member r's chunks;
-// per_token elements a row): "<prefix>p2p_kv" forward (its rows the others need, `es` bytes per
-// element, a message to each), float32 "<prefix>p2p_dkv" backward (the dK/dV of the halos it
-// holds, a message to each owner). Asks only the members the band reaches, and one more per side.
-void add_halo_volume(CommVolume& v, const std::string& prefix, int members, int me,
-                     const std::function<std::vector<SeqChunk>(int)>& chunks_of, const AttentionParams& params,
-                     std::int64_t per_token, std::int64_t es);
+// What one member's halo exchange moves: the rows of its K/V the others' bands reach (`given`,
+// sent to `to` members) and the rows of theirs its band reaches (`held`, whose dK/dV go back to
+// `back` members).
+struct HaloCounts {
+  std::int64_t given = 0, held = 0, to = 0, back = 0;
+  auto operator<=>(const HaloCounts&) const = default;
+};
+
+// The halo of ring member `member` when each member holds the chunks of `width` consecutive ranks
+// of `config`'s layout of `seq` tokens on cp ranks (p2p: width 1; a2a+p2p's outer ring: the inner
+// size). Contiguous and zigzag layouts in closed form (halo_volume.cpp), O(log cp); per-document
+// zigzag by asking the members.
+HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq);
+
+// The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
+// member exchanges nothing, every member when params has documents. The reference of the closed
+// form and the path of per-document layouts.
+HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,
+                              const AttentionParams& params);
+
+// A member's counts as entries [at, at + 4) of a Strategy::TrafficKey, and back.
+void put_halo_key(Strategy::TrafficKey& key, std::size_t at, const HaloCounts& h);
+HaloCounts halo_of(const Strategy::TrafficKey& key, std::size_t at);
+
+// The halo exchange's volume from a member's counts (per_token elements a row):
+// "<prefix>p2p_kv" forward (`es` bytes per element, a message to each), float32
+// "<prefix>p2p_dkv" backward (a message to each owner).
+void add_halo_volume(CommVolume& v, const std::string& prefix, const HaloCounts& h, std::int64_t per_token,
+                     std::int64_t es);
 
 // The planner's seconds of the halo exchange's "<prefix>" counters in `v` over `link`: every
 // message's latency and bytes, the forward's hidden behind the own chunks' compute.

@@ -101,6 +101,22 @@ Strategy::TrafficKey Strategy::traffic_key(const CpConfig&, int, int rank, const
   return {rank};
 }
 
+std::vector<Strategy::TrafficKey> Strategy::traffic_keys(const CpConfig& config, int cp, const Shape& q,
+                                                         std::int64_t kv_seq, std::int64_t kv_heads) const {
+  std::vector<TrafficKey> keys;
+  for (int r = 0; r < cp; ++r) keys.push_back(traffic_key(config, cp, r, q, kv_seq, kv_heads));
+  return keys;
+}
+
+std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
+  const AttentionParams params = attention_params(config);
+  std::vector<std::int64_t> pairs(std::size_t(std::max(cp, 0)));
+  for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
+    pairs[std::size_t(r)] += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+  });
+  return pairs;
+}
+
 std::vector<std::int64_t> Strategy::work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
                                                   std::int64_t kv_heads) const {
   std::vector<std::int64_t> w(std::size_t(std::max(cp, 0)));

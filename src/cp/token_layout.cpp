@@ -135,6 +135,65 @@ std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ran
   return items_in_parts(seq, parts, first_rank, ranks) + items_in_parts(seq, parts, parts - first_rank - ranks, ranks);
 }
 
+namespace {
+
+// How many of the positions t in [0, n) of a cyclic sweep over cp ranks fall on ranks [lo, hi).
+std::int64_t swept(std::int64_t n, std::int64_t cp, std::int64_t lo, std::int64_t hi) {
+  return n / cp * (hi - lo) + std::max<std::int64_t>(0, std::min(hi, n % cp) - lo);
+}
+
+}  // namespace
+
+std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq) {
+  const TokenLayout layout = checked_layout(config, cp, seq);
+  std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
+  if (layout != TokenLayout::per_document) {
+    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = tokens_held(config, cp, r, 1, seq);
+    return n;
+  }
+  // The longer chunks of consecutive documents continue each other's runs (for_each_document_cut):
+  // the first chunks' sweep forward from rank 0, the mirror chunks' backward from rank cp − 1.
+  std::int64_t base = 0, heads = 0, tails = 0;
+  for_each_document_cut(config.cu_seqlens, cp, [&](const DocumentCut& d) {
+    base += d.base;
+    heads += d.heads;
+    tails += d.tails;
+  });
+  for (std::int64_t r = 0; r < cp; ++r)
+    n[std::size_t(r)] = 2 * base + swept(heads, cp, r, r + 1) + swept(tails, cp, cp - 1 - r, cp - r);
+  return n;
+}
+
+void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
+                         const std::function<void(int, const SeqChunk&)>& f) {
+  if (checked_layout(config, cp, seq) != TokenLayout::per_document) {
+    for (int r = 0; r < cp; ++r)
+      for (const SeqChunk& c : rank_chunks(config, cp, r, seq)) f(r, c);
+    return;
+  }
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  for_each_document_cut(config.cu_seqlens, cp, [&](const DocumentCut& d) {
+    // per_document_chunks' pieces of this document; with base 0 only the runs' ranks hold one.
+    auto first = [&](std::int64_t r) {
+      f(int(r), {d.begin + r * d.base + in_run(cp, d.heads_first, d.heads, 0, r),
+                 d.base + in_run(cp, d.heads_first, d.heads, r, r + 1)});
+    };
+    auto mirror = [&](std::int64_t r) {
+      f(int(r), {d.begin + (parts - 1 - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r + 1, cp),
+                 d.base + in_run(cp, d.tails_first, d.tails, r, r + 1)});
+    };
+    if (d.base > 0) {
+      for (std::int64_t r = 0; r < cp; ++r) {
+        first(r);
+        mirror(r);
+      }
+      return;
+    }
+    for (std::int64_t i = 0; i < d.heads; ++i) first((d.heads_first + i) % cp);
+    for (std::int64_t i = 0; i < d.tails; ++i) mirror((d.tails_first + i) % cp);
+  });
+}
+
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
   std::vector<std::vector<SeqChunk>> c;
   for (int r = 0; r < cp; ++r) c.push_back(rank_chunks(config, cp, r, seq));

@@ -214,14 +214,19 @@ class Strategy {
   virtual CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                              std::int64_t kv_heads, DType dtype) const = 0;
   // What traffic() reads of `rank`: a few integers (its tokens, its heads, its ring neighbour's
-  // tokens) such that ranks with equal keys send alike. predicted_comm_volume prices the busiest
+  // tokens, a halo's counts) such that ranks with equal keys send alike. predicted_comm_volume prices the busiest
   // rank from each distinct key once: under an even split a handful at any cp, where every
   // rank's formula, cp of them per planned row, made a plan at cp 65536 take a second. By
   // default the rank itself (every rank priced); a strategy's traffic() must read `rank` only
   // through its own key, which the tests check against every rank's formula.
-  using TrafficKey = std::array<std::int64_t, 8>;
+  using TrafficKey = std::array<std::int64_t, 12>;
   virtual TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                                  std::int64_t kv_heads) const;
+  // Every rank's traffic_key, in rank order (what predicted_comm_volume asks): by default rank by
+  // rank; a strategy whose keys read tokens per rank reads them for all ranks at once
+  // (tokens_of_ranks: per-document zigzag costs O(documents) a rank asked alone).
+  virtual std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                               std::int64_t kv_heads) const;
 
   // Its memory model (StrategyMemory) for global q [b, s, h, d] against k/v of kv_seq tokens
   // with kv_heads KV heads, stored in `dtype`, on cp > 1 ranks (one rank runs plain flash
@@ -255,6 +260,11 @@ bool is_cross(const CpConfig& config, std::int64_t q_seq, std::int64_t kv_seq);
 // The same for a forward's chunks (every rank's; the lengths they cover).
 bool is_cross(const CpConfig& config, const std::vector<std::vector<SeqChunk>>& q_chunks,
               const std::vector<std::vector<SeqChunk>>& kv_chunks);
+
+// Every rank's visible (query, key) pairs, one head and one sequence: its query chunks (at
+// q_offset) against all kv_seq keys (what Strategy::work counts a rank), at once
+// (for_each_rank_chunk).
+std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq);
 
 // The attention working set per rank of one layer for a validated `config` (what plan reports
 // and caps, and the attention command admits): the busiest rank's q, k, v and out in in.dtype

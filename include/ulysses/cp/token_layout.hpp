@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ulysses/cp/cp_config.hpp"
@@ -56,6 +57,16 @@ std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std:
 // How many tokens ranks [first_rank, first_rank + ranks) hold together (their rank_chunks'
 // lengths), in O(1) (per-document zigzag: O(documents)): the traffic formulas ask it for every rank.
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq);
+
+// tokens_held of every rank alone, in rank order, at once: O(cp + documents), where asking
+// tokens_held rank by rank costs O(documents) a rank under per-document zigzag.
+std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq);
+
+// Calls f(rank, chunk) for every rank's chunks (rank_chunks' pieces; per-document zigzag: a
+// document's pieces, not joined where adjacent), document by document: O(documents + chunks),
+// where rank_chunks rank by rank visits every document for every rank.
+void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
+                         const std::function<void(int, const SeqChunk&)>& f);
 
 // rank_chunks of every rank, in rank order.
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);

@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <span>
@@ -68,22 +69,27 @@ FusedHeads seq_to_head_in(Communicator& inner, std::span<const SeqShard> inputs,
   return out;
 }
 
-// What a2a+p2p's traffic reads of `rank` without a halo (its traffic_key): its tokens and its
-// inner group's (q), its query and KV head counts, the next group's K/V tokens, and under
-// cross-attention its and its group's K/V tokens.
-Strategy::TrafficKey ring_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                              std::int64_t kv_heads) {
+// What a2a+p2p's traffic reads of `rank` (its traffic_key): its tokens and its inner group's
+// (q), its query and KV head counts, the next group's K/V tokens, under cross-attention its and
+// its group's K/V tokens (and under a halo, traffic_key adds its outer member's counts from
+// kHaloAt). held(first, ranks, seq): tokens_held's count, asked per rank or read from every
+// rank's at once.
+constexpr std::size_t kHaloAt = 7;
+using TokensHeld = std::function<std::int64_t(int, int, std::int64_t)>;
+Strategy::TrafficKey ring_key(const CpConfig& config, int rank, const Shape& q, std::int64_t kv_seq,
+                              std::int64_t kv_heads, const TokensHeld& held) {
   const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
   const int group = rank / I;
   const RankHeads mine = ulysses_heads(I, rank % I, q.h, kv_heads);
   const bool cross = is_cross(config, q.s, kv_seq);
-  return {tokens_held(config, cp, rank, 1, q.s),
-          tokens_held(config, cp, group * I, I, q.s),
-          mine.q.count,
-          mine.kv.count,
-          tokens_held(config, cp, (group + 1) % O * I, I, kv_seq),
-          cross ? tokens_held(config, cp, rank, 1, kv_seq) : 0,
-          cross ? tokens_held(config, cp, group * I, I, kv_seq) : 0};
+  Strategy::TrafficKey key{held(rank, 1, q.s),
+                           held(group * I, I, q.s),
+                           mine.q.count,
+                           mine.kv.count,
+                           held((group + 1) % O * I, I, kv_seq),
+                           cross ? held(rank, 1, kv_seq) : 0,
+                           cross ? held(group * I, I, kv_seq) : 0};
+  return key;
 }
 
 // The inner group's all-to-alls of the rank whose ring_key is `key`.
@@ -234,14 +240,15 @@ class A2aP2pStrategy final : public Strategy {
   }
 
   // Every rank's work with each inner group's pairs counted once (work() counts them per member:
-  // cp × I chunk scans, where the planner asks all cp ranks).
+  // cp × I chunk scans, where the planner asks all cp ranks), the layout's chunks listed once.
   std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
                                           std::int64_t kv_heads) const override {
     const int I = config.hierarchical_context_parallel_sizes[0];
+    const std::vector<std::int64_t> own = pairs_of_ranks(config, cp, q.s, kv_seq);
     std::vector<std::int64_t> w(static_cast<std::size_t>(cp));
     for (int first = 0; first < cp; first += I) {
       std::int64_t pairs = 0;
-      for (int r = first; r < first + I; ++r) pairs += own_pairs(config, cp, r, q.s, kv_seq);
+      for (int r = first; r < first + I; ++r) pairs += own[std::size_t(r)];
       for (int r = first; r < first + I; ++r)
         w[std::size_t(r)] = pairs * q.b * heads_of(config, cp, r, q.h, kv_heads).q.count;
     }
@@ -255,20 +262,14 @@ class A2aP2pStrategy final : public Strategy {
                      std::int64_t kv_heads, DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
     const std::int64_t es = std::int64_t(dtype_size(dtype));
-    // Without a halo this reads `rank` through its traffic_key alone (ring_key).
-    const TrafficKey key = ring_key(config, cp, rank, q, kv_seq, kv_heads);
+    // This reads `rank` through its traffic_key alone.
+    const TrafficKey key = traffic_key(config, cp, rank, q, kv_seq, kv_heads);
     CommVolume v;
     v.groups = subgroups(I, cp);
     add_inner_volume(v, config, key, q, kv_seq, kv_heads, es);
     const std::int64_t per_token = 2 * q.b * key[3] * q.d;  // K and V of this rank's KV heads
-    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
-      auto group_chunks = [&](int g) {  // outer member g: the chunks of its inner group's ranks
-        std::vector<SeqChunk> c;
-        for (int r = g * I; r < g * I + I; ++r)
-          for (const SeqChunk& x : rank_chunks(config, cp, r, q.s)) c.push_back(x);
-        return c;
-      };
-      add_halo_volume(v, "outer.", O, rank / I, group_chunks, p, per_token, es);
+    if (uses_halo(attention_params(config))) {              // outer member g holds its inner group's chunks
+      add_halo_volume(v, "outer.", halo_of(key, kHaloAt), per_token, es);
       return v;
     }
     add_ring_volume(v, "outer.", O, per_token * kv_seq, per_token * key[4], es);
@@ -276,8 +277,34 @@ class A2aP2pStrategy final : public Strategy {
   }
   TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                          std::int64_t kv_heads) const override {
-    if (uses_halo(attention_params(config))) return Strategy::traffic_key(config, cp, rank, q, kv_seq, kv_heads);
-    return ring_key(config, cp, rank, q, kv_seq, kv_heads);
+    TrafficKey key = ring_key(config, rank, q, kv_seq, kv_heads, [&](int first, int ranks, std::int64_t seq) {
+      return tokens_held(config, cp, first, ranks, seq);
+    });
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    if (uses_halo(attention_params(config))) put_halo_key(key, kHaloAt, halo_counts(config, cp, I, rank / I, q.s));
+    return key;
+  }
+  std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                       std::int64_t kv_heads) const override {
+    std::map<std::int64_t, std::vector<std::int64_t>> below;  // per length: tokens of the ranks below each rank
+    for (const std::int64_t seq : {q.s, kv_seq}) {
+      if (below.count(seq)) continue;
+      std::vector<std::int64_t>& b = below[seq] = {0};
+      for (const std::int64_t n : tokens_of_ranks(config, cp, seq)) b.push_back(b.back() + n);
+    }
+    const TokensHeld held = [&](int first, int ranks, std::int64_t seq) {
+      const std::vector<std::int64_t>& b = below.at(seq);
+      return b[std::size_t(first + ranks)] - b[std::size_t(first)];
+    };
+    std::vector<TrafficKey> keys;
+    for (int r = 0; r < cp; ++r) keys.push_back(ring_key(config, r, q, kv_seq, kv_heads, held));
+    const int I = config.hierarchical_context_parallel_sizes[0];
+    if (uses_halo(attention_params(config)))  // one outer member's counts for its I ranks
+      for (int g = 0; g < cp / I; ++g) {
+        const HaloCounts h = halo_counts(config, cp, I, g, q.s);
+        for (int r = g * I; r < (g + 1) * I; ++r) put_halo_key(keys[std::size_t(r)], kHaloAt, h);
+      }
+    return keys;
   }
 
   std::vector<CpConfig> plan_configs(int cp, bool causal) const override {

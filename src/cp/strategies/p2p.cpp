@@ -50,21 +50,40 @@ class P2pStrategy final : public Strategy {
                      std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
-    if (const AttentionParams p = attention_params(config); uses_halo(p)) {
-      add_halo_volume(
-          v, "", cp, rank, [&](int r) { return rank_chunks(config, cp, r, q.s); }, p, per_token,
-          std::int64_t(dtype_size(dtype)));
+    if (uses_halo(attention_params(config))) {
+      add_halo_volume(v, "", halo_of(traffic_key(config, cp, rank, q, kv_seq, kv_heads), 0), per_token,
+                      std::int64_t(dtype_size(dtype)));
       return v;
     }
     add_ring_volume(v, "", cp, per_token * kv_seq, per_token * traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0],
                     std::int64_t(dtype_size(dtype)));
     return v;
   }
-  // The ring's: the next rank's K/V tokens (its own never travel to it). A halo: every rank.
+  // The ring's: the next rank's K/V tokens (its own never travel to it). A halo: its counts.
   TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
-                         std::int64_t kv_heads) const override {
-    if (uses_halo(attention_params(config))) return Strategy::traffic_key(config, cp, rank, q, kv_seq, kv_heads);
-    return {tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq)};
+                         std::int64_t) const override {
+    TrafficKey key{};
+    if (uses_halo(attention_params(config)))
+      put_halo_key(key, 0, halo_counts(config, cp, 1, rank, q.s));
+    else
+      key[0] = tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq);
+    return key;
+  }
+
+  std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                       std::int64_t kv_heads) const override {
+    if (uses_halo(attention_params(config))) return Strategy::traffic_keys(config, cp, q, kv_seq, kv_heads);
+    const std::vector<std::int64_t> tokens = tokens_of_ranks(config, cp, kv_seq);
+    std::vector<TrafficKey> keys(tokens.size());
+    for (int r = 0; r < cp; ++r) keys[std::size_t(r)][0] = tokens[std::size_t((r + 1) % cp)];
+    return keys;
+  }
+  // Each rank's query chunks against every key (work()), the layout's chunks listed once.
+  std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                          std::int64_t kv_heads) const override {
+    std::vector<std::int64_t> w = pairs_of_ranks(config, cp, q.s, kv_seq);
+    for (int r = 0; r < cp; ++r) w[std::size_t(r)] *= q.b * heads_of(config, cp, r, q.h, kv_heads).q.count;
+    return w;
   }
 
   StrategyCost cost(const PlanInput& in, const CpConfig& config, const CommVolume& volume, double fwd_s,

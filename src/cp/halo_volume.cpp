@@ -1,0 +1,217 @@
+// The halo exchange's volume per member (ring_attention.hpp), for the planner and the traffic
+// counters. Under an even cut the members' chunks are runs of even parts in position order, so
+// the rows a band reaches are sums over ranges of runs, in closed form: O(log cp) a member where
+// asking the members costs O(window / chunk) (at cp 65536 with a window of 4096, 8192 members a
+// rank, 5·10^8 halo computations a plan). Per-document zigzag interleaves every member in every
+// document: it still asks them.
+#include <algorithm>
+#include <array>
+#include <optional>
+
+#include "ring_attention.hpp"
+#include "ulysses/core/ranges.hpp"
+#include "ulysses/core/saturating.hpp"
+#include "ulysses/cp/token_layout.hpp"
+
+namespace ulysses {
+
+namespace {
+
+using Wide = __int128;  // sums of positions over up to 2^17 runs; windows up to INT64_MAX
+
+// A ring of members over an even cut of `seq` tokens into `parts` parts (even_part), in runs of
+// `width` parts: member m holds run m and, mirrored (zigzag), run n − 1 − m of n = 2·members.
+struct EvenRuns {
+  std::int64_t seq, parts, width;
+  bool mirrored;
+  std::int64_t runs() const { return parts / width; }
+  std::int64_t members() const { return mirrored ? runs() / 2 : runs(); }
+  // Where part p starts (even_part's first item), and run j.
+  std::int64_t part_start(std::int64_t p) const { return p * (seq / parts) + std::min(p, seq % parts); }
+  std::int64_t start(std::int64_t j) const { return part_start(j * width); }
+  std::int64_t end(std::int64_t j) const { return part_start((j + 1) * width); }
+  // Σ start(j) over runs j < b.
+  Wide starts_below(std::int64_t b) const {
+    const Wide base = seq / parts, extra = seq % parts, w = width;
+    const Wide k = std::min<Wide>(b, (extra + w - 1) / w);  // runs j < k start at j·w·(base + 1)
+    return w * base * b * (b - 1) / 2 + w * k * (k - 1) / 2 + extra * (b - k);
+  }
+  int owner(std::int64_t j) const { return int(mirrored && j >= members() ? runs() - 1 - j : j); }
+};
+
+// The first run whose start is above z, and the first whose end is (runs() when none), in O(1):
+// part_holding inverts even_part.
+std::int64_t first_start_above(const EvenRuns& e, Wide z) {
+  if (z < 0) return 0;
+  if (z >= e.seq) return e.runs();
+  return part_holding(e.seq, e.parts, std::int64_t(z)) / e.width + 1;
+}
+std::int64_t first_end_above(const EvenRuns& e, Wide z) {
+  if (z < 0) return 0;
+  if (z >= e.seq) return e.runs();
+  return part_holding(e.seq, e.parts, std::int64_t(z)) / e.width;
+}
+
+// Σ over runs j in [j0, j1) of clamp(x − start(j), 0, len): the rows of a chunk ending at x − L
+// (len rows) that the band of a run to its right reaches. Starts rise with j: the first runs
+// reach all len rows, then x − start(j), then none.
+Wide reach_from_right(const EvenRuns& e, std::int64_t j0, std::int64_t j1, Wide x, Wide len) {
+  if (j0 >= j1) return 0;
+  const std::int64_t full = std::clamp(first_start_above(e, x - len), j0, j1);
+  const std::int64_t none = std::clamp(first_start_above(e, x - 1), full, j1);
+  return len * (full - j0) + x * (none - full) - (e.starts_below(none) - e.starts_below(full));
+}
+
+// Σ over runs j in [j0, j1) of clamp(end(j) − y, 0, len): the rows of a chunk starting at y + R
+// that the band of a run to its left reaches (end(j) = start(j + 1)).
+Wide reach_from_left(const EvenRuns& e, std::int64_t j0, std::int64_t j1, Wide y, Wide len) {
+  if (j0 >= j1) return 0;
+  const std::int64_t some = std::clamp(first_end_above(e, y), j0, j1);
+  const std::int64_t full = std::clamp(first_end_above(e, y + len - 1), some, j1);
+  return (e.starts_below(full + 1) - e.starts_below(some + 1)) - y * (full - some) + len * (j1 - full);
+}
+
+struct Range {
+  std::int64_t lo, hi;  // [lo, hi)
+};
+
+// The runs that meet positions [x, y).
+Range runs_meeting(const EvenRuns& e, std::int64_t x, std::int64_t y) {
+  const std::int64_t lo = first_end_above(e, x);
+  return {lo, std::max(lo, first_start_above(e, Wide(y) - 1))};
+}
+
+// How many members other than one own a run of `runs`: the runs' owners as ranges of members
+// (a mirrored run range splits at the middle), merged.
+std::int64_t other_owners(const EvenRuns& e, const std::vector<Range>& runs) {
+  std::vector<Range> owners;
+  const std::int64_t m = e.members(), n = e.runs();
+  for (const Range& r : runs) {
+    if (!e.mirrored) {
+      owners.push_back(r);
+      continue;
+    }
+    if (r.lo < std::min(r.hi, m)) owners.push_back({r.lo, std::min(r.hi, m)});
+    if (std::max(r.lo, m) < r.hi) owners.push_back({n - r.hi, n - std::max(r.lo, m)});
+  }
+  std::sort(owners.begin(), owners.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  std::int64_t count = 0, covered = 0;  // members below `covered` counted
+  for (const Range& r : owners) {
+    count += std::max<std::int64_t>(0, r.hi - std::max(r.lo, covered));
+    covered = std::max(covered, r.hi);
+  }
+  return count - 1;  // the member itself owns a run of each band
+}
+
+// Positions [lo, hi) of all bands, clipped to the sequence, counted once.
+std::int64_t union_length(std::vector<Range> bands, std::int64_t seq) {
+  std::sort(bands.begin(), bands.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  std::int64_t n = 0, covered = 0;
+  for (const Range& b : bands) {
+    n += std::max<std::int64_t>(0, std::min(b.hi, seq) - std::max(b.lo, covered));
+    covered = std::max(covered, std::min(b.hi, seq));
+  }
+  return n;
+}
+
+// The closed form. Query chunk a sees keys [a.begin − L, a.end + R) (R = 0 when causal); a member's
+// runs are disjoint, so the rows of a chunk c another member's runs reach are their bands' union
+// in c. Mirrored runs are causal (R = 0): only runs right of c reach it, each member's through
+// its nearest there, the others' bands nested inside that one's.
+HaloCounts even_halo(const EvenRuns& e, int me, std::int64_t left, std::int64_t right) {
+  const std::int64_t m = e.members(), n = e.runs();
+  std::vector<std::int64_t> own{me};
+  if (e.mirrored) own.push_back(n - 1 - me);
+  HaloCounts h;
+  Wide given = 0;
+  std::int64_t own_rows = 0;
+  std::vector<Range> band, reach, sees, seen_by;  // positions; runs
+  for (const std::int64_t j : own) {
+    const std::int64_t s = e.start(j), t = e.end(j);
+    own_rows += t - s;
+    band.push_back({std::max<std::int64_t>(0, sat_sub(s, left)), sat_add(t, right)});
+    reach.push_back({sat_sub(s, right), sat_add(t, left)});
+    const Wide x = Wide(t) + left, len = t - s;
+    if (!e.mirrored)
+      given += reach_from_right(e, j + 1, n, x, len) + reach_from_left(e, 0, j, Wide(s) - right, len);
+    else if (j == me)  // members above: their first run; below: their mirrored one
+      given += reach_from_right(e, j + 1, m, x, len) + reach_from_right(e, n - me, n, x, len);
+    else
+      given += reach_from_right(e, j + 1, n, x, len);
+  }
+  for (const Range& b : band) sees.push_back(runs_meeting(e, b.lo, b.hi));
+  for (const Range& r : reach) seen_by.push_back(runs_meeting(e, r.lo, r.hi));
+  h.given = std::int64_t(given);
+  h.held = union_length(band, e.seq) - own_rows;
+  h.to = other_owners(e, seen_by);
+  h.back = other_owners(e, sees);
+  return h;
+}
+
+// `config`'s layout as an even cut for members of `width` ranks, if it is one.
+std::optional<EvenRuns> even_runs(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  switch (token_layout(config)) {
+    case TokenLayout::contiguous: return EvenRuns{seq, cp, width, false};
+    case TokenLayout::zigzag: return EvenRuns{seq, 2 * std::int64_t(cp), width, true};
+    case TokenLayout::per_document: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,
+                              const AttentionParams& params) {
+  // Neighbouring chunks belong to neighbouring members (contiguous and zigzag alike; a zigzag
+  // member's mirror chunk is further away than its first one), so the gap to a member's chunks
+  // grows with the distance to it: walk outwards on each side until a member exchanges nothing.
+  // Per-document zigzag (documents given) interleaves the members at every document: ask all.
+  const std::vector<SeqChunk> mine = chunks_of(me);
+  const bool ask_all = !params.cu_seqlens.empty();
+  HaloCounts h;
+  for (int step : {-1, 1})
+    for (int r = me + step; r >= 0 && r < members; r += step) {
+      const std::vector<SeqChunk> theirs = chunks_of(r);
+      const std::int64_t out = total_tokens(halo_rows(theirs, mine, params)),
+                         in = total_tokens(halo_rows(mine, theirs, params));
+      if (out == 0 && in == 0 && !ask_all) break;
+      h.given += out;
+      h.held += in;
+      h.to += out > 0;
+      h.back += in > 0;
+    }
+  return h;
+}
+
+HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq) {
+  const AttentionParams p = attention_params(config);
+  const std::int64_t right = p.causal ? 0 : p.window_right;
+  const std::optional<EvenRuns> e = even_runs(config, cp, width, seq);
+  if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, p.window_left, right);
+  const auto chunks_of = [&](int g) {  // member g: the chunks of its `width` ranks
+    std::vector<SeqChunk> c;
+    for (int r = g * width; r < (g + 1) * width; ++r)
+      for (const SeqChunk& x : rank_chunks(config, cp, r, seq)) c.push_back(x);
+    return c;
+  };
+  return walked_halo_counts(cp / width, member, chunks_of, p);
+}
+
+void put_halo_key(Strategy::TrafficKey& key, std::size_t at, const HaloCounts& h) {
+  for (const std::int64_t n : {h.given, h.held, h.to, h.back}) key.at(at++) = n;
+}
+
+HaloCounts halo_of(const Strategy::TrafficKey& key, std::size_t at) {
+  return {key.at(at), key.at(at + 1), key.at(at + 2), key.at(at + 3)};
+}
+
+void add_halo_volume(CommVolume& v, const std::string& prefix, const HaloCounts& h, std::int64_t per_token,
+                     std::int64_t es) {
+  v.forward_bytes[prefix + "p2p_kv"] = h.given * per_token * es;
+  v.backward_bytes[prefix + "p2p_dkv"] = h.held * per_token * 4;
+  v.forward_messages[prefix + "p2p_kv"] = h.to;
+  v.backward_messages[prefix + "p2p_dkv"] = h.back;
+  for (const char* op : {"p2p_kv", "p2p_dkv"}) declare_transfer(v, prefix, op, Collective::ring);
+}
+
+}  // namespace ulysses

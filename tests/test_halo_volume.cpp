@@ -1,0 +1,159 @@
+// The halo exchange's counts in closed form (halo_volume.cpp) against counting, token by token,
+// which keys each member's queries see, and against asking the members (the walk the closed form
+// replaced, still the path of per-document layouts).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "cp/ring_attention.hpp"
+#include "ulysses/core/documents.hpp"
+#include "ulysses/cp/comm_volume.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/sharding.hpp"
+#include "ulysses/plan/planner.hpp"
+
+using namespace ulysses;
+
+namespace {
+
+constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
+
+// Every member's counts from the tokens: key k is seen by the queries in [k − right, k + left]
+// (right 0 when causal); a member sends each other member its keys that member's queries see.
+std::vector<HaloCounts> counted(const CpConfig& cfg, int cp, int width, std::int64_t s) {
+  const int members = cp / width;
+  std::vector<int> owner(static_cast<std::size_t>(s));
+  for (int r = 0; r < cp; ++r)
+    for (const SeqChunk& c : rank_chunks(cfg, cp, r, s))
+      for (std::int64_t p = c.begin; p < c.begin + c.length; ++p) owner[std::size_t(p)] = r / width;
+  const std::int64_t left = std::min(cfg.window_left, s), right = cfg.causal ? 0 : std::min(cfg.window_right, s);
+  std::vector<HaloCounts> h(static_cast<std::size_t>(members));
+  std::vector<std::set<int>> sent_to(h.size()), held_from(h.size());
+  for (std::int64_t k = 0; k < s; ++k) {
+    const int mine = owner[std::size_t(k)];
+    std::set<int> seen_by;
+    for (std::int64_t p = std::max<std::int64_t>(0, k - right); p <= std::min(s - 1, k + left); ++p)
+      seen_by.insert(owner[std::size_t(p)]);
+    seen_by.erase(mine);
+    h[std::size_t(mine)].given += std::int64_t(seen_by.size());
+    for (const int r : seen_by) {
+      sent_to[std::size_t(mine)].insert(r);
+      held_from[std::size_t(r)].insert(mine);
+      ++h[std::size_t(r)].held;
+    }
+  }
+  for (std::size_t m = 0; m < h.size(); ++m) {
+    h[m].to = std::int64_t(sent_to[m].size());
+    h[m].back = std::int64_t(held_from[m].size());
+  }
+  return h;
+}
+
+std::string show(const HaloCounts& h) { return fmt::format("{{{}, {}, {}, {}}}", h.given, h.held, h.to, h.back); }
+
+}  // namespace
+
+TEST(HaloVolume, ClosedFormEqualsCountingTokens) {
+  int checked = 0;
+  for (const int cp : {1, 2, 3, 4, 6, 8, 12})
+    for (const int width : {1, 2, 3, 4})
+      for (const bool zigzag : {true, false})
+        for (auto [left, right, causal] : {std::tuple{std::int64_t(0), std::int64_t(-1), true},
+                                           {1, -1, true},
+                                           {3, -1, true},
+                                           {7, -1, true},
+                                           {20, -1, true},
+                                           {kUnbounded, -1, true},
+                                           {0, 0, false},
+                                           {5, 2, false},
+                                           {2, 9, false},
+                                           {25, 25, false},
+                                           {0, kUnbounded, false},
+                                           {kUnbounded, kUnbounded, false}}) {
+          if (cp % width != 0) continue;
+          for (const std::int64_t s : {2 * std::int64_t(cp), 2 * std::int64_t(cp) + 1, 5 * std::int64_t(cp) + 3,
+                                       std::int64_t(61)}) {
+            if (s < 2 * cp) continue;
+            const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
+            const std::vector<HaloCounts> want = counted(cfg, cp, width, s);
+            for (int m = 0; m < cp / width; ++m) {
+              const HaloCounts got = halo_counts(cfg, cp, width, m, s);
+              ASSERT_EQ(got, want[std::size_t(m)])
+                  << fmt::format("cp {} width {} zigzag {} window {},{} causal {} s {} member {}: {} against {}", cp,
+                                 width, zigzag, left, right, causal, s, m, show(got), show(want[std::size_t(m)]));
+              ++checked;
+            }
+          }
+        }
+  EXPECT_GT(checked, 3000);
+}
+
+TEST(HaloVolume, ClosedFormEqualsAskingTheMembers) {
+  // The walk over halo_rows (what traffic() ran before, per rank) at sizes counting tokens
+  // would not reach: uneven chunks of tens of tokens, windows within a chunk and across many.
+  for (const int cp : {16, 37, 64})
+    for (const int width : {1, 4})
+      for (const bool zigzag : {true, false})
+        for (auto [left, right, causal] : {std::tuple{std::int64_t(0), std::int64_t(-1), true},
+                                           {40, -1, true},
+                                           {300, -1, true},
+                                           {5000, -1, true},
+                                           {70, 2, false},
+                                           {9, 700, false}}) {
+          if (cp % width != 0) continue;
+          const std::int64_t s = 20 * cp + 7;
+          const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
+          const AttentionParams p = attention_params(cfg);
+          const auto chunks_of = [&](int g) {
+            std::vector<SeqChunk> c;
+            for (int r = g * width; r < (g + 1) * width; ++r)
+              for (const SeqChunk& x : rank_chunks(cfg, cp, r, s)) c.push_back(x);
+            return c;
+          };
+          for (int m = 0; m < cp / width; ++m) {
+            const HaloCounts got = halo_counts(cfg, cp, width, m, s),
+                             want = walked_halo_counts(cp / width, m, chunks_of, p);
+            ASSERT_EQ(got, want) << fmt::format("cp {} width {} zigzag {} window {},{} member {}: {} against {}", cp,
+                                                width, zigzag, left, right, m, show(got), show(want));
+          }
+        }
+}
+
+TEST(HaloVolume, WindowsAtAWorldOf65536MatchTheirArithmetic) {
+  // Plans that asked every neighbour inside the band (minutes at cp 65536 with a window of
+  // 4096), against what the layout says by hand. Zigzag chunks of s/2cp = 1 token: the first
+  // chunk of rank r is token r, its mirror 2cp − 1 − r. A key's halo goes to every rank that
+  // owns one of the W tokens after it. Rank 0 (tokens 0 and 131071): token 0 is seen by the
+  // owners of tokens 1..W, W distinct ranks (W < cp); token 131071 by none, and its band holds
+  // tokens 131071 − W.. of ranks W..1. Rank cp − 1
+  // (tokens 65535, 65536, adjacent): 65535 is seen by the owners of 65537..65535 + W (ranks
+  // cp − 2, cp − 3, ...: W − 1 others), 65536 by those of 65537..65536 + W (W others): 2W − 1 rows
+  // to W ranks. A member holds the union of what its queries see, less its own: rank 0 the W
+  // keys before token 131071, rank cp − 1 the W before 65535.
+  const Shape q{1, 131072, 32, 128};
+  const std::int64_t per_token = 2 * 8 * 128, W = 4096;
+  CpConfig cfg{"p2p", {}, true};
+  cfg.window_left = W;
+  EXPECT_EQ(halo_counts(cfg, 65536, 1, 0, q.s), (HaloCounts{W, W, W, W}));
+  EXPECT_EQ(halo_counts(cfg, 65536, 1, 65535, q.s), (HaloCounts{2 * W - 1, W, W, W}));
+  // The busiest: a rank whose two tokens lie W and more apart from each other and from the ends
+  // sends 2W rows, to 2W ranks, and holds 2W rows from 2W ranks.
+  const CommVolume v = predicted_comm_volume(cfg, 65536, q, 8, DType::bf16);
+  EXPECT_EQ(v.forward_bytes.at("p2p_kv"), 2 * W * per_token * 2);
+  EXPECT_EQ(v.backward_bytes.at("p2p_dkv"), 2 * W * per_token * 4);
+  EXPECT_EQ(v.forward_messages.at("p2p_kv"), 2 * W);
+  EXPECT_EQ(v.backward_messages.at("p2p_dkv"), 2 * W);
+  // a2a+p2p [16, 4096], contiguous (full mask, window 64 on both sides): groups of 32 tokens,
+  // every group's keys seen by the 64 tokens on each side: two groups each way, 64 rows each.
+  CpConfig h{"a2a+p2p", {16, 4096}, false};
+  h.window_left = h.window_right = 64;
+  const CommVolume hv = predicted_comm_volume(h, 65536, q, 8, DType::bf16);
+  const std::int64_t outer_per_token = 2 * 1 * 128;  // 8 KV heads over 16 inner ranks: one each (ulysses_heads)
+  EXPECT_EQ(hv.forward_bytes.at("outer.p2p_kv"), 2 * 64 * outer_per_token * 2);
+  EXPECT_EQ(hv.forward_messages.at("outer.p2p_kv"), 4);
+  EXPECT_EQ(hv.backward_messages.at("outer.p2p_dkv"), 4);
+}
