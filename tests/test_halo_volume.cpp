@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -75,8 +76,8 @@ TEST(HaloVolume, ClosedFormEqualsCountingTokens) {
                                            {0, kUnbounded, false},
                                            {kUnbounded, kUnbounded, false}}) {
           if (cp % width != 0) continue;
-          for (const std::int64_t s : {2 * std::int64_t(cp), 2 * std::int64_t(cp) + 1, 5 * std::int64_t(cp) + 3,
-                                       std::int64_t(61)}) {
+          for (const std::int64_t s :
+               {2 * std::int64_t(cp), 2 * std::int64_t(cp) + 1, 5 * std::int64_t(cp) + 3, std::int64_t(61)}) {
             if (s < 2 * cp) continue;
             const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag, {}, left, right};
             const std::vector<HaloCounts> want = counted(cfg, cp, width, s);
@@ -121,6 +122,47 @@ TEST(HaloVolume, ClosedFormEqualsAskingTheMembers) {
                                                 width, zigzag, left, right, m, show(got), show(want));
           }
         }
+}
+
+TEST(HaloVolume, PerDocumentSweepEqualsCountingTokensAndAskingTheMembers) {
+  // Per-document zigzag puts every member in every document: its counts come from one sweep
+  // over all members' chunks. Random packings (empty, short and long documents), causal windows.
+  std::mt19937_64 rng(41);
+  int checked = 0;
+  for (const int cp : {2, 3, 4, 6, 8})
+    for (const int width : {1, 2})
+      for (int trial = 0; trial < 12; ++trial) {
+        if (cp % width != 0) continue;
+        std::vector<std::int64_t> lengths(1 + rng() % 6);
+        for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3 * cp : 12 * cp));
+        const std::vector<std::int64_t> cu = cu_seqlens_of(lengths);
+        const std::int64_t s = cu.back();
+        if (s < 2 * cp) continue;
+        for (const std::int64_t left :
+             {std::int64_t(0), std::int64_t(1), std::int64_t(5), std::int64_t(30), kUnbounded}) {
+          CpConfig cfg{"p2p", {}, true, std::nullopt};
+          cfg.cu_seqlens = cu;
+          cfg.window_left = left;
+          const AttentionParams p = attention_params(cfg);
+          const std::vector<HaloCounts> want = counted(cfg, cp, width, s), all = members_halo_counts(cfg, cp, width, s);
+          const auto chunks_of = [&](int g) {
+            std::vector<SeqChunk> c;
+            for (int r = g * width; r < (g + 1) * width; ++r)
+              for (const SeqChunk& x : rank_chunks(cfg, cp, r, s)) c.push_back(x);
+            return c;
+          };
+          for (int m = 0; m < cp / width; ++m) {
+            const std::string what =
+                fmt::format("cp {} width {} trial {} window {} member {}", cp, width, trial, left, m);
+            ASSERT_EQ(all[std::size_t(m)], want[std::size_t(m)])
+                << what << ": " << show(all[std::size_t(m)]) << " against " << show(want[std::size_t(m)]);
+            ASSERT_EQ(halo_counts(cfg, cp, width, m, s), want[std::size_t(m)]) << what;
+            ASSERT_EQ(walked_halo_counts(cp / width, m, chunks_of, p), want[std::size_t(m)]) << what;
+            ++checked;
+          }
+        }
+      }
+  EXPECT_GT(checked, 500);
 }
 
 TEST(HaloVolume, WindowsAtAWorldOf65536MatchTheirArithmetic) {

@@ -158,6 +158,123 @@ std::optional<EvenRuns> even_runs(const CpConfig& config, int cp, int width, std
   return std::nullopt;
 }
 
+// A Fenwick tree of (count, sum) over interval indices: the marked intervals' starts.
+struct Marks {
+  std::vector<std::int64_t> count;
+  std::vector<Wide> sum;
+  explicit Marks(std::size_t n) : count(n + 1), sum(n + 1) {}
+  void add(std::size_t i, std::int64_t c, Wide v) {
+    for (++i; i < count.size(); i += i & (~i + 1)) count[i] += c, sum[i] += v;
+  }
+  std::pair<std::int64_t, Wide> below(std::size_t i) const {  // over indices < i
+    std::pair<std::int64_t, Wide> r{0, 0};
+    for (; i > 0; i -= i & (~i + 1)) r.first += count[i], r.second += sum[i];
+    return r;
+  }
+};
+
+struct Piece {
+  std::int64_t begin, end;
+  int member;
+};
+
+// Every member's given rows (R = 0): from right to left, each member's nearest piece to the right
+// is marked; a piece [s, t) gives clamp(t + L − start, 0, t − s) rows to each other member whose
+// mark starts in [t, t + L) (union semantics: its nearest piece's band holds its others').
+std::vector<Wide> swept_given(const std::vector<Piece>& p, int members, std::int64_t left) {
+  std::vector<Wide> given(static_cast<std::size_t>(members));
+  std::vector<std::int64_t> nearest(static_cast<std::size_t>(members), -1);
+  Marks marks(p.size());
+  auto first_start_at = [&](Wide x) {  // the first piece starting at or after x
+    return std::size_t(std::partition_point(p.begin(), p.end(), [&](const Piece& q) { return q.begin < x; }) -
+                       p.begin());
+  };
+  for (std::size_t i = p.size(); i-- > 0;) {
+    const Piece& c = p[i];
+    const Wide x = Wide(c.end) + left, len = c.end - c.begin;
+    const std::size_t full = first_start_at(x - len + 1), none = first_start_at(x);
+    const auto [n0, s0] = marks.below(i + 1);
+    const auto [n1, s1] = marks.below(std::max(full, i + 1));
+    const auto [n2, s2] = marks.below(std::max(none, i + 1));
+    Wide g = len * (n1 - n0) + x * (n2 - n1) - (s2 - s1);
+    std::int64_t& own = nearest[std::size_t(c.member)];
+    if (own >= 0) {  // the member's own next piece sends it nothing
+      g -= std::clamp(x - p[std::size_t(own)].begin, Wide(0), len);
+      marks.add(std::size_t(own), -1, -Wide(p[std::size_t(own)].begin));
+    }
+    given[std::size_t(c.member)] += g;
+    own = std::int64_t(i);
+    marks.add(i, 1, c.begin);
+  }
+  return given;
+}
+
+// The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
+// held as the union of the member's bands less its own rows, and the partners as bit sets: a
+// piece [s, t) is reached by the pieces starting in [t, t + L), whose owners a two-pointer window
+// keeps. O(pieces · (log pieces + members / 64)) time, members² bits.
+std::vector<HaloCounts> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left, std::int64_t seq) {
+  std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  const std::vector<Wide> given = swept_given(p, members, left);
+  const std::size_t m = std::size_t(members), words = (m + 63) / 64;
+  std::vector<std::uint64_t> to(m * words), window(words);
+  std::vector<std::int64_t> in_window(m), covered(m, 0), held(m, 0);
+  std::size_t lo = 0, hi = 0;
+  for (const Piece& c : p) {
+    const Wide x = Wide(c.end) + left;
+    for (; hi < p.size() && p[hi].begin < x; ++hi)
+      if (in_window[std::size_t(p[hi].member)]++ == 0)
+        window[std::size_t(p[hi].member) / 64] ^= 1ull << (p[hi].member % 64);
+    for (; lo < hi && p[lo].begin < c.end; ++lo)
+      if (--in_window[std::size_t(p[lo].member)] == 0)
+        window[std::size_t(p[lo].member) / 64] ^= 1ull << (p[lo].member % 64);
+    const std::size_t me = std::size_t(c.member);
+    for (std::size_t w = 0; w < words; ++w) to[me * words + w] |= window[w];
+    const std::int64_t from = std::max({std::int64_t(0), sat_sub(c.begin, left), covered[me]});
+    held[me] += std::max<std::int64_t>(0, std::min(c.end, seq) - from) - (c.end - c.begin);
+    covered[me] = std::max(covered[me], c.end);
+  }
+  std::vector<HaloCounts> h(m);
+  for (std::size_t a = 0; a < m; ++a) {
+    h[a].given = std::int64_t(given[a]);
+    h[a].held = held[a];
+    to[a * words + a / 64] &= ~(1ull << (a % 64));  // pieces of its own in the window
+    for (std::size_t w = 0; w < words; ++w)
+      for (std::uint64_t bits = to[a * words + w]; bits != 0; bits &= bits - 1) {
+        ++h[a].to;
+        ++h[w * 64 + std::size_t(__builtin_ctzll(bits))].back;
+      }
+  }
+  return h;
+}
+
+// Members up to which the per-document layout's counts are swept (members² bits: 8 MiB); above,
+// the members are asked one by one.
+constexpr int kSweptMembers = 8192;
+
+// Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
+// traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
+// kept for the next rank of the same layout (it reads the documents, cp, width, seq and window).
+std::optional<std::vector<HaloCounts>> swept_members(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  const int members = cp / width;
+  if (token_layout(config) != TokenLayout::per_document || members > kSweptMembers) return std::nullopt;
+  struct Last {
+    std::vector<std::int64_t> cu;
+    std::array<std::int64_t, 4> sizes{};  // cp, width, seq, window_left
+    std::vector<HaloCounts> counts;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
+  if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
+    std::vector<Piece> pieces;
+    for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
+      pieces.push_back({c.begin, c.begin + c.length, r / width});
+    });
+    last = {config.cu_seqlens, sizes, swept_halo_counts(std::move(pieces), members, config.window_left, seq)};
+  }
+  return last.counts;
+}
+
 }  // namespace
 
 HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,
@@ -188,6 +305,7 @@ HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, st
   const std::int64_t right = p.causal ? 0 : p.window_right;
   const std::optional<EvenRuns> e = even_runs(config, cp, width, seq);
   if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, p.window_left, right);
+  if (const auto swept = swept_members(config, cp, width, seq)) return (*swept)[std::size_t(member)];
   const auto chunks_of = [&](int g) {  // member g: the chunks of its `width` ranks
     std::vector<SeqChunk> c;
     for (int r = g * width; r < (g + 1) * width; ++r)
@@ -195,6 +313,13 @@ HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, st
     return c;
   };
   return walked_halo_counts(cp / width, member, chunks_of, p);
+}
+
+std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  if (auto swept = swept_members(config, cp, width, seq)) return std::move(*swept);
+  std::vector<HaloCounts> h;
+  for (int m = 0; m < cp / width; ++m) h.push_back(halo_counts(config, cp, width, m, seq));
+  return h;
 }
 
 void put_halo_key(Strategy::TrafficKey& key, std::size_t at, const HaloCounts& h) {

@@ -96,9 +96,13 @@ struct HaloCounts {
 
 // The halo of ring member `member` when each member holds the chunks of `width` consecutive ranks
 // of `config`'s layout of `seq` tokens on cp ranks (p2p: width 1; a2a+p2p's outer ring: the inner
-// size). Contiguous and zigzag layouts in closed form (halo_volume.cpp), O(log cp); per-document
-// zigzag by asking the members.
+// size). Contiguous and zigzag layouts in closed form (halo_volume.cpp), O(1); per-document
+// zigzag by a sweep over every member's chunks (members_halo_counts).
 HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq);
+
+// halo_counts of every member, at once (per-document zigzag: one sweep over every rank's chunks,
+// O(chunks · (log chunks + members / 64)), up to 8192 members; above, member by member).
+std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed

@@ -299,11 +299,10 @@ class A2aP2pStrategy final : public Strategy {
     std::vector<TrafficKey> keys;
     for (int r = 0; r < cp; ++r) keys.push_back(ring_key(config, r, q, kv_seq, kv_heads, held));
     const int I = config.hierarchical_context_parallel_sizes[0];
-    if (uses_halo(attention_params(config)))  // one outer member's counts for its I ranks
-      for (int g = 0; g < cp / I; ++g) {
-        const HaloCounts h = halo_counts(config, cp, I, g, q.s);
-        for (int r = g * I; r < (g + 1) * I; ++r) put_halo_key(keys[std::size_t(r)], kHaloAt, h);
-      }
+    if (uses_halo(attention_params(config))) {  // one outer member's counts for its I ranks
+      const std::vector<HaloCounts> h = members_halo_counts(config, cp, I, q.s);
+      for (int r = 0; r < cp; ++r) put_halo_key(keys[std::size_t(r)], kHaloAt, h[std::size_t(r / I)]);
+    }
     return keys;
   }
 

@@ -71,10 +71,14 @@ class P2pStrategy final : public Strategy {
   }
 
   std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
-                                       std::int64_t kv_heads) const override {
-    if (uses_halo(attention_params(config))) return Strategy::traffic_keys(config, cp, q, kv_seq, kv_heads);
+                                       std::int64_t) const override {
+    std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
+    if (uses_halo(attention_params(config))) {
+      const std::vector<HaloCounts> h = members_halo_counts(config, cp, 1, q.s);
+      for (int r = 0; r < cp; ++r) put_halo_key(keys[std::size_t(r)], 0, h[std::size_t(r)]);
+      return keys;
+    }
     const std::vector<std::int64_t> tokens = tokens_of_ranks(config, cp, kv_seq);
-    std::vector<TrafficKey> keys(tokens.size());
     for (int r = 0; r < cp; ++r) keys[std::size_t(r)][0] = tokens[std::size_t((r + 1) % cp)];
     return keys;
   }
