@@ -103,8 +103,8 @@ Strategy::TrafficKey Strategy::traffic_key(const CpConfig&, int, int rank, const
 
 std::vector<Strategy::TrafficKey> Strategy::traffic_keys(const CpConfig& config, int cp, const Shape& q,
                                                          std::int64_t kv_seq, std::int64_t kv_heads) const {
-  std::vector<TrafficKey> keys;
-  for (int r = 0; r < cp; ++r) keys.push_back(traffic_key(config, cp, r, q, kv_seq, kv_heads));
+  std::vector<TrafficKey> keys(std::size_t(std::max(cp, 0)));
+  for (int r = 0; r < cp; ++r) keys[std::size_t(r)] = traffic_key(config, cp, r, q, kv_seq, kv_heads);
   return keys;
 }
 

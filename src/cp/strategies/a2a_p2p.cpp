@@ -296,8 +296,8 @@ class A2aP2pStrategy final : public Strategy {
       const std::vector<std::int64_t>& b = below.at(seq);
       return b[std::size_t(first + ranks)] - b[std::size_t(first)];
     };
-    std::vector<TrafficKey> keys;
-    for (int r = 0; r < cp; ++r) keys.push_back(ring_key(config, r, q, kv_seq, kv_heads, held));
+    std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
+    for (int r = 0; r < cp; ++r) keys[std::size_t(r)] = ring_key(config, r, q, kv_seq, kv_heads, held);
     const int I = config.hierarchical_context_parallel_sizes[0];
     if (uses_halo(attention_params(config))) {  // one outer member's counts for its I ranks
       const std::vector<HaloCounts> h = members_halo_counts(config, cp, I, q.s);
