@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "test_util.hpp"
 #include "ulysses/core/documents.hpp"
@@ -142,6 +143,18 @@ TEST(Sharding, EveryRanksTokensAndChunksAtOnceAreEachRanks) {
         }
       }
     }
+}
+
+TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
+  const auto none = [](int, const SeqChunk&) {};
+  for (const auto& [cfg, cp, s] : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10
+                                   std::tuple{ring_with({}), 4, std::int64_t(7)},          // zigzag: fewer than 2·cp
+                                   std::tuple{CpConfig{"p2p", {}, false}, 8, std::int64_t(5)}}) {
+    const std::string want = error_of([&] { rank_chunks(cfg, cp, 0, s); });
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(error_of([&] { tokens_of_ranks(cfg, cp, s); }), want);
+    EXPECT_EQ(error_of([&] { for_each_rank_chunk(cfg, cp, s, none); }), want);
+  }
 }
 
 // Random packings (empty, short, long documents): every position on exactly one rank; one
