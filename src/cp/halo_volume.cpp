@@ -209,55 +209,105 @@ std::vector<Wide> swept_given(const std::vector<Piece>& p, int members, std::int
   return given;
 }
 
-// The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
-// held as the union of the member's bands less its own rows, and the partners as bit sets: a
-// piece [s, t) is reached by the pieces starting in [t, t + L), whose owners a two-pointer window
-// keeps. O(pieces · (log pieces + members / 64)) time, members² bits.
-std::vector<HaloCounts> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left, std::int64_t seq) {
-  std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
-  const std::vector<Wide> given = swept_given(p, members, left);
-  const std::size_t m = std::size_t(members), words = (m + 63) / 64;
-  std::vector<std::uint64_t> to(m * words), window(words);
-  std::vector<std::int64_t> in_window(m), covered(m, 0), held(m, 0);
+// Each piece's partners' window (R = 0): the pieces starting in [end, end + L), as [lo, hi) of
+// the position-sorted pieces, by two pointers.
+std::vector<std::pair<std::size_t, std::size_t>> piece_windows(const std::vector<Piece>& p, std::int64_t left) {
+  std::vector<std::pair<std::size_t, std::size_t>> w(p.size());
   std::size_t lo = 0, hi = 0;
-  for (const Piece& c : p) {
-    const Wide x = Wide(c.end) + left;
-    for (; hi < p.size() && p[hi].begin < x; ++hi)
-      if (in_window[std::size_t(p[hi].member)]++ == 0)
-        window[std::size_t(p[hi].member) / 64] ^= 1ull << (p[hi].member % 64);
-    for (; lo < hi && p[lo].begin < c.end; ++lo)
-      if (--in_window[std::size_t(p[lo].member)] == 0)
-        window[std::size_t(p[lo].member) / 64] ^= 1ull << (p[lo].member % 64);
-    const std::size_t me = std::size_t(c.member);
-    for (std::size_t w = 0; w < words; ++w) to[me * words + w] |= window[w];
-    const std::int64_t from = std::max({std::int64_t(0), sat_sub(c.begin, left), covered[me]});
-    held[me] += std::max<std::int64_t>(0, std::min(c.end, seq) - from) - (c.end - c.begin);
-    covered[me] = std::max(covered[me], c.end);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    while (hi < p.size() && p[hi].begin < Wide(p[i].end) + left) ++hi;
+    while (lo < hi && p[lo].begin < p[i].end) ++lo;
+    w[i] = {lo, hi};
   }
-  std::vector<HaloCounts> h(m);
-  for (std::size_t a = 0; a < m; ++a) {
-    h[a].given = std::int64_t(given[a]);
-    h[a].held = held[a];
-    to[a * words + a / 64] &= ~(1ull << (a % 64));  // pieces of its own in the window
-    for (std::size_t w = 0; w < words; ++w)
-      for (std::uint64_t bits = to[a * words + w]; bits != 0; bits &= bits - 1) {
-        ++h[a].to;
-        ++h[w * 64 + std::size_t(__builtin_ctzll(bits))].back;
-      }
-  }
-  return h;
+  return w;
 }
 
-// Members up to which the per-document layout's counts are swept (members² bits: 8 MiB); above,
-// the members are asked one by one.
-constexpr int kSweptMembers = 8192;
+// Partners from every piece's window, each member's pieces together, a stamp per member seen:
+// O(pieces + Σ window sizes).
+void partners_by_stamps(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
+                        std::vector<HaloCounts>& h) {
+  std::vector<std::vector<std::size_t>> of(h.size());
+  for (std::size_t i = 0; i < p.size(); ++i) of[std::size_t(p[i].member)].push_back(i);
+  std::vector<std::size_t> seen(h.size(), h.size());
+  for (std::size_t me = 0; me < h.size(); ++me)
+    for (const std::size_t i : of[me])
+      for (std::size_t k = w[i].first; k < w[i].second; ++k) {
+        const std::size_t r = std::size_t(p[k].member);
+        if (r == me || seen[r] == me) continue;
+        seen[r] = me;
+        ++h[me].to;
+        ++h[r].back;
+      }
+}
+
+// The same with a bit set of the window's owners OR-ed into each member's: O(pieces · members / 64)
+// time, members² bits.
+void partners_by_bits(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
+                      std::vector<HaloCounts>& h) {
+  const std::size_t m = h.size(), words = (m + 63) / 64;
+  std::vector<std::uint64_t> to(m * words), window(words);
+  std::vector<std::int64_t> in_window(m);
+  auto flip = [&](std::size_t k, int step) {
+    const std::size_t r = std::size_t(p[k].member);
+    if ((in_window[r] += step) == (step > 0 ? 1 : 0)) window[r / 64] ^= std::uint64_t(1) << (r % 64);
+  };
+  std::size_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    for (; hi < w[i].second; ++hi) flip(hi, 1);
+    for (; lo < w[i].first; ++lo) flip(lo, -1);
+    const std::size_t me = std::size_t(p[i].member);
+    for (std::size_t x = 0; x < words; ++x) to[me * words + x] |= window[x];
+  }
+  for (std::size_t a = 0; a < m; ++a) {
+    to[a * words + a / 64] &= ~(std::uint64_t(1) << (a % 64));  // its own pieces in the window
+    for (std::size_t x = 0; x < words; ++x)
+      for (std::uint64_t bits = to[a * words + x]; bits != 0; bits &= bits - 1) {
+        ++h[a].to;
+        ++h[x * 64 + std::size_t(__builtin_ctzll(bits))].back;
+      }
+  }
+}
+
+// Members up to which partners may be kept as bit sets (members² bits: 8 MiB), and the window
+// sizes summed past which stamps are too slow (a few seconds): beyond both, the members are asked.
+constexpr std::size_t kBitMembers = 8192;
+constexpr Wide kMostStamps = Wide(1) << 28;
+
+// The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
+// held as the union of the member's bands less its own rows, the partners from each piece's
+// window (stamps or bit sets, whichever costs less). Empty when both cost too much.
+std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left,
+                                                         std::int64_t seq) {
+  std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  const std::vector<std::pair<std::size_t, std::size_t>> w = piece_windows(p, left);
+  Wide stamps = 0;
+  for (const auto& [lo, hi] : w) stamps += Wide(hi - lo);
+  const std::size_t m = std::size_t(members);
+  const Wide bits = Wide(p.size()) * Wide((m + 63) / 64);
+  if (stamps > kMostStamps && m > kBitMembers) return std::nullopt;
+  const std::vector<Wide> given = swept_given(p, members, left);
+  std::vector<HaloCounts> h(m);
+  std::vector<std::int64_t> covered(m, 0);
+  for (const Piece& c : p) {
+    const std::size_t me = std::size_t(c.member);
+    const std::int64_t from = std::max({std::int64_t(0), sat_sub(c.begin, left), covered[me]});
+    h[me].held += std::max<std::int64_t>(0, std::min(c.end, seq) - from) - (c.end - c.begin);
+    covered[me] = std::max(covered[me], c.end);
+  }
+  for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
+  if (m > kBitMembers || stamps <= bits)
+    partners_by_stamps(p, w, h);
+  else
+    partners_by_bits(p, w, h);
+  return h;
+}
 
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window).
 std::optional<std::vector<HaloCounts>> swept_members(const CpConfig& config, int cp, int width, std::int64_t seq) {
   const int members = cp / width;
-  if (token_layout(config) != TokenLayout::per_document || members > kSweptMembers) return std::nullopt;
+  if (token_layout(config) != TokenLayout::per_document) return std::nullopt;
   struct Last {
     std::vector<std::int64_t> cu;
     std::array<std::int64_t, 4> sizes{};  // cp, width, seq, window_left
@@ -270,7 +320,10 @@ std::optional<std::vector<HaloCounts>> swept_members(const CpConfig& config, int
     for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
       pieces.push_back({c.begin, c.begin + c.length, r / width});
     });
-    last = {config.cu_seqlens, sizes, swept_halo_counts(std::move(pieces), members, config.window_left, seq)};
+    std::optional<std::vector<HaloCounts>> swept =
+        swept_halo_counts(std::move(pieces), members, config.window_left, seq);
+    if (!swept) return std::nullopt;
+    last = {config.cu_seqlens, sizes, std::move(*swept)};
   }
   return last.counts;
 }

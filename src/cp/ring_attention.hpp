@@ -101,7 +101,8 @@ struct HaloCounts {
 HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq);
 
 // halo_counts of every member, at once (per-document zigzag: one sweep over every rank's chunks,
-// O(chunks · (log chunks + members / 64)), up to 8192 members; above, member by member).
+// O(chunks · log chunks) and the partners' windows by stamps or bit sets, whichever is cheaper;
+// member by member only when both would be too costly).
 std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
