@@ -564,8 +564,10 @@ TEST(Planner, BusiestVolumeAtAWorldOf65536IsEveryRanksLargest) {
 TEST(PlannerTieBand, MeasuredBandIsTheMedianOfThePairsRatioErrors) {
   // Predicted ratio over measured ratio per pair in one shape, max(x, 1/x) - 1: 1.1 -> 0.1,
   // 1.05 -> 0.05, 0.8 -> 0.25, and an exact pair 0; a row not run (measured 0) pairs with none.
-  const std::vector<std::vector<ValidatedRow>> shapes = {
-      {{1, 1}, {2, 2.2}}, {{1, 1}, {1, 1.05}, {1, 0}}, {{2, 2}, {1, 1.25}}, {{3, 3}, {1, 1}}};
+  const std::vector<std::vector<ValidatedRow>> shapes = {{{1, 1}, {2, 2.2}},
+                                                         {{1, 1}, {1, 1.05}, {1, 0}},
+                                                         {{2, 2}, {1, 1.25}},
+                                                         {{3, 3}, {1, 1}}};
   const MeasuredBand m = measured_tie_band(shapes);
   EXPECT_EQ(m.pairs, 4);
   EXPECT_NEAR(m.band, (0.05 + 0.1) / 2, 1e-12);  // the median of 0, 0.05, 0.1, 0.25
@@ -590,11 +592,15 @@ TEST(PlannerTieBand, MeasuredBandIsTheMedianOfThePairsRatioErrors) {
 
 TEST(PlannerTieBand, BadMeasurementsAndBandsAreErrors) {
   for (ValidatedRow bad : std::vector<ValidatedRow>{{0, 1}, {-1, 1}, {NAN, 1}, {INFINITY, 1}, {1, NAN}, {1, INFINITY}})
-    EXPECT_NE(error_of([&] { measured_tie_band({{{1, 1}, bad}}); }).find("a measured row needs positive, finite"),
+    EXPECT_NE(error_of([&] {
+                measured_tie_band({{{1, 1}, bad}});
+              }).find("a measured row needs positive, finite"),
               std::string::npos)
         << bad.predicted_s << " " << bad.measured_s;
   for (double band : {-0.01, 1.0, 2.0, double(NAN), double(INFINITY)}) {
-    EXPECT_NE(error_of([&] { check_tie_band({band, "", true}); }).find("the tie band must be finite and in [0, 1)"),
+    EXPECT_NE(error_of([&] {
+                check_tie_band({band, "", true});
+              }).find("the tie band must be finite and in [0, 1)"),
               std::string::npos)
         << band;
     EXPECT_THROW(make_plan(gpt(8192, 32, 8, 8), TieBand{band, "", true}), Error) << band;

@@ -368,8 +368,9 @@ std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRo
   else if (b.predicted_step_s <= n.predicted_step_s)
     decided = tie.memory_decides ? "the predicted faster wins" : "the predicted faster wins; memory does not decide";
   else if (tie.memory_decides && b.memory_bytes < 0.9 * n.memory_bytes)
-    decided = fmt::format("memory decides: {:.4g} MB per rank against {:.4g} MB, for {:+.1f}% predicted time",
-                          b.memory_bytes / 1e6, n.memory_bytes / 1e6, 100 * (b.predicted_step_s / n.predicted_step_s - 1));
+    decided =
+        fmt::format("memory decides: {:.4g} MB per rank against {:.4g} MB, for {:+.1f}% predicted time",
+                    b.memory_bytes / 1e6, n.memory_bytes / 1e6, 100 * (b.predicted_step_s / n.predicted_step_s - 1));
   else
     decided = "the first listed, simpler wins";
   return fmt::format("; {} is within {} (a tie: {})", n.name, band, decided);
@@ -444,7 +445,8 @@ MeasuredBand measured_tie_band(const std::vector<std::vector<ValidatedRow>>& sha
   const std::size_t mid = errors.size() / 2;
   std::nth_element(errors.begin(), errors.begin() + std::ptrdiff_t(mid), errors.end());
   double median = errors[mid];
-  if (errors.size() % 2 == 0) median = (median + *std::max_element(errors.begin(), errors.begin() + std::ptrdiff_t(mid))) / 2;
+  if (errors.size() % 2 == 0)
+    median = (median + *std::max_element(errors.begin(), errors.begin() + std::ptrdiff_t(mid))) / 2;
   return {median, int(errors.size())};
 }
 
