@@ -234,6 +234,17 @@ double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
 
 // ---- output ---------------------------------------------------------------------------------
 
+nlohmann::json kernel_json(const KernelModel& k) {
+  return {{"kv_half", k.kv_half},
+          {"causal_half", k.causal_half},
+          {"head_dim_half", k.head_dim_half},
+          {"backward_ratio", k.backward_ratio},
+          {"call_s", k.call_s},
+          {"merge_passes", k.merge_passes},
+          {"kv_pack_s_per_byte", k.kv_pack_s_per_byte},
+          {"memory_bandwidth", k.memory_bandwidth}};
+}
+
 nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {
   const PlanInput& in = req.in;
   nlohmann::json rows = nlohmann::json::array();
@@ -277,15 +288,7 @@ nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
             {"mode", mode_name(in.mode)},
-            {"kernel",
-             {{"kv_half", in.cluster.kernel.kv_half},
-              {"causal_half", in.cluster.kernel.causal_half},
-              {"head_dim_half", in.cluster.kernel.head_dim_half},
-              {"backward_ratio", in.cluster.kernel.backward_ratio},
-              {"call_s", in.cluster.kernel.call_s},
-              {"merge_passes", in.cluster.kernel.merge_passes},
-              {"kv_pack_s_per_byte", in.cluster.kernel.kv_pack_s_per_byte},
-              {"memory_bandwidth", in.cluster.kernel.memory_bandwidth}}},
+            {"kernel", kernel_json(in.cluster.kernel)},
             {"presets", one_line(req.presets)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
