@@ -67,7 +67,7 @@ struct TieBand {
   bool memory_decides = true;
 };
 
-// Throws Error unless band is finite and in [0, 1).
+// Throws Error unless band is finite and not negative (1 or more: every pair of rows ties).
 void check_tie_band(const TieBand& tie);
 
 // One row of a validation run: its predicted and measured seconds (measured <= 0: not run).
