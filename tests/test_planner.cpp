@@ -570,3 +570,89 @@ TEST(Planner, BusiestVolumeAtAWorldOf65536IsEveryRanksLargest) {
   EXPECT_EQ(ring.forward_bytes.at("p2p_kv"), (131072 - 2) * per_token * 2);
   EXPECT_EQ(ring.backward_bytes.at("p2p_dkv"), 131072 * per_token * 4);
 }
+
+TEST(PlannerTieBand, MeasuredBandIsTheMedianOfThePairsRatioErrors) {
+  // Predicted ratio over measured ratio per pair in one shape, max(x, 1/x) - 1: 1.1 -> 0.1,
+  // 1.05 -> 0.05, 0.8 -> 0.25, and an exact pair 0; a row not run (measured 0) pairs with none.
+  const std::vector<std::vector<ValidatedRow>> shapes = {{{1, 1}, {2, 2.2}},
+                                                         {{1, 1}, {1, 1.05}, {1, 0}},
+                                                         {{2, 2}, {1, 1.25}},
+                                                         {{3, 3}, {1, 1}}};
+  const MeasuredBand m = measured_tie_band(shapes);
+  EXPECT_EQ(m.pairs, 4);
+  EXPECT_NEAR(m.band, (0.05 + 0.1) / 2, 1e-12);  // the median of 0, 0.05, 0.1, 0.25
+  // Either order of a pair gives the same error; an odd count its middle one.
+  EXPECT_NEAR(measured_tie_band({{{2, 2.2}, {1, 1}}}).band, 0.1, 1e-12);
+  EXPECT_NEAR(measured_tie_band({shapes[0], shapes[1], shapes[2]}).band, 0.1, 1e-12);
+  // Three rows of a shape are three pairs: ratios 1.1 (a, b), 1 (a, c) and 1.1 (b, c).
+  const MeasuredBand three = measured_tie_band({{{1, 1}, {1, 1.1}, {1, 1}}});
+  EXPECT_EQ(three.pairs, 3);
+  EXPECT_NEAR(three.band, 0.1, 1e-12);
+  // No pair: no band, and a calibrated plan keeps the published one.
+  EXPECT_EQ(measured_tie_band({{{1, 1}}, {}}).pairs, 0);
+  const TieBand none = calibrated_tie_band({}, "nowhere", false);
+  EXPECT_EQ(none.band, kPlanTieBand);
+  EXPECT_TRUE(none.source.empty() && none.memory_decides);
+  const TieBand t = calibrated_tie_band(m, "on a test", false);
+  EXPECT_EQ(t.band, m.band);
+  EXPECT_FALSE(t.memory_decides);
+  EXPECT_NE(t.source.find("4 pairs of strategies measured on a test"), std::string::npos) << t.source;
+  EXPECT_TRUE(calibrated_tie_band(m, "x", true).memory_decides);
+}
+
+TEST(PlannerTieBand, BadMeasurementsAndBandsAreErrors) {
+  for (ValidatedRow bad : std::vector<ValidatedRow>{{0, 1}, {-1, 1}, {NAN, 1}, {INFINITY, 1}, {1, NAN}, {1, INFINITY}})
+    EXPECT_NE(error_of([&] {
+                measured_tie_band({{{1, 1}, bad}});
+              }).find("a measured row needs positive, finite"),
+              std::string::npos)
+        << bad.predicted_s << " " << bad.measured_s;
+  for (double band : {-0.01, double(NAN), double(INFINITY)}) {
+    EXPECT_NE(error_of([&] {
+                check_tie_band({band, "", true});
+              }).find("the tie band must be finite and not negative"),
+              std::string::npos)
+        << band;
+    EXPECT_THROW(make_plan(gpt(8192, 32, 8, 8), TieBand{band, "", true}), Error) << band;
+  }
+  EXPECT_THROW(calibrated_tie_band({NAN, 3}, "a broken measurement", false), Error);
+  // A model measured no better than a guess (a loaded machine): every pair ties, the fastest kept.
+  const PlanInput in = gpt(8192, 32, 8, 8);
+  const Plan guess = make_plan(in, calibrated_tie_band({28.6, 21}, "under load", false));
+  EXPECT_EQ(guess.best, make_plan(in, TieBand{0, "", false}).best);
+  EXPECT_NE(guess.recommendation.find("within 2860.0%"), std::string::npos) << guess.recommendation;
+}
+
+// The valid row of least predicted time (the first of equals).
+int fastest_row(const Plan& p) {
+  int best = -1;
+  for (std::size_t i = 0; i < p.rows.size(); ++i)
+    if (p.rows[i].valid && (best < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(best)].predicted_step_s))
+      best = int(i);
+  return best;
+}
+
+TEST(PlannerTieBand, InsideTheBandMemoryDecidesOnlyWhereTold) {
+  // GQA at cp 8: the rows' predicted times within a few percent, their memory up to 3x apart.
+  const PlanInput in = gpt(131072, 32, 8, 8);
+  const Plan fastest = make_plan(in, TieBand{0.5, "on a test", false});
+  EXPECT_EQ(fastest.best, fastest_row(fastest));
+  EXPECT_NE(fastest.recommendation.find("the predicted faster wins; memory does not decide"), std::string::npos)
+      << fastest.recommendation;
+  EXPECT_NE(fastest.recommendation.find("50.0%, the model's error on a test"), std::string::npos)
+      << fastest.recommendation;
+  // Memory deciding a wide band: a slower row with under 0.9x the memory wins, and says so.
+  const Plan memory = make_plan(in, TieBand{0.5, "on a test", true});
+  const PlanRow& b = memory.rows[std::size_t(memory.best)];
+  const PlanRow& f = memory.rows[std::size_t(fastest_row(memory))];
+  ASSERT_NE(memory.best, fastest_row(memory)) << memory.recommendation;
+  EXPECT_LT(b.memory_bytes, 0.9 * f.memory_bytes);
+  EXPECT_LT(b.predicted_step_s, 1.5 * f.predicted_step_s);
+  EXPECT_NE(memory.recommendation.find("memory decides: "), std::string::npos) << memory.recommendation;
+  // No band: the fastest, whatever the memory; the published band keeps its words.
+  EXPECT_EQ(make_plan(in, TieBand{0, "on a test", true}).best, fastest_row(memory));
+  const Plan published = make_plan(in);
+  EXPECT_EQ(published.best, make_plan(in, TieBand{}).best);
+  EXPECT_EQ(published.recommendation, make_plan(in, TieBand{}).recommendation);
+  EXPECT_EQ(published.recommendation.find("memory decides"), std::string::npos) << published.recommendation;
+}

@@ -338,3 +338,27 @@ TEST(PlannerPublished, EveryFigureFiniteOnEveryPresetAndMode) {
                 << g.name << " " << r.name << " seq " << seq;
       }
 }
+
+TEST(PlannerPublished, EveryCallPacksTheKvItIsHanded) {
+  // 2 calls, each handed 1000 keys on 2 KV heads of 64 (float32): 2 x 2 x 1000 x 2 x 64 x 4 bytes
+  // packed forward, 1.5x that backward (K twice, V once).
+  KernelModel m;
+  m.kv_pack_s_per_byte = 1e-10;
+  const double bytes = 2.0 * 2 * 1000 * 2 * 64 * 4;
+  const KernelSeconds t = kernel_seconds(m, {2, 100, 1000, 4, 2, 0, false}, 64, 4, 1.0);
+  EXPECT_NEAR(t.fwd, 1.0 + 1e-10 * bytes, 1e-15);
+  EXPECT_NEAR(t.bwd, 2.5 + 1.5e-10 * bytes, 1e-15);
+  // kv_read, when given, is what a call packs (a zigzag step's two chunks).
+  EXPECT_NEAR(kernel_seconds(m, {2, 100, 500, 4, 2, 0, false, 1000}, 64, 4, 1.0).fwd, 1.0 + 1e-10 * bytes, 1e-15);
+  // At cp 2, causal, zigzag: a2a packs its h_kv / 2 heads of all s tokens once; all_gather every
+  // head of all s tokens in each of its two calls (one per zigzag chunk): 4x a2a's bytes.
+  PlanInput in{.seq = 8192, .heads = 8, .kv_heads = 4, .head_dim = 64, .cp = 2, .mode = PlanMode::forward};
+  in.dtype = DType::f32;
+  in.cluster.ranks_per_node = 2;
+  const Plan flat = make_plan(in);
+  in.cluster.kernel.kv_pack_s_per_byte = 1e-10;
+  const Plan packed = make_plan(in);
+  const double a2a_bytes = 2.0 * 8192 * 2 * 64 * 4;
+  for (auto [name, b] : {std::pair{"a2a", a2a_bytes}, {"all_gather", 4 * a2a_bytes}})
+    EXPECT_NEAR(row_of(packed, name).compute_s - row_of(flat, name).compute_s, 1e-10 * b, 1e-12) << name;
+}

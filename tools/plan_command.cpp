@@ -234,6 +234,17 @@ double measure(Communicator& comm, const PlanInput& in, const CpConfig& cfg) {
 
 // ---- output ---------------------------------------------------------------------------------
 
+nlohmann::json kernel_json(const KernelModel& k) {
+  return {{"kv_half", k.kv_half},
+          {"causal_half", k.causal_half},
+          {"head_dim_half", k.head_dim_half},
+          {"backward_ratio", k.backward_ratio},
+          {"call_s", k.call_s},
+          {"merge_passes", k.merge_passes},
+          {"kv_pack_s_per_byte", k.kv_pack_s_per_byte},
+          {"memory_bandwidth", k.memory_bandwidth}};
+}
+
 nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {
   const PlanInput& in = req.in;
   nlohmann::json rows = nlohmann::json::array();
@@ -277,14 +288,7 @@ nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
             {"mode", mode_name(in.mode)},
-            {"kernel",
-             {{"kv_half", in.cluster.kernel.kv_half},
-              {"causal_half", in.cluster.kernel.causal_half},
-              {"head_dim_half", in.cluster.kernel.head_dim_half},
-              {"backward_ratio", in.cluster.kernel.backward_ratio},
-              {"call_s", in.cluster.kernel.call_s},
-              {"merge_passes", in.cluster.kernel.merge_passes},
-              {"memory_bandwidth", in.cluster.kernel.memory_bandwidth}}},
+            {"kernel", kernel_json(in.cluster.kernel)},
             {"presets", one_line(req.presets)},
             {"documents", in.documents},
             {"window", {in.window_left, in.window_right}},
@@ -568,6 +572,16 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
 
 namespace {
 
+// `plan`, calibrated and run, planned again with the tie band its own rows measured (the model's
+// error between strategies at this shape on this machine); memory decides a tie only under
+// --max-memory. Every rank the same (the measurements are the slowest rank's).
+Plan plan_with_measured_band(const PlanInput& in, const Plan& plan, const std::vector<double>& measured) {
+  std::vector<ValidatedRow> rows;
+  for (std::size_t i = 0; i < plan.rows.size(); ++i)
+    rows.push_back({plan.rows[i].predicted_step_s, i < measured.size() && measured[i] > 0 ? measured[i] : 0.0});
+  return make_plan(in, calibrated_tie_band(measured_tie_band({rows}), "at this shape", in.max_memory_bytes > 0));
+}
+
 // --memory-bw over the calibrated memory rate; a ring step's merge keeps its measured seconds.
 void keep_memory_bw(PlanInput& in, double memory_bw) {
   KernelModel& k = in.cluster.kernel;
@@ -601,7 +615,7 @@ int run_plan(const PlanOptions& o) {
     calibrate_cluster(comm, in);
     keep_memory_bw(in, memory_bw);
   }
-  const Plan plan = make_plan(in);
+  Plan plan = make_plan(in);
   if (o.calibrate) {
     if (comm.rank() == 0)
       fmt::print(
@@ -609,14 +623,17 @@ int run_plan(const PlanOptions& o) {
           "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
           "across); all-to-all "
           "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
-          "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s\n",
+          "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
+          "byte\n",
           comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
           in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
           in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
-          in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9);
+          in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
+          in.cluster.kernel.kv_pack_s_per_byte * 1e9);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
+    plan = plan_with_measured_band(in, plan, measured);
   }
   on_root(comm, [&] {
     print_plan(req, plan, measured);

@@ -55,6 +55,7 @@ struct GridCase {
   PlanInput in;
   Plan plan;
   std::vector<double> best;  // per row: the fastest run (-1: invalid row)
+  TieBand tie;               // the band the shape is planned with (plan_with_measured_bands)
 };
 
 // Every shape's checked input, with the options' mode, layers, batch and timeout.
@@ -63,7 +64,7 @@ std::vector<GridCase> grid_cases(const PlanOptions& o, int ranks) {
   for (const GridShape& g : grid_shapes(o.grid)) {
     PlanOptions s = o;
     s.seq = g.seq, s.heads = g.heads, s.kv_heads = g.kv_heads, s.head_dim = g.head_dim, s.no_causal = !g.causal;
-    cases.push_back({g, plan_request(s, ranks).in, {}, {}});
+    cases.push_back({g, plan_request(s, ranks).in, {}, {}, {}});
   }
   return cases;
 }
@@ -107,6 +108,7 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   // The merge and the copy timed again in CPU seconds, as the steps are: scaled by a load
   // measured at another moment, the merge's rate moved 3-8x between calibrations.
   calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
+  calibrate_pack(comm, in.head_dim, in.dtype, cpu_seconds, 7, c.kernel);
 }
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
@@ -124,6 +126,30 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
+  }
+}
+
+// Each valid row's predicted and measured seconds (invalid rows: measured 0, not run).
+std::vector<ValidatedRow> validated_rows(const GridCase& c) {
+  std::vector<ValidatedRow> rows;
+  for (std::size_t i = 0; i < c.plan.rows.size(); ++i)
+    rows.push_back({c.plan.rows[i].predicted_step_s, c.plan.rows[i].valid ? c.best[i] : 0.0});
+  return rows;
+}
+
+// Plans every shape again with the tie band measured on the other shapes (the model's error
+// between strategies on this machine, none of it from the shape itself); memory decides a tie
+// only under --max-memory.
+void plan_with_measured_bands(std::vector<GridCase>& cases) {
+  std::vector<std::vector<ValidatedRow>> all;
+  for (const GridCase& c : cases) all.push_back(validated_rows(c));
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    std::vector<std::vector<ValidatedRow>> others = all;
+    others.erase(others.begin() + std::ptrdiff_t(i));
+    const MeasuredBand m = measured_tie_band(others);
+    cases[i].tie = calibrated_tie_band(m, fmt::format("on the grid's other {} shapes", others.size()),
+                                       cases[i].in.max_memory_bytes > 0);
+    cases[i].plan = make_plan(cases[i].in, cases[i].tie);
   }
 }
 
@@ -157,15 +183,16 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
     c.in.cluster = clusters.at(c.in.head_dim);
     c.plan = make_plan(c.in);
   }
+  plan_with_measured_bands(cases);
   if (comm.rank() == 0)
     for (const auto& [d, k] : clusters)
       fmt::print(
           "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank, kernel half rate at {:.0f} "
-          "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s; send/recv {:.2f} GB/s, {:.1f} us; "
-          "all-to-all {:.2f} GB/s\n",
+          "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte; send/recv "
+          "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
           d, rounds, k.peak_flops / 1e9, k.kernel.kv_half, k.kernel.call_s * 1e6, k.kernel.merge_passes,
-          k.kernel.memory_bandwidth / 1e9, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
-          k.alltoall_intra.bandwidth / 1e9);
+          k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9, k.intra.bandwidth / 1e9,
+          k.intra.latency * 1e6, k.alltoall_intra.bandwidth / 1e9);
 }
 
 // This machine's load (/proc/loadavg's 1, 5 and 15 minute averages; "?" where there is none):
@@ -207,30 +234,29 @@ void tally(const Plan& p, const std::vector<double>& best, GridTally& t) {
     if (p.rows[i].valid) t.rows += 1, t.rows_within += std::abs(best[i] / p.rows[i].predicted_step_s - 1) <= 0.2;
 }
 
-// The plan of `in` without the kernel's per-call terms (no fixed cost per call, no merge): what
-// the calibrated model predicted before it fitted them, on the same measurements.
-Plan plan_without_call_costs(PlanInput in) {
-  in.cluster.kernel.call_s = 0;
-  in.cluster.kernel.merge_passes = 0;
+// The plan of `in` as the planner made it before it priced the K/V pack and measured its tie
+// band (the published band, memory deciding a tie): on the same measurements, what those two
+// changed.
+Plan plan_before_pack_and_band(PlanInput in) {
+  in.cluster.kernel.kv_pack_s_per_byte = 0;
   return make_plan(in);
 }
 
-// One shape's line and JSON; adds it to the tallies (`without`: the plan without the per-call
-// terms).
-nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& without) {
+// One shape's line and JSON; adds it to the tallies (`before`: plan_before_pack_and_band's).
+nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& before) {
   const Plan& p = c.plan;
   const std::size_t fastest = measured_fastest(c.best), rec = std::size_t(p.best),
                     pred = std::size_t(predicted_fastest(p));
-  const Plan old = plan_without_call_costs(c.in);
+  const Plan old = plan_before_pack_and_band(c.in);
   const int close = t.rows_within;
   tally(p, c.best, t);
-  tally(old, c.best, without);
+  tally(old, c.best, before);
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid)
       rows.push_back({{"name", p.rows[i].name},
                       {"predicted_s", p.rows[i].predicted_step_s},
-                      {"predicted_without_call_costs_s", old.rows[i].predicted_step_s},
+                      {"predicted_before_pack_s", old.rows[i].predicted_step_s},
                       {"measured_s", c.best[i]}});
   fmt::print("{:<34} {:<16} {:>6.2f} {:<16} {:>6.2f} {:<16} {:>9.4f} {:>9.2f} {:>5}/{} {}\n", shape_name(c.shape),
              p.rows[rec].name, c.best[rec] / c.best[fastest], p.rows[pred].name, c.best[pred] / c.best[fastest],
@@ -242,9 +268,11 @@ nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& without) 
           {"head_dim", c.shape.head_dim},
           {"causal", c.shape.causal},
           {"recommended", p.rows[rec].name},
-          {"recommended_without_call_costs", old.rows[std::size_t(old.best)].name},
+          {"recommended_before_pack_and_band", old.rows[std::size_t(old.best)].name},
           {"predicted_fastest", p.rows[pred].name},
           {"measured_fastest", p.rows[fastest].name},
+          {"tie_band", c.tie.band},
+          {"recommendation", p.recommendation},
           {"rows", rows}};
 }
 
@@ -255,26 +283,42 @@ nlohmann::json tally_json(const GridTally& t) {
           {"rows", t.rows}};
 }
 
-// Rank 0: the table, the counts (with and without the per-call terms), and the JSON of every
+// Prints the shapes' tie bands (plan_with_measured_bands) and returns their median.
+double print_tie_bands(const std::vector<GridCase>& cases) {
+  if (cases.empty()) return 0;
+  std::vector<double> bands;
+  for (const GridCase& c : cases) bands.push_back(c.tie.band);
+  const auto [lo, hi] = std::minmax_element(bands.begin(), bands.end());
+  fmt::print(
+      "grid: tie band {:.1f}% (median; {:.1f}-{:.1f}% by shape), each shape's measured on the other shapes: the "
+      "median over their pairs of strategies of how far the predicted ratio is from the measured one; memory "
+      "decides {}\n",
+      100 * median(bands), 100 * *lo, 100 * *hi, cases.front().tie.memory_decides ? "a tie (--max-memory)" : "no tie");
+  return median(bands);
+}
+
+// Rank 0: the table, the counts (and plan_before_pack_and_band's), and the JSON of every
 // shape.
 nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
   fmt::print("{:<34} {:<16} {:>6} {:<16} {:>6} {:<16} {:>9} {:>9} {:>7} {}\n", "shape", "recommended", "x best",
-             "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%", "without call costs");
-  GridTally t, without;
+             "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%", "before pack and band");
+  GridTally t, before;
   nlohmann::json shapes = nlohmann::json::array();
-  for (const GridCase& c : cases) shapes.push_back(report_case(c, t, without));
+  for (const GridCase& c : cases) shapes.push_back(report_case(c, t, before));
   fmt::print(
       "grid: the recommendation measures within 5% of the fastest in {} of {} shapes, the predicted fastest in {} of "
       "{}; predicted step times within 20% of measured in {} of {} rows (best of {} interleaved runs)\n",
       t.recommended_within, t.shapes, t.fastest_within, t.shapes, t.rows_within, t.rows, rounds);
   fmt::print(
-      "grid without the per-call terms (no fixed cost per call, no merge), the same runs: the recommendation within "
+      "grid before the K/V pack and the measured tie band (the published 6.7%, memory deciding), the same runs: "
+      "the recommendation within "
       "5% in {} of {}, the predicted fastest in {}; rows within 20% in {} of {}\n",
-      without.recommended_within, without.shapes, without.fastest_within, without.rows_within, without.rows);
+      before.recommended_within, before.shapes, before.fastest_within, before.rows_within, before.rows);
   nlohmann::json j = tally_json(t);
+  j["tie_band"] = print_tie_bands(cases);
   j["shapes"] = shapes;
   j["runs"] = rounds;
-  j["without_call_costs"] = tally_json(without);
+  j["before_pack_and_band"] = tally_json(before);
   return j;
 }
 

@@ -25,15 +25,16 @@ KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::in
   const double diag = block_efficiency(m, head_dim, c.q_len, c.kv_len, true);
   double work = flat_fwd_s * (share / diag + (1 - share) / off);
   const double calls = double(std::max<std::int64_t>(c.calls, 1)), d = double(head_dim);
+  const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;
   double per_call = m.call_s;
   if (m.memory_bandwidth > 0) {
     // Every call reads its q and K/V once and writes out: the floor decode sits on.
-    const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;
     const double io = (2 * c.q_len * c.q_heads + 2 * kv * c.kv_heads) * d * element_bytes;
     work = std::max(work, calls * io / m.memory_bandwidth);
     if (c.merge) per_call += m.merge_passes * c.q_len * c.q_heads * d * 4 / m.memory_bandwidth;
   }
-  return {work + calls * per_call, m.backward_ratio * work + calls * per_call};
+  const double pack = m.kv_pack_s_per_byte * 2 * kv * c.kv_heads * d * element_bytes;
+  return {work + calls * (per_call + pack), m.backward_ratio * work + calls * (per_call + 1.5 * pack)};
 }
 
 }  // namespace ulysses

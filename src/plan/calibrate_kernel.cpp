@@ -48,7 +48,49 @@ bool solve3(const std::array<std::array<double, 3>, 3>& a, const std::array<doub
   return true;
 }
 
+// The median of `runs` timings of `run` by `seconds`, after a warm-up.
+double median_seconds(const std::function<double()>& seconds, int runs, const std::function<void()>& run) {
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    const double t0 = seconds();
+    run();
+    t.push_back(seconds() - t0);
+  }
+  std::nth_element(t.begin(), t.begin() + std::ptrdiff_t(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+// Seconds of one causal forward of `queries` tokens at position 0 against kv_len keys on `heads`
+// heads: the queries see only the first keys, so the call's other work is packing K and V.
+double pack_call_seconds(std::int64_t queries, std::int64_t kv_len, std::int64_t heads, std::int64_t d, DType dtype,
+                         const std::function<double()>& seconds, int runs) {
+  Tensor q({1, queries, heads, d}, dtype), o(q.shape(), dtype), k({1, kv_len, heads, d}, dtype), v(k.shape(), dtype);
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const Tensor lse = lse_tensor(q.shape());
+  const AttentionParams p{.causal = true};
+  return median_seconds(seconds, runs,
+                        [&] { flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p); });
+}
+
+// A call's K/V pack (KernelModel::kv_pack_s_per_byte) in seconds, for kv_len keys on `heads` heads.
+double pack_seconds(const KernelModel& m, double kv_len, double heads, std::int64_t d, DType dtype) {
+  return m.kv_pack_s_per_byte * 2 * kv_len * heads * double(d) * double(dtype_size(dtype));
+}
+
 }  // namespace
+
+void calibrate_pack(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
+                    int runs, KernelModel& model) {
+  // 16 (32) MiB of float32 K/V at head dim 64 (128): the middle of the grid's sizes, where the
+  // pack runs at about 0.3-0.5 ns per byte on this machine (0.1-0.2 in the cache, 4 MiB).
+  const std::int64_t queries = 16, keys = 8192, heads = 4;
+  std::array<double, 2> t{pack_call_seconds(queries, keys, heads, head_dim, dtype, seconds, runs),
+                          pack_call_seconds(queries, queries, heads, head_dim, dtype, seconds, runs)};
+  comm.allreduce_max(t.data(), 2);  // the slowest rank's
+  const double bytes = 2.0 * double(keys - queries) * double(heads * head_dim) * double(dtype_size(dtype));
+  if (t[0] > t[1] && std::isfinite(t[0])) model.kv_pack_s_per_byte = (t[0] - t[1]) / bytes;
+}
 
 KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
   // t = call_s + F·a + (F / kv)·b with a = 1 / rate_∞ and b = a·kv_half: linear in (call_s, a, b),
@@ -80,14 +122,17 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   std::array<double, 4> t{};
   for (std::size_t i = 0; i < shapes.size(); ++i) t[i] = forward_seconds(comm, shapes[i], head_dim, dtype);
   comm.allreduce_max(t.data(), 4);  // the slowest rank's times
+  KernelModel m;
+  calibrate_pack(
+      comm, head_dim, dtype, [&] { return comm.now(); }, 7, m);
+  // The curve and the fixed cost are fitted to the calls' compute: their packs are priced apart.
   std::vector<KernelTiming> timings;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const KernelShape& s = shapes[i];
-    timings.push_back(
-        {t[i], attention_forward_flops(1, s.q_len, s.kv_len, s.heads, head_dim, false), double(s.kv_len)});
+    timings.push_back({t[i] - pack_seconds(m, double(s.kv_len), double(s.heads), head_dim, dtype),
+                       attention_forward_flops(1, s.q_len, s.kv_len, s.heads, head_dim, false), double(s.kv_len)});
   }
   const KernelFit fit = fit_kernel_times(timings);
-  KernelModel m;
   m.kv_half = fit.kv_half;
   m.call_s = fit.call_s;
   calibrate_merge(
@@ -106,17 +151,7 @@ void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::funct
   const double bytes = double(tokens * heads * head_dim) * 4;
   // Medians of many runs: under other processes' load a few runs of a millisecond moved the
   // merge's rate 3-8x between calibrations.
-  auto median_of_runs = [&](const std::function<void()>& run) {
-    run();
-    std::vector<double> t;
-    for (int i = 0; i < std::max(runs, 1); ++i) {
-      const double t0 = seconds();
-      run();
-      t.push_back(seconds() - t0);
-    }
-    std::nth_element(t.begin(), t.begin() + std::ptrdiff_t(t.size() / 2), t.end());
-    return t[t.size() / 2];
-  };
+  auto median_of_runs = [&](const std::function<void()>& run) { return median_seconds(seconds, runs, run); };
   std::array<double, 2> t{median_of_runs([&] { ops.merge(acc.view(), acc_lse.view(), part.view(), part_lse.view()); }),
                           median_of_runs([&] { std::memcpy(acc.data(), part.data(), std::size_t(bytes)); })};
   comm.allreduce_max(t.data(), 2);  // the slowest rank's

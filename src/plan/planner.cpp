@@ -329,7 +329,59 @@ std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy
   return rows;
 }
 
-Plan make_plan(const PlanInput& in_arg) {
+namespace {
+
+// The recommended row: the fastest, except that within the tie band a row with under 0.9x the
+// memory wins when memory decides (then the first listed); -1 when nothing is valid.
+int choose_best(const Plan& p, const TieBand& tie) {
+  int best = -1;
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const PlanRow& r = p.rows[i];
+    if (!r.valid) continue;
+    if (best < 0) {
+      best = int(i);
+      continue;
+    }
+    const PlanRow& b = p.rows[std::size_t(best)];
+    const bool faster = tie.memory_decides ? r.predicted_step_s < (1 - tie.band) * b.predicted_step_s
+                                           : r.predicted_step_s < b.predicted_step_s;
+    if (faster || (tie.memory_decides && r.predicted_step_s < (1 + tie.band) * b.predicted_step_s &&
+                   r.memory_bytes < 0.9 * b.memory_bytes))
+      best = int(i);
+  }
+  return best;
+}
+
+// The runner-up `n` against the recommended `b`: a tie inside the band, saying what decided it
+// (memory, with both rows' working sets; the first listed; or the predicted faster), or the term
+// that separates them.
+std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRow& b, const PlanRow& n) {
+  const double diff = 100 * (n.predicted_step_s / b.predicted_step_s - 1);
+  if (std::abs(diff) >= 100 * tie.band)
+    return fmt::format("; next: {} ({:+.1f}%, decided by {})", n.name, diff, deciding_term(in, b, n));
+  const std::string band = tie.source.empty()
+                               ? fmt::format("{:.0f}%, the model's error", 100 * tie.band)
+                               : fmt::format("{:.1f}%, the model's error {}", 100 * tie.band, tie.source);
+  std::string decided;
+  if (tie.source.empty())  // the published band: the words the GPU tables were written with
+    decided = b.memory_bytes < 0.9 * n.memory_bytes ? "less memory wins" : "the first listed, simpler wins";
+  else if (b.predicted_step_s <= n.predicted_step_s)
+    decided = tie.memory_decides ? "the predicted faster wins" : "the predicted faster wins; memory does not decide";
+  else if (tie.memory_decides && b.memory_bytes < 0.9 * n.memory_bytes)
+    decided =
+        fmt::format("memory decides: {:.4g} MB per rank against {:.4g} MB, for {:+.1f}% predicted time",
+                    b.memory_bytes / 1e6, n.memory_bytes / 1e6, 100 * (b.predicted_step_s / n.predicted_step_s - 1));
+  else
+    decided = "the first listed, simpler wins";
+  return fmt::format("; {} is within {} (a tie: {})", n.name, band, decided);
+}
+
+}  // namespace
+
+Plan make_plan(const PlanInput& in) { return make_plan(in, TieBand{}); }
+
+Plan make_plan(const PlanInput& in_arg, const TieBand& tie) {
+  check_tie_band(tie);
   Plan p;
   const PlanInput in = mode_input(in_arg);
   for (const Strategy* strategy : strategies()) {
@@ -339,19 +391,7 @@ Plan make_plan(const PlanInput& in_arg) {
     p.rows.insert(p.rows.end(), rows.begin(), rows.end());
   }
   const int refused = refuse_by_memory(in, p);
-  for (std::size_t i = 0; i < p.rows.size(); ++i) {
-    const PlanRow& r = p.rows[i];
-    if (!r.valid) continue;
-    if (p.best < 0) {
-      p.best = int(i);
-      continue;
-    }
-    const PlanRow& b = p.rows[std::size_t(p.best)];
-    // Faster wins; within the model's error the one with less memory, then the simpler (listed first).
-    if (r.predicted_step_s < (1 - kPlanTieBand) * b.predicted_step_s ||
-        (r.predicted_step_s < (1 + kPlanTieBand) * b.predicted_step_s && r.memory_bytes < 0.9 * b.memory_bytes))
-      p.best = int(i);
-  }
+  p.best = choose_best(p, tie);
   if (p.best < 0) {
     p.recommendation = "no strategy is valid for this shape: " + invalid_reasons(p);
     return p;
@@ -375,16 +415,51 @@ Plan make_plan(const PlanInput& in_arg) {
         (second < 0 || p.rows[i].predicted_step_s < p.rows[std::size_t(second)].predicted_step_s))
       second = int(i);
   if (!in.documents.empty()) p.recommendation += balance_note(p);
-  if (second >= 0) {
-    const PlanRow& n = p.rows[std::size_t(second)];
-    const double diff = 100 * (n.predicted_step_s / b.predicted_step_s - 1);
-    p.recommendation +=
-        std::abs(diff) < 100 * kPlanTieBand
-            ? fmt::format("; {} is within {:.0f}%, the model's error (a tie: {})", n.name, 100 * kPlanTieBand,
-                          b.memory_bytes < 0.9 * n.memory_bytes ? "less memory wins" : "the first listed, simpler wins")
-            : fmt::format("; next: {} ({:+.1f}%, decided by {})", n.name, diff, deciding_term(in, b, n));
-  }
+  if (second >= 0) p.recommendation += runner_up_note(in, tie, b, p.rows[std::size_t(second)]);
   return p;
+}
+
+void check_tie_band(const TieBand& tie) {
+  // 1 or more is a model no better than a guess: every pair ties (a loaded machine measures so).
+  if (!std::isfinite(tie.band) || tie.band < 0)
+    throw Error(fmt::format("the tie band must be finite and not negative, got {}", tie.band));
+}
+
+MeasuredBand measured_tie_band(const std::vector<std::vector<ValidatedRow>>& shapes) {
+  std::vector<double> errors;
+  for (const std::vector<ValidatedRow>& rows : shapes) {
+    std::vector<const ValidatedRow*> run;
+    for (const ValidatedRow& r : rows) {
+      if (r.measured_s <= 0) continue;  // not run (an invalid row)
+      if (!std::isfinite(r.measured_s) || !(r.predicted_s > 0) || !std::isfinite(r.predicted_s))
+        throw Error(fmt::format("a measured row needs positive, finite seconds: predicted {}, measured {}",
+                                r.predicted_s, r.measured_s));
+      run.push_back(&r);
+    }
+    for (std::size_t i = 0; i < run.size(); ++i)
+      for (std::size_t j = i + 1; j < run.size(); ++j) {
+        const double x = (run[i]->predicted_s / run[j]->predicted_s) / (run[i]->measured_s / run[j]->measured_s);
+        errors.push_back(std::max(x, 1 / x) - 1);
+      }
+  }
+  if (errors.empty()) return {};
+  const std::size_t mid = errors.size() / 2;
+  std::nth_element(errors.begin(), errors.begin() + std::ptrdiff_t(mid), errors.end());
+  double median = errors[mid];
+  if (errors.size() % 2 == 0)
+    median = (median + *std::max_element(errors.begin(), errors.begin() + std::ptrdiff_t(mid))) / 2;
+  return {median, int(errors.size())};
+}
+
+TieBand calibrated_tie_band(const MeasuredBand& measured, const std::string& where, bool memory_capped) {
+  if (measured.pairs <= 0) return {};
+  TieBand t{measured.band,
+            fmt::format("on this machine: the median over {} pairs of strategies measured {} of how far their "
+                        "predicted ratio is from the measured one",
+                        measured.pairs, where),
+            memory_capped};
+  check_tie_band(t);
+  return t;
 }
 
 }  // namespace ulysses

@@ -27,6 +27,10 @@ struct KernelModel {
   double call_s = 0;            // fixed seconds per kernel call or ring step
   double merge_passes = 0;      // passes over a ring step's float32 output to merge it (0: none)
   double memory_bandwidth = 0;  // bytes/s of device memory (0: never memory-bound)
+  // Seconds per byte of K and V a call is handed to pack them into the kernel's tile layout
+  // (every key, whether its queries see it or not; the backward packs 1.5x: K twice, V once).
+  // 0: none, as a GPU kernel reads K and V in place; on a CPU, calibrated.
+  double kv_pack_s_per_byte = 0;
 };
 
 // One strategy's attention calls on its busiest rank in one forward: `calls` calls of q_len
@@ -52,8 +56,8 @@ struct KernelSeconds {
 };
 
 // The forward and backward seconds of `calls` whose work takes `flat_fwd_s` at the planner's
-// flat rate (peak × efficiency): the work at each call's block efficiency, plus the fixed and
-// merge costs per call, at least the K/V reads. A model with nothing set returns flat_fwd_s and
+// flat rate (peak × efficiency): the work at each call's block efficiency, plus the fixed,
+// merge and K/V pack costs per call, at least the K/V reads. A model with nothing set returns flat_fwd_s and
 // backward_ratio × flat_fwd_s.
 KernelSeconds kernel_seconds(const KernelModel& model, const KernelCalls& calls, std::int64_t head_dim,
                              double element_bytes, double flat_fwd_s);

@@ -50,13 +50,55 @@ struct Plan {
 // config): Strategy::work against the k/v (in.kv_seq; queries at in.q_offset).
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank);
 
+// Two strategies whose predicted step times differ by less than this are a tie (then less
+// memory, then the first listed wins): the model's error between strategies on the published
+// measurements it was fitted on: the median, over pairs of strategies measured in one published
+// configuration, of how far their predicted ratio is from the measured one (docs/planner.md).
+inline constexpr double kPlanTieBand = 0.067;
+
+// When two rows' predicted step times are a tie, and what decides one. The default is the
+// published GPU measurements' band, where memory decides (a GPU's memory is what long contexts
+// run out of); a calibrated plan measures its own (measured_tie_band).
+struct TieBand {
+  double band = kPlanTieBand;  // rows whose predicted times differ by less (relative) are a tie
+  std::string source;          // where the band was measured ("": the published measurements)
+  // Within the band: true, the row with under 0.9x the memory wins, then the first listed; false,
+  // the predicted faster wins (memory is not what the measured machine runs short of).
+  bool memory_decides = true;
+};
+
+// Throws Error unless band is finite and not negative (1 or more: every pair of rows ties).
+void check_tie_band(const TieBand& tie);
+
+// One row of a validation run: its predicted and measured seconds (measured <= 0: not run).
+struct ValidatedRow {
+  double predicted_s = 0, measured_s = 0;
+};
+// The model's error between strategies on rows measured on this machine, as kPlanTieBand is on
+// the published ones: over every pair of rows measured in one shape (`shapes`: each shape's
+// rows), how far their predicted ratio is from the measured one (max(x, 1/x) - 1 of predicted
+// ratio over measured ratio); the median over all pairs, and how many. {0, 0} without a pair.
+// Throws Error for a measured row whose predicted or measured seconds are not positive and
+// finite.
+struct MeasuredBand {
+  double band = 0;
+  int pairs = 0;
+};
+MeasuredBand measured_tie_band(const std::vector<std::vector<ValidatedRow>>& shapes);
+// The tie band of a plan calibrated on this machine: `measured`'s band, its source naming the
+// pairs and `where` they were run; memory decides a tie only when `memory_capped` (--max-memory:
+// the user says memory is short here). Without a pair, the published band (TieBand{}).
+TieBand calibrated_tie_band(const MeasuredBand& measured, const std::string& where, bool memory_capped);
+
 // The most ranks the planner models (its per-rank formulas run once per rank).
 inline constexpr int kMaxPlanRanks = 1 << 16;
 // "" when make_plan accepts `in`, else why not: non-positive sizes, heads % kv_heads != 0, cp
 // above kMaxPlanRanks, or sizes whose byte counts would not fit 64 bits.
 std::string plan_input_error(const PlanInput& in);
-// Throws Error with plan_input_error's message for impossible inputs.
-Plan make_plan(const PlanInput& in);
+// Throws Error with plan_input_error's message for impossible inputs; `tie`: when two rows are
+// a tie and what decides it (check_tie_band's Error for a bad one).
+Plan make_plan(const PlanInput& in, const TieBand& tie);
+Plan make_plan(const PlanInput& in);  // the published measurements' band
 // Throws what make_plan throws for `in` (plan_input_error's message, documents that do not add
 // up to seq) without pricing a row: a check costs nothing at any cp.
 void check_plan_input(const PlanInput& in);
@@ -80,12 +122,6 @@ struct TuningPlan {
 // Every registered strategy whose tunings are valid on `in`, in registry order: the planner's
 // advice on the options it would choose. Impossible inputs throw as make_plan does.
 std::vector<TuningPlan> plan_tunings(const PlanInput& in);
-
-// Two strategies whose predicted step times differ by less than this are a tie (then less
-// memory, then the first listed wins): the model's error between strategies on the published
-// measurements it was fitted on: the median, over pairs of strategies measured in one published
-// configuration, of how far their predicted ratio is from the measured one (docs/planner.md).
-inline constexpr double kPlanTieBand = 0.067;
 
 // "train" | "forward" | "prefill" | "decode" → PlanMode; throws Error naming the known ones.
 PlanMode parse_plan_mode(const std::string& text);
