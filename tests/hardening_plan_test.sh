@@ -70,9 +70,9 @@ for s in g["shapes"]:
 assert {"a2a", "p2p", "p2p --no-zigzag", "all_gather"} <= names, names
 assert 0 <= g["predicted_fastest_within_5_percent"] <= 4 and 0 <= g["recommended_within_5_percent"] <= 4
 assert g["rows"] == sum(len(s["rows"]) for s in g["shapes"]) and 0 <= g["rows_within_20_percent"] <= g["rows"]
-w = g["before_pack_and_band"]  # the same runs, priced without the K/V pack, the published band
+w = g["before_cache"]  # the same runs, priced without the cache term
 assert w["rows"] == g["rows"] and 0 <= w["recommended_within_5_percent"] <= 4, w
-assert all(r["predicted_before_pack_s"] > 0 for s in g["shapes"] for r in s["rows"])
+assert all(r["predicted_before_cache_s"] > 0 for s in g["shapes"] for r in s["rows"])
 assert 0 <= g["tie_band"] and all(0 <= s["tie_band"] and math.isfinite(s["tie_band"]) for s in g["shapes"]), g' \
   "$dir/grid.json" && grep -q "^grid: the recommendation measures within 5% of the fastest in [0-4] of 4 shapes" "$dir/grid.log" &&
   ok "plan --calibrate --grid quick: every row measured, the counts" || { bad "plan --grid"; cat "$dir/grid.log"; }
@@ -83,7 +83,7 @@ run 2 plan --calibrate --seq 512 --heads 4 --head-dim 16 --mode forward --json "
     >> "$dir/cal.log" 2>&1 && python3 -c '
 import json, math, sys
 k = json.load(open(sys.argv[1]))["input"]["kernel"]
-assert all(math.isfinite(k[n]) and k[n] >= 0 for n in ("call_s", "merge_passes", "kv_half", "memory_bandwidth", "kv_pack_s_per_byte")), k
+assert all(math.isfinite(k[n]) and k[n] >= 0 for n in ("call_s", "merge_passes", "kv_half", "memory_bandwidth", "kv_pack_s_per_byte", "cache_bytes", "past_cache_extra")), k
 assert k["call_s"] < 0.01 and k["memory_bandwidth"] > 0, k
 assert json.load(open(sys.argv[2]))["input"]["kernel"]["memory_bandwidth"] == 5e9' "$dir/cal.json" "$dir/dec.json" &&
   grep -q "us per call, a ring step.s merge" "$dir/cal.log" &&

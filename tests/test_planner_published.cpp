@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -361,4 +362,75 @@ TEST(PlannerPublished, EveryCallPacksTheKvItIsHanded) {
   const double a2a_bytes = 2.0 * 8192 * 2 * 64 * 4;
   for (auto [name, b] : {std::pair{"a2a", a2a_bytes}, {"all_gather", 4 * a2a_bytes}})
     EXPECT_NEAR(row_of(packed, name).compute_s - row_of(flat, name).compute_s, 1e-10 * b, 1e-12) << name;
+}
+
+TEST(PlannerPublished, AKvStreamPastTheCacheRunsSlower) {
+  // d 64, float32: a key's K and V of one head are 512 bytes; a 1 MiB cache holds 2048 keys.
+  KernelModel m;
+  m.cache_bytes = 1024 * 1024;
+  m.past_cache_extra = 0.5;
+  EXPECT_EQ(block_cache_factor(m, 64, 4, 2048, false), 1.0);  // fits exactly
+  EXPECT_EQ(block_cache_factor(m, 64, 4, 1000, true), 1.0);
+  // 8192 keys: 3/4 of a full block's stream is past the cache; a causal diagonal's query at p
+  // streams p keys, averaged over its work: (3/4)^2.
+  EXPECT_DOUBLE_EQ(block_cache_factor(m, 64, 4, 8192, false), 1 + 0.5 * 0.75);
+  EXPECT_DOUBLE_EQ(block_cache_factor(m, 64, 4, 8192, true), 1 + 0.5 * 0.5625);
+  // bf16 halves the bytes: 4096 keys fit.
+  EXPECT_EQ(block_cache_factor(m, 64, 2, 4096, false), 1.0);
+  EXPECT_DOUBLE_EQ(block_cache_factor(m, 64, 2, 8192, false), 1.25);
+  // In kernel_seconds: the work (not the pack or the per-call cost) scales, forward and backward.
+  const KernelSeconds t = kernel_seconds(m, {1, 512, 8192, 1, 1, 0.5, false}, 64, 4, 1.0);
+  EXPECT_DOUBLE_EQ(t.fwd, 0.5 * 1.375 + 0.5 * 1.28125);
+  EXPECT_DOUBLE_EQ(t.bwd, 2.5 * t.fwd);
+  // Off on the GPU presets and for bad values: the flat model.
+  EXPECT_EQ(find_kernel_preset("fa3").kernel.cache_bytes, 0);
+  for (auto [c, e] : {std::pair{0.0, 0.5},
+                      {1e6, 0.0},
+                      {-1e6, 0.5},
+                      {1e6, -0.5},
+                      {std::nan(""), 0.5},
+                      {1e6, std::numeric_limits<double>::infinity()}}) {
+    KernelModel b;
+    b.cache_bytes = c, b.past_cache_extra = e;
+    EXPECT_EQ(block_cache_factor(b, 64, 4, 1e6, false), 1.0) << c << " " << e;
+  }
+}
+
+TEST(PlannerPublished, TheCacheTermIsFittedFromTwoCalls) {
+  // Flat curve; 2 MiB cache, d 64 float32 (4096 keys fit). 2048 keys at 1 ns per FLOP, 32768
+  // keys (7/8 of the stream past) at 1.35 ns: extra = 0.35 / (7/8) = 0.4.
+  const KernelModel flat;
+  const double cache = 2.0 * 1024 * 1024;
+  const KernelTiming fits{1e-9 * 1e6, 1e6, 2048}, past{1.35e-9 * 4e6, 4e6, 32768};
+  const CacheFit f = fit_cache_term(flat, 64, 4, cache, fits, past);
+  EXPECT_EQ(f.cache_bytes, cache);
+  EXPECT_NEAR(f.past_cache_extra, 0.4, 1e-12);
+  // With a kernel curve its efficiency is divided out: kv_half 2048 makes the short call run at
+  // half the rate, so the same times say the long call is slower than the curve alone predicts.
+  KernelModel curve;
+  curve.kv_half = 2048;
+  const double e_fits = 0.5, e_past = 32768.0 / (32768 + 2048);
+  EXPECT_NEAR(fit_cache_term(curve, 64, 4, cache, fits, past).past_cache_extra, (1.35 * e_past / e_fits - 1) / 0.875,
+              1e-12);
+  // Bad input gives the flat model: a faster long call, non-finite or negative times, a `fits`
+  // that does not fit, a `past` that is not past, no cache.
+  const KernelTiming faster{0.9e-9 * 4e6, 4e6, 32768}, nan{std::nan(""), 4e6, 32768}, neg{-1, 4e6, 32768};
+  for (const CacheFit& b :
+       {fit_cache_term(flat, 64, 4, cache, fits, faster), fit_cache_term(flat, 64, 4, cache, fits, nan),
+        fit_cache_term(flat, 64, 4, cache, neg, past), fit_cache_term(flat, 64, 4, cache, past, past),
+        fit_cache_term(flat, 64, 4, cache, fits, fits), fit_cache_term(flat, 64, 4, 0, fits, past),
+        fit_cache_term(flat, 64, 4, std::numeric_limits<double>::infinity(), fits, past)}) {
+    EXPECT_EQ(b.cache_bytes, 0);
+    EXPECT_EQ(b.past_cache_extra, 0);
+  }
+  // At most 4x the in-cache time.
+  EXPECT_EQ(fit_cache_term(flat, 64, 4, cache, fits, {100e-9 * 4e6, 4e6, 32768}).past_cache_extra, 4.0);
+}
+
+TEST(PlannerPublished, CacheSizesParseAsSysfsWritesThem) {
+  EXPECT_EQ(parse_cache_size("2048K", 1), 2048.0 * 1024);
+  EXPECT_EQ(parse_cache_size("32M", 1), 32.0 * 1024 * 1024);
+  EXPECT_EQ(parse_cache_size("512", 1), 512.0);
+  for (const char* bad : {"", "K", "-1K", "0", "2048Q", "nan", "inf", "abc"})
+    EXPECT_EQ(parse_cache_size(bad, 7.0), 7.0) << bad;
 }

@@ -242,6 +242,8 @@ nlohmann::json kernel_json(const KernelModel& k) {
           {"call_s", k.call_s},
           {"merge_passes", k.merge_passes},
           {"kv_pack_s_per_byte", k.kv_pack_s_per_byte},
+          {"cache_bytes", k.cache_bytes},
+          {"past_cache_extra", k.past_cache_extra},
           {"memory_bandwidth", k.memory_bandwidth}};
 }
 
@@ -624,13 +626,14 @@ int run_plan(const PlanOptions& o) {
           "across); all-to-all "
           "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
           "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
-          "byte\n",
+          "byte, a call's K/V of a head past the {:.0f} KiB cache {:.2f}x the time\n",
           comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
           in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
           in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
           in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
-          in.cluster.kernel.kv_pack_s_per_byte * 1e9);
+          in.cluster.kernel.kv_pack_s_per_byte * 1e9, in.cluster.kernel.cache_bytes / 1024,
+          1 + in.cluster.kernel.past_cache_extra);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
     plan = plan_with_measured_band(in, plan, measured);

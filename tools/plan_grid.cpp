@@ -109,6 +109,7 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   // measured at another moment, the merge's rate moved 3-8x between calibrations.
   calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
   calibrate_pack(comm, in.head_dim, in.dtype, cpu_seconds, 7, c.kernel);
+  calibrate_cache(comm, in.head_dim, in.dtype, cpu_seconds, 5, c.kernel);
 }
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
@@ -188,11 +189,14 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
     for (const auto& [d, k] : clusters)
       fmt::print(
           "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank, kernel half rate at {:.0f} "
-          "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte; send/recv "
+          "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte, past the {:.0f} "
+          "KiB cache "
+          "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
           d, rounds, k.peak_flops / 1e9, k.kernel.kv_half, k.kernel.call_s * 1e6, k.kernel.merge_passes,
-          k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9, k.intra.bandwidth / 1e9,
-          k.intra.latency * 1e6, k.alltoall_intra.bandwidth / 1e9);
+          k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.cache_bytes / 1024,
+          1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
+          k.alltoall_intra.bandwidth / 1e9);
 }
 
 // This machine's load (/proc/loadavg's 1, 5 and 15 minute averages; "?" where there is none):
@@ -234,20 +238,20 @@ void tally(const Plan& p, const std::vector<double>& best, GridTally& t) {
     if (p.rows[i].valid) t.rows += 1, t.rows_within += std::abs(best[i] / p.rows[i].predicted_step_s - 1) <= 0.2;
 }
 
-// The plan of `in` as the planner made it before it priced the K/V pack and measured its tie
-// band (the published band, memory deciding a tie): on the same measurements, what those two
-// changed.
-Plan plan_before_pack_and_band(PlanInput in) {
-  in.cluster.kernel.kv_pack_s_per_byte = 0;
-  return make_plan(in);
+// The plan of `in` as the planner made it before it priced a call's K/V past the core's cache
+// (the same tie band): on the same measurements, what the cache term changed.
+Plan plan_before_cache(PlanInput in, const TieBand& tie) {
+  in.cluster.kernel.cache_bytes = 0;
+  in.cluster.kernel.past_cache_extra = 0;
+  return make_plan(in, tie);
 }
 
-// One shape's line and JSON; adds it to the tallies (`before`: plan_before_pack_and_band's).
+// One shape's line and JSON; adds it to the tallies (`before`: plan_before_cache's).
 nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& before) {
   const Plan& p = c.plan;
   const std::size_t fastest = measured_fastest(c.best), rec = std::size_t(p.best),
                     pred = std::size_t(predicted_fastest(p));
-  const Plan old = plan_before_pack_and_band(c.in);
+  const Plan old = plan_before_cache(c.in, c.tie);
   const int close = t.rows_within;
   tally(p, c.best, t);
   tally(old, c.best, before);
@@ -256,7 +260,7 @@ nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& before) {
     if (p.rows[i].valid)
       rows.push_back({{"name", p.rows[i].name},
                       {"predicted_s", p.rows[i].predicted_step_s},
-                      {"predicted_before_pack_s", old.rows[i].predicted_step_s},
+                      {"predicted_before_cache_s", old.rows[i].predicted_step_s},
                       {"measured_s", c.best[i]}});
   fmt::print("{:<34} {:<16} {:>6.2f} {:<16} {:>6.2f} {:<16} {:>9.4f} {:>9.2f} {:>5}/{} {}\n", shape_name(c.shape),
              p.rows[rec].name, c.best[rec] / c.best[fastest], p.rows[pred].name, c.best[pred] / c.best[fastest],
@@ -268,7 +272,7 @@ nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& before) {
           {"head_dim", c.shape.head_dim},
           {"causal", c.shape.causal},
           {"recommended", p.rows[rec].name},
-          {"recommended_before_pack_and_band", old.rows[std::size_t(old.best)].name},
+          {"recommended_before_cache", old.rows[std::size_t(old.best)].name},
           {"predicted_fastest", p.rows[pred].name},
           {"measured_fastest", p.rows[fastest].name},
           {"tie_band", c.tie.band},
@@ -297,11 +301,11 @@ double print_tie_bands(const std::vector<GridCase>& cases) {
   return median(bands);
 }
 
-// Rank 0: the table, the counts (and plan_before_pack_and_band's), and the JSON of every
+// Rank 0: the table, the counts (and plan_before_cache's), and the JSON of every
 // shape.
 nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
   fmt::print("{:<34} {:<16} {:>6} {:<16} {:>6} {:<16} {:>9} {:>9} {:>7} {}\n", "shape", "recommended", "x best",
-             "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%", "before pack and band");
+             "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%", "before cache");
   GridTally t, before;
   nlohmann::json shapes = nlohmann::json::array();
   for (const GridCase& c : cases) shapes.push_back(report_case(c, t, before));
@@ -310,15 +314,14 @@ nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
       "{}; predicted step times within 20% of measured in {} of {} rows (best of {} interleaved runs)\n",
       t.recommended_within, t.shapes, t.fastest_within, t.shapes, t.rows_within, t.rows, rounds);
   fmt::print(
-      "grid before the K/V pack and the measured tie band (the published 6.7%, memory deciding), the same runs: "
-      "the recommendation within "
+      "grid before the cache term (a call's K/V past the core's cache), the same runs: the recommendation within "
       "5% in {} of {}, the predicted fastest in {}; rows within 20% in {} of {}\n",
       before.recommended_within, before.shapes, before.fastest_within, before.rows_within, before.rows);
   nlohmann::json j = tally_json(t);
   j["tie_band"] = print_tie_bands(cases);
   j["shapes"] = shapes;
   j["runs"] = rounds;
-  j["before_pack_and_band"] = tally_json(before);
+  j["before_cache"] = tally_json(before);
   return j;
 }
 

@@ -1,6 +1,7 @@
 #include "ulysses/cp/kernel_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ulysses {
 
@@ -18,11 +19,23 @@ double block_efficiency(const KernelModel& m, std::int64_t head_dim, double q_le
   return e;
 }
 
+double block_cache_factor(const KernelModel& m, std::int64_t head_dim, double element_bytes, double kv_len,
+                          bool diagonal) {
+  const double per_key = 2 * double(head_dim) * element_bytes;  // one key's K and V, one head
+  if (!(m.cache_bytes > 0) || !(m.past_cache_extra > 0) || !std::isfinite(m.cache_bytes + m.past_cache_extra) ||
+      !(per_key > 0) || !(kv_len * per_key > m.cache_bytes))
+    return 1;
+  const double past = 1 - m.cache_bytes / per_key / kv_len;  // the share of the stream past the cache
+  return 1 + m.past_cache_extra * (diagonal ? past * past : past);
+}
+
 KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::int64_t head_dim, double element_bytes,
                              double flat_fwd_s) {
   const double share = std::clamp(c.diagonal_share, 0.0, 1.0);
-  const double off = block_efficiency(m, head_dim, c.q_len, c.kv_len, false);
-  const double diag = block_efficiency(m, head_dim, c.q_len, c.kv_len, true);
+  const double off = block_efficiency(m, head_dim, c.q_len, c.kv_len, false) /
+                     block_cache_factor(m, head_dim, element_bytes, c.kv_len, false);
+  const double diag = block_efficiency(m, head_dim, c.q_len, c.kv_len, true) /
+                      block_cache_factor(m, head_dim, element_bytes, c.kv_len, true);
   double work = flat_fwd_s * (share / diag + (1 - share) / off);
   const double calls = double(std::max<std::int64_t>(c.calls, 1)), d = double(head_dim);
   const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;

@@ -4,6 +4,9 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <fstream>
+#include <string>
 #include <functional>
 #include <vector>
 
@@ -64,11 +67,11 @@ double median_seconds(const std::function<double()>& seconds, int runs, const st
 // Seconds of one causal forward of `queries` tokens at position 0 against kv_len keys on `heads`
 // heads: the queries see only the first keys, so the call's other work is packing K and V.
 double pack_call_seconds(std::int64_t queries, std::int64_t kv_len, std::int64_t heads, std::int64_t d, DType dtype,
-                         const std::function<double()>& seconds, int runs) {
+                         const std::function<double()>& seconds, int runs, bool causal = true) {
   Tensor q({1, queries, heads, d}, dtype), o(q.shape(), dtype), k({1, kv_len, heads, d}, dtype), v(k.shape(), dtype);
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
   const Tensor lse = lse_tensor(q.shape());
-  const AttentionParams p{.causal = true};
+  const AttentionParams p{.causal = causal};
   return median_seconds(seconds, runs,
                         [&] { flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p); });
 }
@@ -90,6 +93,57 @@ void calibrate_pack(Communicator& comm, std::int64_t head_dim, DType dtype, cons
   comm.allreduce_max(t.data(), 2);  // the slowest rank's
   const double bytes = 2.0 * double(keys - queries) * double(heads * head_dim) * double(dtype_size(dtype));
   if (t[0] > t[1] && std::isfinite(t[0])) model.kv_pack_s_per_byte = (t[0] - t[1]) / bytes;
+}
+
+CacheFit fit_cache_term(const KernelModel& m, std::int64_t head_dim, double element_bytes, double cache_bytes,
+                        const KernelTiming& fits, const KernelTiming& past) {
+  const double per_key = 2 * double(head_dim) * element_bytes;
+  for (double x : {per_key, cache_bytes, fits.seconds, fits.flops, fits.kv_len, past.seconds, past.flops, past.kv_len})
+    if (!(x > 0) || !std::isfinite(x)) return {};
+  if (fits.kv_len * per_key > cache_bytes || past.kv_len * per_key <= cache_bytes) return {};
+  // Seconds per FLOP at the long-block rate: the kernel curve divided out.
+  auto unit = [&](const KernelTiming& t) {
+    return t.seconds / t.flops * block_efficiency(m, head_dim, 1, t.kv_len, false);
+  };
+  const double factor = unit(past) / unit(fits), share = 1 - cache_bytes / per_key / past.kv_len;
+  const double extra = (factor - 1) / share;
+  if (!(extra > 0) || !std::isfinite(extra)) return {};
+  return {cache_bytes, std::min(extra, 4.0)};
+}
+
+double parse_cache_size(const std::string& text, double fallback) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return fallback;
+  }
+  const std::string unit = text.substr(used, text.find_first_of(" \n", used) - used);
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1024 : unit == "M" ? 1024 * 1024 : 0;
+  return v * scale > 0 && std::isfinite(v * scale) ? v * scale : fallback;
+}
+
+void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
+                     int runs, KernelModel& model) {
+  std::string text;
+  std::ifstream("/sys/devices/system/cpu/cpu0/cache/index2/size") >> text;
+  const double cache = parse_cache_size(text, 2.0 * 1024 * 1024);
+  const double es = double(dtype_size(dtype)), per_key = 2 * double(head_dim) * es;
+  const std::int64_t queries = 256, fits = std::max<std::int64_t>(std::int64_t(cache / per_key / 2), 64),
+                     past = std::int64_t(8 * cache / per_key);
+  std::array<double, 2> t{pack_call_seconds(queries, fits, 1, head_dim, dtype, seconds, runs, false),
+                          pack_call_seconds(queries, past, 1, head_dim, dtype, seconds, runs, false)};
+  comm.allreduce_max(t.data(), 2);  // the slowest rank's
+  std::array<KernelTiming, 2> k;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::int64_t keys = i == 0 ? fits : past;
+    k[i] = {t[i] - pack_seconds(model, double(keys), 1, head_dim, dtype),
+            attention_forward_flops(1, queries, keys, 1, head_dim, false), double(keys)};
+  }
+  const CacheFit f = fit_cache_term(model, head_dim, es, cache, k[0], k[1]);
+  model.cache_bytes = f.cache_bytes;
+  model.past_cache_extra = f.past_cache_extra;
 }
 
 KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
@@ -137,6 +191,8 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   m.call_s = fit.call_s;
   calibrate_merge(
       comm, head_dim, [&] { return comm.now(); }, 15, m);
+  calibrate_cache(
+      comm, head_dim, dtype, [&] { return comm.now(); }, 5, m);
   return m;
 }
 

@@ -31,6 +31,13 @@ struct KernelModel {
   // (every key, whether its queries see it or not; the backward packs 1.5x: K twice, V once).
   // 0: none, as a GPU kernel reads K and V in place; on a CPU, calibrated.
   double kv_pack_s_per_byte = 0;
+  // A CPU core streams a call's K and V once per query tile and head: while one head's K/V fits
+  // the core's cache (cache_bytes) the stream is served from it; past it the keys beyond the
+  // cache come from memory, each at (1 + past_cache_extra) times the in-cache time. A query that
+  // sees L keys, c of them in the cache, costs 1 + extra * (1 - c / L) times its in-cache time
+  // (block_cache_factor). 0: off, as a GPU kernel tiles K/V through its own shared memory.
+  double cache_bytes = 0;
+  double past_cache_extra = 0;
 };
 
 // One strategy's attention calls on its busiest rank in one forward: `calls` calls of q_len
@@ -50,6 +57,14 @@ struct KernelCalls {
 // causal diagonal block, whose masked half-tiles cost too (a tile's width over the longer side:
 // one query token against a long cache wastes next to nothing).
 double block_efficiency(const KernelModel& model, std::int64_t head_dim, double q_len, double kv_len, bool diagonal);
+
+// The time factor (>= 1) of a call whose queries stream kv_len keys per head at head_dim and
+// element_bytes past the model's cache: 1 + extra * (1 - c / kv_len) for a full block, where c
+// is the keys whose K and V fit the cache; a causal diagonal block, whose query at position p
+// streams p keys, averages it over its work: 1 + extra * (1 - c / kv_len)^2. 1 when the cache
+// term is off or not finite, or the keys fit.
+double block_cache_factor(const KernelModel& model, std::int64_t head_dim, double element_bytes, double kv_len,
+                          bool diagonal);
 
 struct KernelSeconds {
   double fwd = 0, bwd = 0;

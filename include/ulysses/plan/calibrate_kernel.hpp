@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ulysses/comm/communicator.hpp"
@@ -51,6 +52,31 @@ void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::funct
 // difference is not positive.
 void calibrate_pack(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
                     int runs, KernelModel& model);
+
+// The cache term (KernelModel::cache_bytes, past_cache_extra) from two non-causal calls, each
+// timed less its K/V pack: `fits` against keys whose K and V of one head fit cache_bytes,
+// `past` against keys well past it. Each call's seconds per FLOP over its kernel-curve
+// efficiency (model's kv_half at head_dim) gives past's time factor over fits'; the extra is that
+// factor less 1 over the share of past's stream beyond the cache (block_cache_factor), at most 4.
+// {0, 0} (off, the flat model) when an input is not positive or finite, `fits` does not fit,
+// `past` is not past, or the factor is not above 1. Not collective.
+struct CacheFit {
+  double cache_bytes = 0, past_cache_extra = 0;
+};
+CacheFit fit_cache_term(const KernelModel& model, std::int64_t head_dim, double element_bytes, double cache_bytes,
+                        const KernelTiming& fits, const KernelTiming& past);
+
+// A cache size as sysfs writes it ("2048K", "32M", "512"), in bytes; `fallback` when the text is
+// not a positive size.
+double parse_cache_size(const std::string& text, double fallback);
+
+// Collective over `comm`: the cache term of this machine's kernel (fit_cache_term), the L2 of
+// CPU 0 from sysfs (2 MiB when unreadable): 256 queries on 1 head against half the cache's keys
+// and against 8 times them, non-causal, each the median of `runs` timed by `seconds`, the
+// slowest rank's, less model's K/V pack; model's kv_half gives the curve. Sets model.cache_bytes
+// and model.past_cache_extra (both 0 when the fit is off).
+void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
+                     int runs, KernelModel& model);
 
 // Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block) to the
 // long-block rate the kernel model multiplies, and installs `kernel`.
