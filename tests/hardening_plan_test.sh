@@ -70,9 +70,9 @@ for s in g["shapes"]:
 assert {"a2a", "p2p", "p2p --no-zigzag", "all_gather"} <= names, names
 assert 0 <= g["predicted_fastest_within_5_percent"] <= 4 and 0 <= g["recommended_within_5_percent"] <= 4
 assert g["rows"] == sum(len(s["rows"]) for s in g["shapes"]) and 0 <= g["rows_within_20_percent"] <= g["rows"]
-w = g["before_cache"]  # the same runs, priced without the cache term
+w = g["with_cache"]  # the same runs, priced with the cache term
 assert w["rows"] == g["rows"] and 0 <= w["recommended_within_5_percent"] <= 4, w
-assert all(r["predicted_before_cache_s"] > 0 for s in g["shapes"] for r in s["rows"])
+assert all(r["predicted_with_cache_s"] > 0 for s in g["shapes"] for r in s["rows"])
 assert 0 <= g["tie_band"] and all(0 <= s["tie_band"] and math.isfinite(s["tie_band"]) for s in g["shapes"]), g' \
   "$dir/grid.json" && grep -q "^grid: the recommendation measures within 5% of the fastest in [0-4] of 4 shapes" "$dir/grid.log" &&
   ok "plan --calibrate --grid quick: every row measured, the counts" || { bad "plan --grid"; cat "$dir/grid.log"; }

@@ -73,7 +73,8 @@ double parse_cache_size(const std::string& text, double fallback);
 // Collective over `comm`: the cache term of this machine's kernel (fit_cache_term), the L2 of
 // CPU 0 from sysfs (2 MiB when unreadable): 256 queries on 1 head against half the cache's keys
 // and against 8 times them, non-causal, each the median of `runs` timed by `seconds`, the
-// slowest rank's, less model's K/V pack; model's kv_half gives the curve. Sets model.cache_bytes
+// slowest rank's, less a call of 16 causal queries at position 0 against the same keys (its K/V
+// pack at that size); model's kv_half gives the curve. Sets model.cache_bytes
 // and model.past_cache_extra (both 0 when the fit is off).
 void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
                      int runs, KernelModel& model);
