@@ -15,6 +15,7 @@
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "svg.hpp"
+#include "train/gpt.hpp"
 #include "train/memory.hpp"
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/plan/calibrate.hpp"
@@ -100,9 +101,17 @@ void add_train_and_lengths_options(CLI::App* c, PlanOptions& o) {
   c->add_flag("--train", o.train,
               "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
-  c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
+  c->add_option("--width", o.width,
+                "with --train: model width (default heads x head-dim); with --mode decode: the model around the "
+                "attention, whose row every rank runs per token (default: none, the attention alone)")
+      ->check(positive_number());
   c->add_option("--hidden", o.hidden,
-                "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
+                "with --train or --mode decode --width: SwiGLU hidden size (default as train's: 8/3 width, rounded up "
+                "to a multiple of 4)")
+      ->check(positive_number());
+  c->add_option("--vocab", o.vocab, "with --mode decode --width: the LM head's vocabulary")
+      ->capture_default_str()
+      ->check(positive_number());
   c->add_option("--max-memory", o.max_memory,
                 "with --train: memory per rank; with --lengths: the cap per rank; a plan of --seq: a row whose "
                 "working set (decode: KV cache) is over it is refused (default: none)")
@@ -521,10 +530,9 @@ std::string apply_presets(const PlanOptions& o, PlanInput& in) {
 // --max-memory as the cap a row must fit; --cached only with a prefill.
 void apply_inference_options(const PlanOptions& o, PlanInput& in) {
   if (!o.memory_bw.empty()) in.cluster.kernel.memory_bandwidth = parse_bandwidth(o.memory_bw);
-  if (in.mode == PlanMode::decode && !(in.cluster.kernel.memory_bandwidth > 0)) {
-    if (o.calibrate) throw Error("--mode decode --calibrate needs --memory-bw (what `ulysses generate` reads here)");
+  // --calibrate measures the decode kernel's rate here (calibrate_decode).
+  if (in.mode == PlanMode::decode && !(in.cluster.kernel.memory_bandwidth > 0) && !o.calibrate)
     in.cluster.kernel.memory_bandwidth = 3.35e12;
-  }
   if (o.max_memory_given) in.max_memory_bytes = train::parse_bytes(o.max_memory);
   if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
 }
@@ -556,6 +564,8 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
+  if (o.width > 0 && in.mode == PlanMode::decode)
+    req.row = {o.width, o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width), o.vocab};
   check_plan_input(in);
   return req;
 }
@@ -564,6 +574,25 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
   in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
   apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
+}
+
+std::string calibrate_decode(Communicator& comm, PlanInput& in, RowModel& row) {
+  const DecodeRate d = decode_rate(comm, in.heads, in.kv_heads, in.head_dim, double(256 << 20));
+  // Seconds per byte and per FLOP, so the all-reduce's max is the slowest rank's rate.
+  const auto products = row_products(in, row);
+  double per[2] = {1 / d.kernel_bytes_s, products.empty() ? 0.0 : 1 / row_rate(comm, products)};
+  comm.allreduce_max(per, 2);
+  in.cluster.kernel.memory_bandwidth = 1 / per[0];
+  if (!products.empty()) row.flops_per_s = 1 / per[1];
+  return fmt::format(
+      "decode calibrated: the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a plain read "
+      "{:.2f} GB/s, fraction {:.2f}){}\n",
+      in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
+      d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s,
+      products.empty() ? std::string()
+                       : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
+                                     row_flops(in, row) / 1e6, row.flops_per_s / 1e9,
+                                     row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6));
 }
 
 namespace {
@@ -596,9 +625,11 @@ int run_plan(const PlanOptions& o) {
       check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
   std::vector<double> measured;
+  std::string decode_line;
   if (o.calibrate) {
     const double memory_bw = in.cluster.kernel.memory_bandwidth;  // --memory-bw's, when given
     calibrate_cluster(comm, in);
+    if (in.mode == PlanMode::decode) decode_line = calibrate_decode(comm, in, req.row);
     keep_memory_bw(in, memory_bw);
   }
   const Plan plan = make_plan(in);
@@ -615,13 +646,14 @@ int run_plan(const PlanOptions& o) {
           in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
           in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
           in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9);
+    if (comm.rank() == 0) fmt::print("{}", decode_line);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
   }
   on_root(comm, [&] {
     print_plan(req, plan, measured);
     nlohmann::json j = to_json(req, plan, measured);
-    if (in.mode == PlanMode::decode) j["decode"] = report_decode(in);
+    if (in.mode == PlanMode::decode) j["decode"] = report_decode(in, req.row);
     if (o.cached >= 0) j["turn"] = report_turn(in, o.cached);
     if (o.scaling) j["scaling"] = scaling_table(in);
     std::vector<std::pair<std::string, std::string>> files;  // all or none

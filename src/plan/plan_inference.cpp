@@ -55,10 +55,21 @@ StepCost step_cost(const PlanInput& in, KvLayout layout, int cp, const LayoutHea
   return c;
 }
 
-double step_seconds(const PlanInput& in, KvLayout layout, int cp, const LayoutHeads& h, double batch,
-                    std::int64_t context) {
+// The rows' own work of one step: their FLOPs at the row rate, or their weights' one read from
+// memory when that is slower (a large model at small batch).
+double row_seconds(const PlanInput& in, const RowModel& row, double batch) {
+  if (row.width <= 0) return 0;
+  const double rate = row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency;
+  const double bw = in.cluster.kernel.memory_bandwidth;
+  const double weights_s = bw > 0 ? row_weights(in, row) * double(dtype_size(in.dtype)) / bw : 0;
+  return std::max(batch * row_flops(in, row) / rate, weights_s);
+}
+
+double step_seconds(const PlanInput& in, const RowModel& row, KvLayout layout, int cp, const LayoutHeads& h,
+                    double batch, std::int64_t context) {
   const StepCost c = step_cost(in, layout, cp, h, batch, context);
-  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s);
+  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s) +
+         row_seconds(in, row, batch);
 }
 
 // The least x in [1, 2^30] with wins(x) (monotone: sharding saves per request and per token what
@@ -75,7 +86,7 @@ std::int64_t least(F wins) {
   return hi;
 }
 
-DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
+DecodeRow decode_row(const PlanInput& in, const RowModel& row, KvLayout layout, int cp) {
   DecodeRow r;
   r.layout = cp == 1 ? "cp = 1" : to_string(layout);
   r.cp = cp;
@@ -95,12 +106,13 @@ DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
   r.compute_s = layers * c.compute_s;
   r.comm_s = layers * c.comm_s;
   r.collectives = cp > 1 ? in.layers : 0;
-  r.step_s = step_seconds(in, layout, cp, heads, batch, in.seq);
+  r.row_s = row_seconds(in, row, batch);
+  r.step_s = step_seconds(in, row, layout, cp, heads, batch, in.seq);
   r.tokens_per_s = r.step_s > 0 ? batch / r.step_s : 0;
   if (cp == 1) return r;
   const LayoutHeads all = layout_heads(in, layout, 1);
   auto faster = [&](double b, std::int64_t s) {
-    return step_seconds(in, layout, cp, heads, b, s) < step_seconds(in, layout, 1, all, b, s);
+    return step_seconds(in, row, layout, cp, heads, b, s) < step_seconds(in, row, layout, 1, all, b, s);
   };
   r.crossover_batch = least([&](std::int64_t b) { return faster(double(b), in.seq); });
   r.crossover_context = least([&](std::int64_t s) { return faster(batch, std::max<std::int64_t>(s, cp)); });
@@ -119,12 +131,31 @@ std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
 
 }  // namespace
 
-DecodePlan plan_decode(const PlanInput& in) {
+std::vector<std::pair<std::int64_t, std::int64_t>> row_products(const PlanInput& in, const RowModel& row) {
+  if (row.width <= 0) return {};
+  const std::int64_t C = row.width, QD = in.heads * in.head_dim, KD = in.kv_heads * in.head_dim, F = row.hidden;
+  return {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, F}, {C, F}, {F, C}, {C, row.vocab}};
+}
+
+double row_weights(const PlanInput& in, const RowModel& row) {
+  const auto products = row_products(in, row);
+  double layer = 0;
+  for (std::size_t i = 0; i + 1 < products.size(); ++i) layer += double(products[i].first) * double(products[i].second);
+  return products.empty() ? 0 : double(in.layers) * layer + double(products.back().first * products.back().second);
+}
+
+double row_flops(const PlanInput& in, const RowModel& row) { return 2 * row_weights(in, row); }
+
+DecodePlan plan_decode(const PlanInput& in, const RowModel& row) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  if (row.width < 0 || (row.width > 0 && (row.hidden < 1 || row.vocab < 1)) || !(row.flops_per_s >= 0))
+    throw Error(fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
+                            "rate >= 0; got width {}, hidden {}, vocab {}, rate {}",
+                            row.width, row.hidden, row.vocab, row.flops_per_s));
   DecodePlan p;
-  p.rows.push_back(decode_row(in, KvLayout::heads, 1));
+  p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)
-    for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, l, in.cp));
+    for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, row, l, in.cp));
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))
       p.best = int(i);
