@@ -67,7 +67,7 @@ PlanInput counted_input() {
 
 TEST(PlanInference, DecodeStepCountedByHandWithTheRowAroundTheAttention) {
   const PlanInput in = counted_input();
-  const RowModel model{128, 344, 256, 5e9};
+  const DecodeModel model{128, 344, 256, 5e9};
   // A layer's weights: 128·128 (q) + 2·128·128 (k, v) + 128·128 (out) + 2·128·344 + 344·128 (MLP)
   // = 197632; two layers and the head's 128·256: 428032; 2 FLOPs each.
   EXPECT_DOUBLE_EQ(row_weights(in, model), 428032);
@@ -107,7 +107,26 @@ TEST(PlanInference, DecodeStepCountedByHandWithTheRowAroundTheAttention) {
   EXPECT_NEAR(row(plan_decode(one, {128, 344, 256, 2e10}), "cp = 1").row_s, 171.2128e-6, 1e-15);
 }
 
-TEST(PlanInference, RowModelRefusesAWidthWithoutItsSizes) {
+TEST(PlanInference, ACacheThatFitsTheNodesLastLevelCacheReadsAtItsRate) {
+  const PlanInput in = counted_input();
+  DecodeModel m{128, 344, 256, 5e9};
+  m.llc_bytes = 6e6;
+  m.llc_bandwidth = 4e10;
+  m.kernel_measured = true;  // the rates are the kernel's own: no compute term
+  const DecodePlan p = plan_decode(in, m);
+  // cp = 1: 2 layers · 2 requests · 1.024 MB of cache + 428032 · 4 B of weights = 5808128 B on
+  // the node, under 6 MB: 4.096 MB at 40 GB/s = 102.4 us, 5 us a call, the row 342.4256 us.
+  EXPECT_NEAR(row(p, "cp = 1").read_s, 102.4e-6, 1e-15);
+  EXPECT_EQ(row(p, "cp = 1").compute_s, 0);
+  EXPECT_NEAR(row(p, "cp = 1").step_s, 102.4e-6 + 10e-6 + 342.4256e-6, 1e-15);
+  // heads: 2 ranks · (2.048 MB + 1712128 B) = 7520256 B, over it: from memory, as without it.
+  EXPECT_NEAR(row(p, "heads").read_s, 204.8e-6, 1e-15);
+  EXPECT_NEAR(row(p, "heads").step_s, 2 * (102.4e-6 + 5e-6 + 10.512e-6) + 342.4256e-6, 1e-15);
+  m.llc_bandwidth = -1;
+  EXPECT_THROW(plan_decode(in, m), Error);
+}
+
+TEST(PlanInference, DecodeModelRefusesAWidthWithoutItsSizes) {
   const PlanInput in = counted_input();
   EXPECT_THROW(plan_decode(in, {128, 0, 256, 0}), Error);
   EXPECT_THROW(plan_decode(in, {128, 344, 0, 0}), Error);

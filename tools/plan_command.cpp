@@ -576,19 +576,44 @@ void calibrate_cluster(Communicator& comm, PlanInput& in) {
   apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
 }
 
-std::string calibrate_decode(Communicator& comm, PlanInput& in, RowModel& row) {
+namespace {
+
+// Collective. The decode kernel's rate over caches of 2 to 64 MiB a rank (steps of sqrt 2) and 256 MiB,
+// every rank at once, the slowest rank's: the last-level cache is the largest size, from the
+// smallest up, still read at 1.5x the 256 MiB rate or more (its bytes on the node: that size times
+// the ranks here), read at that size's rate.
+void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, DecodeModel& m, std::string& curve) {
+  const double ranks_here = double(comm.ranks_on_this_node());
+  bool fits = true;
+  for (int k = 2; k <= 12 && fits; ++k) {
+    const double bytes = double(1 << 20) * std::pow(2.0, k / 2.0);
+    double per_byte = 1 / decode_rate(comm, in.heads, in.kv_heads, in.head_dim, bytes).kernel_bytes_s;
+    comm.allreduce_max(&per_byte, 1);
+    curve += fmt::format(" {:.1f} MiB {:.1f},", bytes / double(1 << 20), 1e-9 / per_byte);
+    fits = 1 / per_byte >= 1.5 * memory_bw;
+    if (fits) m.llc_bytes = bytes * ranks_here, m.llc_bandwidth = 1 / per_byte;
+  }
+}
+
+}  // namespace
+
+std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row) {
   const DecodeRate d = decode_rate(comm, in.heads, in.kv_heads, in.head_dim, double(256 << 20));
   // Seconds per byte and per FLOP, so the all-reduce's max is the slowest rank's rate.
   const auto products = row_products(in, row);
   double per[2] = {1 / d.kernel_bytes_s, products.empty() ? 0.0 : 1 / row_rate(comm, products)};
   comm.allreduce_max(per, 2);
   in.cluster.kernel.memory_bandwidth = 1 / per[0];
+  row.kernel_measured = true;
   if (!products.empty()) row.flops_per_s = 1 / per[1];
+  std::string curve;
+  calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
   return fmt::format(
       "decode calibrated: the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a plain read "
-      "{:.2f} GB/s, fraction {:.2f}){}\n",
+      "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}){}\n",
       in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
-      d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s,
+      d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20),
+      row.llc_bandwidth / 1e9, curve.substr(0, curve.size() - 1),
       products.empty() ? std::string()
                        : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
                                      row_flops(in, row) / 1e6, row.flops_per_s / 1e9,

@@ -63,7 +63,7 @@ void add_plan_command(CLI::App& app, PlanOptions& opt);
 struct PlanRequest {
   PlanInput in;
   std::string presets;
-  RowModel row;  // --mode decode with --width: the model around the attention (width 0: none)
+  DecodeModel row;  // --mode decode with --width: the model around the attention (width 0: none)
 };
 // Not collective. The options as a planner input, checked (throws Error). Calibration plans for
 // this machine: cp = its ranks, all on one node, float32.
@@ -104,10 +104,10 @@ void calibrate_cluster(Communicator& comm, PlanInput& in);
 // Collective. What a decode step costs here: the decode kernel's read rate over a cache of at least
 // 256 MiB a rank (into in.cluster.kernel.memory_bandwidth) and, with a width, the row's rate; the
 // slowest rank's, on every rank. Returns the header's line.
-std::string calibrate_decode(Communicator& comm, PlanInput& in, RowModel& row);
+std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row);
 // Rank 0 alone (plan_inference_report.cpp): print the decode layouts' table (plan_decode) and
 // return it as JSON; the same for a turn of in.seq tokens over `cached` (plan_turn).
-nlohmann::json report_decode(const PlanInput& in, const RowModel& row = {});
+nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row = {});
 nlohmann::json report_turn(const PlanInput& in, std::int64_t cached);
 
 }  // namespace ulysses::cli

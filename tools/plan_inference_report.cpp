@@ -8,7 +8,7 @@
 
 namespace ulysses::cli {
 
-nlohmann::json report_decode(const PlanInput& in, const RowModel& row) {
+nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
   const DecodePlan p = plan_decode(in, row);
   fmt::print(
       "\ndecode over a sharded KV cache: {} request(s) per step, {} tokens of context each, memory {:.4g} GB/s\n",
