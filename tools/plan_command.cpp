@@ -609,7 +609,7 @@ std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row
   std::string curve;
   calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
   return fmt::format(
-      "decode calibrated: the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a plain read "
+      "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a plain read "
       "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}){}\n",
       in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
       d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20),
@@ -654,7 +654,11 @@ int run_plan(const PlanOptions& o) {
   if (o.calibrate) {
     const double memory_bw = in.cluster.kernel.memory_bandwidth;  // --memory-bw's, when given
     calibrate_cluster(comm, in);
-    if (in.mode == PlanMode::decode) decode_line = calibrate_decode(comm, in, req.row);
+    // Decode is timed in CPU seconds, as generate's one-thread ranks report it beside wall time.
+    if (in.mode == PlanMode::decode) {
+      cpu_time_cluster(comm, in);
+      decode_line = calibrate_decode(comm, in, req.row);
+    }
     keep_memory_bw(in, memory_bw);
   }
   const Plan plan = make_plan(in);

@@ -101,6 +101,10 @@ void check_plan_option_effects(const PlanOptions& opt, int ranks);
 // Collective. This machine's attention rate and links (ulysses/plan/calibrate.hpp), on the default
 // threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);
+// Collective (plan_grid.cpp). in.cluster, calibrated, in CPU seconds: the attention rate measured
+// so, the links and the fixed cost per call scaled by the load (wall rate over CPU rate), the
+// merge timed again.
+void cpu_time_cluster(Communicator& comm, PlanInput& in);
 // Collective. What a decode step costs here: the decode kernel's read rate over a cache of at least
 // 256 MiB a rank (into in.cluster.kernel.memory_bandwidth) and, with a width, the row's rate; the
 // slowest rank's, on every rank. Returns the header's line.

@@ -91,6 +91,8 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
+}  // namespace
+
 // A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
 // the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
 // make, slowed by the load as the kernel is.
@@ -108,6 +110,8 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   // measured at another moment, the merge's rate moved 3-8x between calibrations.
   calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
 }
+
+namespace {
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
 // it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:

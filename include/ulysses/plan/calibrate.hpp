@@ -42,7 +42,8 @@ DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_
                        double bytes);
 
 // Not collective: FLOP/s of one row [1, in] through each product [in, out] listed (BLAS on this
-// thread, each weight matrix its own, read warm; 20 rows in turn), the median of 5: a decode step's row.
+// thread, each weight matrix its own, read warm; 20 rows in turn), the median of 7 on the decode
+// probes' clock (this thread's CPU time on one thread): a decode step's row.
 double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products);
 
 struct Calibration {
