@@ -122,6 +122,9 @@ TEST(PlanInference, ACacheThatFitsTheNodesLastLevelCacheReadsAtItsRate) {
   // heads: 2 ranks · (2.048 MB + 1712128 B) = 7520256 B, over it: from memory, as without it.
   EXPECT_NEAR(row(p, "heads").read_s, 204.8e-6, 1e-15);
   EXPECT_NEAR(row(p, "heads").step_s, 2 * (102.4e-6 + 5e-6 + 10.512e-6) + 342.4256e-6, 1e-15);
+  // A measured collective replaces the link's message: 30 us a layer.
+  m.collective_s = 30e-6;
+  EXPECT_NEAR(row(plan_decode(in, m), "interleaved").comm_s, 2 * 30e-6, 1e-15);
   m.llc_bandwidth = -1;
   EXPECT_THROW(plan_decode(in, m), Error);
 }

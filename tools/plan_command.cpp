@@ -608,12 +608,15 @@ std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row
   if (!products.empty()) row.flops_per_s = 1 / per[1];
   std::string curve;
   calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
+  if (comm.size() > 1) row.collective_s = decode_gather_seconds(comm, in.heads, in.kv_heads, in.head_dim);
   return fmt::format(
-      "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a plain read "
-      "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}){}\n",
-      in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
-      d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20),
-      row.llc_bandwidth / 1e9, curve.substr(0, curve.size() - 1),
+      "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a "
+      "plain read "
+      "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}); a "
+      "step's gather {:.1f} us{}\n",
+      in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9, d.read_bytes_s / 1e9,
+      d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20), row.llc_bandwidth / 1e9,
+      curve.substr(0, curve.size() - 1), row.collective_s * 1e6,
       products.empty() ? std::string()
                        : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
                                      row_flops(in, row) / 1e6, row.flops_per_s / 1e9,

@@ -252,9 +252,10 @@ double read_seconds(const Communicator& comm, const float* data, std::size_t n) 
 DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
                        double bytes) {
   if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1 || !(bytes > 0))
-    throw Error(fmt::format("decode_rate: needs heads a multiple of kv_heads >= 1, head_dim >= 1 and bytes > 0; got "
-                            "{}, {}, {}, {}",
-                            heads, kv_heads, head_dim, bytes));
+    throw Error(
+        fmt::format("decode_rate: needs heads a multiple of kv_heads >= 1, head_dim >= 1 and bytes > 0; got "
+                    "{}, {}, {}, {}",
+                    heads, kv_heads, head_dim, bytes));
   const std::int64_t row_bytes = 2 * kv_heads * head_dim * std::int64_t(sizeof(float));
   const std::int64_t rows = std::max<std::int64_t>(1, std::int64_t(std::ceil(bytes / double(row_bytes))));
   const Tensor k({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd),
@@ -282,6 +283,31 @@ DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_
   }
   const double total = double(k.nbytes() + v.nbytes());
   return {total / kernel, total / read, total};
+}
+
+double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  const std::int64_t rows = std::max<std::int64_t>(1, (1 << 20) / (2 * kv_heads * head_dim * 4));
+  const Tensor k({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd),
+      v({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd);
+  std::vector<float> q(static_cast<std::size_t>(heads * head_dim), 0.5f), out(q.size()),
+      lse(static_cast<std::size_t>(heads));
+  const Shape one{1, 1, heads, head_dim};
+  const TensorView qv = TensorView::dense(q.data(), DType::f32, one, Layout::bshd),
+                   ov = TensorView::dense(out.data(), DType::f32, one, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, heads, 1}, Layout::bhsd);
+  const std::size_t part = std::size_t(heads * (head_dim + 1)) * sizeof(float);  // interleaved's (out, lse)
+  std::vector<char> send(part, 1), recv(part * std::size_t(comm.size()));
+  const std::vector<std::size_t> bytes(std::size_t(comm.size()), part);
+  std::vector<double> t;
+  for (int i = 0; i < 45; ++i) {  // each gather after a kernel pass, as a step's layers run
+    decode_attention_forward(ov, lv, qv, k.view(), v.view(), DecodeParams{.group = heads / kv_heads});
+    const double t0 = probe_clock(comm);
+    comm.allgatherv({send.data(), part}, {recv.data(), recv.size()}, bytes, "calibrate");
+    if (i >= 5) t.push_back(probe_clock(comm) - t0);
+  }
+  double seconds = median_of(t);
+  comm.allreduce_max(&seconds, 1);
+  return seconds;
 }
 
 double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products) {

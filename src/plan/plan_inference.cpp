@@ -43,7 +43,7 @@ double read_bandwidth(const PlanInput& in, const DecodeModel& m, int cp, double 
   const double ranks_here = double(std::min(cp, std::max(1, in.cluster.ranks_per_node)));
   const double node = ranks_here * (rank_cache_bytes + row_weights(in, m) * double(dtype_size(in.dtype)));
   return m.llc_bytes > 0 && m.llc_bandwidth > 0 && node <= m.llc_bytes ? m.llc_bandwidth
-                                                                         : in.cluster.kernel.memory_bandwidth;
+                                                                       : in.cluster.kernel.memory_bandwidth;
 }
 
 StepCost step_cost(const PlanInput& in, const DecodeModel& m, KvLayout layout, int cp, const LayoutHeads& h,
@@ -60,7 +60,7 @@ StepCost step_cost(const PlanInput& in, const DecodeModel& m, KvLayout layout, i
     // A ring allgatherv: cp − 1 hops of one rank's part (its heads' outputs; interleaved: every
     // head's partial output and its float32 LSE).
     const double part = batch * h.q * (d * e + (by_heads ? 0.0 : 4.0));
-    c.comm_s = (cp - 1) * message_seconds(ring_link(in.cluster, cp, 1), part);
+    c.comm_s = m.collective_s > 0 ? m.collective_s : (cp - 1) * message_seconds(ring_link(in.cluster, cp, 1), part);
   }
   return c;
 }
@@ -159,10 +159,11 @@ double row_flops(const PlanInput& in, const DecodeModel& row) { return 2 * row_w
 DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   if (row.width < 0 || (row.width > 0 && (row.hidden < 1 || row.vocab < 1)) || !(row.flops_per_s >= 0) ||
-      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0))
-    throw Error(fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
-                            "rate, cache bytes and cache bandwidth >= 0; got width {}, hidden {}, vocab {}, rate {}, {}, {}",
-                            row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth));
+      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0) || !(row.collective_s >= 0))
+    throw Error(
+        fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
+                    "rate, cache bytes and cache bandwidth >= 0; got width {}, hidden {}, vocab {}, rate {}, {}, {}",
+                    row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth));
   DecodePlan p;
   p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)

@@ -41,6 +41,12 @@ struct DecodeRate {
 DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
                        double bytes);
 
+// Collective. The seconds of one decode step's gather here: the median of 40 allgatherv's of a
+// rank's partial (out, lse) of `heads` heads, each after a decode kernel pass over a 1 MiB cache
+// (the ranks reach it as a step's layers do, with the skew between them), on the decode probes'
+// clock, the slowest rank's. Polling ranks count the wait for a late peer.
+double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+
 // Not collective: FLOP/s of one row [1, in] through each product [in, out] listed (BLAS on this
 // thread, each weight matrix its own, read warm; 20 rows in turn), the median of 7 on the decode
 // probes' clock (this thread's CPU time on one thread): a decode step's row.

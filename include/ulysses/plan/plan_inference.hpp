@@ -64,6 +64,9 @@ struct DecodeModel {
   // them, so no compute term beside the read (else 4·d FLOPs a cached row and query head at
   // peak × efficiency, when slower than the read).
   bool kernel_measured = false;
+  // Seconds of one decode collective at in.cp, measured (plan --calibrate); 0: the link model's
+  // cp − 1 messages.
+  double collective_s = 0;
 };
 // Per token: the products' multiply-adds × 2 over all layers and the LM head, and their weights'
 // elements (every step reads them once, whatever the batch). The embedding is a lookup.
