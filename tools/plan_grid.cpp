@@ -92,6 +92,8 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
+}  // namespace
+
 // A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
 // the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
 // make, slowed by the load as the kernel is.
@@ -110,6 +112,8 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
   calibrate_pack(comm, in.head_dim, in.dtype, cpu_seconds, 7, c.kernel);
 }
+
+namespace {
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
 // it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:
