@@ -88,6 +88,24 @@ assert k["call_s"] < 0.01 and k["memory_bandwidth"] > 0, k
 assert json.load(open(sys.argv[2]))["input"]["kernel"]["memory_bandwidth"] == 5e9' "$dir/cal.json" "$dir/dec.json" &&
   grep -q "us per call, a ring step.s merge" "$dir/cal.log" &&
   ok "plan --calibrate: call cost and merge fitted, --memory-bw kept" || { bad "plan --calibrate kernel"; cat "$dir/cal.log"; }
+# Decode calibrated here: the kernel's rates (memory and last-level cache), a step's gather and the
+# row's rate measured, no --memory-bw needed; the row's options refused where they do nothing.
+run 2 plan --calibrate --mode decode --seq 4096 --heads 4 --head-dim 16 --width 64 --json "$dir/dc.json" \
+  > "$dir/dc.log" 2>&1 && python3 -c '
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+rows = {r["layout"]: r for r in j["decode"]["rows"]}
+assert j["input"]["kernel"]["memory_bandwidth"] > 0, j["input"]
+assert all(r["valid"] and r["row_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values()), rows
+assert rows["heads"]["row_s"] == rows["cp = 1"]["row_s"] and rows["heads"]["comm_s"] > 0, rows' "$dir/dc.json" &&
+  grep -q "^decode calibrated (CPU seconds): the kernel reads" "$dir/dc.log" && grep -q "a step.s gather" "$dir/dc.log" &&
+  ok "plan --calibrate --mode decode --width: rates, gather and row measured" || { bad "plan decode calibrate"; cat "$dir/dc.log"; }
+expect "plan --vocab without decode" 2 "--vocab has no effect without --mode decode --width" plan --seq 512 --heads 4 --vocab 100
+expect "plan --width without a mode" 2 "--width has no effect without --train, --lengths or --mode decode" \
+  plan --seq 512 --heads 4 --width 64
+expect "plan --hidden without --width" 2 "--hidden has no effect with --mode decode but no --width" \
+  plan --seq 512 --heads 4 --mode decode --hidden 100
+expect "plan --width 0" 1 "--width" plan --seq 512 --heads 4 --mode decode --width 0
 expect "plan --grid without --calibrate" 2 "--grid has no effect without --calibrate" plan --grid quick --json "$dir/g2.json"
 no_file "$dir/g2.json" "plan --grid without --calibrate"
 expect "plan --grid huge" 2 "unknown --grid 'huge' (use quick or full)" plan --calibrate --grid huge

@@ -50,6 +50,94 @@ TEST(PlanInference, DecodeReadsEachRanksShareOfTheCacheAtMemoryBandwidth) {
   EXPECT_GT(row(p, "interleaved").comm_s, row(p, "heads").comm_s);
 }
 
+// Every figure of one step counted by hand: the tiny GPT `generate` runs (2 layers, 4 heads of
+// 32, width 128, SwiGLU 344, 256 tokens), float32, 2 requests of 1000 tokens at cp 2.
+PlanInput counted_input() {
+  PlanInput in = decode_input(1000, 2, 4, 4, 2);
+  in.head_dim = 32;
+  in.dtype = DType::f32;
+  in.cluster.kernel.memory_bandwidth = 1e10;
+  in.cluster.kernel.call_s = 5e-6;
+  in.cluster.peak_flops = 1e12;
+  in.cluster.efficiency = 1;
+  in.cluster.ranks_per_node = 2;
+  in.cluster.intra = {1e9, 10e-6};
+  return in;
+}
+
+TEST(PlanInference, DecodeStepCountedByHandWithTheRowAroundTheAttention) {
+  const PlanInput in = counted_input();
+  const DecodeModel model{128, 344, 256, 5e9};
+  // A layer's weights: 128·128 (q) + 2·128·128 (k, v) + 128·128 (out) + 2·128·344 + 344·128 (MLP)
+  // = 197632; two layers and the head's 128·256: 428032; 2 FLOPs each.
+  EXPECT_DOUBLE_EQ(row_weights(in, model), 428032);
+  EXPECT_DOUBLE_EQ(row_flops(in, model), 856064);
+  const DecodePlan p = plan_decode(in, model);
+  // The row: 2 rows · 856064 FLOP at 5 GFLOP/s = 342.4256 us, over the weights' one read
+  // (428032 · 4 B at 10 GB/s = 171.2128 us); the same at every cp.
+  for (const DecodeRow& r : p.rows) EXPECT_NEAR(r.row_s, 342.4256e-6, 1e-15) << r.layout;
+  // cp = 1: 2 requests · 2 (K, V) · 1000 rows · 4 heads · 32 · 4 B = 2.048 MB a layer at 10 GB/s
+  // = 204.8 us; compute 4 · 32 · 4 heads · 1000 · 2 at 1 TFLOP/s = 1.024 us (under the read);
+  // 5 us a call; 2 layers: 2 · 209.8 us + the row.
+  EXPECT_NEAR(row(p, "cp = 1").read_s, 409.6e-6, 1e-15);
+  EXPECT_NEAR(row(p, "cp = 1").step_s, 419.6e-6 + 342.4256e-6, 1e-15);
+  // heads: 2 KV heads a rank: 102.4 us of read a layer; one allgatherv of 2 requests · 2 heads ·
+  // 32 · 4 B = 512 B, one hop: 10 us + 0.512 us.
+  EXPECT_NEAR(row(p, "heads").comm_s, 2 * 10.512e-6, 1e-15);
+  EXPECT_NEAR(row(p, "heads").step_s, 2 * (102.4e-6 + 5e-6 + 10.512e-6) + 342.4256e-6, 1e-15);
+  // interleaved: 500 rows, every head; the gather: 2 · 4 heads · (32 · 4 + 4 LSE) B = 1056 B.
+  EXPECT_NEAR(row(p, "interleaved").comm_s, 2 * 11.056e-6, 1e-15);
+  EXPECT_NEAR(row(p, "interleaved").step_s, 2 * (102.4e-6 + 5e-6 + 11.056e-6) + 342.4256e-6, 1e-15);
+  // Crossover at 2 requests: heads saves 2 · s · 512 B / 10 GB/s = s · 102.4 ns a layer against
+  // its 10.512 us gather: from s = 103; interleaved saves 2 · floor(s / 2) · 1024 B / 10 GB/s
+  // against 11.056 us: from floor(s / 2) = 54, s = 108. At 1000 tokens one request pays.
+  EXPECT_EQ(row(p, "heads").crossover_context, 103);
+  EXPECT_EQ(row(p, "interleaved").crossover_context, 108);
+  EXPECT_EQ(row(p, "heads").crossover_batch, 1);
+  // The row is the same on both sides of the crossover: it moves neither.
+  const DecodePlan bare = plan_decode(in);
+  EXPECT_EQ(row(bare, "heads").row_s, 0);
+  for (const char* layout : {"heads", "interleaved"}) {
+    EXPECT_EQ(row(bare, layout).crossover_context, row(p, layout).crossover_context) << layout;
+    EXPECT_EQ(row(bare, layout).crossover_batch, row(p, layout).crossover_batch) << layout;
+  }
+  // One request at 20 GFLOP/s: 42.8 us of FLOPs, so the weights' read decides (171.2128 us).
+  PlanInput one = in;
+  one.batch = 1;
+  EXPECT_NEAR(row(plan_decode(one, {128, 344, 256, 2e10}), "cp = 1").row_s, 171.2128e-6, 1e-15);
+}
+
+TEST(PlanInference, ACacheThatFitsTheNodesLastLevelCacheReadsAtItsRate) {
+  const PlanInput in = counted_input();
+  DecodeModel m{128, 344, 256, 5e9};
+  m.llc_bytes = 6e6;
+  m.llc_bandwidth = 4e10;
+  m.kernel_measured = true;  // the rates are the kernel's own: no compute term
+  const DecodePlan p = plan_decode(in, m);
+  // cp = 1: 2 layers · 2 requests · 1.024 MB of cache + 428032 · 4 B of weights = 5808128 B on
+  // the node, under 6 MB: 4.096 MB at 40 GB/s = 102.4 us, 5 us a call, the row 342.4256 us.
+  EXPECT_NEAR(row(p, "cp = 1").read_s, 102.4e-6, 1e-15);
+  EXPECT_EQ(row(p, "cp = 1").compute_s, 0);
+  EXPECT_NEAR(row(p, "cp = 1").step_s, 102.4e-6 + 10e-6 + 342.4256e-6, 1e-15);
+  // heads: 2 ranks · (2.048 MB + 1712128 B) = 7520256 B, over it: from memory, as without it.
+  EXPECT_NEAR(row(p, "heads").read_s, 204.8e-6, 1e-15);
+  EXPECT_NEAR(row(p, "heads").step_s, 2 * (102.4e-6 + 5e-6 + 10.512e-6) + 342.4256e-6, 1e-15);
+  // A measured collective replaces the link's message: 30 us a layer.
+  m.collective_s = 30e-6;
+  EXPECT_NEAR(row(plan_decode(in, m), "interleaved").comm_s, 2 * 30e-6, 1e-15);
+  m.llc_bandwidth = -1;
+  EXPECT_THROW(plan_decode(in, m), Error);
+}
+
+TEST(PlanInference, DecodeModelRefusesAWidthWithoutItsSizes) {
+  const PlanInput in = counted_input();
+  EXPECT_THROW(plan_decode(in, {128, 0, 256, 0}), Error);
+  EXPECT_THROW(plan_decode(in, {128, 344, 0, 0}), Error);
+  EXPECT_THROW(plan_decode(in, {-1, 344, 256, 0}), Error);
+  EXPECT_THROW(plan_decode(in, {128, 344, 256, -1}), Error);
+  EXPECT_NO_THROW(plan_decode(in, {0, 0, 0, 0}));  // no row: the attention alone
+}
+
 TEST(PlanInference, HeadsLayoutReplicatesFewKvHeadsAndRefusesTooFewQueryHeads) {
   const DecodePlan gqa = plan_decode(decode_input(4096, 1, 16, 2, 8));
   EXPECT_EQ(row(gqa, "heads").replication, 4);

@@ -15,6 +15,7 @@
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "svg.hpp"
+#include "train/gpt.hpp"
 #include "train/memory.hpp"
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/plan/calibrate.hpp"
@@ -100,9 +101,17 @@ void add_train_and_lengths_options(CLI::App* c, PlanOptions& o) {
   c->add_flag("--train", o.train,
               "for `ulysses train` (a2a; --dtype f32 unless given): the longest sequence whose predicted memory per "
               "rank fits in --max-memory, at cp = 1, 2, 4, ... --cp, without and with the memory techniques");
-  c->add_option("--width", o.width, "with --train: model width (default heads x head-dim)");
+  c->add_option("--width", o.width,
+                "with --train: model width (default heads x head-dim); with --mode decode: the model around the "
+                "attention, whose row every rank runs per token (default: none, the attention alone)")
+      ->check(positive_number());
   c->add_option("--hidden", o.hidden,
-                "with --train: SwiGLU hidden size (default as train's: 8/3 width, rounded up to a multiple of 4)");
+                "with --train or --mode decode --width: SwiGLU hidden size (default as train's: 8/3 width, rounded up "
+                "to a multiple of 4)")
+      ->check(positive_number());
+  c->add_option("--vocab", o.vocab, "with --mode decode --width: the LM head's vocabulary")
+      ->capture_default_str()
+      ->check(positive_number());
   c->add_option("--max-memory", o.max_memory,
                 "with --train: memory per rank; with --lengths: the cap per rank; a plan of --seq: a row whose "
                 "working set (decode: KV cache) is over it is refused (default: none)")
@@ -527,10 +536,9 @@ std::string apply_presets(const PlanOptions& o, PlanInput& in) {
 // --max-memory as the cap a row must fit; --cached only with a prefill.
 void apply_inference_options(const PlanOptions& o, PlanInput& in) {
   if (!o.memory_bw.empty()) in.cluster.kernel.memory_bandwidth = parse_bandwidth(o.memory_bw);
-  if (in.mode == PlanMode::decode && !(in.cluster.kernel.memory_bandwidth > 0)) {
-    if (o.calibrate) throw Error("--mode decode --calibrate needs --memory-bw (what `ulysses generate` reads here)");
+  // --calibrate measures the decode kernel's rate here (calibrate_decode).
+  if (in.mode == PlanMode::decode && !(in.cluster.kernel.memory_bandwidth > 0) && !o.calibrate)
     in.cluster.kernel.memory_bandwidth = 3.35e12;
-  }
   if (o.max_memory_given) in.max_memory_bytes = train::parse_bytes(o.max_memory);
   if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
 }
@@ -562,6 +570,8 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
+  if (o.width > 0 && in.mode == PlanMode::decode)
+    req.row = {o.width, o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width), o.vocab};
   check_plan_input(in);
   return req;
 }
@@ -584,12 +594,76 @@ Plan plan_with_measured_band(const PlanInput& in, const Plan& plan, const std::v
   return make_plan(in, calibrated_tie_band(measured_tie_band({rows}), "at this shape", in.max_memory_bytes > 0));
 }
 
+// Collective. The decode kernel's rate over caches of 2 to 64 MiB a rank (steps of sqrt 2) and 256 MiB,
+// every rank at once, the slowest rank's: the last-level cache is the largest size, from the
+// smallest up, still read at 1.5x the 256 MiB rate or more (its bytes on the node: that size times
+// the ranks here), read at that size's rate.
+void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, DecodeModel& m, std::string& curve) {
+  const double ranks_here = double(comm.ranks_on_this_node());
+  bool fits = true;
+  for (int k = 2; k <= 12 && fits; ++k) {
+    const double bytes = double(1 << 20) * std::pow(2.0, k / 2.0);
+    double per_byte = 1 / decode_rate(comm, in.heads, in.kv_heads, in.head_dim, bytes).kernel_bytes_s;
+    comm.allreduce_max(&per_byte, 1);
+    curve += fmt::format(" {:.1f} MiB {:.1f},", bytes / double(1 << 20), 1e-9 / per_byte);
+    fits = 1 / per_byte >= 1.5 * memory_bw;
+    if (fits) m.llc_bytes = bytes * ranks_here, m.llc_bandwidth = 1 / per_byte;
+  }
+}
+
+}  // namespace
+
+std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row) {
+  const DecodeRate d = decode_rate(comm, in.heads, in.kv_heads, in.head_dim, double(256 << 20));
+  // Seconds per byte and per FLOP, so the all-reduce's max is the slowest rank's rate.
+  const auto products = row_products(in, row);
+  double per[2] = {1 / d.kernel_bytes_s, products.empty() ? 0.0 : 1 / row_rate(comm, products)};
+  comm.allreduce_max(per, 2);
+  in.cluster.kernel.memory_bandwidth = 1 / per[0];
+  row.kernel_measured = true;
+  if (!products.empty()) row.flops_per_s = 1 / per[1];
+  std::string curve;
+  calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
+  if (comm.size() > 1) row.collective_s = decode_gather_seconds(comm, in.heads, in.kv_heads, in.head_dim);
+  return fmt::format(
+      "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a "
+      "plain read "
+      "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}); a "
+      "step's gather {:.1f} us{}\n",
+      in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9, d.read_bytes_s / 1e9,
+      d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20), row.llc_bandwidth / 1e9,
+      curve.substr(0, curve.size() - 1), row.collective_s * 1e6,
+      products.empty() ? std::string()
+                       : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
+                                     row_flops(in, row) / 1e6, row.flops_per_s / 1e9,
+                                     row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6));
+}
+
+namespace {
+
 // --memory-bw over the calibrated memory rate; a ring step's merge keeps its measured seconds.
 void keep_memory_bw(PlanInput& in, double memory_bw) {
   KernelModel& k = in.cluster.kernel;
   if (!(memory_bw > 0)) return;
   if (k.memory_bandwidth > 0) k.merge_passes *= memory_bw / k.memory_bandwidth;
   k.memory_bandwidth = memory_bw;
+}
+
+// What --calibrate measured, the figures the plan below is priced with.
+void print_calibration(int ranks, const PlanInput& in) {
+  fmt::print(
+      "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
+      "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
+      "across); all-to-all "
+      "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
+      "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
+      "byte\n",
+      ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+      in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
+      in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
+      in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
+      in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
+      in.cluster.kernel.kv_pack_s_per_byte * 1e9);
 }
 
 }  // namespace
@@ -612,28 +686,21 @@ int run_plan(const PlanOptions& o) {
       check_memory("ulysses plan --calibrate (every strategy run for real)", measured_memory(in), 0, node_ranks);
   });
   std::vector<double> measured;
+  std::string decode_line;
   if (o.calibrate) {
     const double memory_bw = in.cluster.kernel.memory_bandwidth;  // --memory-bw's, when given
     calibrate_cluster(comm, in);
+    // Decode is timed in CPU seconds, as generate's one-thread ranks report it beside wall time.
+    if (in.mode == PlanMode::decode) {
+      cpu_time_cluster(comm, in);
+      decode_line = calibrate_decode(comm, in, req.row);
+    }
     keep_memory_bw(in, memory_bw);
   }
   Plan plan = make_plan(in);
   if (o.calibrate) {
-    if (comm.rank() == 0)
-      fmt::print(
-          "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
-          "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
-          "across); all-to-all "
-          "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
-          "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
-          "byte, a call's K/V of a head past the {:.0f} KiB cache {:.2f}x the time\n",
-          comm.size(), in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
-          in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
-          in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
-          in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
-          in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
-          in.cluster.kernel.kv_pack_s_per_byte * 1e9, in.cluster.kernel.cache_bytes / 1024,
-          1 + in.cluster.kernel.past_cache_extra);
+    if (comm.rank() == 0) print_calibration(comm.size(), in);
+    if (comm.rank() == 0) fmt::print("{}", decode_line);
     for (const PlanRow& r : plan.rows)
       measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
     plan = plan_with_measured_band(in, plan, measured);
@@ -641,7 +708,7 @@ int run_plan(const PlanOptions& o) {
   on_root(comm, [&] {
     print_plan(req, plan, measured);
     nlohmann::json j = to_json(req, plan, measured);
-    if (in.mode == PlanMode::decode) j["decode"] = report_decode(in);
+    if (in.mode == PlanMode::decode) j["decode"] = report_decode(in, req.row);
     if (o.cached >= 0) j["turn"] = report_turn(in, o.cached);
     if (o.scaling) j["scaling"] = scaling_table(in);
     std::vector<std::pair<std::string, std::string>> files;  // all or none

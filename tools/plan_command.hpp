@@ -13,6 +13,7 @@
 
 #include "options.hpp"
 #include "ulysses/comm/communicator.hpp"
+#include "ulysses/plan/plan_inference.hpp"
 #include "ulysses/plan/planner.hpp"
 
 namespace ulysses::cli {
@@ -28,6 +29,7 @@ struct PlanOptions {
   // --train: the longest sequence `ulysses train` fits per rank in --max-memory, per cp.
   bool train = false;
   std::int64_t width = 0, hidden = 0;  // 0: heads x head_dim, and train's (8/3 width, to a multiple of 4)
+  std::int64_t vocab = 256;            // --mode decode with --width: the LM head's (train's byte-level 256)
   std::int64_t tile_rows = 1024;
   std::string max_memory = "2GiB";
   std::string window;                    // sliding window "L" or "L,R"
@@ -61,6 +63,7 @@ void add_plan_command(CLI::App& app, PlanOptions& opt);
 struct PlanRequest {
   PlanInput in;
   std::string presets;
+  DecodeModel row;  // --mode decode with --width: the model around the attention (width 0: none)
 };
 // Not collective. The options as a planner input, checked (throws Error). Calibration plans for
 // this machine: cp = its ranks, all on one node, float32.
@@ -98,9 +101,17 @@ void check_plan_option_effects(const PlanOptions& opt, int ranks);
 // Collective. This machine's attention rate and links (ulysses/plan/calibrate.hpp), on the default
 // threads, into in.cluster.
 void calibrate_cluster(Communicator& comm, PlanInput& in);
+// Collective (plan_grid.cpp). in.cluster, calibrated, in CPU seconds: the attention rate measured
+// so, the links and the fixed cost per call scaled by the load (wall rate over CPU rate), the
+// merge timed again.
+void cpu_time_cluster(Communicator& comm, PlanInput& in);
+// Collective. What a decode step costs here: the decode kernel's read rate over a cache of at least
+// 256 MiB a rank (into in.cluster.kernel.memory_bandwidth) and, with a width, the row's rate; the
+// slowest rank's, on every rank. Returns the header's line.
+std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row);
 // Rank 0 alone (plan_inference_report.cpp): print the decode layouts' table (plan_decode) and
 // return it as JSON; the same for a turn of in.seq tokens over `cached` (plan_turn).
-nlohmann::json report_decode(const PlanInput& in);
+nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row = {});
 nlohmann::json report_turn(const PlanInput& in, std::int64_t cached);
 
 }  // namespace ulysses::cli

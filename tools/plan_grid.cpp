@@ -93,6 +93,8 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
   return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
+}  // namespace
+
 // A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
 // the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
 // make, slowed by the load as the kernel is.
@@ -110,8 +112,9 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   // measured at another moment, the merge's rate moved 3-8x between calibrations.
   calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
   calibrate_pack(comm, in.head_dim, in.dtype, cpu_seconds, 7, c.kernel);
-  calibrate_cache(comm, in.head_dim, in.dtype, cpu_seconds, 5, c.kernel);
 }
+
+namespace {
 
 // One calibration of every head dim of the grid (the attention rate and kernel curve depend on
 // it; the links do not), keeping per head dim the fastest attention rate of the rounds so far:
@@ -126,6 +129,12 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     done[c.in.head_dim] = true;
     calibrate_cluster(comm, c.in);
     if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
+    // The cache term, reported beside the plan (plan_with_cache), timed as the steps are.
+    calibrate_cache(
+        comm, c.in.head_dim, c.in.dtype, clock == StepClock::cpu ? std::function<double()>(cpu_seconds) : [&] {
+          return comm.now();
+        },
+        5, c.in.cluster.kernel);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
   }

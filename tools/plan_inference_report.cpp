@@ -8,13 +8,21 @@
 
 namespace ulysses::cli {
 
-nlohmann::json report_decode(const PlanInput& in) {
-  const DecodePlan p = plan_decode(in);
+nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
+  const DecodePlan p = plan_decode(in, row);
   fmt::print(
       "\ndecode over a sharded KV cache: {} request(s) per step, {} tokens of context each, memory {:.4g} GB/s\n",
       in.batch, in.seq, in.cluster.kernel.memory_bandwidth / 1e9);
-  fmt::print("{:<13} {:>4} {:>12} {:>10} {:>10} {:>10} {:>6} {:>12} {:>12} {:>12} {:>12}\n", "layout", "cp",
-             "KV MB/rank", "read ms", "compute ms", "comm ms", "colls", "ms/token", "tokens/s", "x cp=1", "crossover");
+  if (row.width > 0)
+    fmt::print(
+        "the row around the attention (every rank, every step): width {}, hidden {}, vocab {}: {:.4g} MFLOP a "
+        "token at {:.4g} GFLOP/s, {:.4g} MB of weights\n",
+        row.width, row.hidden, row.vocab, row_flops(in, row) / 1e6,
+        (row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency) / 1e9,
+        row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6);
+  fmt::print("{:<13} {:>4} {:>12} {:>10} {:>10} {:>10} {:>10} {:>6} {:>12} {:>12} {:>12} {:>12}\n", "layout", "cp",
+             "KV MB/rank", "read ms", "compute ms", "comm ms", "row ms", "colls", "ms/token", "tokens/s", "x cp=1",
+             "crossover");
   const double base = p.rows.front().valid ? p.rows.front().step_s : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
@@ -28,6 +36,7 @@ nlohmann::json report_decode(const PlanInput& in) {
                     {"read_s", r.read_s},
                     {"compute_s", r.compute_s},
                     {"comm_s", r.comm_s},
+                    {"row_s", r.row_s},
                     {"collectives", r.collectives},
                     {"step_s", r.step_s},
                     {"tokens_per_s", r.tokens_per_s},
@@ -38,11 +47,13 @@ nlohmann::json report_decode(const PlanInput& in) {
       continue;
     }
     const std::string cross = r.cp == 1 ? "" : fmt::format("b>={} s>={}", r.crossover_batch, r.crossover_context);
-    fmt::print("{:<13} {:>4} {:>12.3f} {:>10.4f} {:>10.4f} {:>10.4f} {:>6} {:>12.4f} {:>12.4g} {:>12.2f} {:>12}{}{}\n",
-               r.layout, r.cp, r.kv_bytes / 1e6, r.read_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.collectives,
-               r.step_s * 1e3, r.tokens_per_s, base > 0 && r.step_s > 0 ? base / r.step_s : 0.0, cross,
-               r.replication > 1 ? fmt::format("  (each KV head on {} ranks)", r.replication) : "",
-               int(i) == p.best ? "  <- recommended" : "");
+    fmt::print(
+        "{:<13} {:>4} {:>12.3f} {:>10.4f} {:>10.4f} {:>10.4f} {:>10.4f} {:>6} {:>12.4f} {:>12.4g} {:>12.2f} "
+        "{:>12}{}{}\n",
+        r.layout, r.cp, r.kv_bytes / 1e6, r.read_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.row_s * 1e3,
+        r.collectives, r.step_s * 1e3, r.tokens_per_s, base > 0 && r.step_s > 0 ? base / r.step_s : 0.0, cross,
+        r.replication > 1 ? fmt::format("  (each KV head on {} ranks)", r.replication) : "",
+        int(i) == p.best ? "  <- recommended" : "");
   }
   fmt::print("decode recommendation: {}\n", p.recommendation);
   return {{"rows", rows},

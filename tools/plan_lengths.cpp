@@ -167,8 +167,11 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag : {"--world", "--dp", "--cp-comm-type", "--max-tokens-per-rank"})
     if (given(flag) && !lengths) refuse(flag, "without --lengths");
   if (given("--tile-rows") && !o.train) refuse("--tile-rows", "without --train");
+  const bool decode = plain && o.mode == "decode";  // the row around the attention (plan_inference.hpp)
   for (const char* flag : {"--width", "--hidden"})
-    if (given(flag) && plain) refuse(flag, "without --train or --lengths");
+    if (given(flag) && plain && !decode) refuse(flag, "without --train, --lengths or --mode decode");
+  if (given("--vocab") && !(decode && given("--width"))) refuse("--vocab", "without --mode decode --width");
+  if (given("--hidden") && decode && !given("--width")) refuse("--hidden", "with --mode decode but no --width");
   for (const char* flag :
        {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (it plans no --seq)", mode));

@@ -9,7 +9,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <new>
 #include <vector>
@@ -212,6 +214,129 @@ double gemm_rate(const Communicator& comm, std::int64_t n, std::int64_t ic, std:
     }
   };
   return 6.0 * double(n) * double(ic) * double(oc) / local_median_seconds(comm, run);
+}
+
+namespace {
+
+// The decode probes' clock: this thread's CPU time when the kernel runs on this thread alone (on
+// a shared host wall time would count the spells other processes held the core), else wall time
+// (generate's probe reads the same clock).
+double probe_clock(const Communicator& comm) {
+  if (omp_get_max_threads() > 1) return comm.now();
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Seconds of one plain read of `n` floats at `data`, every thread its part, 32 lanes a thread (one
+// running sum would time the adder's latency, not the memory).
+double read_seconds(const Communicator& comm, const float* data, std::size_t n) {
+  constexpr std::size_t kLanes = 32;
+  const double t0 = probe_clock(comm);
+  float total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    float lanes[kLanes] = {};
+#pragma omp for schedule(static)
+    for (std::size_t i = 0; i < n / kLanes; ++i)
+#pragma omp simd
+      for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += data[i * kLanes + j];
+    for (const float x : lanes) total += x;
+  }
+  const double t = probe_clock(comm) - t0;
+  return total == 12345.0f ? t * 1.0000001 : t;  // the sum is used: the loop stays
+}
+
+}  // namespace
+
+DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                       double bytes) {
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1 || !(bytes > 0))
+    throw Error(
+        fmt::format("decode_rate: needs heads a multiple of kv_heads >= 1, head_dim >= 1 and bytes > 0; got "
+                    "{}, {}, {}, {}",
+                    heads, kv_heads, head_dim, bytes));
+  const std::int64_t row_bytes = 2 * kv_heads * head_dim * std::int64_t(sizeof(float));
+  const std::int64_t rows = std::max<std::int64_t>(1, std::int64_t(std::ceil(bytes / double(row_bytes))));
+  const Tensor k({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd),
+      v({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd);
+  std::fill(k.f32(), k.f32() + k.nbytes() / sizeof(float), 0.25f);  // written: every page resident
+  std::fill(v.f32(), v.f32() + v.nbytes() / sizeof(float), 0.5f);
+  std::vector<float> q(std::size_t(heads * head_dim), 0.5f), out(q.size()), lse(static_cast<std::size_t>(heads));
+  const Shape one{1, 1, heads, head_dim};
+  const TensorView qv = TensorView::dense(q.data(), DType::f32, one, Layout::bshd),
+                   ov = TensorView::dense(out.data(), DType::f32, one, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, heads, 1}, Layout::bhsd);
+  const DecodeParams params{.group = heads / kv_heads};
+  const std::size_t floats = k.nbytes() / sizeof(float);
+  // Back to back, as decode steps re-read the same cache (one that fits the last-level cache stays
+  // there); the best of 7 passes of each.
+  double kernel = 1e30, read = 1e30;
+  for (int rep = 0; rep < 8; ++rep) {
+    const double t0 = probe_clock(comm);
+    decode_attention_forward(ov, lv, qv, k.view(), v.view(), params);
+    if (rep > 0) kernel = std::min(kernel, probe_clock(comm) - t0);
+  }
+  for (int rep = 0; rep < 8; ++rep) {
+    const double t = read_seconds(comm, k.f32(), floats) + read_seconds(comm, v.f32(), floats);
+    if (rep > 0) read = std::min(read, t);
+  }
+  const double total = double(k.nbytes() + v.nbytes());
+  return {total / kernel, total / read, total};
+}
+
+double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  const std::int64_t rows = std::max<std::int64_t>(1, (1 << 20) / (2 * kv_heads * head_dim * 4));
+  const Tensor k({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd),
+      v({1, rows, kv_heads, head_dim}, DType::f32, Layout::bhsd);
+  std::vector<float> q(static_cast<std::size_t>(heads * head_dim), 0.5f), out(q.size()),
+      lse(static_cast<std::size_t>(heads));
+  const Shape one{1, 1, heads, head_dim};
+  const TensorView qv = TensorView::dense(q.data(), DType::f32, one, Layout::bshd),
+                   ov = TensorView::dense(out.data(), DType::f32, one, Layout::bshd),
+                   lv = TensorView::dense(lse.data(), DType::f32, {1, 1, heads, 1}, Layout::bhsd);
+  const std::size_t part = std::size_t(heads * (head_dim + 1)) * sizeof(float);  // interleaved's (out, lse)
+  std::vector<char> send(part, 1), recv(part * std::size_t(comm.size()));
+  const std::vector<std::size_t> bytes(std::size_t(comm.size()), part);
+  std::vector<double> t;
+  for (int i = 0; i < 45; ++i) {  // each gather after a kernel pass, as a step's layers run
+    decode_attention_forward(ov, lv, qv, k.view(), v.view(), DecodeParams{.group = heads / kv_heads});
+    const double t0 = probe_clock(comm);
+    comm.allgatherv({send.data(), part}, {recv.data(), recv.size()}, bytes, "calibrate");
+    if (i >= 5) t.push_back(probe_clock(comm) - t0);
+  }
+  double seconds = median_of(t);
+  comm.allreduce_max(&seconds, 1);
+  return seconds;
+}
+
+double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products) {
+  std::vector<std::vector<float>> w;
+  std::int64_t widest = 1;
+  double flops = 0;
+  for (auto [in, out] : products) {
+    if (in < 1 || out < 1) throw Error(fmt::format("row_rate: a product [{}, {}] needs both >= 1", in, out));
+    w.emplace_back(std::size_t(in * out), 0.01f);
+    widest = std::max({widest, in, out});
+    flops += 2.0 * double(in) * double(out);
+  }
+  if (products.empty()) throw Error("row_rate: no products to time");
+  std::vector<float> x(static_cast<std::size_t>(widest), 0.5f), y(static_cast<std::size_t>(widest));
+  constexpr int kRows = 20;  // rows one after another, as steps follow each other: microseconds each
+  const auto run = [&] {
+    for (int r = 0; r < kRows; ++r)
+      for (std::size_t i = 0; i < products.size(); ++i) {
+        const auto [in, out] = products[i];
+        sgemm(false, false, 1, out, in, x.data(), in, w[i].data(), out, y.data(), out, false);
+      }
+  };
+  std::vector<double> t;
+  for (int rep = 0; rep < 8; ++rep) {  // on probe_clock, as the decode rate: the load is not the row's
+    const double t0 = probe_clock(comm);
+    run();
+    if (rep > 0) t.push_back(probe_clock(comm) - t0);
+  }
+  return kRows * flops / median_of(t);
 }
 
 Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, std::int64_t gemm_in,

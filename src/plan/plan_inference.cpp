@@ -17,6 +17,7 @@ namespace {
 // One layer of a decode step for `batch` requests over `context` tokens on the busiest rank.
 struct StepCost {
   double read_s = 0, compute_s = 0, comm_s = 0, kv_bytes = 0;
+  double bandwidth = 0;  // the rate the cache and the row's weights are read at
 };
 
 // The busiest rank's query and KV heads under `layout` at `cp` (an uneven Ulysses split gives
@@ -36,29 +37,49 @@ LayoutHeads layout_heads(const PlanInput& in, KvLayout layout, int cp) {
 }
 
 // `layout` at `cp` ranks (cp 1: the unsharded cache): its reads, its flops, and its one allgatherv.
-StepCost step_cost(const PlanInput& in, KvLayout layout, int cp, const LayoutHeads& h, double batch,
-                   std::int64_t context) {
+// The rate a step reads its cache at: the last-level cache's when the node's caches and the row's
+// weights fit in it (steps re-read them), else the memory's.
+double read_bandwidth(const PlanInput& in, const DecodeModel& m, int cp, double rank_cache_bytes) {
+  const double ranks_here = double(std::min(cp, std::max(1, in.cluster.ranks_per_node)));
+  const double node = ranks_here * (rank_cache_bytes + row_weights(in, m) * double(dtype_size(in.dtype)));
+  return m.llc_bytes > 0 && m.llc_bandwidth > 0 && node <= m.llc_bytes ? m.llc_bandwidth
+                                                                       : in.cluster.kernel.memory_bandwidth;
+}
+
+StepCost step_cost(const PlanInput& in, const DecodeModel& m, KvLayout layout, int cp, const LayoutHeads& h,
+                   double batch, std::int64_t context) {
   const double e = double(dtype_size(in.dtype)), d = double(in.head_dim);
   const double rows = double(kv_rows(layout, context, cp, 0));  // rank 0 holds the most
   const bool by_heads = layout == KvLayout::heads;
   StepCost c;
   c.kv_bytes = 2 * rows * h.kv * d * e;  // per request, one layer
-  const double bw = in.cluster.kernel.memory_bandwidth;
+  const double bw = c.bandwidth = read_bandwidth(in, m, cp, double(in.layers) * batch * c.kv_bytes);
   c.read_s = bw > 0 ? batch * c.kv_bytes / bw : 0;
-  c.compute_s = 4 * d * h.q * rows * batch / (in.cluster.peak_flops * in.cluster.efficiency);
+  c.compute_s = m.kernel_measured ? 0 : 4 * d * h.q * rows * batch / (in.cluster.peak_flops * in.cluster.efficiency);
   if (cp > 1) {
     // A ring allgatherv: cp − 1 hops of one rank's part (its heads' outputs; interleaved: every
     // head's partial output and its float32 LSE).
     const double part = batch * h.q * (d * e + (by_heads ? 0.0 : 4.0));
-    c.comm_s = (cp - 1) * message_seconds(ring_link(in.cluster, cp, 1), part);
+    c.comm_s = m.collective_s > 0 ? m.collective_s : (cp - 1) * message_seconds(ring_link(in.cluster, cp, 1), part);
   }
   return c;
 }
 
-double step_seconds(const PlanInput& in, KvLayout layout, int cp, const LayoutHeads& h, double batch,
-                    std::int64_t context) {
-  const StepCost c = step_cost(in, layout, cp, h, batch, context);
-  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s);
+// The rows' own work of one step: their FLOPs at the row rate, or their weights' one read at `bw`
+// (the cache's rate: both stay in the last-level cache or neither) when that is slower (a large
+// model at small batch).
+double row_seconds(const PlanInput& in, const DecodeModel& row, double batch, double bw) {
+  if (row.width <= 0) return 0;
+  const double rate = row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency;
+  const double weights_s = bw > 0 ? row_weights(in, row) * double(dtype_size(in.dtype)) / bw : 0;
+  return std::max(batch * row_flops(in, row) / rate, weights_s);
+}
+
+double step_seconds(const PlanInput& in, const DecodeModel& row, KvLayout layout, int cp, const LayoutHeads& h,
+                    double batch, std::int64_t context) {
+  const StepCost c = step_cost(in, row, layout, cp, h, batch, context);
+  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s) +
+         row_seconds(in, row, batch, c.bandwidth);
 }
 
 // The least x in [1, 2^30] with wins(x) (monotone: sharding saves per request and per token what
@@ -75,7 +96,7 @@ std::int64_t least(F wins) {
   return hi;
 }
 
-DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
+DecodeRow decode_row(const PlanInput& in, const DecodeModel& row, KvLayout layout, int cp) {
   DecodeRow r;
   r.layout = cp == 1 ? "cp = 1" : to_string(layout);
   r.cp = cp;
@@ -83,7 +104,7 @@ DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
   r.replication = layout == KvLayout::heads && in.kv_heads < cp ? cp / in.kv_heads : 1;
   const double batch = double(in.batch);
   const LayoutHeads heads = layout_heads(in, layout, cp);
-  const StepCost c = step_cost(in, layout, cp, heads, batch, in.seq);
+  const StepCost c = step_cost(in, row, layout, cp, heads, batch, in.seq);
   const double layers = double(in.layers);
   r.kv_bytes = layers * batch * c.kv_bytes;
   if (r.reason.empty() && in.max_memory_bytes > 0 && r.kv_bytes > in.max_memory_bytes)
@@ -95,12 +116,13 @@ DecodeRow decode_row(const PlanInput& in, KvLayout layout, int cp) {
   r.compute_s = layers * c.compute_s;
   r.comm_s = layers * c.comm_s;
   r.collectives = cp > 1 ? in.layers : 0;
-  r.step_s = step_seconds(in, layout, cp, heads, batch, in.seq);
+  r.row_s = row_seconds(in, row, batch, c.bandwidth);
+  r.step_s = step_seconds(in, row, layout, cp, heads, batch, in.seq);
   r.tokens_per_s = r.step_s > 0 ? batch / r.step_s : 0;
   if (cp == 1) return r;
   const LayoutHeads all = layout_heads(in, layout, 1);
   auto faster = [&](double b, std::int64_t s) {
-    return step_seconds(in, layout, cp, heads, b, s) < step_seconds(in, layout, 1, all, b, s);
+    return step_seconds(in, row, layout, cp, heads, b, s) < step_seconds(in, row, layout, 1, all, b, s);
   };
   r.crossover_batch = least([&](std::int64_t b) { return faster(double(b), in.seq); });
   r.crossover_context = least([&](std::int64_t s) { return faster(batch, std::max<std::int64_t>(s, cp)); });
@@ -119,12 +141,33 @@ std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
 
 }  // namespace
 
-DecodePlan plan_decode(const PlanInput& in) {
+std::vector<std::pair<std::int64_t, std::int64_t>> row_products(const PlanInput& in, const DecodeModel& row) {
+  if (row.width <= 0) return {};
+  const std::int64_t C = row.width, QD = in.heads * in.head_dim, KD = in.kv_heads * in.head_dim, F = row.hidden;
+  return {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, F}, {C, F}, {F, C}, {C, row.vocab}};
+}
+
+double row_weights(const PlanInput& in, const DecodeModel& row) {
+  const auto products = row_products(in, row);
+  double layer = 0;
+  for (std::size_t i = 0; i + 1 < products.size(); ++i) layer += double(products[i].first) * double(products[i].second);
+  return products.empty() ? 0 : double(in.layers) * layer + double(products.back().first * products.back().second);
+}
+
+double row_flops(const PlanInput& in, const DecodeModel& row) { return 2 * row_weights(in, row); }
+
+DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  if (row.width < 0 || (row.width > 0 && (row.hidden < 1 || row.vocab < 1)) || !(row.flops_per_s >= 0) ||
+      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0) || !(row.collective_s >= 0))
+    throw Error(
+        fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
+                    "rate, cache bytes and cache bandwidth >= 0; got width {}, hidden {}, vocab {}, rate {}, {}, {}",
+                    row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth));
   DecodePlan p;
-  p.rows.push_back(decode_row(in, KvLayout::heads, 1));
+  p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)
-    for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, l, in.cp));
+    for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, row, l, in.cp));
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))
       p.best = int(i);

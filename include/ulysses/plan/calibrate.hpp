@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "ulysses/comm/communicator.hpp"
 #include "ulysses/plan/planner.hpp"
@@ -27,6 +29,28 @@ double attention_rate(const Communicator& comm, std::int64_t head_dim, DType dty
 // and backward (6 · rows · in · out FLOPs), the threads splitting it as the training demo's
 // layers do (rows forward and for the input gradient, columns for the weight gradient).
 double gemm_rate(const Communicator& comm, std::int64_t rows, std::int64_t in, std::int64_t out);
+
+// Not collective: bytes/s of the decode kernel (decode_attention_forward) over a float32 cache of
+// at least `bytes` (K and V of kv_heads heads of head_dim, each head's rows contiguous as the KV
+// cache holds them; `heads` query rows), on this rank's threads, the fastest of 7 passes: a decode
+// step's read of its cache here, every rank reading at once as they do in a step. Also the
+// plain read of the same bytes (32 float lanes a thread), for the kernel's fraction of it.
+struct DecodeRate {
+  double kernel_bytes_s = 0, read_bytes_s = 0, bytes = 0;
+};
+DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                       double bytes);
+
+// Collective. The seconds of one decode step's gather here: the median of 40 allgatherv's of a
+// rank's partial (out, lse) of `heads` heads, each after a decode kernel pass over a 1 MiB cache
+// (the ranks reach it as a step's layers do, with the skew between them), on the decode probes'
+// clock, the slowest rank's. Polling ranks count the wait for a late peer.
+double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+
+// Not collective: FLOP/s of one row [1, in] through each product [in, out] listed (BLAS on this
+// thread, each weight matrix its own, read warm; 20 rows in turn), the median of 7 on the decode
+// probes' clock (this thread's CPU time on one thread): a decode step's row.
+double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products);
 
 struct Calibration {
   // Links fitted (send/recv inside and between nodes, every rank sending across at once, the

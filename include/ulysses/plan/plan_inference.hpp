@@ -30,6 +30,7 @@ struct DecodeRow {
   std::int64_t replication = 1;                  // ranks holding each KV head (heads with kv_heads < cp)
   double kv_bytes = 0;                           // the cache a rank holds, all layers
   double read_s = 0, compute_s = 0, comm_s = 0;  // per step, all layers
+  double row_s = 0;                              // per step: the rows' own work (DecodeModel), every rank alike
   std::int64_t collectives = 0;                  // per step
   double step_s = 0;                             // time per output token
   double tokens_per_s = 0;                       // batch / step_s
@@ -44,10 +45,42 @@ struct DecodePlan {
   std::string recommendation;
 };
 
+// What a decode step costs beyond the attention's shape and the cluster.
+//
+// The model around the attention: every rank runs each new token's row whole (embedding, q/k/v
+// and output projections, the SwiGLU MLP, the LM head; docs/inference.md "Decode"): only the
+// attention is sharded, so the row's time is the same at every cp and moves no crossover, but
+// it is part of every step. width 0: the attention alone.
+//
+// The last-level cache: steps re-read the same cache, so one whose bytes on a node (every rank's
+// cache and the row's weights) fit in llc_bytes is read at llc_bandwidth, not from memory
+// (plan --calibrate measures both; 0: every read from memory).
+struct DecodeModel {
+  std::int64_t width = 0, hidden = 0, vocab = 0;
+  // FLOP/s of one row through these products (plan --calibrate times them); 0: peak × efficiency.
+  double flops_per_s = 0;
+  double llc_bytes = 0, llc_bandwidth = 0;  // per node
+  // The read rates are the decode kernel's own, measured (plan --calibrate): its FLOPs are inside
+  // them, so no compute term beside the read (else 4·d FLOPs a cached row and query head at
+  // peak × efficiency, when slower than the read).
+  bool kernel_measured = false;
+  // Seconds of one decode collective at in.cp, measured (plan --calibrate); 0: the link model's
+  // cp − 1 messages.
+  double collective_s = 0;
+};
+// Per token: the products' multiply-adds × 2 over all layers and the LM head, and their weights'
+// elements (every step reads them once, whatever the batch). The embedding is a lookup.
+double row_flops(const PlanInput& in, const DecodeModel& row);
+double row_weights(const PlanInput& in, const DecodeModel& row);
+// The products [1, in]·[in, out] of one layer's row (q, k, v, out, MLP's three), then the LM head.
+std::vector<std::pair<std::int64_t, std::int64_t>> row_products(const PlanInput& in, const DecodeModel& row);
+
 // Every layout at in.cp against cp = 1. Memory bandwidth: in.cluster.kernel.memory_bandwidth
-// (0: compute alone prices the read). Rows over in.max_memory_bytes are refused by memory.
-// Throws Error for inputs make_plan refuses.
-DecodePlan plan_decode(const PlanInput& in);
+// (0: compute alone prices the read), or model.llc_bandwidth when the node's cache fits in
+// model.llc_bytes. Per step the rows' own work adds
+// max(batch · row_flops / rate, row_weights · bytes / memory bandwidth). Rows over
+// in.max_memory_bytes are refused by memory. Throws Error for inputs make_plan refuses.
+DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row = {});
 
 // A prompt of `turn` new tokens over `cached` tokens already in the cache, on a ring of in.cp:
 // pass-KV moves every rank's keys and values of the whole context around the ring, pass-Q the
