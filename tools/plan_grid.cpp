@@ -131,10 +131,9 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
     // The cache term, reported beside the plan (plan_with_cache), timed as the steps are.
     calibrate_cache(
-        comm, c.in.head_dim, c.in.dtype, clock == StepClock::cpu ? std::function<double()>(cpu_seconds) : [&] {
-          return comm.now();
-        },
-        5, c.in.cluster.kernel);
+        comm, c.in.head_dim, c.in.dtype,
+        clock == StepClock::cpu ? std::function<double()>(cpu_seconds) : [&] { return comm.now(); }, 5,
+        c.in.cluster.kernel);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;
   }
