@@ -178,6 +178,7 @@ std::atomic<std::int64_t> g_in_use{0}, g_peak{0};
 class BlockPool final : public Allocator {
  public:
   static constexpr std::size_t kMinBytes = 64 << 10, kMaxPooled = std::size_t(2) << 30;
+  static constexpr std::size_t kHugeAdviceBytes = 8 << 20;  // four huge pages or more
   Device device() const override { return Device::cpu; }
   void* allocate(std::size_t bytes) override {
     const std::size_t size = rounded(bytes);
@@ -207,7 +208,15 @@ class BlockPool final : public Allocator {
   static void* obtain(std::size_t bytes) {
     if (bytes < kMinBytes) return std::aligned_alloc(64, bytes);
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
+    if (p == MAP_FAILED) return nullptr;
+    // Blocks of several huge pages ask for them (the hosts run transparent huge pages in
+    // "madvise" mode): a stream through a block past the caches, a decode step's read of its KV
+    // cache, walks one TLB entry per 2 MiB instead of per 4 KiB (measured on one core: a 256 MiB
+    // read at 18.2-18.6 GB/s against 10.1), and a new block faults in 512x fewer times. A block
+    // is written whole before it is read (tensors are zeroed or filled), so what is resident
+    // stays what the memory model counts. Advice only: a kernel without it keeps small pages.
+    if (bytes >= kHugeAdviceBytes) madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
   }
   static void drop(void* p, std::size_t bytes) {
     if (bytes < kMinBytes) return std::free(p);
