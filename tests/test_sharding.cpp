@@ -147,9 +147,13 @@ TEST(Sharding, EveryRanksTokensAndChunksAtOnceAreEachRanks) {
 
 TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
   const auto none = [](int, const SeqChunk&) {};
-  for (const auto& [cfg, cp, s] : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10
-                                   std::tuple{ring_with({}), 4, std::int64_t(7)},          // zigzag: fewer than 2·cp
-                                   std::tuple{CpConfig{"p2p", {}, false}, 8, std::int64_t(5)}}) {
+  for (const auto& c : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10
+                        std::tuple{ring_with({}), 4, std::int64_t(7)},          // zigzag: fewer than 2·cp
+                        std::tuple{CpConfig{"p2p", {}, false}, 8, std::int64_t(5)}}) {
+    // Plain names, not a structured binding: C++17 lambdas (clang's sanitizer trees) cannot capture one.
+    const CpConfig& cfg = std::get<0>(c);
+    const int cp = std::get<1>(c);
+    const std::int64_t s = std::get<2>(c);
     const std::string want = error_of([&] { rank_chunks(cfg, cp, 0, s); });
     ASSERT_FALSE(want.empty());
     EXPECT_EQ(error_of([&] { tokens_of_ranks(cfg, cp, s); }), want);
