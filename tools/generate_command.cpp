@@ -190,7 +190,7 @@ double probe_clock() {
 // Seconds of one pass that reads `data` (every thread its part): this machine's read rate. Each
 // thread sums into 32 independent lanes: one running sum would wait on the adder's latency at
 // every float and measure that (about a fifth of what one core reads here), not the memory.
-double read_pass_s(const std::vector<float>& data) {
+double read_pass_s(const float* data, std::size_t size) {
   constexpr std::size_t kLanes = 32;
   const double t0 = probe_clock();
   float total = 0;
@@ -198,7 +198,7 @@ double read_pass_s(const std::vector<float>& data) {
   {
     float lanes[kLanes] = {};
 #pragma omp for schedule(static)
-    for (std::size_t i = 0; i < data.size() / kLanes; ++i)
+    for (std::size_t i = 0; i < size / kLanes; ++i)
 #pragma omp simd
       for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += data[i * kLanes + j];
     for (const float x : lanes) total += x;
@@ -227,17 +227,21 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
   for (std::int64_t l = 0; l < s.layers; ++l)
     b.cache_bytes += 2.0 * double(cache.keys(l).shape.numel()) * sizeof(float);
   const std::size_t floats = std::max<std::size_t>(std::size_t(64) << 18, std::size_t(b.cache_bytes / 4));
-  const std::vector<float> buffer((floats + 31) / 32 * 32, 1.0f);  // whole lanes of read_pass_s
+  // From the allocator the cache's rows come from, so that both are on the same kind of pages
+  // (huge ones for large blocks, tensor.cpp): the fraction compares reads, not page sizes.
+  const std::size_t n = (floats + 31) / 32 * 32;  // whole lanes of read_pass_s
+  const Tensor buffer({1, 1, 1, std::int64_t(n)}, DType::f32, Layout::bshd);
+  std::fill(buffer.f32(), buffer.f32() + n, 1.0f);
   double kernel = 1e30, read = 1e30;
   for (int rep = 0; rep < 7; ++rep) {  // alternated, best of each: a loaded machine's slow spells hit both
     const double t0 = probe_clock();
     for (std::int64_t l = 0; l < s.layers; ++l)
       decode_attention_forward(ov, lv, qv, cache.keys(l), cache.values(l), params);
     kernel = std::min(kernel, probe_clock() - t0);
-    read = std::min(read, read_pass_s(buffer));
+    read = std::min(read, read_pass_s(buffer.f32(), n));
   }
   b.kernel_bytes_s = b.cache_bytes / kernel;
-  b.read_bytes_s = double(buffer.size() * sizeof(float)) / read;
+  b.read_bytes_s = double(n * sizeof(float)) / read;
   return b;
 }
 
