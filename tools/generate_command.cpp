@@ -30,6 +30,32 @@
 
 namespace ulysses::cli {
 
+namespace {
+
+// --requests and what only it takes: concurrent requests instead of one prompt (`prompts`).
+void add_requests_options(CLI::App* c, GenerateOptions& o, const std::vector<CLI::Option*>& prompts) {
+  auto* requests =
+      c->add_option("--requests", o.requests,
+                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
+                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
+  for (CLI::Option* p : prompts) requests->excludes(p);
+  c->add_option("--requests-new-tokens", o.requests_new_tokens,
+                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
+                "default --max-new-tokens): they finish at different steps")
+      ->needs(requests);
+  c->add_option("--requests-arrive", o.requests_arrive,
+                "with --requests: the decode step each request arrives at, one a request (e.g. 0,0,4,9; NxS: N "
+                "requests at step S; default: all at 0): it is prefilled then and joins the next step")
+      ->needs(requests);
+  c->add_option("--prefill-chunk", o.prefill_chunk,
+                "with --requests: prefill an arriving prompt N tokens at a time, one piece before each decode "
+                "step, so the running requests wait for a piece, not a whole prompt, between two tokens (at least "
+                "one token a rank; default 0: each prompt whole)")
+      ->needs(requests);
+}
+
+}  // namespace
+
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* c =
       add_command(app, "generate",
@@ -42,19 +68,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
-  auto* requests =
-      c->add_option("--requests", o.requests,
-                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
-                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
-  requests->excludes(file)->excludes(synthetic);
-  c->add_option("--requests-new-tokens", o.requests_new_tokens,
-                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
-                "default --max-new-tokens): they finish at different steps")
-      ->needs(requests);
-  c->add_option("--requests-arrive", o.requests_arrive,
-                "with --requests: the decode step each request arrives at, one a request (e.g. 0,0,4,9; NxS: N "
-                "requests at step S; default: all at 0): it is prefilled then and joins the next step")
-      ->needs(requests);
+  add_requests_options(c, o, {file, synthetic});
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
   auto* turn = input_path(c->add_option("--turn", o.turn,
                                         "then a second turn over the filled cache: a file's bytes (Ulysses over it "

@@ -114,6 +114,8 @@ Batch load_batch(Communicator& comm, const GenerateOptions& o) {
     for (std::size_t i = 0; i < lengths.size(); ++i)
       b.requests.push_back({task.held_out_batch(1, lengths[i], o.seed + i, 0).tokens, new_tokens[i], arrivals[i]});
     if (const std::string e = train::serve_error(b.requests); !e.empty()) throw Error("--requests: " + e);
+    if (const std::string e = train::prefill_chunk_error(o.prefill_chunk, comm.size()); !e.empty())
+      throw Error(fmt::format("--prefill-chunk {}: {}", o.prefill_chunk, e));
   });
   std::int64_t longest = 0;
   for (const auto& r : b.requests) longest = std::max(longest, std::int64_t(r.prompt.size()));
@@ -137,12 +139,24 @@ nlohmann::json requests_report(const Batch& b, const train::ServedRun& run) {
                         {"arrival_s", run.arrival_s[i]},
                         {"time_to_first_token_s", run.ttft_s[i]},
                         {"prefill_collectives", run.prefill_collectives[i]},
+                        {"prefill_pieces", run.prefill_pieces[i]},
                         {"first_step", first},
                         {"last_step", last},
                         {"new_tokens", run.tokens[i].size()},
                         {"tokens", run.tokens[i]}});
   }
   return requests;
+}
+
+// The longest a request already running waited between two of its tokens: a step's prefill work
+// before it and the step itself (a step whose requests all join it has no such request).
+nlohmann::json longest_token_gap(const train::ServedRun& run) {
+  nlohmann::json worst = nullptr;
+  for (const train::ServedStep& s : run.steps)
+    if (s.running.size() > s.joined.size() &&
+        (worst.is_null() || s.prefill_s + s.seconds > worst["seconds"].get<double>()))
+      worst = {{"step", s.step}, {"seconds", s.prefill_s + s.seconds}, {"prefill_s", s.prefill_s}};
+  return worst;
 }
 
 nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b,
@@ -157,6 +171,7 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
                      {"running", s.running},
                      {"joined", s.joined},
                      {"prefill_s", s.prefill_s},
+                     {"prefill_tokens", s.prefill_tokens},
                      {"seconds", s.seconds},
                      {"tokens_per_s", n / s.seconds},
                      {"collectives", s.collectives},
@@ -177,7 +192,9 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"backend", comm.backend()},
           {"kv_layout", o.kv_layout},
           {"prefill", o.prefill},
+          {"prefill_chunk", o.prefill_chunk},
           {"requests", requests_report(b, run)},
+          {"longest_token_gap", longest_token_gap(run)},
           {"steps", steps},
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
@@ -232,6 +249,13 @@ void print_batch(const nlohmann::json& j) {
             : fmt::format("steps {}-{}", r["first_step"].get<std::int64_t>(), r["last_step"].get<std::int64_t>()),
         1e3 * r["time_to_first_token_s"].get<double>());
   print_steps(j["steps"]);
+  if (const auto& gap = j["longest_token_gap"]; !gap.is_null())
+    fmt::print(
+        "  a running request waited at most {:.3f} ms between two tokens (before step {}: {:.3f} ms of prefill{})\n",
+        1e3 * gap["seconds"].get<double>(), gap["step"].get<std::int64_t>(), 1e3 * gap["prefill_s"].get<double>(),
+        j["prefill_chunk"].get<std::int64_t>() > 0
+            ? fmt::format(", prompts {} tokens at a time", j["prefill_chunk"].get<std::int64_t>())
+            : std::string(", prompts whole"));
   fmt::print("  decode {:.0f} tokens/s across requests\n", j["decode_tokens_per_s"].get<double>());
   for (const auto& k : j["kv_cache"])
     fmt::print("  KV cache rank {}: {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
@@ -253,7 +277,7 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   }
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  const train::ServedRun run = train::serve(comm, served, b.requests);
+  const train::ServedRun run = train::serve(comm, served, b.requests, o.prefill_chunk);
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
   if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
