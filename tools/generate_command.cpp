@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/infer/cached_attention.hpp"
 #include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/io/input_file.hpp"
 #include "ulysses/io/output_file.hpp"
@@ -193,11 +193,7 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
 // shared host, wall time would count the spells other processes held the core, which differ
 // between the kernel's pass and the read's), else wall time.
 double probe_clock() {
-  if (omp_get_max_threads() == 1) {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-  }
+  if (omp_get_max_threads() == 1) return thread_cpu_seconds();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -263,12 +259,6 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
 
 namespace {
 
-double process_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
 struct Timing {
   std::vector<int> tokens;
   double ttft_s = 0, decode_s = 0, step_comm_s = 0;
@@ -285,16 +275,16 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
                 bool first) {
   Timing t;
   comm.barrier();
-  double t0 = comm.now(), c0 = process_cpu_s();
+  double t0 = comm.now(), c0 = process_cpu_seconds();
   std::vector<float> logits = first ? gen.prefill(prompt) : gen.extend(prompt);
   t.tokens.push_back(gen.next_token(logits));
   t.ttft_s = comm.now() - t0;
-  t.ttft_cpu_s = process_cpu_s() - c0;
+  t.ttft_cpu_s = process_cpu_seconds() - c0;
   comm.trace(first ? "prefill" : "next turn", t0, comm.now(), "phase");
   t.prefill_collectives = gen.stats().collectives;
   t.prefill_comm_s = gen.stats().comm_s;
   t0 = comm.now();
-  c0 = process_cpu_s();
+  c0 = process_cpu_seconds();
   for (std::int64_t i = 1; i < new_tokens; ++i) {
     const double s0 = comm.now();
     logits = gen.decode(t.tokens.back());
@@ -305,7 +295,7 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
     ++t.steps;
   }
   t.decode_s = comm.now() - t0;
-  t.decode_cpu_s = process_cpu_s() - c0;
+  t.decode_cpu_s = process_cpu_seconds() - c0;
   return t;
 }
 

@@ -162,7 +162,7 @@ nlohmann::json longest_token_gap(const train::ServedRun& run) {
 nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b,
                             const train::ServedRun& run, const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
   nlohmann::json steps = nlohmann::json::array(), kv = nlohmann::json::array();
-  double decode_s = 0;
+  double decode_s = 0, decode_cpu_s = 0;
   std::int64_t decoded = 0, collectives = 0;
   for (const train::ServedStep& s : run.steps) {
     const double n = double(s.running.size());
@@ -173,10 +173,12 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
                      {"prefill_s", s.prefill_s},
                      {"prefill_tokens", s.prefill_tokens},
                      {"seconds", s.seconds},
+                     {"cpu_s", s.cpu_s},
                      {"tokens_per_s", n / s.seconds},
                      {"collectives", s.collectives},
                      {"comm_s", s.comm_s}});
     decode_s += s.seconds;
+    decode_cpu_s += s.cpu_s;
     decoded += std::int64_t(s.running.size());
     collectives = std::max(collectives, s.collectives);
   }
@@ -198,6 +200,7 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"steps", steps},
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
+          {"decode_tokens_per_cpu_s", decode_cpu_s > 0 ? double(decoded) / decode_cpu_s : 0.0},
           {"kv_cache", kv},
           {"memory", memory_report(b.memory, peak_rss)}};
 }
@@ -213,21 +216,23 @@ std::string ids(const nlohmann::json& list) {
 // at its first step (after how long prefilling them), and their tokens/s.
 void print_steps(const nlohmann::json& steps) {
   for (std::size_t a = 0, e = 0; a < steps.size(); a = e) {
-    double s = 0;
+    double s = 0, cpu = 0;
     for (e = a; e < steps.size() && steps[e]["running"] == steps[a]["running"] &&
                 steps[e]["step"].get<std::int64_t>() - steps[a]["step"].get<std::int64_t>() == std::int64_t(e - a);
-         ++e)
+         ++e) {
       s += steps[e]["seconds"].get<double>();
+      cpu += steps[e]["cpu_s"].get<double>();
+    }
     const auto& first = steps[a];
     const std::int64_t from = first["step"].get<std::int64_t>(), to = steps[e - 1]["step"].get<std::int64_t>();
     const std::string joined = first["joined"].empty()
                                    ? ""
                                    : fmt::format(" ({} joined after {:.2f} ms of prefill)", ids(first["joined"]),
                                                  1e3 * first["prefill_s"].get<double>());
-    fmt::print("  {}: request{} {}{}: {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n",
+    fmt::print("  {}: request{} {}{}: {:.0f} tokens/s across them ({:.3f} ms a step, {:.3f} ms CPU, {} collectives)\n",
                from == to ? fmt::format("step {}", from) : fmt::format("steps {}-{}", from, to),
                first["requests"] == 1 ? "" : "s", ids(first["running"]), joined,
-               first["requests"].get<double>() * double(e - a) / s, 1e3 * s / double(e - a),
+               first["requests"].get<double>() * double(e - a) / s, 1e3 * s / double(e - a), 1e3 * cpu / double(e - a),
                first["collectives"].get<std::int64_t>());
   }
 }
@@ -256,7 +261,8 @@ void print_batch(const nlohmann::json& j) {
         j["prefill_chunk"].get<std::int64_t>() > 0
             ? fmt::format(", prompts {} tokens at a time", j["prefill_chunk"].get<std::int64_t>())
             : std::string(", prompts whole"));
-  fmt::print("  decode {:.0f} tokens/s across requests\n", j["decode_tokens_per_s"].get<double>());
+  fmt::print("  decode {:.0f} tokens/s across requests, {:.0f} a CPU second of this process\n",
+             j["decode_tokens_per_s"].get<double>(), j["decode_tokens_per_cpu_s"].get<double>());
   for (const auto& k : j["kv_cache"])
     fmt::print("  KV cache rank {}: {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
                k["bytes"].get<std::int64_t>(), k["formula_bytes"].get<std::int64_t>(),

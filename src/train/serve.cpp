@@ -8,6 +8,7 @@
 #include <utility>
 #include <numeric>
 
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 
 namespace ulysses::train {
@@ -131,10 +132,11 @@ struct Server {
       last.push_back(run.tokens[i].back());
       if (run.tokens[i].size() == 1) s.joined.push_back(i);  // only its prefill's token so far
     }
-    const double s0 = comm.now();
+    const double s0 = comm.now(), c0 = process_cpu_seconds();
     const std::vector<std::vector<float>> logits = Generator::decode(batch, last);
     for (std::size_t j = 0; j < ids.size(); ++j) run.tokens[ids[j]].push_back(batch[j]->next_token(logits[j]));
     s.seconds = comm.now() - s0;
+    s.cpu_s = process_cpu_seconds() - c0;
     s.collectives = batch[0]->stats().collectives;
     s.comm_s = batch[0]->stats().comm_s;
     comm.trace(fmt::format("decode step {} ({} requests{})", step, ids.size(),

@@ -34,6 +34,8 @@ struct ServedStep {
   double prefill_s = 0;                      // the prefill work since the previous step (before it)
   std::int64_t prefill_tokens = 0;           // the prompt tokens it prefilled
   double seconds = 0, comm_s = 0;            // the step itself, and its time in collectives
+  // Its CPU seconds in this process: a clock the host's other load does not stretch.
+  double cpu_s = 0;
   std::int64_t collectives = 0;
 };
 
