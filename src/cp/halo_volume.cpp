@@ -330,6 +330,11 @@ void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pa
 // sizes summed past which stamps are too slow (a few seconds): beyond both, the members are asked.
 constexpr std::size_t kBitMembers = 8192;
 constexpr Wide kMostStamps = Wide(1) << 28;
+// A crossed segment's price in stamps or bit-set words: an interval pushed, sorted and merged,
+// where a stamp is a load and a compare and a word one OR. Segments are taken where they save
+// an order of magnitude (cp 65536, documents of 512, a window of 4096: 2·10^6 crossings against
+// 5·10^8 stamps), not where bit sets are about as cheap (cp 1024: both ~10^7).
+constexpr Wide kSegmentCost = 16;
 
 // The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
 // held as the union of the member's bands less its own rows, the partners from each piece's
@@ -349,8 +354,9 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, i
   const Wide bits = m > kBitMembers ? stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
   if (how == PartnerCount::cheapest) {
     if (std::min(stamps, crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
-    how = crossed < std::min(stamps, bits) ? PartnerCount::segments
-                                           : (stamps <= bits ? PartnerCount::stamps : PartnerCount::bits);
+    how = kSegmentCost * crossed < std::min(stamps, bits)
+              ? PartnerCount::segments
+              : (stamps <= bits ? PartnerCount::stamps : PartnerCount::bits);
   }
   const std::vector<Wide> given = swept_given(p, members, left);
   std::vector<HaloCounts> h(m);
