@@ -193,6 +193,25 @@ TEST(HaloVolume, PartnersBySegmentsEqualStampsAndBitSets) {
       }
 }
 
+TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWindows) {
+  // 256 documents of 512 at cp 65536 under a window of 4096: 131072 one-token pieces, each
+  // window 4096 of them (5·10^8 window entries, 65536² bits: the planner asked every member
+  // about every other, minutes). The documents' chunks continue one sweep over the ranks, token
+  // x on rank x mod 65536: two runs of consecutive ranks, so a window crosses at most 2 and the
+  // partners cost at most 2 steps a piece, by construction.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  cfg.cu_seqlens = cu_seqlens_of(std::vector<std::int64_t>(256, 512));
+  cfg.window_left = 4096;
+  std::int64_t visits = 0;
+  const auto h = swept_halo_counts(cfg, 65536, 1, 131072, PartnerCount::cheapest, &visits);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_LE(visits, 2 * 131072);
+  // Rank 0 holds tokens 0 and 65536: each is seen by the 4096 tokens after it, on ranks
+  // 1..4096 both times (2 · 4096 rows to 4096 ranks); token 65536's band holds tokens
+  // 61440..65535 of ranks 61440..65535 (4096 rows from 4096 ranks).
+  EXPECT_EQ((*h)[0], (HaloCounts{2 * 4096, 4096, 4096, 4096})) << show((*h)[0]);
+}
+
 TEST(HaloVolume, WindowsAtAWorldOf65536MatchTheirArithmetic) {
   // Plans that asked every neighbour inside the band (minutes at cp 65536 with a window of
   // 4096), against what the layout says by hand. Zigzag chunks of s/2cp = 1 token: the first

@@ -340,7 +340,7 @@ constexpr Wide kSegmentCost = 16;
 // held as the union of the member's bands less its own rows, the partners from each piece's
 // window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left,
-                                                         std::int64_t seq, PartnerCount how) {
+                                                         std::int64_t seq, PartnerCount how, std::int64_t* visits) {
   std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   const std::vector<std::pair<std::size_t, std::size_t>> w = piece_windows(p, left);
   const std::vector<std::size_t> starts = member_segments(p);
@@ -368,6 +368,10 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, i
     covered[me] = std::max(covered[me], c.end);
   }
   for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
+  if (visits != nullptr)
+    *visits = std::int64_t(how == PartnerCount::segments ? crossed
+                           : how == PartnerCount::stamps ? stamps
+                                                         : Wide(p.size()) * Wide((m + 63) / 64));
   if (how == PartnerCount::segments)
     partners_by_segments(p, w, starts, seg_of, h);
   else if (how == PartnerCount::stamps)
@@ -401,7 +405,8 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
     std::optional<std::vector<HaloCounts>> swept =
-        swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq, PartnerCount::cheapest);
+        swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq, PartnerCount::cheapest,
+                          nullptr);
     if (!swept) return nullptr;
     last = {config.cu_seqlens, sizes, std::move(*swept)};
   }
@@ -411,9 +416,9 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
 }  // namespace
 
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
-                                                         PartnerCount how) {
+                                                         PartnerCount how, std::int64_t* visits) {
   if (token_layout(config) != TokenLayout::per_document) return std::nullopt;
-  return swept_halo_counts(pieces_of(config, cp, width, seq), cp / width, config.window_left, seq, how);
+  return swept_halo_counts(pieces_of(config, cp, width, seq), cp / width, config.window_left, seq, how, visits);
 }
 
 HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,

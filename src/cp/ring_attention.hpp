@@ -108,9 +108,11 @@ std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int 
 // The per-document sweep's ways of counting partners: the tests hold each against the others.
 enum class PartnerCount { cheapest, stamps, bits, segments };
 // The sweep's counts of every member with partners counted `how` (per-document zigzag, causal);
-// empty for other layouts, or when `cheapest` finds every way too costly.
+// empty for other layouts, or when `cheapest` finds every way too costly. `visits`, if given:
+// the partner count's steps (window entries, bit-set words or segments crossed), so a test can
+// bound the work instead of timing it.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
-                                                         PartnerCount how);
+                                                         PartnerCount how, std::int64_t* visits = nullptr);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed
