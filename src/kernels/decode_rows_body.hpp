@@ -48,6 +48,25 @@ typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
   return exp_poly(r) * (vf)(((vu)km << 23) + (127u << 23));
 }
 
+// How far ahead of the row it reads each stream (K in scores_of, V in pv_of) asks for its lines
+// (prefetcht0). The pass does about 8 cycles of work per 128-byte row at d = 32: a core's
+// out-of-order window then holds a few rows' loads, not the dozens of lines in flight that
+// DRAM's latency needs, and the hardware prefetchers restart at every 4 KiB page, one block of K
+// or V at d = 32. A kilobyte ahead (8 rows at d = 32, 2 at 128) measured best of 0.5–16 KiB at
+// 32k context (docs/perf.md v36): a block ahead (4–16 KiB) ran slower, the lines arriving before
+// they were needed and, at d = 128, pushing the block being read out of L1.
+constexpr std::int64_t kPrefetchBytes = 1024;
+
+// Every line of the row kPrefetchBytes further on in the stream (the next block's rows at a
+// block's end: each KV head's rows are contiguous). Past the end it asks for lines nobody reads,
+// a kilobyte a stream and call; a prefetch never faults.
+template <int NV>
+[[gnu::always_inline]] inline void prefetch_ahead(const float* row, std::int64_t stride) {
+  constexpr std::int64_t ahead = std::max<std::int64_t>(1, kPrefetchBytes / (NV * W * 4));
+  const float* next = row + ahead * stride;
+  for (int c = 0; c < NV * W; c += 64 / 4) __builtin_prefetch(next + c, 0, 3);
+}
+
 // Lane i of the result is the sum of x[i]'s lanes: a tree of shuffled adds (W − 1 adds in all).
 [[gnu::always_inline]] inline vf lane_sums(const vf (&x)[W]) {
 #if DECODE_W == 16
@@ -93,6 +112,7 @@ template <int G, int NV>
     vf dots[W];
     for (int r = 0; r < R; ++r) {
       const float* row = k + std::min(t + r, n - 1) * job.k_stride_s;
+      prefetch_ahead<NV>(k + (t + r) * job.k_stride_s, job.k_stride_s);
       for (int g = 0; g < G; ++g) {
         vf a = q[g][0] * load(row);
         for (int c = 1; c < NV; ++c) a += q[g][c] * load(row + c * W);
@@ -151,6 +171,7 @@ template <int G, int NV>
     for (int c = 0; c < NV; ++c) acc[g][c] = load(a + g * job.d + c * W);
   for (std::int64_t t = 0; t < n; ++t) {
     const float* row = v + t * job.v_stride_s;
+    prefetch_ahead<NV>(row, job.v_stride_s);
     vf x[NV];
     for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
     for (int g = 0; g < G; ++g) {
