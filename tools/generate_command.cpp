@@ -229,7 +229,8 @@ struct Bandwidth {
 };
 
 // Not collective (every rank at once: they share the memory as decode does). The decode kernel
-// over this rank's whole cache (every layer) against a plain read of a buffer as large or larger.
+// over this rank's whole cache (every layer) against the faster of two reads (read_pass_s) of a
+// buffer as large or larger.
 Bandwidth measure_bandwidth(const KvCache& cache) {
   const KvCacheShape& s = cache.shape();
   const RankHeads& h = cache.heads();

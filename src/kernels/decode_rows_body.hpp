@@ -53,7 +53,7 @@ typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
 // out-of-order window then holds a few rows' loads, not the dozens of lines in flight that
 // DRAM's latency needs, and the hardware prefetchers restart at every 4 KiB page, one block of K
 // or V at d = 32. A kilobyte ahead (8 rows at d = 32, 2 at 128) measured best of 0.5–16 KiB at
-// 32k context (docs/perf.md v36): a block ahead (4–16 KiB) ran slower, the lines arriving before
+// 32k context (docs/perf.md v38): a block ahead (4–16 KiB) ran slower, the lines arriving before
 // they were needed and, at d = 128, pushing the block being read out of L1.
 constexpr std::int64_t kPrefetchBytes = 1024;
 
@@ -264,7 +264,7 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
 // Rows from `first` (a KV head's row r0 in K) to the end of its block when blocks are laid on
 // the stream's own kBlock-row grid in memory, not counted from r0: a head of a cache with
 // capacity for 32784 tokens starts half a 4 KiB page in, and its blocks would each straddle two
-// pages (docs/perf.md v36). Rows not packed (a stride past d) keep kBlock: their blocks are not
+// pages (docs/perf.md v38). Rows not packed (a stride past d) keep kBlock: their blocks are not
 // one run of memory anyway.
 std::int64_t first_block(const DecodeJob& job, const float* first) {
   if (job.k_stride_s != job.d) return kBlock;
