@@ -261,15 +261,16 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
   }
 }
 
-// Rows from `first` (a KV head's row r0 in K) to the end of its block when blocks are laid on
-// the stream's own kBlock-row grid in memory, not counted from r0: a head of a cache with
-// capacity for 32784 tokens starts half a 4 KiB page in, and its blocks would each straddle two
-// pages (docs/perf.md v38). Rows not packed (a stride past d) keep kBlock: their blocks are not
-// one run of memory anyway.
-std::int64_t first_block(const DecodeJob& job, const float* first) {
-  if (job.k_stride_s != job.d) return kBlock;
-  const auto row_bytes = std::uintptr_t(job.d) * sizeof(float);
-  return kBlock - std::int64_t(reinterpret_cast<std::uintptr_t>(first) / row_bytes % kBlock);
+// Rows from a KV head's row r0 to the end of its block when blocks lie on a kBlock-row grid
+// counted from the tensor's first row (head 0, row 0), not from each thread's r0: a cache with
+// capacity for 32784 tokens starts its head 1 half a 4 KiB page in, and blocks counted from the
+// head would each straddle two pages (docs/perf.md v38); the allocator's large blocks start on a
+// page, so the tensor's grid is the memory's. From the strides, not the address: the same blocks,
+// and so the same bits, wherever the tensor lives (tests/test_device_ops.cpp). Rows not packed (a
+// stride past d) keep kBlock: their blocks are not one run of memory anyway.
+std::int64_t first_block(const DecodeJob& job, std::int64_t kv, std::int64_t r0) {
+  if (job.k_stride_s != job.d || job.k_stride_h % job.k_stride_s != 0) return kBlock;
+  return kBlock - (kv * (job.k_stride_h / job.k_stride_s) + r0) % kBlock;
 }
 
 }  // namespace
@@ -279,7 +280,7 @@ void DECODE_FN(const DecodeJob& job, std::int64_t r0, std::int64_t r1, DecodePar
   const int nv = vectors_of(job.d);
   for (const DecodeRun& run : job.runs) {  // per KV head: its K and V rows, each streamed once
     const float *k = job.k + run.kv * job.k_stride_h, *v = job.v + run.kv * job.v_stride_h;
-    for (std::int64_t t = r0, n = first_block(job, k + r0 * job.k_stride_s); t < r1; t += n, n = kBlock) {
+    for (std::int64_t t = r0, n = first_block(job, run.kv, r0); t < r1; t += n, n = kBlock) {
       n = std::min(n, r1 - t);
       run_block(job, nv, run.j, run.j + run.n, k + t * job.k_stride_s, v + t * job.v_stride_s, n, part, scores);
     }
