@@ -69,7 +69,7 @@ template <int NV>
 
 // x's lanes folded by op in log2(W) shuffles: every lane ends with the fold of all of them. A
 // scalar loop over the lanes is a chain of W dependent maxes or adds (64 cycles at W = 16), and
-// softmax_of ran two of them per head and block: a third of the pass at d = 128 under GQA.
+// softmax_of ran two of them per head and block (the pass in L2: 5–12 % faster folded).
 template <class Op>
 [[gnu::always_inline]] inline float fold(vf x, Op op) {
 #if DECODE_W == 16
