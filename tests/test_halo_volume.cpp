@@ -202,14 +202,33 @@ TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWind
   CpConfig cfg{"p2p", {}, true, std::nullopt};
   cfg.cu_seqlens = cu_seqlens_of(std::vector<std::int64_t>(256, 512));
   cfg.window_left = 4096;
-  std::int64_t visits = 0;
-  const auto h = swept_halo_counts(cfg, 65536, 1, 131072, PartnerCount::cheapest, &visits);
+  SweepWork work;
+  const auto h = swept_halo_counts(cfg, 65536, 1, 131072, PartnerCount::cheapest, &work);
   ASSERT_TRUE(h.has_value());
-  EXPECT_LE(visits, 2 * 131072);
+  EXPECT_LE(work.partner_steps, 2 * 131072);
   // Rank 0 holds tokens 0 and 65536: each is seen by the 4096 tokens after it, on ranks
   // 1..4096 both times (2 · 4096 rows to 4096 ranks); token 65536's band holds tokens
   // 61440..65535 of ranks 61440..65535 (4096 rows from 4096 ranks).
   EXPECT_EQ((*h)[0], (HaloCounts{2 * 4096, 4096, 4096, 4096})) << show((*h)[0]);
+}
+
+TEST(HaloVolume, TheSweepVisitsEachMembersRunsOfChunksNotEveryChunk) {
+  // The planner sweeps once for every split width (p2p and each a2a+p2p inner size). 16
+  // documents of 512 at cp 64: each cut into 128 chunks of 4, dealt to ranks 0..63 and back
+  // 63..0, so a member of `width` ranks holds runs of `width` adjacent chunks: 2 · 64 / width
+  // runs a document, less the middle pair (rank 63's two chunks touch) and one at each of the 15
+  // document joins (rank 0's last chunk touches its next first). The sweep must visit those runs,
+  // not the 2048 chunks at every width, with the counts the tokens give.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  cfg.cu_seqlens = cu_seqlens_of(std::vector<std::int64_t>(16, 512));
+  cfg.window_left = 100;
+  for (const int width : {1, 2, 8, 64}) {
+    SweepWork work;
+    const auto h = swept_halo_counts(cfg, 64, width, 8192, PartnerCount::cheapest, &work);
+    ASSERT_TRUE(h.has_value());
+    EXPECT_EQ(work.pieces, 16 * (2 * 64 / width - 1) - 15) << width;
+    EXPECT_EQ(*h, counted(cfg, 64, width, 8192)) << width;
+  }
 }
 
 TEST(HaloVolume, WindowsAtAWorldOf65536MatchTheirArithmetic) {

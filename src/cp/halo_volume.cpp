@@ -185,14 +185,18 @@ std::vector<Wide> swept_given(const std::vector<Piece>& p, int members, std::int
   std::vector<Wide> given(static_cast<std::size_t>(members));
   std::vector<std::int64_t> nearest(static_cast<std::size_t>(members), -1);
   Marks marks(p.size());
-  auto first_start_at = [&](Wide x) {  // the first piece starting at or after x
-    return std::size_t(std::partition_point(p.begin(), p.end(), [&](const Piece& q) { return q.begin < x; }) -
-                       p.begin());
+  // The first pieces starting at or after x − len + 1 = begin + L + 1 and at or after x = end + L:
+  // the pieces are disjoint and sorted, so both bounds fall as i falls and two pointers find them
+  // in O(pieces) for the whole sweep.
+  std::size_t full = p.size(), none = p.size();
+  auto back_to = [&](std::size_t& k, Wide z) {
+    while (k > 0 && p[k - 1].begin >= z) --k;
   };
   for (std::size_t i = p.size(); i-- > 0;) {
     const Piece& c = p[i];
     const Wide x = Wide(c.end) + left, len = c.end - c.begin;
-    const std::size_t full = first_start_at(x - len + 1), none = first_start_at(x);
+    back_to(full, x - len + 1);
+    back_to(none, x);
     const auto [n0, s0] = marks.below(i + 1);
     const auto [n1, s1] = marks.below(std::max(full, i + 1));
     const auto [n2, s2] = marks.below(std::max(none, i + 1));
@@ -326,6 +330,24 @@ void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pa
   for (std::size_t r = 0; r < m; ++r) h[r].back += running += diff[r];
 }
 
+// The position-sorted pieces with each run of adjacent pieces of one member joined into one
+// piece: the member holds the same positions, so its band's union, the rows others' bands reach
+// in it and its partners are the same (a joined piece's partner window [end, end + L) is its
+// last piece's; its earlier pieces' windows add only its own pieces and positions no piece
+// starts at). A member of `width` ranks holds runs of `width` consecutive ranks' chunks
+// (per-document zigzag deals a document's chunks over the ranks in order, then back), so the
+// sweep below visits about chunks / width pieces, not chunks, for every split width.
+std::vector<Piece> member_runs(std::vector<Piece> p) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (n > 0 && p[n - 1].member == p[i].member && p[n - 1].end == p[i].begin)
+      p[n - 1].end = p[i].end;
+    else
+      p[n++] = p[i];
+  p.resize(n);
+  return p;
+}
+
 // Members up to which partners may be kept as bit sets (members² bits: 8 MiB), and the window
 // sizes summed past which stamps are too slow (a few seconds): beyond both, the members are asked.
 constexpr std::size_t kBitMembers = 8192;
@@ -340,8 +362,9 @@ constexpr Wide kSegmentCost = 16;
 // held as the union of the member's bands less its own rows, the partners from each piece's
 // window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left,
-                                                         std::int64_t seq, PartnerCount how, std::int64_t* visits) {
+                                                         std::int64_t seq, PartnerCount how, SweepWork* work) {
   std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  p = member_runs(std::move(p));
   const std::vector<std::pair<std::size_t, std::size_t>> w = piece_windows(p, left);
   const std::vector<std::size_t> starts = member_segments(p);
   std::vector<std::size_t> seg_of(p.size());
@@ -368,10 +391,11 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, i
     covered[me] = std::max(covered[me], c.end);
   }
   for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
-  if (visits != nullptr)
-    *visits = std::int64_t(how == PartnerCount::segments ? crossed
-                           : how == PartnerCount::stamps ? stamps
-                                                         : Wide(p.size()) * Wide((m + 63) / 64));
+  if (work != nullptr)
+    *work = {std::int64_t(p.size()),
+             std::int64_t(how == PartnerCount::segments ? crossed
+                          : how == PartnerCount::stamps ? stamps
+                                                        : Wide(p.size()) * Wide((m + 63) / 64))};
   if (how == PartnerCount::segments)
     partners_by_segments(p, w, starts, seg_of, h);
   else if (how == PartnerCount::stamps)
@@ -416,9 +440,9 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
 }  // namespace
 
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
-                                                         PartnerCount how, std::int64_t* visits) {
+                                                         PartnerCount how, SweepWork* work) {
   if (token_layout(config) != TokenLayout::per_document) return std::nullopt;
-  return swept_halo_counts(pieces_of(config, cp, width, seq), cp / width, config.window_left, seq, how, visits);
+  return swept_halo_counts(pieces_of(config, cp, width, seq), cp / width, config.window_left, seq, how, work);
 }
 
 HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,

@@ -107,12 +107,17 @@ std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int 
 
 // The per-document sweep's ways of counting partners: the tests hold each against the others.
 enum class PartnerCount { cheapest, stamps, bits, segments };
+// The sweep's work, so a test can bound it instead of timing it: the pieces it visits (each
+// member's runs of adjacent chunks joined) and the partner count's steps (window entries,
+// bit-set words or segments crossed).
+struct SweepWork {
+  std::int64_t pieces = 0, partner_steps = 0;
+};
 // The sweep's counts of every member with partners counted `how` (per-document zigzag, causal);
-// empty for other layouts, or when `cheapest` finds every way too costly. `visits`, if given:
-// the partner count's steps (window entries, bit-set words or segments crossed), so a test can
-// bound the work instead of timing it.
+// empty for other layouts, or when `cheapest` finds every way too costly. `work`, if given, the
+// sweep's work.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
-                                                         PartnerCount how, std::int64_t* visits = nullptr);
+                                                         PartnerCount how, SweepWork* work = nullptr);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed
