@@ -15,6 +15,7 @@
 #include "generate_requests.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
+#include "ulysses/kernels/read_probe.hpp"
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
 #include "train/generate.hpp"
@@ -189,47 +190,12 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
   return r;
 }
 
-// The probes' clock: this thread's CPU time when the kernels run on this thread alone (on a
-// shared host, wall time would count the spells other processes held the core, which differ
-// between the kernel's pass and the read's), else wall time.
-double probe_clock() {
-  if (omp_get_max_threads() == 1) return thread_cpu_seconds();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Seconds of one pass that reads `data` (every thread its part): this machine's read rate. Each
-// thread sums into 32 independent lanes: one running sum would wait on the adder's latency at
-// every float and measure that (about a fifth of what one core reads here), not the memory.
-// `ahead` > 0 also asks for the line that many floats on (prefetcht0), as the decode kernel does:
-// on this host that read is faster than the hardware prefetchers' alone, and the fraction is of
-// the faster of the two (a kernel that prefetched would otherwise beat "the machine's" rate).
-double read_pass_s(const float* data, std::size_t size, std::size_t ahead) {
-  constexpr std::size_t kLanes = 32;
-  const double t0 = probe_clock();
-  float total = 0;
-#pragma omp parallel reduction(+ : total)
-  {
-    float lanes[kLanes] = {};
-#pragma omp for schedule(static)
-    for (std::size_t i = 0; i < size / kLanes; ++i) {
-      if (ahead > 0)
-        for (std::size_t j = 0; j < kLanes; j += 64 / sizeof(float))
-          __builtin_prefetch(data + i * kLanes + ahead + j, 0, 3);
-#pragma omp simd
-      for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += data[i * kLanes + j];
-    }
-    for (const float x : lanes) total += x;
-  }
-  if (total == 12345.0f) fmt::print("");  // keeps the loop
-  return probe_clock() - t0;
-}
-
 struct Bandwidth {
   double cache_bytes = 0, kernel_bytes_s = 0, read_bytes_s = 0;
 };
 
 // Not collective (every rank at once: they share the memory as decode does). The decode kernel
-// over this rank's whole cache (every layer) against the faster of two reads (read_pass_s) of a
+// over this rank's whole cache (every layer) against this machine's read (kernels::read_seconds) of a
 // buffer as large or larger.
 Bandwidth measure_bandwidth(const KvCache& cache) {
   const KvCacheShape& s = cache.shape();
@@ -247,16 +213,16 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
   const std::size_t floats = std::max<std::size_t>(std::size_t(64) << 18, std::size_t(b.cache_bytes / 4));
   // From the allocator the cache's rows come from, so that both are on the same kind of pages
   // (huge ones for large blocks, tensor.cpp): the fraction compares reads, not page sizes.
-  const std::size_t n = (floats + 31) / 32 * 32;  // whole lanes of read_pass_s
+  const std::size_t n = (floats + 31) / 32 * 32;  // whole lanes of the read
   const Tensor buffer({1, 1, 1, std::int64_t(n)}, DType::f32, Layout::bshd);
   std::fill(buffer.f32(), buffer.f32() + n, 1.0f);
   double kernel = 1e30, read = 1e30;
   for (int rep = 0; rep < 7; ++rep) {  // alternated, best of each: a loaded machine's slow spells hit both
-    const double t0 = probe_clock();
+    const double t0 = kernels::probe_clock();
     for (std::int64_t l = 0; l < s.layers; ++l)
       decode_attention_forward(ov, lv, qv, cache.keys(l), cache.values(l), params);
-    kernel = std::min(kernel, probe_clock() - t0);
-    read = std::min({read, read_pass_s(buffer.f32(), n, 0), read_pass_s(buffer.f32(), n, 512)});
+    kernel = std::min(kernel, kernels::probe_clock() - t0);
+    read = std::min(read, kernels::read_seconds(buffer.f32(), n));
   }
   b.kernel_bytes_s = b.cache_bytes / kernel;
   b.read_bytes_s = double(n * sizeof(float)) / read;

@@ -597,7 +597,7 @@ void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, De
   bool fits = true;
   for (int k = 2; k <= 12 && fits; ++k) {
     const double bytes = double(1 << 20) * std::pow(2.0, k / 2.0);
-    double per_byte = 1 / decode_rate(comm, in.heads, in.kv_heads, in.head_dim, bytes).kernel_bytes_s;
+    double per_byte = 1 / decode_rate(in.heads, in.kv_heads, in.head_dim, bytes).kernel_bytes_s;
     comm.allreduce_max(&per_byte, 1);
     curve += fmt::format(" {:.1f} MiB {:.1f},", bytes / double(1 << 20), 1e-9 / per_byte);
     fits = 1 / per_byte >= 1.5 * memory_bw;
@@ -608,10 +608,10 @@ void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, De
 }  // namespace
 
 std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row) {
-  const DecodeRate d = decode_rate(comm, in.heads, in.kv_heads, in.head_dim, double(256 << 20));
+  const DecodeRate d = decode_rate(in.heads, in.kv_heads, in.head_dim, double(256 << 20));
   // Seconds per byte and per FLOP, so the all-reduce's max is the slowest rank's rate.
   const auto products = row_products(in, row);
-  double per[2] = {1 / d.kernel_bytes_s, products.empty() ? 0.0 : 1 / row_rate(comm, products)};
+  double per[2] = {1 / d.kernel_bytes_s, products.empty() ? 0.0 : 1 / row_rate(products)};
   comm.allreduce_max(per, 2);
   in.cluster.kernel.memory_bandwidth = 1 / per[0];
   row.kernel_measured = true;

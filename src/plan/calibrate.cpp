@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "ulysses/kernels/read_probe.hpp"
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/core/error.hpp"
 
@@ -216,41 +217,7 @@ double gemm_rate(const Communicator& comm, std::int64_t n, std::int64_t ic, std:
   return 6.0 * double(n) * double(ic) * double(oc) / local_median_seconds(comm, run);
 }
 
-namespace {
-
-// The decode probes' clock: this thread's CPU time when the kernel runs on this thread alone (on
-// a shared host wall time would count the spells other processes held the core), else wall time
-// (generate's probe reads the same clock).
-double probe_clock(const Communicator& comm) {
-  if (omp_get_max_threads() > 1) return comm.now();
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Seconds of one plain read of `n` floats at `data`, every thread its part, 32 lanes a thread (one
-// running sum would time the adder's latency, not the memory).
-double read_seconds(const Communicator& comm, const float* data, std::size_t n) {
-  constexpr std::size_t kLanes = 32;
-  const double t0 = probe_clock(comm);
-  float total = 0;
-#pragma omp parallel reduction(+ : total)
-  {
-    float lanes[kLanes] = {};
-#pragma omp for schedule(static)
-    for (std::size_t i = 0; i < n / kLanes; ++i)
-#pragma omp simd
-      for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += data[i * kLanes + j];
-    for (const float x : lanes) total += x;
-  }
-  const double t = probe_clock(comm) - t0;
-  return total == 12345.0f ? t * 1.0000001 : t;  // the sum is used: the loop stays
-}
-
-}  // namespace
-
-DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                       double bytes) {
+DecodeRate decode_rate(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, double bytes) {
   if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1 || !(bytes > 0))
     throw Error(
         fmt::format("decode_rate: needs heads a multiple of kv_heads >= 1, head_dim >= 1 and bytes > 0; got "
@@ -273,12 +240,12 @@ DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_
   // there); the best of 7 passes of each.
   double kernel = 1e30, read = 1e30;
   for (int rep = 0; rep < 8; ++rep) {
-    const double t0 = probe_clock(comm);
+    const double t0 = kernels::probe_clock();
     decode_attention_forward(ov, lv, qv, k.view(), v.view(), params);
-    if (rep > 0) kernel = std::min(kernel, probe_clock(comm) - t0);
+    if (rep > 0) kernel = std::min(kernel, kernels::probe_clock() - t0);
   }
   for (int rep = 0; rep < 8; ++rep) {
-    const double t = read_seconds(comm, k.f32(), floats) + read_seconds(comm, v.f32(), floats);
+    const double t = kernels::read_seconds(k.f32(), floats) + kernels::read_seconds(v.f32(), floats);
     if (rep > 0) read = std::min(read, t);
   }
   const double total = double(k.nbytes() + v.nbytes());
@@ -301,16 +268,16 @@ double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_
   std::vector<double> t;
   for (int i = 0; i < 45; ++i) {  // each gather after a kernel pass, as a step's layers run
     decode_attention_forward(ov, lv, qv, k.view(), v.view(), DecodeParams{.group = heads / kv_heads});
-    const double t0 = probe_clock(comm);
+    const double t0 = kernels::probe_clock();
     comm.allgatherv({send.data(), part}, {recv.data(), recv.size()}, bytes, "calibrate");
-    if (i >= 5) t.push_back(probe_clock(comm) - t0);
+    if (i >= 5) t.push_back(kernels::probe_clock() - t0);
   }
   double seconds = median_of(t);
   comm.allreduce_max(&seconds, 1);
   return seconds;
 }
 
-double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products) {
+double row_rate(const std::vector<std::pair<std::int64_t, std::int64_t>>& products) {
   std::vector<std::vector<float>> w;
   std::int64_t widest = 1;
   double flops = 0;
@@ -332,9 +299,9 @@ double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64
   };
   std::vector<double> t;
   for (int rep = 0; rep < 8; ++rep) {  // on probe_clock, as the decode rate: the load is not the row's
-    const double t0 = probe_clock(comm);
+    const double t0 = kernels::probe_clock();
     run();
-    if (rep > 0) t.push_back(probe_clock(comm) - t0);
+    if (rep > 0) t.push_back(kernels::probe_clock() - t0);
   }
   return kRows * flops / median_of(t);
 }

@@ -38,8 +38,7 @@ double gemm_rate(const Communicator& comm, std::int64_t rows, std::int64_t in, s
 struct DecodeRate {
   double kernel_bytes_s = 0, read_bytes_s = 0, bytes = 0;
 };
-DecodeRate decode_rate(const Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                       double bytes);
+DecodeRate decode_rate(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, double bytes);
 
 // Collective. The seconds of one decode step's gather here: the median of 40 allgatherv's of a
 // rank's partial (out, lse) of `heads` heads, each after a decode kernel pass over a 1 MiB cache
@@ -50,7 +49,7 @@ double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_
 // Not collective: FLOP/s of one row [1, in] through each product [in, out] listed (BLAS on this
 // thread, each weight matrix its own, read warm; 20 rows in turn), the median of 7 on the decode
 // probes' clock (this thread's CPU time on one thread): a decode step's row.
-double row_rate(const Communicator& comm, const std::vector<std::pair<std::int64_t, std::int64_t>>& products);
+double row_rate(const std::vector<std::pair<std::int64_t, std::int64_t>>& products);
 
 struct Calibration {
   // Links fitted (send/recv inside and between nodes, every rank sending across at once, the
