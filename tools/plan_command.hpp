@@ -112,10 +112,12 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in);
 double cpu_attention_rate(Communicator& comm, std::int64_t head_dim, bool backward);
 // Collective (plan_grid.cpp). FLOP/s in CPU seconds of the forward of the last
 // kPrefillProbeQueries queries of a causal prompt of `keys` tokens (`heads` heads) against all
-// of it: a long prefill's rate, its key stream past the core's cache as the prompt's is. The
-// median of 3 after a warm-up, every rank at once, the slowest kept.
-inline constexpr std::int64_t kPrefillProbeQueries = 256;
-double cpu_prefill_rate(Communicator& comm, std::int64_t head_dim, std::int64_t heads, std::int64_t keys);
+// of it: a long prefill's rate, its key stream past the core's cache as the prompt's is, less
+// the call's K/V pack at pack_s_per_byte (KernelModel::kv_pack_s_per_byte). The median of 3 after
+// a warm-up, every rank at once, the slowest kept.
+inline constexpr std::int64_t kPrefillProbeQueries = 512;
+double cpu_prefill_rate(Communicator& comm, std::int64_t head_dim, std::int64_t heads, std::int64_t keys,
+                        double pack_s_per_byte);
 // Collective. What a decode step costs here: the decode kernel's read rate over a cache of at least
 // 256 MiB a rank (into in.cluster.kernel.memory_bandwidth) and, with a width, the row's rate; the
 // slowest rank's, on every rank; then the prefill's figures (calibrate_prefill). Returns the

@@ -93,7 +93,8 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d, bool backward) {
   return (backward ? 3.5 : 1.0) * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
-double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, std::int64_t keys) {
+double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, std::int64_t keys,
+                        double pack_s_per_byte) {
   const std::int64_t n = std::min(kPrefillProbeQueries, keys);
   Tensor q({1, n, heads, d}), k({1, keys, heads, d}), v(k.shape()), o(q.shape());
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
@@ -105,7 +106,10 @@ double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, 
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
     if (i > 0) t.push_back(cpu_seconds() - t0);
   }
-  double seconds = median(t);
+  // The call's pack of its K and V (once a call, however many queries: a prompt's call amortises
+  // it, this probe's would not), priced apart as the planner prices it.
+  const double pack = pack_s_per_byte * 2 * double(keys * heads * d) * 4;
+  double seconds = median(t) - pack;
   comm.allreduce_max(&seconds, 1);
   // Query i (at keys − n + i) sees keys − n + i + 1 keys.
   const double pairs = double(n) * double(keys - n) + double(n) * double(n + 1) / 2;

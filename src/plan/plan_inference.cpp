@@ -150,7 +150,8 @@ PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* na
   r.prefill = name;
   r.cp = cp;
   const Plan plan = make_plan(p);
-  const auto it = std::find_if(plan.rows.begin(), plan.rows.end(), [&](const PlanRow& x) { return x.name == strategy; });
+  const auto it =
+      std::find_if(plan.rows.begin(), plan.rows.end(), [&](const PlanRow& x) { return x.name == strategy; });
   if (it == plan.rows.end() || !it->valid) {
     r.reason = it == plan.rows.end() ? fmt::format("no {} row at cp = {}", strategy, cp) : it->reason;
     return r;
