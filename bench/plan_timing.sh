@@ -38,6 +38,7 @@ done <<CFGS
 --seq 1048576 $H --cp 1024 --docs 256x4096
 --seq 1048576 $H --cp 1024 --docs 256x4096 --window 1024
 --seq $S $H --cp 4096 --docs 256x512 --window 256
+--seq $S $H --cp 65536 --docs 256x512 --window 4096
 --seq $S $H --cp 65536 --kv-seq 262144 --q-offset 131072
 --seq $S $H --cp 65536 --mode decode
 --seq $S $H --cp 65536 --mode prefill --cached 131072

@@ -95,6 +95,20 @@ grep -q "tokens/s across them" "$dir/r.log" && ok "per-step tokens/s printed" ||
 grep -qF "step 3: requests 0, 1, 2 (1, 2 joined after" "$dir/r.log" && ok "joins printed" ||
   { bad "joins not printed"; cat "$dir/r.log"; }
 
+# Chunked prefill (--prefill-chunk 32): the prompts are prefilled 32 tokens before each step
+# (2, 3, 3 and 5 pieces), the tokens are still each alone's, and the longest wait of a running
+# request between two tokens is reported.
+pieces() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))
+assert [r["prefill_pieces"] for r in j["requests"]] == [2, 3, 3, 5], j["requests"]
+assert j["longest_token_gap"]["seconds"] > 0 and max(s["prefill_tokens"] for s in j["steps"]) <= 64, j["steps"]' "$1"; }
+for layout in heads interleaved; do
+  if run 2 "${reqs[@]}" --requests-arrive 0,2x2,7 --prefill-chunk 32 --kv-layout "$layout" --json "$dir/r.json" \
+    > "$dir/r.log" 2>&1 && [ "$(each "$dir/r.json")" = "$want" ] && pieces "$dir/r.json"; then
+    ok "requests prefilled 32 tokens a step, cp 2 $layout = each alone"
+  else bad "chunked prefill cp 2 $layout"; cat "$dir/r.log"; fi
+done
+grep -qF "prompts 32 tokens at a time" "$dir/r.log" && ok "token gap printed" || bad "token gap not printed"
+
 # The memory model of generate against the measured peak RSS (largest over ranks), within 10 %:
 # a cache of 2M tokens (its formula's bytes, allocated whole), the bandwidth probe's buffer,
 # the prefill; concurrent requests.
@@ -160,6 +174,10 @@ expect "arrival negative" 2 "--requests-arrive '0,-1,2': step -1 is negative" \
   generate --checkpoint "$dir/ck160" --requests 3x64 --requests-arrive 0,-1,2 "${out[@]}"
 expect "arrival malformed" 2 "--requests-arrive '0,,2': '' is not a step" \
   generate --checkpoint "$dir/ck160" --requests 3x64 --requests-arrive 0,,2 "${out[@]}"
+expect "prefill chunk under cp" 2 "--prefill-chunk 1: a prefill chunk of 1 tokens is shorter than the 2 ranks" \
+  generate --checkpoint "$dir/ck160" --requests 3x64 --prefill-chunk 1 "${out[@]}"
+expect "prefill chunk negative" 2 "--prefill-chunk -4: a prefill chunk of -4 tokens is negative" \
+  generate --checkpoint "$dir/ck160" --requests 3x64 --prefill-chunk -4 "${out[@]}"
 # Ranks given different arrivals (mpirun's MPMD): one error, before anything runs.
 a=(generate --checkpoint "$dir/ck160" --requests 2x64 "${out[@]}")
 timeout "$hang_s" "$mpiexec" $flags -n 1 "$bin" "${a[@]}" --requests-arrive 0,1 : -n 1 "$bin" "${a[@]}" \

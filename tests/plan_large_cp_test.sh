@@ -49,5 +49,30 @@ assert r['forward_bytes_per_rank'] == (131072 - 2) * kv * 2, r['forward_bytes_pe
 assert r['backward_bytes_per_rank'] == (131072 - 2) * kv * 2 + 131072 * kv * 4, r['backward_bytes_per_rank']" \
   --docs 256x512
 
+# The same documents under a window of 4096 (past every document: the band is positional). Each
+# rank holds two single tokens, each in the band of the 4096 tokens after it, dealt one a rank in
+# sweeps: 4096 distinct receivers a token, the same 4096 for both (the second token is dealt a
+# whole sweep of the ranks later), so the busiest rank sends 2 × 4096 rows in 4096 messages and
+# receives as many float32 dK/dV rows back. (Visiting every window entry, 5·10^8, gives the same;
+# the plan reads each window as the few runs of consecutive ranks it crosses.)
+check "256 documents of 512, window 4096: p2p's halo is 2W rows to W ranks" "
+kv = 2 * 8 * 128
+r = row('p2p')
+assert r['valid'], r
+assert r['forward_bytes_per_rank'] == 2 * 4096 * kv * 2, r['forward_bytes_per_rank']
+assert r['backward_bytes_per_rank'] == 2 * 4096 * kv * 4, r['backward_bytes_per_rank']
+assert r['forward_messages'] == 4096 and r['backward_messages'] == 4096, r" --docs 256x512 --window 4096
+
+# 256 sequences of 512 tokens over 65536 ranks: the balancer's options are every (size,
+# placement), ~300k a sequence, which it reads as classes of equal windows. Each sequence ends
+# up alone on a node of 8 ranks: 2048 ranks busy, busy/mean = 65536 / 2048 = 32.
+lengths="--lengths 256x512 --world 65536 --heads 32 --head-dim 128 --layers 32 --width 4096"
+# shellcheck disable=SC2086  # a list of flags
+if run 1 plan $lengths > "$dir/l.log" 2>&1 && grep -Eq "^  dynamic +[0-9.]+ +- +32\.000 .* 8x256$" "$dir/l.log"; then
+  ok "256 sequences of 512 on 65536 ranks: one node each"
+else
+  bad "256 sequences of 512 on 65536 ranks"; cat "$dir/l.log"
+fi
+
 [ "$fails" -eq 0 ] && echo "plan large cp OK"
 exit "$fails"

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <random>
 
 #include "ulysses/plan/balancer.hpp"
@@ -12,6 +14,7 @@
 #include "ulysses/core/error.hpp"
 #include "ulysses/core/lengths.hpp"
 #include "ulysses/comm/mpi_communicator.hpp"
+#include "plan/balance_detail.hpp"
 
 namespace {
 
@@ -185,6 +188,83 @@ TEST(Balancer, DynamicSplitsTheLongTail) {
   EXPECT_LT(d.step_seconds, balance(in, BalancePolicy::static_).step_seconds);
   in.dp = 1;
   EXPECT_LT(d.step_seconds, balance(in, BalancePolicy::static_).step_seconds);
+}
+
+// Fingerprint of dynamic plans on random inputs at worlds 8..1024 (8 or 4 ranks a node).
+std::uint64_t dynamic_fingerprint() {
+  std::mt19937_64 rng(37);
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t x) { h = (h ^ x) * 1099511628211ull; };
+  struct Case {
+    int world, n, per_node;
+  };
+  for (Case c : {Case{8, 40, 8},
+                 {12, 30, 4},
+                 {16, 24, 8},
+                 {64, 40, 8},
+                 {100, 50, 4},
+                 {256, 64, 8},
+                 {1024, 96, 8},
+                 {1024, 300, 8}})
+    for (int k = 0; k < 2; ++k) {
+      BalanceInput in = small_model(c.world, random_lengths(rng, c.n));
+      in.model.cluster.ranks_per_node = c.per_node;
+      const BalancePlan d = balance(in, BalancePolicy::dynamic);
+      for (const BalanceGroup& g : d.groups) mix(std::uint64_t(g.first_rank) << 20 | std::uint64_t(g.size));
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, &d.step_seconds, sizeof bits);
+      mix(bits);
+    }
+  return h;
+}
+
+// The search reads placements in classes (balance_detail::same_window_end): this fingerprint was
+// taken from the search that scored every placement on its own, and must not move.
+TEST(Balancer, DynamicPlansAreThoseOfThePlacementByPlacementSearch) {
+  EXPECT_EQ(dynamic_fingerprint(), 0xa6c394bb80a0aa18ull);
+}
+
+// Every placement of a class reads its class's first window bit for bit (the same busiest
+// member, the same sum in order), the classes cover the placements in order, and a class takes
+// every later placement in its run: free times of R runs give at most R + (crossing windows)
+// classes a size, and a world with nothing placed one class a size.
+TEST(Balancer, PlacementClassesReadTheSameWindows) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(11);
+  std::vector<std::uint32_t> run_end;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int world = 1 + int(rng() % 70);
+    Cluster cluster;
+    cluster.ranks_per_node = 1 << (rng() % 4);
+    std::vector<double> free(std::size_t(world), 0.0);
+    for (int r = 0; r < world;) {  // runs of one time, some equal to their neighbours' in value
+      const int len = 1 + int(rng() % 9);
+      const double t = trial % 3 == 0 ? 0.0 : 0.1 * double(rng() % 4) + 0.3;
+      for (int x = r; x < std::min(world, r + len); ++x) free[std::size_t(x)] = t;
+      r += len;
+    }
+    run_ends(free, run_end);
+    for (int size = 1; size <= world; ++size) {
+      const std::vector<int> firsts = placements(cluster, world, size);
+      std::size_t classes = 0;
+      for (std::size_t p = 0; p < firsts.size(); ++classes) {
+        const std::size_t q = same_window_end(firsts, p, size, run_end);
+        ASSERT_GT(q, p);
+        const auto window = [&](std::size_t k) { return free.begin() + firsts[k]; };
+        for (std::size_t k = p; k < q; ++k) {
+          ASSERT_EQ(*std::max_element(window(k), window(k) + size), *std::max_element(window(p), window(p) + size));
+          ASSERT_EQ(std::accumulate(window(k), window(k) + size, 0.0),
+                    std::accumulate(window(p), window(p) + size, 0.0));
+        }
+        const bool one_run = std::all_of(window(p), window(p) + size, [&](double t) { return t == *window(p); });
+        if (one_run && q < firsts.size())  // the next placement leaves the run
+          EXPECT_FALSE(std::all_of(window(p), window(q) + size, [&](double t) { return t == *window(p); }))
+              << world << " " << size << " " << p;
+        p = q;
+      }
+      if (trial % 3 == 0) EXPECT_EQ(classes, firsts.empty() ? 0u : 1u) << world << " ranks, size " << size;
+    }
+  }
 }
 
 TEST(Balancer, Deterministic) {

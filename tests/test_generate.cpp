@@ -193,6 +193,62 @@ COMM_TEST(Generate, RequestsJoiningMidwayEqualEachAlone) {
     }
 }
 
+// Chunked prefill: prompts of multiples of the chunk (4 tokens, so the pieces are the same at
+// every cp up to 4) are prefilled a piece before each step; a request joins the step after its
+// last piece, and while nothing runs the pieces run back to back. The schedule is worked out by
+// hand, and each request's tokens equal it generated alone, its prompt whole, on one rank.
+COMM_TEST(Generate, ChunkedPrefillInterleavesPiecesWithSteps) {
+  Gpt<float> model(tiny_model());
+  model.init_params(7);
+  const std::vector<std::int64_t> prompt_len{8, 16, 12, 8}, new_tokens{6, 3, 4, 2}, arrival{0, 1, 1, 6};
+  std::vector<ServedRequest> requests;
+  for (std::size_t i = 0; i < prompt_len.size(); ++i) {
+    requests.push_back({{}, new_tokens[i], arrival[i]});
+    for (std::int64_t t = 0; t < prompt_len[i]; ++t) requests[i].prompt.push_back(int((t * 31 + 7 * i + 1) % 64));
+  }
+  using Ids = std::vector<std::size_t>;
+  const std::vector<Ids> want_running{{0}, {0}, {0}, {0}, {0, 1}, {1}, {2}, {2}, {2, 3}},
+      want_joined{{0}, {}, {}, {}, {1}, {}, {2}, {}, {3}};
+  const std::vector<std::int64_t> want_tokens{8, 4, 4, 4, 4, 4, 8, 4, 4}, want_pieces{2, 4, 3, 2};
+  const std::unique_ptr<Communicator> alone = comm.split(comm.rank(), 0);
+  for (KvLayout layout : {KvLayout::heads, KvLayout::interleaved}) {
+    const std::string what = to_string(layout);
+    std::vector<std::unique_ptr<Generator>> gens;
+    std::vector<Generator*> served;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      const GenerateConfig config{layout, Prefill::ulysses, 32, 0, 50 + i};
+      if (!generate_error(tiny_model(), config, comm.size(), 8, 6, 0).empty()) break;
+      gens.push_back(std::make_unique<Generator>(comm, tiny_model(), model.params, config));
+      served.push_back(gens.back().get());
+    }
+    if (served.size() != requests.size()) continue;  // a layout that cannot hold the heads here
+    const ServedRun run = serve(comm, served, requests, 4);
+    ASSERT_EQ(run.steps.size(), want_running.size()) << what;
+    for (std::size_t s = 0; s < run.steps.size(); ++s) {
+      EXPECT_EQ(run.steps[s].step, std::int64_t(s + 1)) << what;
+      EXPECT_EQ(run.steps[s].running, want_running[s]) << what << " step " << s + 1;
+      EXPECT_EQ(run.steps[s].joined, want_joined[s]) << what << " step " << s + 1;
+      EXPECT_EQ(run.steps[s].prefill_tokens, want_tokens[s]) << what << " step " << s + 1;
+    }
+    EXPECT_EQ(run.prefill_pieces, want_pieces) << what;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      Generator one(*alone, tiny_model(), model.params, {layout, Prefill::ulysses, 32, 0, 50 + i});
+      std::vector<int> want{one.next_token(one.prefill(requests[i].prompt))};
+      while (std::int64_t(want.size()) < new_tokens[i]) want.push_back(one.next_token(one.decode(want.back())));
+      EXPECT_EQ(run.tokens[i], want) << what << " request " << i;
+    }
+  }
+}
+
+// A piece needs a token a rank; 0 is each prompt whole.
+TEST(Generate, PrefillChunkRefusedBelowOneTokenARank) {
+  EXPECT_EQ(prefill_chunk_error(0, 4), "");
+  EXPECT_EQ(prefill_chunk_error(4, 4), "");
+  EXPECT_EQ(prefill_chunk_error(3, 4),
+            "a prefill chunk of 3 tokens is shorter than the 4 ranks: a piece needs a token a rank");
+  EXPECT_EQ(prefill_chunk_error(-1, 1), "a prefill chunk of -1 tokens is negative (0: each prompt whole)");
+}
+
 // What serve refuses, before anything runs: named by the request's index.
 TEST(Generate, ServeRefusesBadRequests) {
   const std::vector<int> prompt{1, 2, 3};

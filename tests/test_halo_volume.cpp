@@ -145,6 +145,8 @@ TEST(HaloVolume, PerDocumentSweepEqualsCountingTokensAndAskingTheMembers) {
           cfg.window_left = left;
           const AttentionParams p = attention_params(cfg);
           const std::vector<HaloCounts> want = counted(cfg, cp, width, s), all = members_halo_counts(cfg, cp, width, s);
+          for (const PartnerCount how : {PartnerCount::stamps, PartnerCount::bits, PartnerCount::segments})
+            ASSERT_EQ(swept_halo_counts(cfg, cp, width, s, how), want) << cp << " " << width << " " << int(how);
           const auto chunks_of = [&](int g) {
             std::vector<SeqChunk> c;
             for (int r = g * width; r < (g + 1) * width; ++r)
@@ -163,6 +165,51 @@ TEST(HaloVolume, PerDocumentSweepEqualsCountingTokensAndAskingTheMembers) {
         }
       }
   EXPECT_GT(checked, 500);
+}
+
+TEST(HaloVolume, PartnersBySegmentsEqualStampsAndBitSets) {
+  // Members' runs of pieces (segments) only pay off on many members and long windows, where the
+  // token count above cannot go: the three ways against one another on random packings.
+  std::mt19937_64 rng(43);
+  for (const int cp : {64, 96, 256})
+    for (const int width : {1, 2, 8})
+      for (int trial = 0; trial < 4; ++trial) {
+        std::vector<std::int64_t> lengths(1 + rng() % 40);
+        for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? std::uint64_t(cp) : 8ull * cp));
+        CpConfig cfg{"p2p", {}, true, std::nullopt};
+        cfg.cu_seqlens = cu_seqlens_of(lengths);
+        const std::int64_t s = cfg.cu_seqlens.back();
+        if (s < 2 * cp) continue;
+        for (const std::int64_t left : {std::int64_t(1), std::int64_t(17), std::int64_t(cp), 5 * s, kUnbounded}) {
+          cfg.window_left = left;
+          const auto stamps = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+          ASSERT_TRUE(stamps.has_value());
+          EXPECT_EQ(swept_halo_counts(cfg, cp, width, s, PartnerCount::segments), stamps)
+              << cp << " " << width << " " << left;
+          EXPECT_EQ(swept_halo_counts(cfg, cp, width, s, PartnerCount::bits), stamps)
+              << cp << " " << width << " " << left;
+          EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *stamps);
+        }
+      }
+}
+
+TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWindows) {
+  // 256 documents of 512 at cp 65536 under a window of 4096: 131072 one-token pieces, each
+  // window 4096 of them (5·10^8 window entries, 65536² bits: the planner asked every member
+  // about every other, minutes). The documents' chunks continue one sweep over the ranks, token
+  // x on rank x mod 65536: two runs of consecutive ranks, so a window crosses at most 2 and the
+  // partners cost at most 2 steps a piece, by construction.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  cfg.cu_seqlens = cu_seqlens_of(std::vector<std::int64_t>(256, 512));
+  cfg.window_left = 4096;
+  std::int64_t visits = 0;
+  const auto h = swept_halo_counts(cfg, 65536, 1, 131072, PartnerCount::cheapest, &visits);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_LE(visits, 2 * 131072);
+  // Rank 0 holds tokens 0 and 65536: each is seen by the 4096 tokens after it, on ranks
+  // 1..4096 both times (2 · 4096 rows to 4096 ranks); token 65536's band holds tokens
+  // 61440..65535 of ranks 61440..65535 (4096 rows from 4096 ranks).
+  EXPECT_EQ((*h)[0], (HaloCounts{2 * 4096, 4096, 4096, 4096})) << show((*h)[0]);
 }
 
 TEST(HaloVolume, WindowsAtAWorldOf65536MatchTheirArithmetic) {

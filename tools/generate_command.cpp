@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/infer/cached_attention.hpp"
 #include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/io/input_file.hpp"
 #include "ulysses/io/output_file.hpp"
@@ -29,6 +29,32 @@
 #include "ulysses/comm/trace.hpp"
 
 namespace ulysses::cli {
+
+namespace {
+
+// --requests and what only it takes: concurrent requests instead of one prompt (`prompts`).
+void add_requests_options(CLI::App* c, GenerateOptions& o, const std::vector<CLI::Option*>& prompts) {
+  auto* requests =
+      c->add_option("--requests", o.requests,
+                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
+                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
+  for (CLI::Option* p : prompts) requests->excludes(p);
+  c->add_option("--requests-new-tokens", o.requests_new_tokens,
+                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
+                "default --max-new-tokens): they finish at different steps")
+      ->needs(requests);
+  c->add_option("--requests-arrive", o.requests_arrive,
+                "with --requests: the decode step each request arrives at, one a request (e.g. 0,0,4,9; NxS: N "
+                "requests at step S; default: all at 0): it is prefilled then and joins the next step")
+      ->needs(requests);
+  c->add_option("--prefill-chunk", o.prefill_chunk,
+                "with --requests: prefill an arriving prompt N tokens at a time, one piece before each decode "
+                "step, so the running requests wait for a piece, not a whole prompt, between two tokens (at least "
+                "one token a rank; default 0: each prompt whole)")
+      ->needs(requests);
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* c =
@@ -42,19 +68,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                                   "a synthetic prompt of N tokens: a sequence of the training task "
                                   "(retrieval queries answered from anywhere before them)");
   file->excludes(synthetic);
-  auto* requests =
-      c->add_option("--requests", o.requests,
-                    "concurrent requests: their synthetic prompts' lengths (e.g. 4x8192 or 1x32768,3x4096; "
-                    "request i drawn from --seed + i), decoded together, one collective per layer a step");
-  requests->excludes(file)->excludes(synthetic);
-  c->add_option("--requests-new-tokens", o.requests_new_tokens,
-                "with --requests: each request's new tokens (one count for all, or one a request, e.g. 8,32,16; "
-                "default --max-new-tokens): they finish at different steps")
-      ->needs(requests);
-  c->add_option("--requests-arrive", o.requests_arrive,
-                "with --requests: the decode step each request arrives at, one a request (e.g. 0,0,4,9; NxS: N "
-                "requests at step S; default: all at 0): it is prefilled then and joins the next step")
-      ->needs(requests);
+  add_requests_options(c, o, {file, synthetic});
   c->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
   auto* turn = input_path(c->add_option("--turn", o.turn,
                                         "then a second turn over the filled cache: a file's bytes (Ulysses over it "
@@ -179,11 +193,7 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
 // shared host, wall time would count the spells other processes held the core, which differ
 // between the kernel's pass and the read's), else wall time.
 double probe_clock() {
-  if (omp_get_max_threads() == 1) {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-  }
+  if (omp_get_max_threads() == 1) return thread_cpu_seconds();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -249,12 +259,6 @@ Bandwidth measure_bandwidth(const KvCache& cache) {
 
 namespace {
 
-double process_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
 struct Timing {
   std::vector<int> tokens;
   double ttft_s = 0, decode_s = 0, step_comm_s = 0;
@@ -274,16 +278,16 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
                 bool first) {
   Timing t;
   comm.barrier();
-  double t0 = comm.now(), c0 = process_cpu_s();
+  double t0 = comm.now(), c0 = process_cpu_seconds();
   std::vector<float> logits = first ? gen.prefill(prompt) : gen.extend(prompt);
   t.tokens.push_back(gen.next_token(logits));
   t.ttft_s = comm.now() - t0;
-  t.ttft_cpu_s = process_cpu_s() - c0;
+  t.ttft_cpu_s = process_cpu_seconds() - c0;
   comm.trace(first ? "prefill" : "next turn", t0, comm.now(), "phase");
   t.prefill_collectives = gen.stats().collectives;
   t.prefill_comm_s = gen.stats().comm_s;
   t0 = comm.now();
-  c0 = process_cpu_s();
+  c0 = process_cpu_seconds();
   for (std::int64_t i = 1; i < new_tokens; ++i) {
     const double s0 = comm.now();
     logits = gen.decode(t.tokens.back());
@@ -294,7 +298,7 @@ Timing run_turn(Communicator& comm, train::Generator& gen, const std::vector<int
     ++t.steps;
   }
   t.decode_s = comm.now() - t0;
-  t.decode_cpu_s = process_cpu_s() - c0;
+  t.decode_cpu_s = process_cpu_seconds() - c0;
   t.ttft_cpu_max_s = t.ttft_cpu_s;
   comm.allreduce_max(&t.ttft_cpu_max_s, 1);  // after the timed steps
   return t;

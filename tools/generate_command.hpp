@@ -22,6 +22,7 @@ struct GenerateOptions {
   std::string requests;             // concurrent requests: their prompt lengths (a lengths spec)
   std::string requests_new_tokens;  // and their new tokens (one count, or one a request)
   std::string requests_arrive;      // and the decode step each arrives at (one a request; empty: all at 0)
+  std::int64_t prefill_chunk = 0;   // and their prompts prefilled this many tokens between two steps (0: whole)
   std::string turn;                 // then a second turn over the cache: a file's bytes
   std::int64_t turn_tokens = 0;     // or this many synthetic tokens
   std::int64_t capacity = 0;        // KV cache tokens; 0: prompt + new tokens

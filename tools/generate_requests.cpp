@@ -114,6 +114,8 @@ Batch load_batch(Communicator& comm, const GenerateOptions& o) {
     for (std::size_t i = 0; i < lengths.size(); ++i)
       b.requests.push_back({task.held_out_batch(1, lengths[i], o.seed + i, 0).tokens, new_tokens[i], arrivals[i]});
     if (const std::string e = train::serve_error(b.requests); !e.empty()) throw Error("--requests: " + e);
+    if (const std::string e = train::prefill_chunk_error(o.prefill_chunk, comm.size()); !e.empty())
+      throw Error(fmt::format("--prefill-chunk {}: {}", o.prefill_chunk, e));
   });
   std::int64_t longest = 0;
   for (const auto& r : b.requests) longest = std::max(longest, std::int64_t(r.prompt.size()));
@@ -137,6 +139,7 @@ nlohmann::json requests_report(const Batch& b, const train::ServedRun& run) {
                         {"arrival_s", run.arrival_s[i]},
                         {"time_to_first_token_s", run.ttft_s[i]},
                         {"prefill_collectives", run.prefill_collectives[i]},
+                        {"prefill_pieces", run.prefill_pieces[i]},
                         {"first_step", first},
                         {"last_step", last},
                         {"new_tokens", run.tokens[i].size()},
@@ -145,10 +148,21 @@ nlohmann::json requests_report(const Batch& b, const train::ServedRun& run) {
   return requests;
 }
 
+// The longest a request already running waited between two of its tokens: a step's prefill work
+// before it and the step itself (a step whose requests all join it has no such request).
+nlohmann::json longest_token_gap(const train::ServedRun& run) {
+  nlohmann::json worst = nullptr;
+  for (const train::ServedStep& s : run.steps)
+    if (s.running.size() > s.joined.size() &&
+        (worst.is_null() || s.prefill_s + s.seconds > worst["seconds"].get<double>()))
+      worst = {{"step", s.step}, {"seconds", s.prefill_s + s.seconds}, {"prefill_s", s.prefill_s}};
+  return worst;
+}
+
 nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, const Batch& b,
                             const train::ServedRun& run, const std::vector<std::int64_t>& kv_bytes, double peak_rss) {
   nlohmann::json steps = nlohmann::json::array(), kv = nlohmann::json::array();
-  double decode_s = 0;
+  double decode_s = 0, decode_cpu_s = 0;
   std::int64_t decoded = 0, collectives = 0;
   for (const train::ServedStep& s : run.steps) {
     const double n = double(s.running.size());
@@ -157,11 +171,14 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
                      {"running", s.running},
                      {"joined", s.joined},
                      {"prefill_s", s.prefill_s},
+                     {"prefill_tokens", s.prefill_tokens},
                      {"seconds", s.seconds},
+                     {"cpu_s", s.cpu_s},
                      {"tokens_per_s", n / s.seconds},
                      {"collectives", s.collectives},
                      {"comm_s", s.comm_s}});
     decode_s += s.seconds;
+    decode_cpu_s += s.cpu_s;
     decoded += std::int64_t(s.running.size());
     collectives = std::max(collectives, s.collectives);
   }
@@ -177,10 +194,13 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"backend", comm.backend()},
           {"kv_layout", o.kv_layout},
           {"prefill", o.prefill},
+          {"prefill_chunk", o.prefill_chunk},
           {"requests", requests_report(b, run)},
+          {"longest_token_gap", longest_token_gap(run)},
           {"steps", steps},
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
+          {"decode_tokens_per_cpu_s", decode_cpu_s > 0 ? double(decoded) / decode_cpu_s : 0.0},
           {"kv_cache", kv},
           {"memory", memory_report(b.memory, peak_rss)}};
 }
@@ -196,21 +216,23 @@ std::string ids(const nlohmann::json& list) {
 // at its first step (after how long prefilling them), and their tokens/s.
 void print_steps(const nlohmann::json& steps) {
   for (std::size_t a = 0, e = 0; a < steps.size(); a = e) {
-    double s = 0;
+    double s = 0, cpu = 0;
     for (e = a; e < steps.size() && steps[e]["running"] == steps[a]["running"] &&
                 steps[e]["step"].get<std::int64_t>() - steps[a]["step"].get<std::int64_t>() == std::int64_t(e - a);
-         ++e)
+         ++e) {
       s += steps[e]["seconds"].get<double>();
+      cpu += steps[e]["cpu_s"].get<double>();
+    }
     const auto& first = steps[a];
     const std::int64_t from = first["step"].get<std::int64_t>(), to = steps[e - 1]["step"].get<std::int64_t>();
     const std::string joined = first["joined"].empty()
                                    ? ""
                                    : fmt::format(" ({} joined after {:.2f} ms of prefill)", ids(first["joined"]),
                                                  1e3 * first["prefill_s"].get<double>());
-    fmt::print("  {}: request{} {}{}: {:.0f} tokens/s across them ({:.3f} ms a step, {} collectives)\n",
+    fmt::print("  {}: request{} {}{}: {:.0f} tokens/s across them ({:.3f} ms a step, {:.3f} ms CPU, {} collectives)\n",
                from == to ? fmt::format("step {}", from) : fmt::format("steps {}-{}", from, to),
                first["requests"] == 1 ? "" : "s", ids(first["running"]), joined,
-               first["requests"].get<double>() * double(e - a) / s, 1e3 * s / double(e - a),
+               first["requests"].get<double>() * double(e - a) / s, 1e3 * s / double(e - a), 1e3 * cpu / double(e - a),
                first["collectives"].get<std::int64_t>());
   }
 }
@@ -232,7 +254,15 @@ void print_batch(const nlohmann::json& j) {
             : fmt::format("steps {}-{}", r["first_step"].get<std::int64_t>(), r["last_step"].get<std::int64_t>()),
         1e3 * r["time_to_first_token_s"].get<double>());
   print_steps(j["steps"]);
-  fmt::print("  decode {:.0f} tokens/s across requests\n", j["decode_tokens_per_s"].get<double>());
+  if (const auto& gap = j["longest_token_gap"]; !gap.is_null())
+    fmt::print(
+        "  a running request waited at most {:.3f} ms between two tokens (before step {}: {:.3f} ms of prefill{})\n",
+        1e3 * gap["seconds"].get<double>(), gap["step"].get<std::int64_t>(), 1e3 * gap["prefill_s"].get<double>(),
+        j["prefill_chunk"].get<std::int64_t>() > 0
+            ? fmt::format(", prompts {} tokens at a time", j["prefill_chunk"].get<std::int64_t>())
+            : std::string(", prompts whole"));
+  fmt::print("  decode {:.0f} tokens/s across requests, {:.0f} a CPU second of this process\n",
+             j["decode_tokens_per_s"].get<double>(), j["decode_tokens_per_cpu_s"].get<double>());
   for (const auto& k : j["kv_cache"])
     fmt::print("  KV cache rank {}: {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
                k["bytes"].get<std::int64_t>(), k["formula_bytes"].get<std::int64_t>(),
@@ -253,7 +283,7 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   }
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) tracer.emplace(comm);
-  const train::ServedRun run = train::serve(comm, served, b.requests);
+  const train::ServedRun run = train::serve(comm, served, b.requests, o.prefill_chunk);
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
   if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <memory>
 #include <tuple>
 
@@ -24,6 +23,7 @@
 #include "ulysses/comm/communicator.hpp"
 #include "ulysses/comm/communicator_factory.hpp"
 #include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/io/output_file.hpp"
 #include "ulysses/plan/planner.hpp"
@@ -203,15 +203,9 @@ std::string one_line(std::string text) {
 }  // namespace
 
 // Runs one strategy for real on every rank `runs` times: each run's seconds on the slowest rank.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
 std::vector<double> measure_runs(Communicator& comm, const PlanInput& in, const CpConfig& cfg, int runs,
                                  StepClock clock) {
-  auto now = [&] { return clock == StepClock::cpu ? cpu_seconds() : comm.now(); };
+  auto now = [&] { return clock == StepClock::cpu ? process_cpu_seconds() : comm.now(); };
   const int cp = comm.size();
   const std::int64_t n = total_tokens(rank_chunks(cfg, cp, comm.rank(), in.seq));
   const std::int64_t nk = total_tokens(rank_chunks(cfg, cp, comm.rank(), kv_seq_of(in)));

@@ -74,8 +74,6 @@ PlanRequest plan_request(const PlanOptions& opt, int ranks);
 // are its wall seconds on a quiet machine (for steps whose transfers the CPUs make: shared
 // memory, not a network's wire time).
 enum class StepClock { wall, cpu };
-// Not collective: this process's CPU seconds (all its threads).
-double cpu_seconds();
 // Collective over `comm`: runs the strategy `cfg` at in's shape `runs` times (forward and
 // backward; forward alone in the forward and prefill modes) and returns each run's seconds on
 // the slowest rank, the same on every rank.

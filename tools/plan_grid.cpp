@@ -15,6 +15,7 @@
 #include "plan_command.hpp"
 #include "rank_errors.hpp"
 #include "report.hpp"
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/plan/calibrate_kernel.hpp"
 #include "ulysses/cp/kernel_model.hpp"
@@ -81,12 +82,12 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d, bool backward) {
   const AttentionParams p{.causal = true};
   std::vector<double> t;
   for (int i = 0; i < 6; ++i) {
-    const double t0 = cpu_seconds();
+    const double t0 = process_cpu_seconds();
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
     if (backward)
       flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
                                lse.view(), p);
-    if (i > 0) t.push_back(cpu_seconds() - t0);
+    if (i > 0) t.push_back(process_cpu_seconds() - t0);
   }
   double seconds = median(t);
   comm.allreduce_max(&seconds, 1);
@@ -102,9 +103,9 @@ double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, 
   const AttentionParams p{.causal = true, .q_offset = keys - n};
   std::vector<double> t;
   for (int i = 0; i < 4; ++i) {
-    const double t0 = cpu_seconds();
+    const double t0 = process_cpu_seconds();
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-    if (i > 0) t.push_back(cpu_seconds() - t0);
+    if (i > 0) t.push_back(process_cpu_seconds() - t0);
   }
   // The call's pack of its K and V (once a call, however many queries: a prompt's call amortises
   // it, this probe's would not), priced apart as the planner prices it.
@@ -131,8 +132,8 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   c.kernel.call_s /= load;  // the fixed cost per call is the CPUs' work too
   // The merge and the copy timed again in CPU seconds, as the steps are: scaled by a load
   // measured at another moment, the merge's rate moved 3-8x between calibrations.
-  calibrate_merge(comm, in.head_dim, cpu_seconds, 15, c.kernel);
-  calibrate_pack(comm, in.head_dim, in.dtype, cpu_seconds, 7, c.kernel);
+  calibrate_merge(comm, in.head_dim, process_cpu_seconds, 15, c.kernel);
+  calibrate_pack(comm, in.head_dim, in.dtype, process_cpu_seconds, 7, c.kernel);
 }
 
 namespace {
@@ -153,7 +154,7 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     // The cache term, reported beside the plan (plan_with_cache), timed as the steps are.
     calibrate_cache(
         comm, c.in.head_dim, c.in.dtype,
-        clock == StepClock::cpu ? std::function<double()>(cpu_seconds) : [&] { return comm.now(); }, 5,
+        clock == StepClock::cpu ? std::function<double()>(process_cpu_seconds) : [&] { return comm.now(); }, 5,
         c.in.cluster.kernel);
     auto it = best.find(c.in.head_dim);
     if (it == best.end() || c.in.cluster.peak_flops > it->second.peak_flops) best[c.in.head_dim] = c.in.cluster;

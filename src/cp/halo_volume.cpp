@@ -268,23 +268,96 @@ void partners_by_bits(const std::vector<Piece>& p, const std::vector<std::pair<s
   }
 }
 
+// The position-sorted pieces as segments (starts, then p.size()) along which the member steps by
+// 0 or 1 in one direction: the owners of any stretch of a segment are the members between its
+// ends'. Per-document zigzag deals each document's chunks in sweeps over the ranks, so a window
+// over thousands of pieces crosses a few segments.
+std::vector<std::size_t> member_segments(const std::vector<Piece>& p) {
+  std::vector<std::size_t> starts{0};
+  int dir = 0;
+  for (std::size_t i = 1; i < p.size(); ++i) {
+    const int d = p[i].member - p[i - 1].member;
+    if (d == 0 || ((d == 1 || d == -1) && (dir == 0 || dir == d))) {
+      dir = d == 0 ? dir : d;
+      continue;
+    }
+    starts.push_back(i);
+    dir = 0;
+  }
+  starts.push_back(p.size());
+  return starts;
+}
+
+// Partners from each member's windows as intervals of members, one a segment a window crosses,
+// merged; `back` by a difference array over the merged intervals. O(pieces + Σ segments crossed
+// · log): the count does not grow with the windows' lengths.
+void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
+                          const std::vector<std::size_t>& starts, const std::vector<std::size_t>& seg_of,
+                          std::vector<HaloCounts>& h) {
+  const std::size_t m = h.size();
+  std::vector<std::vector<std::size_t>> of(m);
+  for (std::size_t i = 0; i < p.size(); ++i) of[std::size_t(p[i].member)].push_back(i);
+  std::vector<std::int64_t> diff(m + 1, 0);
+  std::vector<Range> iv;
+  for (std::size_t me = 0; me < m; ++me) {
+    iv.clear();
+    for (const std::size_t i : of[me]) {
+      const auto [lo, hi] = w[i];
+      if (lo < hi)
+        for (std::size_t s = seg_of[lo]; s <= seg_of[hi - 1]; ++s) {
+          const int x = p[std::max(starts[s], lo)].member, y = p[std::min(starts[s + 1], hi) - 1].member;
+          iv.push_back({std::min(x, y), std::max(x, y) + 1});
+        }
+    }
+    std::sort(iv.begin(), iv.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+    std::int64_t covered = 0, count = 0;
+    bool self = false;
+    for (const Range& r : iv) {
+      const std::int64_t lo = std::max(r.lo, covered);
+      if (r.hi <= lo) continue;
+      count += r.hi - lo, ++diff[std::size_t(lo)], --diff[std::size_t(r.hi)];
+      self = self || (lo <= std::int64_t(me) && std::int64_t(me) < r.hi);
+      covered = r.hi;
+    }
+    h[me].to += count - self;
+    h[me].back -= self;  // counted in diff as its own partner
+  }
+  std::int64_t running = 0;
+  for (std::size_t r = 0; r < m; ++r) h[r].back += running += diff[r];
+}
+
 // Members up to which partners may be kept as bit sets (members² bits: 8 MiB), and the window
 // sizes summed past which stamps are too slow (a few seconds): beyond both, the members are asked.
 constexpr std::size_t kBitMembers = 8192;
 constexpr Wide kMostStamps = Wide(1) << 28;
+// A crossed segment's price in stamps or bit-set words: an interval pushed, sorted and merged,
+// where a stamp is a load and a compare and a word one OR. Segments are taken where they save
+// an order of magnitude (cp 65536, documents of 512, a window of 4096: 2·10^6 crossings against
+// 5·10^8 stamps), not where bit sets are about as cheap (cp 1024: both ~10^7).
+constexpr Wide kSegmentCost = 16;
 
 // The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
 // held as the union of the member's bands less its own rows, the partners from each piece's
-// window (stamps or bit sets, whichever costs less). Empty when both cost too much.
+// window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, int members, std::int64_t left,
-                                                         std::int64_t seq) {
+                                                         std::int64_t seq, PartnerCount how, std::int64_t* visits) {
   std::sort(p.begin(), p.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   const std::vector<std::pair<std::size_t, std::size_t>> w = piece_windows(p, left);
-  Wide stamps = 0;
-  for (const auto& [lo, hi] : w) stamps += Wide(hi - lo);
+  const std::vector<std::size_t> starts = member_segments(p);
+  std::vector<std::size_t> seg_of(p.size());
+  for (std::size_t s = 0; s + 1 < starts.size(); ++s)
+    std::fill(seg_of.begin() + starts[s], seg_of.begin() + starts[s + 1], s);
+  Wide stamps = 0, crossed = 0;
+  for (const auto& [lo, hi] : w)
+    if (lo < hi) stamps += Wide(hi - lo), crossed += Wide(seg_of[hi - 1] - seg_of[lo] + 1);
   const std::size_t m = std::size_t(members);
-  const Wide bits = Wide(p.size()) * Wide((m + 63) / 64);
-  if (stamps > kMostStamps && m > kBitMembers) return std::nullopt;
+  const Wide bits = m > kBitMembers ? stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
+  if (how == PartnerCount::cheapest) {
+    if (std::min(stamps, crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
+    how = kSegmentCost * crossed < std::min(stamps, bits)
+              ? PartnerCount::segments
+              : (stamps <= bits ? PartnerCount::stamps : PartnerCount::bits);
+  }
   const std::vector<Wide> given = swept_given(p, members, left);
   std::vector<HaloCounts> h(m);
   std::vector<std::int64_t> covered(m, 0);
@@ -295,19 +368,34 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(std::vector<Piece> p, i
     covered[me] = std::max(covered[me], c.end);
   }
   for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
-  if (m > kBitMembers || stamps <= bits)
+  if (visits != nullptr)
+    *visits = std::int64_t(how == PartnerCount::segments ? crossed
+                           : how == PartnerCount::stamps ? stamps
+                                                         : Wide(p.size()) * Wide((m + 63) / 64));
+  if (how == PartnerCount::segments)
+    partners_by_segments(p, w, starts, seg_of, h);
+  else if (how == PartnerCount::stamps)
     partners_by_stamps(p, w, h);
   else
     partners_by_bits(p, w, h);
   return h;
 }
 
+std::vector<Piece> pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  std::vector<Piece> pieces;
+  for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
+    pieces.push_back({c.begin, c.begin + c.length, r / width});
+  });
+  return pieces;
+}
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
-// kept for the next rank of the same layout (it reads the documents, cp, width, seq and window).
-std::optional<std::vector<HaloCounts>> swept_members(const CpConfig& config, int cp, int width, std::int64_t seq) {
+// kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
+// and lent, not copied: a copy a rank is cp² counts.
+const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int width, std::int64_t seq) {
   const int members = cp / width;
-  if (token_layout(config) != TokenLayout::per_document) return std::nullopt;
+  if (token_layout(config) != TokenLayout::per_document) return nullptr;
   struct Last {
     std::vector<std::int64_t> cu;
     std::array<std::int64_t, 4> sizes{};  // cp, width, seq, window_left
@@ -316,19 +404,22 @@ std::optional<std::vector<HaloCounts>> swept_members(const CpConfig& config, int
   thread_local Last last;
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
-    std::vector<Piece> pieces;
-    for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
-      pieces.push_back({c.begin, c.begin + c.length, r / width});
-    });
     std::optional<std::vector<HaloCounts>> swept =
-        swept_halo_counts(std::move(pieces), members, config.window_left, seq);
-    if (!swept) return std::nullopt;
+        swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq, PartnerCount::cheapest,
+                          nullptr);
+    if (!swept) return nullptr;
     last = {config.cu_seqlens, sizes, std::move(*swept)};
   }
-  return last.counts;
+  return &last.counts;
 }
 
 }  // namespace
+
+std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
+                                                         PartnerCount how, std::int64_t* visits) {
+  if (token_layout(config) != TokenLayout::per_document) return std::nullopt;
+  return swept_halo_counts(pieces_of(config, cp, width, seq), cp / width, config.window_left, seq, how, visits);
+}
 
 HaloCounts walked_halo_counts(int members, int me, const std::function<std::vector<SeqChunk>(int)>& chunks_of,
                               const AttentionParams& params) {
@@ -369,7 +460,7 @@ HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, st
 }
 
 std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq) {
-  if (auto swept = swept_members(config, cp, width, seq)) return std::move(*swept);
+  if (const auto* swept = swept_members(config, cp, width, seq)) return *swept;
   std::vector<HaloCounts> h;
   for (int m = 0; m < cp / width; ++m) h.push_back(halo_counts(config, cp, width, m, seq));
   return h;

@@ -101,9 +101,18 @@ struct HaloCounts {
 HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq);
 
 // halo_counts of every member, at once (per-document zigzag: one sweep over every rank's chunks,
-// O(chunks · log chunks) and the partners' windows by stamps or bit sets, whichever is cheaper;
-// member by member only when both would be too costly).
+// O(chunks · log chunks) and the partners' windows by stamps, bit sets or member segments,
+// whichever is cheapest; member by member only when all would be too costly).
 std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq);
+
+// The per-document sweep's ways of counting partners: the tests hold each against the others.
+enum class PartnerCount { cheapest, stamps, bits, segments };
+// The sweep's counts of every member with partners counted `how` (per-document zigzag, causal);
+// empty for other layouts, or when `cheapest` finds every way too costly. `visits`, if given:
+// the partner count's steps (window entries, bit-set words or segments crossed), so a test can
+// bound the work instead of timing it.
+std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
+                                                         PartnerCount how, std::int64_t* visits = nullptr);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed

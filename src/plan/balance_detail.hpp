@@ -57,6 +57,9 @@ struct Schedule {
 
 // The execution model: in increasing index, a sequence starts when all its group is free.
 Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds);
+// The same into `s`, reusing its storage: a search simulating hundreds of times at a large world
+// would otherwise page-fault two fresh vectors of the world each time.
+void simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds, Schedule& s);
 // Where a group of `size` ranks may start (balancer.cpp's top comment), ascending.
 std::vector<int> placements(const Cluster& cluster, int world, int size);
 // Throws the Error for sequence i fitting no group (`where`: " of a power-of-two size" or "").
@@ -65,6 +68,14 @@ std::vector<int> placements(const Cluster& cluster, int world, int size);
 BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest);
 // Sequence indices by decreasing key, ties by index.
 std::vector<std::size_t> decreasing(const std::vector<double>& key);
+// Runs of bit-identical times: end[x] is the first rank after x whose time differs (or the size).
+// Into `end`, whose storage is reused: at large worlds a fresh vector a state is a page-faulted mmap.
+void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end);
+// The placements p.. q − 1 of `firsts` (ascending) whose windows of `size` ranks all lie in the
+// run holding firsts[p]'s window, q returned (p + 1 when that window crosses runs): each of them
+// reads the same values in the same order, so its busiest member and its sum are the same bits.
+std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int size,
+                            const std::vector<std::uint32_t>& run_end);
 // The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
                                          const std::vector<std::vector<BalanceGroup>>& baselines);

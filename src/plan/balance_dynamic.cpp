@@ -50,6 +50,15 @@ class OptionList {
   Iter begin() const { return {this, 0}; }
   Iter end() const { return {this, sizes_->size()}; }
   Option back() const { return at(sizes_->size() - 1, (*firsts_)[std::size_t(sizes_->back().size)].size() - 1); }
+  // f(first option index, size, seconds, placements) for each size, in option order.
+  template <class F>
+  void for_each_size(F f) const {
+    std::size_t k = 0;
+    for (const SizeOption& o : *sizes_) {
+      f(k, o.size, o.seconds, (*firsts_)[std::size_t(o.size)]);
+      k = o.end;
+    }
+  }
   Option operator[](std::size_t k) const {
     const auto s = std::upper_bound(sizes_->begin(), sizes_->end(), k,
                                     [](std::size_t k, const SizeOption& o) { return k < o.end; });
@@ -87,6 +96,22 @@ class Options {
   std::vector<std::uint32_t> list_of_;
   std::map<std::int64_t, std::uint32_t> index_;
 };
+
+// f(option, k, count) for the options k.. k + count − 1 of `list`, the first standing for all:
+// placements of one size whose windows lie in one run of equal free times (`run_end`, see
+// run_ends) end at the same time and add the same total, whatever their place. Free times are
+// runs (ranks no sequence has reached yet, groups filled at once), so a list of every placement
+// (hundreds of thousands at large worlds) is read as a few classes.
+template <class F>
+void for_each_class(const OptionList& list, const std::vector<std::uint32_t>& run_end, F f) {
+  list.for_each_size([&](std::size_t k0, int size, double seconds, const std::vector<int>& firsts) {
+    for (std::size_t p = 0; p < firsts.size();) {
+      const std::size_t q = same_window_end(firsts, p, size, run_end);
+      f(Option{{firsts[p], size}, seconds}, k0 + p, q - p);
+      p = q;
+    }
+  });
+}
 
 // Every size up to 16, then sizes with at most 4 significant bits, then world: ~8 per octave.
 std::vector<int> size_ladder(int world) {
@@ -134,16 +159,19 @@ std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& opti
   for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
   std::vector<double> load(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups(n);
+  std::vector<std::uint32_t> run_end;
   for (std::size_t i : decreasing(fastest)) {
     Option best;
     double best_end = -1;
-    for (const Option& o : options[i]) {
+    // Ties go to the first option: one of a class is as good as the others.
+    run_ends(load, run_end);
+    for_each_class(options[i], run_end, [&](const Option& o, std::size_t, std::size_t) {
       const auto first = load.begin() + o.group.first_rank;
       const double end = *std::max_element(first, first + o.group.size) + o.seconds;
       if (best_end < 0 || end < best_end ||
           (end == best_end && o.seconds * o.group.size < best.seconds * best.group.size))
         best = o, best_end = end;
-    }
+    });
     groups[i] = best.group;
     std::fill(load.begin() + best.group.first_rank, load.begin() + best.group.first_rank + best.group.size, best_end);
   }
@@ -178,14 +206,19 @@ constexpr std::size_t kMaxBeam = 1024;
 // is exact): each state is the ranks' free times; a child places the next sequence on one of its
 // options; states rank by a lower bound on their final step time (the busiest rank, or all ranks'
 // time plus the least rank·seconds the remaining sequences need, over world), then by total free
-// time. Identical states are kept once.
+// time. Identical states are kept once: a state's hash is a sum over ranks, so a child's is its
+// parent's updated on the group's ranks, not read from a world of free times.
+std::uint64_t rank_hash(std::size_t rank, double x) {
+  std::uint64_t z = 0;
+  std::memcpy(&z, &x, sizeof z);
+  z += 0x9e3779b97f4a7c15ull * (rank + 1);  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 std::uint64_t hash_of(const std::vector<double>& v) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (double x : v) {
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &x, sizeof bits);
-    h = (h ^ bits) * 1099511628211ull;
-  }
+  std::uint64_t h = 0;
+  for (std::size_t r = 0; r < v.size(); ++r) h += rank_hash(r, v[r]);
   return h;
 }
 
@@ -213,9 +246,10 @@ BeamShape beam_shape(const BalanceInput& in, const Options& options) {
   rest.assign(n + 1, 0.0);
   double work = 0;
   for (std::size_t i = n; i-- > 0;) {
-    double least = -1;
-    for (const Option& o : options[i])
-      least = least < 0 ? o.seconds * o.group.size : std::min(least, o.seconds * o.group.size);
+    double least = -1;  // placements of a size cost alike: one a size
+    options[i].for_each_size([&](std::size_t, int size, double seconds, const std::vector<int>&) {
+      least = least < 0 ? seconds * size : std::min(least, seconds * size);
+    });
     rest[i] = rest[i + 1] + least;
     work += double(options[i].size()) * (double(options[i].back().group.size) + 8) + double(world);
   }
@@ -255,10 +289,10 @@ double ahead(const BeamShape& shape, const Options& options, std::vector<double>
   const Longest& l = shape.longest_after[from];
   for (std::uint32_t k = 0; k < l.count; ++k) {
     double least = -1;
-    for (const Option& o : options[l.at[k]]) {
-      const double t = free[std::size_t(o.group.size - 1)] + o.seconds;
+    options[l.at[k]].for_each_size([&](std::size_t, int size, double seconds, const std::vector<int>&) {
+      const double t = free[std::size_t(size - 1)] + seconds;
       least = least < 0 ? t : std::min(least, t);
-    }
+    });
     lb = std::max(lb, least);
   }
   return lb;
@@ -280,11 +314,13 @@ std::vector<BalanceGroup> groups_of(const Options& options, const std::vector<st
 struct BeamState {
   std::vector<double> free;
   double most = 0, total = 0;
+  std::uint64_t hash = 0;  // hash_of(free)
 };
-// A state not yet made: scored from its parent without copying it.
+// States not yet made: options option.. option + count − 1 of a parent (one class, see
+// for_each_class: the same bound and total), scored from the parent without copying it.
 struct BeamChild {
   double bound, total;
-  std::size_t parent, option;
+  std::size_t parent, option, count;
 };
 // How a kept state was reached: its parent in the level before and the option taken.
 struct BeamStep {
@@ -297,27 +333,32 @@ std::vector<BeamChild> beam_children(const BeamShape& shape, const Options& opti
                                      std::size_t i, bool area_bound) {
   const std::size_t n = options.size(), world = beam[0].free.size();
   std::vector<BeamChild> children;
-  for (std::size_t b = 0; b < beam.size(); ++b)
-    for (std::size_t k = 0; const Option& o : options[i]) {
+  std::vector<std::uint32_t> run_end;
+  for (std::size_t b = 0; b < beam.size(); ++b) {
+    run_ends(beam[b].free, run_end);
+    for_each_class(options[i], run_end, [&](const Option& o, std::size_t k, std::size_t count) {
       const auto first = beam[b].free.begin() + o.group.first_rank, last = first + o.group.size;
       const double end = *std::max_element(first, last) + o.seconds;
       const double total = beam[b].total + end * o.group.size - std::accumulate(first, last, 0.0);
       const double most = std::max(beam[b].most, end);
       double bound = area_bound ? std::max(most, (total + shape.rest[i + 1]) / double(world)) : most;
-      if (area_bound && shape.look_ahead && i + 1 < n) {
+      if (area_bound && shape.look_ahead && i + 1 < n) {  // the class's free times sort alike
         std::vector<double> free = beam[b].free;
         std::fill(free.begin() + o.group.first_rank, free.begin() + o.group.first_rank + o.group.size, end);
         bound = std::max(bound, ahead(shape, options, std::move(free), i + 1));
       }
-      children.push_back({bound, total, b, k++});
-    }
+      children.push_back({bound, total, b, k, count});
+    });
+  }
   return children;
 }
 
 // The next level: the best `width` distinct states among the children, made in order; how each
-// was reached goes to `steps`.
+// was reached goes to `steps`. States reuse the storage of those in `spare` (a world of free times
+// each: fresh ones would be page-faulted afresh at every level).
 std::vector<BeamState> beam_level(std::vector<BeamChild>& children, const std::vector<BeamState>& beam,
-                                  const OptionList& level, std::size_t width, std::vector<BeamStep>& steps) {
+                                  const OptionList& level, std::size_t width, std::vector<BeamStep>& steps,
+                                  std::vector<BeamState>& spare) {
   // By bound, then total, then as made (a total order: the stable sort's), sorted only as far
   // as the beam reads: a level keeps `width` states of many children, on large steps one.
   auto before = [](const BeamChild& a, const BeamChild& b) {
@@ -333,28 +374,42 @@ std::vector<BeamState> beam_level(std::vector<BeamChild>& children, const std::v
     if (at == sorted)
       std::sort(children.begin() + std::ptrdiff_t(at), children.end(), before), sorted = children.size();
     const BeamChild& c = children[at];
-    const Option& o = level[c.option];
-    BeamState s{beam[c.parent].free, 0, c.total};
-    const auto first = s.free.begin() + o.group.first_rank, last = first + o.group.size;
-    std::fill(first, last, *std::max_element(first, last) + o.seconds);
-    s.most = *std::max_element(s.free.begin(), s.free.end());
-    std::vector<std::size_t>& same = kept[hash_of(s.free)];
-    if (std::any_of(same.begin(), same.end(), [&](std::size_t k) { return next[k].free == s.free; })) continue;
-    same.push_back(next.size());
-    steps.push_back({c.parent, c.option});
-    next.push_back(std::move(s));
+    for (std::size_t k = c.option; k < c.option + c.count && next.size() < width; ++k) {
+      const Option& o = level[k];
+      BeamState s;
+      if (!spare.empty()) s = std::move(spare.back()), spare.pop_back();
+      s.free.assign(beam[c.parent].free.begin(), beam[c.parent].free.end());
+      s.total = c.total;
+      s.hash = beam[c.parent].hash;
+      const std::size_t lo = std::size_t(o.group.first_rank), hi = lo + std::size_t(o.group.size);
+      const double end =
+          *std::max_element(s.free.begin() + std::ptrdiff_t(lo), s.free.begin() + std::ptrdiff_t(hi)) + o.seconds;
+      for (std::size_t r = lo; r < hi; ++r) s.hash += rank_hash(r, end) - rank_hash(r, s.free[r]), s.free[r] = end;
+      s.most = std::max(beam[c.parent].most, end);  // only the group's times move, up to `end`
+      std::vector<std::size_t>& same = kept[s.hash];
+      if (std::any_of(same.begin(), same.end(), [&](std::size_t j) { return next[j].free == s.free; })) {
+        spare.push_back(std::move(s));
+        continue;
+      }
+      same.push_back(next.size());
+      steps.push_back({c.parent, k});
+      next.push_back(std::move(s));
+    }
   }
   return next;
 }
 
 std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
   const BeamShape shape = beam_shape(in, options);
-  std::vector<BeamState> beam(1);
+  std::vector<BeamState> beam(1), spare;
   beam[0].free.assign(std::size_t(in.world), 0.0);
+  beam[0].hash = hash_of(beam[0].free);
   std::vector<std::vector<BeamStep>> trail(options.size());
   for (std::size_t i = 0; i < options.size(); ++i) {
     std::vector<BeamChild> children = beam_children(shape, options, beam, i, area_bound);
-    beam = beam_level(children, beam, options[i], shape.width, trail[i]);
+    std::vector<BeamState> next = beam_level(children, beam, options[i], shape.width, trail[i], spare);
+    for (BeamState& s : beam) spare.push_back(std::move(s));
+    beam = std::move(next);
   }
   return groups_of(options, trail);
 }
@@ -365,7 +420,7 @@ constexpr double kSearchBudget = 4e7;
 void improve(const BalanceInput& in, const Options& options, std::vector<BalanceGroup>& groups,
              std::vector<double>& seconds) {
   const std::size_t n = groups.size();
-  Schedule cur = simulate(in.world, groups, seconds);
+  Schedule cur = simulate(in.world, groups, seconds), s, best_sched;
   double spent = 0, cost = double(in.world);  // rank-steps of one simulation
   for (const BalanceGroup& g : groups) cost += g.size;
   for (bool moved = true; moved && spent < kSearchBudget;) {
@@ -378,13 +433,13 @@ void improve(const BalanceInput& in, const Options& options, std::vector<Balance
       const double was_s = seconds[i];
       BalanceGroup best = was;
       double best_s = was_s;
-      Schedule best_sched = cur;
+      best_sched = cur;
       for (const Option& o : options[i]) {
         if (o.group == was) continue;
         if (spent >= kSearchBudget) break;
         groups[i] = o.group;
         seconds[i] = o.seconds;
-        const Schedule s = simulate(in.world, groups, seconds);
+        simulate(in.world, groups, seconds, s);
         spent += cost;
         if (s.better_than(best_sched)) best = o.group, best_s = o.seconds, best_sched = s;
       }

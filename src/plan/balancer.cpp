@@ -171,6 +171,11 @@ namespace balance_detail {
 // The execution model: in increasing index, a sequence starts when all its group is free.
 Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds) {
   Schedule s;
+  simulate(world, groups, seconds, s);
+  return s;
+}
+
+void simulate(int world, const std::vector<BalanceGroup>& groups, const std::vector<double>& seconds, Schedule& s) {
   s.finish.assign(std::size_t(world), 0.0);
   s.busy.assign(std::size_t(world), 0.0);
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -182,7 +187,6 @@ Schedule simulate(int world, const std::vector<BalanceGroup>& groups, const std:
   }
   s.step = *std::max_element(s.finish.begin(), s.finish.end());
   s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
-  return s;
 }
 
 // Where a group of `size` ranks may start (see the top of the file), ascending.
@@ -224,6 +228,20 @@ BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int
     if (*busiest < 0 || m < *busiest) *busiest = m, best.first_rank = f;
   }
   return best;
+}
+
+void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end) {
+  end.resize(times.size());
+  for (std::size_t x = times.size(); x-- > 0;)
+    end[x] = x + 1 < times.size() && std::memcmp(&times[x], &times[x + 1], sizeof(double)) == 0 ? end[x + 1]
+                                                                                                : std::uint32_t(x + 1);
+}
+
+std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int size,
+                            const std::vector<std::uint32_t>& run_end) {
+  const std::int64_t last_first = std::int64_t(run_end[std::size_t(firsts[p])]) - size;
+  if (firsts[p] > last_first) return p + 1;
+  return std::size_t(std::upper_bound(firsts.begin() + std::ptrdiff_t(p), firsts.end(), last_first) - firsts.begin());
 }
 
 // Sequence indices by decreasing key, ties by index.

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 
 namespace ulysses::train {
@@ -66,12 +66,6 @@ Generator::Generator(Communicator& comm, const GptConfig& model, const std::vect
 }
 
 namespace {
-
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 // One layer of `c` on N rows of x (in place) at positions pos; attend(l, q, k, v, out) is its
 // attention. The Generator's layer and the prefill row probe's alike.

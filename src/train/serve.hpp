@@ -4,6 +4,11 @@
 // the requests running (one collective per layer for all of them), and every request has its own
 // cache, so a request that joins mid-way changes nothing of the others: each request's tokens are
 // those of generating it alone.
+//
+// A long prompt's prefill stalls every running request until it is done (here thousands of
+// their steps). With a prefill chunk, as vLLM's and Sarathi-Serve's chunked prefill, a prompt
+// is prefilled a piece at a time between the decode steps, so a running request waits for one
+// piece between two of its tokens, and the joining request gets its first token later.
 #pragma once
 
 #include <cstddef>
@@ -26,16 +31,20 @@ struct ServedRequest {
 struct ServedStep {
   std::int64_t step = 0;                     // its number: the steps run before it plus one, idle ones counted
   std::vector<std::size_t> running, joined;  // the requests it decoded; those whose first step it was
-  double prefill_s = 0;            // the prefills of the requests that arrived since the previous step (before it)
-  double seconds = 0, comm_s = 0;  // the step itself, and its time in collectives
+  double prefill_s = 0;                      // the prefill work since the previous step (before it)
+  std::int64_t prefill_tokens = 0;           // the prompt tokens it prefilled
+  double seconds = 0, comm_s = 0;            // the step itself, and its time in collectives
+  // Its CPU seconds in this process: a clock the host's other load does not stretch.
+  double cpu_s = 0;
   std::int64_t collectives = 0;
 };
 
 struct ServedRun {
-  std::vector<std::vector<int>> tokens;  // each request's, in request order
-  std::vector<double> arrival_s;         // each request's arrival, seconds after the start
-  std::vector<double> ttft_s;            // its first token, seconds after its arrival (its wait included)
-  std::vector<std::int64_t> prefill_collectives;
+  std::vector<std::vector<int>> tokens;           // each request's, in request order
+  std::vector<double> arrival_s;                  // each request's arrival, seconds after the start
+  std::vector<double> ttft_s;                     // its first token, seconds after its arrival (its wait included)
+  std::vector<std::int64_t> prefill_collectives;  // over all its pieces
+  std::vector<std::int64_t> prefill_pieces;       // how many pieces its prompt was prefilled in
   std::vector<ServedStep> steps;
 };
 
@@ -46,13 +55,23 @@ inline constexpr std::int64_t kMaxArrivalStep = std::int64_t(1) << 62;
 // request without a prompt, a new token or a valid arrival step, named by its index.
 std::string serve_error(const std::vector<ServedRequest>& requests);
 
+// Not collective. "" when prompts can be prefilled `chunk` tokens at a time at cp ranks (0: each
+// whole), else why not: a piece needs a token a rank.
+std::string prefill_chunk_error(std::int64_t chunk, int cp);
+
 // Collective. gens[i] (one model, parameters and layout; its own cache) serves requests[i]. The
 // clock is the decode step: after step s (s = 0: at the start), the requests arriving at s are
 // prefilled in request order (each one's time to first token counts from s's end, so it includes
 // the prefills before it), then step s + 1 decodes every request still short of its tokens. While
 // nothing is running the clock moves to the next arrival at once: a step with nothing to decode
-// is not run. Puts its phases on the communicator's timeline (arrivals, prefills, steps). Throws
-// Error (the same on every rank) for serve_error's problems or gens.size() != requests.size().
-ServedRun serve(Communicator& comm, const std::vector<Generator*>& gens, const std::vector<ServedRequest>& requests);
+// is not run. With prefill_chunk C > 0 the arrived requests queue in arrival order and each step
+// is preceded by one piece of the first one's prompt: C tokens (the first by prefill, the next by
+// extend), the rest of it when fewer than C + cp are left, so no piece is shorter than cp; a
+// request joins the step after its last piece; while nothing is running, pieces run back to back.
+// Puts its phases on the communicator's timeline (arrivals, prefills, steps). Throws Error (the
+// same on every rank) for serve_error's and prefill_chunk_error's problems or gens.size() !=
+// requests.size().
+ServedRun serve(Communicator& comm, const std::vector<Generator*>& gens, const std::vector<ServedRequest>& requests,
+                std::int64_t prefill_chunk = 0);
 
 }  // namespace ulysses::train
