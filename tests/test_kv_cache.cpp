@@ -200,14 +200,16 @@ TEST(CachedAttention, LocalKernelOverManyRowsEqualsFloat64) {
 // Every way the kernel cuts a GQA group (units of 4, 2 and 1 query heads on one KV head), head
 // sizes with and without a tail past whole vectors, a rank's slice of the query heads starting
 // inside a group and of the KV heads from a later one, and row counts that leave a short last
-// block: each against float64.
+// block (the prefetches a kilobyte ahead then run past the rows), Llama's head size 128 under GQA
+// and many blocks at 32: each against float64.
 TEST(CachedAttention, LocalKernelOverEveryGqaShapeEqualsFloat64) {
   struct Case {
     std::int64_t h, hkv, d, q_first, q_count, kv_first, rows;
   };
   const Case cases[] = {{8, 2, 64, 0, 8, 0, 3001},  {8, 8, 32, 0, 8, 0, 700},   {6, 2, 12, 0, 6, 0, 333},
                         {12, 2, 20, 0, 12, 0, 129}, {5, 1, 8, 0, 5, 0, 65},     {8, 2, 64, 2, 5, 0, 300},
-                        {8, 4, 16, 3, 4, 1, 97},    {16, 2, 24, 9, 7, 1, 1000}, {4, 4, 3, 1, 2, 1, 7}};
+                        {8, 4, 16, 3, 4, 1, 97},    {16, 2, 24, 9, 7, 1, 1000}, {4, 4, 3, 1, 2, 1, 7},
+                        {8, 2, 128, 0, 8, 0, 1001}, {4, 4, 32, 0, 4, 0, 4099}};
   for (const Case& c : cases) {
     const Rows q(7, 1, c.h, c.d), k(8, c.rows, c.hkv, c.d), v(9, c.rows, c.hkv, c.d);
     const std::int64_t group = c.h / c.hkv, held = (c.q_first + c.q_count - 1) / group - c.kv_first + 1;

@@ -48,6 +48,45 @@ typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
   return exp_poly(r) * (vf)(((vu)km << 23) + (127u << 23));
 }
 
+// How far ahead of the row it reads each stream (K in scores_of, V in pv_of) asks for its lines
+// (prefetcht0). The pass does about 8 cycles of work per 128-byte row at d = 32: a core's
+// out-of-order window then holds a few rows' loads, not the dozens of lines in flight that
+// DRAM's latency needs, and the hardware prefetchers restart at every 4 KiB page, one block of K
+// or V at d = 32. A kilobyte ahead (8 rows at d = 32, 2 at 128) measured best of 0.5–16 KiB at
+// 32k context (docs/perf.md v38): a block ahead (4–16 KiB) ran slower, the lines arriving before
+// they were needed and, at d = 128, pushing the block being read out of L1.
+constexpr std::int64_t kPrefetchBytes = 1024;
+
+// Every line of the row kPrefetchBytes further on in the stream (the next block's rows at a
+// block's end: each KV head's rows are contiguous). Past the end it asks for lines nobody reads,
+// a kilobyte a stream and call; a prefetch never faults.
+template <int NV>
+[[gnu::always_inline]] inline void prefetch_ahead(const float* row, std::int64_t stride) {
+  constexpr std::int64_t ahead = std::max<std::int64_t>(1, kPrefetchBytes / (NV * W * 4));
+  const float* next = row + ahead * stride;
+  for (int c = 0; c < NV * W; c += 64 / 4) __builtin_prefetch(next + c, 0, 3);
+}
+
+// x's lanes folded by op in log2(W) shuffles: every lane ends with the fold of all of them. A
+// scalar loop over the lanes is a chain of W dependent maxes or adds (64 cycles at W = 16), and
+// softmax_of ran two of them per head and block (the pass in L2: 5–12 % faster folded).
+template <class Op>
+[[gnu::always_inline]] inline float fold(vf x, Op op) {
+#if DECODE_W == 16
+  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+#else
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6));
+#endif
+  return x[0];
+}
+[[gnu::always_inline]] inline vf vmax(const vf& a, const vf& b) { return a > b ? a : b; }
+[[gnu::always_inline]] inline vf vadd(const vf& a, const vf& b) { return a + b; }
+
 // Lane i of the result is the sum of x[i]'s lanes: a tree of shuffled adds (W − 1 adds in all).
 [[gnu::always_inline]] inline vf lane_sums(const vf (&x)[W]) {
 #if DECODE_W == 16
@@ -93,6 +132,7 @@ template <int G, int NV>
     vf dots[W];
     for (int r = 0; r < R; ++r) {
       const float* row = k + std::min(t + r, n - 1) * job.k_stride_s;
+      prefetch_ahead<NV>(k + (t + r) * job.k_stride_s, job.k_stride_s);
       for (int g = 0; g < G; ++g) {
         vf a = q[g][0] * load(row);
         for (int c = 1; c < NV; ++c) a += q[g][c] * load(row + c * W);
@@ -116,8 +156,7 @@ inline void softmax_of(const DecodeJob& job, std::int64_t j, int count, std::int
     const std::size_t i = std::size_t(j + g);
     vf m = vf{} + part.m[i];
     for (std::int64_t t = 0; t < whole; t += W) m = m > load(s + t) ? m : load(s + t);
-    float mx = part.m[i];
-    for (int c = 0; c < W; ++c) mx = std::max(mx, m[c]);
+    float mx = fold(m, vmax);
     for (std::int64_t t = whole; t < n; ++t) mx = std::max(mx, s[t]);
     const float rescale = std::exp(part.m[i] - mx);  // 0 on the first block (m = −inf)
     float* acc = part.acc.data() + i * std::size_t(job.d);
@@ -128,8 +167,7 @@ inline void softmax_of(const DecodeJob& job, std::int64_t j, int count, std::int
       store(s + t, e);
       l += e;
     }
-    float sum = 0;
-    for (int c = 0; c < W; ++c) sum += l[c];
+    float sum = fold(l, vadd);
     if (whole < n) {
       const vf e = expv(load(s + whole) - mx);
       store(s + whole, e);
@@ -151,6 +189,7 @@ template <int G, int NV>
     for (int c = 0; c < NV; ++c) acc[g][c] = load(a + g * job.d + c * W);
   for (std::int64_t t = 0; t < n; ++t) {
     const float* row = v + t * job.v_stride_s;
+    prefetch_ahead<NV>(row, job.v_stride_s);
     vf x[NV];
     for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
     for (int g = 0; g < G; ++g) {
@@ -222,15 +261,30 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
   }
 }
 
+// Rows from a KV head's row r0 to the end of its block when blocks lie on a kBlock-row grid
+// counted from the tensor's first row (head 0, row 0), not from each thread's r0: a cache with
+// capacity for 32784 tokens starts its head 1 half a 4 KiB page in, and blocks counted from the
+// head would each straddle two pages (docs/perf.md v38); the allocator's large blocks start on a
+// page, so the tensor's grid is the memory's. From the strides, not the address: the same blocks,
+// and so the same bits, wherever the tensor lives (tests/test_device_ops.cpp). Rows not packed (a
+// stride past d) keep kBlock: their blocks are not one run of memory anyway.
+std::int64_t first_block(const DecodeJob& job, std::int64_t kv, std::int64_t r0) {
+  if (job.k_stride_s != job.d || job.k_stride_h % job.k_stride_s != 0) return kBlock;
+  return kBlock - (kv * (job.k_stride_h / job.k_stride_s) + r0) % kBlock;
+}
+
 }  // namespace
 
 void DECODE_FN(const DecodeJob& job, std::int64_t r0, std::int64_t r1, DecodePartial& part) {
   alignas(64) float scores[4 * kBlock] = {};
   const int nv = vectors_of(job.d);
-  for (const DecodeRun& run : job.runs)  // per KV head: its K and V rows, each streamed once
-    for (std::int64_t t = r0; t < r1; t += kBlock)
-      run_block(job, nv, run.j, run.j + run.n, job.k + run.kv * job.k_stride_h + t * job.k_stride_s,
-                job.v + run.kv * job.v_stride_h + t * job.v_stride_s, std::min(kBlock, r1 - t), part, scores);
+  for (const DecodeRun& run : job.runs) {  // per KV head: its K and V rows, each streamed once
+    const float *k = job.k + run.kv * job.k_stride_h, *v = job.v + run.kv * job.v_stride_h;
+    for (std::int64_t t = r0, n = first_block(job, run.kv, r0); t < r1; t += n, n = kBlock) {
+      n = std::min(n, r1 - t);
+      run_block(job, nv, run.j, run.j + run.n, k + t * job.k_stride_s, v + t * job.v_stride_s, n, part, scores);
+    }
+  }
 }
 
 }  // namespace ulysses::kernels
