@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "train/generate.hpp"
+#include "ulysses/core/error.hpp"
 #include "train/serve.hpp"
 #include "worlds.hpp"
 
@@ -247,6 +248,16 @@ TEST(Generate, PrefillChunkRefusedBelowOneTokenARank) {
   EXPECT_EQ(prefill_chunk_error(3, 4),
             "a prefill chunk of 3 tokens is shorter than the 4 ranks: a piece needs a token a rank");
   EXPECT_EQ(prefill_chunk_error(-1, 1), "a prefill chunk of -1 tokens is negative (0: each prompt whole)");
+}
+
+// The planner's prefill row probe runs the model's own layers: a time a token, refused without rows.
+TEST(Generate, PrefillRowProbeNeedsRowsAndTimesTheLayers) {
+  GptConfig model;  // the default tiny model: 2 layers, width 64
+  EXPECT_THROW(prefill_row_seconds(model, 0), Error);
+  EXPECT_THROW(prefill_row_seconds(model, -5), Error);
+  const double s = prefill_row_seconds(model, 64);
+  EXPECT_TRUE(std::isfinite(s));
+  EXPECT_GT(s, 0);
 }
 
 // What serve refuses, before anything runs: named by the request's index.

@@ -138,6 +138,52 @@ TEST(PlanInference, DecodeModelRefusesAWidthWithoutItsSizes) {
   EXPECT_NO_THROW(plan_decode(in, {0, 0, 0, 0}));  // no row: the attention alone
 }
 
+// The time to first token counted by hand: the tiny GPT's prompt of 1000 tokens (2 requests) on
+// a flat kernel at the prefill's 50 GFLOP/s, links too fast to count, the rows 30 us a token.
+TEST(PlanInference, TimeToFirstTokenIsTheAttentionAndThePromptsRowsCountedByHand) {
+  PlanInput in = counted_input();
+  in.cluster.kernel.call_s = 0;
+  in.cluster.intra = {1e18, 0};
+  DecodeModel m{128, 344, 256, 5e9};
+  m.prefill_token_s = 30e-6;
+  m.prefill_flops = 5e10;
+  const DecodePlan p = plan_decode(in, m);
+  ASSERT_EQ(p.prefill.size(), 3u);
+  auto path = [&](const std::string& name) -> const PrefillRow& {
+    return test_util::row_where(p.prefill, &PrefillRow::prefill, name);
+  };
+  // A layer's causal attention: 4 · 32 · 4 heads · 2 requests · 1000 · 1001 / 2 visible pairs
+  // (the diagonal included) = 5.12512e8 FLOP, 10.25024 ms at 50 GFLOP/s; 2 layers. The LM head of
+  // each request's last token: 2 · 2 · 128 · 256 FLOP at the row's 5 GFLOP/s = 26.2144 us.
+  const double lm_head = 26.2144e-6;
+  EXPECT_NEAR(path("cp = 1").attention_s, 20.50048e-3, 1e-12);
+  EXPECT_NEAR(path("cp = 1").rows_s, 2 * 1000 * 30e-6 + lm_head, 1e-12);
+  EXPECT_NEAR(path("cp = 1").ttft_s, 20.50048e-3 + 60e-3 + lm_head, 1e-12);
+  // ulysses: half the heads a rank (the links too fast to add a nanosecond), half the tokens'
+  // rows; ring (contiguous chunks): the last rank's diagonal (500 · 501 / 2 pairs) and the full
+  // block before it (500²): 375250 pairs, 15.37024 ms.
+  EXPECT_NEAR(path("ulysses").attention_s, 10.25024e-3, 1e-9);
+  EXPECT_NEAR(path("ulysses").rows_s, 2 * 500 * 30e-6 + lm_head, 1e-12);
+  EXPECT_NEAR(path("ring").attention_s, 15.37024e-3, 1e-9);
+  EXPECT_NEAR(path("ring").ttft_s, 15.37024e-3 + 30e-3 + lm_head, 1e-9);
+  // Uncalibrated rows: the layers' products, 856064 − 65536 (the LM head) = 790528 FLOP a token
+  // at 5 GFLOP/s = 158.1056 us.
+  m.prefill_token_s = 0;
+  EXPECT_NEAR(prefill_token_seconds(in, m), 158.1056e-6, 1e-15);
+}
+
+TEST(PlanInference, PrefillFiguresRefuseNegativeAndNotANumber) {
+  const PlanInput in = counted_input();
+  for (double bad : {-1.0, std::nan("")}) {
+    DecodeModel m{128, 344, 256, 5e9};
+    m.prefill_token_s = bad;
+    EXPECT_THROW(plan_decode(in, m), Error);
+    m = {128, 344, 256, 5e9};
+    m.prefill_flops = bad;
+    EXPECT_THROW(plan_decode(in, m), Error);
+  }
+}
+
 TEST(PlanInference, HeadsLayoutReplicatesFewKvHeadsAndRefusesTooFewQueryHeads) {
   const DecodePlan gqa = plan_decode(decode_input(4096, 1, 16, 2, 8));
   EXPECT_EQ(row(gqa, "heads").replication, 4);

@@ -14,6 +14,7 @@
 #include "rank_errors.hpp"
 #include "report.hpp"
 #include "svg.hpp"
+#include "train/generate.hpp"
 #include "train/gpt.hpp"
 #include "train/memory.hpp"
 #include "ulysses/kernels/attention.hpp"
@@ -619,18 +620,47 @@ std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row
   std::string curve;
   calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
   if (comm.size() > 1) row.collective_s = decode_gather_seconds(comm, in.heads, in.kv_heads, in.head_dim);
+  const std::string prefill_line = calibrate_prefill(comm, in, row);
   return fmt::format(
-      "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} GB/s, a "
-      "plain read "
-      "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a rank:{}); a "
-      "step's gather {:.1f} us{}\n",
-      in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9, d.read_bytes_s / 1e9,
-      d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20), row.llc_bandwidth / 1e9,
-      curve.substr(0, curve.size() - 1), row.collective_s * 1e6,
-      products.empty() ? std::string()
-                       : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
-                                     row_flops(in, row) / 1e6, row.flops_per_s / 1e9,
-                                     row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6));
+             "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} "
+             "GB/s, a "
+             "plain read "
+             "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a "
+             "rank:{}); a "
+             "step's gather {:.1f} us{}\n",
+             in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
+             d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20),
+             row.llc_bandwidth / 1e9, curve.substr(0, curve.size() - 1), row.collective_s * 1e6,
+             products.empty()
+                 ? std::string()
+                 : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
+                               row_flops(in, row) / 1e6, row.flops_per_s / 1e9,
+                               row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6)) +
+         prefill_line;
+}
+
+std::string calibrate_prefill(Communicator& comm, const PlanInput& in, DecodeModel& row) {
+  // The busiest rank's heads (Ulysses) streaming the prompt's keys: most of a causal prefill's
+  // work is queries late in the prompt, each streaming nearly all of it (past the core's cache).
+  const std::int64_t keys = in.seq, heads = (in.heads + in.cp - 1) / in.cp;
+  const double block =
+      block_efficiency(in.cluster.kernel, in.head_dim, double(kPrefillProbeQueries), double(keys), false);
+  double per[2] = {block / cpu_prefill_rate(comm, in.head_dim, heads, keys, in.cluster.kernel.kv_pack_s_per_byte), 0.0};
+  std::int64_t rows = 0;
+  if (row.width > 0) {
+    train::GptConfig g;
+    g.vocab = row.vocab, g.layers = in.layers, g.width = row.width, g.hidden = row.hidden;
+    g.heads = in.heads, g.kv_heads = in.kv_heads, g.head_dim = in.head_dim;
+    rows = std::min<std::int64_t>((in.seq + in.cp - 1) / in.cp, 16384);
+    per[1] = train::prefill_row_seconds(g, rows);
+  }
+  comm.allreduce_max(per, 2);
+  row.prefill_flops = 1 / per[0];
+  row.prefill_token_s = per[1];
+  return fmt::format(
+      "prefill calibrated (CPU seconds): the forward at {:.1f} GFLOP/s a rank ({} queries of {} heads against {} "
+      "keys); the prompt's rows {:.2f} us a token (all layers, {} rows a rank)\n",
+      row.prefill_flops * block / 1e9, kPrefillProbeQueries, heads, keys, row.prefill_token_s * 1e6, rows);
 }
 
 namespace {

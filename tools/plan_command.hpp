@@ -103,10 +103,30 @@ void calibrate_cluster(Communicator& comm, PlanInput& in);
 // so, the links and the fixed cost per call scaled by the load (wall rate over CPU rate), the
 // merge timed again.
 void cpu_time_cluster(Communicator& comm, PlanInput& in);
+// Collective (plan_grid.cpp). FLOP/s of the local kernels on this rank in CPU seconds: a causal
+// self-attention of 2048 tokens, 2 heads, forward and backward counted as attention_rate counts
+// them (3.5 forwards' FLOPs), or the forward alone (its FLOPs); the median of 5 after a warm-up,
+// every rank at once, the slowest kept.
+double cpu_attention_rate(Communicator& comm, std::int64_t head_dim, bool backward);
+// Collective (plan_grid.cpp). FLOP/s in CPU seconds of the forward of the last
+// kPrefillProbeQueries queries of a causal prompt of `keys` tokens (`heads` heads) against all
+// of it: a long prefill's rate, its key stream past the core's cache as the prompt's is, less
+// the call's K/V pack at pack_s_per_byte (KernelModel::kv_pack_s_per_byte). The median of 3 after
+// a warm-up, every rank at once, the slowest kept.
+inline constexpr std::int64_t kPrefillProbeQueries = 512;
+double cpu_prefill_rate(Communicator& comm, std::int64_t head_dim, std::int64_t heads, std::int64_t keys,
+                        double pack_s_per_byte);
 // Collective. What a decode step costs here: the decode kernel's read rate over a cache of at least
 // 256 MiB a rank (into in.cluster.kernel.memory_bandwidth) and, with a width, the row's rate; the
-// slowest rank's, on every rank. Returns the header's line.
+// slowest rank's, on every rank; then the prefill's figures (calibrate_prefill). Returns the
+// header's lines.
 std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row);
+// Collective. The prefill's figures (DecodeModel::prefill_*) in CPU seconds, every rank at once,
+// the slowest rank's: the forward kernel's rate on the prompt's key length (cpu_prefill_rate, the
+// busiest Ulysses rank's heads) over the kernel curve's efficiency at that block, and, with a width, the model's own layers over the busiest rank's prompt
+// rows (at most 16384) with the attention left out (train::prefill_row_seconds). Returns the
+// header's line.
+std::string calibrate_prefill(Communicator& comm, const PlanInput& in, DecodeModel& row);
 // Rank 0 alone (plan_inference_report.cpp): print the decode layouts' table (plan_decode) and
 // return it as JSON; the same for a turn of in.seq tokens over `cached` (plan_turn).
 nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row = {});

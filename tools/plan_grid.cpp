@@ -71,10 +71,9 @@ std::vector<GridCase> grid_cases(const PlanOptions& o, int ranks) {
   return cases;
 }
 
-// FLOP/s of the local kernels on this rank in CPU seconds, counted as attention_rate counts them
-// (forward and backward of a causal self-attention of 2048 tokens, 2 heads, 3.5 forwards' FLOPs;
-// the median of 5 after a warm-up); every rank's, the slowest kept.
-double cpu_attention_rate(Communicator& comm, std::int64_t d) {
+}  // namespace
+
+double cpu_attention_rate(Communicator& comm, std::int64_t d, bool backward) {
   const std::int64_t s = 2048, h = 2;
   Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
       dv(q.shape());
@@ -85,16 +84,38 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
   for (int i = 0; i < 6; ++i) {
     const double t0 = process_cpu_seconds();
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-    flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
-                             lse.view(), p);
+    if (backward)
+      flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
+                               lse.view(), p);
     if (i > 0) t.push_back(process_cpu_seconds() - t0);
   }
   double seconds = median(t);
   comm.allreduce_max(&seconds, 1);
-  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / seconds;
+  return (backward ? 3.5 : 1.0) * attention_forward_flops(1, s, s, h, d, true) / seconds;
 }
 
-}  // namespace
+double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, std::int64_t keys,
+                        double pack_s_per_byte) {
+  const std::int64_t n = std::min(kPrefillProbeQueries, keys);
+  Tensor q({1, n, heads, d}), k({1, keys, heads, d}), v(k.shape()), o(q.shape());
+  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
+  const Tensor lse = lse_tensor(q.shape());
+  const AttentionParams p{.causal = true, .q_offset = keys - n};
+  std::vector<double> t;
+  for (int i = 0; i < 4; ++i) {
+    const double t0 = process_cpu_seconds();
+    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    if (i > 0) t.push_back(process_cpu_seconds() - t0);
+  }
+  // The call's pack of its K and V (once a call, however many queries: a prompt's call amortises
+  // it, this probe's would not), priced apart as the planner prices it.
+  const double pack = pack_s_per_byte * 2 * double(keys * heads * d) * 4;
+  double seconds = median(t) - pack;
+  comm.allreduce_max(&seconds, 1);
+  // Query i (at keys − n + i) sees keys − n + i + 1 keys.
+  const double pairs = double(n) * double(keys - n) + double(n) * double(n + 1) / 2;
+  return 4 * double(heads) * double(d) * pairs / seconds;
+}
 
 // A calibrated cluster in CPU seconds: the attention rate measured so, and the links scaled by
 // the same factor (wall rate over CPU rate): inside one machine a transfer is a copy the CPUs
@@ -102,7 +123,7 @@ double cpu_attention_rate(Communicator& comm, std::int64_t d) {
 void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   Cluster& c = in.cluster;
   const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
-  const double cpu = cpu_attention_rate(comm, in.head_dim), load = std::max(1.0, cpu / wall);
+  const double cpu = cpu_attention_rate(comm, in.head_dim, true), load = std::max(1.0, cpu / wall);
   c.peak_flops = cpu / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
   for (Link* l : {&c.intra, &c.inter, &c.alltoall_intra, &c.inter_concurrent}) {
     l->bandwidth *= load;

@@ -8,6 +8,35 @@
 
 namespace ulysses::cli {
 
+namespace {
+
+// The time to first token of each prefill path (PrefillRow), printed and as JSON.
+nlohmann::json report_prefill(const PlanInput& in, const DecodeModel& row, const DecodePlan& p) {
+  fmt::print(
+      "\ntime to first token: a prompt of {} tokens; the prompt's rows {:.3g} us a token a rank, the attention's "
+      "forward at {:.4g} GFLOP/s\n",
+      in.seq, prefill_token_seconds(in, row) * 1e6,
+      (row.prefill_flops > 0 ? row.prefill_flops : in.cluster.peak_flops * in.cluster.efficiency) / 1e9);
+  fmt::print("{:<10} {:>4} {:>14} {:>10} {:>10}\n", "prefill", "cp", "attention s", "rows s", "TTFT s");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const PrefillRow& r : p.prefill) {
+    rows.push_back({{"prefill", r.prefill},
+                    {"cp", r.cp},
+                    {"valid", r.valid},
+                    {"reason", r.reason},
+                    {"attention_s", r.attention_s},
+                    {"rows_s", r.rows_s},
+                    {"ttft_s", r.ttft_s}});
+    if (r.valid)
+      fmt::print("{:<10} {:>4} {:>14.4g} {:>10.4g} {:>10.4g}\n", r.prefill, r.cp, r.attention_s, r.rows_s, r.ttft_s);
+    else
+      fmt::print("{:<10} {:>4} invalid: {}\n", r.prefill, r.cp, r.reason);
+  }
+  return rows;
+}
+
+}  // namespace
+
 nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
   const DecodePlan p = plan_decode(in, row);
   fmt::print(
@@ -57,6 +86,7 @@ nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
   }
   fmt::print("decode recommendation: {}\n", p.recommendation);
   return {{"rows", rows},
+          {"prefill", report_prefill(in, row, p)},
           {"best", p.best >= 0 ? p.rows[std::size_t(p.best)].layout : ""},
           {"recommendation", p.recommendation}};
 }

@@ -139,7 +139,41 @@ std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
                      one(r.crossover_batch, "concurrent requests"), in.batch, one(r.crossover_context, "tokens"));
 }
 
+// The prefill path `name` at `cp`: the strategies' table's row `strategy` (forward only, the
+// prefill's kernel rate when calibrated), and the busiest rank's prompt rows.
+PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* name, int cp, const char* strategy) {
+  PlanInput p = in;
+  p.mode = PlanMode::prefill;
+  p.cp = cp;
+  if (m.prefill_flops > 0) p.cluster.peak_flops = m.prefill_flops, p.cluster.efficiency = 1;
+  PrefillRow r;
+  r.prefill = name;
+  r.cp = cp;
+  const Plan plan = make_plan(p);
+  const auto it =
+      std::find_if(plan.rows.begin(), plan.rows.end(), [&](const PlanRow& x) { return x.name == strategy; });
+  if (it == plan.rows.end() || !it->valid) {
+    r.reason = it == plan.rows.end() ? fmt::format("no {} row at cp = {}", strategy, cp) : it->reason;
+    return r;
+  }
+  r.valid = true;
+  r.attention_s = it->predicted_step_s;
+  const double rate = m.flops_per_s > 0 ? m.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency;
+  const double tokens = double(in.batch) * std::ceil(double(in.seq) / double(cp));
+  const double lm_head = m.width > 0 ? double(in.batch) * 2 * double(m.width) * double(m.vocab) / rate : 0;
+  r.rows_s = tokens * prefill_token_seconds(in, m) + lm_head;
+  r.ttft_s = r.attention_s + r.rows_s;
+  return r;
+}
+
 }  // namespace
+
+double prefill_token_seconds(const PlanInput& in, const DecodeModel& row) {
+  if (row.prefill_token_s > 0) return row.prefill_token_s;
+  if (row.width <= 0) return 0;
+  const double rate = row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency;
+  return (row_flops(in, row) - 2 * double(row.width) * double(row.vocab)) / rate;
+}
 
 std::vector<std::pair<std::int64_t, std::int64_t>> row_products(const PlanInput& in, const DecodeModel& row) {
   if (row.width <= 0) return {};
@@ -159,15 +193,22 @@ double row_flops(const PlanInput& in, const DecodeModel& row) { return 2 * row_w
 DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   if (row.width < 0 || (row.width > 0 && (row.hidden < 1 || row.vocab < 1)) || !(row.flops_per_s >= 0) ||
-      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0) || !(row.collective_s >= 0))
+      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0) || !(row.collective_s >= 0) || !(row.prefill_token_s >= 0) ||
+      !(row.prefill_flops >= 0))
     throw Error(
         fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
-                    "rate, cache bytes and cache bandwidth >= 0; got width {}, hidden {}, vocab {}, rate {}, {}, {}",
-                    row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth));
+                    "rate, cache bytes, cache bandwidth, collective and prefill figures >= 0; got width {}, hidden {}, "
+                    "vocab {}, rate {}, {}, {}, {}, prefill {}, {}",
+                    row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth,
+                    row.collective_s, row.prefill_token_s, row.prefill_flops));
   DecodePlan p;
   p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)
     for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, row, l, in.cp));
+  p.prefill.push_back(prefill_row(in, row, "cp = 1", 1, "a2a"));
+  if (in.cp > 1)
+    for (auto [name, strategy] : {std::pair{"ulysses", "a2a"}, {"ring", "p2p --no-zigzag"}})
+      p.prefill.push_back(prefill_row(in, row, name, in.cp, strategy));
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))
       p.best = int(i);

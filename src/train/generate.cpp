@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "ulysses/core/cpu_clock.hpp"
 #include "ulysses/core/error.hpp"
 
 namespace ulysses::train {
@@ -63,13 +65,16 @@ Generator::Generator(Communicator& comm, const GptConfig& model, const std::vect
     throw Error(fmt::format("{} parameters given for a model of {}", params.size(), layout_.total));
 }
 
+namespace {
+
+// One layer of `c` on N rows of x (in place) at positions pos; attend(l, q, k, v, out) is its
+// attention. The Generator's layer and the prefill row probe's alike.
 template <class Attend>
-void Generator::layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend) {
-  const GptConfig& c = model_;
+void layer_rows(const GptConfig& c, const ParamLayout& layout, const float* P, std::int64_t l, std::vector<float>& x,
+                const std::vector<std::int64_t>& pos, Attend&& attend) {
   const std::int64_t N = std::int64_t(pos.size()), C = c.width, QD = c.heads * c.head_dim, KD = c.kv_heads * c.head_dim,
                      F = c.hidden;
-  const auto& L = layout_.layer[static_cast<std::size_t>(l)];
-  const float* P = params_.data();
+  const auto& L = layout.layer[static_cast<std::size_t>(l)];
   std::vector<float> xn(static_cast<std::size_t>(N * C)), rstd(static_cast<std::size_t>(N)),
       q(static_cast<std::size_t>(N * QD)), k(static_cast<std::size_t>(N * KD)), v(k.size()), att(q.size()),
       y(xn.size());
@@ -94,6 +99,37 @@ void Generator::layer(std::int64_t l, std::vector<float>& x, const std::vector<s
   swiglu_forward(a.data(), a.data(), g.data(), N * F);
   matmul_forward(y.data(), a.data(), P + L.w2, N, F, C);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+template <class Attend>
+void Generator::layer(std::int64_t l, std::vector<float>& x, const std::vector<std::int64_t>& pos, Attend&& attend) {
+  layer_rows(model_, layout_, params_.data(), l, x, pos, std::forward<Attend>(attend));
+}
+
+double prefill_row_seconds(const GptConfig& model, std::int64_t rows) {
+  if (rows < 1) throw Error(fmt::format("prefill_row_seconds: rows must be >= 1, got {}", rows));
+  const ParamLayout layout(model);
+  const std::vector<float> params(static_cast<std::size_t>(layout.total), 0.01f);
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) pos[static_cast<std::size_t>(i)] = i;
+  std::vector<int> tokens(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) tokens[static_cast<std::size_t>(i)] = int(i % model.vocab);
+  // The attention replaced by a copy of the queries (its own time is priced apart).
+  auto copy_q = [](std::int64_t, const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
+    std::memcpy(out.data, q.data, std::size_t(q.shape.numel()) * sizeof(float));
+  };
+  std::vector<double> t;
+  for (int pass = 0; pass < 4; ++pass) {  // the first warms the weights and the allocator
+    const double c0 = process_cpu_seconds();
+    std::vector<float> x(static_cast<std::size_t>(rows * model.width));
+    embedding_forward(x.data(), tokens.data(), params.data() + layout.wte, rows, model.width);
+    for (std::int64_t l = 0; l < model.layers; ++l) layer_rows(model, layout, params.data(), l, x, pos, copy_q);
+    if (pass > 0) t.push_back(process_cpu_seconds() - c0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] / double(rows);
 }
 
 std::vector<float> Generator::logits(const float* x) {

@@ -45,6 +45,13 @@ std::string generate_error(const GptConfig& model, const GenerateConfig& config,
 MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests, int cp,
                                        int rank, std::int64_t longest_prompt, double scratch);
 
+// Not collective: this process's CPU seconds per prompt token of a prefill's work around the
+// attention (the norms, the q/k/v/out projections, the rotary table, the SwiGLU MLP, the
+// residuals and their buffers, the embedding), the median of 3 passes of `rows` tokens through
+// every layer of `model` (constant weights) with the attention replaced by a copy of the queries:
+// the row term of the planner's time to first token (plan --calibrate --mode decode).
+double prefill_row_seconds(const GptConfig& model, std::int64_t rows);
+
 class Generator {
  public:
   // Not collective. `params` (the model's parameter slab, ParamLayout) must outlive this.

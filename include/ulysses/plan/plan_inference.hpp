@@ -39,8 +39,23 @@ struct DecodeRow {
   std::int64_t crossover_batch = 0, crossover_context = 0;
 };
 
+// The time to first token of a prompt of in.seq tokens (× in.batch) by one prefill path: its
+// attention, forward only, as the strategies' table prices it (make_plan in PlanMode::prefill:
+// cp = 1 and ulysses its a2a row, ring its p2p --no-zigzag row, the contiguous chunks generate's
+// ring passes), and the prompt's rows on the busiest rank (its ceil(seq / cp) tokens), plus the
+// LM head of the last token.
+struct PrefillRow {
+  std::string prefill;  // "cp = 1", "ulysses" or "ring"
+  int cp = 1;
+  bool valid = false;
+  std::string reason;
+  double attention_s = 0;  // all layers: the busiest rank's kernel time and the exposed communication
+  double rows_s = 0;       // all layers and the LM head
+  double ttft_s = 0;       // attention_s + rows_s
+};
 struct DecodePlan {
-  std::vector<DecodeRow> rows;  // cp = 1, then heads and interleaved at in.cp
+  std::vector<DecodeRow> rows;      // cp = 1, then heads and interleaved at in.cp
+  std::vector<PrefillRow> prefill;  // cp = 1, then ulysses and ring at in.cp: the time to first token
   int best = -1;
   std::string recommendation;
 };
@@ -67,7 +82,20 @@ struct DecodeModel {
   // Seconds of one decode collective at in.cp, measured (plan --calibrate); 0: the link model's
   // cp − 1 messages.
   double collective_s = 0;
+  // The prefill (time to first token, PrefillRow). Its rows: seconds per prompt token of the
+  // work around the attention on one rank, all layers (products, norms, rotary table, MLP,
+  // residuals and their buffers; plan --calibrate times the model's own layers); 0: the
+  // layers' row FLOPs at flops_per_s. Its attention: the forward kernel's rate as the cluster's
+  // peak at efficiency 1 (plan --calibrate: queries streaming the prompt's whole key length, in
+  // CPU seconds; 0: in.cluster's, which a calibration measures forward and backward on 2048-token
+  // blocks).
+  double prefill_token_s = 0;
+  double prefill_flops = 0;
 };
+
+// The prompt's rows of one token on one rank, all layers (the LM head apart): seconds at
+// DecodeModel::prefill_token_s, or 2 · layers · (the products of one layer) FLOPs at the row rate.
+double prefill_token_seconds(const PlanInput& in, const DecodeModel& row);
 // Per token: the products' multiply-adds × 2 over all layers and the LM head, and their weights'
 // elements (every step reads them once, whatever the batch). The embedding is a lookup.
 double row_flops(const PlanInput& in, const DecodeModel& row);
