@@ -117,35 +117,31 @@ template <class Op>
 }
 
 // Query heads [j, j + G) over the block's n rows at k (row stride ks): scores[g · kBlock + t],
-// scaled. Each K row is loaded once for the G heads, so the K stream is read evenly through the
-// whole pass; the W dots of R = W/G rows × G heads are summed by one tree (lane r·G + g: row r,
-// head g). A row's G dots are adjacent inputs of the tree, so its first levels fold them as the
-// row is done and a few partial sums stay live, not W dots and the q vectors: at d = 128 the q
-// of four heads alone fill AVX-512's 32 registers, and the FMAs take them from L1 instead. The
-// tree sums each input's lanes in the same order wherever it sits, so a dot's bits do not depend
-// on G. Rows past n repeat row n − 1: their scores land in the buffer's padding and are unused.
+// scaled. Each K row is loaded once for the G heads (their q held in G·NV registers), so the K
+// stream is read evenly through the whole pass; the W dots of R = W/G rows × G heads are summed
+// by one tree (lane g·R + r: head g, row r). Rows past n repeat row n − 1: their scores land in
+// the buffer's padding and are never used.
 template <int G, int NV>
 [[gnu::always_inline]] inline void scores_of(const DecodeJob& job, std::int64_t j, const float* k, std::int64_t n,
                                              float* scores) {
   constexpr int R = W / G;
-  const float* q = job.q + j * job.q_stride_h;
+  vf q[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) q[g][c] = load(job.q + (j + g) * job.q_stride_h + c * W);
   for (std::int64_t t = 0; t < n; t += R) {
     vf dots[W];
     for (int r = 0; r < R; ++r) {
       const float* row = k + std::min(t + r, n - 1) * job.k_stride_s;
       prefetch_ahead<NV>(k + (t + r) * job.k_stride_s, job.k_stride_s);
-      vf x[NV];
-      for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
       for (int g = 0; g < G; ++g) {
-        vf a = load(q + g * job.q_stride_h) * x[0];
-        for (int c = 1; c < NV; ++c) a += load(q + g * job.q_stride_h + c * W) * x[c];
-        dots[r * G + g] = a;
+        vf a = q[g][0] * load(row);
+        for (int c = 1; c < NV; ++c) a += q[g][c] * load(row + c * W);
+        dots[g * R + r] = a;
       }
     }
     alignas(64) float s[W];
     store(s, lane_sums(dots) * job.scale);
-    for (int g = 0; g < G; ++g)
-      for (int r = 0; r < R; ++r) scores[g * kBlock + t + r] = s[r * G + g];
+    for (int g = 0; g < G; ++g) std::memcpy(scores + g * kBlock + t, s + g * R, R * sizeof(float));
   }
 }
 
@@ -205,15 +201,12 @@ template <int G, int NV>
     for (int c = 0; c < NV; ++c) store(a + g * job.d + c * W, acc[g][c]);
 }
 
-// Heads [j, j + G): scores and softmax for all G in one pass over K; the p·v in groups of GP
-// heads whose accumulators fit DECODE_ACC registers, the V block read from L1 after the first.
 template <int G, int NV>
 void heads_block(const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
                  DecodePartial& part, float* scores) {
-  constexpr int GP = G * NV <= DECODE_ACC ? G : G >= 2 && (G / 2) * NV <= DECODE_ACC ? G / 2 : 1;
   scores_of<G, NV>(job, j, k, n, scores);
   softmax_of(job, j, G, n, part, scores);
-  for (int g = 0; g < G; g += GP) pv_of<GP, NV>(job, j + g, v, n, scores + g * kBlock, part);
+  pv_of<G, NV>(job, j, v, n, scores, part);
 }
 
 // One head of any d (not a whole number of vectors): a float at a time.
@@ -251,8 +244,8 @@ int vectors_of(std::int64_t d) {
   return 0;
 }
 
-// Heads [j, end) on one KV head over one block: up to 4 at a time, each K row loaded once for
-// them (heads_block splits the p·v by the accumulators' registers). Returns nothing; part and scores updated.
+// Heads [j, end) on one KV head over one block: as many at a time (4, 2 or 1) as the
+// accumulators' registers hold. Returns nothing; part and scores updated.
 void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, const float* k, const float* v,
                std::int64_t n, DecodePartial& part, float* scores) {
   while (j < end) {
@@ -260,7 +253,7 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
       head_block_any(job, j++, k, v, n, part, scores);
       continue;
     }
-    const int g = end - j >= 4 ? 4 : end - j >= 2 ? 2 : 1;
+    const int g = end - j >= 4 && 4 * nv <= DECODE_ACC ? 4 : end - j >= 2 && 2 * nv <= DECODE_ACC ? 2 : 1;
     if (g == 4) heads_block_g<4>(nv, job, j, k, v, n, part, scores);
     if (g == 2) heads_block_g<2>(nv, job, j, k, v, n, part, scores);
     if (g == 1) heads_block_g<1>(nv, job, j, k, v, n, part, scores);
