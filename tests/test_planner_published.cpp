@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "test_util.hpp"
+#include "ulysses/plan/calibrate.hpp"
 #include "ulysses/plan/calibrate_kernel.hpp"
+#include "ulysses/kernels/attention.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/cp/kernel_model.hpp"
 #include "ulysses/plan/planner.hpp"
@@ -433,4 +435,33 @@ TEST(PlannerPublished, CacheSizesParseAsSysfsWritesThem) {
   EXPECT_EQ(parse_cache_size("512", 1), 512.0);
   for (const char* bad : {"", "K", "-1K", "0", "2048Q", "nan", "inf", "abc"})
     EXPECT_EQ(parse_cache_size(bad, 7.0), 7.0) << bad;
+}
+
+// The forward and the backward are timed apart: a clock that makes every forward 1 s and every
+// backward 2.2 s gives the forward's FLOPs over 1 s and a ratio of 2.2, where one rate over
+// 3.5 forwards' FLOPs would price a forward at 3.2 / 3.5 of its seconds.
+TEST(Calibrate, TheForwardsRateAndTheBackwardsRatioAreMeasuredApart) {
+  int calls = 0;
+  const auto clock = [&] {
+    const int n = calls++;
+    const double step[3] = {0, 1, 3.2};  // before the forward, after it, after the backward
+    return 10.0 * (n / 3) + step[n % 3];
+  };
+  const AttentionRates r = attention_rates(8, DType::f32, clock);
+  EXPECT_DOUBLE_EQ(r.forward, attention_forward_flops(1, 2048, 2048, 2, 8, true));
+  EXPECT_NEAR(r.backward_ratio, 2.2, 1e-12);
+  EXPECT_THROW(attention_rates(0, DType::f32, clock), Error);
+  EXPECT_THROW(attention_rates(8, DType::f32, {}), Error);
+}
+
+// The calibrated kernel installs its fits but keeps the backward ratio calibrate() measured.
+TEST(Calibrate, TheKernelFitKeepsTheMeasuredBackwardRatio) {
+  Cluster c;
+  c.peak_flops = 1e11;
+  c.kernel.backward_ratio = 2.2;
+  KernelModel k;
+  k.call_s = 5e-6;
+  apply_calibrated_kernel(c, k, 64);
+  EXPECT_EQ(c.kernel.backward_ratio, 2.2);
+  EXPECT_EQ(c.kernel.call_s, 5e-6);
 }

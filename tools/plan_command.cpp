@@ -676,13 +676,15 @@ void keep_memory_bw(PlanInput& in, double memory_bw) {
 // What --calibrate measured, the figures the plan below is priced with.
 void print_calibration(int ranks, const PlanInput& in) {
   fmt::print(
-      "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank; send/recv inside a node "
+      "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank (the forward; the backward {:.2f}x its "
+      "seconds); send/recv inside a node "
       "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
       "across); all-to-all "
       "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
       "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
       "byte\n",
-      ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.intra.bandwidth / 1e9,
+      ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.kernel.backward_ratio,
+      in.cluster.intra.bandwidth / 1e9,
       in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
       in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
       in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,

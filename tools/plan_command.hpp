@@ -13,6 +13,7 @@
 
 #include "options.hpp"
 #include "ulysses/comm/communicator.hpp"
+#include "ulysses/plan/calibrate.hpp"
 #include "ulysses/plan/plan_inference.hpp"
 #include "ulysses/plan/planner.hpp"
 
@@ -103,11 +104,9 @@ void calibrate_cluster(Communicator& comm, PlanInput& in);
 // so, the links and the fixed cost per call scaled by the load (wall rate over CPU rate), the
 // merge timed again.
 void cpu_time_cluster(Communicator& comm, PlanInput& in);
-// Collective (plan_grid.cpp). FLOP/s of the local kernels on this rank in CPU seconds: a causal
-// self-attention of 2048 tokens, 2 heads, forward and backward counted as attention_rate counts
-// them (3.5 forwards' FLOPs), or the forward alone (its FLOPs); the median of 5 after a warm-up,
-// every rank at once, the slowest kept.
-double cpu_attention_rate(Communicator& comm, std::int64_t head_dim, bool backward);
+// Collective (plan_grid.cpp). attention_rates in CPU seconds, every rank at once, the slowest
+// rank's forward rate and backward ratio kept.
+AttentionRates cpu_attention_rates(Communicator& comm, std::int64_t head_dim);
 // Collective (plan_grid.cpp). FLOP/s in CPU seconds of the forward of the last
 // kPrefillProbeQueries queries of a causal prompt of `keys` tokens (`heads` heads) against all
 // of it: a long prefill's rate, its key stream past the core's cache as the prompt's is, less

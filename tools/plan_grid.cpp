@@ -73,25 +73,11 @@ std::vector<GridCase> grid_cases(const PlanOptions& o, int ranks) {
 
 }  // namespace
 
-double cpu_attention_rate(Communicator& comm, std::int64_t d, bool backward) {
-  const std::int64_t s = 2048, h = 2;
-  Tensor q({1, s, h, d}), k(q.shape()), v(q.shape()), o(q.shape()), g(q.shape()), dq(q.shape()), dk(q.shape()),
-      dv(q.shape());
-  for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
-  const Tensor lse = lse_tensor(q.shape());
-  const AttentionParams p{.causal = true};
-  std::vector<double> t;
-  for (int i = 0; i < 6; ++i) {
-    const double t0 = process_cpu_seconds();
-    flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
-    if (backward)
-      flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
-                               lse.view(), p);
-    if (i > 0) t.push_back(process_cpu_seconds() - t0);
-  }
-  double seconds = median(t);
-  comm.allreduce_max(&seconds, 1);
-  return (backward ? 3.5 : 1.0) * attention_forward_flops(1, s, s, h, d, true) / seconds;
+AttentionRates cpu_attention_rates(Communicator& comm, std::int64_t d) {
+  const AttentionRates r = attention_rates(d, DType::f32, process_cpu_seconds);
+  double per_flop[2] = {1.0 / r.forward, r.backward_ratio / r.forward};  // the slowest rank's
+  comm.allreduce_max(per_flop, 2);
+  return {1.0 / per_flop[0], per_flop[1] / per_flop[0]};
 }
 
 double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, std::int64_t keys,
@@ -123,8 +109,10 @@ double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, 
 void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   Cluster& c = in.cluster;
   const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
-  const double cpu = cpu_attention_rate(comm, in.head_dim, true), load = std::max(1.0, cpu / wall);
-  c.peak_flops = cpu / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  const AttentionRates cpu = cpu_attention_rates(comm, in.head_dim);
+  const double load = std::max(1.0, cpu.forward / wall);
+  c.peak_flops = cpu.forward / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  c.kernel.backward_ratio = cpu.backward_ratio;
   for (Link* l : {&c.intra, &c.inter, &c.alltoall_intra, &c.inter_concurrent}) {
     l->bandwidth *= load;
     l->latency /= load;
@@ -224,12 +212,13 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
   if (comm.rank() == 0)
     for (const auto& [d, k] : clusters)
       fmt::print(
-          "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank, kernel half rate at {:.0f} "
+          "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank (the forward; the backward "
+          "{:.2f}x its seconds), kernel half rate at {:.0f} "
           "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte, past the {:.0f} "
           "KiB cache "
           "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
-          d, rounds, k.peak_flops / 1e9, k.kernel.kv_half, k.kernel.call_s * 1e6, k.kernel.merge_passes,
+          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.call_s * 1e6, k.kernel.merge_passes,
           k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.cache_bytes / 1024,
           1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
           k.alltoall_intra.bandwidth / 1e9);

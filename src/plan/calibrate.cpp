@@ -183,19 +183,35 @@ double local_median_seconds(const Communicator& comm, const std::function<void()
   return median_of(t);
 }
 
-double attention_rate(const Communicator& comm, std::int64_t d, DType dtype) {
+AttentionRates attention_rates(std::int64_t d, DType dtype, const std::function<double()>& seconds) {
+  if (d < 1 || !seconds) throw Error(fmt::format("attention_rates: needs head_dim >= 1 and a clock; got head_dim {}", d));
   const std::int64_t s = 2048, h = 2;
   Tensor q({1, s, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype), o(q.shape(), dtype), g(q.shape(), dtype),
       dq(q.shape(), dtype), dk(q.shape(), dtype), dv(q.shape(), dtype);
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));
   const Tensor lse = lse_tensor(q.shape());
   const AttentionParams p{.causal = true};
-  auto run = [&] {
+  // The forward and the backward timed apart: a forward alone (inference, --mode forward) runs at
+  // the forward's rate, not at the pair's over its 3.5 forwards' FLOPs.
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i < 6; ++i) {
+    const double t0 = seconds();
     flash_attention_forward(o.view(), lse.view(), q.view(), k.view(), v.view(), p);
+    const double t1 = seconds();
     flash_attention_backward(dq.view(), dk.view(), dv.view(), g.view(), q.view(), k.view(), v.view(), o.view(),
                              lse.view(), p);
-  };
-  return 3.5 * attention_forward_flops(1, s, s, h, d, true) / local_median_seconds(comm, run);
+    const double t2 = seconds();
+    if (i == 0) continue;  // the warm-up
+    fwd.push_back(t1 - t0);
+    bwd.push_back(t2 - t1);
+  }
+  const double f = median_of(fwd);
+  return {attention_forward_flops(1, s, s, h, d, true) / f, median_of(bwd) / f};
+}
+
+double attention_rate(const Communicator& comm, std::int64_t d, DType dtype) {
+  const AttentionRates r = attention_rates(d, dtype, [&] { return comm.now(); });
+  return 3.5 * r.forward / (1 + r.backward_ratio);
 }
 
 double gemm_rate(const Communicator& comm, std::int64_t n, std::int64_t ic, std::int64_t oc) {
@@ -316,12 +332,15 @@ Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, st
                     head_dim, gemm_in, gemm_out));
   Calibration c;
   // Seconds per FLOP, so the all-reduce's max is the slowest rank's rate.
-  double per_flop[2] = {1.0 / attention_rate(comm, head_dim, dtype),
+  // The forward's seconds per FLOP, the backward's per forward FLOP, the GEMM's.
+  const AttentionRates a = attention_rates(head_dim, dtype, [&] { return comm.now(); });
+  double per_flop[3] = {1.0 / a.forward, a.backward_ratio / a.forward,
                         gemm_in > 0 ? 1.0 / gemm_rate(comm, 1024, gemm_in, gemm_out) : 0.0};
-  comm.allreduce_max(per_flop, 2);
+  comm.allreduce_max(per_flop, 3);
   c.cluster.peak_flops = 1.0 / per_flop[0];
+  c.cluster.kernel.backward_ratio = per_flop[1] / per_flop[0];
   c.cluster.efficiency = 1.0;
-  c.gemm_flops = gemm_in > 0 ? 1.0 / per_flop[1] : 0.0;
+  c.gemm_flops = gemm_in > 0 ? 1.0 / per_flop[2] : 0.0;
   calibrate_links(comm, contiguous_ranks_per_node(comm), c.cluster);  // its Error is the same on every rank
   return c;
 }

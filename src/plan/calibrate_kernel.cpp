@@ -222,7 +222,9 @@ void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::funct
 }
 
 void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim) {
+  const double backward_ratio = cluster.kernel.backward_ratio;  // calibrate()'s, measured with the rate
   cluster.kernel = kernel;
+  cluster.kernel.backward_ratio = backward_ratio;
   cluster.peak_flops /= block_efficiency(kernel, head_dim, 2048, 2048, true);
 }
 

@@ -20,9 +20,18 @@ namespace ulysses {
 // a shared machine the load changes from second to second: more calls, a steadier rate).
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
 
-// Not collective: FLOP/s of the local flash attention kernels on this rank, forward and backward
-// of a causal self-attention (2048 tokens, 2 heads of head_dim) counted as the planner counts
-// them (3.5 × attention_forward_flops).
+// Not collective: the local flash attention kernels on this rank on a causal self-attention
+// (2048 tokens, 2 heads of head_dim), `seconds` the clock: the forward's FLOP/s
+// (attention_forward_flops over its seconds) and the backward's seconds over the forward's
+// (KernelModel::backward_ratio), medians of 5 after a warm-up.
+struct AttentionRates {
+  double forward = 0;
+  double backward_ratio = 0;
+};
+AttentionRates attention_rates(std::int64_t head_dim, DType dtype, const std::function<double()>& seconds);
+
+// Not collective: FLOP/s of the forward and backward together, counted as the planner counts
+// them (3.5 × attention_forward_flops), from attention_rates.
 double attention_rate(const Communicator& comm, std::int64_t head_dim, DType dtype);
 
 // Not collective: FLOP/s of this rank's BLAS on a linear layer [rows, in] · [in, out], forward
@@ -53,8 +62,8 @@ double row_rate(const std::vector<std::pair<std::int64_t, std::int64_t>>& produc
 
 struct Calibration {
   // Links fitted (send/recv inside and between nodes, every rank sending across at once, the
-  // all-to-all inside a node), ranks_per_node measured, peak_flops the attention rate at
-  // efficiency 1.
+  // all-to-all inside a node), ranks_per_node measured, peak_flops the attention forward's rate at
+  // efficiency 1, kernel.backward_ratio the backward's seconds over the forward's.
   Cluster cluster;
   double gemm_flops = 0;  // gemm_rate of the layer calibrate() was given (0: none)
 };

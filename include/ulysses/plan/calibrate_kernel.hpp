@@ -80,7 +80,8 @@ void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, con
                      int runs, KernelModel& model);
 
 // Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block) to the
-// long-block rate the kernel model multiplies, and installs `kernel`.
+// long-block rate the kernel model multiplies, and installs `kernel` (keeping the cluster's
+// backward_ratio, which calibrate() measured beside the rate).
 void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim);
 
 }  // namespace ulysses
