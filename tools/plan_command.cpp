@@ -684,11 +684,10 @@ void print_calibration(int ranks, const PlanInput& in) {
       "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
       "byte\n",
       ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.kernel.backward_ratio,
-      in.cluster.intra.bandwidth / 1e9,
-      in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9, in.cluster.inter.latency * 1e6,
-      in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.alltoall_intra.bandwidth / 1e9,
-      in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6,
-      in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
+      in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9,
+      in.cluster.inter.latency * 1e6, in.cluster.inter_concurrent.bandwidth / 1e9,
+      in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half,
+      in.cluster.kernel.call_s * 1e6, in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
       in.cluster.kernel.kv_pack_s_per_byte * 1e9);
 }
 

@@ -218,9 +218,9 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
           "KiB cache "
           "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
-          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.call_s * 1e6, k.kernel.merge_passes,
-          k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.cache_bytes / 1024,
-          1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
+          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.call_s * 1e6,
+          k.kernel.merge_passes, k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9,
+          k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
           k.alltoall_intra.bandwidth / 1e9);
 }
 

@@ -573,7 +573,8 @@ void print_header(const train::TrainConfig& cfg, const train::DataSource& data, 
              mo.tiled_mlp ? "; tiled MLP" : "", mo.tiled_loss ? "; tiled loss" : "");
   if (const auto& c = calibration)
     fmt::print(
-        "  calibrated: attention {:.1f} GFLOP/s (forward), layers {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, {:.1f} us\n",
+        "  calibrated: attention {:.1f} GFLOP/s (forward), layers {:.1f} GFLOP/s per rank; send/recv {:.2f} GB/s, "
+        "{:.1f} us\n",
         c->cluster.peak_flops / 1e9, c->gemm_flops / 1e9, c->cluster.intra.bandwidth / 1e9,
         c->cluster.intra.latency * 1e6);
   if (o.timeout > 0)

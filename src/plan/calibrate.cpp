@@ -184,7 +184,8 @@ double local_median_seconds(const Communicator& comm, const std::function<void()
 }
 
 AttentionRates attention_rates(std::int64_t d, DType dtype, const std::function<double()>& seconds) {
-  if (d < 1 || !seconds) throw Error(fmt::format("attention_rates: needs head_dim >= 1 and a clock; got head_dim {}", d));
+  if (d < 1 || !seconds)
+    throw Error(fmt::format("attention_rates: needs head_dim >= 1 and a clock; got head_dim {}", d));
   const std::int64_t s = 2048, h = 2;
   Tensor q({1, s, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype), o(q.shape(), dtype), g(q.shape(), dtype),
       dq(q.shape(), dtype), dk(q.shape(), dtype), dv(q.shape(), dtype);
