@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ulysses/core/error.hpp"
+#include "ulysses/cp/cp_config.hpp"
 #include "ulysses/infer/kv_cache.hpp"
 #include "ulysses/plan/planner.hpp"
 #include "ulysses/cp/sharding.hpp"
@@ -141,7 +142,8 @@ std::string crossover_text(const DecodeRow& r, const PlanInput& in) {
 
 // The prefill path `name` at `cp`: the strategies' table's row `strategy` (forward only, the
 // prefill's kernel rate when calibrated), and the busiest rank's prompt rows.
-PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* name, int cp, const char* strategy) {
+PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* name, int cp,
+                       const std::string& strategy) {
   PlanInput p = in;
   p.mode = PlanMode::prefill;
   p.cp = cp;
@@ -205,9 +207,13 @@ DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)
     for (KvLayout l : {KvLayout::heads, KvLayout::interleaved}) p.rows.push_back(decode_row(in, row, l, in.cp));
-  p.prefill.push_back(prefill_row(in, row, "cp = 1", 1, "a2a"));
+  // generate's prefills: `ulysses` is the a2a strategy (CpConfig's default cp_comm_type), `ring`
+  // the p2p strategy's contiguous ring (the planner's row of it, as the prefill leaves the
+  // prompt's chunks in place).
+  const std::string ulysses = CpConfig().cp_comm_type;
+  p.prefill.push_back(prefill_row(in, row, "cp = 1", 1, ulysses));
   if (in.cp > 1)
-    for (auto [name, strategy] : {std::pair{"ulysses", "a2a"}, {"ring", "p2p --no-zigzag"}})
+    for (auto [name, strategy] : {std::pair<const char*, std::string>{"ulysses", ulysses}, {"ring", "p2p --no-zigzag"}})
       p.prefill.push_back(prefill_row(in, row, name, in.cp, strategy));
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))
