@@ -124,6 +124,16 @@ memory_within "memory, heads cp 2" 2 generate --checkpoint "$dir/ck160" --prompt
 memory_within "memory, interleaved cp 3" 3 generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 \
   --kv-layout interleaved
 memory_within "memory, 3 requests cp 2" 2 "${reqs[@]:0:5}" --capacity 1000000
+# A prompt whose prefill is as large as the probe's buffer: the probe comes after the prefill's
+# memory is returned, so the peak is the larger of the two, at one rank as at several.
+run 1 train --seq 8192 --batch 1 --steps 0 --eval-batches 0 --width 64 --heads 4 --kv-heads 4 --head-dim 16 \
+  --save "$dir/ck8k" > "$dir/t8k.log" 2>&1 || { bad "8k checkpoint"; cat "$dir/t8k.log"; }
+for n in 1 2; do
+  for layout in heads interleaved; do
+    memory_within "memory, 8192-token prefill and the probe, cp $n $layout" "$n" generate --checkpoint "$dir/ck8k" \
+      --prompt-tokens 8192 --max-new-tokens 2 --kv-layout "$layout"
+  done
+done
 grep -q "memory per rank: predicted" "$dir/m.log" && ok "memory in the header" || bad "memory line"
 
 # --trace: one Chrome trace, a track per rank, the prefill and every decode step as phases

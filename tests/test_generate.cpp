@@ -273,8 +273,8 @@ TEST(Generate, ServeRefusesBadRequests) {
   EXPECT_EQ(serve_error({}), "no request to serve");
 }
 
-// The memory model counts every request's cache by its formula, and a longer prompt's prefill
-// (more rows a rank) as more activations.
+// The memory model counts every request's cache by its formula, a longer prompt's prefill (more
+// rows a rank) as more activations, and the bandwidth probe's buffer only where it is larger.
 TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   const GptConfig m = tiny_model();
   const std::vector<GenerateConfig> two{{KvLayout::interleaved, Prefill::ulysses, 1000, 0, 0},
@@ -289,7 +289,10 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   }
   EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
             predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);
-  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 64, 1e9).activations, 1e9);  // the probe's buffer on top
+  // The probe's buffer comes after the prefill's is returned: the larger of the two, not the sum.
+  const double prefill = predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations;
+  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 1 << 16, 1e9).activations, std::max(prefill, 1e9));
+  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 1 << 16, prefill / 2).activations, prefill);
 }
 
 // Progress on a prompt: the hook hears the start and every layer of a prefill and of a next
