@@ -565,8 +565,11 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);
-  if (o.width > 0 && in.mode == PlanMode::decode)
-    req.row = {o.width, o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width), o.vocab};
+  if (o.width > 0 && in.mode == PlanMode::decode) {
+    req.row.width = o.width;
+    req.row.hidden = o.hidden > 0 ? o.hidden : train::GptConfig::swiglu_hidden(o.width);
+    req.row.vocab = o.vocab;
+  }
   check_plan_input(in);
   return req;
 }
@@ -606,6 +609,27 @@ void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, De
   }
 }
 
+// The model `generate` runs for this plan's shape and row.
+train::GptConfig gpt_of(const PlanInput& in, const DecodeModel& row) {
+  train::GptConfig g;
+  g.vocab = row.vocab, g.layers = in.layers, g.width = row.width, g.hidden = row.hidden;
+  g.heads = in.heads, g.kv_heads = in.kv_heads, g.head_dim = in.head_dim;
+  return g;
+}
+
+// The decode step's rows at the batch asked: the model's own layers on in.batch rows at once (at
+// most 16384), seconds a token, the slowest rank's.
+std::string calibrate_batch_rows(Communicator& comm, const PlanInput& in, DecodeModel& row) {
+  if (row.width <= 0) return "";
+  row.batch_rows = std::min<std::int64_t>(in.batch, 16384);
+  double s = train::prefill_row_seconds(gpt_of(in, row), row.batch_rows);
+  comm.allreduce_max(&s, 1);
+  row.batch_token_s = s;
+  return fmt::format("decode rows calibrated (CPU seconds): {:.2f} us a token at {} rows a step (all layers, the "
+                     "LM head apart)\n",
+                     s * 1e6, row.batch_rows);
+}
+
 }  // namespace
 
 std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row) {
@@ -620,17 +644,19 @@ std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row
   std::string curve;
   calibrate_llc(comm, in, in.cluster.kernel.memory_bandwidth, row, curve);
   if (comm.size() > 1) row.collective_s = decode_gather_seconds(comm, in.heads, in.kv_heads, in.head_dim);
-  const std::string prefill_line = calibrate_prefill(comm, in, row);
+  row.request_s = decode_request_seconds(comm, in.heads, in.kv_heads, in.head_dim);
+  const std::string prefill_line = calibrate_prefill(comm, in, row) + calibrate_batch_rows(comm, in, row);
   return fmt::format(
              "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} "
              "GB/s, a "
              "plain read "
              "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a "
              "rank:{}); a "
-             "step's gather {:.1f} us{}\n",
+             "step's gather {:.1f} us; a request adds {:.2f} us a layer (cp = 1; heads {:.2f}, interleaved {:.2f}){}\n",
              in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,
              d.read_bytes_s / 1e9, d.kernel_bytes_s / d.read_bytes_s, row.llc_bytes / double(1 << 20),
              row.llc_bandwidth / 1e9, curve.substr(0, curve.size() - 1), row.collective_s * 1e6,
+             row.request_s.unsharded * 1e6, row.request_s.heads * 1e6, row.request_s.interleaved * 1e6,
              products.empty()
                  ? std::string()
                  : fmt::format("; the row {:.3g} MFLOP a token at {:.2f} GFLOP/s one thread, weights {:.3g} MB",
@@ -648,11 +674,8 @@ std::string calibrate_prefill(Communicator& comm, const PlanInput& in, DecodeMod
   double per[2] = {block / cpu_prefill_rate(comm, in.head_dim, heads, keys, in.cluster.kernel.kv_pack_s_per_byte), 0.0};
   std::int64_t rows = 0;
   if (row.width > 0) {
-    train::GptConfig g;
-    g.vocab = row.vocab, g.layers = in.layers, g.width = row.width, g.hidden = row.hidden;
-    g.heads = in.heads, g.kv_heads = in.kv_heads, g.head_dim = in.head_dim;
     rows = std::min<std::int64_t>((in.seq + in.cp - 1) / in.cp, 16384);
-    per[1] = train::prefill_row_seconds(g, rows);
+    per[1] = train::prefill_row_seconds(gpt_of(in, row), rows);
   }
   comm.allreduce_max(per, 2);
   row.prefill_flops = 1 / per[0];

@@ -16,6 +16,9 @@
 #include <new>
 #include <vector>
 
+#include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/infer/cached_attention.hpp"
+#include "ulysses/infer/kv_cache.hpp"
 #include "ulysses/kernels/read_probe.hpp"
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/core/error.hpp"
@@ -292,6 +295,67 @@ double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_
   double seconds = median_of(t);
   comm.allreduce_max(&seconds, 1);
   return seconds;
+}
+
+namespace {
+
+// Caches of one layer for `batch` requests under `layout` on comm, each holding one row a rank.
+std::vector<std::unique_ptr<KvCache>> one_row_caches(const Communicator& comm, KvLayout layout,
+                                                     const KvCacheShape& shape, std::int64_t batch) {
+  std::vector<std::unique_ptr<KvCache>> caches;
+  const int cp = comm.size();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    caches.push_back(std::make_unique<KvCache>(layout, shape, cp, comm.rank()));
+    KvCache& c = *caches.back();
+    const std::int64_t rows = kv_rows(layout, cp, cp, comm.rank()), kv = c.heads().kv.count;
+    std::vector<float> kv_rows_of(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1) * kv * shape.head_dim), 0.25f);
+    const TensorView x =
+        TensorView::dense(kv_rows_of.data(), DType::f32, {1, rows, kv, shape.head_dim}, Layout::bshd);
+    c.append(0, cp, x, x);
+  }
+  return caches;
+}
+
+// The median over `pairs` of (a layer of 1 + n requests − a layer of 1) / n, on comm.
+double request_slope(Communicator& comm, KvLayout layout, std::int64_t heads, std::int64_t kv_heads,
+                     std::int64_t head_dim) {
+  constexpr std::int64_t n = 32;
+  constexpr int pairs = 15;
+  const KvCacheShape shape{1, heads, kv_heads, head_dim, comm.size() + pairs + 1};
+  std::vector<float> q(static_cast<std::size_t>((n + 1) * heads * head_dim), 0.5f), out(q.size()),
+      kv(static_cast<std::size_t>((n + 1) * kv_heads * head_dim), 0.25f);
+  auto layer = [&](std::vector<std::unique_ptr<KvCache>>& caches) {
+    std::vector<KvCache*> ptrs;
+    for (auto& c : caches) ptrs.push_back(c.get());
+    const std::int64_t b = std::int64_t(ptrs.size());
+    auto view = [&](std::vector<float>& t, std::int64_t h) {
+      return TensorView::dense(t.data(), DType::f32, {1, b, h, head_dim}, Layout::bshd);
+    };
+    const double t0 = kernels::probe_clock();
+    decode_attention(comm, ptrs, 0, view(q, heads), view(kv, kv_heads), view(kv, kv_heads), view(out, heads));
+    return kernels::probe_clock() - t0;
+  };
+  auto one = one_row_caches(comm, layout, shape, 1), many = one_row_caches(comm, layout, shape, 1 + n);
+  layer(one), layer(many);  // warm: the buffers, the caches' pages
+  std::vector<double> d;
+  for (int i = 0; i < pairs; ++i) d.push_back((layer(many) - layer(one)) / double(n));
+  return std::max(0.0, median_of(d));
+}
+
+}  // namespace
+
+DecodeModel::RequestCost decode_request_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads,
+                                                std::int64_t head_dim) {
+  const KvCacheShape shape{1, heads, kv_heads, head_dim, 1};
+  double s[3] = {request_slope(*make_self_communicator(comm), KvLayout::heads, heads, kv_heads, head_dim), 0, 0};
+  if (comm.size() > 1)
+    for (int i : {1, 2}) {
+      const KvLayout layout = i == 1 ? KvLayout::heads : KvLayout::interleaved;
+      if (kv_layout_error(layout, shape, comm.size()).empty())
+        s[i] = request_slope(comm, layout, heads, kv_heads, head_dim);
+    }
+  comm.allreduce_max(s, 3);
+  return {s[0], s[1], s[2]};
 }
 
 double row_rate(const std::vector<std::pair<std::int64_t, std::int64_t>>& products) {

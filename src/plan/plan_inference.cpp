@@ -66,21 +66,35 @@ StepCost step_cost(const PlanInput& in, const DecodeModel& m, KvLayout layout, i
   return c;
 }
 
-// The rows' own work of one step: their FLOPs at the row rate, or their weights' one read at `bw`
-// (the cache's rate: both stay in the last-level cache or neither) when that is slower (a large
-// model at small batch).
+// The rows' own work of one step: their FLOPs at the row rate (the layers' at the batch's own
+// measured rate when calibrated; the LM head, one product a request, at the one-row rate), or
+// their weights' one read at `bw` (the cache's rate: both stay in the last-level cache or
+// neither) when that is slower (a large model at small batch).
 double row_seconds(const PlanInput& in, const DecodeModel& row, double batch, double bw) {
   if (row.width <= 0) return 0;
   const double rate = row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency;
   const double weights_s = bw > 0 ? row_weights(in, row) * double(dtype_size(in.dtype)) / bw : 0;
-  return std::max(batch * row_flops(in, row) / rate, weights_s);
+  const double head_flops = 2 * double(row.width) * double(row.vocab);
+  const double token_s = row.batch_token_s > 0 ? row.batch_token_s + head_flops / rate : row_flops(in, row) / rate;
+  return std::max(batch * token_s, weights_s);
+}
+
+// What each of `layout`'s requests adds to a layer beyond its read (cp 1: the unsharded cache's).
+double request_seconds(const DecodeModel& m, KvLayout layout, int cp) {
+  if (cp == 1) return m.request_s.unsharded;
+  return layout == KvLayout::heads ? m.request_s.heads : m.request_s.interleaved;
+}
+
+// One step's fixed costs beyond its reads, all layers: the layer's kernel call and each request's.
+double calls_seconds(const PlanInput& in, const DecodeModel& m, KvLayout layout, int cp, double batch) {
+  return double(in.layers) * (in.cluster.kernel.call_s + batch * request_seconds(m, layout, cp));
 }
 
 double step_seconds(const PlanInput& in, const DecodeModel& row, KvLayout layout, int cp, const LayoutHeads& h,
                     double batch, std::int64_t context) {
   const StepCost c = step_cost(in, row, layout, cp, h, batch, context);
-  return double(in.layers) * (std::max(c.read_s, c.compute_s) + in.cluster.kernel.call_s + c.comm_s) +
-         row_seconds(in, row, batch, c.bandwidth);
+  return double(in.layers) * (std::max(c.read_s, c.compute_s) + c.comm_s) +
+         calls_seconds(in, row, layout, cp, batch) + row_seconds(in, row, batch, c.bandwidth);
 }
 
 // The least x in [1, 2^30] with wins(x) (monotone: sharding saves per request and per token what
@@ -118,6 +132,7 @@ DecodeRow decode_row(const PlanInput& in, const DecodeModel& row, KvLayout layou
   r.comm_s = layers * c.comm_s;
   r.collectives = cp > 1 ? in.layers : 0;
   r.row_s = row_seconds(in, row, batch, c.bandwidth);
+  r.calls_s = calls_seconds(in, row, layout, cp, batch);
   r.step_s = step_seconds(in, row, layout, cp, heads, batch, in.seq);
   r.tokens_per_s = r.step_s > 0 ? batch / r.step_s : 0;
   if (cp == 1) return r;
@@ -168,6 +183,30 @@ PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* na
   return r;
 }
 
+// "" when the row's model can price a step, else what is wrong with it.
+std::string decode_model_error(const DecodeModel& m) {
+  const DecodeModel::RequestCost& q = m.request_s;
+  if (m.width < 0 || (m.width > 0 && (m.hidden < 1 || m.vocab < 1)) || !(m.flops_per_s >= 0) || !(m.llc_bytes >= 0) ||
+      !(m.llc_bandwidth >= 0) || !(m.collective_s >= 0) || !(m.prefill_token_s >= 0) || !(m.prefill_flops >= 0))
+    return fmt::format(
+        "the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
+        "rate, cache bytes, cache bandwidth, collective and prefill figures >= 0; got width {}, hidden {}, "
+        "vocab {}, rate {}, {}, {}, {}, prefill {}, {}",
+        m.width, m.hidden, m.vocab, m.flops_per_s, m.llc_bytes, m.llc_bandwidth, m.collective_s, m.prefill_token_s,
+        m.prefill_flops);
+  if (!(m.batch_token_s >= 0) || !std::isfinite(m.batch_token_s) || m.batch_rows < 0 ||
+      (m.batch_token_s > 0) != (m.batch_rows > 0))
+    return fmt::format(
+        "the rows at the batch need seconds a token >= 0 and finite, measured on rows >= 1 (both 0: not "
+        "measured); got {} s on {} rows",
+        m.batch_token_s, m.batch_rows);
+  for (double x : {q.unsharded, q.heads, q.interleaved})
+    if (!(x >= 0) || !std::isfinite(x))
+      return fmt::format("a request's seconds a layer must be >= 0 and finite; got {}, {} (heads), {} (interleaved)",
+                         q.unsharded, q.heads, q.interleaved);
+  return "";
+}
+
 }  // namespace
 
 double prefill_token_seconds(const PlanInput& in, const DecodeModel& row) {
@@ -194,15 +233,7 @@ double row_flops(const PlanInput& in, const DecodeModel& row) { return 2 * row_w
 
 DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
-  if (row.width < 0 || (row.width > 0 && (row.hidden < 1 || row.vocab < 1)) || !(row.flops_per_s >= 0) ||
-      !(row.llc_bytes >= 0) || !(row.llc_bandwidth >= 0) || !(row.collective_s >= 0) || !(row.prefill_token_s >= 0) ||
-      !(row.prefill_flops >= 0))
-    throw Error(
-        fmt::format("the row's model needs width >= 0 and, with a width, hidden >= 1 and vocab >= 1 and a "
-                    "rate, cache bytes, cache bandwidth, collective and prefill figures >= 0; got width {}, hidden {}, "
-                    "vocab {}, rate {}, {}, {}, {}, prefill {}, {}",
-                    row.width, row.hidden, row.vocab, row.flops_per_s, row.llc_bytes, row.llc_bandwidth,
-                    row.collective_s, row.prefill_token_s, row.prefill_flops));
+  if (const std::string err = decode_model_error(row); !err.empty()) throw Error(err);
   DecodePlan p;
   p.rows.push_back(decode_row(in, row, KvLayout::heads, 1));
   if (in.cp > 1)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ulysses/comm/communicator.hpp"
+#include "ulysses/plan/plan_inference.hpp"
 #include "ulysses/plan/planner.hpp"
 
 namespace ulysses {
@@ -54,6 +55,15 @@ DecodeRate decode_rate(std::int64_t heads, std::int64_t kv_heads, std::int64_t h
 // (the ranks reach it as a step's layers do, with the skew between them), on the decode probes'
 // clock, the slowest rank's. Polling ranks count the wait for a late peer.
 double decode_gather_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+
+// Collective. The seconds one request adds to a layer of a decode step beyond its cache's read,
+// per layout: decode_attention itself (the step's own code: the request's row appended, its
+// kernel call, its block unpacked or merged, its bytes in the gather) over 33 requests against
+// 1, each cache holding one row a rank, the median of 15 such differences over 32, on the decode
+// probes' clock, the slowest rank's. `unsharded` on this rank alone (cp = 1), `heads` and
+// `interleaved` over comm (0 where the layout cannot hold these heads, and on one rank).
+DecodeModel::RequestCost decode_request_seconds(Communicator& comm, std::int64_t heads, std::int64_t kv_heads,
+                                                std::int64_t head_dim);
 
 // Not collective: FLOP/s of one row [1, in] through each product [in, out] listed (BLAS on this
 // thread, each weight matrix its own, read warm; 20 rows in turn), the median of 7 on the decode

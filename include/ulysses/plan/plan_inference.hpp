@@ -31,6 +31,7 @@ struct DecodeRow {
   double kv_bytes = 0;                           // the cache a rank holds, all layers
   double read_s = 0, compute_s = 0, comm_s = 0;  // per step, all layers
   double row_s = 0;                              // per step: the rows' own work (DecodeModel), every rank alike
+  double calls_s = 0;  // per step, all layers: fixed costs beyond the read (a call a layer, each request's own)
   std::int64_t collectives = 0;                  // per step
   double step_s = 0;                             // time per output token
   double tokens_per_s = 0;                       // batch / step_s
@@ -91,6 +92,22 @@ struct DecodeModel {
   // blocks).
   double prefill_token_s = 0;
   double prefill_flops = 0;
+  // The decode step's rows at the batch asked: seconds per token of the work around the
+  // attention on `batch_rows` rows at once, all layers, the LM head apart (plan --calibrate times
+  // the model's own layers at in.batch rows: the products of b rows are one GEMM of b rows, whose
+  // rate and whose norms', rotary table's and buffers' share per row depend on b); 0: the row's
+  // FLOPs at flops_per_s. Priced at every batch the crossover search tries (the rows are the
+  // same at every cp, so they move no crossover).
+  double batch_token_s = 0;
+  std::int64_t batch_rows = 0;
+  // Seconds each request adds to a layer beyond its cache's read, per layout (plan --calibrate:
+  // the decode step's own code, over caches of one row a rank, one request against many): this
+  // CPU path appends each request's row, calls the kernel once per request and unpacks (heads)
+  // or merges (interleaved) its block, so b requests pay b of them. 0: none beyond the layer's
+  // one kernel call (a GPU's paged kernel takes every request's cache in one launch).
+  struct RequestCost {
+    double unsharded = 0, heads = 0, interleaved = 0;
+  } request_s;
 };
 
 // The prompt's rows of one token on one rank, all layers (the LM head apart): seconds at
