@@ -97,8 +97,11 @@ j = json.load(open(sys.argv[1]))
 rows = {r["layout"]: r for r in j["decode"]["rows"]}
 assert j["input"]["kernel"]["memory_bandwidth"] > 0, j["input"]
 assert all(r["valid"] and r["row_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values()), rows
-assert rows["heads"]["row_s"] == rows["cp = 1"]["row_s"] and rows["heads"]["comm_s"] > 0, rows' "$dir/dc.json" &&
+assert rows["heads"]["row_s"] == rows["cp = 1"]["row_s"] and rows["heads"]["comm_s"] > 0, rows
+assert all(math.isfinite(r["calls_s"]) and r["calls_s"] > 0 for r in rows.values()), rows' "$dir/dc.json" &&
   grep -q "^decode calibrated (CPU seconds): the kernel reads" "$dir/dc.log" && grep -q "a step.s gather" "$dir/dc.log" &&
+  grep -q "a request adds [0-9.]* us a layer (cp = 1; heads [0-9.]*, interleaved [0-9.]*)" "$dir/dc.log" &&
+  grep -q "^decode rows calibrated (CPU seconds): [0-9.]* us a token at 1 rows a step" "$dir/dc.log" &&
   ok "plan --calibrate --mode decode --width: rates, gather and row measured" || { bad "plan decode calibrate"; cat "$dir/dc.log"; }
 expect "plan --vocab without decode" 2 "--vocab has no effect without --mode decode --width" plan --seq 512 --heads 4 --vocab 100
 expect "plan --width without a mode" 2 "--width has no effect without --train, --lengths or --mode decode" \

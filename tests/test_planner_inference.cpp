@@ -107,6 +107,48 @@ TEST(PlanInference, DecodeStepCountedByHandWithTheRowAroundTheAttention) {
   EXPECT_NEAR(row(plan_decode(one, {128, 344, 256, 2e10}), "cp = 1").row_s, 171.2128e-6, 1e-15);
 }
 
+// The step's calibrated fixed costs counted by hand: each request's own a layer (its row
+// appended, its kernel call, its block unpacked or merged; one figure per layout) and the rows at
+// the batch's own measured seconds a token.
+TEST(PlanInference, EachRequestPaysItsOwnCostsALayerAndTheRowsTheirBatchsRate) {
+  const PlanInput in = counted_input();
+  DecodeModel m{128, 344, 256, 5e9};
+  m.request_s = {2e-6, 3e-6, 4e-6};
+  m.batch_token_s = 100e-6;
+  m.batch_rows = 2;
+  const DecodePlan p = plan_decode(in, m);
+  // The rows: 2 tokens · (100 us of layers + the LM head's 2 · 128 · 256 FLOP at 5 GFLOP/s,
+  // 13.1072 us) = 226.2144 us, over the weights' read (171.2128 us); the same at every cp.
+  for (const DecodeRow& r : p.rows) EXPECT_NEAR(r.row_s, 226.2144e-6, 1e-15) << r.layout;
+  // A layer's calls: the 5 us call and 2 requests' own: 2 · (5 + 2 · 2) = 18 us at cp = 1,
+  // 2 · (5 + 2 · 3) = 22 us (heads), 2 · (5 + 2 · 4) = 26 us (interleaved).
+  EXPECT_NEAR(row(p, "cp = 1").calls_s, 18e-6, 1e-15);
+  EXPECT_NEAR(row(p, "heads").calls_s, 22e-6, 1e-15);
+  EXPECT_NEAR(row(p, "interleaved").calls_s, 26e-6, 1e-15);
+  EXPECT_NEAR(row(p, "cp = 1").step_s, 409.6e-6 + 18e-6 + 226.2144e-6, 1e-15);
+  EXPECT_NEAR(row(p, "heads").step_s, 2 * (102.4e-6 + 10.512e-6) + 22e-6 + 226.2144e-6, 1e-15);
+  EXPECT_NEAR(row(p, "interleaved").step_s, 2 * (102.4e-6 + 11.056e-6) + 26e-6 + 226.2144e-6, 1e-15);
+  // Crossover at 2 requests: heads saves s · 102.4 ns a layer against its 10.512 us gather and
+  // 2 · (3 − 2) us of requests' costs: from s = 123 (122 · 102.4 ns = 12.4928 us); interleaved
+  // saves floor(s / 2) · 204.8 ns against 11.056 + 2 · (4 − 2) = 15.056 us: from floor(s / 2) =
+  // 74, s = 148. At 1000 tokens one request pays: 51.2 − 1 us saved against 10.512.
+  EXPECT_EQ(row(p, "heads").crossover_context, 123);
+  EXPECT_EQ(row(p, "interleaved").crossover_context, 148);
+  EXPECT_EQ(row(p, "heads").crossover_batch, 1);
+  // Bad figures are refused: negative, not a number, seconds without the rows they were measured on.
+  for (double bad : {-1e-6, std::nan("")}) {
+    DecodeModel b = m;
+    b.request_s.interleaved = bad;
+    EXPECT_THROW(plan_decode(in, b), Error);
+    b = m;
+    b.batch_token_s = bad;
+    EXPECT_THROW(plan_decode(in, b), Error);
+  }
+  DecodeModel no_rows = m;
+  no_rows.batch_rows = 0;
+  EXPECT_THROW(plan_decode(in, no_rows), Error);
+}
+
 TEST(PlanInference, ACacheThatFitsTheNodesLastLevelCacheReadsAtItsRate) {
   const PlanInput in = counted_input();
   DecodeModel m{128, 344, 256, 5e9};
