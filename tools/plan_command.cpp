@@ -625,9 +625,10 @@ std::string calibrate_batch_rows(Communicator& comm, const PlanInput& in, Decode
   double s = train::prefill_row_seconds(gpt_of(in, row), row.batch_rows);
   comm.allreduce_max(&s, 1);
   row.batch_token_s = s;
-  return fmt::format("decode rows calibrated (CPU seconds): {:.2f} us a token at {} rows a step (all layers, the "
-                     "LM head apart)\n",
-                     s * 1e6, row.batch_rows);
+  return fmt::format(
+      "decode rows calibrated (CPU seconds): {:.2f} us a token at {} rows a step (all layers, the "
+      "LM head apart)\n",
+      s * 1e6, row.batch_rows);
 }
 
 }  // namespace

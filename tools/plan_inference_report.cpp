@@ -50,8 +50,8 @@ nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
         (row.flops_per_s > 0 ? row.flops_per_s : in.cluster.peak_flops * in.cluster.efficiency) / 1e9,
         row_weights(in, row) * double(dtype_size(in.dtype)) / 1e6);
   fmt::print("{:<13} {:>4} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>12} {:>12} {:>12} {:>12}\n", "layout",
-             "cp", "KV MB/rank", "read ms", "compute ms", "comm ms", "calls ms", "row ms", "colls", "ms/token", "tokens/s",
-             "x cp=1", "crossover");
+             "cp", "KV MB/rank", "read ms", "compute ms", "comm ms", "calls ms", "row ms", "colls", "ms/token",
+             "tokens/s", "x cp=1", "crossover");
   const double base = p.rows.front().valid ? p.rows.front().step_s : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
@@ -81,9 +81,8 @@ nlohmann::json report_decode(const PlanInput& in, const DecodeModel& row) {
         "{:<13} {:>4} {:>12.3f} {:>10.4f} {:>10.4f} {:>10.4f} {:>10.4f} {:>10.4f} {:>6} {:>12.4f} {:>12.4g} {:>12.2f} "
         "{:>12}{}{}\n",
         r.layout, r.cp, r.kv_bytes / 1e6, r.read_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.calls_s * 1e3,
-        r.row_s * 1e3,
-        r.collectives, r.step_s * 1e3, r.tokens_per_s, base > 0 && r.step_s > 0 ? base / r.step_s : 0.0, cross,
-        r.replication > 1 ? fmt::format("  (each KV head on {} ranks)", r.replication) : "",
+        r.row_s * 1e3, r.collectives, r.step_s * 1e3, r.tokens_per_s, base > 0 && r.step_s > 0 ? base / r.step_s : 0.0,
+        cross, r.replication > 1 ? fmt::format("  (each KV head on {} ranks)", r.replication) : "",
         int(i) == p.best ? "  <- recommended" : "");
   }
   fmt::print("decode recommendation: {}\n", p.recommendation);

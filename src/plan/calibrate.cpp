@@ -308,9 +308,9 @@ std::vector<std::unique_ptr<KvCache>> one_row_caches(const Communicator& comm, K
     caches.push_back(std::make_unique<KvCache>(layout, shape, cp, comm.rank()));
     KvCache& c = *caches.back();
     const std::int64_t rows = kv_rows(layout, cp, cp, comm.rank()), kv = c.heads().kv.count;
-    std::vector<float> kv_rows_of(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1) * kv * shape.head_dim), 0.25f);
-    const TensorView x =
-        TensorView::dense(kv_rows_of.data(), DType::f32, {1, rows, kv, shape.head_dim}, Layout::bshd);
+    std::vector<float> kv_rows_of(static_cast<std::size_t>(std::max<std::int64_t>(rows, 1) * kv * shape.head_dim),
+                                  0.25f);
+    const TensorView x = TensorView::dense(kv_rows_of.data(), DType::f32, {1, rows, kv, shape.head_dim}, Layout::bshd);
     c.append(0, cp, x, x);
   }
   return caches;

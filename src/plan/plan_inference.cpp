@@ -93,8 +93,8 @@ double calls_seconds(const PlanInput& in, const DecodeModel& m, KvLayout layout,
 double step_seconds(const PlanInput& in, const DecodeModel& row, KvLayout layout, int cp, const LayoutHeads& h,
                     double batch, std::int64_t context) {
   const StepCost c = step_cost(in, row, layout, cp, h, batch, context);
-  return double(in.layers) * (std::max(c.read_s, c.compute_s) + c.comm_s) +
-         calls_seconds(in, row, layout, cp, batch) + row_seconds(in, row, batch, c.bandwidth);
+  return double(in.layers) * (std::max(c.read_s, c.compute_s) + c.comm_s) + calls_seconds(in, row, layout, cp, batch) +
+         row_seconds(in, row, batch, c.bandwidth);
 }
 
 // The least x in [1, 2^30] with wins(x) (monotone: sharding saves per request and per token what

@@ -32,9 +32,9 @@ struct DecodeRow {
   double read_s = 0, compute_s = 0, comm_s = 0;  // per step, all layers
   double row_s = 0;                              // per step: the rows' own work (DecodeModel), every rank alike
   double calls_s = 0;  // per step, all layers: fixed costs beyond the read (a call a layer, each request's own)
-  std::int64_t collectives = 0;                  // per step
-  double step_s = 0;                             // time per output token
-  double tokens_per_s = 0;                       // batch / step_s
+  std::int64_t collectives = 0;  // per step
+  double step_s = 0;             // time per output token
+  double tokens_per_s = 0;       // batch / step_s
   // The least concurrency (requests per step, at in.seq) and the least context (at in.batch)
   // at which this layout's step is faster than cp = 1's; 0: not below 2^30; 1: from the start.
   std::int64_t crossover_batch = 0, crossover_context = 0;
