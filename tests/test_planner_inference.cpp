@@ -171,30 +171,6 @@ TEST(PlanInference, ACacheThatFitsTheNodesLastLevelCacheReadsAtItsRate) {
   EXPECT_THROW(plan_decode(in, m), Error);
 }
 
-// The read priced at the measured curve's rate for the node's bytes: the smallest size measured
-// that holds them, the memory's rate past the last; the one threshold unused.
-TEST(PlanInference, TheReadCurvePricesEachNodesBytesAtTheSmallestSizeThatHoldsThem) {
-  const PlanInput in = counted_input();
-  DecodeModel m{128, 344, 256, 5e9};
-  m.kernel_measured = true;
-  m.llc_bytes = 6e6;  // would read cp = 1's 5808128 B at 40 GB/s: the curve wins
-  m.llc_bandwidth = 4e10;
-  m.read_curve = {{4e6, 5e10}, {8e6, 2e10}};
-  const DecodePlan p = plan_decode(in, m);
-  // cp = 1: 5808128 B on the node, over 4e6, under 8e6: 4.096 MB at 20 GB/s = 204.8 us.
-  EXPECT_NEAR(row(p, "cp = 1").read_s, 204.8e-6, 1e-15);
-  // heads: 7520256 B on the node (two ranks), under 8e6: 2.048 MB a rank at 20 GB/s = 102.4 us.
-  EXPECT_NEAR(row(p, "heads").read_s, 102.4e-6, 1e-15);
-  // Past the curve's last size: the memory's 10 GB/s, 409.6 us at cp = 1.
-  m.read_curve = {{4e6, 5e10}, {5e6, 2e10}};
-  EXPECT_NEAR(row(plan_decode(in, m), "cp = 1").read_s, 409.6e-6, 1e-15);
-  for (const auto& bad : std::vector<std::vector<std::pair<double, double>>>{
-           {{8e6, 2e10}, {4e6, 5e10}}, {{4e6, 0}}, {{0, 5e10}}, {{4e6, std::nan("")}}}) {
-    m.read_curve = bad;
-    EXPECT_THROW(plan_decode(in, m), Error);
-  }
-}
-
 TEST(PlanInference, DecodeModelRefusesAWidthWithoutItsSizes) {
   const PlanInput in = counted_input();
   EXPECT_THROW(plan_decode(in, {128, 0, 256, 0}), Error);

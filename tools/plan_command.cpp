@@ -593,20 +593,18 @@ Plan plan_with_measured_band(const PlanInput& in, const Plan& plan, const std::v
 }
 
 // Collective. The decode kernel's rate over caches of 2 to 64 MiB a rank (steps of sqrt 2) and 256 MiB,
-// every rank at once, the slowest rank's, until a size reads within 15 % of the 256 MiB rate: the
-// read curve (its bytes on the node: each size times the ranks here). The last-level cache
-// printed is the largest size, from the smallest up, still read at 1.5x the 256 MiB rate or more.
+// every rank at once, the slowest rank's: the last-level cache is the largest size, from the
+// smallest up, still read at 1.5x the 256 MiB rate or more (its bytes on the node: that size times
+// the ranks here), read at that size's rate.
 void calibrate_llc(Communicator& comm, const PlanInput& in, double memory_bw, DecodeModel& m, std::string& curve) {
   const double ranks_here = double(comm.ranks_on_this_node());
-  bool fits = true, above = true;
-  for (int k = 2; k <= 12 && above; ++k) {
+  bool fits = true;
+  for (int k = 2; k <= 12 && fits; ++k) {
     const double bytes = double(1 << 20) * std::pow(2.0, k / 2.0);
     double per_byte = 1 / decode_rate(in.heads, in.kv_heads, in.head_dim, bytes).kernel_bytes_s;
     comm.allreduce_max(&per_byte, 1);
     curve += fmt::format(" {:.1f} MiB {:.1f},", bytes / double(1 << 20), 1e-9 / per_byte);
-    m.read_curve.emplace_back(bytes * ranks_here, 1 / per_byte);
-    fits = fits && 1 / per_byte >= 1.5 * memory_bw;
-    above = 1 / per_byte >= 1.15 * memory_bw;
+    fits = 1 / per_byte >= 1.5 * memory_bw;
     if (fits) m.llc_bytes = bytes * ranks_here, m.llc_bandwidth = 1 / per_byte;
   }
 }
@@ -653,8 +651,7 @@ std::string calibrate_decode(Communicator& comm, PlanInput& in, DecodeModel& row
              "decode calibrated (CPU seconds): the kernel reads {:.2f} GB/s over {:.0f} MiB a rank (rank 0: {:.2f} "
              "GB/s, a "
              "plain read "
-             "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (the read priced at "
-             "this curve's rate for a node's bytes, GB/s by MiB a "
+             "{:.2f} GB/s, fraction {:.2f}); a cache of at most {:.1f} MiB a node at {:.2f} GB/s (GB/s by MiB a "
              "rank:{}); a "
              "step's gather {:.1f} us; a request adds {:.2f} us a layer (cp = 1; heads {:.2f}, interleaved {:.2f}){}\n",
              in.cluster.kernel.memory_bandwidth / 1e9, d.bytes / double(1 << 20), d.kernel_bytes_s / 1e9,

@@ -43,11 +43,6 @@ LayoutHeads layout_heads(const PlanInput& in, KvLayout layout, int cp) {
 double read_bandwidth(const PlanInput& in, const DecodeModel& m, int cp, double rank_cache_bytes) {
   const double ranks_here = double(std::min(cp, std::max(1, in.cluster.ranks_per_node)));
   const double node = ranks_here * (rank_cache_bytes + row_weights(in, m) * double(dtype_size(in.dtype)));
-  if (!m.read_curve.empty()) {
-    for (const auto& [bytes, rate] : m.read_curve)
-      if (node <= bytes) return rate;
-    return in.cluster.kernel.memory_bandwidth;
-  }
   return m.llc_bytes > 0 && m.llc_bandwidth > 0 && node <= m.llc_bytes ? m.llc_bandwidth
                                                                        : in.cluster.kernel.memory_bandwidth;
 }
@@ -205,13 +200,6 @@ std::string decode_model_error(const DecodeModel& m) {
         "the rows at the batch need seconds a token >= 0 and finite, measured on rows >= 1 (both 0: not "
         "measured); got {} s on {} rows",
         m.batch_token_s, m.batch_rows);
-  for (std::size_t i = 0; i < m.read_curve.size(); ++i) {
-    const auto [bytes, rate] = m.read_curve[i];
-    if (!(bytes > 0) || !std::isfinite(bytes) || !(rate > 0) || !std::isfinite(rate) ||
-        (i > 0 && !(bytes > m.read_curve[i - 1].first)))
-      return fmt::format("the read curve needs sizes > 0 ascending and rates > 0, finite; point {} is {} B at {} B/s",
-                         i, bytes, rate);
-  }
   for (double x : {q.unsharded, q.heads, q.interleaved})
     if (!(x >= 0) || !std::isfinite(x))
       return fmt::format("a request's seconds a layer must be >= 0 and finite; got {}, {} (heads), {} (interleaved)",

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "ulysses/cp/cost_model.hpp"
@@ -77,12 +76,6 @@ struct DecodeModel {
   // FLOP/s of one row through these products (plan --calibrate times them); 0: peak × efficiency.
   double flops_per_s = 0;
   double llc_bytes = 0, llc_bandwidth = 0;  // per node
-  // The kernel's measured rate by size (plan --calibrate: {bytes a node, bytes/s}, every rank
-  // re-reading its share at once, ascending, up to the first size read near the memory's rate):
-  // a step whose node bytes fit one reads at the smallest such size's rate, past the last at the
-  // memory's. It replaces the one threshold above, which a rate measured near it moves from run
-  // to run. Empty: the threshold.
-  std::vector<std::pair<double, double>> read_curve;
   // The read rates are the decode kernel's own, measured (plan --calibrate): its FLOPs are inside
   // them, so no compute term beside the read (else 4·d FLOPs a cached row and query head at
   // peak × efficiency, when slower than the read).
