@@ -16,6 +16,8 @@
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/cp/kernel_model.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/cp/token_layout.hpp"
 #include "ulysses/plan/planner.hpp"
 #include "ulysses/plan/presets.hpp"
 
@@ -464,4 +466,104 @@ TEST(Calibrate, TheKernelFitKeepsTheMeasuredBackwardRatio) {
   apply_calibrated_kernel(c, k, 64);
   EXPECT_EQ(c.kernel.backward_ratio, 2.2);
   EXPECT_EQ(c.kernel.call_s, 5e-6);
+}
+
+namespace {
+
+// The ring's calls as forward_pairs makes them, counted from the layout: the busiest member's
+// (query chunk, key chunk) pairs with a visible key, over every member's key chunks, and the
+// diagonal ones (a chunk against itself). `inner` ranks' chunks make one member.
+RingPairs counted_ring_pairs(int cp, int inner, bool zigzag, bool causal) {
+  const CpConfig cfg{"p2p", {}, causal, std::nullopt, zigzag};
+  const AttentionParams params = attention_params(cfg);
+  const std::int64_t s = 64 * cp;
+  std::vector<SeqChunk> all;
+  for (int r = 0; r < cp; ++r)
+    for (const SeqChunk& c : rank_chunks(cfg, cp, r, s)) all.push_back(c);
+  RingPairs busiest;
+  for (int first = 0; first < cp; first += inner) {
+    RingPairs m;
+    for (int r = first; r < first + inner; ++r)
+      for (const SeqChunk& q : rank_chunks(cfg, cp, r, s))
+        for (const SeqChunk& k : all)
+          if (visible_pairs(params, q, k) > 0) m.pairs += 1, m.diagonal += causal && q.begin == k.begin ? 1 : 0;
+    if (m.pairs > busiest.pairs) busiest = m;
+  }
+  return busiest;
+}
+
+}  // namespace
+
+TEST(PlannerPublished, RingPairsAreTheCallsTheRingMakes) {
+  // cp 2, zigzag: chunks {0, 3} and {1, 2} of 4; causal, 0:0 3:0 3:3 at the first step, 3:1 3:2
+  // at the second: 5 calls, 2 of them diagonal; 2 x 4 without a mask, were the chunks zigzagged
+  // (a full mask keeps contiguous chunks: a call per step).
+  EXPECT_EQ(ring_visible_pairs(2, 2, true, true).pairs, 5);
+  EXPECT_EQ(ring_visible_pairs(2, 2, true, true).diagonal, 2);
+  EXPECT_EQ(ring_visible_pairs(2, 2, true, false).pairs, 8);
+  EXPECT_EQ(ring_visible_pairs(2, 2, true, false).diagonal, 0);
+  EXPECT_EQ(ring_visible_pairs(2, 1, false, true).pairs, 2);  // the last rank: its diagonal and rank 0's chunk
+  // Every cp and grouping against the layout itself (a2a+p2p's member holds `inner` ranks' chunks).
+  for (int cp : {2, 3, 4, 6, 8})
+    for (int inner : {1, 2})
+      for (bool zigzag : {true, false})
+        for (bool causal : {true, false}) {
+          if (cp % inner != 0) continue;
+          const RingPairs want = counted_ring_pairs(cp, inner, zigzag, causal);
+          const bool zz = zigzag && causal;  // the layout's: zigzag only under a causal mask
+          const RingPairs got = ring_visible_pairs(cp / inner, inner * (zz ? 2 : 1), zz, causal);
+          EXPECT_EQ(got.pairs, want.pairs) << cp << " " << inner << " " << zigzag << " " << causal;
+          EXPECT_EQ(got.diagonal, want.diagonal) << cp << " " << inner << " " << zigzag << " " << causal;
+        }
+  // Bad input: no members, no chunks, an odd zigzag count.
+  for (auto [m, c, z] : {std::tuple{0, 2, true}, {2, 0, false}, {-1, 2, true}, {2, 3, true}})
+    EXPECT_EQ(ring_visible_pairs(m, c, z, true).pairs, 0) << m << " " << c << " " << z;
+}
+
+TEST(PlannerPublished, ThisLibrarysRingPaysEveryPairsCall) {
+  // cp 2, causal, zigzag, 8192 tokens on 8 heads (4 KV) of 64, float32, a forward: the ring's 5
+  // calls of 2048 x 2048 against 2 calls of 4096 queries; each call's fixed cost, its pack of
+  // its key chunk and its merge of its query chunk.
+  PlanInput in{.seq = 8192, .heads = 8, .kv_heads = 4, .head_dim = 64, .cp = 2, .mode = PlanMode::forward};
+  in.dtype = DType::f32;
+  in.cluster.ranks_per_node = 2;
+  in.cluster.peak_flops = 1e9;  // the work far above the memory floor of every call
+  in.cluster.kernel.call_s = 1e-3;
+  in.cluster.kernel.kv_pack_s_per_byte = 1e-10;
+  in.cluster.kernel.merge_passes = 4;
+  in.cluster.kernel.memory_bandwidth = 1e10;
+  const Plan steps = make_plan(in);
+  in.cluster.kernel.ring_pair_calls = true;
+  const Plan pairs = make_plan(in);
+  const double pack = 1e-10 * 2 * 4 * 64 * 4, merge = 4.0 * 8 * 64 * 4 / 1e10;  // per key, per query token
+  const double want = (5 - 2) * 1e-3 + (5 * 2048 - 2 * 4096) * pack + (5 * 2048 - 2 * 4096) * merge;
+  for (const char* name : {"p2p", "a2a+p2p [1,2]"})
+    EXPECT_NEAR(row_of(pairs, name).compute_s - row_of(steps, name).compute_s, want, 1e-9) << name;
+  // Rows without a ring, and the ring over contiguous chunks (its busiest rank's 2 calls are the
+  // steps), are unchanged.
+  for (const char* name : {"a2a", "all_gather", "p2p --no-zigzag", "a2a+p2p [2,1]"})
+    EXPECT_NEAR(row_of(pairs, name).compute_s, row_of(steps, name).compute_s, 1e-12 * row_of(steps, name).compute_s)
+        << name;
+  // The GPU presets keep one call per step.
+  EXPECT_FALSE(find_kernel_preset("fa3").kernel.ring_pair_calls);
+}
+
+TEST(PlannerPublished, TheCausalDiagonalsExtraIsFittedFromTwoCalls) {
+  // 512 x 512: 1 ms of pack, 2 ns a pair on the full block; the diagonal's half at 512 / 597 of
+  // the rate: causal_half 85.
+  const double pack = 1e-3, full = pack + 2e-9 * 512 * 512, diag = pack + 2e-9 * 512 * 513 / 2 * 597 / 512;
+  EXPECT_NEAR(fit_causal_half(512, full, diag, pack), 85, 1e-9);
+  EXPECT_NEAR(fit_causal_half(512, full - pack, diag - pack, 0), 85, 1e-9);
+  // Bad input, or a diagonal no slower than the full block: no extra.
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  for (auto [l, f, d, p] : {std::tuple{0.0, full, diag, pack},
+                            {512.0, -full, diag, pack},
+                            {512.0, full, nan, pack},
+                            {512.0, full, diag, inf},
+                            {512.0, full, diag, -1.0},
+                            {512.0, full, diag, 2 * full},
+                            {512.0, full, pack + 1.9e-9 * 512 * 513 / 2, pack}})
+    EXPECT_EQ(fit_causal_half(l, f, d, p), 0) << l << " " << f << " " << d << " " << p;
+  // At most 8192.
+  EXPECT_EQ(fit_causal_half(512, full, pack + 1.0, pack), 8192);
 }

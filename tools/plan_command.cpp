@@ -248,7 +248,8 @@ nlohmann::json kernel_json(const KernelModel& k) {
           {"kv_pack_s_per_byte", k.kv_pack_s_per_byte},
           {"cache_bytes", k.cache_bytes},
           {"past_cache_extra", k.past_cache_extra},
-          {"memory_bandwidth", k.memory_bandwidth}};
+          {"memory_bandwidth", k.memory_bandwidth},
+          {"ring_pair_calls", k.ring_pair_calls}};
 }
 
 nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<double>& measured) {

@@ -1,6 +1,7 @@
 #include "ulysses/cp/cost_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ulysses {
 
@@ -16,6 +17,20 @@ KernelSeconds attention_seconds(const PlanInput& in, const KernelCalls& calls, d
   KernelSeconds t = kernel_seconds(in.cluster.kernel, calls, in.head_dim, double(dtype_size(in.dtype)), flat_fwd_s);
   if (!has_backward(in)) t.bwd = 0;
   return t;
+}
+
+bool counts_ring_pairs(const PlanInput& in) {
+  return in.cluster.kernel.ring_pair_calls && in.documents.empty() && kv_seq_of(in) == in.seq;
+}
+
+KernelCalls ring_pair_calls(const PlanInput& in, std::int64_t members, std::int64_t per_member, bool zigzag,
+                            bool causal, double q_heads, double kv_heads) {
+  const RingPairs p = ring_visible_pairs(members, per_member, zigzag, causal);
+  const double chunks = double(std::max<std::int64_t>(members * per_member, 1));
+  const double q = double(in.seq) / chunks, kv = double(kv_seq_of(in)) / chunks;
+  // A diagonal pair holds half a full pair's work.
+  const double share = p.pairs > 0 ? p.diagonal / (2 * p.pairs - p.diagonal) : 0;
+  return {std::int64_t(std::llround(p.pairs)), q, kv, q_heads, kv_heads, share, true, kv};
 }
 
 double message_seconds(const Link& l, double bytes) { return l.latency + bytes / l.bandwidth; }

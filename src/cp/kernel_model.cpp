@@ -19,6 +19,14 @@ double block_efficiency(const KernelModel& m, std::int64_t head_dim, double q_le
   return e;
 }
 
+RingPairs ring_visible_pairs(std::int64_t members, std::int64_t per_member, bool zigzag, bool causal) {
+  if (members < 1 || per_member < 1 || (zigzag && per_member % 2 != 0)) return {};
+  const double m = double(per_member), n = double(members) * m;  // n chunks in the ring
+  if (!causal) return {m * n, 0};
+  if (zigzag) return {m / 2 * (n + 1), m};
+  return {m * n - m * (m - 1) / 2, m};  // positions n − m .. n − 1, each p + 1 pairs
+}
+
 double block_cache_factor(const KernelModel& m, std::int64_t head_dim, double element_bytes, double kv_len,
                           bool diagonal) {
   const double per_key = 2 * double(head_dim) * element_bytes;  // one key's K and V, one head

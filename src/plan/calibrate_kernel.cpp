@@ -152,6 +152,33 @@ void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, con
   model.past_cache_extra = f.past_cache_extra;
 }
 
+double fit_causal_half(double len, double full_s, double diag_s, double pack_s) {
+  for (double x : {len, full_s, diag_s})
+    if (!(x > 0) || !std::isfinite(x)) return 0;
+  if (!(pack_s >= 0) || !std::isfinite(pack_s) || !(full_s > pack_s) || !(diag_s > pack_s)) return 0;
+  // Seconds per visible pair: the full block's len², the diagonal's len (len + 1) / 2.
+  const double full = (full_s - pack_s) / (len * len), diag = (diag_s - pack_s) / (len * (len + 1) / 2);
+  const double efficiency = full / diag;  // len / (len + causal_half)
+  if (!(efficiency < 1)) return 0;
+  return std::min(len * (1 / efficiency - 1), 8192.0);
+}
+
+namespace {
+
+// causal_half timed (fit_causal_half): a causal and a full call of 512 × 512 tokens on 4 heads
+// and the pack of their K/V, the slowest rank's medians by `seconds`.
+double calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtype,
+                             const std::function<double()>& seconds, int runs) {
+  const std::int64_t len = 512, heads = 4;
+  std::array<double, 3> t{pack_call_seconds(len, len, heads, head_dim, dtype, seconds, runs, false),
+                          pack_call_seconds(len, len, heads, head_dim, dtype, seconds, runs, true),
+                          pack_call_seconds(16, len, heads, head_dim, dtype, seconds, runs, true)};
+  comm.allreduce_max(t.data(), 3);
+  return fit_causal_half(double(len), t[0], t[1], t[2]);
+}
+
+}  // namespace
+
 KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
   // t = call_s + F·a + (F / kv)·b with a = 1 / rate_∞ and b = a·kv_half: linear in (call_s, a, b),
   // fitted by least squares on the relative error (each row over its own time), so the short
@@ -195,6 +222,9 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   const KernelFit fit = fit_kernel_times(timings);
   m.kv_half = fit.kv_half;
   m.call_s = fit.call_s;
+  m.causal_half = calibrate_causal_half(
+      comm, head_dim, dtype, [&] { return comm.now(); }, 7);
+  m.ring_pair_calls = true;  // this library's ring: a call per visible chunk pair
   calibrate_merge(
       comm, head_dim, [&] { return comm.now(); }, 15, m);
   return m;

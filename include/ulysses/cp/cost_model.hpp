@@ -82,6 +82,15 @@ bool has_backward(const PlanInput& in);
 // The forward and backward (0 without one) seconds of a strategy's `calls` on the busiest rank
 // whose work takes flat_fwd_s at peak × efficiency: kernel_seconds under in.cluster.kernel.
 KernelSeconds attention_seconds(const PlanInput& in, const KernelCalls& calls, double flat_fwd_s);
+// Whether the busiest ring member's calls are counted per visible chunk pair
+// (KernelModel::ring_pair_calls): under that model, for one sequence of self-attention (the
+// layout the pair count knows; documents and cross-attention keep one call per step).
+bool counts_ring_pairs(const PlanInput& in);
+// The busiest member's calls of a ring of `members` members each holding `per_member` equal
+// chunks of the s queries and s_k keys (ring_visible_pairs): a call per visible pair, q and kv
+// one chunk each, each merged and packing its key chunk; the diagonal pairs' share of the work.
+KernelCalls ring_pair_calls(const PlanInput& in, std::int64_t members, std::int64_t per_member, bool zigzag,
+                            bool causal, double q_heads, double kv_heads);
 
 // The most tokens a rank holds: ceil(seq / cp), whatever the token layout.
 std::int64_t busiest_tokens(const PlanInput& in);

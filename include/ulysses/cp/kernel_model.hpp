@@ -38,6 +38,12 @@ struct KernelModel {
   // (block_cache_factor). 0: off, as a GPU kernel tiles K/V through its own shared memory.
   double cache_bytes = 0;
   double past_cache_extra = 0;
+  // How a ring step runs its kernel: false, one call per step over the member's whole query block
+  // (the GPU ring kernels the presets are fitted on); true, one call per visible pair of (query
+  // chunk, key chunk), each packing its key chunk and merging its query chunk (this library's
+  // ring, forward_pairs: at cp 2 under zigzag 5 calls of s/4 × s/4 causal, 8 full, not 2 of
+  // s/2 × s/4). Set by the CPU calibration, which measures this library's kernel.
+  bool ring_pair_calls = false;
 };
 
 // One strategy's attention calls on its busiest rank in one forward: `calls` calls of q_len
@@ -51,6 +57,18 @@ struct KernelCalls {
   bool merge = false;
   double kv_read = 0;  // key tokens each call reads from memory (0: kv_len; a zigzag step reads both chunks)
 };
+
+// The busiest ring member's visible (query chunk, key chunk) pairs over a whole ring of `members`
+// members, each holding `per_member` chunks of equal length (2 per rank under zigzag, 1
+// contiguous, times the ranks whose tokens a member holds), and how many of them are a causal
+// diagonal (a chunk against itself). Zigzag: member r holds chunks r and N−1−r of N; a causal
+// query chunk at position p sees the p + 1 key chunks at or before it, every member
+// per_member / 2 · (N + 1) pairs. Contiguous causal: the last member's, the busiest. Full: every
+// pair. {0, 0} for a non-positive count.
+struct RingPairs {
+  double pairs = 0, diagonal = 0;
+};
+RingPairs ring_visible_pairs(std::int64_t members, std::int64_t per_member, bool zigzag, bool causal);
 
 // The kernel's rate on a block of q_len × kv_len tokens relative to its rate on long blocks at
 // head dim 128 (≤ 1 for d ≤ 128; positive and finite for any positive input). `diagonal`: a

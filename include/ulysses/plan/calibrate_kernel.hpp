@@ -28,11 +28,21 @@ struct KernelFit {
 // positive) give {0, 0}, the flat model. Not collective.
 KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings);
 
+// A causal diagonal block's extra work (KernelModel::causal_half) from a causal call of `len`
+// queries against the same `len` keys (diag_s) and a non-causal one (full_s), both less the
+// call's K/V pack and fixed cost (pack_s: a causal call of a few queries at position 0 against
+// the same keys): the diagonal's rate over the full block's is len / (len + causal_half) (the
+// masked half-tiles a causal block computes). 0 (no extra) when a time is not positive or
+// finite, not above pack_s, or the diagonal is not slower; at most 8192. Not collective.
+double fit_causal_half(double len, double full_s, double diag_s, double pack_s);
+
 // Collective over `comm`: the forward of non-causal calls of 256 queries against 128 and 2048
 // keys (2 heads) and of two short calls (64 × 64 and 16 × 16, 1 head) at head_dim in dtype,
 // every rank at once, the slowest rank's times less their K/V packs (calibrate_pack), fitted by
 // fit_kernel_times: the curve (kv_half) and the fixed cost per call (call_s: on a CPU the
-// kernel's thread team and its buffers). The
+// kernel's thread team and its buffers). causal_half: a causal 512 × 512 call on 4 heads against
+// a full one, less a 16-query call's pack (fit_causal_half): the block a cp 2 zigzag ring's
+// diagonal pairs run at 2k tokens. ring_pair_calls: true (this library's ring). The
 // LSE merge of a ring step's float32 output is timed beside a copy of the same bytes: the copy
 // gives memory_bandwidth (read and written), the merge its passes at that rate (merge_passes).
 // Backward 2.5× as the calibrated attention rate counts it.

@@ -125,7 +125,8 @@ std::int64_t own_pairs(const CpConfig& config, int cp, int r, std::int64_t s, st
 // The kernel calls of the busiest rank's forward on the busiest inner rank's heads. O > 1: O ring
 // steps over chunks of s/(2·O) (zigzag) or s/O tokens, each merged. O = 1 runs the same ring over
 // one member: a call per visible pair of the group's n chunks (2 per rank zigzagged, else 1),
-// each merged, where plain a2a makes one call.
+// each merged, where plain a2a makes one call. Under KernelModel::ring_pair_calls (this library's
+// ring) O > 1 counts a call per visible pair of the members' 2·I (zigzag) or I chunks too.
 KernelCalls ring_calls(const PlanInput& in, const CpConfig& config, int I, int O) {
   const HeadSplit split = ulysses_head_split(I, in.heads, in.kv_heads);
   const bool zz = token_layout(config) != TokenLayout::contiguous;
@@ -135,6 +136,7 @@ KernelCalls ring_calls(const PlanInput& in, const CpConfig& config, int I, int O
     const double n = double(I) * (zz ? 2 : 1), pairs = config.causal ? n * (n + 1) / 2 : n * n;
     return {std::int64_t(pairs), s / n, sk / n, q_heads, kv_heads, config.causal ? 1 / n : 0.0, true, sk / n};
   }
+  if (counts_ring_pairs(in)) return ring_pair_calls(in, O, std::int64_t(I) * (zz ? 2 : 1), zz, config.causal, q_heads, kv_heads);
   const double chunk = sk / O / (zz ? 2 : 1), share = config.causal ? (zz ? 1.0 : 0.5) / O : 0;
   return {O, s / O, chunk, q_heads, kv_heads, share, true, sk / O};
 }
