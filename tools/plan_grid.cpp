@@ -110,6 +110,9 @@ void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   Cluster& c = in.cluster;
   const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
   const AttentionRates cpu = cpu_attention_rates(comm, in.head_dim);
+  // The causal diagonal's extra in CPU seconds too (elapsed, under load, it read 0 to 200 keys);
+  // before the rate is scaled to long blocks by it.
+  calibrate_causal_half(comm, in.head_dim, in.dtype, process_cpu_seconds, 15, c.kernel);
   const double load = std::max(1.0, cpu.forward / wall);
   c.peak_flops = cpu.forward / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
   c.kernel.backward_ratio = cpu.backward_ratio;
@@ -214,11 +217,11 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
       fmt::print(
           "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank (the forward; the backward "
           "{:.2f}x its seconds), kernel half rate at {:.0f} "
-          "keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte, past the {:.0f} "
+          "keys, causal diagonal's extra {:.0f} keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte, past the {:.0f} "
           "KiB cache "
           "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
-          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.call_s * 1e6,
+          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.causal_half, k.kernel.call_s * 1e6,
           k.kernel.merge_passes, k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9,
           k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
           k.alltoall_intra.bandwidth / 1e9);

@@ -163,21 +163,16 @@ double fit_causal_half(double len, double full_s, double diag_s, double pack_s) 
   return std::min(len * (1 / efficiency - 1), 8192.0);
 }
 
-namespace {
 
-// causal_half timed (fit_causal_half): a causal and a full call of 512 × 512 tokens on 4 heads
-// and the pack of their K/V, the slowest rank's medians by `seconds`.
-double calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtype,
-                             const std::function<double()>& seconds, int runs) {
+void calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtype,
+                           const std::function<double()>& seconds, int runs, KernelModel& model) {
   const std::int64_t len = 512, heads = 4;
   std::array<double, 3> t{pack_call_seconds(len, len, heads, head_dim, dtype, seconds, runs, false),
                           pack_call_seconds(len, len, heads, head_dim, dtype, seconds, runs, true),
                           pack_call_seconds(16, len, heads, head_dim, dtype, seconds, runs, true)};
-  comm.allreduce_max(t.data(), 3);
-  return fit_causal_half(double(len), t[0], t[1], t[2]);
+  comm.allreduce_max(t.data(), 3);  // the slowest rank's
+  model.causal_half = fit_causal_half(double(len), t[0], t[1], t[2]);
 }
-
-}  // namespace
 
 KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings) {
   // t = call_s + F·a + (F / kv)·b with a = 1 / rate_∞ and b = a·kv_half: linear in (call_s, a, b),
@@ -222,8 +217,8 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   const KernelFit fit = fit_kernel_times(timings);
   m.kv_half = fit.kv_half;
   m.call_s = fit.call_s;
-  m.causal_half = calibrate_causal_half(
-      comm, head_dim, dtype, [&] { return comm.now(); }, 7);
+  calibrate_causal_half(
+      comm, head_dim, dtype, [&] { return comm.now(); }, 9, m);
   m.ring_pair_calls = true;  // this library's ring: a call per visible chunk pair
   calibrate_merge(
       comm, head_dim, [&] { return comm.now(); }, 15, m);

@@ -35,6 +35,11 @@ KernelFit fit_kernel_times(const std::vector<KernelTiming>& timings);
 // masked half-tiles a causal block computes). 0 (no extra) when a time is not positive or
 // finite, not above pack_s, or the diagonal is not slower; at most 8192. Not collective.
 double fit_causal_half(double len, double full_s, double diag_s, double pack_s);
+// Collective over `comm`: model.causal_half from a causal and a full call of 512 × 512 tokens on
+// 4 heads and a call of 16 causal queries at position 0 against the same keys (their pack), each
+// the median of `runs` timed by `seconds`, the slowest rank's (fit_causal_half).
+void calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtype,
+                           const std::function<double()>& seconds, int runs, KernelModel& model);
 
 // Collective over `comm`: the forward of non-causal calls of 256 queries against 128 and 2048
 // keys (2 heads) and of two short calls (64 × 64 and 16 × 16, 1 head) at head_dim in dtype,
