@@ -217,14 +217,15 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
       fmt::print(
           "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank (the forward; the backward "
           "{:.2f}x its seconds), kernel half rate at {:.0f} "
-          "keys, causal diagonal's extra {:.0f} keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack {:.3f} ns per byte, past the {:.0f} "
+          "keys, causal diagonal's extra {:.0f} keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack "
+          "{:.3f} ns per byte, past the {:.0f} "
           "KiB cache "
           "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
-          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.causal_half, k.kernel.call_s * 1e6,
-          k.kernel.merge_passes, k.kernel.memory_bandwidth / 1e9, k.kernel.kv_pack_s_per_byte * 1e9,
-          k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
-          k.alltoall_intra.bandwidth / 1e9);
+          d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.causal_half,
+          k.kernel.call_s * 1e6, k.kernel.merge_passes, k.kernel.memory_bandwidth / 1e9,
+          k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra,
+          k.intra.bandwidth / 1e9, k.intra.latency * 1e6, k.alltoall_intra.bandwidth / 1e9);
 }
 
 // This machine's load (/proc/loadavg's 1, 5 and 15 minute averages; "?" where there is none):

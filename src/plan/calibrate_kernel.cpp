@@ -163,7 +163,6 @@ double fit_causal_half(double len, double full_s, double diag_s, double pack_s) 
   return std::min(len * (1 / efficiency - 1), 8192.0);
 }
 
-
 void calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtype,
                            const std::function<double()>& seconds, int runs, KernelModel& model) {
   const std::int64_t len = 512, heads = 4;

@@ -136,7 +136,8 @@ KernelCalls ring_calls(const PlanInput& in, const CpConfig& config, int I, int O
     const double n = double(I) * (zz ? 2 : 1), pairs = config.causal ? n * (n + 1) / 2 : n * n;
     return {std::int64_t(pairs), s / n, sk / n, q_heads, kv_heads, config.causal ? 1 / n : 0.0, true, sk / n};
   }
-  if (counts_ring_pairs(in)) return ring_pair_calls(in, O, std::int64_t(I) * (zz ? 2 : 1), zz, config.causal, q_heads, kv_heads);
+  if (counts_ring_pairs(in))
+    return ring_pair_calls(in, O, std::int64_t(I) * (zz ? 2 : 1), zz, config.causal, q_heads, kv_heads);
   const double chunk = sk / O / (zz ? 2 : 1), share = config.causal ? (zz ? 1.0 : 0.5) / O : 0;
   return {O, s / O, chunk, q_heads, kv_heads, share, true, sk / O};
 }
