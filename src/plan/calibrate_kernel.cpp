@@ -216,8 +216,6 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   const KernelFit fit = fit_kernel_times(timings);
   m.kv_half = fit.kv_half;
   m.call_s = fit.call_s;
-  calibrate_causal_half(
-      comm, head_dim, dtype, [&] { return comm.now(); }, 9, m);
   m.ring_pair_calls = true;  // this library's ring: a call per visible chunk pair
   calibrate_merge(
       comm, head_dim, [&] { return comm.now(); }, 15, m);

@@ -45,9 +45,8 @@ void calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtyp
 // keys (2 heads) and of two short calls (64 × 64 and 16 × 16, 1 head) at head_dim in dtype,
 // every rank at once, the slowest rank's times less their K/V packs (calibrate_pack), fitted by
 // fit_kernel_times: the curve (kv_half) and the fixed cost per call (call_s: on a CPU the
-// kernel's thread team and its buffers). causal_half: a causal 512 × 512 call on 4 heads against
-// a full one, less a 16-query call's pack (fit_causal_half): the block a cp 2 zigzag ring's
-// diagonal pairs run at 2k tokens. ring_pair_calls: true (this library's ring). The
+// kernel's thread team and its buffers). ring_pair_calls: true (this library's ring). causal_half
+// stays 0: `--grid` measures it (calibrate_causal_half) and reports it beside the plan. The
 // LSE merge of a ring step's float32 output is timed beside a copy of the same bytes: the copy
 // gives memory_bandwidth (read and written), the merge its passes at that rate (merge_passes).
 // Backward 2.5× as the calibrated attention rate counts it.
