@@ -215,7 +215,9 @@ void heads_block(const DecodeJob& job, std::int64_t j, const float* k, const flo
 // re-read K after V's 16 KiB had streamed through L1 behind it, here each re-read follows its
 // own stream's, so the block's lines are still there (the pass in L2: 26.9 against 29.0 ns a row
 // of a KV head; from memory 0.80 of the read against 0.76, docs/perf.md v43). Each head's scores,
-// softmax and p·v are the same operations in the same order: the same bits.
+// softmax and p·v are the same operations in the same order: the same bits. Only where a block's
+// K and V fill most of L1: at d = 32 (AVX2, 8 KiB a block) the pairs measured no faster.
+constexpr std::int64_t kL1Bytes = 48 << 10;  // the L1 data cache of this project's x86 hosts
 template <int NV>
 void heads_pairs(const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
                  DecodePartial& part, float* scores) {
@@ -271,7 +273,7 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
       head_block_any(job, j++, k, v, n, part, scores);
       continue;
     }
-    if (end - j >= 4 && nv == DECODE_ACC / 2) {
+    if (end - j >= 4 && nv == DECODE_ACC / 2 && 2 * kBlock * job.d * 4 > kL1Bytes / 2) {
       heads_pairs<DECODE_ACC / 2>(job, j, k, v, n, part, scores);
       j += 4;
       continue;
