@@ -214,7 +214,7 @@ void heads_block(const DecodeJob& job, std::int64_t j, const float* k, const flo
 // reads the block's K and V from L1 either way; pair after pair (scores, p·v, scores, p·v) it
 // re-read K after V's 16 KiB had streamed through L1 behind it, here each re-read follows its
 // own stream's, so the block's lines are still there (the pass in L2: 3–7 % faster; in `generate`
-// 0.79 of the read against 0.76, docs/perf.md v45). Each head's scores,
+// 0.79 of the read against 0.76, docs/perf.md v44). Each head's scores,
 // softmax and p·v are the same operations in the same order: the same bits. Only where a block's
 // K and V fill most of L1: at d = 32 (AVX2, 8 KiB a block) the pairs measured no faster.
 constexpr std::int64_t kL1Bytes = 48 << 10;  // the L1 data cache of this project's x86 hosts
