@@ -139,7 +139,7 @@ void calibrate_round(Communicator& comm, std::vector<GridCase>& cases, std::map<
     done[c.in.head_dim] = true;
     calibrate_cluster(comm, c.in);
     if (clock == StepClock::cpu) cpu_time_cluster(comm, c.in);
-    // The causal diagonal's extra, reported beside the plan, not in it (perf.md v45: priced, it
+    // The causal diagonal's extra, reported beside the plan, not in it (perf.md v46: priced, it
     // scaled every block off the diagonal up by the rate's 2048-token diagonal and the rows
     // within 20 % fell from 140 to 129 of 158 on the same runs); after the rate's scaling.
     calibrate_causal_half(comm, c.in.head_dim, c.in.dtype, process_cpu_seconds, 15, c.in.cluster.kernel);

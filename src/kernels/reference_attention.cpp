@@ -46,9 +46,11 @@ double probabilities(std::vector<double>& prob, const RefTensor& q, const RefTen
   const double scale = scale_of(p, D);
   double mx = -std::numeric_limits<double>::infinity();
   for (std::int64_t j = 0; j < sk; ++j) {
+    prob[std::size_t(j)] = -std::numeric_limits<double>::infinity();
+    if (!visible(p, i, j)) continue;  // a masked key's score is never used: no dot product for it
     double dot = 0;
     for (std::int64_t x = 0; x < D; ++x) dot += q.at(b, i, h, x) * k.at(b, j, g, x);
-    prob[std::size_t(j)] = visible(p, i, j) ? dot * scale : -std::numeric_limits<double>::infinity();
+    prob[std::size_t(j)] = dot * scale;
     mx = std::max(mx, prob[std::size_t(j)]);
   }
   if (std::isinf(mx)) {  // no visible key
@@ -77,8 +79,10 @@ void reference_attention_forward(RefTensor& out, std::vector<double>& lse, const
         for (std::int64_t i = 0; i < s.s; ++i) {
           const std::int64_t g = h / (s.h / k.shape.h);
           lse[std::size_t((b * s.h + h) * s.s + i)] = probabilities(prob, q, k, params, b, h, i);
-          for (std::int64_t j = 0; j < k.shape.s; ++j)
+          for (std::int64_t j = 0; j < k.shape.s; ++j) {
+            if (prob[std::size_t(j)] == 0.0) continue;  // adds nothing, as in the backward
             for (std::int64_t x = 0; x < s.d; ++x) out.at(b, i, h, x) += prob[std::size_t(j)] * v.at(b, j, g, x);
+          }
         }
   }
 }
@@ -104,6 +108,8 @@ void reference_attention_backward(RefTensor& dq, RefTensor& dk, RefTensor& dv, c
             probabilities(prob, q, k, params, b, h, i);
             double delta = 0;  // Σ_j P_ij dP_ij = rowsum(dO ∘ O)
             for (std::int64_t j = 0; j < sk; ++j) {
+              dp[std::size_t(j)] = 0;
+              if (prob[std::size_t(j)] == 0.0) continue;  // adds nothing to delta; its ds is skipped below
               double acc = 0;
               for (std::int64_t x = 0; x < D; ++x) acc += dout.at(b, i, h, x) * v.at(b, j, g, x);
               dp[std::size_t(j)] = acc;
