@@ -210,6 +210,21 @@ expect "turn file is the json" 2 "refusing to overwrite an input" "${gen[@]}" --
   bad "the turn file was overwritten"
 expect "over --max-memory" 2 "more than --max-memory 100.0 MiB" \
   generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 2000000 --max-memory 100MiB "${out[@]}"
+# Requests that never overlap hold one cache at a time (allocated at its prefill, returned after
+# its last token): a --max-memory under their four caches together (4 x 48.8 MiB) and over one
+# admits them, and the measured peak stays under it; arriving at once they are refused, the
+# message naming the prediction, the limit and the caches held together.
+mem=(generate --checkpoint "$dir/ck160" --requests 4x64 --capacity 200000 --max-new-tokens 2 --max-memory 120MiB)
+if run 1 "${mem[@]}" --requests-arrive 0,10,20,30 --json "$dir/m.json" > "$dir/m.log" 2>&1 &&
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); m=j["memory"]; k=j["kv_cache"][0]
+assert m["predicted_bytes"] < 120 * 2**20 and m["peak_rss_bytes"] < 120 * 2**20, m
+assert k["bytes"] == k["formula_bytes"] == 51200000 and len(k["requests"]) == 1, k' "$dir/m.json"; then
+  ok "requests one after another fit a --max-memory their sum is over"
+else bad "requests one after another refused or over"; cat "$dir/m.log"; fi
+expect "caches at once over --max-memory" 1 \
+  "more than --max-memory 120.0 MiB: the KV caches of requests 0, 1, 2, 3 held at once (of 4)" "${mem[@]}" "${out[@]}" &&
+  { grep -qF "attention 195.3 MiB" "$dir/err.log" && ok "the refusal names the caches' bytes" ||
+    bad "the refusal does not name the caches' bytes"; }
 expect "over the machine" 2 "more than this machine has" \
   generate --checkpoint "$dir/ck160" --prompt-tokens 160 --capacity 4000000000 "${out[@]}"
 expect "trace unwritable" 2 "--trace" "${gen[@]}" --trace /nonexistent/dir/t.json "${out[@]}"

@@ -185,6 +185,13 @@ COMM_TEST(Generate, RequestsJoiningMidwayEqualEachAlone) {
         EXPECT_EQ(run.steps[s].collectives, tiny_model().layers) << what;  // one per layer, whoever runs
       }
       EXPECT_EQ(run.arrival_s[2], run.arrival_s[3]);  // they arrive together, after step 2
+      // Every cache is returned after its request's last token; at the busiest moment requests 1,
+      // 2, 3 and 5 held theirs (3 is done at its prefill, after 2's and its own were allocated).
+      for (const Generator* g : served) EXPECT_FALSE(g->holds_cache()) << what;
+      EXPECT_EQ(run.peak_kv_requests, (Ids{1, 2, 3, 5})) << what;
+      const KvCacheShape shape{tiny_model().layers, tiny_model().heads, tiny_model().kv_heads, tiny_model().head_dim,
+                               32};
+      EXPECT_EQ(run.peak_kv_bytes, 4 * kv_bytes_formula(layout, shape, comm.size(), comm.rank())) << what;
       for (std::size_t i = 0; i < requests.size(); ++i) {
         Generator one(*alone, tiny_model(), model.params, {layout, Prefill::ulysses, 32, temperature, 40 + i});
         std::vector<int> want{one.next_token(one.prefill(requests[i].prompt))};
@@ -273,26 +280,72 @@ TEST(Generate, ServeRefusesBadRequests) {
   EXPECT_EQ(serve_error({}), "no request to serve");
 }
 
-// The memory model counts every request's cache by its formula, a longer prompt's prefill (more
+// The memory model counts the caches held together by their formula, a longer prompt's prefill (more
 // rows a rank) as more activations, and the bandwidth probe's buffer only where it is larger.
 TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   const GptConfig m = tiny_model();
   const std::vector<GenerateConfig> two{{KvLayout::interleaved, Prefill::ulysses, 1000, 0, 0},
                                         {KvLayout::interleaved, Prefill::ulysses, 333, 0, 0}};
   for (int rank = 0; rank < 3; ++rank) {
-    const MemoryEstimate e = predict_generate_memory(m, two, 3, rank, 64, 0);
+    const MemoryEstimate e = predict_generate_memory(m, two, {{0, 1}}, 3, rank, 64, 0);
     const KvCacheShape s{m.layers, m.heads, m.kv_heads, m.head_dim, 0};
     EXPECT_EQ(e.attention,
               double(
                   kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 1000}, 3, rank) +
                   kv_bytes_formula(KvLayout::interleaved, {s.layers, s.heads, s.kv_heads, s.head_dim, 333}, 3, rank)));
   }
-  EXPECT_GT(predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations,
-            predict_generate_memory(m, two, 2, 0, 1 << 10, 0).activations);
+  EXPECT_GT(predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, 0).activations,
+            predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 10, 0).activations);
   // The probe's buffer comes after the prefill's is returned: the larger of the two, not the sum.
-  const double prefill = predict_generate_memory(m, two, 2, 0, 1 << 16, 0).activations;
-  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 1 << 16, 1e9).activations, std::max(prefill, 1e9));
-  EXPECT_EQ(predict_generate_memory(m, two, 2, 0, 1 << 16, prefill / 2).activations, prefill);
+  const double prefill = predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, 0).activations;
+  EXPECT_EQ(predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, 1e9).activations, std::max(prefill, 1e9));
+  EXPECT_EQ(predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, prefill / 2).activations, prefill);
+}
+
+// The caches held at once follow serve's schedule: requests that never overlap hold one cache at
+// a time, so the peak is the largest one, not the sum; overlapping ones add up. The schedules are
+// RequestsJoiningMidwayEqualEachAlone's and ChunkedPrefillInterleavesPiecesWithSteps' (worked
+// out by hand there), and the bytes are counted by hand: tiny_model's 2 layers, K and V, 2 KV
+// heads of 8 floats are 256 bytes a token at cp 1 under heads.
+TEST(Generate, PeakCachesFollowTheSchedule) {
+  using Ids = std::vector<std::size_t>;
+  const GptConfig m = tiny_model();
+  auto request = [](std::int64_t prompt, std::int64_t new_tokens, std::int64_t arrival) {
+    return ServedRequest{std::vector<int>(std::size_t(prompt), 1), new_tokens, arrival};
+  };
+  auto configs = [](const std::vector<std::int64_t>& capacity) {
+    std::vector<GenerateConfig> c;
+    for (const std::int64_t n : capacity) c.push_back({KvLayout::heads, Prefill::ulysses, n, 0, 0});
+    return c;
+  };
+  // One after another: 3 tokens each (prefill and 2 steps), the next arriving 10 steps on.
+  const std::vector<ServedRequest> apart{request(90, 3, 0), request(290, 3, 10), request(190, 3, 20)};
+  const std::vector<std::vector<std::size_t>> one_at_a_time = held_together(apart, 0, 1);
+  EXPECT_EQ(one_at_a_time, (std::vector<Ids>{{0}, {1}, {2}}));
+  const KvPeak alone = peak_kv(m, configs({100, 300, 200}), one_at_a_time, 1, 0);
+  EXPECT_EQ(alone.bytes, 300 * 256);  // the largest, where all at once would be 600 · 256
+  EXPECT_EQ(alone.requests, Ids{1});
+  EXPECT_EQ(predict_generate_memory(m, configs({100, 300, 200}), one_at_a_time, 1, 0, 90, 0).attention, 300 * 256);
+  // Arriving while others run: the capacities are each prompt plus its new tokens.
+  const std::vector<std::int64_t> prompt{9, 17, 12, 10, 11, 8}, new_tokens{3, 6, 4, 1, 2, 3}, arrival{0, 0, 2, 2, 9, 1};
+  std::vector<ServedRequest> joining;
+  std::vector<std::int64_t> capacity;
+  for (std::size_t i = 0; i < prompt.size(); ++i) {
+    joining.push_back(request(prompt[i], new_tokens[i], arrival[i]));
+    capacity.push_back(prompt[i] + new_tokens[i]);
+  }
+  const std::vector<std::vector<std::size_t>> together = held_together(joining, 0, 1);
+  EXPECT_EQ(together, (std::vector<Ids>{{0}, {0, 1}, {0, 1, 5}, {1, 2, 5}, {1, 2, 3, 5}, {4}}));
+  const KvPeak peak = peak_kv(m, configs(capacity), together, 1, 0);
+  EXPECT_EQ(peak.bytes, (23 + 16 + 11 + 11) * 256);  // of all six: 86 · 256
+  EXPECT_EQ(peak.requests, (Ids{1, 2, 3, 5}));
+  // Chunked prefill: a cache is held from a prompt's first piece, while it still queues; the
+  // pieces are the same at cp 1 and 4.
+  const std::vector<ServedRequest> chunked{request(8, 6, 0), request(16, 3, 1), request(12, 4, 1), request(8, 2, 6)};
+  for (int cp : {1, 4}) EXPECT_EQ(held_together(chunked, 4, cp), (std::vector<Ids>{{0}, {0, 1}, {1, 2}, {2, 3}}));
+  // Bad schedules: serve's own errors.
+  EXPECT_THROW(held_together({}, 0, 1), Error);
+  EXPECT_THROW(held_together(apart, 1, 2), Error);
 }
 
 // Progress on a prompt: the hook hears the start and every layer of a prefill and of a next

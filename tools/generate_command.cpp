@@ -179,15 +179,15 @@ Request load_request(Communicator& comm, const GenerateOptions& o) {
                       "capacity of {} tokens",
                       P, T, o.max_new_tokens, r.config.capacity));
   });
-  // The cache is allocated whole and zeroed; the bandwidth probe then reads a buffer of at least
+  // The cache is allocated whole and zeroed at the prefill; the bandwidth probe then reads a buffer of at least
   // 64 MiB and at least the cache's filled rows (measure_bandwidth).
   const train::GptConfig& m = r.model.config.model;
   const std::int64_t P = std::int64_t(r.prompt.size()), T = std::int64_t(r.turn.size()),
                      used = P + o.max_new_tokens + (T > 0 ? T + o.max_new_tokens : 0);
   const double filled =
       double(kv_bytes_formula(r.config.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, used}, comm.size(), 0));
-  r.memory =
-      admit_generate_memory(comm, m, {r.config}, std::max(P, T), std::max(double(64 << 20), filled), o.max_memory);
+  r.memory = admit_generate_memory(comm, m, {r.config}, {{0}}, std::max(P, T), std::max(double(64 << 20), filled),
+                                   o.max_memory);
   return r;
 }
 

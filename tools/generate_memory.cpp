@@ -1,6 +1,7 @@
 #include "generate_memory.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -10,20 +11,36 @@
 
 namespace ulysses::cli {
 
+namespace {
+
+// "the KV caches of requests 0, 2 held at once (of 4)": the attention term's requests.
+std::string held_caches(const train::GptConfig& model, const std::vector<train::GenerateConfig>& requests,
+                        const std::vector<std::vector<std::size_t>>& held, int cp, int rank) {
+  const train::KvPeak peak = train::peak_kv(model, requests, held, cp, rank);
+  return fmt::format("the KV caches of request{} {} held at once (of {})", peak.requests.size() == 1 ? "" : "s",
+                     fmt::join(peak.requests, ", "), requests.size());
+}
+
+}  // namespace
+
 train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::GptConfig& model,
                                             const std::vector<train::GenerateConfig>& requests,
+                                            const std::vector<std::vector<std::size_t>>& held,
                                             std::int64_t longest_prompt, double scratch,
                                             const std::string& max_memory) {
   const MemoryRoom room = memory_room(comm);
   train::MemoryEstimate busiest;
   on_every_rank(comm, [&] {
     const double cap = max_memory.empty() ? 0.0 : train::parse_bytes(max_memory);
+    int worst = 0;
     for (int rank = 0; rank < comm.size(); ++rank) {  // interleaved caches differ by a row
       const train::MemoryEstimate e =
-          train::predict_generate_memory(model, requests, comm.size(), rank, longest_prompt, scratch);
-      if (e.total() > busiest.total()) busiest = e;
+          train::predict_generate_memory(model, requests, held, comm.size(), rank, longest_prompt, scratch);
+      if (e.total() > busiest.total()) busiest = e, worst = rank;
     }
-    constexpr const char* remedy = "use more ranks, a smaller --capacity, or fewer or shorter requests";
+    const std::string remedy =
+        fmt::format("{}; use more ranks, a smaller --capacity, or fewer or shorter requests, or later arrivals",
+                    held_caches(model, requests, held, comm.size(), worst));
     if (cap > 0 && busiest.total() > cap)
       throw Error(fmt::format("generate needs a predicted {} per rank, more than --max-memory {}: {}",
                               busiest.describe(), train::format_bytes(cap), remedy));

@@ -11,12 +11,14 @@
 
 namespace ulysses::cli {
 
-// Collective. The busiest rank's predicted peak; refuses (one error, every rank) when it is
+// Collective. The busiest rank's predicted peak, with the caches of `held` (sets of indices into
+// `requests` held at once: train::held_together, or {{0}} for one request); refuses (one error, every rank) when it is
 // more than `max_memory` (a byte count, "" for none) or than 90 % of what this machine has for
 // each of its ranks (MemAvailable or the cgroup's limit, shared by the node's ranks; the least
 // over the nodes), as train does: the model errs by up to about 10 %.
 train::MemoryEstimate admit_generate_memory(Communicator& comm, const train::GptConfig& model,
                                             const std::vector<train::GenerateConfig>& requests,
+                                            const std::vector<std::vector<std::size_t>>& held,
                                             std::int64_t longest_prompt, double scratch, const std::string& max_memory);
 
 // Collective. The largest peak RSS over the ranks, in bytes.

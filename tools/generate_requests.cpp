@@ -29,7 +29,8 @@ struct Batch {
   train::Checkpoint model;
   std::vector<train::ServedRequest> requests;
   std::vector<train::GenerateConfig> configs;
-  train::MemoryEstimate memory;  // predicted per rank, admitted
+  std::vector<std::vector<std::size_t>> held;  // the requests whose caches are held at once (train::held_together)
+  train::MemoryEstimate memory;                // predicted per rank, admitted
 };
 
 // The new tokens of each of `n` requests: --requests-new-tokens (one count for all, or one a
@@ -116,10 +117,11 @@ Batch load_batch(Communicator& comm, const GenerateOptions& o) {
     if (const std::string e = train::serve_error(b.requests); !e.empty()) throw Error("--requests: " + e);
     if (const std::string e = train::prefill_chunk_error(o.prefill_chunk, comm.size()); !e.empty())
       throw Error(fmt::format("--prefill-chunk {}: {}", o.prefill_chunk, e));
+    b.held = train::held_together(b.requests, o.prefill_chunk, comm.size());
   });
   std::int64_t longest = 0;
   for (const auto& r : b.requests) longest = std::max(longest, std::int64_t(r.prompt.size()));
-  b.memory = admit_generate_memory(comm, b.model.config.model, b.configs, longest, 0, o.max_memory);
+  b.memory = admit_generate_memory(comm, b.model.config.model, b.configs, b.held, longest, 0, o.max_memory);
   return b;
 }
 
@@ -182,12 +184,14 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
     decoded += std::int64_t(s.running.size());
     collectives = std::max(collectives, s.collectives);
   }
-  const train::GptConfig& m = b.model.config.model;
+  // Each rank's caches at their busiest: the bytes held (measured as they were allocated) against
+  // the formula's sum over the requests the schedule holds at once then.
   for (int rank = 0; rank < comm.size(); ++rank) {
-    std::int64_t formula = 0;
-    for (const train::GenerateConfig& c : b.configs)
-      formula += kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, comm.size(), rank);
-    kv.push_back({{"rank", rank}, {"bytes", kv_bytes[std::size_t(rank)]}, {"formula_bytes", formula}});
+    const train::KvPeak peak = train::peak_kv(b.model.config.model, b.configs, b.held, comm.size(), rank);
+    kv.push_back({{"rank", rank},
+                  {"bytes", kv_bytes[std::size_t(rank)]},
+                  {"formula_bytes", peak.bytes},
+                  {"requests", peak.requests}});
   }
   return {{"command", "generate"},
           {"cp", comm.size()},
@@ -201,6 +205,7 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
           {"decode_tokens_per_cpu_s", decode_cpu_s > 0 ? double(decoded) / decode_cpu_s : 0.0},
+          {"kv_cache_at", "peak: the caches held at once at the busiest moment, not every request's"},
           {"kv_cache", kv},
           {"memory", memory_report(b.memory, peak_rss)}};
 }
@@ -264,7 +269,9 @@ void print_batch(const nlohmann::json& j) {
   fmt::print("  decode {:.0f} tokens/s across requests, {:.0f} a CPU second of this process\n",
              j["decode_tokens_per_s"].get<double>(), j["decode_tokens_per_cpu_s"].get<double>());
   for (const auto& k : j["kv_cache"])
-    fmt::print("  KV cache rank {}: {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
+    fmt::print("  KV cache rank {} at its peak ({}): {} bytes held, formula {} bytes{}\n", k["rank"].get<int>(),
+               k["requests"].size() == 1 ? "request " + ids(k["requests"]) + " alone"
+                                         : "requests " + ids(k["requests"]) + " held at once",
                k["bytes"].get<std::int64_t>(), k["formula_bytes"].get<std::int64_t>(),
                k["bytes"] == k["formula_bytes"] ? " (equal)" : " (DIFFERENT)");
 }
@@ -287,9 +294,7 @@ int run_generate_requests(Communicator& comm, const GenerateOptions& o) {
   const std::vector<TraceEvent> events = tracer ? tracer->events() : std::vector<TraceEvent>();
   tracer.reset();  // the runs only, not the reports' traffic
   if (!o.trace.empty()) write_chrome_trace(comm, events, o.trace);
-  std::int64_t held = 0;
-  for (const auto& g : gens) held += g->cache().bytes();
-  const std::vector<std::int64_t> kv_bytes = comm.allgather_value(held);
+  const std::vector<std::int64_t> kv_bytes = comm.allgather_value(run.peak_kv_bytes);
   const double peak_rss = largest_peak_rss(comm);
   on_root(comm, [&] {
     const nlohmann::json report = batch_report(comm, o, b, run, kv_bytes, peak_rss);

@@ -29,17 +29,31 @@ std::string generate_error(const GptConfig& model, const GenerateConfig& config,
                          cp);
 }
 
-MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<GenerateConfig>& requests, int cp,
-                                       int rank, std::int64_t longest_prompt, double scratch) {
+KvPeak peak_kv(const GptConfig& m, const std::vector<GenerateConfig>& requests,
+               const std::vector<std::vector<std::size_t>>& held, int cp, int rank) {
+  KvPeak peak;
+  for (const std::vector<std::size_t>& set : held) {
+    std::int64_t bytes = 0;
+    for (const std::size_t i : set) {
+      if (i >= requests.size()) throw Error(fmt::format("request {} of {} held", i, requests.size()));
+      const GenerateConfig& c = requests[i];
+      bytes += kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank);
+    }
+    if (peak.requests.empty() || bytes > peak.bytes) peak = {set, bytes};
+  }
+  return peak;
+}
+
+MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<GenerateConfig>& requests,
+                                       const std::vector<std::vector<std::size_t>>& held, int cp, int rank,
+                                       std::int64_t longest_prompt, double scratch) {
   constexpr double f = sizeof(float);
   const double P = double(m.num_params()), C = double(m.width), F = double(m.hidden), h = double(m.heads);
   const double QD = h * double(m.head_dim), KD = double(m.kv_heads * m.head_dim);
   const double n = double((longest_prompt + cp - 1) / cp);
   MemoryEstimate e;
   e.weights = 3 * P * f;
-  for (const GenerateConfig& c : requests)
-    e.attention +=
-        double(kv_bytes_formula(c.layout, {m.layers, m.heads, m.kv_heads, m.head_dim, c.capacity}, cp, rank));
+  e.attention = double(peak_kv(m, requests, held, cp, rank).bytes);
   // Generator::layer's buffers (x, xn, y, q, att, k, v, then the MLP's two) on this rank's rows
   // and the all-to-all's packed copy of its q, k, v; the transposes' q, k, v and output of every
   // prompt token on this rank's heads (at least one).
@@ -60,12 +74,23 @@ MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<Gen
 Generator::Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params,
                      const GenerateConfig& config)
     : comm_(comm), model_(model), layout_(model), params_(params), config_(config),
-      cache_(config.layout, {model.layers, model.heads, model.kv_heads, model.head_dim, config.capacity}, comm.size(),
-             comm.rank()),
       sampler_(config.seed * 0x9e3779b97f4a7c15ull + 1) {
   if (std::int64_t(params.size()) != layout_.total)
     throw Error(fmt::format("{} parameters given for a model of {}", params.size(), layout_.total));
+  // The cache comes with the first prefill; its shape is refused here, before anything runs.
+  if (const std::string e = kv_layout_error(config.layout, cache_shape(), comm.size()); !e.empty()) throw Error(e);
 }
+
+KvCacheShape Generator::cache_shape() const {
+  return {model_.layers, model_.heads, model_.kv_heads, model_.head_dim, config_.capacity};
+}
+
+const KvCache& Generator::cache() const {
+  if (!cache_) throw Error("this request holds no KV cache: it has not been prefilled, or it was released");
+  return *cache_;
+}
+
+KvCache& Generator::held() { return const_cast<KvCache&>(cache()); }
 
 namespace {
 
@@ -144,12 +169,15 @@ std::vector<float> Generator::logits(const float* x) {
 }
 
 std::vector<float> Generator::prefill(const std::vector<int>& prompt) {
-  cache_.clear();
+  if (cache_)
+    cache_->clear();
+  else
+    cache_.emplace(config_.layout, cache_shape(), comm_.size(), comm_.rank());
   return run_prompt(prompt);
 }
 
 std::vector<float> Generator::extend(const std::vector<int>& tokens) {
-  const std::int64_t T = std::int64_t(tokens.size()), cached = cache_.tokens(0);
+  const std::int64_t T = std::int64_t(tokens.size()), cached = held().tokens(0);
   if (T < comm_.size() || cached + T > config_.capacity)
     throw Error(
         fmt::format("a turn of {} tokens over {} cached needs at least {} tokens (one a rank) and fits "
@@ -160,7 +188,7 @@ std::vector<float> Generator::extend(const std::vector<int>& tokens) {
 
 std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
   const int cp = comm_.size(), me = comm_.rank();
-  const std::int64_t T = std::int64_t(tokens.size()), C = model_.width, origin = cache_.tokens(0);
+  const std::int64_t T = std::int64_t(tokens.size()), C = model_.width, origin = held().tokens(0);
   std::vector<std::int64_t> rank_tokens;
   for (int r = 0; r < cp; ++r) rank_tokens.push_back(T * (r + 1) / cp - T * r / cp);
   const std::int64_t first = T * me / cp, n = rank_tokens[static_cast<std::size_t>(me)];
@@ -173,8 +201,8 @@ std::vector<float> Generator::run_prompt(const std::vector<int>& tokens) {
   for (std::int64_t l = 0; l < model_.layers; ++l) {
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
       if (origin == 0)
-        return ulysses::prefill(comm_, cache_, config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
-      ulysses::extend(comm_, cache_, layer, rank_tokens, q, k, v, out, &stats_);
+        return ulysses::prefill(comm_, held(), config_.prefill, layer, rank_tokens, q, k, v, out, &stats_);
+      ulysses::extend(comm_, held(), layer, rank_tokens, q, k, v, out, &stats_);
     });
     if (on_layer_) on_layer_(l + 1, model_.layers);
   }
@@ -199,7 +227,7 @@ struct ScopedThreads {
 
 std::vector<float> Generator::decode(int token) {
   const std::int64_t C = model_.width;
-  const std::vector<std::int64_t> pos{cache_.tokens(0)};
+  const std::vector<std::int64_t> pos{held().tokens(0)};
   stats_ = {};
   // One row: a parallel region costs more than its work (on a loaded machine, a scheduler
   // quantum whenever a team member is descheduled), so the row runs on one thread and only the
@@ -211,7 +239,7 @@ std::vector<float> Generator::decode(int token) {
   for (std::int64_t l = 0; l < model_.layers; ++l)
     layer(l, x, pos, [&](std::int64_t layer, auto q, auto k, auto v, auto out) {
       const ScopedThreads team(threads);
-      decode_attention(comm_, cache_, layer, q, k, v, out, &stats_);
+      decode_attention(comm_, held(), layer, q, k, v, out, &stats_);
     });
   return logits(x.data());
 }
@@ -225,8 +253,8 @@ std::vector<std::vector<float>> Generator::decode(const std::vector<Generator*>&
   std::vector<std::int64_t> pos;
   std::vector<KvCache*> caches;
   for (Generator* r : requests) {
-    pos.push_back(r->cache_.tokens(0));
-    caches.push_back(&r->cache_);
+    pos.push_back(r->held().tokens(0));
+    caches.push_back(&r->held());
   }
   CachedAttentionStats stats;
   const int threads = omp_get_max_threads();  // as in decode(int): few rows, one thread

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,15 +36,27 @@ struct GenerateConfig {
 std::string generate_error(const GptConfig& model, const GenerateConfig& config, int cp, std::int64_t prompt_tokens,
                            std::int64_t new_tokens, std::int64_t max_positions);
 
+// The requests whose KV caches rank `rank` holds at once at its busiest: of the sets `held`
+// (indices into `requests`, each a moment's; serve.hpp's held_together), the one whose caches'
+// kv_bytes_formula sum the most (the first such), and that sum.
+struct KvPeak {
+  std::vector<std::size_t> requests;
+  std::int64_t bytes = 0;
+};
+KvPeak peak_kv(const GptConfig& model, const std::vector<GenerateConfig>& requests,
+               const std::vector<std::vector<std::size_t>>& held, int cp, int rank);
+
 // What one rank of `generate` needs at its peak, by the allocations: weights = the checkpoint's
 // parameters and their optimizer moments (read with them, kept while it runs); attention = the
-// KV caches of `requests` on rank `rank` (kv_bytes_formula, every capacity allocated and zeroed
-// at construction); activations = the largest of the prefill of `longest_prompt` tokens (one
-// layer's rows of this rank, and the transposed q, k, v and output of its heads), the
-// checkpoint's file held while it is parsed, and `scratch` bytes (the bandwidth probe's buffer);
-// baseline = the process's (memory.hpp). Not collective.
-MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests, int cp,
-                                       int rank, std::int64_t longest_prompt, double scratch);
+// KV caches held at once at the busiest moment (peak_kv over `held`: a request's cache is
+// allocated whole and zeroed at its first prefill and returned after its last token); activations
+// = the largest of the prefill of `longest_prompt` tokens (one layer's rows of this rank, and the
+// transposed q, k, v and output of its heads), the checkpoint's file held while it is parsed, and
+// `scratch` bytes (the bandwidth probe's buffer); baseline = the process's (memory.hpp). Not
+// collective.
+MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests,
+                                       const std::vector<std::vector<std::size_t>>& held, int cp, int rank,
+                                       std::int64_t longest_prompt, double scratch);
 
 // Not collective: this process's CPU seconds per prompt token of a prefill's work around the
 // attention (the norms, the q/k/v/out projections, the rotary table, the SwiGLU MLP, the
@@ -56,8 +69,9 @@ class Generator {
  public:
   // Not collective. `params` (the model's parameter slab, ParamLayout) must outlive this.
   Generator(Communicator& comm, const GptConfig& model, const std::vector<float>& params, const GenerateConfig& config);
-  // Collective. Clears the cache and runs `prompt` (the same on every rank; generate_error must
-  // have passed) through the model; returns the last position's logits, the same on every rank.
+  // Collective. Clears the cache (allocating it, whole and zeroed, when it holds none) and runs
+  // `prompt` (the same on every rank; generate_error must have passed) through the model; returns
+  // the last position's logits, the same on every rank.
   std::vector<float> prefill(const std::vector<int>& prompt);
   // Collective. A next turn of `tokens` (the same on every rank, at least one a rank) over what
   // the cache holds: Ulysses over the cache (heads) or pass-Q (interleaved); returns the last
@@ -81,7 +95,12 @@ class Generator {
   // start (a request may be prefilled long after its hook was set). On whichever ranks set it;
   // nothing by default.
   void on_prompt_layer(std::function<void(std::int64_t done, std::int64_t layers)> fn) { on_layer_ = std::move(fn); }
-  const KvCache& cache() const { return cache_; }
+  // Not collective. The cache, from the first prefill until release(); Error when none is held.
+  const KvCache& cache() const;
+  bool holds_cache() const { return cache_.has_value(); }
+  // Not collective. Returns the cache's memory (the request has its tokens); a next prefill
+  // allocates it again.
+  void release() { cache_.reset(); }
   // The collectives of the last prefill or decode call, and their time.
   const CachedAttentionStats& stats() const { return stats_; }
 
@@ -93,13 +112,15 @@ class Generator {
   // Runs `tokens` at the positions after the cached ones: a prefill into an empty cache, else
   // an extension of it.
   std::vector<float> run_prompt(const std::vector<int>& tokens);
+  KvCacheShape cache_shape() const;
+  KvCache& held();  // cache(), writable
 
   Communicator& comm_;
   GptConfig model_;
   ParamLayout layout_;
   const std::vector<float>& params_;
   GenerateConfig config_;
-  KvCache cache_;
+  std::optional<KvCache> cache_;  // from the first prefill until release()
   CachedAttentionStats stats_;
   std::uint64_t sampler_;
   std::function<void(std::int64_t, std::int64_t)> on_layer_;

@@ -46,6 +46,10 @@ struct ServedRun {
   std::vector<std::int64_t> prefill_collectives;  // over all its pieces
   std::vector<std::int64_t> prefill_pieces;       // how many pieces its prompt was prefilled in
   std::vector<ServedStep> steps;
+  // This rank's most bytes held in KV caches at once (KvCache::bytes of the caches held, summed:
+  // a request holds its cache from its first prefill piece to its last token), and whose they were.
+  std::int64_t peak_kv_bytes = 0;
+  std::vector<std::size_t> peak_kv_requests;
 };
 
 // The latest arrival step: the clock, which counts on past it, stays far from overflowing.
@@ -59,6 +63,14 @@ std::string serve_error(const std::vector<ServedRequest>& requests);
 // whole), else why not: a piece needs a token a rank.
 std::string prefill_chunk_error(std::int64_t chunk, int cp);
 
+// Not collective. The requests whose caches serve holds at once, on every rank: a request's cache
+// is allocated at its first prefill piece and returned after its last token, so after each
+// allocation, the requests holding one then (in request order), one set an allocation. The
+// schedule is serve's own, walked without the work (arrivals, prompt lengths and new tokens fix
+// it). Throws Error for serve_error's and prefill_chunk_error's problems.
+std::vector<std::vector<std::size_t>> held_together(const std::vector<ServedRequest>& requests,
+                                                    std::int64_t prefill_chunk, int cp);
+
 // Collective. gens[i] (one model, parameters and layout; its own cache) serves requests[i]. The
 // clock is the decode step: after step s (s = 0: at the start), the requests arriving at s are
 // prefilled in request order (each one's time to first token counts from s's end, so it includes
@@ -68,9 +80,10 @@ std::string prefill_chunk_error(std::int64_t chunk, int cp);
 // is preceded by one piece of the first one's prompt: C tokens (the first by prefill, the next by
 // extend), the rest of it when fewer than C + cp are left, so no piece is shorter than cp; a
 // request joins the step after its last piece; while nothing is running, pieces run back to back.
-// Puts its phases on the communicator's timeline (arrivals, prefills, steps). Throws Error (the
-// same on every rank) for serve_error's and prefill_chunk_error's problems or gens.size() !=
-// requests.size().
+// Each request's cache is allocated at its first piece and returned (Generator::release) after
+// its last token. Puts its phases on the communicator's timeline (arrivals, prefills, steps).
+// Throws Error (the same on every rank) for serve_error's and prefill_chunk_error's problems or
+// gens.size() != requests.size().
 ServedRun serve(Communicator& comm, const std::vector<Generator*>& gens, const std::vector<ServedRequest>& requests,
                 std::int64_t prefill_chunk = 0);
 
