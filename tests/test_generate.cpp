@@ -300,6 +300,12 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
   const double prefill = predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, 0).activations;
   EXPECT_EQ(predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, 1e9).activations, std::max(prefill, 1e9));
   EXPECT_EQ(predict_generate_memory(m, two, {{0, 1}}, 2, 0, 1 << 16, prefill / 2).activations, prefill);
+  // Under heads no K or V row moves after the transposes; under interleaved the rank's rows go to
+  // their owners: a send and a receive buffer and the received K and V, 4 of its 2^15 rows of
+  // kv_heads · head_dim = 16 floats.
+  const std::vector<GenerateConfig> heads{{KvLayout::heads, Prefill::ulysses, 1000, 0, 0}};
+  EXPECT_EQ(prefill - predict_generate_memory(m, heads, {{0}}, 2, 0, 1 << 16, 0).activations,
+            4.0 * (1 << 15) * 16 * sizeof(float));
 }
 
 // The caches held at once follow serve's schedule: requests that never overlap hold one cache at

@@ -314,6 +314,7 @@ nlohmann::json make_report(const Communicator& comm, const Request& r, const Tim
           {"prefill_comm_s", t.prefill_comm_s},
           {"collectives_per_step", t.step_collectives},
           {"comm_s_per_step", t.step_comm_s / double(tpot_steps)},
+          {"kv_cache_at", "request"},  // the one request's cache
           {"kv_cache", kv},
           {"memory", memory_report(r.memory, peak_rss)},
           {"decode_kernel",

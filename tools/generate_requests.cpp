@@ -205,7 +205,7 @@ nlohmann::json batch_report(const Communicator& comm, const GenerateOptions& o, 
           {"collectives_per_step", collectives},
           {"decode_tokens_per_s", decode_s > 0 ? double(decoded) / decode_s : 0.0},
           {"decode_tokens_per_cpu_s", decode_cpu_s > 0 ? double(decoded) / decode_cpu_s : 0.0},
-          {"kv_cache_at", "peak: the caches held at once at the busiest moment, not every request's"},
+          {"kv_cache_at", "peak"},  // the caches held at once at the busiest moment, not every request's
           {"kv_cache", kv},
           {"memory", memory_report(b.memory, peak_rss)}};
 }

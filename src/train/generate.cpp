@@ -58,8 +58,13 @@ MemoryEstimate predict_generate_memory(const GptConfig& m, const std::vector<Gen
   // and the all-to-all's packed copy of its q, k, v; the transposes' q, k, v and output of every
   // prompt token on this rank's heads (at least one).
   const double heads_share = std::max(1.0, std::ceil(h / cp)) / h;
-  const double prefill =
-      n * (3 * C + 3 * QD + 4 * KD + 2 * F) * f + double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
+  // Under interleaved the new K and V rows then go to their owners while those are still held:
+  // the all-to-all's send and receive buffers and the received K and V (4 of the rank's rows of
+  // KD each; measured 4-8 MiB over the model without them at 8192 tokens, cp 2).
+  const bool scatter = std::any_of(requests.begin(), requests.end(),
+                                   [](const GenerateConfig& c) { return c.layout == KvLayout::interleaved; });
+  const double prefill = n * (3 * C + 3 * QD + 4 * KD + 2 * F + (scatter ? 4 * KD : 0)) * f +
+                         double(longest_prompt) * heads_share * (2 * QD + 2 * KD + h) * f;
   // The probe comes after the prefill, whose buffers are returned by then: the tensors' pool
   // releases kept blocks before a new one would take it past its high-water (tensor.cpp), and
   // glibc maps the vectors' large blocks. Measured at 8192 and 16384 tokens, cp 1 and 2: the
