@@ -308,6 +308,29 @@ TEST(Generate, MemoryModelCountsTheCachesByTheirFormula) {
             4.0 * (1 << 15) * 16 * sizeof(float));
 }
 
+// A released request holds no cache (and cannot decode); a next prefill allocates it again and
+// gives the same logits as the first.
+COMM_TEST(Generate, ReleaseReturnsTheCacheAndAPrefillTakesItAgain) {
+  Gpt<float> model(tiny_model());
+  model.init_params(8);
+  const GenerateConfig config{KvLayout::interleaved, Prefill::ulysses, 24, 0, 0};
+  Generator gen(comm, tiny_model(), model.params, config);
+  EXPECT_FALSE(gen.holds_cache());
+  EXPECT_THROW(gen.cache(), Error);
+  std::vector<int> prompt;
+  for (int t = 0; t < 12; ++t) prompt.push_back((t * 13 + 2) % 64);
+  const std::vector<float> first = gen.prefill(prompt);
+  const std::vector<float> step = gen.decode(gen.next_token(first));
+  EXPECT_EQ(gen.cache().bytes(), kv_bytes_formula(config.layout, gen.cache().shape(), comm.size(), comm.rank()));
+  gen.release();
+  EXPECT_FALSE(gen.holds_cache());
+  EXPECT_THROW(gen.cache(), Error);
+  EXPECT_THROW(gen.decode(1), Error);  // not collective: refused before any data moves
+  EXPECT_EQ(gen.prefill(prompt), first);
+  EXPECT_EQ(gen.decode(gen.next_token(first)), step);
+  EXPECT_EQ(gen.cache().tokens(0), 13);
+}
+
 // The caches held at once follow serve's schedule: requests that never overlap hold one cache at
 // a time, so the peak is the largest one, not the sum; overlapping ones add up. The schedules are
 // RequestsJoiningMidwayEqualEachAlone's and ChunkedPrefillInterleavesPiecesWithSteps' (worked

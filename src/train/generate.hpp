@@ -50,8 +50,9 @@ KvPeak peak_kv(const GptConfig& model, const std::vector<GenerateConfig>& reques
 // parameters and their optimizer moments (read with them, kept while it runs); attention = the
 // KV caches held at once at the busiest moment (peak_kv over `held`: a request's cache is
 // allocated whole and zeroed at its first prefill and returned after its last token); activations
-// = the largest of the prefill of `longest_prompt` tokens (one layer's rows of this rank, and the
-// transposed q, k, v and output of its heads), the checkpoint's file held while it is parsed, and
+// = the largest of the prefill of `longest_prompt` tokens (one layer's rows of this rank, the
+// transposed q, k, v and output of its heads, and under interleaved the scatter of the rank's new
+// K and V rows to their owners), the checkpoint's file held while it is parsed, and
 // `scratch` bytes (the bandwidth probe's buffer); baseline = the process's (memory.hpp). Not
 // collective.
 MemoryEstimate predict_generate_memory(const GptConfig& model, const std::vector<GenerateConfig>& requests,
