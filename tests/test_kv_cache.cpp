@@ -3,8 +3,10 @@
 // far, on every layout, at every group size (a rank with an empty shard included).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/isa.hpp"
@@ -51,15 +53,22 @@ Tensor head_major(const TensorView& x) {
   return t;
 }
 
-// f(level's name) under every ISA level this CPU runs (the decode kernel's pass is one per level).
+// f(level's name) under every ISA level this CPU runs (the decode kernel's pass is one per level)
+// and both prefetch distances (chosen by vendor, so a CPU runs only one of them otherwise).
 template <class F>
 void for_every_isa(F f) {
   const kernels::Isa before = kernels::active_isa();
-  for (const kernels::Isa isa : kernels::supported_isas()) {
-    kernels::force_isa(isa);
-    f(kernels::to_string(isa));
-  }
+  const kernels::DecodePrefetch distance = kernels::decode_prefetch();
+  for (const kernels::Isa isa : kernels::supported_isas())
+    for (const kernels::DecodePrefetch ahead : {kernels::DecodePrefetch::kilobyte, kernels::DecodePrefetch::block}) {
+      kernels::force_isa(isa);
+      kernels::force_decode_prefetch(ahead);
+      f((std::string(kernels::to_string(isa)) +
+         (ahead == kernels::DecodePrefetch::block ? ", a block ahead" : ", a kilobyte ahead"))
+            .c_str());
+    }
   kernels::force_isa(before);
+  kernels::force_decode_prefetch(distance);
 }
 
 // Float64: query `t` of q (heads [first, first + count), every head by default) against keys
@@ -232,6 +241,27 @@ TEST(CachedAttention, LocalKernelOverEveryGqaShapeEqualsFloat64) {
             << isa << (cache_order ? " [h_kv, s, d]" : " [s, h_kv, d]") << " h " << c.h << " h_kv " << c.hkv << " d "
             << c.d << " heads from " << c.q_first << " rows " << c.rows;
       }
+    });
+  }
+}
+
+// The prefetch distance moves no bits: under each ISA level, a kilobyte and a block ahead give
+// the same output and LSE (Llama's GQA at d 128 and MHA at d 32, short last blocks, so the block
+// ahead runs past the rows).
+TEST(CachedAttention, LocalKernelsPrefetchDistanceChangesNoBits) {
+  for (const auto& [h, hkv, d, rows] : {std::array<std::int64_t, 4>{8, 2, 128, 1001}, {4, 4, 32, 4099}}) {
+    const Rows q(7, 1, h, d), k(8, rows, hkv, d), v(9, rows, hkv, d);
+    const Tensor kh = head_major(k.view(0, rows)), vh = head_major(v.view(0, rows));
+    std::vector<float> got[2] = {std::vector<float>(std::size_t(h * (d + 1))),
+                                 std::vector<float>(std::size_t(h * (d + 1)))};
+    int i = 0;
+    for_every_isa([&](const char* isa) {
+      std::vector<float>& out = got[i++ % 2];
+      const TensorView ov = TensorView::dense(out.data(), DType::f32, {1, 1, h, d}, Layout::bshd),
+                       lv = TensorView::dense(out.data() + h * d, DType::f32, {1, 1, h, 1}, Layout::bhsd),
+                       qv = TensorView::dense(const_cast<float*>(q.at(0, 0)), DType::f32, {1, 1, h, d}, Layout::bshd);
+      decode_attention_forward(ov, lv, qv, kh.view(), vh.view(), DecodeParams{.group = h / hkv});
+      if (i % 2 == 0) EXPECT_EQ(got[0], got[1]) << isa << " d " << d;  // bitwise: no NaN in either
     });
   }
 }

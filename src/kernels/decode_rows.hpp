@@ -20,6 +20,7 @@ struct DecodeJob {
   std::int64_t q_heads, d, q_stride_h, k_stride_s, k_stride_h, v_stride_s, v_stride_h;
   float scale;
   std::vector<DecodeRun> runs;  // every query head in exactly one run
+  bool prefetch_block = false;  // each stream's lines asked for a block ahead, not a kilobyte (isa.hpp)
 };
 
 // One thread's partial result: acc [q_heads · d] unnormalised, running maximum m and sum l per

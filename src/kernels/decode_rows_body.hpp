@@ -52,18 +52,23 @@ typedef std::uint32_t vu __attribute__((vector_size(W * 4)));
 // (prefetcht0). The pass does about 8 cycles of work per 128-byte row at d = 32: a core's
 // out-of-order window then holds a few rows' loads, not the dozens of lines in flight that
 // DRAM's latency needs, and the hardware prefetchers restart at every 4 KiB page, one block of K
-// or V at d = 32. A kilobyte ahead (8 rows at d = 32, 2 at 128) measured best of 0.5–16 KiB at
-// 32k context (docs/perf.md v38): a block ahead (4–16 KiB) ran slower, the lines arriving before
-// they were needed and, at d = 128, pushing the block being read out of L1.
+// or V at d = 32. How far ahead depends on the core (isa.hpp's decode_prefetch): on Intel
+// Sapphire Rapids, reading 16 GB/s a core, a kilobyte ahead (8 rows at d = 32, 2 at 128) measured
+// best of 0.5–16 KiB at 32k context (docs/perf.md v38): a block ahead ran slower there, the lines
+// arriving before they were needed and, at d = 128, pushing the block being read out of L1. On
+// AMD Zen 5, reading 40 GB/s a core, a block ahead (the same row of the stream's next block)
+// measured best of 1–32 KiB where a KV head serves four query heads or more: a kilobyte is 26 ns
+// of its read, less than one DRAM latency, and the pass at GQA 8/2 d = 128 reached 0.68 of the
+// read with it against 0.86 a block ahead (half a block 0.71, two blocks 0.83; docs/perf.md v50).
 constexpr std::int64_t kPrefetchBytes = 1024;
 
-// Every line of the row kPrefetchBytes further on in the stream (the next block's rows at a
-// block's end: each KV head's rows are contiguous). Past the end it asks for lines nobody reads,
-// a kilobyte a stream and call; a prefetch never faults.
+// Every line of the row a kilobyte or a block further on in the stream (the next block's rows
+// near a block's end: each KV head's rows are contiguous). Past the end it asks for lines nobody
+// reads, a kilobyte or a block a stream and call; a prefetch never faults.
 template <int NV>
-[[gnu::always_inline]] inline void prefetch_ahead(const float* row, std::int64_t stride) {
-  constexpr std::int64_t ahead = std::max<std::int64_t>(1, kPrefetchBytes / (NV * W * 4));
-  const float* next = row + ahead * stride;
+[[gnu::always_inline]] inline void prefetch_ahead(const DecodeJob& job, const float* row, std::int64_t stride) {
+  constexpr std::int64_t kilobyte = std::max<std::int64_t>(1, kPrefetchBytes / (NV * W * 4));
+  const float* next = row + (job.prefetch_block ? kBlock : kilobyte) * stride;
   for (int c = 0; c < NV * W; c += 64 / 4) __builtin_prefetch(next + c, 0, 3);
 }
 
@@ -132,7 +137,7 @@ template <int G, int NV>
     vf dots[W];
     for (int r = 0; r < R; ++r) {
       const float* row = k + std::min(t + r, n - 1) * job.k_stride_s;
-      prefetch_ahead<NV>(k + (t + r) * job.k_stride_s, job.k_stride_s);
+      prefetch_ahead<NV>(job, k + (t + r) * job.k_stride_s, job.k_stride_s);
       for (int g = 0; g < G; ++g) {
         vf a = q[g][0] * load(row);
         for (int c = 1; c < NV; ++c) a += q[g][c] * load(row + c * W);
@@ -189,7 +194,7 @@ template <int G, int NV>
     for (int c = 0; c < NV; ++c) acc[g][c] = load(a + g * job.d + c * W);
   for (std::int64_t t = 0; t < n; ++t) {
     const float* row = v + t * job.v_stride_s;
-    prefetch_ahead<NV>(row, job.v_stride_s);
+    prefetch_ahead<NV>(job, row, job.v_stride_s);
     vf x[NV];
     for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
     for (int g = 0; g < G; ++g) {

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "engines.hpp"
 
@@ -106,6 +107,18 @@ bool cpu_has_avx512_bf16() { return best() >= Isa::avx512 && has_avx512_bf16(); 
 // with the register-resident probe (peak.hpp), one core: AMD Zen 4, vdpbf16ps 236 against the
 // FMA's 117 GFLOP/s (2.0x); Intel Emerald Rapids (AMX not enabled) 84 against 170 (0.5x).
 bool bf16_dot_outruns_fma() { return cpu_has_avx512_bf16() && amd(); }
+
+// A block on AMD: Zen 5 reads 40 GB/s a core, a kilobyte of it in 26 ns, less than one DRAM
+// latency (GQA 8/2 d = 128: 0.68 of the read a kilobyte ahead against 0.86 a block ahead,
+// docs/perf.md v50; the kernel takes it only under GQA of four heads a KV head or more,
+// decode_forward.cpp). A kilobyte on Intel: Sapphire Rapids reads 16 GB/s a core, and a block
+// ahead measured slower there (v38).
+namespace {
+DecodePrefetch g_decode_prefetch = amd() ? DecodePrefetch::block : DecodePrefetch::kilobyte;
+}  // namespace
+
+DecodePrefetch decode_prefetch() { return g_decode_prefetch; }
+DecodePrefetch force_decode_prefetch(DecodePrefetch distance) { return std::exchange(g_decode_prefetch, distance); }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v;

@@ -36,6 +36,12 @@ Isa force_isa(Isa isa);
 // trainer's bf16 GEMMs use the dot product only then (isa.cpp says how it is decided).
 bool cpu_has_avx512_bf16();
 bool bf16_dot_outruns_fma();
+// How far ahead of its reads the decode kernel asks for each stream's lines (decode_rows_body.hpp):
+// a kilobyte, or a block of rows. By vendor, never timed; the distance changes no bits, and
+// tests force each in turn.
+enum class DecodePrefetch { kilobyte = 0, block = 1 };
+DecodePrefetch decode_prefetch();
+DecodePrefetch force_decode_prefetch(DecodePrefetch distance);  // returns the one it replaced
 
 // The table of a level, and of the active one.
 const KernelLevel& level(Isa isa);
