@@ -266,6 +266,17 @@ TEST(CachedAttention, LocalKernelsPrefetchDistanceChangesNoBits) {
   }
 }
 
+// The rule the benchmark reports beside each shape (ulysses_bench --only decode): a block ahead
+// only under the block distance and four query heads a KV head or more.
+TEST(CachedAttention, ABlockAheadOnlyWhereAKvHeadServesFourHeadsOrMore) {
+  const kernels::DecodePrefetch distance = kernels::decode_prefetch();
+  kernels::force_decode_prefetch(kernels::DecodePrefetch::block);
+  for (const std::int64_t group : {1, 2, 3, 4, 8, 16}) EXPECT_EQ(kernels::decode_prefetches_block(group), group >= 4);
+  kernels::force_decode_prefetch(kernels::DecodePrefetch::kilobyte);
+  for (const std::int64_t group : {1, 2, 4, 8}) EXPECT_FALSE(kernels::decode_prefetches_block(group));
+  kernels::force_decode_prefetch(distance);
+}
+
 TEST(CachedAttention, LocalKernelRefusesHeadsItDoesNotHold) {
   const Rows q(4, 1, 4, 8), k(5, 10, 2, 8);
   std::vector<float> out(32), lse(4);

@@ -33,11 +33,7 @@ DecodeJob job_of(const TensorView& q, const TensorView& k, const TensorView& v, 
     job.runs.push_back({i, end - i, kv - p.kv_first});
     i = end;
   }
-  // A block ahead only where a KV head serves four query heads or more (a FMA a cached byte or
-  // more): with fewer, the pass's own work is a third of the read or less and a kilobyte ahead kept
-  // up (GQA 8/4 d 128: 0.88–0.91 of the read against 0.81–0.84 a block ahead; MHA d 128: 1.00–1.04
-  // against 0.92–0.95), with four it did not (GQA 8/2 d 128: 0.68 against 0.86; docs/perf.md v50).
-  job.prefetch_block = kernels::decode_prefetch() == kernels::DecodePrefetch::block && p.group >= 4;
+  job.prefetch_block = kernels::decode_prefetches_block(p.group);
   return job;
 }
 

@@ -120,6 +120,12 @@ DecodePrefetch g_decode_prefetch = amd() ? DecodePrefetch::block : DecodePrefetc
 DecodePrefetch decode_prefetch() { return g_decode_prefetch; }
 DecodePrefetch force_decode_prefetch(DecodePrefetch distance) { return std::exchange(g_decode_prefetch, distance); }
 
+// A block ahead only where a KV head serves four query heads or more (a FMA a cached byte or
+// more): with fewer, the pass's own work is a third of the read or less and a kilobyte ahead kept
+// up (GQA 8/4 d 128: 0.88–0.91 of the read against 0.81–0.84 a block ahead; MHA d 128: 1.00–1.04
+// against 0.92–0.95), with four it did not (GQA 8/2 d 128: 0.68 against 0.86; docs/perf.md v50).
+bool decode_prefetches_block(std::int64_t group) { return g_decode_prefetch == DecodePrefetch::block && group >= 4; }
+
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v;
   for (int i = 0; i <= int(best()); ++i) v.push_back(Isa(i));

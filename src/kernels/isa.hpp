@@ -14,6 +14,7 @@
 // (like oneDNN's ONEDNN_MAX_CPU_ISA), and tests force each supported level in turn.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "engine.hpp"
@@ -42,6 +43,8 @@ bool bf16_dot_outruns_fma();
 enum class DecodePrefetch { kilobyte = 0, block = 1 };
 DecodePrefetch decode_prefetch();
 DecodePrefetch force_decode_prefetch(DecodePrefetch distance);  // returns the one it replaced
+// Whether a call whose KV heads each serve `group` query heads prefetches a block ahead.
+bool decode_prefetches_block(std::int64_t group);
 
 // The table of a level, and of the active one.
 const KernelLevel& level(Isa isa);
