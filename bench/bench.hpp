@@ -85,5 +85,6 @@ nlohmann::json alltoall_section(Communicator& world, const Options& o);    // al
 nlohmann::json strategies_section(Communicator& world, const Options& o);  // all ranks (+ rank 0 alone)
 nlohmann::json seed_section(Communicator& world, const Options& o);        // all ranks (+ rank 0 alone)
 nlohmann::json gemm_section(Communicator& world, const Options& o);        // rank 0 alone, one thread
+nlohmann::json decode_section(Communicator& world, const Options& o);      // rank 0 alone, one thread
 
 }  // namespace ulysses::bench

@@ -14,6 +14,8 @@
 //                  mpirun -n 8 --oversubscribe ... --only seed --plots DIR
 //   5. gemm        the trainer's GEMMs (width 512) on OpenBLAS, BLIS and oneDNN, f32 and bf16,
 //                  against the register-resident f32 FMA and bf16 dot peaks measured in the run
+//   6. decode      the decode kernel over a float32 cache at 32k and 128k rows, MHA and GQA
+//                  shapes, 1 thread, against the plain and the prefetching read probes
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -63,6 +65,7 @@ int run_sections(Communicator& world, Communicator& self, bench::Options& o, con
   if (only.empty() || only == "strategies") report["strategies"] = bench::strategies_section(world, o);
   if (only.empty() || only == "seed") report["seed"] = bench::seed_section(world, o);
   if (only.empty() || only == "gemm") report["gemm"] = bench::gemm_section(world, o);
+  if (only.empty() || only == "decode") report["decode"] = bench::decode_section(world, o);
   if (world.rank() != 0 || json.empty()) return 0;
   try {
     write_file_atomic(json, report.dump(2) + "\n");
@@ -87,8 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout, "seconds any rank may wait for another before the job ends (0 = forever)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--only", only, "run one section: kernels | alltoall | strategies | seed | gemm")
-      ->check(CLI::IsMember({"kernels", "alltoall", "strategies", "seed", "gemm"}));
+  app.add_option("--only", only, "run one section: kernels | alltoall | strategies | seed | gemm | decode")
+      ->check(CLI::IsMember({"kernels", "alltoall", "strategies", "seed", "gemm", "decode"}));
   app.add_option("--plots", o.plots, "seed section: write its SVG plots and Chrome trace into this directory (rank 0)");
   CLI11_PARSE(app, argc, argv);
   if (o.quick) {
