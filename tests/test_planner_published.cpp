@@ -431,6 +431,97 @@ TEST(PlannerPublished, TheCacheTermIsFittedFromTwoCalls) {
   EXPECT_EQ(fit_cache_term(flat, 64, 4, cache, fits, {100e-9 * 4e6, 4e6, 32768}).past_cache_extra, 4.0);
 }
 
+TEST(PlannerPublished, AWorkingSetPastTheCacheStreamsAtItsRate) {
+  // 4 MiB stay near the core; 0.1 ns per byte past it.
+  KernelModel m;
+  m.stream_s_per_byte = 1e-10;
+  m.stream_cache_bytes = 4.0 * 1024 * 1024;
+  EXPECT_EQ(stream_seconds(m, 4.0 * 1024 * 1024), 0.0);  // fits exactly
+  EXPECT_EQ(stream_seconds(m, 1000), 0.0);
+  EXPECT_DOUBLE_EQ(stream_seconds(m, 16.0 * 1024 * 1024), 1e-10 * 12 * 1024 * 1024);
+  // A call of 512 queries against 512 keys on 16 heads of 128, float32: q, out, K and V are
+  // 4 x 512 x 16 x 128 x 4 = 16 MiB, 12 MiB past; 3 such calls add 3 x 1.2582912 ms to the
+  // forward's work, and the backward backward_ratio times it.
+  const double past = 1e-10 * 12 * 1024 * 1024;
+  const KernelSeconds t = kernel_seconds(m, {3, 512, 512, 16, 16, 0, false}, 128, 4, 1.0);
+  EXPECT_DOUBLE_EQ(t.fwd, 1.0 + 3 * past);
+  EXPECT_DOUBLE_EQ(t.bwd, 2.5 * (1.0 + 3 * past));
+  // bf16 halves the bytes: 8 MiB, 4 past.
+  EXPECT_DOUBLE_EQ(kernel_seconds(m, {1, 512, 512, 16, 16, 0, false}, 128, 2, 1.0).fwd, 1.0 + 1e-10 * 4 * 1024 * 1024);
+  // Off on the GPU presets and for bad values: nothing added, finite.
+  EXPECT_EQ(find_kernel_preset("fa3").kernel.stream_s_per_byte, 0);
+  for (auto [r, c] : {std::pair{0.0, 1e6},
+                      {-1e-10, 1e6},
+                      {std::nan(""), 1e6},
+                      {std::numeric_limits<double>::infinity(), 1e6},
+                      {1e-10, std::nan("")},
+                      {1e-10, std::numeric_limits<double>::infinity()}}) {
+    KernelModel b;
+    b.stream_s_per_byte = r, b.stream_cache_bytes = c;
+    EXPECT_EQ(stream_seconds(b, 1e9), 0.0) << r << " " << c;
+  }
+  // A negative cache counts as none: every byte streams.
+  KernelModel none = m;
+  none.stream_cache_bytes = -1;
+  EXPECT_NEAR(stream_seconds(none, 1e6), 1e-4, 1e-15);
+  // Only ever slower than the flat model (efficiency <= 1), and finite, for any positive shape.
+  for (double len : {1.0, 64.0, 512.0, 1e5, 1e9})
+    for (double heads : {1.0, 16.0, 1e4}) {
+      const KernelSeconds k = kernel_seconds(m, {7, len, len, heads, heads, 0.5, true}, 128, 4, 1.0);
+      EXPECT_TRUE(std::isfinite(k.fwd) && k.fwd >= 1.0 && std::isfinite(k.bwd)) << len << " " << heads;
+    }
+}
+
+TEST(PlannerPublished, TheStreamTermIsFittedFromThreeHeadCounts) {
+  // 1 MiB a head; 2 heads at 1 ms. 8 and 32 heads on excess = 1e-10 x (bytes - 3 MiB): 5 MiB and
+  // 29 MiB past the cache.
+  const double mib = 1024.0 * 1024, r = 1e-10, c = 3 * mib;
+  const double t8 = 4e-3 + r * (8 * mib - c), t32 = 16e-3 + r * (32 * mib - c);
+  const StreamFit f = fit_stream_term(mib, 2, 1e-3, 8, t8, 32, t32);
+  EXPECT_NEAR(f.s_per_byte, r, 1e-22);
+  EXPECT_NEAR(f.cache_bytes, c, 1e-3);
+  // The reference is assumed to fit: a line whose cache falls below its 2 MiB is held there, the
+  // rate through the 32-head point.
+  const double low = 1 * mib, l8 = 4e-3 + r * (8 * mib - low), l32 = 16e-3 + r * (32 * mib - low);
+  const StreamFit held = fit_stream_term(mib, 2, 1e-3, 8, l8, 32, l32);
+  EXPECT_EQ(held.cache_bytes, 2 * mib);
+  EXPECT_NEAR(held.s_per_byte, (l32 - 16e-3) / (30 * mib), 1e-22);
+  // No growth, less growth at 32 heads, heads not increasing, bad times: off.
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  for (const StreamFit& b :
+       {fit_stream_term(mib, 2, 1e-3, 8, 4e-3, 32, 16e-3), fit_stream_term(mib, 2, 1e-3, 8, t8, 32, 16e-3),
+        fit_stream_term(mib, 8, 4e-3, 2, 1e-3, 32, t32), fit_stream_term(mib, 2, 1e-3, 8, nan, 32, t32),
+        fit_stream_term(mib, 2, 1e-3, 8, t8, 32, inf), fit_stream_term(0, 2, 1e-3, 8, t8, 32, t32),
+        fit_stream_term(mib, 2, -1e-3, 8, t8, 32, t32)}) {
+    EXPECT_EQ(b.s_per_byte, 0);
+    EXPECT_EQ(b.cache_bytes, 0);
+  }
+}
+
+// The rate calibrate() measures on its 2048-token causal block (2 heads) holds that block's
+// stream: the model's peak has it taken out, and predicts the measured rate back.
+TEST(Calibrate, TheRatesOwnStreamIsTakenOut) {
+  KernelModel k;
+  k.stream_s_per_byte = 1e-10;
+  k.stream_cache_bytes = 1024 * 1024;
+  // d 128 float32: 4 x 2048 x 2 x 128 x 4 = 8 MiB, 7 MiB past: 0.734 ms of the block's
+  // 2^31 FLOPs at 1e11 FLOP/s (21.5 ms).
+  const double flops = attention_forward_flops(1, 2048, 2048, 2, 128, true), t = flops / 1e11;
+  const double stream = 1e-10 * 7 * 1024 * 1024;
+  EXPECT_NEAR(kernel_peak_of_rate(k, 1e11, 128, 4), flops / (t - stream), 1e-3);
+  EXPECT_NEAR(rate_of_kernel_peak(k, kernel_peak_of_rate(k, 1e11, 128, 4), 128, 4), 1e11, 1e-3);
+  Cluster c;
+  c.peak_flops = 1e11;
+  apply_calibrated_kernel(c, k, 128, 4);
+  EXPECT_NEAR(c.peak_flops, flops / (t - stream), 1e-3);
+  // Without the term the peak is the rate (a flat curve); a stream past half the block's time is
+  // held at half: finite.
+  EXPECT_EQ(kernel_peak_of_rate(KernelModel{}, 1e11, 128, 4), 1e11);
+  k.stream_s_per_byte = 1;
+  EXPECT_NEAR(kernel_peak_of_rate(k, 1e11, 128, 4), 2e11, 1e-3);
+  EXPECT_TRUE(std::isfinite(rate_of_kernel_peak(k, 1e11, 128, 4)));
+}
+
 TEST(PlannerPublished, CacheSizesParseAsSysfsWritesThem) {
   EXPECT_EQ(parse_cache_size("2048K", 1), 2048.0 * 1024);
   EXPECT_EQ(parse_cache_size("32M", 1), 32.0 * 1024 * 1024);

@@ -248,6 +248,8 @@ nlohmann::json kernel_json(const KernelModel& k) {
           {"kv_pack_s_per_byte", k.kv_pack_s_per_byte},
           {"cache_bytes", k.cache_bytes},
           {"past_cache_extra", k.past_cache_extra},
+          {"stream_s_per_byte", k.stream_s_per_byte},
+          {"stream_cache_bytes", k.stream_cache_bytes},
           {"memory_bandwidth", k.memory_bandwidth},
           {"ring_pair_calls", k.ring_pair_calls}};
 }
@@ -578,7 +580,8 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
 void calibrate_cluster(Communicator& comm, PlanInput& in) {
   set_threads(default_threads(comm));
   in.cluster = calibrate(comm, in.head_dim, in.dtype).cluster;
-  apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim);
+  apply_calibrated_kernel(in.cluster, calibrate_kernel(comm, in.head_dim, in.dtype), in.head_dim,
+                          double(dtype_size(in.dtype)));
 }
 
 namespace {
@@ -707,13 +710,14 @@ void print_calibration(int ranks, const PlanInput& in) {
       "across); all-to-all "
       "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
       "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
-      "byte\n",
+      "byte, its working set past {:.1f} MiB {:.3f} ns per byte\n",
       ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.kernel.backward_ratio,
       in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9,
       in.cluster.inter.latency * 1e6, in.cluster.inter_concurrent.bandwidth / 1e9,
       in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half,
       in.cluster.kernel.call_s * 1e6, in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
-      in.cluster.kernel.kv_pack_s_per_byte * 1e9);
+      in.cluster.kernel.kv_pack_s_per_byte * 1e9, in.cluster.kernel.stream_cache_bytes / (1 << 20),
+      in.cluster.kernel.stream_s_per_byte * 1e9);
 }
 
 }  // namespace

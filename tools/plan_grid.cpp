@@ -108,10 +108,12 @@ double cpu_prefill_rate(Communicator& comm, std::int64_t d, std::int64_t heads, 
 // make, slowed by the load as the kernel is.
 void cpu_time_cluster(Communicator& comm, PlanInput& in) {
   Cluster& c = in.cluster;
-  const double wall = c.peak_flops * block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  const double es = double(dtype_size(DType::f32));  // cpu_attention_rates' dtype
+  const double wall = rate_of_kernel_peak(c.kernel, c.peak_flops, in.head_dim, es);
   const AttentionRates cpu = cpu_attention_rates(comm, in.head_dim);
   const double load = std::max(1.0, cpu.forward / wall);
-  c.peak_flops = cpu.forward / block_efficiency(c.kernel, in.head_dim, 2048, 2048, true);
+  calibrate_stream(comm, in.head_dim, in.dtype, process_cpu_seconds, 5, c.kernel);
+  c.peak_flops = kernel_peak_of_rate(c.kernel, cpu.forward, in.head_dim, es);
   c.kernel.backward_ratio = cpu.backward_ratio;
   for (Link* l : {&c.intra, &c.inter, &c.alltoall_intra, &c.inter_concurrent}) {
     l->bandwidth *= load;
@@ -220,14 +222,15 @@ void measure_grid(Communicator& comm, std::vector<GridCase>& cases, int rounds, 
           "calibrated head dim {} (best of {}): attention {:.2f} GFLOP/s per rank (the forward; the backward "
           "{:.2f}x its seconds), kernel half rate at {:.0f} "
           "keys, causal diagonal's extra {:.0f} keys, {:.1f} us per call, merge {:.1f} passes at {:.2f} GB/s, K/V pack "
-          "{:.3f} ns per byte, past the {:.0f} "
+          "{:.3f} ns per byte, a call's working set past {:.1f} MiB {:.3f} ns per byte, past the {:.0f} "
           "KiB cache "
           "{:.2f}x the time; send/recv "
           "{:.2f} GB/s, {:.1f} us; all-to-all {:.2f} GB/s\n",
           d, rounds, k.peak_flops / 1e9, k.kernel.backward_ratio, k.kernel.kv_half, k.kernel.causal_half,
           k.kernel.call_s * 1e6, k.kernel.merge_passes, k.kernel.memory_bandwidth / 1e9,
-          k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra,
-          k.intra.bandwidth / 1e9, k.intra.latency * 1e6, k.alltoall_intra.bandwidth / 1e9);
+          k.kernel.kv_pack_s_per_byte * 1e9, k.kernel.stream_cache_bytes / (1 << 20), k.kernel.stream_s_per_byte * 1e9,
+          k.kernel.cache_bytes / 1024, 1 + k.kernel.past_cache_extra, k.intra.bandwidth / 1e9, k.intra.latency * 1e6,
+          k.alltoall_intra.bandwidth / 1e9);
 }
 
 // This machine's load (/proc/loadavg's 1, 5 and 15 minute averages; "?" where there is none):
@@ -284,9 +287,26 @@ Plan plan_before_ring_pairs(PlanInput in, const TieBand& tie) {
   return make_plan(in, tie);
 }
 
+// The plan of `in` without the stream term (a call's working set past the cache), its rate
+// scaled again from the same measured rate: on the same measurements, what the term changes.
+Plan plan_without_stream(PlanInput in, const TieBand& tie) {
+  KernelModel& k = in.cluster.kernel;
+  const double es = double(dtype_size(DType::f32));  // cpu_attention_rates' dtype
+  const double rate = rate_of_kernel_peak(k, in.cluster.peak_flops, in.head_dim, es);
+  k.stream_s_per_byte = 0;
+  in.cluster.peak_flops = kernel_peak_of_rate(k, rate, in.head_dim, es);
+  return make_plan(in, tie);
+}
+
+// The same runs tallied under the model and under what it changed.
+struct GridTallies {
+  GridTally model, cached, before, unstreamed;
+};
+
 // One shape's line and JSON; adds it to the tallies (`cached`: plan_with_cache's; `before`:
-// plan_before_ring_pairs').
-nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& cached, GridTally& before) {
+// plan_before_ring_pairs'; `unstreamed`: plan_without_stream's).
+nlohmann::json report_case(const GridCase& c, GridTallies& all) {
+  GridTally &t = all.model, &cached = all.cached, &before = all.before;
   const Plan& p = c.plan;
   const std::size_t fastest = measured_fastest(c.best), rec = std::size_t(p.best),
                     pred = std::size_t(predicted_fastest(p));
@@ -296,6 +316,8 @@ nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& cached, G
   tally(old, c.best, cached);
   const Plan steps = plan_before_ring_pairs(c.in, c.tie);
   tally(steps, c.best, before);
+  const Plan unstreamed = plan_without_stream(c.in, c.tie);
+  tally(unstreamed, c.best, all.unstreamed);
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid)
@@ -303,6 +325,7 @@ nlohmann::json report_case(const GridCase& c, GridTally& t, GridTally& cached, G
                       {"predicted_s", p.rows[i].predicted_step_s},
                       {"predicted_with_cache_s", old.rows[i].predicted_step_s},
                       {"predicted_before_ring_pairs_s", steps.rows[i].predicted_step_s},
+                      {"predicted_without_stream_s", unstreamed.rows[i].predicted_step_s},
                       {"measured_s", c.best[i]}});
   fmt::print("{:<34} {:<16} {:>6.2f} {:<16} {:>6.2f} {:<16} {:>9.4f} {:>9.2f} {:>5}/{} {}\n", shape_name(c.shape),
              p.rows[rec].name, c.best[rec] / c.best[fastest], p.rows[pred].name, c.best[pred] / c.best[fastest],
@@ -348,9 +371,10 @@ double print_tie_bands(const std::vector<GridCase>& cases) {
 nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
   fmt::print("{:<34} {:<16} {:>6} {:<16} {:>6} {:<16} {:>9} {:>9} {:>7} {}\n", "shape", "recommended", "x best",
              "predicted best", "x best", "measured best", "best s", "rec m/p", "rows20%", "with cache");
-  GridTally t, cached, before;
+  GridTallies all;
+  const GridTally &t = all.model, &cached = all.cached, &before = all.before, &unstreamed = all.unstreamed;
   nlohmann::json shapes = nlohmann::json::array();
-  for (const GridCase& c : cases) shapes.push_back(report_case(c, t, cached, before));
+  for (const GridCase& c : cases) shapes.push_back(report_case(c, all));
   fmt::print(
       "grid: the recommendation measures within 5% of the fastest in {} of {} shapes, the predicted fastest in {} of "
       "{}; predicted step times within 20% of measured in {} of {} rows (best of {} interleaved runs)\n",
@@ -364,12 +388,18 @@ nlohmann::json report_grid(const std::vector<GridCase>& cases, int rounds) {
       "same runs: the recommendation within 5% in {} of {}, the predicted fastest in "
       "{}; rows within 20% in {} of {}\n",
       before.recommended_within, before.shapes, before.fastest_within, before.rows_within, before.rows);
+  fmt::print(
+      "grid without the stream term (a call's working set past the cache), the same runs: the recommendation "
+      "within 5% in {} of {}, the predicted fastest in {}; rows within 20% in {} of {}\n",
+      unstreamed.recommended_within, unstreamed.shapes, unstreamed.fastest_within, unstreamed.rows_within,
+      unstreamed.rows);
   nlohmann::json j = tally_json(t);
   j["tie_band"] = print_tie_bands(cases);
   j["shapes"] = shapes;
   j["runs"] = rounds;
   j["with_cache"] = tally_json(cached);
   j["before_ring_pairs"] = tally_json(before);
+  j["without_stream"] = tally_json(unstreamed);
   return j;
 }
 

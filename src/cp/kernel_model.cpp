@@ -37,6 +37,11 @@ double block_cache_factor(const KernelModel& m, std::int64_t head_dim, double el
   return 1 + m.past_cache_extra * (diagonal ? past * past : past);
 }
 
+double stream_seconds(const KernelModel& m, double bytes) {
+  const double past = bytes - std::max(m.stream_cache_bytes, 0.0), s = m.stream_s_per_byte * past;
+  return m.stream_s_per_byte > 0 && past > 0 && std::isfinite(s) ? s : 0;
+}
+
 KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::int64_t head_dim, double element_bytes,
                              double flat_fwd_s) {
   const double share = std::clamp(c.diagonal_share, 0.0, 1.0);
@@ -48,9 +53,10 @@ KernelSeconds kernel_seconds(const KernelModel& m, const KernelCalls& c, std::in
   const double calls = double(std::max<std::int64_t>(c.calls, 1)), d = double(head_dim);
   const double kv = c.kv_read > 0 ? c.kv_read : c.kv_len;
   double per_call = m.call_s;
+  // Every call reads its q and K/V once and writes out: its working set, and the floor decode sits on.
+  const double io = (2 * c.q_len * c.q_heads + 2 * kv * c.kv_heads) * d * element_bytes;
+  work += calls * stream_seconds(m, io);
   if (m.memory_bandwidth > 0) {
-    // Every call reads its q and K/V once and writes out: the floor decode sits on.
-    const double io = (2 * c.q_len * c.q_heads + 2 * kv * c.kv_heads) * d * element_bytes;
     work = std::max(work, calls * io / m.memory_bandwidth);
     if (c.merge) per_call += m.merge_passes * c.q_len * c.q_heads * d * 4 / m.memory_bandwidth;
   }

@@ -189,7 +189,7 @@ double local_median_seconds(const Communicator& comm, const std::function<void()
 AttentionRates attention_rates(std::int64_t d, DType dtype, const std::function<double()>& seconds) {
   if (d < 1 || !seconds)
     throw Error(fmt::format("attention_rates: needs head_dim >= 1 and a clock; got head_dim {}", d));
-  const std::int64_t s = 2048, h = 2;
+  const std::int64_t s = kRateTokens, h = kRateHeads;
   Tensor q({1, s, h, d}, dtype), k(q.shape(), dtype), v(q.shape(), dtype), o(q.shape(), dtype), g(q.shape(), dtype),
       dq(q.shape(), dtype), dk(q.shape(), dtype), dv(q.shape(), dtype);
   for (auto [t, seed] : {std::pair{&q, 1}, {&k, 2}, {&v, 3}, {&g, 4}}) fill_uniform(t->view(), std::uint64_t(seed));

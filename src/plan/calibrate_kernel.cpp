@@ -206,12 +206,17 @@ KernelModel calibrate_kernel(Communicator& comm, std::int64_t head_dim, DType dt
   KernelModel m;
   calibrate_pack(
       comm, head_dim, dtype, [&] { return comm.now(); }, 7, m);
-  // The curve and the fixed cost are fitted to the calls' compute: their packs are priced apart.
+  calibrate_stream(
+      comm, head_dim, dtype, [&] { return comm.now(); }, 5, m);
+  // The curve and the fixed cost are fitted to the calls' compute: their packs and streams are
+  // priced apart.
   std::vector<KernelTiming> timings;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const KernelShape& s = shapes[i];
-    timings.push_back({t[i] - pack_seconds(m, double(s.kv_len), double(s.heads), head_dim, dtype),
-                       attention_forward_flops(1, s.q_len, s.kv_len, s.heads, head_dim, false), double(s.kv_len)});
+    const double bytes = 2.0 * double((s.q_len + s.kv_len) * s.heads * head_dim) * double(dtype_size(dtype));
+    timings.push_back(
+        {t[i] - pack_seconds(m, double(s.kv_len), double(s.heads), head_dim, dtype) - stream_seconds(m, bytes),
+         attention_forward_flops(1, s.q_len, s.kv_len, s.heads, head_dim, false), double(s.kv_len)});
   }
   const KernelFit fit = fit_kernel_times(timings);
   m.kv_half = fit.kv_half;
@@ -243,11 +248,64 @@ void calibrate_merge(Communicator& comm, std::int64_t head_dim, const std::funct
   model.merge_passes = t[0] * model.memory_bandwidth / bytes;
 }
 
-void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim) {
+StreamFit fit_stream_term(double bytes_per_head, double ref_heads, double ref_s, double heads_a, double a_s,
+                          double heads_b, double b_s) {
+  for (double x : {bytes_per_head, ref_heads, ref_s, heads_a, a_s, heads_b, b_s})
+    if (!(x > 0) || !std::isfinite(x)) return {};
+  if (!(ref_heads < heads_a && heads_a < heads_b)) return {};
+  // Each call's seconds beyond the reference's per head: what its larger working set added.
+  const double excess_a = a_s - heads_a / ref_heads * ref_s, excess_b = b_s - heads_b / ref_heads * ref_s;
+  const double bytes_a = heads_a * bytes_per_head, bytes_b = heads_b * bytes_per_head;
+  const double slope = (excess_b - excess_a) / (bytes_b - bytes_a);
+  if (!(slope > 0) || !std::isfinite(slope) || !(excess_b > 0)) return {};
+  const double cache = std::clamp(bytes_a - excess_a / slope, ref_heads * bytes_per_head, bytes_b);
+  if (!(cache < bytes_b)) return {};
+  return {excess_b / (bytes_b - cache), cache};  // through b's point: the larger, steadier excess
+}
+
+void calibrate_stream(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
+                      int runs, KernelModel& model) {
+  const std::int64_t len = 512;
+  constexpr std::array<std::int64_t, 3> heads{2, 8, 32};
+  std::array<double, 3> t{};
+  for (std::size_t i = 0; i < heads.size(); ++i)
+    t[i] = pack_call_seconds(len, len, heads[i], head_dim, dtype, seconds, runs, false);
+  comm.allreduce_max(t.data(), 3);                                                   // the slowest rank's
+  const double per_head = 4.0 * double(len * head_dim) * double(dtype_size(dtype));  // q, out, K, V
+  const StreamFit f = fit_stream_term(per_head, double(heads[0]), t[0], double(heads[1]), t[1], double(heads[2]), t[2]);
+  model.stream_s_per_byte = f.s_per_byte;
+  model.stream_cache_bytes = f.cache_bytes;
+}
+
+namespace {
+
+// attention_rates' block: its FLOPs and its working set (q, out, K, V) at head_dim and element_bytes.
+double rate_block_flops(std::int64_t head_dim) {
+  return attention_forward_flops(1, kRateTokens, kRateTokens, kRateHeads, head_dim, true);
+}
+double rate_block_bytes(std::int64_t head_dim, double element_bytes) {
+  return 4.0 * double(kRateTokens * kRateHeads * head_dim) * element_bytes;
+}
+
+}  // namespace
+
+double kernel_peak_of_rate(const KernelModel& k, double rate, std::int64_t head_dim, double element_bytes) {
+  const double flops = rate_block_flops(head_dim), t = flops / rate;
+  const double stream = std::min(stream_seconds(k, rate_block_bytes(head_dim, element_bytes)), t / 2);
+  return flops / (t - stream) / block_efficiency(k, head_dim, kRateTokens, kRateTokens, true);
+}
+
+double rate_of_kernel_peak(const KernelModel& k, double peak, std::int64_t head_dim, double element_bytes) {
+  const double flops = rate_block_flops(head_dim);
+  const double t = flops / (peak * block_efficiency(k, head_dim, kRateTokens, kRateTokens, true));
+  return flops / (t + std::min(stream_seconds(k, rate_block_bytes(head_dim, element_bytes)), t));
+}
+
+void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim, double element_bytes) {
   const double backward_ratio = cluster.kernel.backward_ratio;  // calibrate()'s, measured with the rate
   cluster.kernel = kernel;
   cluster.kernel.backward_ratio = backward_ratio;
-  cluster.peak_flops /= block_efficiency(kernel, head_dim, 2048, 2048, true);
+  cluster.peak_flops = kernel_peak_of_rate(kernel, cluster.peak_flops, head_dim, element_bytes);
 }
 
 }  // namespace ulysses

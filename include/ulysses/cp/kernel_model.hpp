@@ -38,6 +38,14 @@ struct KernelModel {
   // (block_cache_factor). 0: off, as a GPU kernel tiles K/V through its own shared memory.
   double cache_bytes = 0;
   double past_cache_extra = 0;
+  // A CPU call packs the K/V of every (batch, KV head) before its first tile and reads q and
+  // writes out once, so its working set is all of them: (2 q_len q_heads + 2 kv_len kv_heads) d
+  // bytes. Past stream_cache_bytes (what stays near the core between calls) each byte more costs
+  // stream_s_per_byte that the compute does not hide: the first tile of every head and query block
+  // waits for a miss. A short block has few FLOPs per byte, so it pays most (stream_seconds).
+  // 0: off, as a GPU kernel streams K/V tiles through its own shared memory; on a CPU, calibrated.
+  double stream_s_per_byte = 0;
+  double stream_cache_bytes = 0;
   // How a ring step runs its kernel: false, one call per step over the member's whole query block
   // (the GPU ring kernels the presets are fitted on); true, one call per visible pair of (query
   // chunk, key chunk), each packing its key chunk and merging its query chunk (this library's
@@ -84,13 +92,19 @@ double block_efficiency(const KernelModel& model, std::int64_t head_dim, double 
 double block_cache_factor(const KernelModel& model, std::int64_t head_dim, double element_bytes, double kv_len,
                           bool diagonal);
 
+// The seconds a call whose working set is `bytes` spends past the compute on its stream:
+// stream_s_per_byte × (bytes − stream_cache_bytes), 0 below the cache or when the term is off or
+// not finite (a negative cache counts as none).
+double stream_seconds(const KernelModel& model, double bytes);
+
 struct KernelSeconds {
   double fwd = 0, bwd = 0;
 };
 
 // The forward and backward seconds of `calls` whose work takes `flat_fwd_s` at the planner's
-// flat rate (peak × efficiency): the work at each call's block efficiency, plus the fixed,
-// merge and K/V pack costs per call, at least the K/V reads. A model with nothing set returns flat_fwd_s and
+// flat rate (peak × efficiency): the work at each call's block efficiency and its stream past the
+// cache (stream_seconds; the backward at backward_ratio × both), plus the fixed, merge and K/V
+// pack costs per call, at least the K/V reads. A model with nothing set returns flat_fwd_s and
 // backward_ratio × flat_fwd_s.
 KernelSeconds kernel_seconds(const KernelModel& model, const KernelCalls& calls, std::int64_t head_dim,
                              double element_bytes, double flat_fwd_s);

@@ -25,6 +25,7 @@ double local_median_seconds(const Communicator& comm, const std::function<void()
 // (2048 tokens, 2 heads of head_dim), `seconds` the clock: the forward's FLOP/s
 // (attention_forward_flops over its seconds) and the backward's seconds over the forward's
 // (KernelModel::backward_ratio), medians of 5 after a warm-up.
+constexpr std::int64_t kRateTokens = 2048, kRateHeads = 2;  // attention_rates' causal block
 struct AttentionRates {
   double forward = 0;
   double backward_ratio = 0;

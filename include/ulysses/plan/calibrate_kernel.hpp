@@ -45,7 +45,8 @@ void calibrate_causal_half(Communicator& comm, std::int64_t head_dim, DType dtyp
 // keys (2 heads) and of two short calls (64 × 64 and 16 × 16, 1 head) at head_dim in dtype,
 // every rank at once, the slowest rank's times less their K/V packs (calibrate_pack), fitted by
 // fit_kernel_times: the curve (kv_half) and the fixed cost per call (call_s: on a CPU the
-// kernel's thread team and its buffers). ring_pair_calls: true (this library's ring). causal_half
+// kernel's thread team and its buffers), each less its stream past the cache (calibrate_stream,
+// timed first). ring_pair_calls: true (this library's ring). causal_half
 // stays 0: `--grid` measures it (calibrate_causal_half) and reports it beside the plan. The
 // LSE merge of a ring step's float32 output is timed beside a copy of the same bytes: the copy
 // gives memory_bandwidth (read and written), the merge its passes at that rate (merge_passes).
@@ -93,9 +94,37 @@ double parse_cache_size(const std::string& text, double fallback);
 void calibrate_cache(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
                      int runs, KernelModel& model);
 
-// Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block) to the
-// long-block rate the kernel model multiplies, and installs `kernel` (keeping the cluster's
-// backward_ratio, which calibrate() measured beside the rate).
-void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim);
+// The stream term (KernelModel::stream_s_per_byte, stream_cache_bytes) from the seconds of one
+// block shape on `ref_heads` heads (ref_s) and on two larger head counts (a: heads_a, a_s; b),
+// with `bytes_per_head` of working set a head: each call's excess over ref_s scaled by its heads
+// lies on excess = s_per_byte × (bytes − cache), a line through the two points. The cache is at
+// least the reference's bytes (it is assumed to fit) and below b's. {0, 0} (off) when an input
+// is not positive or finite, the heads are not increasing, or the excess does not grow with the
+// bytes. Not collective.
+struct StreamFit {
+  double s_per_byte = 0, cache_bytes = 0;
+};
+StreamFit fit_stream_term(double bytes_per_head, double ref_heads, double ref_s, double heads_a, double a_s,
+                          double heads_b, double b_s);
+
+// Collective over `comm`: the stream term of this machine's kernel (fit_stream_term) from
+// non-causal calls of 512 queries against 512 keys on 2, 8 and 32 heads at head_dim in dtype
+// (the ring's block at the grid's 2k tokens; 2 to 32 MiB of working set at d 128 in float32),
+// each the median of `runs` timed by `seconds`, the slowest rank's.
+void calibrate_stream(Communicator& comm, std::int64_t head_dim, DType dtype, const std::function<double()>& seconds,
+                      int runs, KernelModel& model);
+
+// The kernel model's long-block rate from a rate measured on attention_rates' causal block
+// (kRateTokens, kRateHeads heads of head_dim at element_bytes): that block's efficiency and its
+// stream past the cache taken out (the stream at most half the block's time). rate_of_kernel_peak
+// is its inverse: the rate the model predicts for that block.
+double kernel_peak_of_rate(const KernelModel& kernel, double rate, std::int64_t head_dim, double element_bytes);
+double rate_of_kernel_peak(const KernelModel& kernel, double peak, std::int64_t head_dim, double element_bytes);
+
+// Scales a calibrated cluster's rate (measured on calibrate()'s causal 2048-token block at
+// element_bytes) to the long-block rate the kernel model multiplies (kernel_peak_of_rate), and
+// installs `kernel` (keeping the cluster's backward_ratio, which calibrate() measured beside the rate).
+void apply_calibrated_kernel(Cluster& cluster, const KernelModel& kernel, std::int64_t head_dim,
+                             double element_bytes = 4);
 
 }  // namespace ulysses
