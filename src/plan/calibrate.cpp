@@ -255,6 +255,7 @@ void calibrate_links(Communicator& comm, int per_node, std::int64_t head_dim, DT
   if (per_node > 1) cluster.intra.overlap = fit_overlap(*node, 1, head_dim, dtype, kRingMessage, 2);
   if (per_node < comm.size()) cluster.inter.overlap = fit_overlap(comm, per_node, head_dim, dtype, kRingMessage, 2);
   if (per_node == 1) cluster.intra.overlap = cluster.inter.overlap;
+  if (per_node == comm.size()) cluster.inter.overlap = cluster.intra.overlap;  // one node: inter is intra's copy
 }
 
 // C[m, n] (+)= op(A) · op(B), row-major (one BLAS thread per caller).
