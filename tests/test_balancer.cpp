@@ -355,6 +355,14 @@ TEST(Calibrate, AgreedOnEveryRank) {
   comm.allreduce_max(most, 4);
   comm.allreduce_max(least, 4);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(most[i], -least[i]) << "value " << i << " differs across ranks";
+  // The share of a ring step's transfer hidden behind its compute: a fraction, every rank's alike.
+  for (double f : {c.cluster.intra.overlap, c.cluster.inter.overlap}) {
+    EXPECT_TRUE(std::isfinite(f) && f >= 0 && f <= 1) << f;
+    double lo = -f, hi = f;
+    comm.allreduce_max(&lo, 1);
+    comm.allreduce_max(&hi, 1);
+    EXPECT_EQ(hi, -lo);
+  }
   EXPECT_EQ(calibrate(comm, 64, DType::f32).gemm_flops, 0.0);  // no layer: no GEMM rate
   // A balance input with the calibration predicts with its rates: the GEMMs of one token at its rate.
   BalanceInput in = small_model(1, {512});

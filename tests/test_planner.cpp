@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "ulysses/core/documents.hpp"
 #include "test_util.hpp"
 #include "ulysses/core/error.hpp"
+#include "ulysses/plan/calibrate.hpp"
 #include "ulysses/plan/planner.hpp"
 #include "ulysses/cp/sharding.hpp"
 #include "ulysses/cp/strategy.hpp"
@@ -278,6 +280,60 @@ TEST(Planner, RanksSendingAcrossAtOnceShareTheNodesLink) {
   // One NIC per rank (inter_concurrent = inter): nothing changes.
   in.cluster.inter_concurrent = in.cluster.inter;
   EXPECT_DOUBLE_EQ(row(make_plan(in), "a2a+p2p [2,2]").comm_s, row(own, "a2a+p2p [2,2]").comm_s);
+}
+
+// A ring step hides link.overlap of the shorter of its transfer and its compute (the measured
+// share over TCP, 1 by default): every figure by hand, forward only and with a backward.
+TEST(Planner, RingHidesTheMeasuredShareOfItsTransfers) {
+  Link l{1e9, 0};  // 4e6 bytes in 4 ms
+  // 4 members, forward only: 3 K/V steps of 4 ms, each behind a step's 12 / 4 = 3 ms of compute.
+  const RingSeconds full = ring_seconds(l, 4, 4e6, 0, 12e-3, 0);
+  EXPECT_DOUBLE_EQ(full.comm, 12e-3);
+  EXPECT_DOUBLE_EQ(full.hidden, 9e-3);
+  l.overlap = 0.25;
+  const RingSeconds part = ring_seconds(l, 4, 4e6, 0, 12e-3, 0);
+  EXPECT_DOUBLE_EQ(part.comm, 12e-3);
+  EXPECT_DOUBLE_EQ(part.hidden, 0.25 * 9e-3);
+  // With a backward (8 ms of dK/dV a step, 40 / 4 = 10 ms of compute): 3 forward steps hide
+  // min(4, 3), 3 backward steps min(4 + 8, 10) of 3·4 + 3·4 + 4·8 = 56 ms.
+  EXPECT_DOUBLE_EQ(ring_seconds(l, 4, 4e6, 8e6, 12e-3, 40e-3).comm, 56e-3);
+  EXPECT_DOUBLE_EQ(ring_seconds(l, 4, 4e6, 8e6, 12e-3, 40e-3).hidden, 0.25 * (9e-3 + 30e-3));
+  l.overlap = 0;
+  EXPECT_DOUBLE_EQ(ring_seconds(l, 4, 4e6, 8e6, 12e-3, 40e-3).hidden, 0);
+  // The inter-node link keeps its fraction when ranks that cross at once share it.
+  Cluster c;
+  c.ranks_per_node = 2;
+  c.inter = {25e6, 0, 0.4};
+  c.inter_concurrent = {10e6, 0};
+  EXPECT_DOUBLE_EQ(inter_link(c, 2).overlap, 0.4);
+  EXPECT_DOUBLE_EQ(ring_link(c, 4, 1).overlap, 0.4);
+  EXPECT_DOUBLE_EQ(ring_link(c, 2, 1).overlap, 1);  // inside a node: intra's default
+  // A plan's ring rows expose what is no longer hidden; the collectives do not move.
+  PlanInput in = gpt(8192, 8, 8, 4);
+  in.cluster.ranks_per_node = 1;
+  in.cluster.inter = {1e9, 0};
+  const Plan before = make_plan(in);
+  in.cluster.inter.overlap = 0.5;
+  const Plan after = make_plan(in);
+  const PlanRow &p0 = row(before, "p2p"), &p1 = row(after, "p2p");
+  EXPECT_GT(p0.hidden_s, 0);
+  EXPECT_DOUBLE_EQ(p1.hidden_s, 0.5 * p0.hidden_s);
+  EXPECT_DOUBLE_EQ(row(after, "a2a").predicted_step_s, row(before, "a2a").predicted_step_s);
+}
+
+// The overlap a calibration derives from the transfer alone, the compute alone and both at once.
+TEST(Planner, OverlapFractionFromThreeTimes) {
+  EXPECT_DOUBLE_EQ(overlap_fraction(10, 10, 10), 1);               // both at once take the longer's time
+  EXPECT_DOUBLE_EQ(overlap_fraction(10, 10, 20), 0);               // they add up
+  EXPECT_DOUBLE_EQ(overlap_fraction(10, 4, 12), 0.5);              // 2 of the 4 s transfer hidden
+  EXPECT_DOUBLE_EQ(overlap_fraction(4, 10, 12), 0.5);              // the shorter one is the compute
+  EXPECT_DOUBLE_EQ(overlap_fraction(10, 4, 16), 0);                // slower than both in a row: none
+  EXPECT_DOUBLE_EQ(overlap_fraction(10, 4, 9), 1);                 // faster than the longer (noise): all
+  for (double bad : {0.0, -1.0, double(NAN), double(INFINITY)}) {  // nothing measured: the default
+    EXPECT_DOUBLE_EQ(overlap_fraction(bad, 4, 9), 1);
+    EXPECT_DOUBLE_EQ(overlap_fraction(10, bad, 9), 1);
+    EXPECT_DOUBLE_EQ(overlap_fraction(10, 4, bad), 1);
+  }
 }
 
 }  // namespace

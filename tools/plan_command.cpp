@@ -294,6 +294,8 @@ nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<
             {"inter_bandwidth", in.cluster.inter.bandwidth},
             {"inter_latency", in.cluster.inter.latency},
             {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
+            {"intra_overlap", in.cluster.intra.overlap},
+            {"inter_overlap", in.cluster.inter.overlap},
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
             {"mode", mode_name(in.mode)},
@@ -707,17 +709,18 @@ void print_calibration(int ranks, const PlanInput& in) {
       "calibrated on {} ranks, {} per node: attention {:.1f} GFLOP/s per rank (the forward; the backward {:.2f}x its "
       "seconds); send/recv inside a node "
       "{:.2f} GB/s, {:.1f} us, between nodes {:.2f} GB/s, {:.1f} us ({:.3f} GB/s per rank with all sending "
-      "across); all-to-all "
+      "across); a ring step's transfer hidden behind its compute {:.2f} inside a node, {:.2f} between nodes; "
+      "all-to-all "
       "inside a node {:.2f} GB/s, {:.1f} us per peer; kernel half rate at key blocks of {:.0f} tokens (0: flat), "
       "{:.1f} us per call, a ring step's merge {:.1f} passes at {:.2f} GB/s, a call's K/V pack {:.3f} ns per "
       "byte, its working set past {:.1f} MiB {:.3f} ns per byte\n",
       ranks, in.cluster.ranks_per_node, in.cluster.peak_flops / 1e9, in.cluster.kernel.backward_ratio,
       in.cluster.intra.bandwidth / 1e9, in.cluster.intra.latency * 1e6, in.cluster.inter.bandwidth / 1e9,
-      in.cluster.inter.latency * 1e6, in.cluster.inter_concurrent.bandwidth / 1e9,
-      in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6, in.cluster.kernel.kv_half,
-      in.cluster.kernel.call_s * 1e6, in.cluster.kernel.merge_passes, in.cluster.kernel.memory_bandwidth / 1e9,
-      in.cluster.kernel.kv_pack_s_per_byte * 1e9, in.cluster.kernel.stream_cache_bytes / (1 << 20),
-      in.cluster.kernel.stream_s_per_byte * 1e9);
+      in.cluster.inter.latency * 1e6, in.cluster.inter_concurrent.bandwidth / 1e9, in.cluster.intra.overlap,
+      in.cluster.inter.overlap, in.cluster.alltoall_intra.bandwidth / 1e9, in.cluster.alltoall_intra.latency * 1e6,
+      in.cluster.kernel.kv_half, in.cluster.kernel.call_s * 1e6, in.cluster.kernel.merge_passes,
+      in.cluster.kernel.memory_bandwidth / 1e9, in.cluster.kernel.kv_pack_s_per_byte * 1e9,
+      in.cluster.kernel.stream_cache_bytes / (1 << 20), in.cluster.kernel.stream_s_per_byte * 1e9);
 }
 
 }  // namespace

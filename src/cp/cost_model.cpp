@@ -54,7 +54,7 @@ Link alltoall_link(const Cluster& c, int g) {
 Link inter_link(const Cluster& c, int flows) {
   if (c.inter_concurrent.bandwidth <= 0 || flows <= 1) return c.inter;
   const double node = c.inter_concurrent.bandwidth * c.ranks_per_node;
-  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency};
+  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency, c.inter.overlap};
 }
 
 Link ring_link(const Cluster& c, int members, int stride) {
@@ -69,13 +69,14 @@ RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double 
   if (members <= 1) return t;
   const double fstep = fwd_s / members, bstep = bwd_s / members;
   const double kv = message_seconds(link, kv_bytes), dkv = message_seconds(link, dkv_bytes);
+  const double f = std::clamp(link.overlap, 0.0, 1.0);
   if (dkv_bytes <= 0 && bwd_s <= 0) {  // forward only
     t.comm = (members - 1) * kv;
-    t.hidden = (members - 1) * std::min(kv, fstep);
+    t.hidden = (members - 1) * f * std::min(kv, fstep);
     return t;
   }
   t.comm = (members - 1) * kv + (members - 1) * kv + members * dkv;
-  t.hidden = (members - 1) * std::min(kv, fstep) + (members - 1) * std::min(kv + dkv, bstep);
+  t.hidden = (members - 1) * f * (std::min(kv, fstep) + std::min(kv + dkv, bstep));
   return t;
 }
 

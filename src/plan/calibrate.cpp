@@ -131,6 +131,98 @@ Link fit_alltoall(Communicator& comm) {
   return {double(large) * (g - 1) / std::max(1e-9, big - small), small / std::max(1, g - 1)};
 }
 
+constexpr std::size_t kRingMessage = std::size_t(8) << 20;
+
+// The fastest of 3 runs of `op` (each after a barrier), the slowest rank's seconds in each.
+// Collective.
+template <class Op>
+double slowest_best(Communicator& comm, Op&& op) {
+  double best = INFINITY;
+  for (int i = 0; i < 3; ++i) {
+    comm.barrier();
+    const double t0 = comm.now();
+    op();
+    double dt = comm.now() - t0;
+    comm.allreduce_max(&dt, 1);
+    best = std::min(best, dt);
+  }
+  return best;
+}
+
+// The forward calls a ring step makes while its K/V transfer is in flight: `pieces` non-causal
+// calls of len × len tokens on 4 heads, Request::test() on the step's requests between them (the
+// ring's progress callback: over TCP a nonblocking transfer moves mostly inside such calls).
+class RingStepCalls {
+ public:
+  RingStepCalls(std::int64_t len, std::int64_t d, DType dtype)
+      : q_({1, len, 4, d}, dtype), k_(q_.shape(), dtype), v_(q_.shape(), dtype), o_(q_.shape(), dtype),
+        lse_(lse_tensor(q_.shape())) {
+    for (auto [t, seed] : {std::pair{&q_, 1}, {&k_, 2}, {&v_, 3}}) fill_uniform(t->view(), std::uint64_t(seed));
+  }
+  void run(int pieces, const std::function<void()>& progress) {
+    for (int i = 0; i < pieces; ++i) {
+      flash_attention_forward(o_.view(), lse_.view(), q_.view(), k_.view(), v_.view(), AttentionParams{});
+      progress();
+    }
+  }
+
+ private:
+  Tensor q_, k_, v_, o_, lse_;
+};
+
+// The call length whose `pieces` calls take about `seconds` on every rank, from calls of `from`
+// tokens timed here (the slowest rank's): a call's time grows as len² (its score pairs).
+// Collective.
+std::int64_t calls_length(Communicator& comm, std::int64_t d, DType dtype, double seconds, int pieces,
+                          std::int64_t from) {
+  RingStepCalls probe(from, d, dtype);
+  const double t = slowest_best(comm, [&] { probe.run(1, [] {}); });
+  const double len = double(from) * std::sqrt(std::max(seconds, 1e-6) / pieces / std::max(t, 1e-9));
+  return std::clamp<std::int64_t>(std::llround(len / 64) * 64, 64, 4096);
+}
+
+// The share of a ring step's K/V transfer hidden behind its compute on the link from each rank
+// to the rank `shift` after it, every rank at once (a ring's hop: each sends `bytes` on and
+// receives as many from the rank `shift` before): the transfer alone (T), the step's calls alone
+// (K, sized to T), both (B), overlap_fraction's (K + T − B) / min(K, T). Each the fastest of 9
+// runs, the three interleaved: a difference of times on a loaded machine, where a slow round
+// is another process's, not the transfer's. Collective.
+double fit_overlap(Communicator& comm, int shift, std::int64_t d, DType dtype, std::size_t bytes, int pieces) {
+  const int n = comm.size(), to = (comm.rank() + shift) % n, from = (comm.rank() - shift % n + n) % n;
+  if (n < 2 || to == comm.rank()) return 1;
+  Mapped send(bytes, 1), recv(bytes);
+  Request s, r;
+  auto post = [&] {
+    r = comm.irecv({recv.data(), bytes}, from, 11);
+    s = comm.isend({send.data(), bytes}, to, 11, "calibrate");
+  };
+  auto transfer = [&] {
+    post();
+    s.wait();
+    r.wait();
+  };
+  transfer();  // warm: the buffers' pages
+  const double alone = slowest_best(comm, transfer);
+  std::int64_t len = calls_length(comm, d, dtype, alone, pieces, 256);
+  len = calls_length(comm, d, dtype, alone, pieces, len);  // once more from the first guess: closer to T
+  RingStepCalls calls(len, d, dtype);
+  double t[3] = {INFINITY, INFINITY, INFINITY};
+  for (int round = 0; round < 3; ++round) {
+    t[0] = std::min(t[0], slowest_best(comm, transfer));
+    t[1] = std::min(t[1], slowest_best(comm, [&] { calls.run(pieces, [] {}); }));
+    t[2] = std::min(t[2], slowest_best(comm, [&] {
+                      post();
+                      calls.run(pieces, [&] {
+                        r.test();
+                        s.test();
+                      });
+                      s.wait();
+                      r.wait();
+                    }));
+  }
+  return overlap_fraction(t[1], t[0], t[2]);
+}
+
 // Collective. Ranks per node, when every node holds as many contiguous ranks (mpirun's
 // --map-by slot), as the planner's model assumes; else Error on every rank.
 int contiguous_ranks_per_node(Communicator& comm) {
@@ -150,7 +242,7 @@ int contiguous_ranks_per_node(Communicator& comm) {
 
 // Collective. The links inside a node (ranks 0 and 1) and between nodes (rank 0 and the first
 // rank of the next node; then every rank across at once), and the all-to-all inside a node.
-void calibrate_links(Communicator& comm, int per_node, Cluster& cluster) {
+void calibrate_links(Communicator& comm, int per_node, std::int64_t head_dim, DType dtype, Cluster& cluster) {
   cluster.ranks_per_node = per_node;
   cluster.intra = per_node > 1 ? fit_link(comm, 1) : Link{};
   cluster.inter = per_node < comm.size() ? fit_link(comm, per_node) : cluster.intra;
@@ -158,6 +250,12 @@ void calibrate_links(Communicator& comm, int per_node, Cluster& cluster) {
   if (per_node == 1) cluster.intra = cluster.inter;
   std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
   cluster.alltoall_intra = fit_alltoall(*node);
+  // The ring's hop inside a node and across; 8 MiB: the median K/V message of the grid's shapes
+  // at cp 2 (2-32 MiB). Two calls a step: the zigzag causal ring's pair calls after its first step.
+  if (per_node > 1) cluster.intra.overlap = fit_overlap(*node, 1, head_dim, dtype, kRingMessage, 2);
+  if (per_node < comm.size()) cluster.inter.overlap = fit_overlap(comm, per_node, head_dim, dtype, kRingMessage, 2);
+  if (per_node == 1) cluster.intra.overlap = cluster.inter.overlap;
+  if (per_node == comm.size()) cluster.inter.overlap = cluster.intra.overlap;  // one node: inter is intra's copy
 }
 
 // C[m, n] (+)= op(A) · op(B), row-major (one BLAS thread per caller).
@@ -174,6 +272,13 @@ std::pair<std::int64_t, std::int64_t> my_range(std::int64_t n) {
 }
 
 }  // namespace
+
+double overlap_fraction(double compute_s, double transfer_s, double both_s) {
+  const bool measured = std::isfinite(compute_s) && std::isfinite(transfer_s) && std::isfinite(both_s) &&
+                        compute_s > 0 && transfer_s > 0 && both_s > 0;
+  if (!measured) return 1;
+  return std::clamp((compute_s + transfer_s - both_s) / std::min(compute_s, transfer_s), 0.0, 1.0);
+}
 
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run) {
   run();
@@ -406,7 +511,8 @@ Calibration calibrate(Communicator& comm, std::int64_t head_dim, DType dtype, st
   c.cluster.kernel.backward_ratio = per_flop[1] / per_flop[0];
   c.cluster.efficiency = 1.0;
   c.gemm_flops = gemm_in > 0 ? 1.0 / per_flop[2] : 0.0;
-  calibrate_links(comm, contiguous_ranks_per_node(comm), c.cluster);  // its Error is the same on every rank
+  calibrate_links(comm, contiguous_ranks_per_node(comm), head_dim, dtype,
+                  c.cluster);  // its Error is the same on every rank
   return c;
 }
 

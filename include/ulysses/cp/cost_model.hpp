@@ -19,6 +19,11 @@ namespace ulysses {
 struct Link {
   double bandwidth = 450e9;  // bytes per second, one direction, per rank
   double latency = 2e-6;     // seconds per message
+  // The share of a ring step's transfer that runs while the step computes (up to the compute's
+  // length). 1 on a link that moves data on its own (NVLink, RDMA, the GPU presets); less where a
+  // transfer advances only inside the library's MPI calls and shares the rank's core with the
+  // kernel (TCP): `plan --calibrate` measures it (calibrate.hpp).
+  double overlap = 1;
 };
 
 struct Cluster {
@@ -115,9 +120,9 @@ Link inter_link(const Cluster& cluster, int flows);
 // leaves the node, min(stride, ranks_per_node) ranks of each node send across at once; inside a
 // node whose ring spans sockets, the hop between sockets (cross_socket) when it is slower.
 Link ring_link(const Cluster& cluster, int members, int stride);
-// A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute;
-// backward K/V steps plus dK/dV steps, the last dK/dV hop exposed. No backward (a forward-only
-// mode) when dkv_bytes and bwd_s are both 0.
+// A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute up to
+// link.overlap of the shorter of the two; backward K/V steps plus dK/dV steps, the last dK/dV hop
+// exposed. No backward (a forward-only mode) when dkv_bytes and bwd_s are both 0.
 struct RingSeconds {
   double comm = 0, hidden = 0;
 };

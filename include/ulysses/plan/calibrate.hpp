@@ -17,6 +17,12 @@
 
 namespace ulysses {
 
+// Not collective: the share of a transfer of transfer_s seconds hidden behind compute of
+// compute_s when both run at once and take both_s: (compute + transfer − both) / min(compute,
+// transfer), clamped to [0, 1] (1: the shorter one wholly hidden; 0: they add up). 1, the
+// uncalibrated default (Link::overlap), when a time is not positive or not finite.
+double overlap_fraction(double compute_s, double transfer_s, double both_s);
+
 // Not collective: the seconds `run` takes on this rank, the median of 5 calls after a warm-up (on
 // a shared machine the load changes from second to second: more calls, a steadier rate).
 double local_median_seconds(const Communicator& comm, const std::function<void()>& run);
@@ -74,7 +80,10 @@ double row_rate(const std::vector<std::pair<std::int64_t, std::int64_t>>& produc
 struct Calibration {
   // Links fitted (send/recv inside and between nodes, every rank sending across at once, the
   // all-to-all inside a node), ranks_per_node measured, peak_flops the attention forward's rate at
-  // efficiency 1, kernel.backward_ratio the backward's seconds over the forward's.
+  // efficiency 1, kernel.backward_ratio the backward's seconds over the forward's. Each link's
+  // overlap: an 8 MiB ring hop (every rank sending on, as a ring does) timed alone, two forward
+  // calls of head_dim timed alone (sized to the hop, Request::test() between them as the ring's
+  // progress callback does) and both at once (overlap_fraction); 1 where no ring crosses it.
   Cluster cluster;
   double gemm_flops = 0;  // gemm_rate of the layer calibrate() was given (0: none)
 };
