@@ -185,7 +185,7 @@ inline void softmax_of(const DecodeJob& job, std::int64_t j, int count, std::int
 
 // acc of heads [j, j + G) += Σ_t w_t · v_t over the block's n rows at v (row stride vs): the G·NV
 // accumulators in registers for the whole block, each V vector loaded once for the G heads.
-template <int G, int NV>
+template <int G, int NV, bool kOneLoad = false>
 [[gnu::always_inline]] inline void pv_of(const DecodeJob& job, std::int64_t j, const float* v, std::int64_t n,
                                          const float* scores, DecodePartial& part) {
   float* a = part.acc.data() + j * job.d;
@@ -196,7 +196,16 @@ template <int G, int NV>
     const float* row = v + t * job.v_stride_s;
     prefetch_ahead<NV>(job, row, job.v_stride_s);
     vf x[NV];
-    for (int c = 0; c < NV; ++c) x[c] = load(row + c * W);
+    for (int c = 0; c < NV; ++c) {
+      x[c] = load(row + c * W);
+#if defined(__AVX__)
+      // One load a vector for all G heads where asked (heads_pairs at 3–4 pairs): left to itself
+      // the compiler folds a load into each head's FMA, G loads a vector, and at 8 heads a KV
+      // head the load ports (shared with every pair's prefetches) set the pace. Elsewhere the
+      // folded loads measured no slower (one head: a load and an FMA in one instruction).
+      if constexpr (kOneLoad) asm("" : "+v"(x[c]));
+#endif
+    }
     for (int g = 0; g < G; ++g) {
       const vf w = vf{} + scores[g * kBlock + t];
       for (int c = 0; c < NV; ++c) acc[g][c] += w * x[c];
@@ -214,23 +223,30 @@ void heads_block(const DecodeJob& job, std::int64_t j, const float* k, const flo
   pv_of<G, NV>(job, j, v, n, scores, part);
 }
 
-// Four heads of one KV head whose p·v accumulators (4·NV vectors) pass the registers' budget and
-// a pair's fit (d = 128 on AVX-512): both pairs' scores, then both pairs' p·v. The second pair
-// reads the block's K and V from L1 either way; pair after pair (scores, p·v, scores, p·v) it
-// re-read K after V's 16 KiB had streamed through L1 behind it, here each re-read follows its
-// own stream's, so the block's lines are still there (the pass in L2: 3–7 % faster; in `generate`
-// 0.79 of the read against 0.76, docs/perf.md v44). Each head's scores,
-// softmax and p·v are the same operations in the same order: the same bits. Only where a block's
-// K and V fill most of L1: at d = 32 (AVX2, 8 KiB a block) the pairs measured no faster.
+// Four to eight heads of one KV head whose p·v accumulators (4·NV vectors) pass the registers'
+// budget and a pair's fit (d = 128 on AVX-512): every pair's scores, then every pair's p·v. The
+// later pairs read the block's K and V from L1 either way; pair after pair (scores, p·v, scores,
+// p·v) they re-read K after V's 16 KiB had streamed through L1 behind it, here each re-read follows
+// its own stream's, so the block's lines are still there (the pass in L2: 3–7 % faster; in
+// `generate` 0.79 of the read against 0.76, docs/perf.md v44). Up to four pairs: a group of 8
+// (Llama-3-70B) taken as two sets of two pairs re-read the block's 32 KiB after the next block's
+// 32 KiB of prefetches had passed through the 48 KiB L1 (0.64–0.68 of the read → 0.75–0.79 as
+// four pairs, docs/perf.md v53). Every pair prefetches: asked for by the first pair alone, the next
+// block's lines arrived at 0.5 of the read. Each head's scores, softmax and p·v are the same
+// operations in the same order: the same bits. Only where a block's K and V fill most of L1: at
+// d = 32 (AVX2, 8 KiB a block) the pairs measured no faster.
 constexpr std::int64_t kL1Bytes = 48 << 10;  // the L1 data cache of this project's x86 hosts
+constexpr int kMaxPairs = 4;
 template <int NV>
-void heads_pairs(const DecodeJob& job, std::int64_t j, const float* k, const float* v, std::int64_t n,
+void heads_pairs(const DecodeJob& job, std::int64_t j, int pairs, const float* k, const float* v, std::int64_t n,
                  DecodePartial& part, float* scores) {
-  scores_of<2, NV>(job, j, k, n, scores);
-  scores_of<2, NV>(job, j + 2, k, n, scores + 2 * kBlock);
-  softmax_of(job, j, 4, n, part, scores);
-  pv_of<2, NV>(job, j, v, n, scores, part);
-  pv_of<2, NV>(job, j + 2, v, n, scores + 2 * kBlock, part);
+  for (int p = 0; p < pairs; ++p) scores_of<2, NV>(job, j + 2 * p, k, n, scores + 2 * p * kBlock);
+  softmax_of(job, j, 2 * pairs, n, part, scores);
+  for (int p = 0; p < pairs; ++p)
+    if (pairs > 2)
+      pv_of<2, NV, true>(job, j + 2 * p, v, n, scores + 2 * p * kBlock, part);
+    else
+      pv_of<2, NV>(job, j + 2 * p, v, n, scores + 2 * p * kBlock, part);
 }
 
 // One head of any d (not a whole number of vectors): a float at a time.
@@ -269,7 +285,7 @@ int vectors_of(std::int64_t d) {
 }
 
 // Heads [j, end) on one KV head over one block: as many at a time (4, 2 or 1) as the
-// accumulators' registers hold, four as two pairs (heads_pairs) where only a pair's fit. Returns
+// accumulators' registers hold, four to eight as pairs (heads_pairs) where only a pair's fit. Returns
 // nothing; part and scores updated.
 void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, const float* k, const float* v,
                std::int64_t n, DecodePartial& part, float* scores) {
@@ -279,8 +295,9 @@ void run_block(const DecodeJob& job, int nv, std::int64_t j, std::int64_t end, c
       continue;
     }
     if (end - j >= 4 && nv == DECODE_ACC / 2 && 2 * kBlock * job.d * 4 > kL1Bytes / 2) {
-      heads_pairs<DECODE_ACC / 2>(job, j, k, v, n, part, scores);
-      j += 4;
+      const int pairs = int(std::min<std::int64_t>(kMaxPairs, (end - j) / 2));
+      heads_pairs<DECODE_ACC / 2>(job, j, pairs, k, v, n, part, scores);
+      j += 2 * pairs;
       continue;
     }
     const int g = end - j >= 4 && 4 * nv <= DECODE_ACC ? 4 : end - j >= 2 && 2 * nv <= DECODE_ACC ? 2 : 1;
@@ -306,7 +323,7 @@ std::int64_t first_block(const DecodeJob& job, std::int64_t kv, std::int64_t r0)
 }  // namespace
 
 void DECODE_FN(const DecodeJob& job, std::int64_t r0, std::int64_t r1, DecodePartial& part) {
-  alignas(64) float scores[4 * kBlock] = {};
+  alignas(64) float scores[2 * kMaxPairs * kBlock] = {};
   const int nv = vectors_of(job.d);
   for (const DecodeRun& run : job.runs) {  // per KV head: its K and V rows, each streamed once
     const float *k = job.k + run.kv * job.k_stride_h, *v = job.v + run.kv * job.v_stride_h;
