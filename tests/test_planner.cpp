@@ -321,6 +321,32 @@ TEST(Planner, RingHidesTheMeasuredShareOfItsTransfers) {
   EXPECT_DOUBLE_EQ(row(after, "a2a").predicted_step_s, row(before, "a2a").predicted_step_s);
 }
 
+// Over TCP the share hidden grows with the polls after a step's first call: measured at 4 calls,
+// 1 call hides nothing, 2 a third, 4 all of the measured share; a count-free link keeps its share.
+TEST(Planner, RingOverlapScalesWithTheCallsAStepMakes) {
+  Link l{1e9, 0, 0.6, 4};
+  EXPECT_DOUBLE_EQ(step_overlap(l, 1), 0);
+  EXPECT_DOUBLE_EQ(step_overlap(l, 2), 0.2);
+  EXPECT_DOUBLE_EQ(step_overlap(l, 4), 0.6);
+  EXPECT_DOUBLE_EQ(step_overlap(l, 10), 1);  // never more than the whole transfer
+  EXPECT_DOUBLE_EQ(step_overlap(l, 0.5), 0);
+  EXPECT_DOUBLE_EQ(step_overlap(l, double(NAN)), 0);
+  // 4 members, forward only, 2.5 calls a step: half of the measured share of min(4, 3) ms a step.
+  EXPECT_DOUBLE_EQ(ring_seconds(l, 4, 4e6, 0, 12e-3, 0, 2.5).hidden, 3 * 0.3 * 3e-3);
+  l.overlap_calls = 0;  // measured with no count (the default, the GPU presets): any count
+  EXPECT_DOUBLE_EQ(step_overlap(l, 1), 0.6);
+  EXPECT_DOUBLE_EQ(ring_seconds(l, 4, 4e6, 0, 12e-3, 0, 2.5).hidden, 3 * 0.6 * 3e-3);
+  // A plan's ring over such a link: the zigzag's pair calls at cp 2 (3 a step, causal) hide more
+  // than the contiguous ring's single call a step, which hides nothing.
+  PlanInput in = gpt(8192, 8, 8, 2);
+  in.cluster.ranks_per_node = 1;
+  in.cluster.kernel.ring_pair_calls = true;
+  in.cluster.inter = {1e8, 0, 0.6, 4};
+  const Plan p = make_plan(in);
+  EXPECT_GT(row(p, "p2p").hidden_s, 0);
+  EXPECT_DOUBLE_EQ(row(p, "p2p --no-zigzag").hidden_s, 0);
+}
+
 // The overlap a calibration derives from the transfer alone, the compute alone and both at once.
 TEST(Planner, OverlapFractionFromThreeTimes) {
   EXPECT_DOUBLE_EQ(overlap_fraction(10, 10, 10), 1);               // both at once take the longer's time

@@ -296,6 +296,7 @@ nlohmann::json to_json(const PlanRequest& req, const Plan& p, const std::vector<
             {"inter_concurrent_bandwidth", in.cluster.inter_concurrent.bandwidth},
             {"intra_overlap", in.cluster.intra.overlap},
             {"inter_overlap", in.cluster.inter.overlap},
+            {"overlap_calls", in.cluster.inter.overlap_calls},
             {"peak_flops", in.cluster.peak_flops},
             {"efficiency", in.cluster.efficiency},
             {"mode", mode_name(in.mode)},

@@ -302,7 +302,7 @@ Plan plan_without_stream(PlanInput in, const TieBand& tie) {
 // The plan with every ring transfer hidden up to its step's compute (Link::overlap 1), the model
 // before the overlap was measured: its counts on the same runs.
 Plan plan_full_overlap(PlanInput in, const TieBand& tie) {
-  for (Link* l : {&in.cluster.intra, &in.cluster.inter, &in.cluster.cross_socket}) l->overlap = 1;
+  for (Link* l : {&in.cluster.intra, &in.cluster.inter, &in.cluster.cross_socket}) l->overlap = 1, l->overlap_calls = 0;
   return make_plan(in, tie);
 }
 

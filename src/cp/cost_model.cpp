@@ -54,7 +54,7 @@ Link alltoall_link(const Cluster& c, int g) {
 Link inter_link(const Cluster& c, int flows) {
   if (c.inter_concurrent.bandwidth <= 0 || flows <= 1) return c.inter;
   const double node = c.inter_concurrent.bandwidth * c.ranks_per_node;
-  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency, c.inter.overlap};
+  return {std::min(c.inter.bandwidth, node / flows), c.inter.latency, c.inter.overlap, c.inter.overlap_calls};
 }
 
 Link ring_link(const Cluster& c, int members, int stride) {
@@ -64,12 +64,19 @@ Link ring_link(const Cluster& c, int members, int stride) {
   return crosses && c.cross_socket.bandwidth < c.intra.bandwidth ? c.cross_socket : c.intra;
 }
 
-RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s) {
+double step_overlap(const Link& link, double step_calls) {
+  double f = link.overlap;
+  if (link.overlap_calls >= 2) f *= std::max(0.0, step_calls - 1) / double(link.overlap_calls - 1);
+  return std::isfinite(f) ? std::clamp(f, 0.0, 1.0) : 0.0;
+}
+
+RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s,
+                         double step_calls) {
   RingSeconds t;
   if (members <= 1) return t;
   const double fstep = fwd_s / members, bstep = bwd_s / members;
   const double kv = message_seconds(link, kv_bytes), dkv = message_seconds(link, dkv_bytes);
-  const double f = std::clamp(link.overlap, 0.0, 1.0);
+  const double f = step_overlap(link, step_calls);
   if (dkv_bytes <= 0 && bwd_s <= 0) {  // forward only
     t.comm = (members - 1) * kv;
     t.hidden = (members - 1) * f * std::min(kv, fstep);

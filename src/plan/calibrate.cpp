@@ -241,11 +241,15 @@ void calibrate_links(Communicator& comm, int per_node, std::int64_t head_dim, DT
   std::unique_ptr<Communicator> node = comm.split(comm.rank() / per_node, comm.rank());
   cluster.alltoall_intra = fit_alltoall(*node);
   // The ring's hop inside a node and across; 8 MiB: the median K/V message of the grid's shapes
-  // at cp 2 (2-32 MiB). Two calls a step: the zigzag causal ring's pair calls after its first step.
-  if (per_node > 1) cluster.intra.overlap = fit_overlap(*node, 1, head_dim, dtype, kRingMessage, 2);
-  if (per_node < comm.size()) cluster.inter.overlap = fit_overlap(comm, per_node, head_dim, dtype, kRingMessage, 2);
+  // at cp 2 (2-32 MiB). Four calls a step, a full mask's pair calls under zigzag: the share grows
+  // with the polls after the first (Link::overlap_calls), so one count prices the others.
+  constexpr int kCalls = 4;
+  if (per_node > 1) cluster.intra.overlap = fit_overlap(*node, 1, head_dim, dtype, kRingMessage, kCalls);
+  if (per_node < comm.size())
+    cluster.inter.overlap = fit_overlap(comm, per_node, head_dim, dtype, kRingMessage, kCalls);
   if (per_node == 1) cluster.intra.overlap = cluster.inter.overlap;
   if (per_node == comm.size()) cluster.inter.overlap = cluster.intra.overlap;  // one node: inter is intra's copy
+  cluster.intra.overlap_calls = cluster.inter.overlap_calls = kCalls;
 }
 
 // C[m, n] (+)= op(A) · op(B), row-major (one BLAS thread per caller).

@@ -24,6 +24,11 @@ struct Link {
   // transfer advances only inside the library's MPI calls and shares the rank's core with the
   // kernel (TCP): `plan --calibrate` measures it (calibrate.hpp).
   double overlap = 1;
+  // The kernel calls a step made when `overlap` was measured (0: it holds for any count). Over
+  // TCP a large message moves only when the rank polls: its first poll (after the step's first
+  // call) answers the rendezvous, and each later one hands the socket what it holds, so the share
+  // hidden grows with the polls after the first, (calls − 1) / (overlap_calls − 1) of `overlap`.
+  int overlap_calls = 0;
 };
 
 struct Cluster {
@@ -123,10 +128,17 @@ Link ring_link(const Cluster& cluster, int members, int stride);
 // A ring over `link`: forward (members−1) K/V steps, each hidden behind one step's compute up to
 // link.overlap of the shorter of the two; backward K/V steps plus dK/dV steps, the last dK/dV hop
 // exposed. No backward (a forward-only mode) when dkv_bytes and bwd_s are both 0.
+// `step_calls`: the kernel calls a ring step makes (KernelCalls::calls / members; 1 for one call
+// a step), which sets the share hidden on a link whose overlap was measured at a count (step_overlap).
 struct RingSeconds {
   double comm = 0, hidden = 0;
 };
-RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s);
+RingSeconds ring_seconds(const Link& link, int members, double kv_bytes, double dkv_bytes, double fwd_s, double bwd_s,
+                         double step_calls = 1);
+// The share of a step's transfer hidden on `link` at `step_calls` calls a step: link.overlap where
+// it holds for any count (overlap_calls < 2), else link.overlap · (step_calls − 1) / (overlap_calls − 1);
+// within [0, 1], 0 for a non-finite input.
+double step_overlap(const Link& link, double step_calls);
 
 // A pipeline of `chunks` steps (overlapped Ulysses): step i computes for `compute_s` while the
 // next chunk's input (`in_s`) and the previous chunk's output (`out_s`) travel; what does not

@@ -81,9 +81,10 @@ struct Calibration {
   // Links fitted (send/recv inside and between nodes, every rank sending across at once, the
   // all-to-all inside a node), ranks_per_node measured, peak_flops the attention forward's rate at
   // efficiency 1, kernel.backward_ratio the backward's seconds over the forward's. Each link's
-  // overlap: an 8 MiB ring hop (every rank sending on, as a ring does) timed alone, two forward
+  // overlap: an 8 MiB ring hop (every rank sending on, as a ring does) timed alone, four forward
   // calls of head_dim timed alone (sized to the hop, Request::test() between them as the ring's
-  // progress callback does) and both at once (overlap_fraction); 1 where no ring crosses it.
+  // progress callback does) and both at once (overlap_fraction), with overlap_calls 4; 1 where no
+  // ring crosses it.
   Cluster cluster;
   double gemm_flops = 0;  // gemm_rate of the layer calibrate() was given (0: none)
 };

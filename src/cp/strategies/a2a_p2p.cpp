@@ -347,12 +347,13 @@ class A2aP2pStrategy final : public Strategy {
     const double local_kv = double(busiest_kv_tokens(in)) * row;
     const double kvs = double(most_heads(ulysses_head_split(I, in.heads, in.kv_heads).kv) * I);
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
-    const KernelSeconds k = attention_seconds(in, ring_calls(in, config, I, O), fwd_s);
+    const KernelCalls calls = ring_calls(in, config, I, O);
+    const KernelSeconds k = attention_seconds(in, calls, fwd_s);
     const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;
-    const RingSeconds t =
-        halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
-             : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0, k.fwd, k.bwd);
+    const RingSeconds t = halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
+                               : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0,
+                                              k.fwd, k.bwd, double(calls.calls) / O);
     r.comm_s += t.comm;
     r.hidden_s = t.hidden;
     return r;

@@ -106,16 +106,14 @@ class P2pStrategy final : public Strategy {
     const double chunk = double(busiest_kv_tokens(in)) / (zz ? 2 : 1);
     const double q_rows = double(in.batch) * double(in.heads), share = config.causal ? (zz ? 1.0 : 0.5) / in.cp : 0;
     const double kv_rows_heads = double(in.batch) * double(in.kv_heads);
-    const KernelSeconds k =
-        attention_seconds(in,
-                          counts_ring_pairs(in)
-                              ? ring_pair_calls(in, in.cp, zz ? 2 : 1, zz, config.causal, q_rows, kv_rows_heads)
-                              : KernelCalls{in.cp, double(busiest_tokens(in)), chunk, q_rows, kv_rows_heads, share,
-                                            true, double(busiest_kv_tokens(in))},
-                          fwd_s);
+    const KernelCalls calls =
+        counts_ring_pairs(in) ? ring_pair_calls(in, in.cp, zz ? 2 : 1, zz, config.causal, q_rows, kv_rows_heads)
+                              : KernelCalls{in.cp, double(busiest_tokens(in)),   chunk, q_rows, kv_rows_heads, share,
+                                            true,  double(busiest_kv_tokens(in))};
+    const KernelSeconds k = attention_seconds(in, calls, fwd_s);
     const bool bwd = has_backward(in);
-    const RingSeconds t =
-        ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, bwd ? 2 * kv_rows * 4 : 0, k.fwd, k.bwd);
+    const RingSeconds t = ring_seconds(ring_link(in.cluster, in.cp, 1), in.cp, kv, bwd ? 2 * kv_rows * 4 : 0, k.fwd,
+                                       k.bwd, double(calls.calls) / in.cp);
     return {t.comm, t.hidden, k.fwd + k.bwd};
   }
 };
