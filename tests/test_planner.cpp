@@ -674,7 +674,8 @@ TEST(PlannerTieBand, MeasuredBandIsTheMedianOfThePairsRatioErrors) {
   EXPECT_EQ(measured_tie_band({{{1, 1}}, {}}).pairs, 0);
   const TieBand none = calibrated_tie_band({}, "nowhere", false);
   EXPECT_EQ(none.band, kPlanTieBand);
-  EXPECT_TRUE(none.source.empty() && none.memory_decides);
+  EXPECT_TRUE(none.source.empty() && !none.memory_decides);
+  EXPECT_TRUE(calibrated_tie_band({}, "nowhere", true).memory_decides);
   const TieBand t = calibrated_tie_band(m, "on a test", false);
   EXPECT_EQ(t.band, m.band);
   EXPECT_FALSE(t.memory_decides);

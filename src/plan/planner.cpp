@@ -363,9 +363,7 @@ std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRo
                                ? fmt::format("{:.0f}%, the model's error", 100 * tie.band)
                                : fmt::format("{:.1f}%, the model's error {}", 100 * tie.band, tie.source);
   std::string decided;
-  if (tie.source.empty())  // the published band: the words the GPU tables were written with
-    decided = b.memory_bytes < 0.9 * n.memory_bytes ? "less memory wins" : "the first listed, simpler wins";
-  else if (b.predicted_step_s <= n.predicted_step_s)
+  if (b.predicted_step_s <= n.predicted_step_s)
     decided = tie.memory_decides ? "the predicted faster wins" : "the predicted faster wins; memory does not decide";
   else if (tie.memory_decides && b.memory_bytes < 0.9 * n.memory_bytes)
     decided =
@@ -378,7 +376,11 @@ std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRo
 
 }  // namespace
 
-Plan make_plan(const PlanInput& in) { return make_plan(in, TieBand{}); }
+Plan make_plan(const PlanInput& in) {
+  TieBand tie;
+  tie.memory_decides = in.max_memory_bytes > 0;
+  return make_plan(in, tie);
+}
 
 Plan make_plan(const PlanInput& in_arg, const TieBand& tie) {
   check_tie_band(tie);
@@ -452,7 +454,7 @@ MeasuredBand measured_tie_band(const std::vector<std::vector<ValidatedRow>>& sha
 }
 
 TieBand calibrated_tie_band(const MeasuredBand& measured, const std::string& where, bool memory_capped) {
-  if (measured.pairs <= 0) return {};
+  if (measured.pairs <= 0) return {kPlanTieBand, "", memory_capped};
   TieBand t{measured.band,
             fmt::format("on this machine: the median over {} pairs of strategies measured {} of how far their "
                         "predicted ratio is from the measured one",

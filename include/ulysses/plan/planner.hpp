@@ -50,21 +50,24 @@ struct Plan {
 // config): Strategy::work against the k/v (in.kv_seq; queries at in.q_offset).
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank);
 
-// Two strategies whose predicted step times differ by less than this are a tie (then less
-// memory, then the first listed wins): the model's error between strategies on the published
-// measurements it was fitted on: the median, over pairs of strategies measured in one published
-// configuration, of how far their predicted ratio is from the measured one (docs/planner.md).
+// Two strategies whose predicted step times differ by less than this are a tie: the model's
+// error between strategies on the published measurements it was fitted on: the median, over
+// pairs of strategies measured in one published configuration, of how far their predicted ratio
+// is from the measured one (docs/planner.md).
 inline constexpr double kPlanTieBand = 0.067;
 
 // When two rows' predicted step times are a tie, and what decides one. The default is the
-// published GPU measurements' band, where memory decides (a GPU's memory is what long contexts
-// run out of); a calibrated plan measures its own (measured_tie_band).
+// published GPU measurements' band; a calibrated plan measures its own (measured_tie_band).
+// Memory decides a tie only when the user caps it (--max-memory): on the published tables a tie
+// that memory or the first-listed row decided picked the measured fastest in 8 of 15
+// configurations against 10 for the predicted faster, and on this machine's grid it cost 5-32 %
+// (docs/planner.md).
 struct TieBand {
   double band = kPlanTieBand;  // rows whose predicted times differ by less (relative) are a tie
   std::string source;          // where the band was measured ("": the published measurements)
   // Within the band: true, the row with under 0.9x the memory wins, then the first listed; false,
-  // the predicted faster wins (memory is not what the measured machine runs short of).
-  bool memory_decides = true;
+  // the predicted faster wins (memory is not what runs short).
+  bool memory_decides = false;
 };
 
 // Throws Error unless band is finite and not negative (1 or more: every pair of rows ties).
@@ -87,7 +90,7 @@ struct MeasuredBand {
 MeasuredBand measured_tie_band(const std::vector<std::vector<ValidatedRow>>& shapes);
 // The tie band of a plan calibrated on this machine: `measured`'s band, its source naming the
 // pairs and `where` they were run; memory decides a tie only when `memory_capped` (--max-memory:
-// the user says memory is short here). Without a pair, the published band (TieBand{}).
+// the user says memory is short here). Without a pair, the published band.
 TieBand calibrated_tie_band(const MeasuredBand& measured, const std::string& where, bool memory_capped);
 
 // The most ranks the planner models (its per-rank formulas run once per rank).
