@@ -3,6 +3,7 @@
 // and modes with their bad input.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -36,6 +37,7 @@ struct Published {
   std::string source, gpu, kernel;
   PlanInput in;  // the shape, the ranks and the mode; the cluster is the gpu's and the kernel's
   std::vector<Measured> rows;
+  std::string intra_fabric = "";  // "": the GPU's own
 };
 
 // ring-flash-attention README (batch API, Llama-3.1-8B attention: 32 heads, 8 KV, d 128, 8k
@@ -115,11 +117,79 @@ const std::vector<Published>& published() {
   return all;
 }
 
+// Published measurements the model was not fitted on: every constant above was set before these
+// rows were read, and none was changed after (docs/planner.md, "Not fitted on").
+// USP technical report (Fang and Zhao 2024; long-context-attention's
+// media/unified_seq_parallel_tech_report.pdf), Table 3: 8xA100-SXM4 NVLink, forward, 32 heads of
+// which 8 KV, d 128, batch 1; the "lb-ring" (zigzag) columns by ulysses_degree, the basic ring at
+// degree 1 as p2p --no-zigzag.
+Published usp_a100(std::int64_t seq, const std::vector<ByDegree>& zigzag, double basic_p2p, double basic_ms) {
+  Published c = long_context(seq, 32, 128, zigzag);
+  c.source = "USP report";
+  c.in.batch = 1;
+  c.in.kv_heads = 8;
+  c.rows.push_back({"p2p --no-zigzag", basic_p2p, basic_ms});
+  return c;
+}
+
+// long-context-attention's media/pcie_machine.jpg, its 4xA100 PCIe half: forward, 32 heads, d 32,
+// batch 2, zigzag not packed by ulysses_degree 4 / 2 / 1 (a2a, a2a+p2p [2,2], p2p), the basic
+// ring at degree 1 as p2p --no-zigzag; planned on PCIe 4 with the node's 4 ranks.
+Published a100_pcie(std::int64_t seq, const std::array<double, 4>& its, const std::array<double, 4>& ms) {
+  PlanInput in{.seq = seq, .batch = 2, .heads = 32, .kv_heads = 32, .head_dim = 32, .cp = 4,
+               .mode = PlanMode::forward};
+  in.cluster.ranks_per_node = 4;
+  return {"long-context-attention",
+          "A100",
+          "fa2",
+          in,
+          {{"a2a", its[0], ms[0]}, {"a2a+p2p [2,2]", its[1], ms[1]}, {"p2p", its[2], ms[2]},
+           {"p2p --no-zigzag", its[3], ms[3]}},
+          "pcie4"};
+}
+
+// long-context-attention's README of April 2024 (commit e337723): 8xA100 NVLink, bf16, causal,
+// batch 2, d 128, its sequence 8 ranks x the per-rank length; "8x1" (ring x ulysses) is p2p,
+// "4x2" a2a+p2p [2,4], "2x4" [4,2], "1x8" a2a; the basic ring at 8x1 (or ring-flash-attention's
+// ring_flash_attn, in gqa.png) as p2p --no-zigzag.
+Published lca_april(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, PlanMode mode,
+                    const std::vector<ByDegree>& zigzag, double basic_p2p, double basic_ms) {
+  Published c = long_context(seq, heads, 128, zigzag);
+  c.in.kv_heads = kv_heads;
+  c.in.mode = mode;
+  c.rows.push_back({"p2p --no-zigzag", basic_p2p, basic_ms});
+  return c;
+}
+
+const std::vector<Published>& not_fitted() {
+  static const std::vector<Published> all{
+      usp_a100(32768, {{8, 136.375, 5.800}, {4, 132.979, 6.244}, {2, 132.979, 6.728}, {1, 113.79, 7.707}}, 81.985,
+               12.431),
+      usp_a100(131072, {{8, 2.785, 88.026}, {4, 2.771, 89.699}, {2, 2.89, 91.356}, {1, 2.91, 94.683}}, 1.628,
+               170.509),
+      a100_pcie(65536, {8.483, 8.292, 9.738, 6.705}, {75.454, 36.918, 32.741, 55.539}),
+      a100_pcie(16384, {41.443, 30.166, 24.176, 31.096}, {13.209, 3.775, 4.603, 4.956}),
+      a100_pcie(4096, {227.163, 177.013, 123.142, 126.459}, {3.005, 0.814, 1.110, 1.132}),
+      lca_april(65536, 8, 8, PlanMode::train, {{8, 10.679, 43.445}, {4, 12.864, 44.835}, {2, 11.024, 45.844},
+                                               {1, 8.211, 47.886}},
+                8.161, 84.813),
+      lca_april(32768, 2, 2, PlanMode::forward, {{2, 149.973, 1.030}, {1, 113.71, 1.313}}, 112.083, 1.904),
+      lca_april(32768, 2, 2, PlanMode::train, {{2, 38.337, 3.446}, {1, 32.095, 4.045}}, 32.11, 6.348),
+      lca_april(32768, 64, 8, PlanMode::forward, {{8, 40.436, 22.868}, {4, 41.053, 24.556}, {2, 39.275, 26.243},
+                                                  {1, 34.063, 29.629}},
+                23.138, 48.524),
+      lca_april(32768, 64, 8, PlanMode::train, {{8, 11.428, 87.365}, {4, 11.299, 91.346}, {2, 10.638, 95.226},
+                                                {1, 9.64, 103.011}},
+                5.967, 176.704),
+  };
+  return all;
+}
+
 PlanInput input_of(const Published& c) {
   PlanInput in = c.in;
   const GpuPreset& g = find_gpu_preset(c.gpu);
   apply_gpu(in.cluster, g, find_kernel_preset(c.kernel), DType::bf16);
-  apply_intra_fabric(in.cluster, find_fabric_preset(g.intra));
+  apply_intra_fabric(in.cluster, find_fabric_preset(c.intra_fabric.empty() ? g.intra : c.intra_fabric));
   return in;
 }
 
@@ -127,17 +197,21 @@ const PlanRow& row_of(const Plan& p, const std::string& name) {
   return test_util::row_where(p.rows, &PlanRow::name, name);
 }
 
-}  // namespace
-
-TEST(PlannerPublished, PredictionsAreTheDocumentedOnes) {
+// How often the predicted fastest of the measured rows is the measured fastest (and within 5 % of
+// its rate), over configurations with more than one row; how many step times are within 1.5x.
+struct Agreement {
   int cases = 0, matched = 0, within = 0, rows = 0, close = 0;
-  for (const Published& c : published()) {
+};
+
+Agreement agreement_of(const std::vector<Published>& all) {
+  int cases = 0, matched = 0, within = 0, rows = 0, close = 0;
+  for (const Published& c : all) {
     const Plan p = make_plan(input_of(c));
     const Measured* fastest_measured = nullptr;
     const Measured* fastest_predicted = nullptr;
     for (const Measured& m : c.rows) {
       const PlanRow& r = row_of(p, m.row);
-      ASSERT_TRUE(r.valid) << m.row;
+      EXPECT_TRUE(r.valid) << m.row;
       EXPECT_NEAR(r.predicted_step_s * 1e3, m.predicted_ms, 0.002 * m.predicted_ms) << c.source << " " << m.row;
       const double ratio = 1e3 / m.iter_per_s / m.predicted_ms;  // published / predicted
       ++rows;
@@ -150,6 +224,13 @@ TEST(PlannerPublished, PredictionsAreTheDocumentedOnes) {
     matched += fastest_measured == fastest_predicted;
     within += fastest_predicted->iter_per_s >= 0.95 * fastest_measured->iter_per_s;
   }
+  return {cases, matched, within, rows, close};
+}
+
+}  // namespace
+
+TEST(PlannerPublished, PredictionsAreTheDocumentedOnes) {
+  const auto [cases, matched, within, rows, close] = agreement_of(published());
   // docs/planner.md: the fastest of the measured strategies predicted in 10 of 15 configurations
   // (4 of 4 on the L20's PCIe), one within 5 % of the fastest in 14 of 15; 47 of 57 step times
   // within 1.5x (18 of 20 on the L20).
@@ -158,6 +239,17 @@ TEST(PlannerPublished, PredictionsAreTheDocumentedOnes) {
   EXPECT_EQ(within, 14);
   EXPECT_EQ(rows, 57);
   EXPECT_EQ(close, 47);
+}
+
+TEST(PlannerPublished, NotFittedOnArePredictedAsDocumented) {
+  const auto [cases, matched, within, rows, close] = agreement_of(not_fitted());
+  // docs/planner.md, "Not fitted on": the measured fastest predicted in 5 of 10 configurations,
+  // within 5 % of it in 7; 17 of 43 step times within 1.5x.
+  EXPECT_EQ(cases, 10);
+  EXPECT_EQ(matched, 5);
+  EXPECT_EQ(within, 7);
+  EXPECT_EQ(rows, 43);
+  EXPECT_EQ(close, 17);
 }
 
 TEST(PlannerPublished, KernelModelFollowsFlashAttention3Curve) {
