@@ -174,7 +174,7 @@ std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& 
 // work (the last rank computes the most), shorter kernel blocks. Empty when the strategy's work
 // does not depend on the layout.
 std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& strategy, const PlanRow& zigzag) {
-  if (!in.causal || !in.documents.empty() || !uses_zigzag(zigzag.config)) return std::nullopt;
+  if (!in.causal || !uses_zigzag(zigzag.config)) return std::nullopt;
   CpConfig c = zigzag.config;
   c.zigzag = false;
   PlanRow r = evaluate(in, strategy, c);
