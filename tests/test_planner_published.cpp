@@ -140,14 +140,15 @@ Published usp_a100(std::int64_t seq, const std::vector<ByDegree>& zigzag, double
 // batch 2, zigzag not packed by ulysses_degree 4 / 2 / 1 (a2a, a2a+p2p [2,2], p2p), the basic
 // ring at degree 1 as p2p --no-zigzag; planned on PCIe 4 with the node's 4 ranks.
 Published a100_pcie(std::int64_t seq, const std::array<double, 4>& its, const std::array<double, 4>& ms) {
-  PlanInput in{.seq = seq, .batch = 2, .heads = 32, .kv_heads = 32, .head_dim = 32, .cp = 4,
-               .mode = PlanMode::forward};
+  PlanInput in{.seq = seq, .batch = 2, .heads = 32, .kv_heads = 32, .head_dim = 32, .cp = 4, .mode = PlanMode::forward};
   in.cluster.ranks_per_node = 4;
   return {"long-context-attention",
           "A100",
           "fa2",
           in,
-          {{"a2a", its[0], ms[0]}, {"a2a+p2p [2,2]", its[1], ms[1]}, {"p2p", its[2], ms[2]},
+          {{"a2a", its[0], ms[0]},
+           {"a2a+p2p [2,2]", its[1], ms[1]},
+           {"p2p", its[2], ms[2]},
            {"p2p --no-zigzag", its[3], ms[3]}},
           "pcie4"};
 }
@@ -171,7 +172,8 @@ Published lca_april(std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
 // K/V over the packed sequence cut in 8 contiguous parts (all_gather --no-zigzag).
 Published ring_flash_varlen(const char* gpu, PlanMode mode, double zigzag, double zigzag_ms, double llama3,
                             double llama3_ms) {
-  Published c = ring_flash(gpu, mode, 65536, {{"p2p", zigzag, zigzag_ms}, {"all_gather --no-zigzag", llama3, llama3_ms}});
+  Published c =
+      ring_flash(gpu, mode, 65536, {{"p2p", zigzag, zigzag_ms}, {"all_gather --no-zigzag", llama3, llama3_ms}});
   c.rotation = {{65536}, {2048, 59136, 4352}, {32768, 32768}, {24832, 25600, 12800, 1280, 1024}};
   return c;
 }
@@ -180,22 +182,18 @@ const std::vector<Published>& not_fitted() {
   static const std::vector<Published> all{
       usp_a100(32768, {{8, 136.375, 5.800}, {4, 132.979, 6.244}, {2, 132.979, 6.728}, {1, 113.79, 7.707}}, 81.985,
                12.431),
-      usp_a100(131072, {{8, 2.785, 88.026}, {4, 2.771, 89.699}, {2, 2.89, 91.356}, {1, 2.91, 94.683}}, 1.628,
-               170.509),
+      usp_a100(131072, {{8, 2.785, 88.026}, {4, 2.771, 89.699}, {2, 2.89, 91.356}, {1, 2.91, 94.683}}, 1.628, 170.509),
       a100_pcie(65536, {8.483, 8.292, 9.738, 6.705}, {75.454, 36.918, 32.741, 55.539}),
       a100_pcie(16384, {41.443, 30.166, 24.176, 31.096}, {13.209, 3.775, 4.603, 4.956}),
       a100_pcie(4096, {227.163, 177.013, 123.142, 126.459}, {3.005, 0.814, 1.110, 1.132}),
-      lca_april(65536, 8, 8, PlanMode::train, {{8, 10.679, 43.445}, {4, 12.864, 44.835}, {2, 11.024, 45.844},
-                                               {1, 8.211, 47.886}},
-                8.161, 84.813),
+      lca_april(65536, 8, 8, PlanMode::train,
+                {{8, 10.679, 43.445}, {4, 12.864, 44.835}, {2, 11.024, 45.844}, {1, 8.211, 47.886}}, 8.161, 84.813),
       lca_april(32768, 2, 2, PlanMode::forward, {{2, 149.973, 1.030}, {1, 113.71, 1.313}}, 112.083, 1.904),
       lca_april(32768, 2, 2, PlanMode::train, {{2, 38.337, 3.446}, {1, 32.095, 4.045}}, 32.11, 6.348),
-      lca_april(32768, 64, 8, PlanMode::forward, {{8, 40.436, 22.868}, {4, 41.053, 24.556}, {2, 39.275, 26.243},
-                                                  {1, 34.063, 29.629}},
-                23.138, 48.524),
-      lca_april(32768, 64, 8, PlanMode::train, {{8, 11.428, 87.365}, {4, 11.299, 91.346}, {2, 10.638, 95.226},
-                                                {1, 9.64, 103.011}},
-                5.967, 176.704),
+      lca_april(32768, 64, 8, PlanMode::forward,
+                {{8, 40.436, 22.868}, {4, 41.053, 24.556}, {2, 39.275, 26.243}, {1, 34.063, 29.629}}, 23.138, 48.524),
+      lca_april(32768, 64, 8, PlanMode::train,
+                {{8, 11.428, 87.365}, {4, 11.299, 91.346}, {2, 10.638, 95.226}, {1, 9.64, 103.011}}, 5.967, 176.704),
       ring_flash_varlen("H800", PlanMode::forward, 74.8, 10.393, 60.8, 15.887),
       ring_flash_varlen("H800", PlanMode::train, 21.4, 36.455, 16.4, 60.760),
       ring_flash_varlen("A100", PlanMode::forward, 47.9, 18.356, 34.3, 27.702),
