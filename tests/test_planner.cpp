@@ -720,8 +720,17 @@ TEST(PlannerTieBand, InsideTheBandMemoryDecidesOnlyWhereTold) {
   const PlanInput in = gpt(131072, 32, 8, 8);
   const Plan fastest = make_plan(in, TieBand{0.5, "on a test", false});
   EXPECT_EQ(fastest.best, fastest_row(fastest));
-  EXPECT_NE(fastest.recommendation.find("the predicted faster wins; memory does not decide"), std::string::npos)
+  // Its runner-up, a2a+p2p [1,8], is p2p itself: equal predictions, the first listed wins.
+  EXPECT_NE(fastest.recommendation.find("(a tie: equal predictions: the first listed wins; memory does not decide)"),
+            std::string::npos)
       << fastest.recommendation;
+  // A runner-up predicted slower says by which term.
+  PlanInput a100 = in;
+  a100.seq = 65536;
+  a100.cluster.kernel.call_s = 1e-4;
+  const Plan by_term = make_plan(a100, TieBand{0.5, "on a test", false});
+  EXPECT_NE(by_term.recommendation.find("(a tie: the predicted faster wins, by "), std::string::npos)
+      << by_term.recommendation;
   EXPECT_NE(fastest.recommendation.find("50.0%, the model's error on a test"), std::string::npos)
       << fastest.recommendation;
   // Memory deciding a wide band: a slower row with under 0.9x the memory wins, and says so.

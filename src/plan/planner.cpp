@@ -353,8 +353,8 @@ int choose_best(const Plan& p, const TieBand& tie) {
 }
 
 // The runner-up `n` against the recommended `b`: a tie inside the band, saying what decided it
-// (memory, with both rows' working sets; the first listed; or the predicted faster), or the term
-// that separates them.
+// (the predicted faster, and the term that makes it so; memory, with both rows' working sets; the
+// first listed), or the term that separates them.
 std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRow& b, const PlanRow& n) {
   const double diff = 100 * (n.predicted_step_s / b.predicted_step_s - 1);
   if (std::abs(diff) >= 100 * tie.band)
@@ -363,14 +363,17 @@ std::string runner_up_note(const PlanInput& in, const TieBand& tie, const PlanRo
                                ? fmt::format("{:.0f}%, the model's error", 100 * tie.band)
                                : fmt::format("{:.1f}%, the model's error {}", 100 * tie.band, tie.source);
   std::string decided;
-  if (b.predicted_step_s <= n.predicted_step_s)
-    decided = tie.memory_decides ? "the predicted faster wins" : "the predicted faster wins; memory does not decide";
+  if (b.predicted_step_s < n.predicted_step_s)
+    decided = "the predicted faster wins, by " + deciding_term(in, b, n);
+  else if (b.predicted_step_s == n.predicted_step_s)
+    decided = "equal predictions: the first listed wins";
   else if (tie.memory_decides && b.memory_bytes < 0.9 * n.memory_bytes)
     decided =
         fmt::format("memory decides: {:.4g} MB per rank against {:.4g} MB, for {:+.1f}% predicted time",
                     b.memory_bytes / 1e6, n.memory_bytes / 1e6, 100 * (b.predicted_step_s / n.predicted_step_s - 1));
   else
     decided = "the first listed, simpler wins";
+  if (!tie.memory_decides) decided += "; memory does not decide";
   return fmt::format("; {} is within {} (a tie: {})", n.name, band, decided);
 }
 
