@@ -117,6 +117,7 @@ std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const 
 
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths) {
   std::vector<std::int64_t> cu{0};
+  cu.reserve(lengths.size() + 1);
   for (std::int64_t n : lengths) cu.push_back(cu.back() + n);
   return cu;
 }

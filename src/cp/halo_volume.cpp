@@ -294,18 +294,23 @@ std::vector<std::size_t> member_segments(const std::vector<Piece>& p) {
   return starts;
 }
 
+// Members [lo, hi): half the memory of positions, millions of them at large cp.
+struct Members {
+  std::int32_t lo, hi;
+};
+
 // Every piece's window as intervals of members, one a segment it crosses, grouped by the piece's
 // member (intervals [at[me], at[me + 1]) are member me's): read in position order and placed by
 // counting, where walking each member's pieces in turn reads the pieces out of order (a cache
 // miss each at millions of pieces).
-std::vector<Range> member_intervals(const std::vector<Piece>& p,
-                                    const std::vector<std::pair<std::size_t, std::size_t>>& w,
-                                    const std::vector<std::size_t>& starts, const std::vector<std::size_t>& seg_of,
-                                    std::vector<std::size_t>& at) {
+std::vector<Members> member_intervals(const std::vector<Piece>& p,
+                                      const std::vector<std::pair<std::size_t, std::size_t>>& w,
+                                      const std::vector<std::size_t>& starts, const std::vector<std::size_t>& seg_of,
+                                      std::vector<std::size_t>& at) {
   for (std::size_t i = 0; i < p.size(); ++i)
     if (w[i].first < w[i].second) at[std::size_t(p[i].member) + 1] += seg_of[w[i].second - 1] - seg_of[w[i].first] + 1;
   for (std::size_t me = 1; me < at.size(); ++me) at[me] += at[me - 1];
-  std::vector<Range> iv(at.back());
+  std::vector<Members> iv(at.back());
   std::vector<std::size_t> next(at.begin(), at.end() - 1);
   for (std::size_t i = 0; i < p.size(); ++i) {
     const auto [lo, hi] = w[i];
@@ -318,6 +323,30 @@ std::vector<Range> member_intervals(const std::vector<Piece>& p,
   return iv;
 }
 
+// Partners from each member's intervals marked on a difference array over the members and read
+// in one pass: O(intervals + members) a member, no sort. Taken where members² is well below the
+// intervals (cp 4096 under a window of 2048: 6·10^6 intervals, sorted in 1500s, a tenth of a
+// second; 1.7·10^7 cells read, a few hundredths).
+void partners_by_coverage(const std::vector<Members>& all, const std::vector<std::size_t>& at,
+                          std::vector<HaloCounts>& h) {
+  const std::size_t m = h.size();
+  std::vector<std::int64_t> cover(m + 1), back(m, 0);
+  for (std::size_t me = 0; me < m; ++me) {
+    cover.assign(m + 1, 0);
+    for (std::size_t k = at[me]; k < at[me + 1]; ++k) ++cover[std::size_t(all[k].lo)], --cover[std::size_t(all[k].hi)];
+    std::int64_t running = 0, to = 0;
+    bool self = false;  // its own pieces' windows may hold its own next pieces
+    for (std::size_t r = 0; r < m; ++r) {
+      running += cover[r];
+      to += running > 0, back[r] += running > 0;
+      if (r == me) self = running > 0;
+    }
+    h[me].to += to - self;
+    back[me] -= self;
+  }
+  for (std::size_t r = 0; r < m; ++r) h[r].back += back[r];
+}
+
 // Partners from each member's windows as intervals of members, one a segment a window crosses,
 // merged; `back` by a difference array over the merged intervals. O(pieces + Σ segments crossed
 // · log): the count does not grow with the windows' lengths.
@@ -326,15 +355,16 @@ void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pa
                           std::vector<HaloCounts>& h) {
   const std::size_t m = h.size();
   std::vector<std::size_t> at(m + 1, 0);
-  std::vector<Range> all = member_intervals(p, w, starts, seg_of, at);
+  std::vector<Members> all = member_intervals(p, w, starts, seg_of, at);
+  if (Wide(m) * Wide(m) <= 8 * Wide(all.size())) return partners_by_coverage(all, at, h);
   std::vector<std::int64_t> diff(m + 1, 0);
   for (std::size_t me = 0; me < m; ++me) {
     const auto iv = std::span(all).subspan(at[me], at[me + 1] - at[me]);
-    std::sort(iv.begin(), iv.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+    std::sort(iv.begin(), iv.end(), [](const Members& a, const Members& b) { return a.lo < b.lo; });
     std::int64_t covered = 0, count = 0;
     bool self = false;
-    for (const Range& r : iv) {
-      const std::int64_t lo = std::max(r.lo, covered);
+    for (const Members& r : iv) {
+      const std::int64_t lo = std::max<std::int64_t>(r.lo, covered);
       if (r.hi <= lo) continue;
       count += r.hi - lo, ++diff[std::size_t(lo)], --diff[std::size_t(r.hi)];
       self = self || (lo <= std::int64_t(me) && std::int64_t(me) < r.hi);

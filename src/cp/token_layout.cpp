@@ -117,6 +117,11 @@ std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std:
   return {chunk(even_part(seq, parts, rank)), chunk(even_part(seq, parts, parts - 1 - rank))};
 }
 
+void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
+  if (cp < 1) throw Error(fmt::format("rank 0 is not in [0, cp = {})", cp));
+  checked_layout(config, cp, seq);
+}
+
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
   if (first_rank < 0 || ranks < 0 || first_rank > cp - ranks)
     throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));

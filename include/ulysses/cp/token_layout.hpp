@@ -54,6 +54,10 @@ TokenLayout per_document_layout(TokenLayout layout, const CpConfig& config);
 // cu_seqlens are not a valid cut of seq (cu_seqlens_error's message).
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
 
+// Throws the Error rank_chunks(config, cp, 0, seq) would, without listing the chunks (per-document
+// zigzag: rank 0's chunks of every document, twice a planned row).
+void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
+
 // How many tokens ranks [first_rank, first_rank + ranks) hold together (their rank_chunks'
 // lengths), in O(1) (per-document zigzag: O(documents)): the traffic formulas ask it for every rank.
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq);
