@@ -177,7 +177,9 @@ TEST(Sharding, EveryMembersChunksAndEveryRanksPairsAtOnceAreTheirRanks) {
           ASSERT_EQ(token_positions(got[std::size_t(m)]), w) << "cp " << cp << " width " << width << " member " << m;
         }
       }
-      for (const auto& [left, right] : {std::pair{-1, -1}, {0, -1}, {3, -1}, {7, 2}, {100, 0}}) {
+      constexpr std::int64_t kFar = std::numeric_limits<std::int64_t>::max();
+      for (const auto& [left, right] :
+           {std::pair<std::int64_t, std::int64_t>{-1, -1}, {0, -1}, {3, -1}, {7, 2}, {100, 0}, {kFar, kFar}}) {
         cfg.window_left = left, cfg.window_right = right;
         const std::vector<std::int64_t> pairs = per_document_pairs(cfg, cp, s);
         for (int r = 0; r < cp; ++r) {

@@ -82,7 +82,7 @@ std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, 
 // document_of(cu, pos) from the document starting at cu[cursor], moved to pos's: a few steps
 // forward, else a search.
 Document document_from(std::span<const std::int64_t> cu, std::int64_t pos, std::size_t& cursor) {
-  if (cu.empty()) return document_of(cu, pos);
+  if (cu.empty() || pos < cu.front()) return document_of(cu, pos);
   constexpr int kSteps = 16;
   int steps = 0;
   if (cursor < cu.size() && cu[cursor] <= pos)

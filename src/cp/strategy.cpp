@@ -114,7 +114,7 @@ CommVolume Strategy::keyed_traffic(const CpConfig& config, int cp, int rank, con
 }
 
 std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
-  if (!config.q_offset && kv_seq == seq && token_layout(config) == TokenLayout::per_document)
+  if (config.causal && !config.q_offset && kv_seq == seq && token_layout(config) == TokenLayout::per_document)
     return per_document_pairs(config, cp, seq);
   const AttentionParams params = attention_params(config);
   std::vector<std::int64_t> pairs(std::size_t(std::max(cp, 0)));

@@ -286,30 +286,23 @@ struct TokenRun {
   }
 };
 
-// The keys a token at offset o of a document of n tokens sees: [max(0, o − L), min(n, o + R + 1))
-// (causal: o + 1; an unbounded side: the document's end), as linear pieces of o.
-void add_token_pairs(LinearSums& sums, const TokenRun& run, std::int64_t n, bool causal, Window w) {
-  if (causal)
-    run.add(sums, 0, n, 1, 1);
-  else if (w.right < 0)
-    run.add(sums, 0, n, n, 0);
-  else
-    run.add(sums, 0, n - w.right - 1, w.right + 1, 1),
-        run.add(sums, std::max<std::int64_t>(0, n - w.right - 1), n, n, 0);
-  if (w.left >= 0) run.add(sums, w.left + 1, n, w.left, -1);
+// The keys a token at offset o of a document of n tokens sees under a causal mask: [max(0, o − L),
+// o + 1) (a window unbounded or as long as the document: from 0), as linear pieces of o.
+void add_token_pairs(LinearSums& sums, const TokenRun& run, std::int64_t n, std::int64_t left) {
+  run.add(sums, 0, n, 1, 1);
+  if (left >= 0 && left < n) run.add(sums, left + 1, n, left, -1);
 }
 
 // A document cut into single tokens (shorter than 2·cp): the first chunks' tokens rise with the
 // rank along the run from heads_first (the ranks past cp − 1 wrapped to the front), the mirror
 // chunks' fall (for_each_run_rank's orders).
-void add_document_tokens(LinearSums& sums, const DocumentCut& d, std::int64_t cp, std::int64_t n, bool causal,
-                         Window w) {
+void add_document_tokens(LinearSums& sums, const DocumentCut& d, std::int64_t cp, std::int64_t n, std::int64_t left) {
   auto runs = [&](std::int64_t first, std::int64_t count, std::int64_t o, bool rising) {
     const std::int64_t wrapped = std::max<std::int64_t>(0, first + count - cp), end = std::min(first + count, cp);
     const TokenRun low = rising ? TokenRun{o, wrapped, 0, 1} : TokenRun{o + end - first, wrapped, wrapped - 1, -1},
                    high = rising ? TokenRun{o + wrapped, end - first, first, 1} : TokenRun{o, end - first, end - 1, -1};
-    add_token_pairs(sums, low, n, causal, w);
-    add_token_pairs(sums, high, n, causal, w);
+    add_token_pairs(sums, low, n, left);
+    add_token_pairs(sums, high, n, left);
   };
   runs(d.heads_first, d.heads, 0, true);
   runs(d.tails_first, d.tails, d.heads, false);
@@ -318,8 +311,8 @@ void add_document_tokens(LinearSums& sums, const DocumentCut& d, std::int64_t cp
 }  // namespace
 
 std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std::int64_t seq) {
-  if (checked_layout(config, cp, seq) != TokenLayout::per_document)
-    throw Error("per_document_pairs: the layout is not per-document zigzag");
+  if (checked_layout(config, cp, seq) != TokenLayout::per_document || !config.causal)
+    throw Error("per_document_pairs: the layout is not per-document zigzag under a causal mask");
   const Window w{config.window_left, config.window_right};
   const std::vector<std::int64_t>& cu = config.cu_seqlens;
   LinearSums sums(cp);
@@ -327,7 +320,7 @@ std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std
   std::size_t cursor = 0;
   for_each_document_cut(cu, cp, [&](const DocumentCut& d) {
     const std::int64_t n = d.base * 2 * cp + d.heads + d.tails;
-    if (d.base == 0) return add_document_tokens(sums, d, cp, n, config.causal, w);
+    if (d.base == 0) return add_document_tokens(sums, d, cp, n, w.left);
     const std::int64_t parts = 2 * std::int64_t(cp);
     for (std::int64_t r = 0; r < cp; ++r)  // rank_chunks' two chunks of this document
       for (const SeqChunk c :

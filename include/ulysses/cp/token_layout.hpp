@@ -82,10 +82,10 @@ void for_each_member_chunk(const CpConfig& config, int cp, int width, std::int64
                            const std::function<void(int, const SeqChunk&)>& f);
 
 // Every rank's visible (query, key) pairs of its own queries against all the keys, one head,
-// self-attention under per-document zigzag (what visible_pairs over for_each_rank_chunk gives):
+// causal self-attention under per-document zigzag (what visible_pairs over for_each_rank_chunk gives):
 // a document shorter than 2·cp puts one token on each rank of two runs, whose pairs are linear in
 // the rank along a run, so it costs O(1), not O(tokens); longer ones cost O(cp) each. Throws
-// Error unless config's layout is per-document zigzag on cp ranks for seq tokens.
+// Error unless config's layout is per-document zigzag under a causal mask on cp ranks for seq tokens.
 std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std::int64_t seq);
 
 // rank_chunks of every rank, in rank order.
