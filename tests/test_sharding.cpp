@@ -145,6 +145,54 @@ TEST(Sharding, EveryRanksTokensAndChunksAtOnceAreEachRanks) {
     }
 }
 
+// The planner's bulk forms under per-document zigzag, against rank_chunks rank by rank (random
+// packings: empty documents, documents shorter than 2·cp, one token a rank, and longer): every
+// member's chunks hold its ranks' positions, in position order; every rank's visible pairs
+// are its chunks' (visible_pairs per chunk), under windows and without.
+TEST(Sharding, EveryMembersChunksAndEveryRanksPairsAtOnceAreTheirRanks) {
+  std::mt19937_64 rng(48);
+  for (int cp : {1, 2, 3, 4, 6, 8, 12, 16})
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<std::int64_t> lengths(1 + rng() % 9);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3 * cp : 30 * cp));
+      const std::vector<std::int64_t> cu = cu_seqlens_of(lengths);
+      const std::int64_t s = cu.back();
+      if (s < 2 * cp) continue;
+      CpConfig cfg = ring_with(cu);
+      for (int width = 1; width <= cp; ++width) {
+        if (cp % width != 0) continue;
+        std::vector<std::vector<SeqChunk>> got(static_cast<std::size_t>(cp / width));
+        std::int64_t end = 0;
+        for_each_member_chunk(cfg, cp, width, s, [&](int m, const SeqChunk& c) {
+          EXPECT_EQ(c.begin, end) << "cp " << cp << " width " << width;  // in order, tiling the sequence
+          end = c.begin + c.length;
+          got[std::size_t(m)].push_back(c);
+        });
+        for (int m = 0; m < cp / width; ++m) {
+          std::vector<SeqChunk> want;
+          for (int r = m * width; r < (m + 1) * width; ++r)
+            for (const SeqChunk& c : rank_chunks(cfg, cp, r, s)) want.push_back(c);
+          std::vector<std::int64_t> w = token_positions(want);
+          std::sort(w.begin(), w.end());
+          ASSERT_EQ(token_positions(got[std::size_t(m)]), w) << "cp " << cp << " width " << width << " member " << m;
+        }
+      }
+      constexpr std::int64_t kFar = std::numeric_limits<std::int64_t>::max();
+      for (const auto& [left, right] :
+           {std::pair<std::int64_t, std::int64_t>{-1, -1}, {0, -1}, {3, -1}, {7, 2}, {100, 0}, {kFar, kFar}}) {
+        cfg.window_left = left, cfg.window_right = right;
+        const std::vector<std::int64_t> pairs = per_document_pairs(cfg, cp, s);
+        for (int r = 0; r < cp; ++r) {
+          std::int64_t want = 0;
+          for (const SeqChunk& c : rank_chunks(cfg, cp, r, s))
+            want += visible_pairs(cu, true, c, {0, s}, {cfg.window_left, cfg.window_right});
+          ASSERT_EQ(pairs[std::size_t(r)], want) << "cp " << cp << " rank " << r << " window " << left << "," << right;
+        }
+      }
+    }
+  EXPECT_NE(error_of([] { per_document_pairs(ring_with({}), 4, 64); }), "");  // plain zigzag: not per document
+}
+
 TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
   const auto none = [](int, const SeqChunk&) {};
   for (const auto& c : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10
@@ -158,6 +206,7 @@ TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
     ASSERT_FALSE(want.empty());
     EXPECT_EQ(error_of([&] { tokens_of_ranks(cfg, cp, s); }), want);
     EXPECT_EQ(error_of([&] { for_each_rank_chunk(cfg, cp, s, none); }), want);
+    EXPECT_EQ(error_of([&] { for_each_member_chunk(cfg, cp, 1, s, none); }), want);
   }
 }
 

@@ -79,16 +79,35 @@ std::int64_t pairs_in_document(std::int64_t a, std::int64_t b, std::int64_t k0, 
   return n;
 }
 
+// document_of(cu, pos) from the document starting at cu[cursor], moved to pos's: a few steps
+// forward, else a search.
+Document document_from(std::span<const std::int64_t> cu, std::int64_t pos, std::size_t& cursor) {
+  if (cu.empty() || pos < cu.front()) return document_of(cu, pos);
+  constexpr int kSteps = 16;
+  int steps = 0;
+  if (cursor < cu.size() && cu[cursor] <= pos)
+    while (cursor + 1 < cu.size() && cu[cursor + 1] <= pos && steps++ < kSteps) ++cursor;
+  if (cursor >= cu.size() || cu[cursor] > pos || (cursor + 1 < cu.size() && cu[cursor + 1] <= pos))
+    cursor = std::size_t(std::upper_bound(cu.begin(), cu.end(), pos) - cu.begin()) - 1;
+  return {cu[cursor], cursor + 1 < cu.size() ? cu[cursor + 1] : cu.back()};
+}
+
 }  // namespace
 
 std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k,
                            Window window) {
+  std::size_t cursor = 0;
+  return visible_pairs(cu, causal, q, k, window, cursor);
+}
+
+std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const SeqChunk& q, const SeqChunk& k,
+                           Window window, std::size_t& cursor) {
   const std::int64_t q1 = sat_add(q.begin, q.length), k1 = sat_add(k.begin, k.length);
   if (q.length <= 0 || k.length <= 0) return 0;
   std::int64_t n = 0;
   // One document at a time, from the one holding the chunk's first query.
   for (std::int64_t p = q.begin; p < q1;) {
-    const Document doc = document_of(cu, p);
+    const Document doc = document_from(cu, p, cursor);
     const std::int64_t end = std::min(doc.end, q1);
     n += pairs_in_document(p, end, std::max(doc.begin, k.begin), std::min(doc.end, k1), causal, window);
     p = end;
@@ -98,6 +117,7 @@ std::int64_t visible_pairs(std::span<const std::int64_t> cu, bool causal, const 
 
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths) {
   std::vector<std::int64_t> cu{0};
+  cu.reserve(lengths.size() + 1);
   for (std::int64_t n : lengths) cu.push_back(cu.back() + n);
   return cu;
 }

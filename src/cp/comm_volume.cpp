@@ -34,7 +34,7 @@ CommVolume predicted_comm_volume(const CpConfig& config, int cp, const Shape& q,
   const std::vector<Strategy::TrafficKey> keys = strategy.traffic_keys(config, cp, q, s_k, kv_heads);
   for (int r = 0; r < cp; ++r) {
     if (!priced.insert(keys[std::size_t(r)]).second) continue;
-    const CommVolume v = strategy.traffic(config, cp, r, q, s_k, kv_heads, dtype);
+    const CommVolume v = strategy.keyed_traffic(config, cp, r, keys[std::size_t(r)], q, s_k, kv_heads, dtype);
     take_max(busiest.forward_bytes, v.forward_bytes);
     take_max(busiest.backward_bytes, v.backward_bytes);
     take_max(busiest.forward_messages, v.forward_messages);

@@ -147,7 +147,7 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
   if (!config.cu_seqlens.empty()) throw Error("cross-attention does not take packed documents (cu_seqlens)");
   if (config.window_left >= 0 || config.window_right >= 0)
     throw Error("cross-attention does not take a sliding window (window_size)");
-  rank_chunks(config, cp, 0, kv_seq);
+  check_rank_chunks(config, cp, kv_seq);
 }
 
 }  // namespace
@@ -157,9 +157,10 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
   check_options(config, find_strategy(config.cp_comm_type));
-  rank_chunks(config, cp, 0, q.s);
-  check_window(attention_params(config));
-  check_scale(attention_params(config));
+  check_rank_chunks(config, cp, q.s);
+  const AttentionParams params = attention_params(config);
+  check_window(params);
+  check_scale(params);
   if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
     throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (kv_seq == 0) kv_seq = q.s;

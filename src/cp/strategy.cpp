@@ -108,11 +108,20 @@ std::vector<Strategy::TrafficKey> Strategy::traffic_keys(const CpConfig& config,
   return keys;
 }
 
+CommVolume Strategy::keyed_traffic(const CpConfig& config, int cp, int rank, const TrafficKey&, const Shape& q,
+                                   std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const {
+  return traffic(config, cp, rank, q, kv_seq, kv_heads, dtype);
+}
+
 std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
+  if (config.causal && !config.q_offset && kv_seq == seq && token_layout(config) == TokenLayout::per_document)
+    return per_document_pairs(config, cp, seq);
   const AttentionParams params = attention_params(config);
   std::vector<std::int64_t> pairs(std::size_t(std::max(cp, 0)));
+  std::size_t cursor = 0;  // the chunks come in position order under per-document zigzag
   for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
-    pairs[std::size_t(r)] += visible_pairs(params, {params.q_offset + c.begin, c.length}, {0, kv_seq});
+    pairs[std::size_t(r)] += visible_pairs(params.cu_seqlens, params.causal, {params.q_offset + c.begin, c.length},
+                                           {0, kv_seq}, {params.window_left, params.window_right}, cursor);
   });
   return pairs;
 }

@@ -117,6 +117,11 @@ std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std:
   return {chunk(even_part(seq, parts, rank)), chunk(even_part(seq, parts, parts - 1 - rank))};
 }
 
+void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
+  if (cp < 1) throw Error(fmt::format("rank 0 is not in [0, cp = {})", cp));
+  checked_layout(config, cp, seq);
+}
+
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
   if (first_rank < 0 || ranks < 0 || first_rank > cp - ranks)
     throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));
@@ -140,6 +145,20 @@ namespace {
 // How many of the positions t in [0, n) of a cyclic sweep over cp ranks fall on ranks [lo, hi).
 std::int64_t swept(std::int64_t n, std::int64_t cp, std::int64_t lo, std::int64_t hi) {
   return n / cp * (hi - lo) + std::max<std::int64_t>(0, std::min(hi, n % cp) - lo);
+}
+
+// Calls f(r) for the ranks of the cyclic run of `count` ranks from `first` (mod cp), rising or
+// falling: the ranks that wrapped past cp − 1 are the lowest.
+template <typename F>
+void for_each_run_rank(std::int64_t cp, std::int64_t first, std::int64_t count, bool rising, F&& f) {
+  const std::int64_t wrapped = std::max<std::int64_t>(0, first + count - cp), end = std::min(first + count, cp);
+  if (rising) {
+    for (std::int64_t r = 0; r < wrapped; ++r) f(r);
+    for (std::int64_t r = first; r < end; ++r) f(r);
+    return;
+  }
+  for (std::int64_t r = end; r-- > first;) f(r);
+  for (std::int64_t r = wrapped; r-- > 0;) f(r);
 }
 
 }  // namespace
@@ -182,16 +201,137 @@ void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
       f(int(r), {d.begin + (parts - 1 - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r + 1, cp),
                  d.base + in_run(cp, d.tails_first, d.tails, r, r + 1)});
     };
+    // In position order: first chunks rise with the rank, mirror chunks fall.
     if (d.base > 0) {
-      for (std::int64_t r = 0; r < cp; ++r) {
-        first(r);
-        mirror(r);
-      }
+      for (std::int64_t r = 0; r < cp; ++r) first(r);
+      for (std::int64_t r = cp; r-- > 0;) mirror(r);
       return;
     }
-    for (std::int64_t i = 0; i < d.heads; ++i) first((d.heads_first + i) % cp);
-    for (std::int64_t i = 0; i < d.tails; ++i) mirror((d.tails_first + i) % cp);
+    for_each_run_rank(cp, d.heads_first, d.heads, true, first);
+    for_each_run_rank(cp, d.tails_first, d.tails, false, mirror);
   });
+}
+
+namespace {
+
+// Calls f(member, chunk) for the members of `width` ranks along one document's ranks lo..hi − 1
+// rising (or hi − 1..lo falling), whose chunks lie back to back from `begin`, chunk rank r
+// starting at start(r) (rising: its first position; falling: one past its last): one
+// chunk a member met.
+template <typename Start, typename F>
+void member_runs(std::int64_t lo, std::int64_t hi, std::int64_t width, bool rising, Start&& start, F&& f) {
+  if (lo >= hi) return;
+  const std::int64_t m_lo = lo / width, m_hi = (hi - 1) / width;
+  for (std::int64_t i = 0; i <= m_hi - m_lo; ++i) {
+    const std::int64_t m = rising ? m_lo + i : m_hi - i, a = std::max(lo, m * width), b = std::min(hi, (m + 1) * width);
+    const std::int64_t x = rising ? start(a) : start(b), y = rising ? start(b) : start(a);
+    f(int(m), SeqChunk{std::min(x, y), std::abs(y - x)});
+  }
+}
+
+}  // namespace
+
+void for_each_member_chunk(const CpConfig& config, int cp, int width, std::int64_t seq,
+                           const std::function<void(int, const SeqChunk&)>& f) {
+  if (checked_layout(config, cp, seq) != TokenLayout::per_document)
+    return for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) { f(r / width, c); });
+  const std::int64_t parts = 2 * std::int64_t(cp), w = width;
+  for_each_document_cut(config.cu_seqlens, cp, [&](const DocumentCut& d) {
+    // Where rank r's first chunk starts, and where its mirror chunk ends (ranks r..cp − 1's
+    // mirror chunks lie below it): both as rank_chunks places them.
+    auto first = [&](std::int64_t r) { return d.begin + r * d.base + in_run(cp, d.heads_first, d.heads, 0, r); };
+    auto mirror_end = [&](std::int64_t r) {
+      return d.begin + (parts - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r, cp);
+    };
+    if (d.base > 0) {
+      member_runs(0, cp, w, true, first, f);
+      member_runs(0, cp, w, false, mirror_end, f);
+      return;
+    }
+    // One token a rank of the runs: ranks wrapped past cp − 1 come first rising, last falling.
+    const std::int64_t hw = std::max<std::int64_t>(0, d.heads_first + d.heads - cp),
+                       tw = std::max<std::int64_t>(0, d.tails_first + d.tails - cp);
+    member_runs(0, hw, w, true, first, f);
+    member_runs(d.heads_first, std::min<std::int64_t>(d.heads_first + d.heads, cp), w, true, first, f);
+    member_runs(d.tails_first, std::min<std::int64_t>(d.tails_first + d.tails, cp), w, false, mirror_end, f);
+    member_runs(0, tw, w, false, mirror_end, f);
+  });
+}
+
+namespace {
+
+// Per-rank sums of functions linear in the rank over runs of ranks: f(r) = a + b·r added on
+// [lo, hi) in O(1), every rank's total read at the end in O(cp).
+struct LinearSums {
+  std::vector<std::int64_t> a, b;  // differences of the constant and the slope
+  explicit LinearSums(int cp) : a(std::size_t(cp) + 1), b(std::size_t(cp) + 1) {}
+  void add(std::int64_t lo, std::int64_t hi, std::int64_t a0, std::int64_t b0) {
+    a[std::size_t(lo)] += a0, a[std::size_t(hi)] -= a0, b[std::size_t(lo)] += b0, b[std::size_t(hi)] -= b0;
+  }
+  void read_into(std::vector<std::int64_t>& out) const {
+    std::int64_t x = 0, y = 0;
+    for (std::size_t r = 0; r < out.size(); ++r) out[r] += (x += a[r]) + std::int64_t(r) * (y += b[r]);
+  }
+};
+
+// A document's tokens [o0, o0 + count) (offsets in the document) on ranks r0, r0 + step, ...: adds
+// f(o) = a + b·o over the offsets [lo, hi) of them, as a function of the rank.
+struct TokenRun {
+  std::int64_t o0, count, r0, step;
+  void add(LinearSums& sums, std::int64_t lo, std::int64_t hi, std::int64_t a, std::int64_t b) const {
+    lo = std::max(lo, o0), hi = std::min(hi, o0 + count);
+    if (lo >= hi) return;
+    const std::int64_t r_lo = r0 + step * (lo - o0), r_hi = r0 + step * (hi - 1 - o0);  // o = o0 + step·(r − r0)
+    sums.add(std::min(r_lo, r_hi), std::max(r_lo, r_hi) + 1, a + b * (o0 - step * r0), b * step);
+  }
+};
+
+// The keys a token at offset o of a document of n tokens sees under a causal mask: [max(0, o − L),
+// o + 1) (a window unbounded or as long as the document: from 0), as linear pieces of o.
+void add_token_pairs(LinearSums& sums, const TokenRun& run, std::int64_t n, std::int64_t left) {
+  run.add(sums, 0, n, 1, 1);
+  if (left >= 0 && left < n) run.add(sums, left + 1, n, left, -1);
+}
+
+// A document cut into single tokens (shorter than 2·cp): the first chunks' tokens rise with the
+// rank along the run from heads_first (the ranks past cp − 1 wrapped to the front), the mirror
+// chunks' fall (for_each_run_rank's orders).
+void add_document_tokens(LinearSums& sums, const DocumentCut& d, std::int64_t cp, std::int64_t n, std::int64_t left) {
+  auto runs = [&](std::int64_t first, std::int64_t count, std::int64_t o, bool rising) {
+    const std::int64_t wrapped = std::max<std::int64_t>(0, first + count - cp), end = std::min(first + count, cp);
+    const TokenRun low = rising ? TokenRun{o, wrapped, 0, 1} : TokenRun{o + end - first, wrapped, wrapped - 1, -1},
+                   high = rising ? TokenRun{o + wrapped, end - first, first, 1} : TokenRun{o, end - first, end - 1, -1};
+    add_token_pairs(sums, low, n, left);
+    add_token_pairs(sums, high, n, left);
+  };
+  runs(d.heads_first, d.heads, 0, true);
+  runs(d.tails_first, d.tails, d.heads, false);
+}
+
+}  // namespace
+
+std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std::int64_t seq) {
+  if (checked_layout(config, cp, seq) != TokenLayout::per_document || !config.causal)
+    throw Error("per_document_pairs: the layout is not per-document zigzag under a causal mask");
+  const Window w{config.window_left, config.window_right};
+  const std::vector<std::int64_t>& cu = config.cu_seqlens;
+  LinearSums sums(cp);
+  std::vector<std::int64_t> pairs(static_cast<std::size_t>(cp));
+  std::size_t cursor = 0;
+  for_each_document_cut(cu, cp, [&](const DocumentCut& d) {
+    const std::int64_t n = d.base * 2 * cp + d.heads + d.tails;
+    if (d.base == 0) return add_document_tokens(sums, d, cp, n, w.left);
+    const std::int64_t parts = 2 * std::int64_t(cp);
+    for (std::int64_t r = 0; r < cp; ++r)  // rank_chunks' two chunks of this document
+      for (const SeqChunk c :
+           {SeqChunk{d.begin + r * d.base + in_run(cp, d.heads_first, d.heads, 0, r),
+                     d.base + in_run(cp, d.heads_first, d.heads, r, r + 1)},
+            SeqChunk{d.begin + (parts - 1 - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r + 1, cp),
+                     d.base + in_run(cp, d.tails_first, d.tails, r, r + 1)}})
+        pairs[std::size_t(r)] += visible_pairs(cu, config.causal, c, {0, seq}, w, cursor);
+  });
+  sums.read_into(pairs);
+  return pairs;
 }
 
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {

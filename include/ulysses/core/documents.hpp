@@ -47,6 +47,11 @@ Document visible_keys(std::span<const std::int64_t> cu_seqlens, bool causal, std
 // attention work they cost, exactly (closed form per document).
 std::int64_t visible_pairs(std::span<const std::int64_t> cu_seqlens, bool causal, const SeqChunk& q, const SeqChunk& k,
                            Window window = {});
+// The same for query chunks asked in position order: `cursor` (0 before the first) keeps the
+// document the last one started in, so the next one's is found by stepping forward, not by a
+// search (the planner counts every rank's chunks: millions a plan). Any order stays exact.
+std::int64_t visible_pairs(std::span<const std::int64_t> cu_seqlens, bool causal, const SeqChunk& q, const SeqChunk& k,
+                           Window window, std::size_t& cursor);
 
 // Document lengths → cu_seqlens ({3, 5} → {0, 3, 8}).
 std::vector<std::int64_t> cu_seqlens_of(std::span<const std::int64_t> lengths);

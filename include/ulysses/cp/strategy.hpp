@@ -227,6 +227,12 @@ class Strategy {
   // (tokens_of_ranks: per-document zigzag costs O(documents) a rank asked alone).
   virtual std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
                                                std::int64_t kv_heads) const;
+  // traffic() of `rank` whose traffic_key is `key`, as predicted_comm_volume asks it with the key
+  // traffic_keys gave: by default traffic(rank); a strategy whose traffic() reads only its key
+  // prices the key itself, where asking its key again rank by rank reads per-document tokens
+  // (O(documents) a rank) and a halo's counts that traffic_keys read for all ranks at once.
+  virtual CommVolume keyed_traffic(const CpConfig& config, int cp, int rank, const TrafficKey& key, const Shape& q,
+                                   std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const;
 
   // Its memory model (StrategyMemory) for global q [b, s, h, d] against k/v of kv_seq tokens
   // with kv_heads KV heads, stored in `dtype`, on cp > 1 ranks (one rank runs plain flash

@@ -54,6 +54,10 @@ TokenLayout per_document_layout(TokenLayout layout, const CpConfig& config);
 // cu_seqlens are not a valid cut of seq (cu_seqlens_error's message).
 std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq);
 
+// Throws the Error rank_chunks(config, cp, 0, seq) would, without listing the chunks (per-document
+// zigzag: rank 0's chunks of every document, twice a planned row).
+void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
+
 // How many tokens ranks [first_rank, first_rank + ranks) hold together (their rank_chunks'
 // lengths), in O(1) (per-document zigzag: O(documents)): the traffic formulas ask it for every rank.
 std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq);
@@ -63,10 +67,26 @@ std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ran
 std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq);
 
 // Calls f(rank, chunk) for every rank's chunks (rank_chunks' pieces; per-document zigzag: a
-// document's pieces, not joined where adjacent), document by document: O(documents + chunks),
-// where rank_chunks rank by rank visits every document for every rank.
+// document's pieces, not joined where adjacent), per-document zigzag in position order:
+// O(documents + chunks), where rank_chunks rank by rank visits every document for every rank,
+// and the halo sweep reads the pieces in order without sorting them.
 void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
                          const std::function<void(int, const SeqChunk&)>& f);
+
+// for_each_rank_chunk for members of `width` consecutive ranks (cp / width of them): f(member,
+// chunk) in position order, where each chunk joins the adjacent chunks of a member's ranks
+// inside a document (not across documents). Per-document zigzag costs O(documents +
+// chunks / width): a document's chunks rise over the ranks and fall back, so a member's ranks'
+// chunks lie together; other layouts call f for every rank's chunk.
+void for_each_member_chunk(const CpConfig& config, int cp, int width, std::int64_t seq,
+                           const std::function<void(int, const SeqChunk&)>& f);
+
+// Every rank's visible (query, key) pairs of its own queries against all the keys, one head,
+// causal self-attention under per-document zigzag (what visible_pairs over for_each_rank_chunk gives):
+// a document shorter than 2·cp puts one token on each rank of two runs, whose pairs are linear in
+// the rank along a run, so it costs O(1), not O(tokens); longer ones cost O(cp) each. Throws
+// Error unless config's layout is per-document zigzag under a causal mask on cp ranks for seq tokens.
+std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std::int64_t seq);
 
 // rank_chunks of every rank, in rank order.
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);

@@ -149,6 +149,15 @@ class A2aStrategy final : public Strategy {
     return visible_pairs(params, {params.q_offset, q.s}, {0, kv_seq}) * q.b *
            ulysses_heads(cp, rank, q.h, kv_heads).q.count;
   }
+  // The same pairs on every rank, counted once (per rank: every document walked again).
+  std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                          std::int64_t kv_heads) const override {
+    const AttentionParams params = attention_params(config);
+    const std::int64_t pairs = visible_pairs(params, {params.q_offset, q.s}, {0, kv_seq});
+    std::vector<std::int64_t> w(static_cast<std::size_t>(cp));
+    for (int r = 0; r < cp; ++r) w[std::size_t(r)] = pairs * q.b * ulysses_heads(cp, r, q.h, kv_heads).q.count;
+    return w;
+  }
   // Balanced by heads, so never zigzag.
   TokenLayout token_layout(const CpConfig&) const override { return TokenLayout::contiguous; }
 
@@ -321,7 +330,11 @@ class A2aStrategy final : public Strategy {
   // Read through traffic_key: its tokens (of q and, under cross-attention, of k/v) and head counts.
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
-    const TrafficKey key = traffic_key(config, cp, rank, q, kv_seq, kv_heads);
+    return keyed_traffic(config, cp, rank, traffic_key(config, cp, rank, q, kv_seq, kv_heads), q, kv_seq, kv_heads,
+                         dtype);
+  }
+  CommVolume keyed_traffic(const CpConfig& config, int cp, int, const TrafficKey& key, const Shape& q,
+                           std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const override {
     const RankHeads mine{{0, key[1]}, {0, key[2]}};  // the volumes read the counts alone
     const std::int64_t row_bytes = q.b * q.d * std::int64_t(dtype_size(dtype));
     CommVolume v;
@@ -341,6 +354,19 @@ class A2aStrategy final : public Strategy {
     const RankHeads h = ulysses_heads(cp, rank, q.h, kv_heads);
     const std::int64_t kv_tokens = is_cross(config, q.s, kv_seq) ? tokens_held(config, cp, rank, 1, kv_seq) : 0;
     return {tokens_held(config, cp, rank, 1, q.s), h.q.count, h.kv.count, kv_tokens};
+  }
+  // The same, every rank's tokens read at once.
+  std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                       std::int64_t kv_heads) const override {
+    const bool cross = is_cross(config, q.s, kv_seq);
+    const std::vector<std::int64_t> tokens = tokens_of_ranks(config, cp, q.s),
+                                    kv_tokens = cross ? tokens_of_ranks(config, cp, kv_seq) : tokens;
+    std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
+    for (int r = 0; r < cp; ++r) {
+      const RankHeads h = ulysses_heads(cp, r, q.h, kv_heads);
+      keys[std::size_t(r)] = {tokens[std::size_t(r)], h.q.count, h.kv.count, cross ? kv_tokens[std::size_t(r)] : 0};
+    }
+    return keys;
   }
 
   // Kept: head-sharded q | k | v in `dtype` and out (float32) over the whole sequence, and lse.

@@ -263,10 +263,14 @@ class A2aP2pStrategy final : public Strategy {
   // Cross-attention: the inner transposes of q and k|v apart, the ring's K/V over s_k.
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
+    return keyed_traffic(config, cp, rank, traffic_key(config, cp, rank, q, kv_seq, kv_heads), q, kv_seq, kv_heads,
+                         dtype);
+  }
+  // This reads `rank` through its traffic_key alone.
+  CommVolume keyed_traffic(const CpConfig& config, int cp, int, const TrafficKey& key, const Shape& q,
+                           std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const override {
     const int I = config.hierarchical_context_parallel_sizes[0], O = config.hierarchical_context_parallel_sizes[1];
     const std::int64_t es = std::int64_t(dtype_size(dtype));
-    // This reads `rank` through its traffic_key alone.
-    const TrafficKey key = traffic_key(config, cp, rank, q, kv_seq, kv_heads);
     CommVolume v;
     v.groups = subgroups(I, cp);
     add_inner_volume(v, config, key, q, kv_seq, kv_heads, es);

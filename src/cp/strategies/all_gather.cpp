@@ -160,9 +160,13 @@ class AllGatherStrategy final : public Strategy {
 
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
+    return keyed_traffic(config, cp, rank, traffic_key(config, cp, rank, q, kv_seq, kv_heads), q, kv_seq, kv_heads,
+                         dtype);
+  }
+  CommVolume keyed_traffic(const CpConfig&, int cp, int, const TrafficKey& key, const Shape& q, std::int64_t kv_seq,
+                           std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
-    const std::int64_t per_token = 2 * q.b * kv_heads * q.d,
-                       mine = traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0];
+    const std::int64_t per_token = 2 * q.b * kv_heads * q.d, mine = key[0];
     v.forward_bytes["all_gather_kv"] = (cp - 1) * mine * per_token * std::int64_t(dtype_size(dtype));
     v.backward_bytes["all_gather_dkv"] = (kv_seq - mine) * per_token * 4;  // the others' rows
     v.forward_messages["all_gather_kv"] = cp - 1;
@@ -175,6 +179,20 @@ class AllGatherStrategy final : public Strategy {
   TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape&, std::int64_t kv_seq,
                          std::int64_t) const override {
     return {tokens_held(config, cp, rank, 1, kv_seq)};
+  }
+  // Each rank's query chunks against every key (work()), the layout's chunks listed once.
+  std::vector<std::int64_t> work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
+                                          std::int64_t kv_heads) const override {
+    std::vector<std::int64_t> w = pairs_of_ranks(config, cp, q.s, kv_seq);
+    for (int r = 0; r < cp; ++r) w[std::size_t(r)] *= q.b * heads_of(config, cp, r, q.h, kv_heads).q.count;
+    return w;
+  }
+  std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape&, std::int64_t kv_seq,
+                                       std::int64_t) const override {
+    const std::vector<std::int64_t> tokens = tokens_of_ranks(config, cp, kv_seq);
+    std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
+    for (int r = 0; r < cp; ++r) keys[std::size_t(r)][0] = tokens[std::size_t(r)];
+    return keys;
   }
 
   // Kept: q of the busiest rank's tokens and the full K and V in `dtype`, its out and lse in

@@ -48,15 +48,18 @@ class P2pStrategy final : public Strategy {
   // Every K/V row over s_k goes around the ring whatever the mask (no window with cross-attention).
   CommVolume traffic(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                      std::int64_t kv_heads, DType dtype) const override {
+    return keyed_traffic(config, cp, rank, traffic_key(config, cp, rank, q, kv_seq, kv_heads), q, kv_seq, kv_heads,
+                         dtype);
+  }
+  CommVolume keyed_traffic(const CpConfig& config, int cp, int, const TrafficKey& key, const Shape& q,
+                           std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
     if (uses_halo(attention_params(config))) {
-      add_halo_volume(v, "", halo_of(traffic_key(config, cp, rank, q, kv_seq, kv_heads), 0), per_token,
-                      std::int64_t(dtype_size(dtype)));
+      add_halo_volume(v, "", halo_of(key, 0), per_token, std::int64_t(dtype_size(dtype)));
       return v;
     }
-    add_ring_volume(v, "", cp, per_token * kv_seq, per_token * traffic_key(config, cp, rank, q, kv_seq, kv_heads)[0],
-                    std::int64_t(dtype_size(dtype)));
+    add_ring_volume(v, "", cp, per_token * kv_seq, per_token * key[0], std::int64_t(dtype_size(dtype)));
     return v;
   }
   // The ring's: the next rank's K/V tokens (its own never travel to it). A halo: its counts.
