@@ -413,27 +413,34 @@ std::vector<std::int64_t> plot_seqs(const PlanInput& in) {
 
 std::string svg_plot(const PlanInput& in) {
   const std::vector<std::int64_t> seqs = plot_seqs(in);
+  // One plan a length, each read for every row: planning a length once per row made the plot at
+  // cp 65536 (dozens of a2a+p2p rows) take seconds.
+  std::vector<Plan> plans;
+  for (std::int64_t s : seqs) {
+    PlanInput x = in;
+    x.seq = s;
+    x.documents.clear();  // the sweep changes s: one document each
+    plans.push_back(make_plan(x));
+  }
   std::vector<std::vector<double>> series;
   std::vector<std::string> names;
   double lo = 1e300, hi = 0;
-  for (std::size_t k = 0;; ++k) {
+  // A line per row any length lists, matched by name: a row one length lacks is a gap in its line.
+  // The sweep has no documents, so its rows, not the documents' plan's, name the lines.
+  std::vector<std::string> rows;
+  for (const Plan& p : plans)
+    for (const PlanRow& r : p.rows)
+      if (std::find(rows.begin(), rows.end(), r.name) == rows.end()) rows.push_back(r.name);
+  for (const std::string& row : rows) {
     std::vector<double> ys;
-    std::string name;
     bool any = false;
-    for (std::int64_t s : seqs) {
-      PlanInput x = in;
-      x.seq = s;
-      x.documents.clear();  // the sweep changes s: one document each
-      const Plan p = make_plan(x);
-      if (k >= p.rows.size()) return "";
-      name = p.rows[k].name;
-      const double y = p.rows[k].valid ? p.rows[k].predicted_step_s : -1;
+    for (const Plan& p : plans) {
+      const auto r = std::find_if(p.rows.begin(), p.rows.end(), [&](const PlanRow& x) { return x.name == row; });
+      const double y = r != p.rows.end() && r->valid ? r->predicted_step_s : -1;
       ys.push_back(y);
       if (y > 0) lo = std::min(lo, y), hi = std::max(hi, y), any = true;
     }
-    if (any) series.push_back(ys), names.push_back(name);
-    PlanInput x = in;
-    if (k + 1 >= make_plan(x).rows.size()) break;
+    if (any) series.push_back(ys), names.push_back(row);
   }
   const double W = 720, H = 420, L = 70, R = 170, T = 40, B = 50;
   auto X = [&](std::size_t i) {
