@@ -6,6 +6,7 @@
 // document: it still asks them.
 #include <algorithm>
 #include <array>
+#include <numeric>
 #include <optional>
 #include <span>
 
@@ -457,6 +458,81 @@ std::vector<Piece> pieces_of(const CpConfig& config, int cp, int width, std::int
   return pieces;
 }
 
+// Documents whose lengths repeat every `docs` documents, after which per-document zigzag's cuts
+// are back where they started (each document is dealt from the ranks where the last one left
+// off): every repetition is cut the same way, `tokens` further on.
+struct LayoutPeriod {
+  std::size_t docs;
+  std::int64_t tokens;
+};
+
+// The lengths' smallest period (a prefix function over them, O(documents)), repeated until the
+// runs of longer chunks it deals (heads forward, tails backward) come back to their ranks mod cp.
+std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp) {
+  const std::size_t n = cu.size() - 1;
+  auto length = [&](std::size_t i) { return cu[i + 1] - cu[i]; };
+  std::vector<std::uint32_t> border(n, 0);
+  for (std::size_t i = 1; i < n; ++i) {
+    std::size_t k = border[i - 1];
+    while (k > 0 && length(i) != length(k)) k = border[k - 1];
+    border[i] = std::uint32_t(k + (length(i) == length(k)));
+  }
+  const std::size_t q = n - border[n - 1];
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  std::int64_t heads = 0, tails = 0;
+  for (std::size_t i = 0; i < q; ++i) {
+    const std::int64_t h = std::min<std::int64_t>(length(i) % parts, cp);
+    heads = (heads + h) % cp, tails = (tails + length(i) % parts - h) % cp;
+  }
+  const std::int64_t repeats = std::lcm(cp / std::gcd(heads, std::int64_t(cp)), cp / std::gcd(tails, std::int64_t(cp)));
+  if (Wide(q) * repeats > Wide(n) || cu[q] == 0) return std::nullopt;
+  return LayoutPeriod{q * std::size_t(repeats), repeats * cu[q]};
+}
+
+}  // namespace
+
+// A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
+// partner windows it reads, the band of its member's previous piece): the pieces of a period
+// more than L + a period from both ends count the same as the next period's. So with `a`
+// periods and the r documents left over, each count is f(a) = f(a0) + (a − a0)·(f(a0 + 1) −
+// f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
+// partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq) {
+  const std::int64_t left = config.window_left;
+  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
+    return std::nullopt;
+  const std::optional<LayoutPeriod> period = layout_period(config.cu_seqlens, cp);
+  if (!period) return std::nullopt;
+  const std::size_t docs = config.cu_seqlens.size() - 1, n = docs / period->docs, rest = docs % period->docs;
+  const Wide a0 = 2 * (Wide(left) / period->tokens + 2) + 1;                // a window up to INT64_MAX
+  if ((a0 + 3) * Wide(period->docs) * 6 > Wide(docs)) return std::nullopt;  // a sixth of the documents
+  std::array<std::vector<HaloCounts>, 3> f;
+  for (std::size_t k = 0; k < f.size(); ++k) {
+    CpConfig part = config;
+    part.cu_seqlens.resize((std::size_t(a0) + k) * period->docs + rest + 1);
+    const std::int64_t s = part.cu_seqlens.back();
+    std::optional<std::vector<HaloCounts>> h =
+        swept_halo_counts(pieces_of(part, cp, width, s), cp / width, left, s, PartnerCount::cheapest, nullptr);
+    if (!h) return std::nullopt;
+    f[k] = std::move(*h);
+  }
+  std::vector<HaloCounts> out(f[0].size());
+  const Wide more = Wide(n) - a0;
+  for (std::size_t m = 0; m < out.size(); ++m) {
+    const std::array<std::int64_t HaloCounts::*, 4> fields{&HaloCounts::given, &HaloCounts::held, &HaloCounts::to,
+                                                           &HaloCounts::back};
+    for (const auto x : fields) {
+      const std::int64_t d = f[1][m].*x - f[0][m].*x;
+      if (f[2][m].*x - f[1][m].*x != d) return std::nullopt;  // not linear: the argument above failed
+      out[m].*x = std::int64_t(f[0][m].*x + more * d);
+    }
+  }
+  return out;
+}
+
+namespace {
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
@@ -472,9 +548,10 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   thread_local Last last;
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
-    std::optional<std::vector<HaloCounts>> swept =
-        swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq, PartnerCount::cheapest,
-                          nullptr);
+    std::optional<std::vector<HaloCounts>> swept = periodic_halo_counts(config, cp, width, seq);
+    if (!swept)
+      swept = swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq,
+                                PartnerCount::cheapest, nullptr);
     if (!swept) return nullptr;
     last = {config.cu_seqlens, sizes, std::move(*swept)};
   }

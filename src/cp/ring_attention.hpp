@@ -119,6 +119,12 @@ struct SweepWork {
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
                                                          PartnerCount how, SweepWork* work = nullptr);
 
+// The same, when the documents' lengths repeat (any COUNTxLENGTH packing): the sweep of a few
+// repetitions extrapolated to all of them (halo_volume.cpp). Empty when they do not repeat often
+// enough to save work (or the window is unbounded).
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq);
+
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed
 // form and the path of per-document layouts.
