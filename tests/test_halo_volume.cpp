@@ -247,6 +247,30 @@ TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {
   }
 }
 
+TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
+  // The planner sweeps widths 1, 2, 4, ... of one layout in turn, each width's pieces joined from
+  // the last one's (members of k times the width): the counts against the sweep of pieces built
+  // anew for each width, on random packings that do not repeat (so nothing is extrapolated), the
+  // widths in rising order, skipping some, and back to a width that does not divide the last.
+  std::mt19937_64 rng(53);
+  for (const int cp : {8, 12, 48, 64})
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<std::int64_t> lengths(2 + rng() % 60);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 2ull + cp / 4));
+      lengths.back() = 2 * cp + 1;
+      CpConfig cfg{"p2p", {}, true, std::nullopt};
+      cfg.cu_seqlens = cu_seqlens_of(lengths);
+      cfg.window_left = std::int64_t(1 + rng() % (4 * std::uint64_t(cp)));
+      const std::int64_t s = cfg.cu_seqlens.back();
+      for (const int width : {1, 2, 4, 12, 24, 3, 6, 48, 8, 16, 32, 64}) {
+        if (cp % width != 0) continue;
+        const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+        ASSERT_TRUE(want.has_value());
+        ASSERT_EQ(members_halo_counts(cfg, cp, width, s), *want) << cp << " " << trial << " " << width;
+      }
+    }
+}
+
 TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWindows) {
   // 256 documents of 512 at cp 65536 under a window of 4096: 131072 one-token pieces, each
   // window 4096 of them (5·10^8 window entries, 65536² bits: the planner asked every member
