@@ -619,8 +619,8 @@ std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& conf
   const Wide a0 = 2 * (Wide(left) / period->tokens + 2) + 1;                // a window up to INT64_MAX
   if ((a0 + 3) * Wide(period->docs) * 6 > Wide(docs)) return std::nullopt;  // a sixth of the documents
   std::array<std::vector<HaloCounts>, 3> f;
-  for (std::size_t k = 0; k < f.size(); ++k) {
-    CpConfig part = config;
+  CpConfig part = config;  // one copy of the documents, cut shorter for each sweep
+  for (std::size_t k = f.size(); k-- > 0;) {
     part.cu_seqlens.resize((std::size_t(a0) + k) * period->docs + rest + 1);
     const std::int64_t s = part.cu_seqlens.back();
     std::optional<std::vector<HaloCounts>> h =
@@ -736,10 +736,11 @@ HaloCounts walked_halo_counts(int members, int me, const std::function<std::vect
 }
 
 HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq) {
-  const AttentionParams p = attention_params(config);
-  const std::int64_t right = p.causal ? 0 : p.window_right;
+  // The window from the config, not attention_params: that copies the documents' boundaries, a
+  // member at a time (a million documents at cp 1024: 8 GB copied).
+  const std::int64_t right = config.causal ? 0 : config.window_right;
   const std::optional<EvenRuns> e = even_runs(config, cp, width, seq);
-  if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, p.window_left, right);
+  if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, config.window_left, right);
   if (const auto swept = swept_members(config, cp, width, seq)) return (*swept)[std::size_t(member)];
   const auto chunks_of = [&](int g) {  // member g: the chunks of its `width` ranks
     std::vector<SeqChunk> c;
@@ -747,7 +748,7 @@ HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, st
       for (const SeqChunk& x : rank_chunks(config, cp, r, seq)) c.push_back(x);
     return c;
   };
-  return walked_halo_counts(cp / width, member, chunks_of, p);
+  return walked_halo_counts(cp / width, member, chunks_of, attention_params(config));
 }
 
 std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq) {

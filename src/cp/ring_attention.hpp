@@ -80,6 +80,9 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
 
 // True when `params`' window bounds the keys on both sides: the halo exchange replaces the ring.
 bool uses_halo(const AttentionParams& params);
+// The same from the config: attention_params would copy the documents' boundaries (the planner
+// asks for every rank).
+bool uses_halo(const CpConfig& config);
 
 // The rows of `keys` (a member's chunks) that the chunks `queries` can see under a bounded
 // window: per key chunk, the hull of the queries' bands inside it, in the keys' order.
