@@ -2,6 +2,7 @@
 // which keys each member's queries see, and against asking the members (the walk the closed form
 // replaced, still the path of per-document layouts).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -191,6 +192,83 @@ TEST(HaloVolume, PartnersBySegmentsEqualStampsAndBitSets) {
           EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *stamps);
         }
       }
+}
+
+TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {
+  // Documents whose lengths repeat (COUNTxLENGTH packings) are cut the same way once the longer
+  // chunks' runs come back to their ranks: the counts of a few repetitions, extrapolated, against
+  // the sweep of every piece, on random patterns, cut short of a whole repetition, with windows
+  // near multiples of the pattern's tokens (where a piece's reach crosses one repetition more).
+  std::mt19937_64 rng(47);
+  int extrapolated = 0;
+  for (const int cp : {2, 3, 4, 8, 12, 16})
+    for (const int width : {1, 2, 4})
+      for (int trial = 0; trial < 8; ++trial) {
+        if (cp % width != 0) continue;
+        std::vector<std::int64_t> pattern(1 + rng() % 3);
+        for (std::int64_t& n : pattern) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 7ull));
+        pattern.back() += 1;  // some tokens in every repetition
+        std::int64_t tokens = 0;
+        for (const std::int64_t n : pattern) tokens += n;
+        std::vector<std::int64_t> lengths;
+        const std::size_t docs = 1500 + rng() % 1500;
+        for (std::size_t i = 0; i < docs; ++i) lengths.push_back(pattern[i % pattern.size()]);
+        CpConfig cfg{"p2p", {}, true, std::nullopt};
+        cfg.cu_seqlens = cu_seqlens_of(lengths);
+        const std::int64_t s = cfg.cu_seqlens.back();
+        for (const std::int64_t left :
+             {std::int64_t(0), std::int64_t(1), tokens - 1, tokens, tokens + 1, 2 * tokens, cp * tokens - 1,
+              cp * tokens, std::int64_t(rng() % std::uint64_t(4 * tokens))}) {
+          cfg.window_left = left;
+          const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+          ASSERT_TRUE(want.has_value());
+          const auto got = periodic_halo_counts(cfg, cp, width, s);
+          if (!got) continue;
+          ASSERT_EQ(*got, *want) << fmt::format("cp {} width {} pattern {} docs {} window {}", cp, width,
+                                                fmt::join(pattern, ","), docs, left);
+          EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *want);
+          ++extrapolated;
+        }
+      }
+  EXPECT_GT(extrapolated, 500);
+  // Lengths that do not repeat, or an unbounded window: every piece is swept.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  std::vector<std::int64_t> lengths(3000, 5);
+  lengths[1700] = 6;
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  cfg.window_left = 3;
+  EXPECT_FALSE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
+  lengths[1700] = 5;
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  EXPECT_TRUE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
+  for (const std::int64_t left : {std::int64_t(-1), kUnbounded}) {
+    cfg.window_left = left;
+    EXPECT_FALSE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value()) << left;
+  }
+}
+
+TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
+  // The planner sweeps widths 1, 2, 4, ... of one layout in turn, each width's pieces joined from
+  // the last one's (members of k times the width): the counts against the sweep of pieces built
+  // anew for each width, on random packings that do not repeat (so nothing is extrapolated), the
+  // widths in rising order, skipping some, and back to a width that does not divide the last.
+  std::mt19937_64 rng(53);
+  for (const int cp : {8, 12, 48, 64})
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<std::int64_t> lengths(2 + rng() % 60);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 2ull + cp / 4));
+      lengths.back() = 2 * cp + 1;
+      CpConfig cfg{"p2p", {}, true, std::nullopt};
+      cfg.cu_seqlens = cu_seqlens_of(lengths);
+      cfg.window_left = std::int64_t(1 + rng() % (4 * std::uint64_t(cp)));
+      const std::int64_t s = cfg.cu_seqlens.back();
+      for (const int width : {1, 2, 4, 12, 24, 3, 6, 48, 8, 16, 32, 64}) {
+        if (cp % width != 0) continue;
+        const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+        ASSERT_TRUE(want.has_value());
+        ASSERT_EQ(members_halo_counts(cfg, cp, width, s), *want) << cp << " " << trial << " " << width;
+      }
+    }
 }
 
 TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWindows) {

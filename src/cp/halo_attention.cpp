@@ -39,6 +39,8 @@ void for_each_piece(const std::vector<SeqChunk>& mine, const std::vector<SeqChun
 
 bool uses_halo(const AttentionParams& p) { return p.window_left >= 0 && (p.causal || p.window_right >= 0); }
 
+bool uses_halo(const CpConfig& c) { return c.window_left >= 0 && (c.causal || c.window_right >= 0); }
+
 std::vector<SeqChunk> halo_rows(const std::vector<SeqChunk>& queries, const std::vector<SeqChunk>& keys,
                                 const AttentionParams& p) {
   const std::int64_t left = p.window_left, right = p.causal ? 0 : p.window_right;

@@ -4,12 +4,16 @@
 // asking the members costs O(window / chunk) (at cp 65536 with a window of 4096, 8192 members a
 // rank, 5·10^8 halo computations a plan). Per-document zigzag interleaves every member in every
 // document: it still asks them.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
+#include <numeric>
 #include <optional>
 #include <span>
 
 #include "ring_attention.hpp"
+#include "ulysses/core/error.hpp"
 #include "ulysses/core/ranges.hpp"
 #include "ulysses/core/saturating.hpp"
 #include "ulysses/cp/token_layout.hpp"
@@ -159,19 +163,25 @@ std::optional<EvenRuns> even_runs(const CpConfig& config, int cp, int width, std
   return std::nullopt;
 }
 
-struct Piece {
-  std::int64_t begin, end;
-  int member;
+// The position-sorted pieces, which tile [0, seq) (every token is one rank's): piece i is
+// [begin[i], begin[i + 1]) of member member[i]. Twelve bytes a piece, not a struct's 24 with its
+// end and padding: millions of pieces at 16M tokens, each pass reading them all.
+struct Pieces {
+  std::vector<std::int64_t> begin;  // size() + 1 entries: the last one is the sequence's end
+  std::vector<std::int32_t> member;
+  std::size_t size() const { return member.size(); }
+  std::int64_t end(std::size_t i) const { return begin[i + 1]; }
 };
 
 // The marked pieces among positions [lo, hi) of the position-sorted pieces: how many, and the
 // sum of their starts.
+template <typename Int>
 struct MarkedSpan {
   std::size_t lo, hi;
   std::int64_t count = 0;
-  Wide starts = 0;
-  void take(const Piece& c, bool marked, int sign) {
-    if (marked) count += sign, starts += sign * Wide(c.begin);
+  Int starts = 0;
+  void take(std::int64_t begin, bool marked, int sign) {
+    if (marked) count += sign, starts += sign * Int(begin);
   }
 };
 
@@ -181,90 +191,83 @@ struct MarkedSpan {
 // of t − s to marks starting in [t, s + L] (span `full`), t + L − start to those in (s + L,
 // t + L) (span `part`). As the sweep moves left both spans' ends only fall, so each piece enters
 // and leaves each span once and a mark moved or dropped updates the span holding it: O(pieces)
-// for the whole sweep.
-std::vector<Wide> swept_given(const std::vector<Piece>& p, int members, std::int64_t left) {
-  std::vector<Wide> given(static_cast<std::size_t>(members));
+// for the whole sweep. In `Int`: 64 bits where every sum fits them (swept_given below), as the
+// 128 bits that windows up to INT64_MAX need cost twice the multiplies and adds.
+template <typename Int>
+std::vector<Int> swept_given(const Pieces& p, int members, std::int64_t left) {
+  std::vector<Int> given(static_cast<std::size_t>(members));
   std::vector<std::int64_t> nearest(static_cast<std::size_t>(members), -1);
   std::vector<char> marked(p.size(), 0);
-  MarkedSpan full{p.size(), p.size()}, part{p.size(), p.size()};
+  MarkedSpan<Int> full{p.size(), p.size()}, part{p.size(), p.size()};
   for (std::size_t i = p.size(); i-- > 0;) {
-    const Piece& c = p[i];
-    const Wide x = Wide(c.end) + left, len = c.end - c.begin;
-    if (i + 1 < p.size()) --full.lo, full.take(p[i + 1], marked[i + 1] != 0, 1);
+    const Int x = Int(p.end(i)) + left, len = p.end(i) - p.begin[i];
+    if (i + 1 < p.size()) --full.lo, full.take(p.begin[i + 1], marked[i + 1] != 0, 1);
     // The first pieces starting at or after s + L + 1 (full.hi = part.lo) and at or after t + L
-    // (part.hi): above i, as p[i].begin is below both.
-    for (; full.hi > i + 1 && p[full.hi - 1].begin >= x - len + 1; part.lo = --full.hi) {
-      full.take(p[full.hi - 1], marked[full.hi - 1] != 0, -1);
-      part.take(p[full.hi - 1], marked[full.hi - 1] != 0, 1);
+    // (part.hi): above i, as p.begin[i] is below both.
+    for (; full.hi > i + 1 && p.begin[full.hi - 1] >= x - len + 1; part.lo = --full.hi) {
+      full.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, -1);
+      part.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, 1);
     }
-    for (; part.hi > part.lo && p[part.hi - 1].begin >= x; --part.hi)
-      part.take(p[part.hi - 1], marked[part.hi - 1] != 0, -1);
-    Wide g = len * full.count + x * part.count - part.starts;
-    std::int64_t& own = nearest[std::size_t(c.member)];
+    for (; part.hi > part.lo && p.begin[part.hi - 1] >= x; --part.hi)
+      part.take(p.begin[part.hi - 1], marked[part.hi - 1] != 0, -1);
+    Int g = len * full.count + x * part.count - part.starts;
+    std::int64_t& own = nearest[std::size_t(p.member[i])];
     if (own >= 0) {  // the member's own next piece sends it nothing
       const std::size_t k = std::size_t(own);
-      g -= std::clamp(x - p[k].begin, Wide(0), len);
-      for (MarkedSpan* span : {&full, &part})
-        if (span->lo <= k && k < span->hi) span->take(p[k], true, -1);
+      g -= std::clamp(x - p.begin[k], Int(0), len);
+      for (MarkedSpan<Int>* span : {&full, &part})
+        if (span->lo <= k && k < span->hi) span->take(p.begin[k], true, -1);
       marked[k] = 0;
     }
-    given[std::size_t(c.member)] += g;
+    given[std::size_t(p.member[i])] += g;
     own = std::int64_t(i);
     marked[i] = 1;
   }
   return given;
 }
 
-// Each piece's partners' window (R = 0): the pieces starting in [end, end + L), as [lo, hi) of
-// the position-sorted pieces, by two pointers.
-std::vector<std::pair<std::size_t, std::size_t>> piece_windows(const std::vector<Piece>& p, std::int64_t left) {
-  std::vector<std::pair<std::size_t, std::size_t>> w(p.size());
-  std::size_t lo = 0, hi = 0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    while (hi < p.size() && p[hi].begin < Wide(p[i].end) + left) ++hi;
-    while (lo < hi && p[lo].begin < p[i].end) ++lo;
-    w[i] = {lo, hi};
+// Every member's given rows, in 64 bits where the sweep's terms fit them: positions up to
+// seq + L times counts up to pieces + members (the starts of marked pieces summed), with room.
+std::vector<Wide> swept_given(const Pieces& p, int members, std::int64_t left) {
+  const std::int64_t seq = p.begin.back();
+  if (Wide(seq) + left < (Wide(1) << 62) / (Wide(p.size()) + members + 2)) {
+    const std::vector<std::int64_t> g = swept_given<std::int64_t>(p, members, left);
+    return std::vector<Wide>(g.begin(), g.end());
   }
-  return w;
+  return swept_given<Wide>(p, members, left);
 }
 
-// Partners from every piece's window, each member's pieces together, a stamp per member seen:
-// O(pieces + Σ window sizes).
-void partners_by_stamps(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
-                        std::vector<HaloCounts>& h) {
-  std::vector<std::vector<std::size_t>> of(h.size());
-  for (std::size_t i = 0; i < p.size(); ++i) of[std::size_t(p[i].member)].push_back(i);
-  std::vector<std::size_t> seen(h.size(), h.size());
-  for (std::size_t me = 0; me < h.size(); ++me)
-    for (const std::size_t i : of[me])
-      for (std::size_t k = w[i].first; k < w[i].second; ++k) {
-        const std::size_t r = std::size_t(p[k].member);
-        if (r == me || seen[r] == me) continue;
-        seen[r] = me;
-        ++h[me].to;
-        ++h[r].back;
-      }
-}
-
-// The same with a bit set of the window's owners OR-ed into each member's: O(pieces · members / 64)
-// time, members² bits.
-void partners_by_bits(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
-                      std::vector<HaloCounts>& h) {
-  const std::size_t m = h.size(), words = (m + 63) / 64;
-  std::vector<std::uint64_t> to(m * words), window(words);
-  std::vector<std::int64_t> in_window(m);
-  auto flip = [&](std::size_t k, int step) {
-    const std::size_t r = std::size_t(p[k].member);
-    if ((in_window[r] += step) == (step > 0 ? 1 : 0)) window[r / 64] ^= std::uint64_t(1) << (r % 64);
-  };
-  std::size_t lo = 0, hi = 0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    for (; hi < w[i].second; ++hi) flip(hi, 1);
-    for (; lo < w[i].first; ++lo) flip(lo, -1);
-    const std::size_t me = std::size_t(p[i].member);
-    for (std::size_t x = 0; x < words; ++x) to[me * words + x] |= window[x];
+// Each piece's partners' window (R = 0): the pieces starting in [end, end + L), as [i + 1, hi)
+// of the position-sorted pieces (they tile: the next one starts at the end). hi only rises with
+// i, so each pass that reads the windows in position order walks them once, none stored.
+struct WindowCursor {
+  const Pieces& p;
+  std::int64_t left;
+  std::size_t hi = 0;
+  std::size_t operator()(std::size_t i) {
+    hi = std::max(hi, i + 1);
+    while (hi < p.size() && p.begin[hi] < Wide(p.end(i)) + left) ++hi;
+    return hi;
   }
-  for (std::size_t a = 0; a < m; ++a) {
+};
+
+// Which of the segments (member_segments' starts) holds piece k, for k rising.
+struct SegmentCursor {
+  const std::vector<std::size_t>& starts;
+  std::size_t s = 0;
+  std::size_t operator()(std::size_t k) {
+    while (starts[s + 1] <= k) ++s;
+    return s;
+  }
+};
+
+// Members up to which partners may be kept as bit sets (members² bits: 8 MiB).
+constexpr std::size_t kBitMembers = 8192;
+
+// Every member's partners from its row of `words` words of bits (the members it sends to):
+// `to` the row's bits, `back` the columns', its own bit cleared.
+void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::vector<HaloCounts>& h) {
+  for (std::size_t a = 0; a < h.size(); ++a) {
     to[a * words + a / 64] &= ~(std::uint64_t(1) << (a % 64));  // its own pieces in the window
     for (std::size_t x = 0; x < words; ++x)
       for (std::uint64_t bits = to[a * words + x]; bits != 0; bits &= bits - 1) {
@@ -274,15 +277,69 @@ void partners_by_bits(const std::vector<Piece>& p, const std::vector<std::pair<s
   }
 }
 
+// Partners from every piece's window, a stamp per window entry: O(pieces + Σ window sizes). Up
+// to kBitMembers the stamps set bits of the members² in position order (1024 members: 128 KiB,
+// in cache; the pieces read once, in order); beyond, each member's pieces together, a stamp per
+// member seen (the windows' ends kept, read member by member).
+void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+  const std::size_t m = h.size(), words = (m + 63) / 64;
+  WindowCursor window{p, left};
+  if (m <= kBitMembers) {
+    std::vector<std::uint64_t> to(m * words);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      std::uint64_t* row = &to[std::size_t(p.member[i]) * words];
+      for (std::size_t k = i + 1, hi = window(i); k < hi; ++k)
+        row[std::size_t(p.member[k]) / 64] |= std::uint64_t(1) << (std::size_t(p.member[k]) % 64);
+    }
+    return count_partner_bits(to, words, h);
+  }
+  std::vector<std::size_t> at(m + 1, 0), hi(p.size()), order(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) ++at[std::size_t(p.member[i]) + 1];
+  for (std::size_t me = 1; me < at.size(); ++me) at[me] += at[me - 1];
+  std::vector<std::size_t> next(at.begin(), at.end() - 1);
+  for (std::size_t i = 0; i < p.size(); ++i) hi[i] = window(i), order[next[std::size_t(p.member[i])]++] = i;
+  std::vector<std::size_t> seen(m, m);
+  for (std::size_t me = 0; me < m; ++me)
+    for (std::size_t x = at[me]; x < at[me + 1]; ++x)
+      for (std::size_t k = order[x] + 1; k < hi[order[x]]; ++k) {
+        const std::size_t r = std::size_t(p.member[k]);
+        if (r == me || seen[r] == me) continue;
+        seen[r] = me;
+        ++h[me].to;
+        ++h[r].back;
+      }
+}
+
+// The same with a bit set of the window's owners OR-ed into each member's: O(pieces · members / 64)
+// time, members² bits.
+void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+  const std::size_t m = h.size(), words = (m + 63) / 64;
+  std::vector<std::uint64_t> to(m * words), window(words);
+  std::vector<std::int64_t> in_window(m);
+  auto flip = [&](std::size_t k, int step) {
+    const std::size_t r = std::size_t(p.member[k]);
+    if ((in_window[r] += step) == (step > 0 ? 1 : 0)) window[r / 64] ^= std::uint64_t(1) << (r % 64);
+  };
+  WindowCursor ends{p, left};
+  std::size_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    for (const std::size_t end = ends(i); hi < end; ++hi) flip(hi, 1);
+    for (; lo < std::min(i + 1, hi); ++lo) flip(lo, -1);
+    const std::size_t me = std::size_t(p.member[i]);
+    for (std::size_t x = 0; x < words; ++x) to[me * words + x] |= window[x];
+  }
+  count_partner_bits(to, words, h);
+}
+
 // The position-sorted pieces as segments (starts, then p.size()) along which the member steps by
 // 0 or 1 in one direction: the owners of any stretch of a segment are the members between its
 // ends'. Per-document zigzag deals each document's chunks in sweeps over the ranks, so a window
 // over thousands of pieces crosses a few segments.
-std::vector<std::size_t> member_segments(const std::vector<Piece>& p) {
+std::vector<std::size_t> member_segments(const Pieces& p) {
   std::vector<std::size_t> starts{0};
   int dir = 0;
   for (std::size_t i = 1; i < p.size(); ++i) {
-    const int d = p[i].member - p[i - 1].member;
+    const int d = p.member[i] - p.member[i - 1];
     if (d == 0 || ((d == 1 || d == -1) && (dir == 0 || dir == d))) {
       dir = d == 0 ? dir : d;
       continue;
@@ -299,27 +356,34 @@ struct Members {
   std::int32_t lo, hi;
 };
 
+// Calls f(i, first, last): piece i's nonempty window [i + 1, hi) and the segments it crosses,
+// in position order.
+template <typename F>
+void for_each_window(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, F&& f) {
+  WindowCursor window{p, left};
+  SegmentCursor first{starts}, last{starts};
+  for (std::size_t i = 0; i + 1 < p.size(); ++i)
+    if (const std::size_t hi = window(i); i + 1 < hi) f(i, first(i + 1), last(hi - 1), hi);
+}
+
 // Every piece's window as intervals of members, one a segment it crosses, grouped by the piece's
 // member (intervals [at[me], at[me + 1]) are member me's): read in position order and placed by
 // counting, where walking each member's pieces in turn reads the pieces out of order (a cache
 // miss each at millions of pieces).
-std::vector<Members> member_intervals(const std::vector<Piece>& p,
-                                      const std::vector<std::pair<std::size_t, std::size_t>>& w,
-                                      const std::vector<std::size_t>& starts, const std::vector<std::size_t>& seg_of,
+std::vector<Members> member_intervals(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
                                       std::vector<std::size_t>& at) {
-  for (std::size_t i = 0; i < p.size(); ++i)
-    if (w[i].first < w[i].second) at[std::size_t(p[i].member) + 1] += seg_of[w[i].second - 1] - seg_of[w[i].first] + 1;
+  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t) {
+    at[std::size_t(p.member[i]) + 1] += s1 - s0 + 1;
+  });
   for (std::size_t me = 1; me < at.size(); ++me) at[me] += at[me - 1];
   std::vector<Members> iv(at.back());
   std::vector<std::size_t> next(at.begin(), at.end() - 1);
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const auto [lo, hi] = w[i];
-    if (lo < hi)
-      for (std::size_t s = seg_of[lo]; s <= seg_of[hi - 1]; ++s) {
-        const int x = p[std::max(starts[s], lo)].member, y = p[std::min(starts[s + 1], hi) - 1].member;
-        iv[next[std::size_t(p[i].member)]++] = {std::min(x, y), std::max(x, y) + 1};
-      }
-  }
+  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
+    for (std::size_t s = s0; s <= s1; ++s) {
+      const int x = p.member[std::max(starts[s], i + 1)], y = p.member[std::min(starts[s + 1], hi) - 1];
+      iv[next[std::size_t(p.member[i])]++] = {std::min(x, y), std::max(x, y) + 1};
+    }
+  });
   return iv;
 }
 
@@ -347,15 +411,46 @@ void partners_by_coverage(const std::vector<Members>& all, const std::vector<std
   for (std::size_t r = 0; r < m; ++r) h[r].back += back[r];
 }
 
+// Sets bits [lo, hi) of a row of bits.
+void set_bits(std::uint64_t* row, std::size_t lo, std::size_t hi) {
+  const std::size_t a = lo / 64, b = (hi - 1) / 64;
+  const std::uint64_t first = ~std::uint64_t(0) << (lo % 64), last = ~std::uint64_t(0) >> (63 - (hi - 1) % 64);
+  if (a == b) {
+    row[a] |= first & last;
+    return;
+  }
+  row[a] |= first;
+  for (std::size_t x = a + 1; x < b; ++x) row[x] = ~std::uint64_t(0);
+  row[b] |= last;
+}
+
+// Partners from each window's members, one interval a segment it crosses, set as a range of
+// bits in the row of the window's member (members² bits, up to kBitMembers), in position order:
+// no intervals stored and placed by member (cp 4096, a window of 32: 2·10^7 of them, 160 MB
+// scattered), a few words an interval.
+void partners_by_segment_bits(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
+                              std::vector<HaloCounts>& h) {
+  const std::size_t words = (h.size() + 63) / 64;
+  std::vector<std::uint64_t> to(h.size() * words);
+  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
+    std::uint64_t* row = &to[std::size_t(p.member[i]) * words];
+    for (std::size_t s = s0; s <= s1; ++s) {
+      const int x = p.member[std::max(starts[s], i + 1)], y = p.member[std::min(starts[s + 1], hi) - 1];
+      set_bits(row, std::size_t(std::min(x, y)), std::size_t(std::max(x, y)) + 1);
+    }
+  });
+  count_partner_bits(to, words, h);
+}
+
 // Partners from each member's windows as intervals of members, one a segment a window crosses,
 // merged; `back` by a difference array over the merged intervals. O(pieces + Σ segments crossed
 // · log): the count does not grow with the windows' lengths.
-void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pair<std::size_t, std::size_t>>& w,
-                          const std::vector<std::size_t>& starts, const std::vector<std::size_t>& seg_of,
+void partners_by_segments(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
                           std::vector<HaloCounts>& h) {
   const std::size_t m = h.size();
+  if (m <= kBitMembers) return partners_by_segment_bits(p, left, starts, h);
   std::vector<std::size_t> at(m + 1, 0);
-  std::vector<Members> all = member_intervals(p, w, starts, seg_of, at);
+  std::vector<Members> all = member_intervals(p, left, starts, at);
   if (Wide(m) * Wide(m) <= 8 * Wide(all.size())) return partners_by_coverage(all, at, h);
   std::vector<std::int64_t> diff(m + 1, 0);
   for (std::size_t me = 0; me < m; ++me) {
@@ -377,58 +472,73 @@ void partners_by_segments(const std::vector<Piece>& p, const std::vector<std::pa
   for (std::size_t r = 0; r < m; ++r) h[r].back += running += diff[r];
 }
 
-// Members up to which partners may be kept as bit sets (members² bits: 8 MiB), and the window
-// sizes summed past which stamps are too slow (a few seconds): beyond both, the members are asked.
-constexpr std::size_t kBitMembers = 8192;
+// The window sizes summed past which stamps are too slow (a few seconds): beyond them and
+// kBitMembers, the members are asked.
 constexpr Wide kMostStamps = Wide(1) << 28;
 // A crossed segment's price in stamps or bit-set words: an interval pushed, sorted and merged,
 // where a stamp is a load and a compare and a word one OR. Segments are taken where they save
 // an order of magnitude (cp 65536, documents of 512, a window of 4096: 2·10^6 crossings against
 // 5·10^8 stamps), not where bit sets are about as cheap (cp 1024: both ~10^7).
 constexpr Wide kSegmentCost = 16;
+// Up to kBitMembers a crossed segment sets a range of bits (partners_by_segment_bits): two loads
+// and a few words, about four stamps.
+constexpr Wide kSegmentBitCost = 4;
+
+// What counting partners `how` costs, in stamps: the windows' sizes summed (`stamps`), the
+// segments they cross (`crossed`), and bit-set words.
+struct PartnerCosts {
+  Wide stamps = 0, crossed = 0, bits = 0;
+};
+
+PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, std::size_t m) {
+  PartnerCosts c;
+  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
+    c.stamps += Wide(hi - i - 1), c.crossed += Wide(s1 - s0 + 1);
+  });
+  c.bits = m > kBitMembers ? c.stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
+  return c;
+}
+
+// Every member's held rows: the union of its pieces' bands [s − L, t) less its own rows.
+void add_held(const Pieces& p, std::int64_t left, std::int64_t seq, std::vector<HaloCounts>& h) {
+  std::vector<std::int64_t> covered(h.size(), 0);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const std::size_t me = std::size_t(p.member[i]);
+    const std::int64_t from = std::max({std::int64_t(0), sat_sub(p.begin[i], left), covered[me]});
+    h[me].held += std::max<std::int64_t>(0, std::min(p.end(i), seq) - from) - (p.end(i) - p.begin[i]);
+    covered[me] = std::max(covered[me], p.end(i));
+  }
+}
 
 // The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
 // held as the union of the member's bands less its own rows, the partners from each piece's
 // window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
-std::optional<std::vector<HaloCounts>> swept_halo_counts(const std::vector<Piece>& p, int members, std::int64_t left,
+std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int members, std::int64_t left,
                                                          std::int64_t seq, PartnerCount how, SweepWork* work) {
-  const std::vector<std::pair<std::size_t, std::size_t>> w = piece_windows(p, left);
   const std::vector<std::size_t> starts = member_segments(p);
-  std::vector<std::size_t> seg_of(p.size());
-  for (std::size_t s = 0; s + 1 < starts.size(); ++s)
-    std::fill(seg_of.begin() + starts[s], seg_of.begin() + starts[s + 1], s);
-  Wide stamps = 0, crossed = 0;
-  for (const auto& [lo, hi] : w)
-    if (lo < hi) stamps += Wide(hi - lo), crossed += Wide(seg_of[hi - 1] - seg_of[lo] + 1);
   const std::size_t m = std::size_t(members);
-  const Wide bits = m > kBitMembers ? stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
+  const PartnerCosts cost = partner_costs(p, left, starts, m);
   if (how == PartnerCount::cheapest) {
-    if (std::min(stamps, crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
-    how = kSegmentCost * crossed < std::min(stamps, bits)
+    if (std::min(cost.stamps, cost.crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
+    how = (m <= kBitMembers ? kSegmentBitCost : kSegmentCost) * cost.crossed < std::min(cost.stamps, cost.bits)
               ? PartnerCount::segments
-              : (stamps <= bits ? PartnerCount::stamps : PartnerCount::bits);
+              : (cost.stamps <= cost.bits ? PartnerCount::stamps : PartnerCount::bits);
   }
   const std::vector<Wide> given = swept_given(p, members, left);
   std::vector<HaloCounts> h(m);
-  std::vector<std::int64_t> covered(m, 0);
-  for (const Piece& c : p) {
-    const std::size_t me = std::size_t(c.member);
-    const std::int64_t from = std::max({std::int64_t(0), sat_sub(c.begin, left), covered[me]});
-    h[me].held += std::max<std::int64_t>(0, std::min(c.end, seq) - from) - (c.end - c.begin);
-    covered[me] = std::max(covered[me], c.end);
-  }
+  add_held(p, left, seq, h);
   for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
   if (work != nullptr)
     *work = {std::int64_t(p.size()),
-             std::int64_t(how == PartnerCount::segments ? crossed
-                          : how == PartnerCount::stamps ? stamps
+             std::int64_t(how == PartnerCount::segments ? cost.crossed
+                          : how == PartnerCount::stamps ? cost.stamps
                                                         : Wide(p.size()) * Wide((m + 63) / 64))};
   if (how == PartnerCount::segments)
-    partners_by_segments(p, w, starts, seg_of, h);
+    partners_by_segments(p, left, starts, h);
   else if (how == PartnerCount::stamps)
-    partners_by_stamps(p, w, h);
+    partners_by_stamps(p, left, h);
   else
-    partners_by_bits(p, w, h);
+    partners_by_bits(p, left, h);
   return h;
 }
 
@@ -441,20 +551,132 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const std::vector<Piece
 // `width` consecutive ranks' chunks (per-document zigzag deals a document's chunks over the
 // ranks in order, then back), so the sweep visits about chunks / width pieces, not chunks, for
 // every split width.
-std::vector<Piece> pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
-  std::vector<Piece> pieces;
+Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  Pieces pieces;
   // At most min(seq, 2·cp) chunks a document, about a width-th of them joined: reserved (and
   // touched only as filled), not grown by copying millions of pieces.
   const std::int64_t docs = std::max<std::int64_t>(1, std::int64_t(config.cu_seqlens.size()) - 1),
                      chunks = std::min(seq, 2 * std::int64_t(cp) * docs);
-  pieces.reserve(std::size_t(chunks / width + 2 * docs + 1));
+  pieces.begin.reserve(std::size_t(chunks / width + 2 * docs + 2));
+  pieces.member.reserve(std::size_t(chunks / width + 2 * docs + 1));
+  std::int64_t end = 0;
   for_each_member_chunk(config, cp, width, seq, [&](int m, const SeqChunk& c) {
-    if (!pieces.empty() && pieces.back().member == m && pieces.back().end == c.begin)
-      pieces.back().end += c.length;
-    else
-      pieces.push_back({c.begin, c.begin + c.length, m});
+    if (c.begin != end) throw Error(fmt::format("halo sweep: a chunk at {} after the chunks up to {}", c.begin, end));
+    end += c.length;
+    if (pieces.member.empty() || pieces.member.back() != m) pieces.begin.push_back(c.begin), pieces.member.push_back(m);
   });
+  pieces.begin.push_back(end);
   return pieces;
+}
+
+// Documents whose lengths repeat every `docs` documents, after which per-document zigzag's cuts
+// are back where they started (each document is dealt from the ranks where the last one left
+// off): every repetition is cut the same way, `tokens` further on.
+struct LayoutPeriod {
+  std::size_t docs;
+  std::int64_t tokens;
+};
+
+// The lengths' smallest period (a prefix function over them, O(documents)), repeated until the
+// runs of longer chunks it deals (heads forward, tails backward) come back to their ranks mod cp.
+std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp) {
+  const std::size_t n = cu.size() - 1;
+  auto length = [&](std::size_t i) { return cu[i + 1] - cu[i]; };
+  std::vector<std::uint32_t> border(n, 0);
+  for (std::size_t i = 1; i < n; ++i) {
+    std::size_t k = border[i - 1];
+    while (k > 0 && length(i) != length(k)) k = border[k - 1];
+    border[i] = std::uint32_t(k + (length(i) == length(k)));
+  }
+  const std::size_t q = n - border[n - 1];
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  std::int64_t heads = 0, tails = 0;
+  for (std::size_t i = 0; i < q; ++i) {
+    const std::int64_t h = std::min<std::int64_t>(length(i) % parts, cp);
+    heads = (heads + h) % cp, tails = (tails + length(i) % parts - h) % cp;
+  }
+  const std::int64_t repeats = std::lcm(cp / std::gcd(heads, std::int64_t(cp)), cp / std::gcd(tails, std::int64_t(cp)));
+  if (Wide(q) * repeats > Wide(n) || cu[q] == 0) return std::nullopt;
+  return LayoutPeriod{q * std::size_t(repeats), repeats * cu[q]};
+}
+
+}  // namespace
+
+// A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
+// partner windows it reads, the band of its member's previous piece): the pieces of a period
+// more than L + a period from both ends count the same as the next period's. So with `a`
+// periods and the r documents left over, each count is f(a) = f(a0) + (a − a0)·(f(a0 + 1) −
+// f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
+// partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq) {
+  const std::int64_t left = config.window_left;
+  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
+    return std::nullopt;
+  const std::optional<LayoutPeriod> period = layout_period(config.cu_seqlens, cp);
+  if (!period) return std::nullopt;
+  const std::size_t docs = config.cu_seqlens.size() - 1, n = docs / period->docs, rest = docs % period->docs;
+  const Wide a0 = 2 * (Wide(left) / period->tokens + 2) + 1;                // a window up to INT64_MAX
+  if ((a0 + 3) * Wide(period->docs) * 6 > Wide(docs)) return std::nullopt;  // a sixth of the documents
+  std::array<std::vector<HaloCounts>, 3> f;
+  CpConfig part = config;  // one copy of the documents, cut shorter for each sweep
+  for (std::size_t k = f.size(); k-- > 0;) {
+    part.cu_seqlens.resize((std::size_t(a0) + k) * period->docs + rest + 1);
+    const std::int64_t s = part.cu_seqlens.back();
+    std::optional<std::vector<HaloCounts>> h =
+        swept_halo_counts(pieces_of(part, cp, width, s), cp / width, left, s, PartnerCount::cheapest, nullptr);
+    if (!h) return std::nullopt;
+    f[k] = std::move(*h);
+  }
+  std::vector<HaloCounts> out(f[0].size());
+  const Wide more = Wide(n) - a0;
+  for (std::size_t m = 0; m < out.size(); ++m) {
+    const std::array<std::int64_t HaloCounts::*, 4> fields{&HaloCounts::given, &HaloCounts::held, &HaloCounts::to,
+                                                           &HaloCounts::back};
+    for (const auto x : fields) {
+      const std::int64_t d = f[1][m].*x - f[0][m].*x;
+      if (f[2][m].*x - f[1][m].*x != d) return std::nullopt;  // not linear: the argument above failed
+      out[m].*x = std::int64_t(f[0][m].*x + more * d);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Members of `k` times the width: each k consecutive members joined into one, and the pieces
+// that become adjacent pieces of one member joined, in place. The planner sweeps the split widths
+// 1, 2, 4, ... in turn: each width's pieces from the last one's in a pass over them, where
+// for_each_member_chunk walks every document's cut again (a third of the sweep at 16M tokens).
+void join_members(Pieces& p, std::int32_t k) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const std::int32_t m = p.member[i] / k;
+    if (n > 0 && p.member[n - 1] == m) continue;
+    p.begin[n] = p.begin[i], p.member[n] = m, ++n;
+  }
+  p.begin[n] = p.begin.back();
+  p.begin.resize(n + 1), p.member.resize(n);
+}
+
+// The pieces of `config`'s layout for members of `width` ranks: the last ones joined when they
+// are of the same documents, cp and seq and `width` is a multiple of their width, else anew.
+const Pieces& member_pieces(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  struct Last {
+    std::vector<std::int64_t> cu;
+    std::int64_t cp = 0, seq = 0;
+    int width = 0;
+    Pieces pieces;
+  };
+  thread_local Last last;
+  if (last.width > 0 && width % last.width == 0 && last.cp == cp && last.seq == seq && last.cu == config.cu_seqlens) {
+    if (width != last.width) join_members(last.pieces, width / last.width);
+  } else {
+    last.pieces = {};  // freed before the new ones are built
+    last = {config.cu_seqlens, cp, seq, width, pieces_of(config, cp, width, seq)};
+  }
+  last.width = width;
+  return last.pieces;
 }
 
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
@@ -472,9 +694,10 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   thread_local Last last;
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
-    std::optional<std::vector<HaloCounts>> swept =
-        swept_halo_counts(pieces_of(config, cp, width, seq), members, config.window_left, seq, PartnerCount::cheapest,
-                          nullptr);
+    std::optional<std::vector<HaloCounts>> swept = periodic_halo_counts(config, cp, width, seq);
+    if (!swept)
+      swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
+                                PartnerCount::cheapest, nullptr);
     if (!swept) return nullptr;
     last = {config.cu_seqlens, sizes, std::move(*swept)};
   }
@@ -513,10 +736,11 @@ HaloCounts walked_halo_counts(int members, int me, const std::function<std::vect
 }
 
 HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, std::int64_t seq) {
-  const AttentionParams p = attention_params(config);
-  const std::int64_t right = p.causal ? 0 : p.window_right;
+  // The window from the config, not attention_params: that copies the documents' boundaries, a
+  // member at a time (a million documents at cp 1024: 8 GB copied).
+  const std::int64_t right = config.causal ? 0 : config.window_right;
   const std::optional<EvenRuns> e = even_runs(config, cp, width, seq);
-  if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, p.window_left, right);
+  if (e && (!e->mirrored || right == 0)) return even_halo(*e, member, config.window_left, right);
   if (const auto swept = swept_members(config, cp, width, seq)) return (*swept)[std::size_t(member)];
   const auto chunks_of = [&](int g) {  // member g: the chunks of its `width` ranks
     std::vector<SeqChunk> c;
@@ -524,7 +748,7 @@ HaloCounts halo_counts(const CpConfig& config, int cp, int width, int member, st
       for (const SeqChunk& x : rank_chunks(config, cp, r, seq)) c.push_back(x);
     return c;
   };
-  return walked_halo_counts(cp / width, member, chunks_of, p);
+  return walked_halo_counts(cp / width, member, chunks_of, attention_params(config));
 }
 
 std::vector<HaloCounts> members_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq) {

@@ -80,6 +80,9 @@ void ring_attention_backward(Communicator& ring, const TensorView& dq, const Ten
 
 // True when `params`' window bounds the keys on both sides: the halo exchange replaces the ring.
 bool uses_halo(const AttentionParams& params);
+// The same from the config: attention_params would copy the documents' boundaries (the planner
+// asks for every rank).
+bool uses_halo(const CpConfig& config);
 
 // The rows of `keys` (a member's chunks) that the chunks `queries` can see under a bounded
 // window: per key chunk, the hull of the queries' bands inside it, in the keys' order.
@@ -118,6 +121,12 @@ struct SweepWork {
 // sweep's work.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const CpConfig& config, int cp, int width, std::int64_t seq,
                                                          PartnerCount how, SweepWork* work = nullptr);
+
+// The same, when the documents' lengths repeat (any COUNTxLENGTH packing): the sweep of a few
+// repetitions extrapolated to all of them (halo_volume.cpp). Empty when they do not repeat often
+// enough to save work (or the window is unbounded).
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq);
 
 // The same by asking members: walks outwards from `me` (chunks_of(r): member r's chunks) until a
 // member exchanges nothing, every member when params has documents. The reference of the closed

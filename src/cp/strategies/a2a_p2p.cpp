@@ -275,7 +275,7 @@ class A2aP2pStrategy final : public Strategy {
     v.groups = subgroups(I, cp);
     add_inner_volume(v, config, key, q, kv_seq, kv_heads, es);
     const std::int64_t per_token = 2 * q.b * key[3] * q.d;  // K and V of this rank's KV heads
-    if (uses_halo(attention_params(config))) {              // outer member g holds its inner group's chunks
+    if (uses_halo(config)) {                                // outer member g holds its inner group's chunks
       add_halo_volume(v, "outer.", halo_of(key, kHaloAt), per_token, es);
       return v;
     }
@@ -288,7 +288,7 @@ class A2aP2pStrategy final : public Strategy {
       return tokens_held(config, cp, first, ranks, seq);
     });
     const int I = config.hierarchical_context_parallel_sizes[0];
-    if (uses_halo(attention_params(config))) put_halo_key(key, kHaloAt, halo_counts(config, cp, I, rank / I, q.s));
+    if (uses_halo(config)) put_halo_key(key, kHaloAt, halo_counts(config, cp, I, rank / I, q.s));
     return key;
   }
   std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
@@ -306,7 +306,7 @@ class A2aP2pStrategy final : public Strategy {
     std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
     for (int r = 0; r < cp; ++r) keys[std::size_t(r)] = ring_key(config, r, q, kv_seq, kv_heads, held);
     const int I = config.hierarchical_context_parallel_sizes[0];
-    if (uses_halo(attention_params(config))) {  // one outer member's counts for its I ranks
+    if (uses_halo(config)) {  // one outer member's counts for its I ranks
       const std::vector<HaloCounts> h = members_halo_counts(config, cp, I, q.s);
       for (int r = 0; r < cp; ++r) put_halo_key(keys[std::size_t(r)], kHaloAt, h[std::size_t(r / I)]);
     }
@@ -353,7 +353,7 @@ class A2aP2pStrategy final : public Strategy {
     const double ring_kv = 2 * kvs * local_kv;  // s_k under cross-attention
     const KernelCalls calls = ring_calls(in, config, I, O);
     const KernelSeconds k = attention_seconds(in, calls, fwd_s);
-    const bool halo = uses_halo(attention_params(config)), bwd = has_backward(in);
+    const bool halo = uses_halo(config), bwd = has_backward(in);
     if (!halo) r.compute_s = k.fwd + k.bwd;
     const RingSeconds t = halo ? halo_seconds(ring_link(in.cluster, O, I), v, "outer.", fwd_s)
                                : ring_seconds(ring_link(in.cluster, O, I), O, ring_kv, bwd ? ring_kv / es * 4 : 0,

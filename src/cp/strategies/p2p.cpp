@@ -55,7 +55,7 @@ class P2pStrategy final : public Strategy {
                            std::int64_t kv_seq, std::int64_t kv_heads, DType dtype) const override {
     CommVolume v;
     const std::int64_t per_token = 2 * q.b * kv_heads * q.d;  // K and V
-    if (uses_halo(attention_params(config))) {
+    if (uses_halo(config)) {
       add_halo_volume(v, "", halo_of(key, 0), per_token, std::int64_t(dtype_size(dtype)));
       return v;
     }
@@ -66,7 +66,7 @@ class P2pStrategy final : public Strategy {
   TrafficKey traffic_key(const CpConfig& config, int cp, int rank, const Shape& q, std::int64_t kv_seq,
                          std::int64_t) const override {
     TrafficKey key{};
-    if (uses_halo(attention_params(config)))
+    if (uses_halo(config))
       put_halo_key(key, 0, halo_counts(config, cp, 1, rank, q.s));
     else
       key[0] = tokens_held(config, cp, (rank + 1) % cp, 1, kv_seq);
@@ -76,7 +76,7 @@ class P2pStrategy final : public Strategy {
   std::vector<TrafficKey> traffic_keys(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,
                                        std::int64_t) const override {
     std::vector<TrafficKey> keys(static_cast<std::size_t>(cp));
-    if (uses_halo(attention_params(config))) {
+    if (uses_halo(config)) {
       const std::vector<HaloCounts> h = members_halo_counts(config, cp, 1, q.s);
       for (int r = 0; r < cp; ++r) put_halo_key(keys[std::size_t(r)], 0, h[std::size_t(r)]);
       return keys;
@@ -99,7 +99,7 @@ class P2pStrategy final : public Strategy {
     const double row = double(in.batch) * double(in.head_dim);
     const double kv_rows = double(in.kv_heads) * double(busiest_kv_tokens(in)) * row;  // s_k under cross-attention
     const double kv = 2 * kv_rows * es;
-    if (uses_halo(attention_params(config))) {  // + the halos received (the busiest rank's)
+    if (uses_halo(config)) {  // + the halos received (the busiest rank's)
       const RingSeconds t = halo_seconds(ring_link(in.cluster, in.cp, 1), volume, "", fwd_s);
       return {t.comm, t.hidden};
     }
