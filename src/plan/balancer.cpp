@@ -223,8 +223,10 @@ std::vector<int> placements(const Cluster& cluster, int world, int size) {
 BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest) {
   BalanceGroup best{firsts.front(), size};
   *busiest = -1;
-  for (int f : firsts) {
-    const double m = *std::max_element(load.begin() + f, load.begin() + f + size);
+  for (int f : firsts) {  // a window stops being read once it is no better than the best
+    const double* x = load.data() + f;
+    double m = x[0];
+    for (int r = 1; r < size && (*busiest < 0 || m < *busiest); ++r) m = std::max(m, x[r]);
     if (*busiest < 0 || m < *busiest) *busiest = m, best.first_rank = f;
   }
   return best;
@@ -333,8 +335,8 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
     for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
     double busiest = 0;
     groups[i] = least_loaded(load, blocks, size[i], &busiest);
-    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r)
-      load[std::size_t(r)] += costs.of(i, size[i]).seconds;
+    const double seconds = costs.of(i, size[i]).seconds;
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += seconds;
   }
   return groups;
 }
