@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,9 +42,15 @@ class CostTable {
   }
 
  private:
+  // Hashed: every sequence asks at each step of every policy (10^6 sequences, ~10^5 pairs).
+  struct Hash {
+    std::size_t operator()(const std::pair<std::int64_t, int>& k) const {
+      return std::hash<std::int64_t>()(k.first * 131071 + k.second);
+    }
+  };
   const BalanceInput& in_;
-  std::map<std::pair<std::int64_t, int>, Cost> cache_;
-  std::map<std::pair<std::int64_t, int>, SequenceCost> full_;
+  std::unordered_map<std::pair<std::int64_t, int>, Cost, Hash> cache_;
+  std::unordered_map<std::pair<std::int64_t, int>, SequenceCost, Hash> full_;
 };
 
 struct Schedule {

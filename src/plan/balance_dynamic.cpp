@@ -154,29 +154,48 @@ double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<in
 }
 
 // LPT's choice for one sequence: the option ending earliest on `load`, ties to less rank·seconds,
-// then to the first. No window's busiest member is below `least` (the least load), so a size
-// whose seconds end past the best even there is skipped, and a size's first window whose busiest
-// member is `least` ends its scan: no later one of that size can end earlier.
+// then to the first. Sizes are read fastest first, so that the best end is low early: no
+// window's busiest member is below `least` (the least load), so a size whose seconds end past the
+// best even there is skipped (on nearly level loads, the many placements of the small sizes),
+// a window as soon as a member ends past the best, and a size's scan at its first window whose
+// busiest member is `least`: no later one of that size ends earlier.
 Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
-  const std::vector<double>& load = ranks.times();
+  struct Size {
+    std::size_t k0;
+    int size;
+    double seconds;
+    const std::vector<int>* firsts;
+  };
+  std::array<Size, 128> sizes;  // size_ladder has at most 113 sizes (world 65536)
+  std::size_t count = 0;
+  list.for_each_size([&](std::size_t k0, int size, double seconds, const std::vector<int>& firsts) {
+    sizes[count++] = {k0, size, seconds, &firsts};
+  });
+  std::stable_sort(sizes.begin(), sizes.begin() + std::ptrdiff_t(count),
+                   [](const Size& a, const Size& b) { return a.seconds < b.seconds; });
   Option best;
-  double best_end = -1;
-  list.for_each_size([&](std::size_t, int size, double seconds, const std::vector<int>& firsts) {
-    if (best_end >= 0 && (least + seconds > best_end ||
-                          (least + seconds == best_end && seconds * size >= best.seconds * best.group.size)))
-      return;
-    ranks.scan(firsts, size, [&](std::size_t p) {
-      const double* x = load.data() + firsts[p];
+  double best_end = -1, best_area = 0;
+  std::size_t best_k = 0;
+  // The option order's key: (end, rank·seconds, index in the list).
+  auto before = [&](double end, double area, std::size_t k) {
+    return best_end < 0 || end < best_end ||
+           (end == best_end && (area < best_area || (area == best_area && k < best_k)));
+  };
+  const std::vector<double>& load = ranks.times();
+  for (std::size_t z = 0; z < count; ++z) {
+    const auto [k0, size, seconds, firsts] = sizes[z];
+    const double area = seconds * size;
+    if (!before(least + seconds, area, k0)) continue;
+    ranks.scan(*firsts, size, [&](std::size_t p) {
+      const double* x = load.data() + (*firsts)[p];
       double m = x[0];
       bool lost = false;
       for (int r = 1; r < size && !lost; ++r) m = std::max(m, x[r]), lost = best_end >= 0 && m + seconds > best_end;
-      const double end = m + seconds;
-      if (!lost &&
-          (best_end < 0 || end < best_end || (end == best_end && seconds * size < best.seconds * best.group.size)))
-        best = {{firsts[p], size}, seconds}, best_end = end;
+      if (!lost && before(m + seconds, area, k0 + p))
+        best = {{(*firsts)[p], size}, seconds}, best_end = m + seconds, best_area = area, best_k = k0 + p;
       return m == least;
     });
-  });
+  }
   return best;
 }
 
@@ -185,15 +204,21 @@ std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& opti
   std::vector<double> fastest(n);
   for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
   Ranks load(in.world);
+  // The least load, kept by blocks of 64 ranks: LPT fills the least-loaded ranks at almost every
+  // step, and a pass over all ranks for the new least cost as much as the choice.
+  const std::vector<double>& t = load.times();
+  std::vector<double> block_least((t.size() + 63) / 64, 0.0);
   std::vector<BalanceGroup> groups(n);
   double least = 0;
   for (std::size_t i : decreasing(fastest)) {
     const Option best = lpt_choice(options[i], load, least);
     groups[i] = best.group;
-    const auto first = load.times().begin() + best.group.first_rank, last = first + best.group.size;
-    const bool held_least = std::find(first, last, least) != last;
+    const auto first = t.begin() + best.group.first_rank, last = first + best.group.size;
     load.fill(best.group.first_rank, best.group.size, *std::max_element(first, last) + best.seconds);
-    if (held_least) least = *std::min_element(load.times().begin(), load.times().end());
+    for (std::size_t b = std::size_t(best.group.first_rank) / 64; b * 64 < std::size_t(last - t.begin()); ++b)
+      block_least[b] = *std::min_element(t.begin() + std::ptrdiff_t(b * 64),
+                                         t.begin() + std::ptrdiff_t(std::min(t.size(), b * 64 + 64)));
+    least = *std::min_element(block_least.begin(), block_least.end());
   }
   return groups;
 }

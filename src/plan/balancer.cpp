@@ -330,11 +330,12 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   }
   std::vector<double> load(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups(n);
+  std::map<int, std::vector<int>> blocks;  // by size: its aligned blocks' first ranks
   for (std::size_t i : decreasing(length)) {
-    std::vector<int> blocks;
-    for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
+    auto [at, fresh] = blocks.try_emplace(size[i]);
+    for (int f = 0; fresh && f + size[i] <= in.world; f += size[i]) at->second.push_back(f);
     double busiest = 0;
-    groups[i] = least_loaded(load, blocks, size[i], &busiest);
+    groups[i] = least_loaded(load, at->second, size[i], &busiest);
     const double seconds = costs.of(i, size[i]).seconds;
     for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += seconds;
   }
