@@ -267,6 +267,47 @@ TEST(Balancer, PlacementClassesReadTheSameWindows) {
   }
 }
 
+// Ranks, as groups fill it at random (long runs, then every rank its own time, then long runs
+// again): its times are those of a plain vector filled alike, and a scan reads a placement of each
+// size only where the placements it skips since the last it read hold the same window, bit for bit
+// (the same busiest member, the same sum in order); with nothing placed, one a size.
+TEST(Balancer, RanksScanOneWindowAClass) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int world = 1 + int(rng() % 300);
+    Cluster cluster;
+    cluster.ranks_per_node = 1 << (rng() % 4);
+    Ranks ranks(world);
+    std::vector<double> plain(std::size_t(world), 0.0);
+    for (int step = 0; step < 600; ++step) {
+      const int size = 1 + int(rng() % std::uint64_t(step % 200 < 100 ? world : std::min(world, 3)));
+      const int first = int(rng() % std::uint64_t(world - size + 1));
+      const double t = step % 200 < 100 ? 0.25 * double(rng() % 3) : double(rng() % 1000) / 7.0;
+      ranks.fill(first, size, t);
+      std::fill(plain.begin() + first, plain.begin() + first + size, t);
+      ASSERT_EQ(ranks.times(), plain);
+      for (int c = 1; c <= world; c += 1 + int(rng() % 7)) {
+        const std::vector<int> firsts = placements(cluster, world, c);
+        std::vector<std::size_t> read;
+        ranks.scan(firsts, c, [&](std::size_t p) { return read.push_back(p), false; });
+        ASSERT_FALSE(firsts.empty() ? !read.empty() : read.empty() || read.front() != 0);
+        read.push_back(firsts.size());
+        for (std::size_t k = 0; k + 1 < read.size(); ++k)
+          for (std::size_t q = read[k] + 1; q < read[k + 1]; ++q) {
+            const auto a = plain.begin() + firsts[read[k]], b = plain.begin() + firsts[q];
+            ASSERT_EQ(*std::max_element(b, b + c), *std::max_element(a, a + c)) << world << " " << c << " " << q;
+            ASSERT_EQ(std::accumulate(b, b + c, 0.0), std::accumulate(a, a + c, 0.0));
+          }
+      }
+    }
+  }
+  Ranks fresh(64);
+  std::size_t read = 0;
+  fresh.scan(placements(Cluster{}, 64, 4), 4, [&](std::size_t) { return ++read, false; });
+  EXPECT_EQ(read, 1u);
+}
+
 TEST(Balancer, Deterministic) {
   std::mt19937_64 rng(7);
   BalanceInput in = small_model(8, random_lengths(rng, 40));

@@ -2,9 +2,12 @@
 // (balance_dynamic.cpp): memoised costs, the execution model, where groups may go.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,9 +42,15 @@ class CostTable {
   }
 
  private:
+  // Hashed: every sequence asks at each step of every policy (10^6 sequences, ~10^5 pairs).
+  struct Hash {
+    std::size_t operator()(const std::pair<std::int64_t, int>& k) const {
+      return std::hash<std::int64_t>()(k.first * 131071 + k.second);
+    }
+  };
   const BalanceInput& in_;
-  std::map<std::pair<std::int64_t, int>, Cost> cache_;
-  std::map<std::pair<std::int64_t, int>, SequenceCost> full_;
+  std::unordered_map<std::pair<std::int64_t, int>, Cost, Hash> cache_;
+  std::unordered_map<std::pair<std::int64_t, int>, SequenceCost, Hash> full_;
 };
 
 struct Schedule {
@@ -76,6 +85,76 @@ void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end)
 // reads the same values in the same order, so its busiest member and its sum are the same bits.
 std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int size,
                             const std::vector<std::uint32_t>& run_end);
+// The ranks' free times (or loads) as the dynamic policy's greedy scans read them, with the runs
+// of equal times kept as groups fill them. While runs are few (steps of equal lengths, the first
+// levels) a scan reads one window a class (balance_dynamic.cpp's for_each_class), the runs'
+// starts kept in an ordered set (a fill erases those inside it and sets its two ends: no pass
+// over the ranks a level, which at 65536 ranks would cost more than the scan); while most ranks
+// differ, classes are single windows and a scan steps window by window, only the number of runs
+// kept.
+class Ranks {
+ public:
+  explicit Ranks(int world) : times_(std::size_t(world), 0.0) {}
+  const std::vector<double>& times() const { return times_; }
+  void fill(int first, int size, double value) {
+    const std::size_t lo = std::size_t(first), hi = lo + std::size_t(size);
+    starts_count_ -= count_starts(lo, hi);
+    std::fill(times_.begin() + std::ptrdiff_t(lo), times_.begin() + std::ptrdiff_t(hi), value);
+    starts_count_ += count_starts(lo, hi);
+    if (classes_) {
+      starts_.erase(starts_.upper_bound(std::uint32_t(lo)), starts_.lower_bound(std::uint32_t(hi)));
+      for (std::size_t r : {lo, hi}) mark_start(r);
+    }
+    // Classes pay while runs are long (a set lookup a class against a window read a placement);
+    // a margin keeps the mode from flapping.
+    if (classes_ && 32 * starts_count_ > times_.size()) classes_ = false, starts_.clear();
+    if (!classes_ && 64 * starts_count_ <= times_.size()) {
+      classes_ = true;
+      for (std::size_t r = 1; r < times_.size(); ++r) mark_start(r);
+    }
+  }
+  // f(p) for each placement p of `firsts` a scan reads (one a class while classes are kept) until
+  // f returns true; the mode is read once, not a placement.
+  template <class F>
+  void scan(const std::vector<int>& firsts, int size, F f) const {
+    if (!classes_) {
+      for (std::size_t p = 0; p < firsts.size(); ++p)
+        if (f(p)) return;
+      return;
+    }
+    for (std::size_t p = 0; p < firsts.size(); p = next(firsts, p, size))
+      if (f(p)) return;
+  }
+
+ private:
+  // The first placement after p whose window may read other values than p's (same_window_end).
+  std::size_t next(const std::vector<int>& firsts, std::size_t p, int size) const {
+    if (!classes_) return p + 1;
+    const auto after = starts_.upper_bound(std::uint32_t(firsts[p]));
+    const std::int64_t run_end = after == starts_.end() ? std::int64_t(times_.size()) : std::int64_t(*after);
+    if (firsts[p] > run_end - size) return p + 1;
+    return std::size_t(std::upper_bound(firsts.begin() + std::ptrdiff_t(p), firsts.end(), run_end - size) -
+                       firsts.begin());
+  }
+  bool starts_run(std::size_t r) const { return r > 0 && r < times_.size() && times_[r] != times_[r - 1]; }
+  void mark_start(std::size_t r) {
+    if (starts_run(r))
+      starts_.insert(std::uint32_t(r));
+    else
+      starts_.erase(std::uint32_t(r));
+  }
+  // Ranks r in [lo, hi] that start a run (0 < r < world, a time other than rank r − 1's).
+  std::size_t count_starts(std::size_t lo, std::size_t hi) const {
+    std::size_t b = 0;
+    for (std::size_t r = std::max<std::size_t>(lo, 1); r <= hi && r < times_.size(); ++r) b += starts_run(r);
+    return b;
+  }
+  std::vector<double> times_;
+  std::set<std::uint32_t> starts_;  // while classes_: every r that starts_run
+  std::size_t starts_count_ = 0;
+  bool classes_ = true;  // all ranks free at 0: one run
+};
+
 // The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
                                          const std::vector<std::vector<BalanceGroup>>& baselines);

@@ -153,39 +153,85 @@ double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<in
   return area / double(in.world);
 }
 
+// LPT's choice for one sequence: the option ending earliest on `load`, ties to less rank·seconds,
+// then to the first. Sizes are read fastest first, so that the best end is low early: no
+// window's busiest member is below `least` (the least load), so a size whose seconds end past the
+// best even there is skipped (on nearly level loads, the many placements of the small sizes),
+// a window as soon as a member ends past the best, and a size's scan at its first window whose
+// busiest member is `least`: no later one of that size ends earlier.
+Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
+  struct Size {
+    std::size_t k0;
+    int size;
+    double seconds;
+    const std::vector<int>* firsts;
+  };
+  std::array<Size, 128> sizes;  // size_ladder has at most 113 sizes (world 65536)
+  std::size_t count = 0;
+  list.for_each_size([&](std::size_t k0, int size, double seconds, const std::vector<int>& firsts) {
+    sizes[count++] = {k0, size, seconds, &firsts};
+  });
+  std::stable_sort(sizes.begin(), sizes.begin() + std::ptrdiff_t(count),
+                   [](const Size& a, const Size& b) { return a.seconds < b.seconds; });
+  Option best;
+  double best_end = -1, best_area = 0;
+  std::size_t best_k = 0;
+  // The option order's key: (end, rank·seconds, index in the list).
+  auto before = [&](double end, double area, std::size_t k) {
+    return best_end < 0 || end < best_end ||
+           (end == best_end && (area < best_area || (area == best_area && k < best_k)));
+  };
+  const std::vector<double>& load = ranks.times();
+  for (std::size_t z = 0; z < count; ++z) {
+    const auto [k0, size, seconds, firsts] = sizes[z];
+    const double area = seconds * size;
+    if (!before(least + seconds, area, k0)) continue;
+    ranks.scan(*firsts, size, [&](std::size_t p) {
+      const double* x = load.data() + (*firsts)[p];
+      double m = x[0];
+      bool lost = false;
+      for (int r = 1; r < size && !lost; ++r) m = std::max(m, x[r]), lost = best_end >= 0 && m + seconds > best_end;
+      if (!lost && before(m + seconds, area, k0 + p))
+        best = {{(*firsts)[p], size}, seconds}, best_end = m + seconds, best_area = area, best_k = k0 + p;
+      return m == least;
+    });
+  }
+  return best;
+}
+
 std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& options) {
   const std::size_t n = options.size();
   std::vector<double> fastest(n);
   for (std::size_t i = 0; i < n; ++i) fastest[i] = options[i].back().seconds;
-  std::vector<double> load(std::size_t(in.world), 0.0);
+  Ranks load(in.world);
+  // The least load, kept by blocks of 64 ranks: LPT fills the least-loaded ranks at almost every
+  // step, and a pass over all ranks for the new least cost as much as the choice.
+  const std::vector<double>& t = load.times();
+  std::vector<double> block_least((t.size() + 63) / 64, 0.0);
   std::vector<BalanceGroup> groups(n);
-  std::vector<std::uint32_t> run_end;
+  double least = 0;
   for (std::size_t i : decreasing(fastest)) {
-    Option best;
-    double best_end = -1;
-    // Ties go to the first option: one of a class is as good as the others.
-    run_ends(load, run_end);
-    for_each_class(options[i], run_end, [&](const Option& o, std::size_t, std::size_t) {
-      const auto first = load.begin() + o.group.first_rank;
-      const double end = *std::max_element(first, first + o.group.size) + o.seconds;
-      if (best_end < 0 || end < best_end ||
-          (end == best_end && o.seconds * o.group.size < best.seconds * best.group.size))
-        best = o, best_end = end;
-    });
+    const Option best = lpt_choice(options[i], load, least);
     groups[i] = best.group;
-    std::fill(load.begin() + best.group.first_rank, load.begin() + best.group.first_rank + best.group.size, best_end);
+    const auto first = t.begin() + best.group.first_rank, last = first + best.group.size;
+    load.fill(best.group.first_rank, best.group.size, *std::max_element(first, last) + best.seconds);
+    for (std::size_t b = std::size_t(best.group.first_rank) / 64; b * 64 < std::size_t(last - t.begin()); ++b)
+      block_least[b] = *std::min_element(t.begin() + std::ptrdiff_t(b * 64),
+                                         t.begin() + std::ptrdiff_t(std::min(t.size(), b * 64 + 64)));
+    least = *std::min_element(block_least.begin(), block_least.end());
   }
   return groups;
 }
 
 // `groups`' sizes placed again in index order, each where its members are free earliest.
-std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const std::vector<BalanceGroup>& sized,
+std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const Placements& firsts,
+                                             const std::vector<BalanceGroup>& sized,
                                              const std::vector<double>& seconds) {
   std::vector<double> free(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups;
   for (std::size_t i = 0; i < sized.size(); ++i) {
     double start = 0;
-    groups.push_back(least_loaded(free, placements(in.model.cluster, in.world, sized[i].size), sized[i].size, &start));
+    groups.push_back(least_loaded(free, firsts[std::size_t(sized[i].size)], sized[i].size, &start));
     std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size,
               start + seconds[i]);
   }
@@ -399,8 +445,65 @@ std::vector<BeamState> beam_level(std::vector<BeamChild>& children, const std::v
   return next;
 }
 
+// The beam of width 1 (large steps: most of the search's time at the planner's limits) without
+// the children: the one state's best child by the beam's order (bound, then total, then the
+// first option), the same choice beam_level makes, found by reading each option's window
+// directly and skipping what cannot win. A size is skipped when a lower bound of its every
+// child already loses: its options' totals are at least total + size·seconds (the idle time
+// inside a window only adds), less a margin far above the rounding of the expression; a
+// placement, as soon as its window's latest member puts its end past the best bound; and while
+// runs of equal free times are few, every window of a class after its first (see Ranks).
+struct GreedyBest {
+  double bound = 0, total = 0, end = 0;
+  BalanceGroup group;
+  bool any = false;
+  bool beats(double b, double t) const { return !any || b < bound || (b == bound && t < total); }
+};
+
+// The best child of the state (free, most, total) at sequence i, into `best`.
+void greedy_child(const BeamShape& shape, const OptionList& list, const Ranks& ranks, double most, double total,
+                  std::size_t i, bool area_bound, GreedyBest& best) {
+  const std::vector<double>& free = ranks.times();
+  const double world = double(free.size()), rest = shape.rest[i + 1];
+  list.for_each_size([&](std::size_t, int size, double seconds, const std::vector<int>& firsts) {
+    const double c = double(size);
+    const double least_total = total + c * seconds - 1e-12 * (c + 4) * (total + 2 * c * (most + seconds) + 1);
+    const double least_most = std::max(most, seconds);
+    const double least = area_bound ? std::max(least_most, (least_total + rest) / world) : least_most;
+    if (best.any && (least > best.bound || (least >= best.bound && least_total > best.total))) return;
+    ranks.scan(firsts, size, [&](std::size_t p) {
+      const double* x = free.data() + firsts[p];
+      double m = x[0];
+      bool lost = false;
+      for (int r = 1; r < size && !lost; ++r) m = std::max(m, x[r]), lost = best.any && m + seconds > best.bound;
+      const double end = m + seconds, next_most = std::max(most, end);
+      if (lost || (best.any && next_most > best.bound)) return false;
+      const double t = total + end * size - std::accumulate(x, x + size, 0.0);
+      const double bound = area_bound ? std::max(next_most, (t + rest) / world) : next_most;
+      if (best.beats(bound, t)) best = {bound, t, end, {firsts[p], size}, true};
+      return false;
+    });
+  });
+}
+
+std::vector<BalanceGroup> greedy_groups(const BeamShape& shape, const Options& options, int world, bool area_bound) {
+  Ranks free(world);
+  double most = 0, total = 0;
+  std::vector<BalanceGroup> groups(options.size());
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    GreedyBest best;
+    greedy_child(shape, options[i], free, most, total, i, area_bound, best);
+    groups[i] = best.group;
+    free.fill(best.group.first_rank, best.group.size, best.end);
+    most = std::max(most, best.end);
+    total = best.total;
+  }
+  return groups;
+}
+
 std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& options, bool area_bound) {
   const BeamShape shape = beam_shape(in, options);
+  if (shape.width == 1 && !(area_bound && shape.look_ahead)) return greedy_groups(shape, options, in.world, area_bound);
   std::vector<BeamState> beam(1), spare;
   beam[0].free.assign(std::size_t(in.world), 0.0);
   beam[0].hash = hash_of(beam[0].free);
@@ -417,10 +520,31 @@ std::vector<BalanceGroup> beam_groups(const BalanceInput& in, const Options& opt
 // The most simulated rank-steps (sequence × member updates) the local search may spend.
 constexpr double kSearchBudget = 4e7;
 
+// Sequences from.. to − 1 of `groups` run on ranks free at `finish`, as simulate runs them: the
+// local search moves one sequence at a time, so what runs before it is run once for all its moves.
+void run_sequences(std::vector<double>& finish, const std::vector<BalanceGroup>& groups,
+                   const std::vector<double>& seconds, std::size_t from, std::size_t to) {
+  for (std::size_t i = from; i < to; ++i) {
+    const auto first = finish.begin() + groups[i].first_rank, last = first + groups[i].size;
+    std::fill(first, last, *std::max_element(first, last) + seconds[i]);
+  }
+}
+
+// simulate's step and finish sum (the local search ranks by nothing else) for `groups` whose
+// sequences before `from` leave the ranks free at `before`.
+void simulate_after(const std::vector<double>& before, const std::vector<BalanceGroup>& groups,
+                    const std::vector<double>& seconds, std::size_t from, Schedule& s) {
+  s.finish.assign(before.begin(), before.end());
+  run_sequences(s.finish, groups, seconds, from, groups.size());
+  s.step = *std::max_element(s.finish.begin(), s.finish.end());
+  s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
+}
+
 void improve(const BalanceInput& in, const Options& options, std::vector<BalanceGroup>& groups,
              std::vector<double>& seconds) {
   const std::size_t n = groups.size();
   Schedule cur = simulate(in.world, groups, seconds), s, best_sched;
+  std::vector<double> before;
   double spent = 0, cost = double(in.world);  // rank-steps of one simulation
   for (const BalanceGroup& g : groups) cost += g.size;
   for (bool moved = true; moved && spent < kSearchBudget;) {
@@ -434,12 +558,15 @@ void improve(const BalanceInput& in, const Options& options, std::vector<Balance
       BalanceGroup best = was;
       double best_s = was_s;
       best_sched = cur;
+      bool ran_before = false;  // `before`: the ranks' free times once sequences 0.. i − 1 ran
       for (const Option& o : options[i]) {
         if (o.group == was) continue;
         if (spent >= kSearchBudget) break;
+        if (!ran_before) before.assign(std::size_t(in.world), 0.0), run_sequences(before, groups, seconds, 0, i);
+        ran_before = true;
         groups[i] = o.group;
         seconds[i] = o.seconds;
-        simulate(in.world, groups, seconds, s);
+        simulate_after(before, groups, seconds, i, s);
         spent += cost;
         if (s.better_than(best_sched)) best = o.group, best_s = o.seconds, best_sched = s;
       }
@@ -481,7 +608,7 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
     candidates.push_back(beam_groups(in, options, true));
     candidates.push_back(beam_groups(in, options, false));
     candidates.push_back(lpt_groups(in, options));
-    candidates.push_back(index_order_groups(in, candidates.back(), seconds_of(candidates.back(), costs)));
+    candidates.push_back(index_order_groups(in, firsts, candidates.back(), seconds_of(candidates.back(), costs)));
     set_of.resize(candidates.size(), o);
   }
   candidates.insert(candidates.end(), baselines.begin(), baselines.end());

@@ -28,7 +28,9 @@
 //             of its options, states rank by a lower bound on their final step time (the busiest
 //             rank, or all ranks' time plus the least rank·seconds still to place, over world);
 //             the beam is as wide as a budget allows (up to 256 on small steps, 1 — greedy
-//             earliest-bound list scheduling — on thousands of sequences over 1024 ranks);
+//             earliest-bound list scheduling — on thousands of sequences over 1024 ranks; one
+//             state wide, the best child is found by scanning windows, skipping sizes and
+//             windows that cannot win, not by making every child: the same pick);
 //          3. LPT for malleable jobs: sequences in decreasing cost, each on the (size, placement)
 //             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
 //             the same sizes placed again in index order where the members are free earliest;
@@ -223,8 +225,10 @@ std::vector<int> placements(const Cluster& cluster, int world, int size) {
 BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest) {
   BalanceGroup best{firsts.front(), size};
   *busiest = -1;
-  for (int f : firsts) {
-    const double m = *std::max_element(load.begin() + f, load.begin() + f + size);
+  for (int f : firsts) {  // a window stops being read once it is no better than the best
+    const double* x = load.data() + f;
+    double m = x[0];
+    for (int r = 1; r < size && (*busiest < 0 || m < *busiest); ++r) m = std::max(m, x[r]);
     if (*busiest < 0 || m < *busiest) *busiest = m, best.first_rank = f;
   }
   return best;
@@ -328,13 +332,14 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   }
   std::vector<double> load(std::size_t(in.world), 0.0);
   std::vector<BalanceGroup> groups(n);
+  std::map<int, std::vector<int>> blocks;  // by size: its aligned blocks' first ranks
   for (std::size_t i : decreasing(length)) {
-    std::vector<int> blocks;
-    for (int f = 0; f + size[i] <= in.world; f += size[i]) blocks.push_back(f);
+    auto [at, fresh] = blocks.try_emplace(size[i]);
+    for (int f = 0; fresh && f + size[i] <= in.world; f += size[i]) at->second.push_back(f);
     double busiest = 0;
-    groups[i] = least_loaded(load, blocks, size[i], &busiest);
-    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r)
-      load[std::size_t(r)] += costs.of(i, size[i]).seconds;
+    groups[i] = least_loaded(load, at->second, size[i], &busiest);
+    const double seconds = costs.of(i, size[i]).seconds;
+    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += seconds;
   }
   return groups;
 }
