@@ -1,6 +1,7 @@
 // The balancer (balancer.hpp): its execution model against an independent simulation, dynamic
 // against the brute-force optimum of small instances and against static and pow2, determinism,
 // and bad input; the calibration the trainer gives it (calibrate.hpp).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -378,6 +379,74 @@ TEST(Balancer, BadInputNamesTheRule) {
       "gemm_flops_rate must be finite and >= 0");
   has(error_of([] { parse_policy("best"); }), "'best': expected static, pow2 or dynamic");
   has(error_of([] { predict_plan(small_model(2, {8, 8}), {{0, 2}, {1, 2}}); }), "sequence 1's group [1, 3)");
+}
+
+// Plans with one BalanceCosts shared across worlds (the largest first, so the memo holds sizes
+// above the smaller worlds) and policies, against each call pricing its own: the same plans and
+// errors, bit for bit.
+TEST(Balancer, SharedCostsGiveThePlansOfFreshCosts) {
+  std::mt19937_64 rng(41);
+  for (int trial = 0; trial < 6; ++trial) {
+    BalanceInput in = small_model(32, random_lengths(rng, 12 + int(rng() % 40)));
+    in.cp_comm_type = std::vector<std::string>{"a2a", "p2p", "all_gather", "a2a+p2p"}[trial % 4];
+    in.model.cluster.ranks_per_node = 1 << (rng() % 4);
+    if (trial % 3 == 2) {
+      in.memory_per_rank = [](std::int64_t len, int cp) { return 1000.0 * double((len + cp - 1) / cp); };
+      in.max_memory = 4e6;
+    }
+    BalanceInput shared = in;
+    shared.costs = make_balance_costs();
+    for (int world : {32, 4, 16, 2, 8}) {
+      in.world = shared.world = world;
+      in.dp = shared.dp = 1 << (rng() % 2);
+      for (BalancePolicy p : {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic}) {
+        std::string fresh_error, shared_error;
+        BalancePlan a, b;
+        try {
+          a = balance(in, p);
+        } catch (const Error& e) {
+          fresh_error = e.what();
+        }
+        try {
+          b = balance(shared, p);
+        } catch (const Error& e) {
+          shared_error = e.what();
+        }
+        const std::string where = fmt::format("trial {} world {} {}", trial, world, policy_name(p));
+        EXPECT_EQ(fresh_error, shared_error) << where;
+        EXPECT_EQ(a.groups, b.groups) << where;
+        for (auto v : {&BalancePlan::sequence_seconds, &BalancePlan::rank_seconds, &BalancePlan::rank_memory,
+                       &BalancePlan::rank_bytes})
+          EXPECT_EQ(a.*v, b.*v) << where;  // bit for bit: the same expressions of the same costs
+        EXPECT_EQ(a.step_seconds, b.step_seconds) << where;
+      }
+    }
+  }
+}
+
+// A size above the world is refused with its world's reason, even once a larger world has put
+// that size's cost in the shared memo.
+TEST(Balancer, SharedCostsKeepTheWorldsBound) {
+  BalanceInput in = small_model(16, {4096, 512});
+  in.costs = make_balance_costs();
+  balance(in, BalancePolicy::dynamic);
+  in.world = 4;
+  balance_detail::CostTable costs(in);
+  EXPECT_TRUE(balance_detail::CostTable(BalanceInput(small_model(16, {4096}))).at(4096, 8).valid);
+  EXPECT_FALSE(costs.at(4096, 8).valid);
+  EXPECT_NE(costs.full(0, 8).reason.find("world = 4"), std::string::npos) << costs.full(0, 8).reason;
+  EXPECT_TRUE(costs.at(4096, 4).valid);
+}
+
+TEST(Balancer, SharedCostsOfAnotherModelAreRefused) {
+  const std::string what = error_of([] {
+    BalanceInput in = small_model(8, {512, 1024});
+    in.costs = make_balance_costs();
+    balance(in, BalancePolicy::dynamic);
+    in.model.heads = in.model.kv_heads = 16;
+    balance(in, BalancePolicy::dynamic);
+  });
+  EXPECT_NE(what.find("the shared costs (BalanceInput::costs) were made for another model"), std::string::npos) << what;
 }
 
 // Every rank gets the same measured rates (the slowest rank's), so every rank plans alike; one

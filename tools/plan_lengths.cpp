@@ -272,6 +272,9 @@ int run_plan_lengths(const PlanOptions& o) {
                      {"calibrated", o.calibrate},
                      {"gemm_flops_rate", in.gemm_flops_rate},
                      {"worlds", nlohmann::json::array()}};
+    // Each (length, size) priced once for all the worlds and policies, not once a world and
+    // policy: a smaller world asks the sizes a larger one asked.
+    in.costs = make_balance_costs();
     for (int w : worlds) {
       in.world = w;
       j["worlds"].push_back(plan_world(in));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -13,21 +14,48 @@
 
 #include "ulysses/plan/balancer.hpp"
 
-namespace ulysses::balance_detail {
+namespace ulysses {
 
-// sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
-// The search asks every length at ~8 sizes an octave, so it keeps only the numbers it ranks by
-// (a full SequenceCost, with its config and reason, is 10x larger); `full` memoises the whole
-// cost for the (length, size) pairs a plan ends up using.
-class CostTable {
+// The memo behind CostTable (balancer.hpp says who shares one): the numbers the search ranks by
+// for every (length, size) it asks, the whole cost for those a plan ends up using. Only sizes
+// inside the world are kept, the one way a cost depends on the world.
+class BalanceCosts {
  public:
   struct Cost {
     bool valid = false;
     double seconds = 0;
   };
-  explicit CostTable(const BalanceInput& in) : in_(in) {}
+  // Hashed: every sequence asks at each step of every policy (10^6 sequences, ~10^5 pairs).
+  struct Hash {
+    std::size_t operator()(const std::pair<std::int64_t, int>& k) const {
+      return std::hash<std::int64_t>()(k.first * 131071 + k.second);
+    }
+  };
+  template <class V>
+  using Map = std::unordered_map<std::pair<std::int64_t, int>, V, Hash>;
+  Map<Cost> cost;
+  Map<SequenceCost> full;
+  // What the first input's costs depend on (balancer.cpp's cost_fingerprint): an input whose
+  // fingerprint differs was given a memo made for another model.
+  std::string fingerprint;
+};
+
+}  // namespace ulysses
+
+namespace ulysses::balance_detail {
+
+// sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
+// The search asks every length at ~8 sizes an octave, so it keeps only the numbers it ranks by
+// (a full SequenceCost, with its config and reason, is 10x larger); `full` memoises the whole
+// cost for the (length, size) pairs a plan ends up using. In in.costs when the caller shares one
+// across worlds and policies; sizes outside the world (its own reason) in a memo of this call's.
+class CostTable {
+ public:
+  using Cost = BalanceCosts::Cost;
+  explicit CostTable(const BalanceInput& in)
+      : in_(in), shared_(in.costs ? in.costs : std::make_shared<BalanceCosts>()) {}
   const Cost& at(std::int64_t length, int size) {
-    auto [it, fresh] = cache_.try_emplace({length, size});
+    auto [it, fresh] = memo(size).cost.try_emplace({length, size});
     if (fresh) {
       const SequenceCost c = sequence_cost(in_, length, size);
       it->second = {c.valid, c.seconds};
@@ -36,21 +64,16 @@ class CostTable {
   }
   const Cost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
   const SequenceCost& full(std::size_t i, int size) {
-    auto [it, fresh] = full_.try_emplace({in_.lengths[i], size});
+    auto [it, fresh] = memo(size).full.try_emplace({in_.lengths[i], size});
     if (fresh) it->second = sequence_cost(in_, in_.lengths[i], size);
     return it->second;
   }
 
  private:
-  // Hashed: every sequence asks at each step of every policy (10^6 sequences, ~10^5 pairs).
-  struct Hash {
-    std::size_t operator()(const std::pair<std::int64_t, int>& k) const {
-      return std::hash<std::int64_t>()(k.first * 131071 + k.second);
-    }
-  };
+  BalanceCosts& memo(int size) { return size >= 1 && size <= in_.world ? *shared_ : outside_; }
   const BalanceInput& in_;
-  std::unordered_map<std::pair<std::int64_t, int>, Cost, Hash> cache_;
-  std::unordered_map<std::pair<std::int64_t, int>, SequenceCost, Hash> full_;
+  std::shared_ptr<BalanceCosts> shared_;
+  BalanceCosts outside_;
 };
 
 struct Schedule {

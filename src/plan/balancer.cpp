@@ -44,7 +44,8 @@
 //          prices it exactly, and LPT, the baselines and the local search cover what a narrow
 //          beam misses (worst 1.035x the optimum in the tests). Complexity, n sequences, W
 //          ranks, S candidate sizes (S <= 16 + 8·log2(W/16)), P <= W placements per size:
-//          O(n·S) planner rows (memoised per (len, c)); the beam O(n·B·S·P·W) with B chosen so
+//          O(n·S) planner rows (memoised per (len, c), across a caller's worlds and policies when
+//          it shares BalanceInput::costs); the beam O(n·B·S·P·W) with B chosen so
 //          that stays under kBeamBudget; LPT O(n log n + n·S·P·W); the search <= kSearchBudget.
 // Every choice breaks ties by index, ranks and sizes ascending: the plan is a pure function.
 #include "ulysses/plan/balancer.hpp"
@@ -133,7 +134,42 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   return c;
 }
 
+std::shared_ptr<BalanceCosts> make_balance_costs() { return std::make_shared<BalanceCosts>(); }
+
 namespace {
+
+// What a shared memo's inputs must agree on, as text: the cost of one sequence on one rank (the
+// model's shape, dtype, rates, GEMMs and memory model at cp 1; size 1 is one every plan asks, so
+// the probe fails nowhere a plan would not) and the links and node size no such cost reads.
+std::string cost_fingerprint(const BalanceInput& in) {
+  BalanceInput p;  // every field a cost reads, but not the step (which may be 2^20 lengths)
+  p.model = in.model;
+  p.cp_comm_type = in.cp_comm_type;
+  p.gemm_flops_per_token = in.gemm_flops_per_token;
+  p.gemm_flops_rate = in.gemm_flops_rate;
+  p.memory_per_rank = in.memory_per_rank;
+  p.max_memory = in.max_memory;
+  std::string text;
+  try {
+    const SequenceCost c = sequence_cost(p, 65536, 1);
+    text = fmt::format("{} {} {} {} {}", c.valid, c.reason, c.seconds, c.bytes, c.memory);
+  } catch (const Error& e) {
+    text = e.what();
+  }
+  const Cluster& cl = in.model.cluster;
+  return text + fmt::format(" | {} {} {} {} {} {}", in.cp_comm_type, cl.ranks_per_node, cl.intra.bandwidth,
+                            cl.intra.latency, cl.inter.bandwidth, cl.inter.latency);
+}
+
+void check_shared_costs(const BalanceInput& in) {
+  if (!in.costs) return;
+  const std::string fingerprint = cost_fingerprint(in);
+  if (in.costs->fingerprint.empty()) in.costs->fingerprint = fingerprint;
+  if (fingerprint != in.costs->fingerprint)
+    throw Error(
+        "balance: the shared costs (BalanceInput::costs) were made for another model, strategy, cluster or "
+        "memory cap: share one only between inputs that differ in lengths, world, dp and max_tokens_per_rank");
+}
 
 void check_input(const BalanceInput& in) {
   if (in.lengths.empty()) throw Error("balance: the step has no sequences");
@@ -164,6 +200,7 @@ void check_input(const BalanceInput& in) {
     throw Error(
         fmt::format("balance: max_tokens_per_rank must be >= 0 (0: longest / world), got {}", in.max_tokens_per_rank));
   find_strategy(in.cp_comm_type);
+  check_shared_costs(in);
 }
 
 }  // namespace

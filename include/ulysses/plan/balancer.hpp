@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,18 @@ enum class BalancePolicy {
 // "static" | "pow2" | "dynamic"; parse throws Error naming the text and the choices.
 const char* policy_name(BalancePolicy p);
 BalancePolicy parse_policy(const std::string& text);
+
+// sequence_cost's answers kept by (length, size) across balance() calls. A cost depends on the
+// model, the strategy, the GEMMs and the memory model, not on the world, dp, the step or the
+// policy, so a caller planning one step at several worlds under each policy prices each (length,
+// size) once instead of once a world and policy (with a2a+p2p, whose rows price every
+// factorisation, most of such a plan's time). Every input sharing one must agree on everything
+// but lengths, world, dp and max_tokens_per_rank: balance() throws Error when one sequence's cost
+// on one rank (the model's shape, dtype, rates, GEMMs, memory model and cap), the strategy, the
+// node size or the links differ from the first input's; the rest (a kernel model, a window) is the
+// caller's to keep. Not thread-safe.
+class BalanceCosts;
+std::shared_ptr<BalanceCosts> make_balance_costs();
 
 struct BalanceInput {
   std::vector<std::int64_t> lengths;  // the step's sequences, in loader order (each >= 1)
@@ -55,6 +68,9 @@ struct BalanceInput {
   // pow2 only: the most tokens one rank may hold (Megatron's max_seqlen_per_dp_cp_rank); 0: the
   // longest sequence's tokens over world (so the longest gets every rank).
   std::int64_t max_tokens_per_rank = 0;
+  // Shared by the calls that plan one step at several worlds or policies (BalanceCosts above);
+  // null: each call prices its own.
+  std::shared_ptr<BalanceCosts> costs;
 };
 
 struct BalanceGroup {
