@@ -31,6 +31,19 @@ check_error "dp 3 does not divide the world size 4" --lengths 8x512 --world 4 --
 check_error "pareto" --lengths pareto:4:10:5:1 --world 2 --heads 8
 check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --lengths 1x16384 --world 2 --heads 8 \
   --head-dim 64 --max-memory 1MiB
+# a2a+p2p picks its split [inner, outer] per group: under a cap each group is priced at the most
+# any valid split needs (it crashed on the split it had not picked yet), and stays under the cap.
+if "$bin" plan --lengths 8x65536,64x4096 --world 16 --heads 32 --cp-comm-type a2a+p2p --max-memory 8GiB \
+     --json "$dir/h.json" > "$dir/h.log" 2>&1 &&
+   "$py" - "$dir/h.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for p in j["worlds"][0]["policies"]:
+    assert 0 < p["max_memory_per_rank"] <= 8 * 2**30, p
+PY
+then ok "plan --lengths a2a+p2p under --max-memory"; else bad "plan --lengths a2a+p2p under --max-memory"; cat "$dir/h.log"; fi
+check_error "fits no group under the memory cap" --lengths 8x4096 --world 8 --heads 32 --cp-comm-type a2a+p2p \
+  --max-memory 1GiB
 # The planner's memory is bounded before it plans: a stated limit of sequences x ranks, and what
 # the machine has.
 check_error "are 1024000000 sequence x rank pairs, more than the planner's limit of 134217728" \

@@ -18,6 +18,8 @@
 #include "ulysses/plan/balancer.hpp"
 #include "ulysses/plan/calibrate.hpp"
 #include "ulysses/comm/communicator_factory.hpp"
+#include "ulysses/cp/context_parallel.hpp"
+#include "ulysses/cp/strategy.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/core/lengths.hpp"
 #include "ulysses/core/threads.hpp"
@@ -63,6 +65,27 @@ train::GptConfig model_of(const PlanOptions& o) {
 }
 
 // The balancer's input for `world` ranks (checked: throws Error).
+// a2a+p2p's memory depends on its split [inner, outer] of the group, which the balancer picks
+// by speed after the cap is checked: a group is priced at the most any valid split needs, so a
+// group that fits the cap fits whichever split runs (0 when none is valid: the planner's rows
+// then refuse the group with their own reason).
+double most_memory_of_splits(train::TrainConfig cfg, int cp) {
+  if (cp == 1) return train::predict_memory(cfg, cp).total();
+  double most = 0;
+  const Shape q{cfg.batch, cfg.seq, cfg.model.heads, cfg.model.head_dim};
+  for (int inner = 1; inner <= cp; ++inner) {
+    if (cp % inner != 0) continue;
+    cfg.cp.hierarchical_context_parallel_sizes = {inner, cp / inner};
+    try {
+      validate_cp_config(cfg.cp, cp, q, cfg.model.kv_heads);
+    } catch (const Error&) {
+      continue;
+    }
+    most = std::max(most, train::predict_memory(cfg, cp).total());
+  }
+  return most;
+}
+
 BalanceInput balance_input(const PlanOptions& o, int world) {
   BalanceInput in;
   in.lengths = parse_lengths(o.lengths);
@@ -92,7 +115,8 @@ BalanceInput balance_input(const PlanOptions& o, int world) {
     cfg.cp.cp_comm_type = o.cp_comm_type;
     in.memory_per_rank = [cfg](std::int64_t len, int cp) mutable {
       cfg.seq = len;
-      return train::predict_memory(cfg, cp).total();
+      return find_strategy(cfg.cp.cp_comm_type).hierarchical() ? most_memory_of_splits(cfg, cp)
+                                                               : train::predict_memory(cfg, cp).total();
     };
   }
   return in;
