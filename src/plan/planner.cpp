@@ -184,6 +184,14 @@ PlanInput mode_input(const PlanInput& in) {
   return d;
 }
 
+// mode_input(in), copied into `decode` only when it differs from `in` (decode): the other modes
+// price `in` itself, whose millions of document lengths a copy would fault in again.
+const PlanInput& mode_input(const PlanInput& in, PlanInput& decode) {
+  if (in.mode != PlanMode::decode) return in;
+  decode = mode_input(in);
+  return decode;
+}
+
 // Which term separates the recommended row `b` from the runner-up `n`: the busiest rank's share
 // of the work (load balance), the kernel's rate at the blocks each runs, or exposed communication.
 std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& n) {
@@ -298,7 +306,8 @@ CpConfig plan_tuning(const PlanInput& in, const CpConfig& config) {
 
 std::vector<TuningPlan> plan_tunings(const PlanInput& in_arg) {
   std::vector<TuningPlan> out;
-  const PlanInput in = mode_input(in_arg);
+  PlanInput decode;
+  const PlanInput& in = mode_input(in_arg, decode);
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   std::vector<std::int64_t> cu = documents_cu(in);
   for (const Strategy* strategy : strategies()) {
@@ -442,7 +451,8 @@ Plan make_plan(const PlanInput& in) {
 Plan make_plan(const PlanInput& in_arg, const TieBand& tie) {
   check_tie_band(tie);
   Plan p;
-  const PlanInput in = mode_input(in_arg);
+  PlanInput decode;
+  const PlanInput& in = mode_input(in_arg, decode);
   check_input(in);
   std::vector<std::int64_t> cu = documents_cu(in);
   for (const Strategy* strategy : strategies()) {
