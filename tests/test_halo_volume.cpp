@@ -271,6 +271,26 @@ TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
     }
 }
 
+TEST(HaloVolume, TheLastSweepIsKeptOnlyForTheSameDocuments) {
+  // The sweep of the last documents is kept for the next member asked (a number stands for the
+  // boundaries): document lists of the same count and tokens, asked in turn, each get their own
+  // counts, those of a sweep that keeps nothing.
+  const int cp = 8;
+  const std::vector<std::vector<std::int64_t>> lists{{5, 40, 3, 16}, {40, 5, 3, 16}, {5, 40, 16, 3}};
+  for (int round = 0; round < 2; ++round)
+    for (const int width : {1, 2, 4})  // the same sizes in turn: only the documents tell the sweeps apart
+      for (const auto& lengths : lists) {
+        CpConfig cfg{"p2p", {}, true, std::nullopt};
+        cfg.cu_seqlens = cu_seqlens_of(lengths);
+        cfg.window_left = 6;
+        const std::int64_t s = cfg.cu_seqlens.back();
+        const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+        ASSERT_TRUE(want.has_value());
+        EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *want) << fmt::format("{} {}", lengths, width);
+        EXPECT_EQ(members_halo_counts(cfg, cp, width, s), counted(cfg, cp, width, s));
+      }
+}
+
 TEST(HaloVolume, PackedDocumentsUnderALongWindowAtAWorldOf65536CostPiecesNotWindows) {
   // 256 documents of 512 at cp 65536 under a window of 4096: 131072 one-token pieces, each
   // window 4096 of them (5·10^8 window entries, 65536² bits: the planner asked every member

@@ -163,7 +163,7 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
   EXPECT_DOUBLE_EQ(row(p, "a2a").work_imbalance, 1.0);
   EXPECT_DOUBLE_EQ(row(p, "p2p").work_imbalance, 1.0);  // every document cuts into 16 equal chunks
   EXPECT_GT(row(p, "all_gather").work_imbalance, 1.2);
-  CpConfig plain = row(p, "p2p").config;
+  CpConfig plain = planned_config(in, row(p, "p2p"));
   plain.per_document = false;
   double most = 0, total = 0;  // the ring in plain zigzag, as all_gather
   for (int r = 0; r < 8; ++r) {
@@ -180,6 +180,28 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
   in.documents.back() += 1;
   in.batch = 2;
   EXPECT_THROW(make_plan(in), Error);  // documents need batch 1
+}
+
+TEST(Planner, RowsLeaveTheDocumentsToTheInputAndPlannedConfigAddsThemBack) {
+  // A row keeps its configuration without the documents' boundaries (millions of them would be
+  // copied into every row); planned_config gives the configuration the row was priced with.
+  PlanInput in = gpt(8192, 32, 8, 8);
+  in.documents = {100, 3000, 1, 4091, 1000};
+  in.window_left = 64;
+  const Plan p = make_plan(in);
+  const std::vector<std::int64_t> cu = cu_seqlens_of(in.documents);
+  for (const PlanRow& r : p.rows) {
+    EXPECT_TRUE(r.config.cu_seqlens.empty()) << r.name;
+    const CpConfig c = planned_config(in, r);
+    EXPECT_EQ(c.cu_seqlens, cu) << r.name;
+    EXPECT_EQ(c.window_left, 64) << r.name;
+    if (!r.valid) continue;
+    const CommVolume v = predicted_comm_volume(c, in.cp, {1, 8192, 32, 128}, in.kv_heads, in.dtype, 8192);
+    EXPECT_EQ(r.forward_bytes_per_rank, v.total_forward_bytes()) << r.name;
+    EXPECT_EQ(r.backward_bytes_per_rank, v.total_backward_bytes()) << r.name;
+  }
+  in.mode = PlanMode::decode;  // decode plans one new token: no documents
+  EXPECT_TRUE(planned_config(in, p.rows.front()).cu_seqlens.empty());
 }
 
 TEST(Planner, SlidingWindowRingBytesFollowTheWindowNotTheSequence) {

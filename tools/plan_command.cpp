@@ -770,12 +770,13 @@ int run_plan(const PlanOptions& o) {
     if (comm.rank() == 0) print_calibration(comm.size(), in);
     if (comm.rank() == 0) fmt::print("{}", decode_line);
     for (const PlanRow& r : plan.rows)
-      measured.push_back(r.valid ? measure(comm, in, r.config) * double(in.layers) : -1);
+      measured.push_back(r.valid ? measure(comm, in, planned_config(in, r)) * double(in.layers) : -1);
     plan = plan_with_measured_band(in, plan, measured);
   }
   on_root(comm, [&] {
     print_plan(req, plan, measured);
-    nlohmann::json j = to_json(req, plan, measured);
+    // Built only to be written: it lists every document (16M of them: 0.3 GB of JSON values).
+    nlohmann::json j = o.json.empty() ? nlohmann::json::object() : to_json(req, plan, measured);
     if (in.mode == PlanMode::decode) j["decode"] = report_decode(in, req.row);
     if (o.cached >= 0) j["turn"] = report_turn(in, o.cached);
     if (o.scaling) j["scaling"] = scaling_table(in);

@@ -158,7 +158,9 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
   find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
   check_options(config, find_strategy(config.cp_comm_type));
   check_rank_chunks(config, cp, q.s);
-  const AttentionParams params = attention_params(config);
+  // The window and scale alone: attention_params would copy every document boundary.
+  AttentionParams params;
+  params.scale = config.scale, params.window_left = config.window_left, params.window_right = config.window_right;
   check_window(params);
   check_scale(params);
   if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())

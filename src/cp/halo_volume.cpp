@@ -659,21 +659,36 @@ void join_members(Pieces& p, std::int32_t k) {
   p.begin.resize(n + 1), p.member.resize(n);
 }
 
+// A number for the document boundaries `cu`, the same as the last call's exactly when `cu` is
+// equal to its (compared in full: a memo must never answer for other documents of the same
+// count). The memos below key on it, so the boundaries are copied once (16M documents: 128 MB)
+// and only when they change, not once a memo and again whenever its other keys change.
+std::uint64_t documents_generation(const std::vector<std::int64_t>& cu) {
+  struct Seen {
+    std::vector<std::int64_t> cu;
+    std::uint64_t generation = 0;
+  };
+  thread_local Seen seen;
+  if (seen.generation == 0 || seen.cu != cu) seen.cu = cu, ++seen.generation;
+  return seen.generation;
+}
+
 // The pieces of `config`'s layout for members of `width` ranks: the last ones joined when they
 // are of the same documents, cp and seq and `width` is a multiple of their width, else anew.
 const Pieces& member_pieces(const CpConfig& config, int cp, int width, std::int64_t seq) {
   struct Last {
-    std::vector<std::int64_t> cu;
+    std::uint64_t documents = 0;
     std::int64_t cp = 0, seq = 0;
     int width = 0;
     Pieces pieces;
   };
   thread_local Last last;
-  if (last.width > 0 && width % last.width == 0 && last.cp == cp && last.seq == seq && last.cu == config.cu_seqlens) {
+  const std::uint64_t documents = documents_generation(config.cu_seqlens);
+  if (last.width > 0 && width % last.width == 0 && last.cp == cp && last.seq == seq && last.documents == documents) {
     if (width != last.width) join_members(last.pieces, width / last.width);
   } else {
     last.pieces = {};  // freed before the new ones are built
-    last = {config.cu_seqlens, cp, seq, width, pieces_of(config, cp, width, seq)};
+    last = {documents, cp, seq, width, pieces_of(config, cp, width, seq)};
   }
   last.width = width;
   return last.pieces;
@@ -687,19 +702,20 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   const int members = cp / width;
   if (token_layout(config) != TokenLayout::per_document) return nullptr;
   struct Last {
-    std::vector<std::int64_t> cu;
+    std::uint64_t documents = 0;
     std::array<std::int64_t, 4> sizes{};  // cp, width, seq, window_left
     std::vector<HaloCounts> counts;
   };
   thread_local Last last;
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
-  if (last.counts.empty() || last.sizes != sizes || last.cu != config.cu_seqlens) {
+  const std::uint64_t documents = documents_generation(config.cu_seqlens);
+  if (last.counts.empty() || last.sizes != sizes || last.documents != documents) {
     std::optional<std::vector<HaloCounts>> swept = periodic_halo_counts(config, cp, width, seq);
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
                                 PartnerCount::cheapest, nullptr);
     if (!swept) return nullptr;
-    last = {config.cu_seqlens, sizes, std::move(*swept)};
+    last = {documents, sizes, std::move(*swept)};
   }
   return &last.counts;
 }

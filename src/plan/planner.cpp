@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <map>
+#include <optional>
+#include <utility>
 
 #include "ulysses/kernels/attention.hpp"
 #include "ulysses/cp/comm_volume.hpp"
@@ -57,14 +60,39 @@ double head_imbalance(const PlanInput& in, const Strategy& strategy, const CpCon
   return double(most) * in.cp / double(total);
 }
 
-PlanRow evaluate(const PlanInput& in, const Strategy& strategy, CpConfig cfg) {
-  if (!in.documents.empty()) cfg.cu_seqlens = cu_seqlens_of(in.documents);
-  cfg.window_left = in.window_left;
-  cfg.window_right = in.window_right;
-  cfg.q_offset = in.q_offset;
+// The input's documents' boundaries lent to the configuration a row is priced with, and taken
+// back when it is priced (thrown or not): one copy for all the rows, where each row's own was
+// 128 MB for 16M documents, faulted in and copied again by every pass that took the config.
+class LentDocuments {
+ public:
+  LentDocuments(CpConfig& cfg, std::vector<std::int64_t>& cu) : cfg_(cfg), cu_(cu) { std::swap(cfg_.cu_seqlens, cu_); }
+  ~LentDocuments() { std::swap(cfg_.cu_seqlens, cu_); }
+  LentDocuments(const LentDocuments&) = delete;
+  LentDocuments& operator=(const LentDocuments&) = delete;
+
+ private:
+  CpConfig& cfg_;
+  std::vector<std::int64_t>& cu_;
+};
+
+// The documents' boundaries of `in`, empty without documents.
+std::vector<std::int64_t> documents_cu(const PlanInput& in) {
+  return in.documents.empty() ? std::vector<std::int64_t>{} : cu_seqlens_of(in.documents);
+}
+
+// `config` priced on `in`, whose documents' boundaries are `cu` (empty: none, `config`'s own
+// kept). The row keeps the configuration without the documents (PlanRow::config).
+PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& config, std::vector<std::int64_t>& cu) {
   PlanRow r;
-  r.config = cfg;
-  r.name = strategy.config_name(cfg);
+  r.config = config;
+  r.config.window_left = in.window_left;
+  r.config.window_right = in.window_right;
+  r.config.q_offset = in.q_offset;
+  if (!in.documents.empty()) r.config.cu_seqlens = {};
+  r.name = strategy.config_name(r.config);
+  CpConfig cfg = r.config;
+  std::optional<LentDocuments> lent;
+  if (!in.documents.empty()) lent.emplace(cfg, cu);
   const Shape q{in.batch, in.seq, in.heads, in.head_dim};
   try {
     validate_cp_config(cfg, in.cp, q, in.kv_heads, kv_seq_of(in));
@@ -156,6 +184,14 @@ PlanInput mode_input(const PlanInput& in) {
   return d;
 }
 
+// mode_input(in), copied into `decode` only when it differs from `in` (decode): the other modes
+// price `in` itself, whose millions of document lengths a copy would fault in again.
+const PlanInput& mode_input(const PlanInput& in, PlanInput& decode) {
+  if (in.mode != PlanMode::decode) return in;
+  decode = mode_input(in);
+  return decode;
+}
+
 // Which term separates the recommended row `b` from the runner-up `n`: the busiest rank's share
 // of the work (load balance), the kernel's rate at the blocks each runs, or exposed communication.
 std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& n) {
@@ -173,11 +209,12 @@ std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& 
 // A causal ring over contiguous chunks (--no-zigzag) beside the zigzag one: same bytes, uneven
 // work (the last rank computes the most), shorter kernel blocks. Empty when the strategy's work
 // does not depend on the layout.
-std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& strategy, const PlanRow& zigzag) {
+std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& strategy, const PlanRow& zigzag,
+                                       std::vector<std::int64_t>& cu) {
   if (!in.causal || !uses_zigzag(zigzag.config)) return std::nullopt;
   CpConfig c = zigzag.config;
   c.zigzag = false;
-  PlanRow r = evaluate(in, strategy, c);
+  PlanRow r = evaluate(in, strategy, c, cu);
   if (!r.valid || r.work_imbalance < 1.001 * zigzag.work_imbalance) return std::nullopt;
   r.name += " --no-zigzag";
   return r;
@@ -237,19 +274,25 @@ struct Tunings {
   int best = -1;
 };
 
-Tunings tunings_of(const PlanInput& in_arg, const CpConfig& config) {
-  const PlanInput in = mode_input(in_arg);
-  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+// On `in` as mode_input gives it, checked by plan_input_error, its documents' boundaries `cu`.
+Tunings tunings_on(const PlanInput& in, const CpConfig& config, std::vector<std::int64_t>& cu) {
   const Strategy& strategy = find_strategy(config.cp_comm_type);
   Tunings t;
   t.configs = strategy.tunings(config, in.cp, in.kv_heads);
   for (const CpConfig& c : t.configs) {
-    t.rows.push_back(evaluate(in, strategy, c));
+    t.rows.push_back(evaluate(in, strategy, c, cu));
     if (!t.rows.back().valid) return {};
     if (t.best < 0 || t.rows.back().predicted_step_s < t.rows[std::size_t(t.best)].predicted_step_s)
       t.best = int(t.rows.size()) - 1;
   }
   return t;
+}
+
+Tunings tunings_of(const PlanInput& in_arg, const CpConfig& config) {
+  const PlanInput in = mode_input(in_arg);
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  std::vector<std::int64_t> cu = documents_cu(in);
+  return tunings_on(in, config, cu);
 }
 
 double exposed_s(const PlanRow& r) { return r.comm_s - r.hidden_s; }
@@ -261,10 +304,14 @@ CpConfig plan_tuning(const PlanInput& in, const CpConfig& config) {
   return t.best < 0 ? config : t.configs[std::size_t(t.best)];
 }
 
-std::vector<TuningPlan> plan_tunings(const PlanInput& in) {
+std::vector<TuningPlan> plan_tunings(const PlanInput& in_arg) {
   std::vector<TuningPlan> out;
+  PlanInput decode;
+  const PlanInput& in = mode_input(in_arg, decode);
+  if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
+  std::vector<std::int64_t> cu = documents_cu(in);
   for (const Strategy* strategy : strategies()) {
-    const Tunings t = tunings_of(in, CpConfig{std::string(strategy->name()), {}, in.causal, std::nullopt});
+    const Tunings t = tunings_on(in, CpConfig{std::string(strategy->name()), {}, in.causal, std::nullopt}, cu);
     if (t.best < 0) continue;
     const PlanRow& best = t.rows[std::size_t(t.best)];
     out.push_back({t.configs[std::size_t(t.best)], exposed_s(best), exposed_s(t.rows.front())});
@@ -322,11 +369,27 @@ void check_input(const PlanInput& in) {
 
 void check_plan_input(const PlanInput& in) { check_input(mode_input(in)); }
 
+namespace {
+
+// A strategy's rows on a checked `in` whose documents' boundaries are `cu`.
+std::vector<PlanRow> rows_of(const PlanInput& in, const Strategy& strategy, std::vector<std::int64_t>& cu) {
+  std::vector<PlanRow> rows;
+  for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal)) rows.push_back(evaluate(in, strategy, cfg, cu));
+  return rows;
+}
+
+}  // namespace
+
 std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
   check_input(in);
-  std::vector<PlanRow> rows;
-  for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal)) rows.push_back(evaluate(in, strategy, cfg));
-  return rows;
+  std::vector<std::int64_t> cu = documents_cu(in);
+  return rows_of(in, strategy, cu);
+}
+
+CpConfig planned_config(const PlanInput& in, const PlanRow& row) {
+  CpConfig c = row.config;
+  if (in.mode != PlanMode::decode && !in.documents.empty()) c.cu_seqlens = cu_seqlens_of(in.documents);  // mode_input's
+  return c;
 }
 
 namespace {
@@ -388,12 +451,15 @@ Plan make_plan(const PlanInput& in) {
 Plan make_plan(const PlanInput& in_arg, const TieBand& tie) {
   check_tie_band(tie);
   Plan p;
-  const PlanInput in = mode_input(in_arg);
+  PlanInput decode;
+  const PlanInput& in = mode_input(in_arg, decode);
+  check_input(in);
+  std::vector<std::int64_t> cu = documents_cu(in);
   for (const Strategy* strategy : strategies()) {
-    std::vector<PlanRow> rows = strategy_rows(in, *strategy);
+    std::vector<PlanRow> rows = rows_of(in, *strategy, cu);
     if (const PlanRow* twin = rows.size() == 1 ? &rows.front() : nullptr; twin && twin->valid)
-      if (std::optional<PlanRow> c = contiguous_twin(in, *strategy, *twin)) rows.push_back(*c);
-    p.rows.insert(p.rows.end(), rows.begin(), rows.end());
+      if (std::optional<PlanRow> c = contiguous_twin(in, *strategy, *twin, cu)) rows.push_back(std::move(*c));
+    p.rows.insert(p.rows.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
   }
   const int refused = refuse_by_memory(in, p);
   p.best = choose_best(p, tie);

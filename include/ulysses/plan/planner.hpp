@@ -23,6 +23,8 @@ namespace ulysses {
 class Strategy;
 
 struct PlanRow {
+  // The strategy's configuration with the input's window, without its documents (a copy a row of
+  // millions of boundaries): planned_config adds them back.
   CpConfig config;
   std::string name;  // "a2a", "a2a+p2p [2,8]", ...
   bool valid = false;
@@ -108,6 +110,8 @@ void check_plan_input(const PlanInput& in);
 // make_plan's rows of one strategy alone (its plan_configs at in.cp): what the balancer prices a
 // sequence with, without the other strategies' rows. Throws as make_plan does.
 std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy);
+// The configuration `row` of a plan of `in` was priced with, documents included: what runs it.
+CpConfig planned_config(const PlanInput& in, const PlanRow& row);
 
 // The variant of a validated `config` (Strategy::tunings) whose predicted step time on `in` is
 // the lowest, the first listed on a tie; `config` itself when its strategy has none or one is
