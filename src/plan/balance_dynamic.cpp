@@ -183,7 +183,11 @@ Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
   };
   const std::vector<double>& load = ranks.times();
   for (std::size_t z = 0; z < count; ++z) {
-    const auto [k0, size, seconds, firsts] = sizes[z];
+    // Named copies, not structured bindings: clang before 16 cannot capture those in a lambda.
+    const std::size_t k0 = sizes[z].k0;
+    const int size = sizes[z].size;
+    const double seconds = sizes[z].seconds;
+    const auto* const firsts = sizes[z].firsts;
     const double area = seconds * size;
     if (!before(least + seconds, area, k0)) continue;
     ranks.scan(*firsts, size, [&](std::size_t p) {
