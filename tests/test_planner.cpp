@@ -182,6 +182,23 @@ TEST(Planner, DocumentsSetTheWorkPerRankAndItsBalance) {
   EXPECT_THROW(make_plan(in), Error);  // documents need batch 1
 }
 
+TEST(Planner, TheContiguousRingIsListedWhereItIsFasterThoughBalancedAlike) {
+  // Eight documents of a rank's chunk each: the contiguous ring balances as well as the zigzag
+  // (each rank holds one whole document) and runs longer kernel blocks, so it is its own row,
+  // the faster. Without documents the twin is listed for its imbalance; with full attention
+  // both layouts are contiguous and nothing is listed twice.
+  PlanInput in = gpt(131072, 32, 32, 8);
+  in.cluster.kernel.kv_half = 256;  // short key blocks run slower
+  in.documents.assign(8, 16384);
+  const Plan p = make_plan(in);
+  EXPECT_DOUBLE_EQ(row(p, "p2p --no-zigzag").work_imbalance, row(p, "p2p").work_imbalance);
+  EXPECT_LT(row(p, "p2p --no-zigzag").predicted_step_s, row(p, "p2p").predicted_step_s);
+  in.documents.clear();
+  EXPECT_GT(row(make_plan(in), "p2p --no-zigzag").work_imbalance, 1.5);
+  in.causal = false;
+  for (const PlanRow& r : make_plan(in).rows) EXPECT_EQ(r.name.find("--no-zigzag"), std::string::npos) << r.name;
+}
+
 TEST(Planner, RowsLeaveTheDocumentsToTheInputAndPlannedConfigAddsThemBack) {
   // A row keeps its configuration without the documents' boundaries (millions of them would be
   // copied into every row); planned_config gives the configuration the row was priced with.

@@ -214,6 +214,22 @@ TEST(PlanInference, TimeToFirstTokenIsTheAttentionAndThePromptsRowsCountedByHand
   EXPECT_NEAR(prefill_token_seconds(in, m), 158.1056e-6, 1e-15);
 }
 
+// Under full attention the ring's chunks are contiguous already, so the table lists no
+// --no-zigzag twin: the ring prefill is the p2p row itself, not an invalid path.
+TEST(PlanInference, FullAttentionsRingPrefillIsThePlannersP2pRow) {
+  PlanInput in = counted_input();
+  in.causal = false;
+  const DecodePlan p = plan_decode(in, DecodeModel{128, 344, 256, 5e9});
+  const PrefillRow& ring = test_util::row_where(p.prefill, &PrefillRow::prefill, std::string("ring"));
+  ASSERT_TRUE(ring.valid) << ring.reason;
+  PlanInput prefill = in;
+  prefill.mode = PlanMode::prefill;
+  const Plan plan = make_plan(prefill);
+  const PlanRow& p2p = test_util::row_where(plan.rows, &PlanRow::name, std::string("p2p"));
+  EXPECT_EQ(ring.attention_s, p2p.predicted_step_s);
+  for (const PlanRow& r : plan.rows) EXPECT_NE(r.name, "p2p --no-zigzag");
+}
+
 TEST(PlanInference, PrefillFiguresRefuseNegativeAndNotANumber) {
   const PlanInput in = counted_input();
   for (double bad : {-1.0, std::nan("")}) {

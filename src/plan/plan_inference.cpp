@@ -15,6 +15,10 @@ namespace ulysses {
 
 namespace {
 
+// generate's ring prefill leaves the prompt's chunks in place: the planner's contiguous ring.
+constexpr const char* kNoZigzag = " --no-zigzag";
+constexpr const char* kContiguousRing = "p2p --no-zigzag";
+
 // One layer of a decode step for `batch` requests over `context` tokens on the busiest rank.
 struct StepCost {
   double read_s = 0, compute_s = 0, comm_s = 0, kv_bytes = 0;
@@ -167,8 +171,12 @@ PrefillRow prefill_row(const PlanInput& in, const DecodeModel& m, const char* na
   r.prefill = name;
   r.cp = cp;
   const Plan plan = make_plan(p);
-  const auto it =
-      std::find_if(plan.rows.begin(), plan.rows.end(), [&](const PlanRow& x) { return x.name == strategy; });
+  // The table has no --no-zigzag twin where the layout changes neither balance nor time (full
+  // attention and cross-attention are contiguous already): then its p2p row prices that ring.
+  auto it = std::find_if(plan.rows.begin(), plan.rows.end(), [&](const PlanRow& x) { return x.name == strategy; });
+  if (it == plan.rows.end() && strategy == kContiguousRing)
+    it = std::find_if(plan.rows.begin(), plan.rows.end(),
+                      [&](const PlanRow& x) { return x.name + kNoZigzag == kContiguousRing; });
   if (it == plan.rows.end() || !it->valid) {
     r.reason = it == plan.rows.end() ? fmt::format("no {} row at cp = {}", strategy, cp) : it->reason;
     return r;
@@ -244,7 +252,7 @@ DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
   const std::string ulysses = CpConfig().cp_comm_type;
   p.prefill.push_back(prefill_row(in, row, "cp = 1", 1, ulysses));
   if (in.cp > 1)
-    for (auto [name, strategy] : {std::pair<const char*, std::string>{"ulysses", ulysses}, {"ring", "p2p --no-zigzag"}})
+    for (auto [name, strategy] : {std::pair<const char*, std::string>{"ulysses", ulysses}, {"ring", kContiguousRing}})
       p.prefill.push_back(prefill_row(in, row, name, in.cp, strategy));
   for (std::size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].valid && (p.best < 0 || p.rows[i].step_s < (1 - kPlanTieBand) * p.rows[std::size_t(p.best)].step_s))

@@ -207,15 +207,17 @@ std::string deciding_term(const PlanInput& in, const PlanRow& b, const PlanRow& 
 }
 
 // A causal ring over contiguous chunks (--no-zigzag) beside the zigzag one: same bytes, uneven
-// work (the last rank computes the most), shorter kernel blocks. Empty when the strategy's work
-// does not depend on the layout.
+// work (the last rank computes the most), longer kernel blocks. Empty when the layout changes
+// neither the balance nor the time (documents that each fill a rank's chunk balance either way,
+// and then the longer blocks make the contiguous ring the faster).
 std::optional<PlanRow> contiguous_twin(const PlanInput& in, const Strategy& strategy, const PlanRow& zigzag,
                                        std::vector<std::int64_t>& cu) {
   if (!in.causal || !uses_zigzag(zigzag.config)) return std::nullopt;
   CpConfig c = zigzag.config;
   c.zigzag = false;
   PlanRow r = evaluate(in, strategy, c, cu);
-  if (!r.valid || r.work_imbalance < 1.001 * zigzag.work_imbalance) return std::nullopt;
+  const bool same_time = std::abs(r.predicted_step_s - zigzag.predicted_step_s) <= 1e-3 * zigzag.predicted_step_s;
+  if (!r.valid || (r.work_imbalance < 1.001 * zigzag.work_imbalance && same_time)) return std::nullopt;
   r.name += " --no-zigzag";
   return r;
 }
