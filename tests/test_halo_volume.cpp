@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
 #include <tuple>
 
 #include "cp/ring_attention.hpp"
@@ -245,6 +246,56 @@ TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {
     cfg.window_left = left;
     EXPECT_FALSE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value()) << left;
   }
+}
+
+TEST(HaloVolume, RepeatedDocumentsWithATailExtrapolateTheRepetitionsAndSweepTheTail) {
+  // A repeating packing whose last documents break the pattern (`1048575x16,15,1`): the
+  // repetitions extrapolated, the tail swept after a few of them, against the sweep of every
+  // piece, on random patterns and tails of 1 to a few hundred documents, with windows near
+  // multiples of the pattern's tokens.
+  std::mt19937_64 rng(59);
+  int extrapolated = 0;
+  for (const int cp : {2, 3, 4, 8, 12, 16})
+    for (const int width : {1, 2, 4})
+      for (int trial = 0; trial < 8; ++trial) {
+        if (cp % width != 0) continue;
+        std::vector<std::int64_t> pattern(1 + rng() % 3);
+        for (std::int64_t& n : pattern) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 7ull));
+        pattern.back() += 1;
+        std::int64_t tokens = 0;
+        for (const std::int64_t n : pattern) tokens += n;
+        std::vector<std::int64_t> lengths;
+        const std::size_t docs = 1500 + rng() % 1500, tail = 1 + (trial < 4 ? rng() % 3 : rng() % 200);
+        for (std::size_t i = 0; i < docs; ++i) lengths.push_back(pattern[i % pattern.size()]);
+        for (std::size_t i = 0; i < tail; ++i) lengths.push_back(std::int64_t(rng() % (3ull * cp)));
+        CpConfig cfg{"p2p", {}, true, std::nullopt};
+        cfg.cu_seqlens = cu_seqlens_of(lengths);
+        const std::int64_t s = cfg.cu_seqlens.back();
+        for (const std::int64_t left : {std::int64_t(0), std::int64_t(1), tokens - 1, tokens, tokens + 1, 2 * tokens,
+                                        cp * tokens, std::int64_t(rng() % std::uint64_t(4 * tokens))}) {
+          cfg.window_left = left;
+          const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+          ASSERT_TRUE(want.has_value());
+          const auto got = periodic_halo_counts(cfg, cp, width, s);
+          if (!got) continue;
+          ASSERT_EQ(*got, *want) << fmt::format("cp {} width {} pattern {} docs {} tail {} window {}", cp, width,
+                                                fmt::join(pattern, ","), docs,
+                                                fmt::join(std::span(lengths).subspan(docs), ","), left);
+          EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *want);
+          ++extrapolated;
+        }
+      }
+  EXPECT_GT(extrapolated, 500);
+  // A tail of a sixth of the documents and more costs too much to sweep three times.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  cfg.window_left = 3;
+  std::vector<std::int64_t> lengths(3000, 5);
+  lengths.insert(lengths.end(), {4, 1});
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  EXPECT_TRUE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
+  for (std::size_t i = 0; i < 700; ++i) lengths.push_back(std::int64_t(1 + i % 7 + i % 3));
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  EXPECT_FALSE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
 }
 
 TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {

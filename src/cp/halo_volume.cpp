@@ -571,15 +571,30 @@ Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
 
 // Documents whose lengths repeat every `docs` documents, after which per-document zigzag's cuts
 // are back where they started (each document is dealt from the ranks where the last one left
-// off): every repetition is cut the same way, `tokens` further on.
+// off): every repetition is cut the same way, `tokens` further on. The repetitions hold the first
+// `repeating` documents; those after them (a tail that breaks the pattern: `1048575x16,15,1`) are
+// swept whole, after as many repetitions as the sweep takes.
 struct LayoutPeriod {
   std::size_t docs;
   std::int64_t tokens;
+  std::size_t repeating;
 };
 
-// The lengths' smallest period (a prefix function over them, O(documents)), repeated until the
-// runs of longer chunks it deals (heads forward, tails backward) come back to their ranks mod cp.
-std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp) {
+// The repetitions a sweep of the tail must hold for its counts to extrapolate: a window's
+// repetitions on each side of an inner one (periodic_halo_counts), for a window up to INT64_MAX.
+Wide first_repetitions(std::int64_t left, std::int64_t tokens) { return 2 * (Wide(left) / tokens + 2) + 1; }
+
+// How many times the runs of longer chunks that documents [0, q) deal (heads forward, tails
+// backward) must repeat to come back to their ranks mod cp; heads and tails summed mod cp.
+std::int64_t cut_repeats(std::int64_t heads, std::int64_t tails, int cp) {
+  return std::lcm(cp / std::gcd(heads % cp, std::int64_t(cp)), cp / std::gcd(tails % cp, std::int64_t(cp)));
+}
+
+// The lengths' longest prefix that repeats with a short enough period that three sweeps of a few
+// repetitions and the tail after it cost at most a sixth of the documents: the prefixes' smallest
+// periods (a prefix function over the lengths, O(documents)) only fall as the prefix shortens, so
+// each period is tried at its longest prefix, from the whole list down while the tail is short.
+std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp, std::int64_t left) {
   const std::size_t n = cu.size() - 1;
   auto length = [&](std::size_t i) { return cu[i + 1] - cu[i]; };
   std::vector<std::uint32_t> border(n, 0);
@@ -588,40 +603,51 @@ std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, i
     while (k > 0 && length(i) != length(k)) k = border[k - 1];
     border[i] = std::uint32_t(k + (length(i) == length(k)));
   }
-  const std::size_t q = n - border[n - 1];
+  // The runs' tokens over the first documents, up to the longest period that can pay: a period
+  // repeats at least 5 times (first_repetitions) in each of the sweeps of 6 · (5 + 3) periods.
+  const std::size_t longest = n / 48 + 1;
   const std::int64_t parts = 2 * std::int64_t(cp);
-  std::int64_t heads = 0, tails = 0;
-  for (std::size_t i = 0; i < q; ++i) {
+  std::vector<std::int64_t> heads(longest + 1, 0), tails(longest + 1, 0);
+  for (std::size_t i = 0; i < longest && i < n; ++i) {
     const std::int64_t h = std::min<std::int64_t>(length(i) % parts, cp);
-    heads = (heads + h) % cp, tails = (tails + length(i) % parts - h) % cp;
+    heads[i + 1] = (heads[i] + h) % cp, tails[i + 1] = (tails[i] + length(i) % parts - h) % cp;
   }
-  const std::int64_t repeats = std::lcm(cp / std::gcd(heads, std::int64_t(cp)), cp / std::gcd(tails, std::int64_t(cp)));
-  if (Wide(q) * repeats > Wide(n) || cu[q] == 0) return std::nullopt;
-  return LayoutPeriod{q * std::size_t(repeats), repeats * cu[q]};
+  for (std::size_t k = n; k > 0 && 6 * (n - k) <= n;) {
+    const std::size_t q = k - border[k - 1];
+    if (q <= longest && cu[q] > 0) {
+      const std::int64_t repeats = cut_repeats(heads[q], tails[q], cp);
+      const Wide docs = Wide(q) * repeats, a0 = first_repetitions(left, repeats * cu[q]);
+      if (docs <= Wide(k) && ((a0 + 3) * docs + Wide(n - k)) * 6 <= Wide(n))
+        return LayoutPeriod{std::size_t(docs), repeats * cu[q], k};
+    }
+    while (k > 0 && k - border[k - 1] >= q) --k;  // the longest prefix of a shorter period
+  }
+  return std::nullopt;
 }
 
-}  // namespace
+// Documents [0, count) of `cu` then the documents from `from` on, as boundaries.
+void cut_documents(const std::vector<std::int64_t>& cu, std::size_t count, std::size_t from,
+                   std::vector<std::int64_t>& out) {
+  out.assign(cu.begin(), cu.begin() + std::ptrdiff_t(count) + 1);
+  for (std::size_t i = from; i + 1 < cu.size(); ++i) out.push_back(out.back() + cu[i + 1] - cu[i]);
+}
 
 // A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
 // partner windows it reads, the band of its member's previous piece): the pieces of a period
 // more than L + a period from both ends count the same as the next period's. So with `a`
-// periods and the r documents left over, each count is f(a) = f(a0) + (a − a0)·(f(a0 + 1) −
-// f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
+// periods and the r documents left over (the tail), each count is f(a) = f(a0) + (a − a0)·(f(a0 +
+// 1) − f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
 // partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
-std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
-                                                            std::int64_t seq) {
+std::optional<std::vector<HaloCounts>> extrapolated_counts(const CpConfig& config, int cp, int width,
+                                                           const LayoutPeriod* period) {
+  if (period == nullptr) return std::nullopt;
   const std::int64_t left = config.window_left;
-  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
-    return std::nullopt;
-  const std::optional<LayoutPeriod> period = layout_period(config.cu_seqlens, cp);
-  if (!period) return std::nullopt;
-  const std::size_t docs = config.cu_seqlens.size() - 1, n = docs / period->docs, rest = docs % period->docs;
-  const Wide a0 = 2 * (Wide(left) / period->tokens + 2) + 1;                // a window up to INT64_MAX
-  if ((a0 + 3) * Wide(period->docs) * 6 > Wide(docs)) return std::nullopt;  // a sixth of the documents
+  const std::size_t n = period->repeating / period->docs, rest = period->repeating % period->docs;
+  const Wide a0 = first_repetitions(left, period->tokens);
   std::array<std::vector<HaloCounts>, 3> f;
   CpConfig part = config;  // one copy of the documents, cut shorter for each sweep
   for (std::size_t k = f.size(); k-- > 0;) {
-    part.cu_seqlens.resize((std::size_t(a0) + k) * period->docs + rest + 1);
+    cut_documents(config.cu_seqlens, (std::size_t(a0) + k) * period->docs + rest, period->repeating, part.cu_seqlens);
     const std::int64_t s = part.cu_seqlens.back();
     std::optional<std::vector<HaloCounts>> h =
         swept_halo_counts(pieces_of(part, cp, width, s), cp / width, left, s, PartnerCount::cheapest, nullptr);
@@ -640,6 +666,22 @@ std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& conf
     }
   }
   return out;
+}
+
+// The layout's period, if its documents repeat under a bounded window (layout_period).
+std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64_t seq) {
+  const std::int64_t left = config.window_left;
+  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
+    return std::nullopt;
+  return layout_period(config.cu_seqlens, cp, left);
+}
+
+}  // namespace
+
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq) {
+  const std::optional<LayoutPeriod> period = period_of(config, cp, seq);
+  return extrapolated_counts(config, cp, width, period ? &*period : nullptr);
 }
 
 namespace {
@@ -694,6 +736,21 @@ const Pieces& member_pieces(const CpConfig& config, int cp, int width, std::int6
   return last.pieces;
 }
 
+// The layout's period (period_of) of the last documents, cp, seq and window: the planner asks it
+// at every split width, and finding it reads every document (a prefix function over them).
+// `documents`: documents_generation of config's.
+const LayoutPeriod* memo_period(const CpConfig& config, int cp, std::int64_t seq, std::uint64_t documents) {
+  struct Last {
+    std::uint64_t documents = 0;
+    std::array<std::int64_t, 3> sizes{};  // cp, seq, window_left
+    std::optional<LayoutPeriod> period;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 3> sizes{cp, seq, config.window_left};
+  if (last.documents != documents || last.sizes != sizes) last = {documents, sizes, period_of(config, cp, seq)};
+  return last.period ? &*last.period : nullptr;
+}
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
@@ -710,7 +767,8 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   const std::uint64_t documents = documents_generation(config.cu_seqlens);
   if (last.counts.empty() || last.sizes != sizes || last.documents != documents) {
-    std::optional<std::vector<HaloCounts>> swept = periodic_halo_counts(config, cp, width, seq);
+    std::optional<std::vector<HaloCounts>> swept =
+        extrapolated_counts(config, cp, width, memo_period(config, cp, seq, documents));
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
                                 PartnerCount::cheapest, nullptr);
