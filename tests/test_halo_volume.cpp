@@ -17,6 +17,7 @@
 #include "ulysses/cp/comm_volume.hpp"
 #include "ulysses/cp/context_parallel.hpp"
 #include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/token_layout.hpp"
 #include "ulysses/plan/planner.hpp"
 
 using namespace ulysses;
@@ -193,6 +194,32 @@ TEST(HaloVolume, PartnersBySegmentsEqualStampsAndBitSets) {
           EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *stamps);
         }
       }
+}
+
+TEST(HaloVolume, TheSweepsPiecesOfOneRankAreTheDealtChunksJoined) {
+  // At width 1 the sweep builds its pieces from the documents' cuts, not through
+  // for_each_member_chunk: as many pieces as its chunks make once a member's adjacent ones are
+  // joined, and the counts the tokens give, on random packings (empty documents, documents
+  // shorter than cp, than 2·cp, and many times longer).
+  std::mt19937_64 rng(61);
+  for (const int cp : {1, 2, 3, 5, 8, 16})
+    for (int trial = 0; trial < 30; ++trial) {
+      std::vector<std::int64_t> lengths(1 + rng() % 40);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % std::uint64_t(trial % 3 == 0 ? 12 * cp : 3 * cp));
+      CpConfig cfg{"p2p", {}, true, std::nullopt};
+      cfg.cu_seqlens = cu_seqlens_of(lengths);
+      cfg.window_left = std::int64_t(rng() % std::uint64_t(4 * cp + 2));
+      const std::int64_t s = cfg.cu_seqlens.back();
+      if (s < cp) continue;
+      std::int64_t pieces = 0;
+      int last = -1;
+      for_each_member_chunk(cfg, cp, 1, s, [&](int m, const SeqChunk&) { pieces += m != last, last = m; });
+      SweepWork work;
+      const auto h = swept_halo_counts(cfg, cp, 1, s, PartnerCount::cheapest, &work);
+      ASSERT_TRUE(h.has_value());
+      EXPECT_EQ(work.pieces, pieces) << fmt::format("cp {} lengths {}", cp, fmt::join(lengths, ","));
+      ASSERT_EQ(*h, counted(cfg, cp, 1, s)) << fmt::format("cp {} lengths {}", cp, fmt::join(lengths, ","));
+    }
 }
 
 TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -357,12 +358,15 @@ struct Members {
 };
 
 // Calls f(i, first, last): piece i's nonempty window [i + 1, hi) and the segments it crosses,
-// in position order.
+// in position order; of pieces [lo, to) only, where given.
 template <typename F>
-void for_each_window(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, F&& f) {
+void for_each_window(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, F&& f,
+                     std::size_t lo = 0, std::size_t to = SIZE_MAX) {
+  // The segment holding piece lo + 1 (the last start at or below it), where the cursors begin.
+  const std::size_t s = std::size_t(std::upper_bound(starts.begin(), starts.end(), lo + 1) - starts.begin()) - 1;
   WindowCursor window{p, left};
-  SegmentCursor first{starts}, last{starts};
-  for (std::size_t i = 0; i + 1 < p.size(); ++i)
+  SegmentCursor first{starts, s}, last{starts, s};
+  for (std::size_t i = lo; i + 1 < std::min(p.size(), to); ++i)
     if (const std::size_t hi = window(i); i + 1 < hi) f(i, first(i + 1), last(hi - 1), hi);
 }
 
@@ -490,11 +494,28 @@ struct PartnerCosts {
   Wide stamps = 0, crossed = 0, bits = 0;
 };
 
-PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, std::size_t m) {
+// Pieces past which, up to kBitMembers, the costs are estimated from a sample of them: there
+// every way counts the same partners and the costs only pick the fastest (the windows of 16M
+// pieces read for it: a tenth of the sweep).
+constexpr std::size_t kSampledPieces = std::size_t(1) << 20;
+// The sample: this many blocks, evenly spaced, of a 16th of the pieces in all.
+constexpr std::size_t kSampleBlocks = 64;
+
+PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, std::size_t m,
+                           bool estimate) {
   PartnerCosts c;
-  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
+  auto add = [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
     c.stamps += Wide(hi - i - 1), c.crossed += Wide(s1 - s0 + 1);
-  });
+  };
+  if (estimate && m <= kBitMembers && p.size() > kSampledPieces) {
+    const std::size_t stride = p.size() / kSampleBlocks, block = stride / 16;
+    for (std::size_t b = 0; b < kSampleBlocks; ++b)
+      for_each_window(p, left, starts, add, b * stride, b * stride + block);
+    const Wide sampled = Wide(kSampleBlocks * block);
+    c.stamps = c.stamps * Wide(p.size()) / sampled, c.crossed = c.crossed * Wide(p.size()) / sampled;
+  } else {
+    for_each_window(p, left, starts, add);
+  }
   c.bits = m > kBitMembers ? c.stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
   return c;
 }
@@ -517,7 +538,7 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int me
                                                          std::int64_t seq, PartnerCount how, SweepWork* work) {
   const std::vector<std::size_t> starts = member_segments(p);
   const std::size_t m = std::size_t(members);
-  const PartnerCosts cost = partner_costs(p, left, starts, m);
+  const PartnerCosts cost = partner_costs(p, left, starts, m, work == nullptr);
   if (how == PartnerCount::cheapest) {
     if (std::min(cost.stamps, cost.crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
     how = (m <= kBitMembers ? kSegmentBitCost : kSegmentCost) * cost.crossed < std::min(cost.stamps, cost.bits)
@@ -542,6 +563,49 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int me
   return h;
 }
 
+// Where each member of one rank starts a piece: a piece a run of its chunks, in position order.
+struct PieceWriter {
+  Pieces& p;
+  std::int64_t at = 0;  // the next chunk's first position
+  void add(std::int64_t rank, std::int64_t length) {
+    if (length > 0 && (p.member.empty() || p.member.back() != rank))
+      p.begin.push_back(at), p.member.push_back(std::int32_t(rank));
+    at += length;
+  }
+};
+
+// The pieces of members of one rank, straight from the documents' cuts: what
+// for_each_member_chunk deals at width 1 (its for_each_document_cut: a document of n tokens in
+// 2·cp chunks of n / 2cp, the first chunks of a run of n mod 2cp ranks (up to cp) forward from
+// where the last document's run ended one longer, and the mirror chunks of a run of the rest
+// backward from where the last one's began), with no call through a std::function a chunk: 16M
+// one-token chunks for 16M tokens of short documents, a tenth of the plan.
+Pieces rank_pieces(const std::vector<std::int64_t>& cu, int cp) {
+  Pieces p;
+  const std::int64_t parts = 2 * std::int64_t(cp), docs = std::int64_t(cu.size()) - 1;
+  p.begin.reserve(std::size_t(std::min(cu.back(), parts * docs) + 1));
+  p.member.reserve(p.begin.capacity() - 1);
+  PieceWriter out{p};
+  auto in_run = [&](std::int64_t r, std::int64_t first, std::int64_t count) { return (r - first + cp) % cp < count; };
+  std::int64_t forward = 0, backward = 0;
+  for (std::size_t i = 1; i < cu.size(); ++i) {
+    const std::int64_t n = cu[i] - cu[i - 1], base = n / parts, heads = std::min<std::int64_t>(n % parts, cp),
+                       tails = n % parts - heads, back = (backward - tails + cp) % cp;
+    if (base > 0) {
+      for (std::int64_t r = 0; r < cp; ++r) out.add(r, base + in_run(r, forward, heads));
+      for (std::int64_t r = cp; r-- > 0;) out.add(r, base + in_run(r, back, tails));
+    } else {  // a token on each rank of the runs: those wrapped past cp − 1 come first rising, last falling
+      for (std::int64_t r = 0; r < forward + heads - cp; ++r) out.add(r, 1);
+      for (std::int64_t r = forward; r < std::min<std::int64_t>(forward + heads, cp); ++r) out.add(r, 1);
+      for (std::int64_t r = std::min<std::int64_t>(back + tails, cp); r-- > back;) out.add(r, 1);
+      for (std::int64_t r = back + tails - cp; r-- > 0;) out.add(r, 1);
+    }
+    forward = (forward + heads) % cp, backward = back;
+  }
+  p.begin.push_back(out.at);
+  return p;
+}
+
 // The chunks of `config`'s layout in position order (for_each_member_chunk: a member's adjacent
 // chunks in a document already joined), each run of adjacent chunks of one member joined into
 // one piece: the member holds the same positions, so its
@@ -552,6 +616,10 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int me
 // ranks in order, then back), so the sweep visits about chunks / width pieces, not chunks, for
 // every split width.
 Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  if (width == 1 && token_layout(config) == TokenLayout::per_document) {
+    check_rank_chunks(config, cp, seq);
+    return rank_pieces(config.cu_seqlens, cp);
+  }
   Pieces pieces;
   // At most min(seq, 2·cp) chunks a document, about a width-th of them joined: reserved (and
   // touched only as filled), not grown by copying millions of pieces.
