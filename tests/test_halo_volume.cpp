@@ -327,11 +327,12 @@ TEST(HaloVolume, RepeatedDocumentsWithATailExtrapolateTheRepetitionsAndSweepTheT
 
 TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
   // The planner sweeps widths 1, 2, 4, ... of one layout in turn, each width's pieces joined from
-  // the last one's (members of k times the width): the counts against the sweep of pieces built
-  // anew for each width, on random packings that do not repeat (so nothing is extrapolated), the
-  // widths in rising order, skipping some, and back to a width that does not divide the last.
+  // the last one's (members of k times the width) and its partners folded from the last one's
+  // rows of bits: the counts against the sweep of pieces built anew for each width, on random
+  // packings that do not repeat (so nothing is extrapolated), the widths in rising order,
+  // skipping some, and back to a width that does not divide the last.
   std::mt19937_64 rng(53);
-  for (const int cp : {8, 12, 48, 64})
+  for (const int cp : {8, 12, 48, 64, 192})  // 192: rows of several words
     for (int trial = 0; trial < 6; ++trial) {
       std::vector<std::int64_t> lengths(2 + rng() % 60);
       for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 2ull + cp / 4));

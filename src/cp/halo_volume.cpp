@@ -265,9 +265,18 @@ struct SegmentCursor {
 // Members up to which partners may be kept as bit sets (members² bits: 8 MiB).
 constexpr std::size_t kBitMembers = 8192;
 
+// Every member's row of bits: the members it sends to (members² bits, up to kBitMembers), its
+// own bit cleared once counted. Kept from one split width for the next (fold_rows).
+struct PartnerRows {
+  std::size_t members = 0;
+  std::vector<std::uint64_t> to;
+};
+
 // Every member's partners from its row of `words` words of bits (the members it sends to):
-// `to` the row's bits, `back` the columns', its own bit cleared.
-void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::vector<HaloCounts>& h) {
+// `to` the row's bits, `back` the columns', its own bit cleared. The rows moved into `keep`, if
+// given.
+void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::vector<HaloCounts>& h,
+                        PartnerRows* keep) {
   for (std::size_t a = 0; a < h.size(); ++a) {
     to[a * words + a / 64] &= ~(std::uint64_t(1) << (a % 64));  // its own pieces in the window
     for (std::size_t x = 0; x < words; ++x)
@@ -276,13 +285,33 @@ void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::
         ++h[x * 64 + std::size_t(__builtin_ctzll(bits))].back;
       }
   }
+  if (keep != nullptr) *keep = {h.size(), std::move(to)};
+}
+
+// The rows of members of k times the width (members / k of them): member a's partners are
+// member a / k's once folded (a member of the wider split sends to another exactly when one of
+// its narrower members sends to one of the other's: a joined piece's window is its last
+// piece's, and the pieces of the other starting in it start joined pieces or lie in them, all
+// after the joined piece's end). O(bits set), where sweeping the windows again is O(pieces).
+std::vector<std::uint64_t> fold_rows(const PartnerRows& r, std::size_t k) {
+  const std::size_t m = r.members / k, from = (r.members + 63) / 64, words = (m + 63) / 64;
+  std::vector<std::uint64_t> to(m * words);
+  for (std::size_t a = 0; a < r.members; ++a) {
+    std::uint64_t* row = &to[a / k * words];
+    for (std::size_t x = 0; x < from; ++x)
+      for (std::uint64_t bits = r.to[a * from + x]; bits != 0; bits &= bits - 1) {
+        const std::size_t b = (x * 64 + std::size_t(__builtin_ctzll(bits))) / k;
+        row[b / 64] |= std::uint64_t(1) << (b % 64);
+      }
+  }
+  return to;
 }
 
 // Partners from every piece's window, a stamp per window entry: O(pieces + Σ window sizes). Up
 // to kBitMembers the stamps set bits of the members² in position order (1024 members: 128 KiB,
 // in cache; the pieces read once, in order); beyond, each member's pieces together, a stamp per
 // member seen (the windows' ends kept, read member by member).
-void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size(), words = (m + 63) / 64;
   WindowCursor window{p, left};
   if (m <= kBitMembers) {
@@ -292,7 +321,7 @@ void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCoun
       for (std::size_t k = i + 1, hi = window(i); k < hi; ++k)
         row[std::size_t(p.member[k]) / 64] |= std::uint64_t(1) << (std::size_t(p.member[k]) % 64);
     }
-    return count_partner_bits(to, words, h);
+    return count_partner_bits(to, words, h, keep);
   }
   std::vector<std::size_t> at(m + 1, 0), hi(p.size()), order(p.size());
   for (std::size_t i = 0; i < p.size(); ++i) ++at[std::size_t(p.member[i]) + 1];
@@ -313,7 +342,7 @@ void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCoun
 
 // The same with a bit set of the window's owners OR-ed into each member's: O(pieces · members / 64)
 // time, members² bits.
-void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size(), words = (m + 63) / 64;
   std::vector<std::uint64_t> to(m * words), window(words);
   std::vector<std::int64_t> in_window(m);
@@ -329,7 +358,7 @@ void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts
     const std::size_t me = std::size_t(p.member[i]);
     for (std::size_t x = 0; x < words; ++x) to[me * words + x] |= window[x];
   }
-  count_partner_bits(to, words, h);
+  count_partner_bits(to, words, h, keep);
 }
 
 // The position-sorted pieces as segments (starts, then p.size()) along which the member steps by
@@ -433,7 +462,7 @@ void set_bits(std::uint64_t* row, std::size_t lo, std::size_t hi) {
 // no intervals stored and placed by member (cp 4096, a window of 32: 2·10^7 of them, 160 MB
 // scattered), a few words an interval.
 void partners_by_segment_bits(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
-                              std::vector<HaloCounts>& h) {
+                              std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t words = (h.size() + 63) / 64;
   std::vector<std::uint64_t> to(h.size() * words);
   for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
@@ -443,16 +472,16 @@ void partners_by_segment_bits(const Pieces& p, std::int64_t left, const std::vec
       set_bits(row, std::size_t(std::min(x, y)), std::size_t(std::max(x, y)) + 1);
     }
   });
-  count_partner_bits(to, words, h);
+  count_partner_bits(to, words, h, keep);
 }
 
 // Partners from each member's windows as intervals of members, one a segment a window crosses,
 // merged; `back` by a difference array over the merged intervals. O(pieces + Σ segments crossed
 // · log): the count does not grow with the windows' lengths.
 void partners_by_segments(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
-                          std::vector<HaloCounts>& h) {
+                          std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size();
-  if (m <= kBitMembers) return partners_by_segment_bits(p, left, starts, h);
+  if (m <= kBitMembers) return partners_by_segment_bits(p, left, starts, h, keep);
   std::vector<std::size_t> at(m + 1, 0);
   std::vector<Members> all = member_intervals(p, left, starts, at);
   if (Wide(m) * Wide(m) <= 8 * Wide(all.size())) return partners_by_coverage(all, at, h);
@@ -531,13 +560,31 @@ void add_held(const Pieces& p, std::int64_t left, std::int64_t seq, std::vector<
   }
 }
 
+// Every member's given rows (the sweep) and held rows (the union of its bands less its own).
+std::vector<HaloCounts> given_and_held(const Pieces& p, int members, std::int64_t left, std::int64_t seq) {
+  const std::vector<Wide> given = swept_given(p, members, left);
+  std::vector<HaloCounts> h(static_cast<std::size_t>(members));
+  add_held(p, left, seq, h);
+  for (std::size_t a = 0; a < h.size(); ++a) h[a].given = std::int64_t(given[a]);
+  return h;
+}
+
 // The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
 // held as the union of the member's bands less its own rows, the partners from each piece's
 // window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
+// `rows`, if given: a narrower split's partner rows of the same layout and window, folded instead
+// of reading the windows when this width is a multiple of theirs; replaced by this width's.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int members, std::int64_t left,
-                                                         std::int64_t seq, PartnerCount how, SweepWork* work) {
-  const std::vector<std::size_t> starts = member_segments(p);
+                                                         std::int64_t seq, PartnerCount how, SweepWork* work,
+                                                         PartnerRows* rows = nullptr) {
   const std::size_t m = std::size_t(members);
+  if (rows != nullptr && how == PartnerCount::cheapest && rows->members > m && rows->members % m == 0) {
+    std::vector<HaloCounts> h = given_and_held(p, members, left, seq);
+    std::vector<std::uint64_t> to = fold_rows(*rows, rows->members / m);
+    count_partner_bits(to, (m + 63) / 64, h, rows);
+    return h;
+  }
+  const std::vector<std::size_t> starts = member_segments(p);
   const PartnerCosts cost = partner_costs(p, left, starts, m, work == nullptr);
   if (how == PartnerCount::cheapest) {
     if (std::min(cost.stamps, cost.crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
@@ -545,21 +592,18 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int me
               ? PartnerCount::segments
               : (cost.stamps <= cost.bits ? PartnerCount::stamps : PartnerCount::bits);
   }
-  const std::vector<Wide> given = swept_given(p, members, left);
-  std::vector<HaloCounts> h(m);
-  add_held(p, left, seq, h);
-  for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
+  std::vector<HaloCounts> h = given_and_held(p, members, left, seq);
   if (work != nullptr)
     *work = {std::int64_t(p.size()),
              std::int64_t(how == PartnerCount::segments ? cost.crossed
                           : how == PartnerCount::stamps ? cost.stamps
                                                         : Wide(p.size()) * Wide((m + 63) / 64))};
   if (how == PartnerCount::segments)
-    partners_by_segments(p, left, starts, h);
+    partners_by_segments(p, left, starts, h, rows);
   else if (how == PartnerCount::stamps)
-    partners_by_stamps(p, left, h);
+    partners_by_stamps(p, left, h, rows);
   else
-    partners_by_bits(p, left, h);
+    partners_by_bits(p, left, h, rows);
   return h;
 }
 
@@ -819,6 +863,20 @@ const LayoutPeriod* memo_period(const CpConfig& config, int cp, std::int64_t seq
   return last.period ? &*last.period : nullptr;
 }
 
+// The partner rows of the last sweep of the same documents (their documents_generation), cp, seq
+// and window, for the next split width to fold (swept_halo_counts); emptied when they change.
+PartnerRows& memo_rows(int cp, std::int64_t seq, std::int64_t left, std::uint64_t documents) {
+  struct Last {
+    std::uint64_t documents = 0;
+    std::array<std::int64_t, 3> sizes{};  // cp, seq, window_left
+    PartnerRows rows;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 3> sizes{cp, seq, left};
+  if (last.documents != documents || last.sizes != sizes) last = {documents, sizes, {}};
+  return last.rows;
+}
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
@@ -839,7 +897,7 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
         extrapolated_counts(config, cp, width, memo_period(config, cp, seq, documents));
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
-                                PartnerCount::cheapest, nullptr);
+                                PartnerCount::cheapest, nullptr, &memo_rows(cp, seq, config.window_left, documents));
     if (!swept) return nullptr;
     last = {documents, sizes, std::move(*swept)};
   }
