@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -186,6 +187,13 @@ struct MarkedSpan {
   }
 };
 
+// The rows of piece k that its band [s − L, t) adds to its member's (whose last piece before it
+// ends at `covered`): held rows, less its own.
+std::int64_t band_rows(const Pieces& p, std::size_t k, std::int64_t left, std::int64_t seq, std::int64_t covered) {
+  const std::int64_t from = std::max({std::int64_t(0), sat_sub(p.begin[k], left), covered});
+  return std::max<std::int64_t>(0, std::min(p.end(k), seq) - from) - (p.end(k) - p.begin[k]);
+}
+
 // Every member's given rows (R = 0): from right to left, each member's nearest piece to the right
 // is marked; a piece [s, t) gives clamp(t + L − start, 0, t − s) rows to each other member whose
 // mark starts in [t, t + L) (union semantics: its nearest piece's band holds its others'): all
@@ -193,49 +201,55 @@ struct MarkedSpan {
 // t + L) (span `part`). As the sweep moves left both spans' ends only fall, so each piece enters
 // and leaves each span once and a mark moved or dropped updates the span holding it: O(pieces)
 // for the whole sweep. In `Int`: 64 bits where every sum fits them (swept_given below), as the
-// 128 bits that windows up to INT64_MAX need cost twice the multiplies and adds.
+// 128 bits that windows up to INT64_MAX need cost twice the multiplies and adds. A piece is
+// marked exactly when it is its member's nearest (no array of marks), and the member's held rows
+// are added as its next piece's mark moves to it (the union of its bands: each band less the
+// last piece's end), in the same pass.
 template <typename Int>
-std::vector<Int> swept_given(const Pieces& p, int members, std::int64_t left) {
+std::vector<Int> swept_given(const Pieces& p, int members, std::int64_t left, std::int64_t seq,
+                             std::vector<std::int64_t>& held) {
   std::vector<Int> given(static_cast<std::size_t>(members));
   std::vector<std::int64_t> nearest(static_cast<std::size_t>(members), -1);
-  std::vector<char> marked(p.size(), 0);
+  auto marked = [&](std::size_t k) { return nearest[std::size_t(p.member[k])] == std::int64_t(k); };
   MarkedSpan<Int> full{p.size(), p.size()}, part{p.size(), p.size()};
   for (std::size_t i = p.size(); i-- > 0;) {
     const Int x = Int(p.end(i)) + left, len = p.end(i) - p.begin[i];
-    if (i + 1 < p.size()) --full.lo, full.take(p.begin[i + 1], marked[i + 1] != 0, 1);
+    if (i + 1 < p.size()) --full.lo, full.take(p.begin[i + 1], true, 1);  // still its member's nearest
     // The first pieces starting at or after s + L + 1 (full.hi = part.lo) and at or after t + L
     // (part.hi): above i, as p.begin[i] is below both.
     for (; full.hi > i + 1 && p.begin[full.hi - 1] >= x - len + 1; part.lo = --full.hi) {
-      full.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, -1);
-      part.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, 1);
+      full.take(p.begin[full.hi - 1], marked(full.hi - 1), -1);
+      part.take(p.begin[full.hi - 1], marked(full.hi - 1), 1);
     }
     for (; part.hi > part.lo && p.begin[part.hi - 1] >= x; --part.hi)
-      part.take(p.begin[part.hi - 1], marked[part.hi - 1] != 0, -1);
+      part.take(p.begin[part.hi - 1], marked(part.hi - 1), -1);
     Int g = len * full.count + x * part.count - part.starts;
-    std::int64_t& own = nearest[std::size_t(p.member[i])];
-    if (own >= 0) {  // the member's own next piece sends it nothing
-      const std::size_t k = std::size_t(own);
+    const std::size_t me = std::size_t(p.member[i]);
+    if (nearest[me] >= 0) {  // the member's own next piece sends it nothing
+      const std::size_t k = std::size_t(nearest[me]);
       g -= std::clamp(x - p.begin[k], Int(0), len);
       for (MarkedSpan<Int>* span : {&full, &part})
         if (span->lo <= k && k < span->hi) span->take(p.begin[k], true, -1);
-      marked[k] = 0;
+      held[me] += band_rows(p, k, left, seq, p.end(i));
     }
-    given[std::size_t(p.member[i])] += g;
-    own = std::int64_t(i);
-    marked[i] = 1;
+    given[me] += g;
+    nearest[me] = std::int64_t(i);
   }
+  for (std::size_t me = 0; me < nearest.size(); ++me)  // each member's first piece
+    if (nearest[me] >= 0) held[me] += band_rows(p, std::size_t(nearest[me]), left, seq, 0);
   return given;
 }
 
 // Every member's given rows, in 64 bits where the sweep's terms fit them: positions up to
-// seq + L times counts up to pieces + members (the starts of marked pieces summed), with room.
-std::vector<Wide> swept_given(const Pieces& p, int members, std::int64_t left) {
-  const std::int64_t seq = p.begin.back();
-  if (Wide(seq) + left < (Wide(1) << 62) / (Wide(p.size()) + members + 2)) {
-    const std::vector<std::int64_t> g = swept_given<std::int64_t>(p, members, left);
+// seq + L times counts up to pieces + members (the starts of marked pieces summed), with room;
+// and its held rows, added to `held`.
+std::vector<Wide> swept_given(const Pieces& p, int members, std::int64_t left, std::int64_t seq,
+                              std::vector<std::int64_t>& held) {
+  if (Wide(p.begin.back()) + left < (Wide(1) << 62) / (Wide(p.size()) + members + 2)) {
+    const std::vector<std::int64_t> g = swept_given<std::int64_t>(p, members, left, seq, held);
     return std::vector<Wide>(g.begin(), g.end());
   }
-  return swept_given<Wide>(p, members, left);
+  return swept_given<Wide>(p, members, left, seq, held);
 }
 
 // Each piece's partners' window (R = 0): the pieces starting in [end, end + L), as [i + 1, hi)
@@ -457,21 +471,49 @@ void set_bits(std::uint64_t* row, std::size_t lo, std::size_t hi) {
   row[b] |= last;
 }
 
+// Each member's intervals of members not yet set in its row of bits: two, each widened by the
+// intervals that meet it, so that a row is written only when a third disjoint one comes. The
+// intervals a member's windows give mostly repeat (documents shorter than cp deal one run of
+// ranks that goes on from document to document: each time the run comes round, a member's
+// window holds the same members), and setting each in the row touched a line of a members² matrix
+// a piece (2 MiB at 4096 members, past the core's cache).
+struct PendingIntervals {
+  std::vector<std::uint64_t>& to;
+  std::size_t words;
+  std::vector<Members> pending;  // two a member, empty when lo == hi
+  void add(std::size_t me, Members r) {
+    Members* slot = &pending[2 * me];
+    for (Members* s : {slot, slot + 1})
+      if (s->lo <= r.hi && r.lo <= s->hi) {  // they meet: one interval
+        *s = {std::min(s->lo, r.lo), std::max(s->hi, r.hi)};
+        return;
+      }
+    if (slot[1].lo < slot[1].hi) set_bits(&to[me * words], std::size_t(slot[1].lo), std::size_t(slot[1].hi));
+    slot[1] = slot[0], slot[0] = r;
+  }
+  void flush() {
+    for (std::size_t k = 0; k < pending.size(); ++k)
+      if (pending[k].lo < pending[k].hi)
+        set_bits(&to[k / 2 * words], std::size_t(pending[k].lo), std::size_t(pending[k].hi));
+  }
+};
+
 // Partners from each window's members, one interval a segment it crosses, set as a range of
 // bits in the row of the window's member (members² bits, up to kBitMembers), in position order:
 // no intervals stored and placed by member (cp 4096, a window of 32: 2·10^7 of them, 160 MB
-// scattered), a few words an interval.
+// scattered), a few words an interval, those that meet a member's last two joined first.
 void partners_by_segment_bits(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
                               std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t words = (h.size() + 63) / 64;
   std::vector<std::uint64_t> to(h.size() * words);
+  PendingIntervals rows{to, words, std::vector<Members>(2 * h.size(), Members{0, 0})};
   for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
-    std::uint64_t* row = &to[std::size_t(p.member[i]) * words];
     for (std::size_t s = s0; s <= s1; ++s) {
       const int x = p.member[std::max(starts[s], i + 1)], y = p.member[std::min(starts[s + 1], hi) - 1];
-      set_bits(row, std::size_t(std::min(x, y)), std::size_t(std::max(x, y)) + 1);
+      rows.add(std::size_t(p.member[i]), {std::min(x, y), std::max(x, y) + 1});
     }
   });
+  rows.flush();
   count_partner_bits(to, words, h, keep);
 }
 
@@ -549,23 +591,12 @@ PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector
   return c;
 }
 
-// Every member's held rows: the union of its pieces' bands [s − L, t) less its own rows.
-void add_held(const Pieces& p, std::int64_t left, std::int64_t seq, std::vector<HaloCounts>& h) {
-  std::vector<std::int64_t> covered(h.size(), 0);
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const std::size_t me = std::size_t(p.member[i]);
-    const std::int64_t from = std::max({std::int64_t(0), sat_sub(p.begin[i], left), covered[me]});
-    h[me].held += std::max<std::int64_t>(0, std::min(p.end(i), seq) - from) - (p.end(i) - p.begin[i]);
-    covered[me] = std::max(covered[me], p.end(i));
-  }
-}
-
 // Every member's given rows (the sweep) and held rows (the union of its bands less its own).
 std::vector<HaloCounts> given_and_held(const Pieces& p, int members, std::int64_t left, std::int64_t seq) {
-  const std::vector<Wide> given = swept_given(p, members, left);
-  std::vector<HaloCounts> h(static_cast<std::size_t>(members));
-  add_held(p, left, seq, h);
-  for (std::size_t a = 0; a < h.size(); ++a) h[a].given = std::int64_t(given[a]);
+  std::vector<std::int64_t> held(static_cast<std::size_t>(members), 0);
+  const std::vector<Wide> given = swept_given(p, members, left, seq, held);
+  std::vector<HaloCounts> h(held.size());
+  for (std::size_t a = 0; a < h.size(); ++a) h[a].given = std::int64_t(given[a]), h[a].held = held[a];
   return h;
 }
 
@@ -802,15 +833,26 @@ namespace {
 // that become adjacent pieces of one member joined, in place. The planner sweeps the split widths
 // 1, 2, 4, ... in turn: each width's pieces from the last one's in a pass over them, where
 // for_each_member_chunk walks every document's cut again (a third of the sweep at 16M tokens).
-void join_members(Pieces& p, std::int32_t k) {
+// The wider member: a shift where k is a power of two (every split width the planner sweeps),
+// where a division a piece was half of the pass.
+template <typename Wider>
+void join_members_by(Pieces& p, Wider wider) {
   std::size_t n = 0;
   for (std::size_t i = 0; i < p.size(); ++i) {
-    const std::int32_t m = p.member[i] / k;
+    const std::int32_t m = wider(p.member[i]);
     if (n > 0 && p.member[n - 1] == m) continue;
     p.begin[n] = p.begin[i], p.member[n] = m, ++n;
   }
   p.begin[n] = p.begin.back();
   p.begin.resize(n + 1), p.member.resize(n);
+}
+
+void join_members(Pieces& p, std::int32_t k) {
+  if (std::has_single_bit(std::uint32_t(k))) {
+    const int shift = std::countr_zero(std::uint32_t(k));
+    return join_members_by(p, [shift](std::int32_t m) { return m >> shift; });
+  }
+  join_members_by(p, [k](std::int32_t m) { return m / k; });
 }
 
 // A number for the document boundaries `cu`, the same as the last call's exactly when `cu` is
