@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
 #include <tuple>
 
 #include "cp/ring_attention.hpp"
@@ -16,6 +17,7 @@
 #include "ulysses/cp/comm_volume.hpp"
 #include "ulysses/cp/context_parallel.hpp"
 #include "ulysses/cp/sharding.hpp"
+#include "ulysses/cp/token_layout.hpp"
 #include "ulysses/plan/planner.hpp"
 
 using namespace ulysses;
@@ -194,6 +196,32 @@ TEST(HaloVolume, PartnersBySegmentsEqualStampsAndBitSets) {
       }
 }
 
+TEST(HaloVolume, TheSweepsPiecesOfOneRankAreTheDealtChunksJoined) {
+  // At width 1 the sweep builds its pieces from the documents' cuts, not through
+  // for_each_member_chunk: as many pieces as its chunks make once a member's adjacent ones are
+  // joined, and the counts the tokens give, on random packings (empty documents, documents
+  // shorter than cp, than 2·cp, and many times longer).
+  std::mt19937_64 rng(61);
+  for (const int cp : {1, 2, 3, 5, 8, 16})
+    for (int trial = 0; trial < 30; ++trial) {
+      std::vector<std::int64_t> lengths(1 + rng() % 40);
+      for (std::int64_t& n : lengths) n = std::int64_t(rng() % std::uint64_t(trial % 3 == 0 ? 12 * cp : 3 * cp));
+      CpConfig cfg{"p2p", {}, true, std::nullopt};
+      cfg.cu_seqlens = cu_seqlens_of(lengths);
+      cfg.window_left = std::int64_t(rng() % std::uint64_t(4 * cp + 2));
+      const std::int64_t s = cfg.cu_seqlens.back();
+      if (s < cp) continue;
+      std::int64_t pieces = 0;
+      int last = -1;
+      for_each_member_chunk(cfg, cp, 1, s, [&](int m, const SeqChunk&) { pieces += m != last, last = m; });
+      SweepWork work;
+      const auto h = swept_halo_counts(cfg, cp, 1, s, PartnerCount::cheapest, &work);
+      ASSERT_TRUE(h.has_value());
+      EXPECT_EQ(work.pieces, pieces) << fmt::format("cp {} lengths {}", cp, fmt::join(lengths, ","));
+      ASSERT_EQ(*h, counted(cfg, cp, 1, s)) << fmt::format("cp {} lengths {}", cp, fmt::join(lengths, ","));
+    }
+}
+
 TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {
   // Documents whose lengths repeat (COUNTxLENGTH packings) are cut the same way once the longer
   // chunks' runs come back to their ranks: the counts of a few repetitions, extrapolated, against
@@ -247,13 +275,64 @@ TEST(HaloVolume, RepeatedDocumentsExtrapolateTheSweepOfAFewRepetitions) {
   }
 }
 
+TEST(HaloVolume, RepeatedDocumentsWithATailExtrapolateTheRepetitionsAndSweepTheTail) {
+  // A repeating packing whose last documents break the pattern (`1048575x16,15,1`): the
+  // repetitions extrapolated, the tail swept after a few of them, against the sweep of every
+  // piece, on random patterns and tails of 1 to a few hundred documents, with windows near
+  // multiples of the pattern's tokens.
+  std::mt19937_64 rng(59);
+  int extrapolated = 0;
+  for (const int cp : {2, 3, 4, 8, 12, 16})
+    for (const int width : {1, 2, 4})
+      for (int trial = 0; trial < 8; ++trial) {
+        if (cp % width != 0) continue;
+        std::vector<std::int64_t> pattern(1 + rng() % 3);
+        for (std::int64_t& n : pattern) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 7ull));
+        pattern.back() += 1;
+        std::int64_t tokens = 0;
+        for (const std::int64_t n : pattern) tokens += n;
+        std::vector<std::int64_t> lengths;
+        const std::size_t docs = 1500 + rng() % 1500, tail = 1 + (trial < 4 ? rng() % 3 : rng() % 200);
+        for (std::size_t i = 0; i < docs; ++i) lengths.push_back(pattern[i % pattern.size()]);
+        for (std::size_t i = 0; i < tail; ++i) lengths.push_back(std::int64_t(rng() % (3ull * cp)));
+        CpConfig cfg{"p2p", {}, true, std::nullopt};
+        cfg.cu_seqlens = cu_seqlens_of(lengths);
+        const std::int64_t s = cfg.cu_seqlens.back();
+        for (const std::int64_t left : {std::int64_t(0), std::int64_t(1), tokens - 1, tokens, tokens + 1, 2 * tokens,
+                                        cp * tokens, std::int64_t(rng() % std::uint64_t(4 * tokens))}) {
+          cfg.window_left = left;
+          const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+          ASSERT_TRUE(want.has_value());
+          const auto got = periodic_halo_counts(cfg, cp, width, s);
+          if (!got) continue;
+          ASSERT_EQ(*got, *want) << fmt::format("cp {} width {} pattern {} docs {} tail {} window {}", cp, width,
+                                                fmt::join(pattern, ","), docs,
+                                                fmt::join(std::span(lengths).subspan(docs), ","), left);
+          EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *want);
+          ++extrapolated;
+        }
+      }
+  EXPECT_GT(extrapolated, 500);
+  // A tail of a sixth of the documents and more costs too much to sweep three times.
+  CpConfig cfg{"p2p", {}, true, std::nullopt};
+  cfg.window_left = 3;
+  std::vector<std::int64_t> lengths(3000, 5);
+  lengths.insert(lengths.end(), {4, 1});
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  EXPECT_TRUE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
+  for (std::size_t i = 0; i < 700; ++i) lengths.push_back(std::int64_t(1 + i % 7 + i % 3));
+  cfg.cu_seqlens = cu_seqlens_of(lengths);
+  EXPECT_FALSE(periodic_halo_counts(cfg, 4, 1, cfg.cu_seqlens.back()).has_value());
+}
+
 TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
   // The planner sweeps widths 1, 2, 4, ... of one layout in turn, each width's pieces joined from
-  // the last one's (members of k times the width): the counts against the sweep of pieces built
-  // anew for each width, on random packings that do not repeat (so nothing is extrapolated), the
-  // widths in rising order, skipping some, and back to a width that does not divide the last.
+  // the last one's (members of k times the width) and its partners folded from the last one's
+  // rows of bits: the counts against the sweep of pieces built anew for each width, on random
+  // packings that do not repeat (so nothing is extrapolated), the widths in rising order,
+  // skipping some, and back to a width that does not divide the last.
   std::mt19937_64 rng(53);
-  for (const int cp : {8, 12, 48, 64})
+  for (const int cp : {8, 12, 48, 64, 192})  // 192: rows of several words
     for (int trial = 0; trial < 6; ++trial) {
       std::vector<std::int64_t> lengths(2 + rng() % 60);
       for (std::int64_t& n : lengths) n = std::int64_t(rng() % (trial % 2 ? 3ull * cp : 2ull + cp / 4));

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -185,6 +187,13 @@ struct MarkedSpan {
   }
 };
 
+// The rows of piece k that its band [s − L, t) adds to its member's (whose last piece before it
+// ends at `covered`): held rows, less its own.
+std::int64_t band_rows(const Pieces& p, std::size_t k, std::int64_t left, std::int64_t seq, std::int64_t covered) {
+  const std::int64_t from = std::max({std::int64_t(0), sat_sub(p.begin[k], left), covered});
+  return std::max<std::int64_t>(0, std::min(p.end(k), seq) - from) - (p.end(k) - p.begin[k]);
+}
+
 // Every member's given rows (R = 0): from right to left, each member's nearest piece to the right
 // is marked; a piece [s, t) gives clamp(t + L − start, 0, t − s) rows to each other member whose
 // mark starts in [t, t + L) (union semantics: its nearest piece's band holds its others'): all
@@ -192,49 +201,55 @@ struct MarkedSpan {
 // t + L) (span `part`). As the sweep moves left both spans' ends only fall, so each piece enters
 // and leaves each span once and a mark moved or dropped updates the span holding it: O(pieces)
 // for the whole sweep. In `Int`: 64 bits where every sum fits them (swept_given below), as the
-// 128 bits that windows up to INT64_MAX need cost twice the multiplies and adds.
+// 128 bits that windows up to INT64_MAX need cost twice the multiplies and adds. A piece is
+// marked exactly when it is its member's nearest (no array of marks), and the member's held rows
+// are added as its next piece's mark moves to it (the union of its bands: each band less the
+// last piece's end), in the same pass.
 template <typename Int>
-std::vector<Int> swept_given(const Pieces& p, int members, std::int64_t left) {
+std::vector<Int> swept_given(const Pieces& p, int members, std::int64_t left, std::int64_t seq,
+                             std::vector<std::int64_t>& held) {
   std::vector<Int> given(static_cast<std::size_t>(members));
   std::vector<std::int64_t> nearest(static_cast<std::size_t>(members), -1);
-  std::vector<char> marked(p.size(), 0);
+  auto marked = [&](std::size_t k) { return nearest[std::size_t(p.member[k])] == std::int64_t(k); };
   MarkedSpan<Int> full{p.size(), p.size()}, part{p.size(), p.size()};
   for (std::size_t i = p.size(); i-- > 0;) {
     const Int x = Int(p.end(i)) + left, len = p.end(i) - p.begin[i];
-    if (i + 1 < p.size()) --full.lo, full.take(p.begin[i + 1], marked[i + 1] != 0, 1);
+    if (i + 1 < p.size()) --full.lo, full.take(p.begin[i + 1], true, 1);  // still its member's nearest
     // The first pieces starting at or after s + L + 1 (full.hi = part.lo) and at or after t + L
     // (part.hi): above i, as p.begin[i] is below both.
     for (; full.hi > i + 1 && p.begin[full.hi - 1] >= x - len + 1; part.lo = --full.hi) {
-      full.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, -1);
-      part.take(p.begin[full.hi - 1], marked[full.hi - 1] != 0, 1);
+      full.take(p.begin[full.hi - 1], marked(full.hi - 1), -1);
+      part.take(p.begin[full.hi - 1], marked(full.hi - 1), 1);
     }
     for (; part.hi > part.lo && p.begin[part.hi - 1] >= x; --part.hi)
-      part.take(p.begin[part.hi - 1], marked[part.hi - 1] != 0, -1);
+      part.take(p.begin[part.hi - 1], marked(part.hi - 1), -1);
     Int g = len * full.count + x * part.count - part.starts;
-    std::int64_t& own = nearest[std::size_t(p.member[i])];
-    if (own >= 0) {  // the member's own next piece sends it nothing
-      const std::size_t k = std::size_t(own);
+    const std::size_t me = std::size_t(p.member[i]);
+    if (nearest[me] >= 0) {  // the member's own next piece sends it nothing
+      const std::size_t k = std::size_t(nearest[me]);
       g -= std::clamp(x - p.begin[k], Int(0), len);
       for (MarkedSpan<Int>* span : {&full, &part})
         if (span->lo <= k && k < span->hi) span->take(p.begin[k], true, -1);
-      marked[k] = 0;
+      held[me] += band_rows(p, k, left, seq, p.end(i));
     }
-    given[std::size_t(p.member[i])] += g;
-    own = std::int64_t(i);
-    marked[i] = 1;
+    given[me] += g;
+    nearest[me] = std::int64_t(i);
   }
+  for (std::size_t me = 0; me < nearest.size(); ++me)  // each member's first piece
+    if (nearest[me] >= 0) held[me] += band_rows(p, std::size_t(nearest[me]), left, seq, 0);
   return given;
 }
 
 // Every member's given rows, in 64 bits where the sweep's terms fit them: positions up to
-// seq + L times counts up to pieces + members (the starts of marked pieces summed), with room.
-std::vector<Wide> swept_given(const Pieces& p, int members, std::int64_t left) {
-  const std::int64_t seq = p.begin.back();
-  if (Wide(seq) + left < (Wide(1) << 62) / (Wide(p.size()) + members + 2)) {
-    const std::vector<std::int64_t> g = swept_given<std::int64_t>(p, members, left);
+// seq + L times counts up to pieces + members (the starts of marked pieces summed), with room;
+// and its held rows, added to `held`.
+std::vector<Wide> swept_given(const Pieces& p, int members, std::int64_t left, std::int64_t seq,
+                              std::vector<std::int64_t>& held) {
+  if (Wide(p.begin.back()) + left < (Wide(1) << 62) / (Wide(p.size()) + members + 2)) {
+    const std::vector<std::int64_t> g = swept_given<std::int64_t>(p, members, left, seq, held);
     return std::vector<Wide>(g.begin(), g.end());
   }
-  return swept_given<Wide>(p, members, left);
+  return swept_given<Wide>(p, members, left, seq, held);
 }
 
 // Each piece's partners' window (R = 0): the pieces starting in [end, end + L), as [i + 1, hi)
@@ -264,9 +279,18 @@ struct SegmentCursor {
 // Members up to which partners may be kept as bit sets (members² bits: 8 MiB).
 constexpr std::size_t kBitMembers = 8192;
 
+// Every member's row of bits: the members it sends to (members² bits, up to kBitMembers), its
+// own bit cleared once counted. Kept from one split width for the next (fold_rows).
+struct PartnerRows {
+  std::size_t members = 0;
+  std::vector<std::uint64_t> to;
+};
+
 // Every member's partners from its row of `words` words of bits (the members it sends to):
-// `to` the row's bits, `back` the columns', its own bit cleared.
-void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::vector<HaloCounts>& h) {
+// `to` the row's bits, `back` the columns', its own bit cleared. The rows moved into `keep`, if
+// given.
+void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::vector<HaloCounts>& h,
+                        PartnerRows* keep) {
   for (std::size_t a = 0; a < h.size(); ++a) {
     to[a * words + a / 64] &= ~(std::uint64_t(1) << (a % 64));  // its own pieces in the window
     for (std::size_t x = 0; x < words; ++x)
@@ -275,13 +299,33 @@ void count_partner_bits(std::vector<std::uint64_t>& to, std::size_t words, std::
         ++h[x * 64 + std::size_t(__builtin_ctzll(bits))].back;
       }
   }
+  if (keep != nullptr) *keep = {h.size(), std::move(to)};
+}
+
+// The rows of members of k times the width (members / k of them): member a's partners are
+// member a / k's once folded (a member of the wider split sends to another exactly when one of
+// its narrower members sends to one of the other's: a joined piece's window is its last
+// piece's, and the pieces of the other starting in it start joined pieces or lie in them, all
+// after the joined piece's end). O(bits set), where sweeping the windows again is O(pieces).
+std::vector<std::uint64_t> fold_rows(const PartnerRows& r, std::size_t k) {
+  const std::size_t m = r.members / k, from = (r.members + 63) / 64, words = (m + 63) / 64;
+  std::vector<std::uint64_t> to(m * words);
+  for (std::size_t a = 0; a < r.members; ++a) {
+    std::uint64_t* row = &to[a / k * words];
+    for (std::size_t x = 0; x < from; ++x)
+      for (std::uint64_t bits = r.to[a * from + x]; bits != 0; bits &= bits - 1) {
+        const std::size_t b = (x * 64 + std::size_t(__builtin_ctzll(bits))) / k;
+        row[b / 64] |= std::uint64_t(1) << (b % 64);
+      }
+  }
+  return to;
 }
 
 // Partners from every piece's window, a stamp per window entry: O(pieces + Σ window sizes). Up
 // to kBitMembers the stamps set bits of the members² in position order (1024 members: 128 KiB,
 // in cache; the pieces read once, in order); beyond, each member's pieces together, a stamp per
 // member seen (the windows' ends kept, read member by member).
-void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size(), words = (m + 63) / 64;
   WindowCursor window{p, left};
   if (m <= kBitMembers) {
@@ -291,7 +335,7 @@ void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCoun
       for (std::size_t k = i + 1, hi = window(i); k < hi; ++k)
         row[std::size_t(p.member[k]) / 64] |= std::uint64_t(1) << (std::size_t(p.member[k]) % 64);
     }
-    return count_partner_bits(to, words, h);
+    return count_partner_bits(to, words, h, keep);
   }
   std::vector<std::size_t> at(m + 1, 0), hi(p.size()), order(p.size());
   for (std::size_t i = 0; i < p.size(); ++i) ++at[std::size_t(p.member[i]) + 1];
@@ -312,7 +356,7 @@ void partners_by_stamps(const Pieces& p, std::int64_t left, std::vector<HaloCoun
 
 // The same with a bit set of the window's owners OR-ed into each member's: O(pieces · members / 64)
 // time, members² bits.
-void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h) {
+void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size(), words = (m + 63) / 64;
   std::vector<std::uint64_t> to(m * words), window(words);
   std::vector<std::int64_t> in_window(m);
@@ -328,7 +372,7 @@ void partners_by_bits(const Pieces& p, std::int64_t left, std::vector<HaloCounts
     const std::size_t me = std::size_t(p.member[i]);
     for (std::size_t x = 0; x < words; ++x) to[me * words + x] |= window[x];
   }
-  count_partner_bits(to, words, h);
+  count_partner_bits(to, words, h, keep);
 }
 
 // The position-sorted pieces as segments (starts, then p.size()) along which the member steps by
@@ -357,12 +401,15 @@ struct Members {
 };
 
 // Calls f(i, first, last): piece i's nonempty window [i + 1, hi) and the segments it crosses,
-// in position order.
+// in position order; of pieces [lo, to) only, where given.
 template <typename F>
-void for_each_window(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, F&& f) {
+void for_each_window(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, F&& f,
+                     std::size_t lo = 0, std::size_t to = SIZE_MAX) {
+  // The segment holding piece lo + 1 (the last start at or below it), where the cursors begin.
+  const std::size_t s = std::size_t(std::upper_bound(starts.begin(), starts.end(), lo + 1) - starts.begin()) - 1;
   WindowCursor window{p, left};
-  SegmentCursor first{starts}, last{starts};
-  for (std::size_t i = 0; i + 1 < p.size(); ++i)
+  SegmentCursor first{starts, s}, last{starts, s};
+  for (std::size_t i = lo; i + 1 < std::min(p.size(), to); ++i)
     if (const std::size_t hi = window(i); i + 1 < hi) f(i, first(i + 1), last(hi - 1), hi);
 }
 
@@ -424,31 +471,59 @@ void set_bits(std::uint64_t* row, std::size_t lo, std::size_t hi) {
   row[b] |= last;
 }
 
+// Each member's intervals of members not yet set in its row of bits: two, each widened by the
+// intervals that meet it, so that a row is written only when a third disjoint one comes. The
+// intervals a member's windows give mostly repeat (documents shorter than cp deal one run of
+// ranks that goes on from document to document: each time the run comes round, a member's
+// window holds the same members), and setting each in the row touched a line of a members² matrix
+// a piece (2 MiB at 4096 members, past the core's cache).
+struct PendingIntervals {
+  std::vector<std::uint64_t>& to;
+  std::size_t words;
+  std::vector<Members> pending;  // two a member, empty when lo == hi
+  void add(std::size_t me, Members r) {
+    Members* slot = &pending[2 * me];
+    for (Members* s : {slot, slot + 1})
+      if (s->lo <= r.hi && r.lo <= s->hi) {  // they meet: one interval
+        *s = {std::min(s->lo, r.lo), std::max(s->hi, r.hi)};
+        return;
+      }
+    if (slot[1].lo < slot[1].hi) set_bits(&to[me * words], std::size_t(slot[1].lo), std::size_t(slot[1].hi));
+    slot[1] = slot[0], slot[0] = r;
+  }
+  void flush() {
+    for (std::size_t k = 0; k < pending.size(); ++k)
+      if (pending[k].lo < pending[k].hi)
+        set_bits(&to[k / 2 * words], std::size_t(pending[k].lo), std::size_t(pending[k].hi));
+  }
+};
+
 // Partners from each window's members, one interval a segment it crosses, set as a range of
 // bits in the row of the window's member (members² bits, up to kBitMembers), in position order:
 // no intervals stored and placed by member (cp 4096, a window of 32: 2·10^7 of them, 160 MB
-// scattered), a few words an interval.
+// scattered), a few words an interval, those that meet a member's last two joined first.
 void partners_by_segment_bits(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
-                              std::vector<HaloCounts>& h) {
+                              std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t words = (h.size() + 63) / 64;
   std::vector<std::uint64_t> to(h.size() * words);
+  PendingIntervals rows{to, words, std::vector<Members>(2 * h.size(), Members{0, 0})};
   for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
-    std::uint64_t* row = &to[std::size_t(p.member[i]) * words];
     for (std::size_t s = s0; s <= s1; ++s) {
       const int x = p.member[std::max(starts[s], i + 1)], y = p.member[std::min(starts[s + 1], hi) - 1];
-      set_bits(row, std::size_t(std::min(x, y)), std::size_t(std::max(x, y)) + 1);
+      rows.add(std::size_t(p.member[i]), {std::min(x, y), std::max(x, y) + 1});
     }
   });
-  count_partner_bits(to, words, h);
+  rows.flush();
+  count_partner_bits(to, words, h, keep);
 }
 
 // Partners from each member's windows as intervals of members, one a segment a window crosses,
 // merged; `back` by a difference array over the merged intervals. O(pieces + Σ segments crossed
 // · log): the count does not grow with the windows' lengths.
 void partners_by_segments(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts,
-                          std::vector<HaloCounts>& h) {
+                          std::vector<HaloCounts>& h, PartnerRows* keep) {
   const std::size_t m = h.size();
-  if (m <= kBitMembers) return partners_by_segment_bits(p, left, starts, h);
+  if (m <= kBitMembers) return partners_by_segment_bits(p, left, starts, h, keep);
   std::vector<std::size_t> at(m + 1, 0);
   std::vector<Members> all = member_intervals(p, left, starts, at);
   if (Wide(m) * Wide(m) <= 8 * Wide(all.size())) return partners_by_coverage(all, at, h);
@@ -490,56 +565,120 @@ struct PartnerCosts {
   Wide stamps = 0, crossed = 0, bits = 0;
 };
 
-PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, std::size_t m) {
+// Pieces past which, up to kBitMembers, the costs are estimated from a sample of them: there
+// every way counts the same partners and the costs only pick the fastest (the windows of 16M
+// pieces read for it: a tenth of the sweep).
+constexpr std::size_t kSampledPieces = std::size_t(1) << 20;
+// The sample: this many blocks, evenly spaced, of a 16th of the pieces in all.
+constexpr std::size_t kSampleBlocks = 64;
+
+PartnerCosts partner_costs(const Pieces& p, std::int64_t left, const std::vector<std::size_t>& starts, std::size_t m,
+                           bool estimate) {
   PartnerCosts c;
-  for_each_window(p, left, starts, [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
+  auto add = [&](std::size_t i, std::size_t s0, std::size_t s1, std::size_t hi) {
     c.stamps += Wide(hi - i - 1), c.crossed += Wide(s1 - s0 + 1);
-  });
+  };
+  if (estimate && m <= kBitMembers && p.size() > kSampledPieces) {
+    const std::size_t stride = p.size() / kSampleBlocks, block = stride / 16;
+    for (std::size_t b = 0; b < kSampleBlocks; ++b)
+      for_each_window(p, left, starts, add, b * stride, b * stride + block);
+    const Wide sampled = Wide(kSampleBlocks * block);
+    c.stamps = c.stamps * Wide(p.size()) / sampled, c.crossed = c.crossed * Wide(p.size()) / sampled;
+  } else {
+    for_each_window(p, left, starts, add);
+  }
   c.bits = m > kBitMembers ? c.stamps + 1 : Wide(p.size()) * Wide((m + 63) / 64);
   return c;
 }
 
-// Every member's held rows: the union of its pieces' bands [s − L, t) less its own rows.
-void add_held(const Pieces& p, std::int64_t left, std::int64_t seq, std::vector<HaloCounts>& h) {
-  std::vector<std::int64_t> covered(h.size(), 0);
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const std::size_t me = std::size_t(p.member[i]);
-    const std::int64_t from = std::max({std::int64_t(0), sat_sub(p.begin[i], left), covered[me]});
-    h[me].held += std::max<std::int64_t>(0, std::min(p.end(i), seq) - from) - (p.end(i) - p.begin[i]);
-    covered[me] = std::max(covered[me], p.end(i));
-  }
+// Every member's given rows (the sweep) and held rows (the union of its bands less its own).
+std::vector<HaloCounts> given_and_held(const Pieces& p, int members, std::int64_t left, std::int64_t seq) {
+  std::vector<std::int64_t> held(static_cast<std::size_t>(members), 0);
+  const std::vector<Wide> given = swept_given(p, members, left, seq, held);
+  std::vector<HaloCounts> h(held.size());
+  for (std::size_t a = 0; a < h.size(); ++a) h[a].given = std::int64_t(given[a]), h[a].held = held[a];
+  return h;
 }
 
 // The per-document layout's counts of every member at once (R = 0: causal): given by the sweep,
 // held as the union of the member's bands less its own rows, the partners from each piece's
 // window (stamps, bit sets or member segments, whichever costs least). Empty when all cost too much.
+// `rows`, if given: a narrower split's partner rows of the same layout and window, folded instead
+// of reading the windows when this width is a multiple of theirs; replaced by this width's.
 std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int members, std::int64_t left,
-                                                         std::int64_t seq, PartnerCount how, SweepWork* work) {
-  const std::vector<std::size_t> starts = member_segments(p);
+                                                         std::int64_t seq, PartnerCount how, SweepWork* work,
+                                                         PartnerRows* rows = nullptr) {
   const std::size_t m = std::size_t(members);
-  const PartnerCosts cost = partner_costs(p, left, starts, m);
+  if (rows != nullptr && how == PartnerCount::cheapest && rows->members > m && rows->members % m == 0) {
+    std::vector<HaloCounts> h = given_and_held(p, members, left, seq);
+    std::vector<std::uint64_t> to = fold_rows(*rows, rows->members / m);
+    count_partner_bits(to, (m + 63) / 64, h, rows);
+    return h;
+  }
+  const std::vector<std::size_t> starts = member_segments(p);
+  const PartnerCosts cost = partner_costs(p, left, starts, m, work == nullptr);
   if (how == PartnerCount::cheapest) {
     if (std::min(cost.stamps, cost.crossed) > kMostStamps && m > kBitMembers) return std::nullopt;
     how = (m <= kBitMembers ? kSegmentBitCost : kSegmentCost) * cost.crossed < std::min(cost.stamps, cost.bits)
               ? PartnerCount::segments
               : (cost.stamps <= cost.bits ? PartnerCount::stamps : PartnerCount::bits);
   }
-  const std::vector<Wide> given = swept_given(p, members, left);
-  std::vector<HaloCounts> h(m);
-  add_held(p, left, seq, h);
-  for (std::size_t a = 0; a < m; ++a) h[a].given = std::int64_t(given[a]);
+  std::vector<HaloCounts> h = given_and_held(p, members, left, seq);
   if (work != nullptr)
     *work = {std::int64_t(p.size()),
              std::int64_t(how == PartnerCount::segments ? cost.crossed
                           : how == PartnerCount::stamps ? cost.stamps
                                                         : Wide(p.size()) * Wide((m + 63) / 64))};
   if (how == PartnerCount::segments)
-    partners_by_segments(p, left, starts, h);
+    partners_by_segments(p, left, starts, h, rows);
   else if (how == PartnerCount::stamps)
-    partners_by_stamps(p, left, h);
+    partners_by_stamps(p, left, h, rows);
   else
-    partners_by_bits(p, left, h);
+    partners_by_bits(p, left, h, rows);
   return h;
+}
+
+// Where each member of one rank starts a piece: a piece a run of its chunks, in position order.
+struct PieceWriter {
+  Pieces& p;
+  std::int64_t at = 0;  // the next chunk's first position
+  void add(std::int64_t rank, std::int64_t length) {
+    if (length > 0 && (p.member.empty() || p.member.back() != rank))
+      p.begin.push_back(at), p.member.push_back(std::int32_t(rank));
+    at += length;
+  }
+};
+
+// The pieces of members of one rank, straight from the documents' cuts: what
+// for_each_member_chunk deals at width 1 (its for_each_document_cut: a document of n tokens in
+// 2·cp chunks of n / 2cp, the first chunks of a run of n mod 2cp ranks (up to cp) forward from
+// where the last document's run ended one longer, and the mirror chunks of a run of the rest
+// backward from where the last one's began), with no call through a std::function a chunk: 16M
+// one-token chunks for 16M tokens of short documents, a tenth of the plan.
+Pieces rank_pieces(const std::vector<std::int64_t>& cu, int cp) {
+  Pieces p;
+  const std::int64_t parts = 2 * std::int64_t(cp), docs = std::int64_t(cu.size()) - 1;
+  p.begin.reserve(std::size_t(std::min(cu.back(), parts * docs) + 1));
+  p.member.reserve(p.begin.capacity() - 1);
+  PieceWriter out{p};
+  auto in_run = [&](std::int64_t r, std::int64_t first, std::int64_t count) { return (r - first + cp) % cp < count; };
+  std::int64_t forward = 0, backward = 0;
+  for (std::size_t i = 1; i < cu.size(); ++i) {
+    const std::int64_t n = cu[i] - cu[i - 1], base = n / parts, heads = std::min<std::int64_t>(n % parts, cp),
+                       tails = n % parts - heads, back = (backward - tails + cp) % cp;
+    if (base > 0) {
+      for (std::int64_t r = 0; r < cp; ++r) out.add(r, base + in_run(r, forward, heads));
+      for (std::int64_t r = cp; r-- > 0;) out.add(r, base + in_run(r, back, tails));
+    } else {  // a token on each rank of the runs: those wrapped past cp − 1 come first rising, last falling
+      for (std::int64_t r = 0; r < forward + heads - cp; ++r) out.add(r, 1);
+      for (std::int64_t r = forward; r < std::min<std::int64_t>(forward + heads, cp); ++r) out.add(r, 1);
+      for (std::int64_t r = std::min<std::int64_t>(back + tails, cp); r-- > back;) out.add(r, 1);
+      for (std::int64_t r = back + tails - cp; r-- > 0;) out.add(r, 1);
+    }
+    forward = (forward + heads) % cp, backward = back;
+  }
+  p.begin.push_back(out.at);
+  return p;
 }
 
 // The chunks of `config`'s layout in position order (for_each_member_chunk: a member's adjacent
@@ -552,6 +691,10 @@ std::optional<std::vector<HaloCounts>> swept_halo_counts(const Pieces& p, int me
 // ranks in order, then back), so the sweep visits about chunks / width pieces, not chunks, for
 // every split width.
 Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
+  if (width == 1 && token_layout(config) == TokenLayout::per_document) {
+    check_rank_chunks(config, cp, seq);
+    return rank_pieces(config.cu_seqlens, cp);
+  }
   Pieces pieces;
   // At most min(seq, 2·cp) chunks a document, about a width-th of them joined: reserved (and
   // touched only as filled), not grown by copying millions of pieces.
@@ -571,15 +714,30 @@ Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
 
 // Documents whose lengths repeat every `docs` documents, after which per-document zigzag's cuts
 // are back where they started (each document is dealt from the ranks where the last one left
-// off): every repetition is cut the same way, `tokens` further on.
+// off): every repetition is cut the same way, `tokens` further on. The repetitions hold the first
+// `repeating` documents; those after them (a tail that breaks the pattern: `1048575x16,15,1`) are
+// swept whole, after as many repetitions as the sweep takes.
 struct LayoutPeriod {
   std::size_t docs;
   std::int64_t tokens;
+  std::size_t repeating;
 };
 
-// The lengths' smallest period (a prefix function over them, O(documents)), repeated until the
-// runs of longer chunks it deals (heads forward, tails backward) come back to their ranks mod cp.
-std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp) {
+// The repetitions a sweep of the tail must hold for its counts to extrapolate: a window's
+// repetitions on each side of an inner one (periodic_halo_counts), for a window up to INT64_MAX.
+Wide first_repetitions(std::int64_t left, std::int64_t tokens) { return 2 * (Wide(left) / tokens + 2) + 1; }
+
+// How many times the runs of longer chunks that documents [0, q) deal (heads forward, tails
+// backward) must repeat to come back to their ranks mod cp; heads and tails summed mod cp.
+std::int64_t cut_repeats(std::int64_t heads, std::int64_t tails, int cp) {
+  return std::lcm(cp / std::gcd(heads % cp, std::int64_t(cp)), cp / std::gcd(tails % cp, std::int64_t(cp)));
+}
+
+// The lengths' longest prefix that repeats with a short enough period that three sweeps of a few
+// repetitions and the tail after it cost at most a sixth of the documents: the prefixes' smallest
+// periods (a prefix function over the lengths, O(documents)) only fall as the prefix shortens, so
+// each period is tried at its longest prefix, from the whole list down while the tail is short.
+std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp, std::int64_t left) {
   const std::size_t n = cu.size() - 1;
   auto length = [&](std::size_t i) { return cu[i + 1] - cu[i]; };
   std::vector<std::uint32_t> border(n, 0);
@@ -588,40 +746,51 @@ std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, i
     while (k > 0 && length(i) != length(k)) k = border[k - 1];
     border[i] = std::uint32_t(k + (length(i) == length(k)));
   }
-  const std::size_t q = n - border[n - 1];
+  // The runs' tokens over the first documents, up to the longest period that can pay: a period
+  // repeats at least 5 times (first_repetitions) in each of the sweeps of 6 · (5 + 3) periods.
+  const std::size_t longest = n / 48 + 1;
   const std::int64_t parts = 2 * std::int64_t(cp);
-  std::int64_t heads = 0, tails = 0;
-  for (std::size_t i = 0; i < q; ++i) {
+  std::vector<std::int64_t> heads(longest + 1, 0), tails(longest + 1, 0);
+  for (std::size_t i = 0; i < longest && i < n; ++i) {
     const std::int64_t h = std::min<std::int64_t>(length(i) % parts, cp);
-    heads = (heads + h) % cp, tails = (tails + length(i) % parts - h) % cp;
+    heads[i + 1] = (heads[i] + h) % cp, tails[i + 1] = (tails[i] + length(i) % parts - h) % cp;
   }
-  const std::int64_t repeats = std::lcm(cp / std::gcd(heads, std::int64_t(cp)), cp / std::gcd(tails, std::int64_t(cp)));
-  if (Wide(q) * repeats > Wide(n) || cu[q] == 0) return std::nullopt;
-  return LayoutPeriod{q * std::size_t(repeats), repeats * cu[q]};
+  for (std::size_t k = n; k > 0 && 6 * (n - k) <= n;) {
+    const std::size_t q = k - border[k - 1];
+    if (q <= longest && cu[q] > 0) {
+      const std::int64_t repeats = cut_repeats(heads[q], tails[q], cp);
+      const Wide docs = Wide(q) * repeats, a0 = first_repetitions(left, repeats * cu[q]);
+      if (docs <= Wide(k) && ((a0 + 3) * docs + Wide(n - k)) * 6 <= Wide(n))
+        return LayoutPeriod{std::size_t(docs), repeats * cu[q], k};
+    }
+    while (k > 0 && k - border[k - 1] >= q) --k;  // the longest prefix of a shorter period
+  }
+  return std::nullopt;
 }
 
-}  // namespace
+// Documents [0, count) of `cu` then the documents from `from` on, as boundaries.
+void cut_documents(const std::vector<std::int64_t>& cu, std::size_t count, std::size_t from,
+                   std::vector<std::int64_t>& out) {
+  out.assign(cu.begin(), cu.begin() + std::ptrdiff_t(count) + 1);
+  for (std::size_t i = from; i + 1 < cu.size(); ++i) out.push_back(out.back() + cu[i + 1] - cu[i]);
+}
 
 // A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
 // partner windows it reads, the band of its member's previous piece): the pieces of a period
 // more than L + a period from both ends count the same as the next period's. So with `a`
-// periods and the r documents left over, each count is f(a) = f(a0) + (a − a0)·(f(a0 + 1) −
-// f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
+// periods and the r documents left over (the tail), each count is f(a) = f(a0) + (a − a0)·(f(a0 +
+// 1) − f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
 // partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
-std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
-                                                            std::int64_t seq) {
+std::optional<std::vector<HaloCounts>> extrapolated_counts(const CpConfig& config, int cp, int width,
+                                                           const LayoutPeriod* period) {
+  if (period == nullptr) return std::nullopt;
   const std::int64_t left = config.window_left;
-  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
-    return std::nullopt;
-  const std::optional<LayoutPeriod> period = layout_period(config.cu_seqlens, cp);
-  if (!period) return std::nullopt;
-  const std::size_t docs = config.cu_seqlens.size() - 1, n = docs / period->docs, rest = docs % period->docs;
-  const Wide a0 = 2 * (Wide(left) / period->tokens + 2) + 1;                // a window up to INT64_MAX
-  if ((a0 + 3) * Wide(period->docs) * 6 > Wide(docs)) return std::nullopt;  // a sixth of the documents
+  const std::size_t n = period->repeating / period->docs, rest = period->repeating % period->docs;
+  const Wide a0 = first_repetitions(left, period->tokens);
   std::array<std::vector<HaloCounts>, 3> f;
   CpConfig part = config;  // one copy of the documents, cut shorter for each sweep
   for (std::size_t k = f.size(); k-- > 0;) {
-    part.cu_seqlens.resize((std::size_t(a0) + k) * period->docs + rest + 1);
+    cut_documents(config.cu_seqlens, (std::size_t(a0) + k) * period->docs + rest, period->repeating, part.cu_seqlens);
     const std::int64_t s = part.cu_seqlens.back();
     std::optional<std::vector<HaloCounts>> h =
         swept_halo_counts(pieces_of(part, cp, width, s), cp / width, left, s, PartnerCount::cheapest, nullptr);
@@ -642,21 +811,48 @@ std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& conf
   return out;
 }
 
+// The layout's period, if its documents repeat under a bounded window (layout_period).
+std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64_t seq) {
+  const std::int64_t left = config.window_left;
+  if (token_layout(config) != TokenLayout::per_document || left < 0 || seq != config.cu_seqlens.back())
+    return std::nullopt;
+  return layout_period(config.cu_seqlens, cp, left);
+}
+
+}  // namespace
+
+std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
+                                                            std::int64_t seq) {
+  const std::optional<LayoutPeriod> period = period_of(config, cp, seq);
+  return extrapolated_counts(config, cp, width, period ? &*period : nullptr);
+}
+
 namespace {
 
 // Members of `k` times the width: each k consecutive members joined into one, and the pieces
 // that become adjacent pieces of one member joined, in place. The planner sweeps the split widths
 // 1, 2, 4, ... in turn: each width's pieces from the last one's in a pass over them, where
 // for_each_member_chunk walks every document's cut again (a third of the sweep at 16M tokens).
-void join_members(Pieces& p, std::int32_t k) {
+// The wider member: a shift where k is a power of two (every split width the planner sweeps),
+// where a division a piece was half of the pass.
+template <typename Wider>
+void join_members_by(Pieces& p, Wider wider) {
   std::size_t n = 0;
   for (std::size_t i = 0; i < p.size(); ++i) {
-    const std::int32_t m = p.member[i] / k;
+    const std::int32_t m = wider(p.member[i]);
     if (n > 0 && p.member[n - 1] == m) continue;
     p.begin[n] = p.begin[i], p.member[n] = m, ++n;
   }
   p.begin[n] = p.begin.back();
   p.begin.resize(n + 1), p.member.resize(n);
+}
+
+void join_members(Pieces& p, std::int32_t k) {
+  if (std::has_single_bit(std::uint32_t(k))) {
+    const int shift = std::countr_zero(std::uint32_t(k));
+    return join_members_by(p, [shift](std::int32_t m) { return m >> shift; });
+  }
+  join_members_by(p, [k](std::int32_t m) { return m / k; });
 }
 
 // A number for the document boundaries `cu`, the same as the last call's exactly when `cu` is
@@ -694,6 +890,35 @@ const Pieces& member_pieces(const CpConfig& config, int cp, int width, std::int6
   return last.pieces;
 }
 
+// The layout's period (period_of) of the last documents, cp, seq and window: the planner asks it
+// at every split width, and finding it reads every document (a prefix function over them).
+// `documents`: documents_generation of config's.
+const LayoutPeriod* memo_period(const CpConfig& config, int cp, std::int64_t seq, std::uint64_t documents) {
+  struct Last {
+    std::uint64_t documents = 0;
+    std::array<std::int64_t, 3> sizes{};  // cp, seq, window_left
+    std::optional<LayoutPeriod> period;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 3> sizes{cp, seq, config.window_left};
+  if (last.documents != documents || last.sizes != sizes) last = {documents, sizes, period_of(config, cp, seq)};
+  return last.period ? &*last.period : nullptr;
+}
+
+// The partner rows of the last sweep of the same documents (their documents_generation), cp, seq
+// and window, for the next split width to fold (swept_halo_counts); emptied when they change.
+PartnerRows& memo_rows(int cp, std::int64_t seq, std::int64_t left, std::uint64_t documents) {
+  struct Last {
+    std::uint64_t documents = 0;
+    std::array<std::int64_t, 3> sizes{};  // cp, seq, window_left
+    PartnerRows rows;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 3> sizes{cp, seq, left};
+  if (last.documents != documents || last.sizes != sizes) last = {documents, sizes, {}};
+  return last.rows;
+}
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
@@ -710,10 +935,11 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   const std::uint64_t documents = documents_generation(config.cu_seqlens);
   if (last.counts.empty() || last.sizes != sizes || last.documents != documents) {
-    std::optional<std::vector<HaloCounts>> swept = periodic_halo_counts(config, cp, width, seq);
+    std::optional<std::vector<HaloCounts>> swept =
+        extrapolated_counts(config, cp, width, memo_period(config, cp, seq, documents));
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
-                                PartnerCount::cheapest, nullptr);
+                                PartnerCount::cheapest, nullptr, &memo_rows(cp, seq, config.window_left, documents));
     if (!swept) return nullptr;
     last = {documents, sizes, std::move(*swept)};
   }
