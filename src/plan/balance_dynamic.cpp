@@ -474,6 +474,7 @@ struct GreedyBest {
   double bound = 0, total = 0, end = 0;
   BalanceGroup group;
   bool any = false;
+  bool by_area = false;  // bound is the area term of total: a child of no less total has no less bound
   bool beats(double b, double t) const { return !any || b < bound || (b == bound && t < total); }
 };
 
@@ -496,8 +497,10 @@ void greedy_child(const BeamShape& shape, const OptionList& list, const Ranks& r
       const double end = m + seconds, next_most = std::max(most, end);
       if (lost || (best.any && next_most > best.bound)) return;
       const double t = total + end * size - std::accumulate(x, x + size, 0.0);
-      const double bound = area_bound ? std::max(next_most, (t + rest) / world) : next_most;
-      if (best.beats(bound, t)) best = {bound, t, end, {firsts[p], size}, true};
+      if (best.by_area && t >= best.total) return;  // its area term, so its bound, is no less: no division
+      const double area = area_bound ? (t + rest) / world : 0.0;
+      const double bound = area_bound ? std::max(next_most, area) : next_most;
+      if (best.beats(bound, t)) best = {bound, t, end, {firsts[p], size}, true, area_bound && bound == area};
     };
     // A window's bound is at least its end's, so at least its first rank's block's least time
     // plus seconds; for one rank, also at least the floor total's (least_single_total, −1 where
