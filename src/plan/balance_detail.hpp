@@ -131,6 +131,26 @@ void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end)
 // reads the same values in the same order, so its busiest member and its sum are the same bits.
 std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int size,
                             const std::vector<std::uint32_t>& run_end);
+// The least time of each block of kLeastBlock ranks, kept as ranks lo.. hi − 1 of `times` are
+// set to `value` (a block inside them holds it; the others, at most two, are read again): scans
+// pass over the blocks whose least time rules all their ranks out.
+constexpr std::size_t kLeastBlock = 32;
+inline void fill_least(const std::vector<double>& times, std::vector<double>& least, std::size_t lo, std::size_t hi,
+                       double value) {
+  for (std::size_t b = lo / kLeastBlock; b * kLeastBlock < hi; ++b) {
+    const std::size_t from = b * kLeastBlock, to = std::min(times.size(), from + kLeastBlock);
+    least[b] = from >= lo && to <= hi
+                   ? value
+                   : *std::min_element(times.begin() + std::ptrdiff_t(from), times.begin() + std::ptrdiff_t(to));
+  }
+}
+// The first rank holding the least of `times`, through its blocks' least times.
+inline std::size_t first_least(const std::vector<double>& times, const std::vector<double>& least) {
+  const auto block = std::min_element(least.begin(), least.end());
+  const auto from = times.begin() + (block - least.begin()) * std::ptrdiff_t(kLeastBlock);
+  return std::size_t(std::find(from, times.end(), *block) - times.begin());
+}
+
 // The ranks' free times (or loads) as the dynamic policy's greedy scans read them, with the runs
 // of equal times kept as groups fill them. While runs are few (steps of equal lengths, the first
 // levels) a scan reads one window a class (balance_dynamic.cpp's for_each_class), the runs'
@@ -140,7 +160,7 @@ std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int s
 // kept.
 class Ranks {
  public:
-  static constexpr std::size_t kBlock = 32;
+  static constexpr std::size_t kBlock = kLeastBlock;
   explicit Ranks(int world) : times_(std::size_t(world), 0.0), least_((times_.size() + kBlock - 1) / kBlock, 0.0) {}
   const std::vector<double>& times() const { return times_; }
   void fill(int first, int size, double value) {
@@ -148,10 +168,7 @@ class Ranks {
     starts_count_ -= count_starts(lo, hi);
     std::fill(times_.begin() + std::ptrdiff_t(lo), times_.begin() + std::ptrdiff_t(hi), value);
     starts_count_ += count_starts(lo, hi);
-    for (std::size_t b = lo / kBlock; b * kBlock < hi; ++b) {
-      const auto from = times_.begin() + std::ptrdiff_t(b * kBlock);
-      least_[b] = *std::min_element(from, from + std::ptrdiff_t(std::min(kBlock, times_.size() - b * kBlock)));
-    }
+    fill_least(times_, least_, lo, hi, value);
     if (classes_) {
       starts_.erase(starts_.upper_bound(std::uint32_t(lo)), starts_.lower_bound(std::uint32_t(hi)));
       for (std::size_t r : {lo, hi}) mark_start(r);
@@ -197,12 +214,7 @@ class Ranks {
         if (f(p)) return;
     }
   }
-  // The first rank holding the least time, found through the blocks' least times.
-  std::size_t first_least() const {
-    const auto block = std::min_element(least_.begin(), least_.end());
-    const auto from = times_.begin() + (block - least_.begin()) * std::ptrdiff_t(kBlock);
-    return std::size_t(std::find(from, times_.end(), *block) - times_.begin());
-  }
+  std::size_t first_least() const { return balance_detail::first_least(times_, least_); }
 
  private:
   // The first placement after p whose window may read other values than p's (same_window_end).

@@ -237,20 +237,23 @@ std::vector<BalanceGroup> lpt_groups(const BalanceInput& in, const Options& opti
 std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const Placements& firsts,
                                              const std::vector<BalanceGroup>& sized,
                                              const std::vector<double>& seconds) {
-  Ranks free(in.world);
+  std::vector<double> free(std::size_t(in.world), 0.0);
+  std::vector<double> least((free.size() + kLeastBlock - 1) / kLeastBlock, 0.0);
   std::vector<BalanceGroup> groups;
   for (std::size_t i = 0; i < sized.size(); ++i) {
     const int size = sized[i].size;
     const std::vector<int>& at = firsts[std::size_t(size)];
     double start = 0;
-    if (size == 1 && at.size() == free.times().size()) {  // every rank a placement: the first least
-      const int rank = int(free.first_least());
-      groups.push_back({rank, 1});
-      start = free.times()[std::size_t(rank)];
+    if (size == 1 && at.size() == free.size()) {  // every rank a placement: the first least
+      const std::size_t rank = first_least(free, least);
+      groups.push_back({int(rank), 1});
+      start = free[rank];
     } else {
-      groups.push_back(least_loaded(free.times(), at, size, &start));
+      groups.push_back(least_loaded(free, at, size, &start));
     }
-    free.fill(groups[i].first_rank, size, start + seconds[i]);
+    const std::size_t lo = std::size_t(groups[i].first_rank), hi = lo + std::size_t(size);
+    std::fill(free.begin() + std::ptrdiff_t(lo), free.begin() + std::ptrdiff_t(hi), start + seconds[i]);
+    fill_least(free, least, lo, hi, start + seconds[i]);
   }
   return groups;
 }

@@ -316,11 +316,11 @@ void AlignedLoads::add(int first, int size, double seconds) {
   for (std::size_t r = lo; r < hi; ++r) max_[leaves_ + r] += seconds;
   std::size_t level = 0;
   for (std::size_t n = leaves_, a = lo, b = hi; n >= 1; n /= 2, a /= 2, b = (b + 1) / 2, ++level) {
-    for (std::size_t k = a; k < b; ++k) {
-      if (n < leaves_) max_[n + k] = std::max(max_[2 * (n + k)], max_[2 * (n + k) + 1]);
-      std::vector<std::uint32_t>& t = least_[level];
-      for (std::size_t v = (n + k) / 2; v >= 1; v /= 2) t[v] = pick(n, t[2 * v], t[2 * v + 1]);
-    }
+    // The level's nodes a.. b − 1 changed: their maxima, then their tournament, a row at a time.
+    for (std::size_t k = a; n < leaves_ && k < b; ++k) max_[n + k] = std::max(max_[2 * (n + k)], max_[2 * (n + k) + 1]);
+    std::vector<std::uint32_t>& t = least_[level];
+    for (std::size_t v = (n + a) / 2, w = (n + b - 1) / 2; v >= 1; v /= 2, w /= 2)
+      for (std::size_t u = v; u <= w; ++u) t[u] = pick(n, t[2 * u], t[2 * u + 1]);
   }
 }
 
