@@ -29,8 +29,9 @@
 //             rank, or all ranks' time plus the least rank·seconds still to place, over world);
 //             the beam is as wide as a budget allows (up to 256 on small steps, 1 — greedy
 //             earliest-bound list scheduling — on thousands of sequences over 1024 ranks; one
-//             state wide, the best child is found by scanning windows, skipping sizes and
-//             windows that cannot win, not by making every child: the same pick);
+//             state wide, the best child is found by scanning windows, skipping sizes, windows
+//             and blocks of 32 ranks whose least free time (and, for one rank, the least total
+//             its rounding allows) cannot win, not by making every child: the same pick);
 //          3. LPT for malleable jobs: sequences in decreasing cost, each on the (size, placement)
 //             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
 //             the same sizes placed again in index order where the members are free earliest;
