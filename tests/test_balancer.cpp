@@ -309,6 +309,116 @@ TEST(Balancer, RanksScanOneWindowAClass) {
   EXPECT_EQ(read, 1u);
 }
 
+// A scan that passes over blocks reads every placement a skip does not rule out: each one it
+// leaves has a first rank whose block's least time (computed here) the skip rules out, or (while
+// runs are long) the window of the last one it read, bit for bit. first_least is the first rank
+// of the least time.
+TEST(Balancer, RanksSkipOnlyBlocksRuledOut) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int world = 1 + int(rng() % 300);
+    Cluster cluster;
+    cluster.ranks_per_node = 1 << (rng() % 4);
+    Ranks ranks(world);
+    std::vector<double> plain(std::size_t(world), 0.0);
+    for (int step = 0; step < 400; ++step) {
+      const int size = 1 + int(rng() % std::uint64_t(step % 200 < 60 ? world : std::min(world, 3)));
+      const int first = int(rng() % std::uint64_t(world - size + 1));
+      const double t = step % 200 < 60 ? 0.25 * double(rng() % 3) : double(rng() % 1000) / 7.0;
+      ranks.fill(first, size, t);
+      std::fill(plain.begin() + first, plain.begin() + first + size, t);
+      ASSERT_EQ(ranks.first_least(), std::size_t(std::min_element(plain.begin(), plain.end()) - plain.begin()));
+      const double cut = double(rng() % 1000) / 7.0;
+      const auto block_least = [&](int r) {
+        const auto b = plain.begin() + r / int(Ranks::kBlock) * int(Ranks::kBlock);
+        return *std::min_element(b, std::min(plain.end(), b + int(Ranks::kBlock)));
+      };
+      for (int c = 1; c <= world; c += 1 + int(rng() % 7)) {
+        const std::vector<int> firsts = placements(cluster, world, c);
+        std::vector<bool> read(firsts.size(), false);
+        ranks.scan(
+            firsts, c, [&](double x) { return x > cut; }, [&](std::size_t p) { return read[p] = true, false; });
+        std::size_t last = firsts.size();
+        for (std::size_t p = 0; p < firsts.size(); ++p) {
+          if (read[p]) {
+            last = p;
+            continue;
+          }
+          if (block_least(firsts[p]) > cut) continue;
+          ASSERT_LT(last, firsts.size()) << world << " " << c << " " << p;
+          const auto a = plain.begin() + firsts[last], b = plain.begin() + firsts[p];
+          ASSERT_EQ(*std::max_element(b, b + c), *std::max_element(a, a + c)) << world << " " << c << " " << p;
+          ASSERT_EQ(std::accumulate(b, b + c, 0.0), std::accumulate(a, a + c, 0.0));
+        }
+      }
+    }
+  }
+}
+
+// The floor of a one-rank total (least_single_total) is below the total greedy_child computes
+// at every free time in [0, most], over random states and near the binades' edges, and is
+// reached by some free times (else it would skip nothing).
+TEST(Balancer, OneRankTotalFloorHoldsAndIsReached) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::size_t known = 0, reached = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const double most = std::ldexp(0.5 + unit(rng), int(rng() % 20) - 10);
+    const double world = double(1 + rng() % 4096);
+    double total = most * (1 + (world - 1) * unit(rng));
+    if (trial % 4 == 0) total = std::ldexp(1.0, std::ilogb(total) + 1) * (1 - 1e-15 * double(rng() % 64));
+    if (trial % 4 == 1) total = std::ldexp(1.0, std::ilogb(total)) * (1 + 1e-15 * double(rng() % 64));
+    const double seconds = most * std::ldexp(unit(rng), -int(rng() % 30));
+    const double floor = least_single_total(total, most, seconds);
+    known += floor >= 0;
+    bool hit = false;
+    for (int k = 0; k < 200; ++k) {
+      const double x = k == 0 ? 0.0 : k == 1 ? most : most * unit(rng);
+      const double end = x + seconds;
+      const double t = total + end * 1 - std::accumulate(&x, &x + 1, 0.0);  // greedy_child's, at size 1
+      if (floor >= 0) ASSERT_GE(t, floor) << total << " " << most << " " << seconds << " " << x;
+      hit = hit || t == floor;
+    }
+    reached += hit;
+  }
+  EXPECT_GT(known, 2000u);
+  EXPECT_GT(reached, known / 2);
+  EXPECT_EQ(least_single_total(0.0, 0.0, 1.0), -1.0);  // nothing placed: no floor
+}
+
+// AlignedLoads against least_loaded over each power-of-two size's aligned blocks of a plain
+// vector, as random blocks fill it: the same block, the same busiest load, the same loads.
+TEST(Balancer, AlignedLoadsGiveTheLeastLoadedBlock) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int world = 1 + int(rng() % 200);
+    int top = 1;
+    while (2 * top <= world) top *= 2;
+    AlignedLoads tree(world);
+    std::vector<double> load(std::size_t(world), 0.0);
+    for (int step = 0; step < 300; ++step) {
+      for (int c = 1; c <= top; c *= 2) {
+        std::vector<int> blocks;
+        for (int f = 0; f + c <= world; f += c) blocks.push_back(f);
+        double want = 0, got = 0;
+        const BalanceGroup a = least_loaded(load, blocks, c, &want), b = tree.least(c, &got);
+        ASSERT_EQ(b.first_rank, a.first_rank) << world << " " << c << " " << step;
+        ASSERT_EQ(b.size, c);
+        ASSERT_EQ(got, want);
+      }
+      const int c = 1 << (rng() % std::uint64_t(std::ilogb(top) + 1));
+      const int first = c * int(rng() % std::uint64_t(world / c));
+      const double seconds = trial % 2 ? double(rng() % 4) : double(rng() % 1000) / 7.0;  // ties, then few
+      tree.add(first, c, seconds);
+      for (int r = first; r < first + c; ++r) load[std::size_t(r)] += seconds;
+      for (int r = 0; r < world; ++r) ASSERT_EQ(tree.load(r), load[std::size_t(r)]);
+    }
+  }
+}
+
 TEST(Balancer, Deterministic) {
   std::mt19937_64 rng(7);
   BalanceInput in = small_model(8, random_lengths(rng, 40));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -98,6 +99,28 @@ std::vector<int> placements(const Cluster& cluster, int world, int size);
 [[noreturn]] void throw_unplaceable(const BalanceInput& in, std::size_t i, CostTable& costs, const std::string& where);
 // Of `firsts`, the group of `size` whose busiest member's `load` is least (the lowest on ties).
 BalanceGroup least_loaded(const std::vector<double>& load, const std::vector<int>& firsts, int size, double* busiest);
+// Loads of `world` ranks that grow by blocks, and for each power-of-two size c the aligned block
+// [k·c, (k + 1)·c) inside the world whose busiest member's load is least, the lowest on ties:
+// least_loaded over pow2's blocks, read from a tree (a max tree over the ranks, and over each
+// level's nodes a tournament by (max, index)) in O(1), kept in O(c log world) an add.
+class AlignedLoads {
+ public:
+  explicit AlignedLoads(int world);
+  // load[r] += seconds for r in [first, first + size): an aligned block of a power-of-two size.
+  void add(int first, int size, double seconds);
+  // The least-loaded block of `size` (a power of two <= world), its busiest load in `busiest`.
+  BalanceGroup least(int size, double* busiest) const;
+  double load(int rank) const { return max_[leaves_ + std::size_t(rank)]; }
+
+ private:
+  // Of nodes j, k of the level of n nodes, the less loaded (the lower on ties).
+  std::uint32_t pick(std::size_t n, std::uint32_t j, std::uint32_t k) const {
+    return max_[n + k] < max_[n + j] ? k : j;
+  }
+  std::size_t world_, leaves_ = 1;
+  std::vector<double> max_;                        // heap order: node v's children 2v, 2v + 1; the ranks at leaves_..
+  std::vector<std::vector<std::uint32_t>> least_;  // by level (c = 2^level): tournament over its nodes
+};
 // Sequence indices by decreasing key, ties by index.
 std::vector<std::size_t> decreasing(const std::vector<double>& key);
 // Runs of bit-identical times: end[x] is the first rank after x whose time differs (or the size).
@@ -108,6 +131,26 @@ void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end)
 // reads the same values in the same order, so its busiest member and its sum are the same bits.
 std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int size,
                             const std::vector<std::uint32_t>& run_end);
+// The least time of each block of kLeastBlock ranks, kept as ranks lo.. hi − 1 of `times` are
+// set to `value` (a block inside them holds it; the others, at most two, are read again): scans
+// pass over the blocks whose least time rules all their ranks out.
+constexpr std::size_t kLeastBlock = 32;
+inline void fill_least(const std::vector<double>& times, std::vector<double>& least, std::size_t lo, std::size_t hi,
+                       double value) {
+  for (std::size_t b = lo / kLeastBlock; b * kLeastBlock < hi; ++b) {
+    const std::size_t from = b * kLeastBlock, to = std::min(times.size(), from + kLeastBlock);
+    least[b] = from >= lo && to <= hi
+                   ? value
+                   : *std::min_element(times.begin() + std::ptrdiff_t(from), times.begin() + std::ptrdiff_t(to));
+  }
+}
+// The first rank holding the least of `times`, through its blocks' least times.
+inline std::size_t first_least(const std::vector<double>& times, const std::vector<double>& least) {
+  const auto block = std::min_element(least.begin(), least.end());
+  const auto from = times.begin() + (block - least.begin()) * std::ptrdiff_t(kLeastBlock);
+  return std::size_t(std::find(from, times.end(), *block) - times.begin());
+}
+
 // The ranks' free times (or loads) as the dynamic policy's greedy scans read them, with the runs
 // of equal times kept as groups fill them. While runs are few (steps of equal lengths, the first
 // levels) a scan reads one window a class (balance_dynamic.cpp's for_each_class), the runs'
@@ -117,13 +160,15 @@ std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int s
 // kept.
 class Ranks {
  public:
-  explicit Ranks(int world) : times_(std::size_t(world), 0.0) {}
+  static constexpr std::size_t kBlock = kLeastBlock;
+  explicit Ranks(int world) : times_(std::size_t(world), 0.0), least_((times_.size() + kBlock - 1) / kBlock, 0.0) {}
   const std::vector<double>& times() const { return times_; }
   void fill(int first, int size, double value) {
     const std::size_t lo = std::size_t(first), hi = lo + std::size_t(size);
     starts_count_ -= count_starts(lo, hi);
     std::fill(times_.begin() + std::ptrdiff_t(lo), times_.begin() + std::ptrdiff_t(hi), value);
     starts_count_ += count_starts(lo, hi);
+    fill_least(times_, least_, lo, hi, value);
     if (classes_) {
       starts_.erase(starts_.upper_bound(std::uint32_t(lo)), starts_.lower_bound(std::uint32_t(hi)));
       for (std::size_t r : {lo, hi}) mark_start(r);
@@ -148,6 +193,28 @@ class Ranks {
     for (std::size_t p = 0; p < firsts.size(); p = next(firsts, p, size))
       if (f(p)) return;
   }
+  // The same, but while the times mostly differ (no classes) the placements whose first rank lies
+  // in a block of kBlock ranks with a least time `skip` rules out are passed over (a window's
+  // busiest member is at least its first rank's block's least time).
+  template <class Skip, class F>
+  void scan(const std::vector<int>& firsts, int size, Skip skip, F f) const {
+    if (classes_) return scan(firsts, size, f);
+    for (std::size_t p = 0; p < firsts.size();) {
+      const std::size_t b = std::size_t(firsts[p]) / kBlock;
+      const int next = int((b + 1) * kBlock);
+      if (skip(least_[b])) {  // placements are distinct ranks: the block's are at most next − firsts[p]
+        const std::size_t q = std::min(firsts.size(), p + std::size_t(next - firsts[p]));
+        p = firsts[q - 1] < next ? q
+                                 : std::size_t(std::lower_bound(firsts.begin() + std::ptrdiff_t(p),
+                                                                firsts.begin() + std::ptrdiff_t(q), next) -
+                                               firsts.begin());
+        continue;
+      }
+      for (; p < firsts.size() && firsts[p] < next; ++p)
+        if (f(p)) return;
+    }
+  }
+  std::size_t first_least() const { return balance_detail::first_least(times_, least_); }
 
  private:
   // The first placement after p whose window may read other values than p's (same_window_end).
@@ -173,10 +240,19 @@ class Ranks {
     return b;
   }
   std::vector<double> times_;
+  std::vector<double> least_;       // by block of kBlock ranks: the least time
   std::set<std::uint32_t> starts_;  // while classes_: every r that starts_run
   std::size_t starts_count_ = 0;
   bool classes_ = true;  // all ranks free at 0: one run
 };
+
+// A floor of the total greedy_child gives a group of one rank at free time x, for every x in
+// [0, most]: t = (total + end) − x with end = x + seconds, each rounded to nearest. While
+// total + most + seconds stays in total's binade (of ulp u), end is within (most + seconds)·2^-53
+// of x + seconds and the two other roundings within u / 2 each, so t is a multiple of u no
+// lower than total + seconds − u − that: the floor is the least such multiple (less a sliver), which
+// the ranks whose rounding goes down reach. −1 (below every total) outside those conditions.
+double least_single_total(double total, double most, double seconds);
 
 // The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,

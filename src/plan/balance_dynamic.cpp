@@ -171,8 +171,8 @@ Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
   list.for_each_size([&](std::size_t k0, int size, double seconds, const std::vector<int>& firsts) {
     sizes[count++] = {k0, size, seconds, &firsts};
   });
-  std::stable_sort(sizes.begin(), sizes.begin() + std::ptrdiff_t(count),
-                   [](const Size& a, const Size& b) { return a.seconds < b.seconds; });
+  for (std::size_t z = 1; z < count; ++z)  // a stable insertion sort: a few sizes, no buffer to allocate
+    for (std::size_t y = z; y > 0 && sizes[y].seconds < sizes[y - 1].seconds; --y) std::swap(sizes[y], sizes[y - 1]);
   Option best;
   double best_end = -1, best_area = 0;
   std::size_t best_k = 0;
@@ -190,7 +190,7 @@ Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
     const auto* const firsts = sizes[z].firsts;
     const double area = seconds * size;
     if (!before(least + seconds, area, k0)) continue;
-    ranks.scan(*firsts, size, [&](std::size_t p) {
+    auto visit = [&](std::size_t p) {
       const double* x = load.data() + (*firsts)[p];
       double m = x[0];
       bool lost = false;
@@ -198,7 +198,13 @@ Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
       if (!lost && before(m + seconds, area, k0 + p))
         best = {{(*firsts)[p], size}, seconds}, best_end = m + seconds, best_area = area, best_k = k0 + p;
       return m == least;
-    });
+    };
+    // A window whose first rank's block's least load ends past the best, or at it with more
+    // rank·seconds, is no better choice.
+    auto cannot_win = [&](double x) {
+      return best_end >= 0 && (x + seconds > best_end || (x + seconds == best_end && area > best_area));
+    };
+    ranks.scan(*firsts, size, cannot_win, visit);
   }
   return best;
 }
@@ -232,12 +238,22 @@ std::vector<BalanceGroup> index_order_groups(const BalanceInput& in, const Place
                                              const std::vector<BalanceGroup>& sized,
                                              const std::vector<double>& seconds) {
   std::vector<double> free(std::size_t(in.world), 0.0);
+  std::vector<double> least((free.size() + kLeastBlock - 1) / kLeastBlock, 0.0);
   std::vector<BalanceGroup> groups;
   for (std::size_t i = 0; i < sized.size(); ++i) {
+    const int size = sized[i].size;
+    const std::vector<int>& at = firsts[std::size_t(size)];
     double start = 0;
-    groups.push_back(least_loaded(free, firsts[std::size_t(sized[i].size)], sized[i].size, &start));
-    std::fill(free.begin() + groups[i].first_rank, free.begin() + groups[i].first_rank + groups[i].size,
-              start + seconds[i]);
+    if (size == 1 && at.size() == free.size()) {  // every rank a placement: the first least
+      const std::size_t rank = first_least(free, least);
+      groups.push_back({int(rank), 1});
+      start = free[rank];
+    } else {
+      groups.push_back(least_loaded(free, at, size, &start));
+    }
+    const std::size_t lo = std::size_t(groups[i].first_rank), hi = lo + std::size_t(size);
+    std::fill(free.begin() + std::ptrdiff_t(lo), free.begin() + std::ptrdiff_t(hi), start + seconds[i]);
+    fill_least(free, least, lo, hi, start + seconds[i]);
   }
   return groups;
 }
@@ -461,6 +477,7 @@ struct GreedyBest {
   double bound = 0, total = 0, end = 0;
   BalanceGroup group;
   bool any = false;
+  bool by_area = false;  // bound is the area term of total: a child of no less total has no less bound
   bool beats(double b, double t) const { return !any || b < bound || (b == bound && t < total); }
 };
 
@@ -475,18 +492,31 @@ void greedy_child(const BeamShape& shape, const OptionList& list, const Ranks& r
     const double least_most = std::max(most, seconds);
     const double least = area_bound ? std::max(least_most, (least_total + rest) / world) : least_most;
     if (best.any && (least > best.bound || (least >= best.bound && least_total > best.total))) return;
-    ranks.scan(firsts, size, [&](std::size_t p) {
+    auto visit = [&](std::size_t p) {
       const double* x = free.data() + firsts[p];
       double m = x[0];
       bool lost = false;
       for (int r = 1; r < size && !lost; ++r) m = std::max(m, x[r]), lost = best.any && m + seconds > best.bound;
       const double end = m + seconds, next_most = std::max(most, end);
-      if (lost || (best.any && next_most > best.bound)) return false;
+      if (lost || (best.any && next_most > best.bound)) return;
       const double t = total + end * size - std::accumulate(x, x + size, 0.0);
-      const double bound = area_bound ? std::max(next_most, (t + rest) / world) : next_most;
-      if (best.beats(bound, t)) best = {bound, t, end, {firsts[p], size}, true};
-      return false;
-    });
+      if (best.by_area && t >= best.total) return;  // its area term, so its bound, is no less: no division
+      const double area = area_bound ? (t + rest) / world : 0.0;
+      const double bound = area_bound ? std::max(next_most, area) : next_most;
+      if (best.beats(bound, t)) best = {bound, t, end, {firsts[p], size}, true, area_bound && bound == area};
+    };
+    // A window's bound is at least its end's, so at least its first rank's block's least time
+    // plus seconds; for one rank, also at least the floor total's (least_single_total, −1 where
+    // unknown or for more ranks), its total at least that floor: a block whose least time gives
+    // no more than a tie with the best cannot win (a tie goes to the first).
+    const double floor_total = size == 1 ? least_single_total(total, most, seconds) : -1.0;
+    const double floor_area = (floor_total + rest) / world;
+    auto cannot_win = [&](double x) {
+      const double b = std::max(most, x + seconds);
+      const double lb = area_bound && floor_total >= 0 ? std::max(b, floor_area) : b;
+      return best.any && (lb > best.bound || (lb == best.bound && floor_total >= best.total));
+    };
+    ranks.scan(firsts, size, cannot_win, [&](std::size_t p) { return visit(p), false; });
   });
 }
 
@@ -595,6 +625,17 @@ Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<
 }
 
 }  // namespace
+
+double least_single_total(double total, double most, double seconds) {
+  int e = 0;
+  std::frexp(total, &e);  // total's binade is [lo, 2 lo), its ulp u
+  const double lo = std::ldexp(1.0, e - 1), u = std::ldexp(1.0, e - 53);
+  const double slack = (most + seconds) * 0x1p-51;  // 4x the rounding of x + seconds, x <= most
+  const bool one_binade = total >= 0x1p-900 && total >= lo + 4 * u && seconds > slack && most >= 0 &&
+                          total + (most + seconds) * 1.001 + 8 * u < 2 * lo;
+  if (!one_binade || !std::isfinite(total + seconds)) return -1.0;
+  return total + (std::ceil((seconds - slack) / u) - 1) * u;
+}
 
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
                                          const std::vector<std::vector<BalanceGroup>>& baselines) {

@@ -29,8 +29,9 @@
 //             rank, or all ranks' time plus the least rank·seconds still to place, over world);
 //             the beam is as wide as a budget allows (up to 256 on small steps, 1 — greedy
 //             earliest-bound list scheduling — on thousands of sequences over 1024 ranks; one
-//             state wide, the best child is found by scanning windows, skipping sizes and
-//             windows that cannot win, not by making every child: the same pick);
+//             state wide, the best child is found by scanning windows, skipping sizes, windows
+//             and blocks of 32 ranks whose least free time (and, for one rank, the least total
+//             its rounding allows) cannot win, not by making every child: the same pick);
 //          3. LPT for malleable jobs: sequences in decreasing cost, each on the (size, placement)
 //             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
 //             the same sizes placed again in index order where the members are free earliest;
@@ -58,6 +59,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -287,10 +289,48 @@ std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int s
 
 // Sequence indices by decreasing key, ties by index.
 std::vector<std::size_t> decreasing(const std::vector<double>& key) {
+  // Each key sorted beside its index: an index sort reads key[a] at random, most of its time at
+  // 2^20 sequences.
+  std::vector<std::pair<double, std::size_t>> keyed(key.size());
+  for (std::size_t i = 0; i < key.size(); ++i) keyed[i] = {key[i], i};
+  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::size_t> order(key.size());
-  std::iota(order.begin(), order.end(), std::size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] > key[b]; });
+  for (std::size_t i = 0; i < key.size(); ++i) order[i] = keyed[i].second;
   return order;
+}
+
+AlignedLoads::AlignedLoads(int world) : world_(std::size_t(world)) {
+  while (leaves_ < world_) leaves_ *= 2;
+  max_.assign(2 * leaves_, std::numeric_limits<double>::infinity());  // ranks past the world never win
+  for (std::size_t r = 0; r < world_; ++r) max_[leaves_ + r] = 0;
+  for (std::size_t v = leaves_; v-- > 1;) max_[v] = std::max(max_[2 * v], max_[2 * v + 1]);
+  for (std::size_t n = leaves_; n >= 1; n /= 2) {  // level of n nodes: max_[n.. 2n − 1]
+    std::vector<std::uint32_t> t(2 * n);
+    for (std::size_t k = 0; k < n; ++k) t[n + k] = std::uint32_t(k);
+    least_.push_back(std::move(t));
+    for (std::size_t v = n; v-- > 1;) least_.back()[v] = pick(n, least_.back()[2 * v], least_.back()[2 * v + 1]);
+  }
+}
+
+void AlignedLoads::add(int first, int size, double seconds) {
+  const std::size_t lo = std::size_t(first), hi = lo + std::size_t(size);
+  for (std::size_t r = lo; r < hi; ++r) max_[leaves_ + r] += seconds;
+  std::size_t level = 0;
+  for (std::size_t n = leaves_, a = lo, b = hi; n >= 1; n /= 2, a /= 2, b = (b + 1) / 2, ++level) {
+    // The level's nodes a.. b − 1 changed: their maxima, then their tournament, a row at a time.
+    for (std::size_t k = a; n < leaves_ && k < b; ++k) max_[n + k] = std::max(max_[2 * (n + k)], max_[2 * (n + k) + 1]);
+    std::vector<std::uint32_t>& t = least_[level];
+    for (std::size_t v = (n + a) / 2, w = (n + b - 1) / 2; v >= 1; v /= 2, w /= 2)
+      for (std::size_t u = v; u <= w; ++u) t[u] = pick(n, t[2 * u], t[2 * u + 1]);
+  }
+}
+
+BalanceGroup AlignedLoads::least(int size, double* busiest) const {
+  std::size_t level = 0;
+  while ((std::size_t(1) << level) < std::size_t(size)) ++level;
+  const std::size_t n = leaves_ >> level, k = least_[level][1];  // the root (a lone node: its leaf)
+  *busiest = max_[n + k];
+  return {int(k) * size, size};
 }
 
 }  // namespace balance_detail
@@ -351,8 +391,12 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   int top = 1;
   while (2 * top <= in.world) top *= 2;
   const std::size_t n = in.lengths.size();
-  std::vector<int> size(n);
-  std::vector<double> length(n);
+  struct Job {  // what the placement reads of sequence `index`, in the order it places them
+    double length, seconds;
+    std::size_t index;
+    int size;
+  };
+  std::vector<Job> jobs(n);
   for (std::size_t i = 0; i < n; ++i) {
     // The smallest runnable power of two >= need, else the largest runnable one (a strategy's
     // head limit, or the world, caps it).
@@ -364,19 +408,17 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
       if (c >= need) break;
     }
     if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
-    size[i] = chosen;
-    length[i] = double(in.lengths[i]);
+    jobs[i] = {double(in.lengths[i]), costs.of(i, chosen).seconds, i, chosen};
   }
-  std::vector<double> load(std::size_t(in.world), 0.0);
+  // Longest first, ties by index; sorted whole, not by index: at 2^20 sequences reads at random
+  // indices are most of the time.
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.length > b.length; });
+  AlignedLoads load(in.world);  // least_loaded over each size's aligned blocks, from a tree
   std::vector<BalanceGroup> groups(n);
-  std::map<int, std::vector<int>> blocks;  // by size: its aligned blocks' first ranks
-  for (std::size_t i : decreasing(length)) {
-    auto [at, fresh] = blocks.try_emplace(size[i]);
-    for (int f = 0; fresh && f + size[i] <= in.world; f += size[i]) at->second.push_back(f);
+  for (const Job& j : jobs) {
     double busiest = 0;
-    groups[i] = least_loaded(load, at->second, size[i], &busiest);
-    const double seconds = costs.of(i, size[i]).seconds;
-    for (int r = groups[i].first_rank; r < groups[i].first_rank + size[i]; ++r) load[std::size_t(r)] += seconds;
+    groups[j.index] = load.least(j.size, &busiest);
+    load.add(groups[j.index].first_rank, j.size, j.seconds);
   }
   return groups;
 }
