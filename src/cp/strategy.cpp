@@ -116,9 +116,11 @@ CommVolume Strategy::keyed_traffic(const CpConfig& config, int cp, int rank, con
 
 namespace {
 
-// The last whole document's length and its visible pairs against all the keys.
+// The last whole document's length and its visible pairs against all the keys, and where the
+// last chunk ended (the index of the boundary ending its document).
 struct WholeDocument {
   std::int64_t length = -1, pairs = 0;
+  std::size_t next = 0;
 };
 
 // visible_pairs of the queries `q` against all `seq` keys of `config`'s documents (no q_offset):
@@ -129,13 +131,18 @@ std::int64_t pairs_against_all(const CpConfig& config, const SeqChunk& q, std::i
   const std::vector<std::int64_t>& cu = config.cu_seqlens;
   const Window w{config.window_left, config.window_right};
   const std::int64_t end = q.begin + q.length;
-  // The document holding p is [cu[i − 1], cu[i]).
-  std::size_t i = std::size_t(std::upper_bound(cu.begin(), cu.end(), q.begin) - cu.begin());
+  // The document holding p is [cu[i − 1], cu[i]): from the last chunk's, a search when q lies
+  // before it (zigzag's mirror chunks) or far after it.
+  std::size_t& i = last.next;
+  if (i == 0 || cu[i - 1] > q.begin || q.begin - cu[i - 1] > q.length)
+    i = std::size_t(std::upper_bound(cu.begin(), cu.end(), q.begin) - cu.begin());
+  while (cu[i] <= q.begin) ++i;
   std::int64_t n = 0;
   for (std::int64_t p = q.begin; p < end;) {
     const std::int64_t to = std::min(cu[i], end);
     if (p == cu[i - 1] && to == cu[i]) {
-      if (to - p != last.length) last = {to - p, visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor)};
+      if (to - p != last.length)
+        last.length = to - p, last.pairs = visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor);
       n += last.pairs;
     } else {
       n += visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor);
@@ -154,7 +161,7 @@ std::vector<std::int64_t> computed_pairs(const CpConfig& config, int cp, std::in
   std::vector<std::int64_t> pairs(std::size_t(std::max(cp, 0)));
   std::size_t cursor = 0;  // the chunks come in position order under per-document zigzag
   if (!config.q_offset && kv_seq == seq && !config.cu_seqlens.empty() &&
-      token_layout(config) != TokenLayout::per_document) {
+      token_layout(config) != TokenLayout::per_document && documents_error(config, seq).empty()) {
     WholeDocument last;  // a rank's chunk or two (contiguous, zigzag) over many documents
     for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
       pairs[std::size_t(r)] += pairs_against_all(config, c, seq, last, cursor);
