@@ -139,15 +139,18 @@ std::int64_t pairs_against_all(const CpConfig& config, const SeqChunk& q, std::i
   while (cu[i] <= q.begin) ++i;
   std::int64_t n = 0;
   for (std::int64_t p = q.begin; p < end;) {
-    const std::int64_t to = std::min(cu[i], end);
-    if (p == cu[i - 1] && to == cu[i]) {
-      if (to - p != last.length)
-        last.length = to - p, last.pairs = visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor);
-      n += last.pairs;
+    if (p == cu[i - 1] && cu[i] <= end) {  // whole: it and the next ones of its length in q
+      if (cu[i] - p != last.length)
+        last.length = cu[i] - p, last.pairs = visible_pairs(cu, config.causal, {p, cu[i] - p}, {0, seq}, w, cursor);
+      std::size_t j = i + 1;
+      while (j < cu.size() && cu[j] <= end && cu[j] - cu[j - 1] == last.length) ++j;
+      n += std::int64_t(j - i) * last.pairs;
+      p = cu[j - 1], i = j;
     } else {
+      const std::int64_t to = std::min(cu[i], end);
       n += visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor);
+      p = to;
     }
-    p = to;
     while (i < cu.size() && cu[i] <= p) ++i;  // past empty documents
   }
   return n;
