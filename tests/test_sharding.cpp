@@ -193,6 +193,92 @@ TEST(Sharding, EveryMembersChunksAndEveryRanksPairsAtOnceAreTheirRanks) {
   EXPECT_NE(error_of([] { per_document_pairs(ring_with({}), 4, 64); }), "");  // plain zigzag: not per document
 }
 
+// Packings of runs of equal lengths (COUNTxLENGTH terms, counts past cp: the ranks each run's
+// documents start on wrap around many times), whose counts the planner takes a run at a time:
+// every rank's tokens and visible pairs against rank_chunks and visible_pairs chunk by chunk,
+// under per-document zigzag, plain zigzag and contiguous chunks, with windows and without.
+TEST(Sharding, RunsOfEqualLengthsCountAsTheirDocumentsOneByOne) {
+  std::mt19937_64 rng(60);
+  for (int cp : {1, 2, 3, 4, 6, 8, 12, 16})
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<std::int64_t> lengths;
+      for (std::size_t terms = 1 + rng() % 4; terms-- > 0;) {
+        const std::int64_t picks[] = {0,
+                                      1,
+                                      2,
+                                      cp - 1,
+                                      cp,
+                                      cp + 1,
+                                      2 * cp - 1,
+                                      2 * cp,
+                                      2 * cp + 1,
+                                      3 * cp - 1,
+                                      std::int64_t(rng() % (3 * cp + 1))};
+        const std::int64_t n = std::max<std::int64_t>(0, picks[rng() % std::size(picks)]);
+        lengths.insert(lengths.end(), 1 + rng() % (trial % 3 == 0 ? 5 * cp : 3), n);
+      }
+      const std::vector<std::int64_t> cu = cu_seqlens_of(lengths);
+      const std::int64_t s = cu.back();
+      if (s < 2 * cp) continue;
+      CpConfig per_document = ring_with(cu), zigzag = ring_with(cu), flat = ring_with(cu);
+      zigzag.per_document = false, flat.zigzag = false;
+      for (const auto& [left, right] : {std::pair<std::int64_t, std::int64_t>{-1, -1}, {0, -1}, {1, -1}, {5, 0}})
+        for (CpConfig* cfg : {&per_document, &zigzag, &flat}) {
+          cfg->window_left = left, cfg->window_right = right;
+          SCOPED_TRACE(::testing::Message() << "cp " << cp << " trial " << trial << " window " << left << " "
+                                            << layout_name(token_layout(*cfg)));
+          const std::vector<std::int64_t> pairs = pairs_of_ranks(*cfg, cp, s, s), tokens = tokens_of_ranks(*cfg, cp, s);
+          for (int r = 0; r < cp; ++r) {
+            std::int64_t want = 0;
+            for (const SeqChunk& c : rank_chunks(*cfg, cp, r, s))
+              want += visible_pairs(cu, true, c, {0, s}, {cfg->window_left, cfg->window_right});
+            ASSERT_EQ(pairs[std::size_t(r)], want) << "rank " << r;
+            ASSERT_EQ(tokens[std::size_t(r)], total_tokens(rank_chunks(*cfg, cp, r, s))) << "rank " << r;
+          }
+        }
+    }
+}
+
+// While a SharedDocuments holds a vector of boundaries, a config holding that very buffer gets
+// what it gets without one (counts kept, not recounted; the same errors, for each length asked),
+// and a config holding an equal copy, or other boundaries, is counted on its own.
+TEST(Sharding, SharedDocumentsAnswerAsTheDocumentsWould) {
+  const std::vector<std::int64_t> lengths{5, 5, 5, 1, 1, 1, 1, 0, 9};
+  const std::vector<std::int64_t> cu = cu_seqlens_of(lengths);
+  const std::int64_t s = cu.back();
+  CpConfig alone = ring_with(cu);
+  alone.window_left = 2;
+  const std::vector<std::int64_t> pairs = pairs_of_ranks(alone, 4, s, s), tokens = tokens_of_ranks(alone, 4, s);
+  const std::string short_by_one = error_of([&] { tokens_of_ranks(alone, 4, s + 1); });
+  ASSERT_NE(short_by_one, "");
+  std::vector<std::int64_t> lent = cu;
+  const SharedDocuments shared(lent);
+  CpConfig cfg = alone;
+  cfg.cu_seqlens.swap(lent);  // lent as the planner lends them: the buffer moves, not copied
+  EXPECT_EQ(SharedDocuments::of(cfg), &shared);
+  EXPECT_EQ(SharedDocuments::of(alone), nullptr);  // equal boundaries, another buffer
+  for (int twice = 0; twice < 2; ++twice) {
+    EXPECT_EQ(pairs_of_ranks(cfg, 4, s, s), pairs);
+    EXPECT_EQ(tokens_of_ranks(cfg, 4, s), tokens);
+    EXPECT_EQ(error_of([&] { tokens_of_ranks(cfg, 4, s + 1); }), short_by_one);
+    EXPECT_EQ(error_of([&] { pairs_of_ranks(cfg, 4, s + 1, s + 1); }), short_by_one);
+    EXPECT_EQ(documents_error(cfg, s + 1), cu_seqlens_error(cu, s + 1));
+  }
+  cfg.window_left = 0;  // another key: counted anew
+  alone.window_left = 0;
+  EXPECT_EQ(pairs_of_ranks(cfg, 4, s, s), pairs_of_ranks(alone, 4, s, s));
+  cfg.zigzag = false, alone.zigzag = false;
+  EXPECT_EQ(pairs_of_ranks(cfg, 4, s, s), pairs_of_ranks(alone, 4, s, s));
+  CpConfig other = ring_with(cu_seqlens_of(std::vector<std::int64_t>{8, 6, 13}));  // same count, other boundaries
+  EXPECT_EQ(SharedDocuments::of(other), nullptr);
+  {
+    const SharedDocuments inner(other.cu_seqlens);  // nested: the innermost answers for its own
+    EXPECT_EQ(SharedDocuments::of(other), &inner);
+    EXPECT_EQ(SharedDocuments::of(cfg), nullptr);
+  }
+  EXPECT_EQ(SharedDocuments::of(cfg), &shared);
+}
+
 TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
   const auto none = [](int, const SeqChunk&) {};
   for (const auto& c : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10

@@ -175,7 +175,7 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
         fmt::format("cu_seqlens (packed documents) needs batch 1: the documents are packed along the "
                     "sequence (thd layout), got batch {}",
                     q.b));
-  if (const std::string e = cu_seqlens_error(config.cu_seqlens, q.s); !e.empty()) throw Error(e);
+  if (const std::string e = documents_error(config, q.s); !e.empty()) throw Error(e);
 }
 
 AttentionParams attention_params(const CpConfig& config) {

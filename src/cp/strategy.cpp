@@ -10,6 +10,7 @@
 #include "ulysses/core/documents.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/cp/strategy.hpp"
+#include "ulysses/cp/token_layout.hpp"
 #include "ulysses/cp/ulysses_heads.hpp"
 
 namespace ulysses {
@@ -113,17 +114,89 @@ CommVolume Strategy::keyed_traffic(const CpConfig& config, int cp, int rank, con
   return traffic(config, cp, rank, q, kv_seq, kv_heads, dtype);
 }
 
-std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
+namespace {
+
+// The last whole document's length and its visible pairs against all the keys, and where the
+// last chunk ended (the index of the boundary ending its document).
+struct WholeDocument {
+  std::int64_t length = -1, pairs = 0;
+  std::size_t next = 0;
+};
+
+// visible_pairs of the queries `q` against all `seq` keys of `config`'s documents (no q_offset):
+// a document wholly in `q` sees only its own keys, so it has the pairs of any other whole one of
+// its length, and a run of equal lengths costs a comparison a document, not visible_pairs' walk.
+std::int64_t pairs_against_all(const CpConfig& config, const SeqChunk& q, std::int64_t seq, WholeDocument& last,
+                               std::size_t& cursor) {
+  const std::vector<std::int64_t>& cu = config.cu_seqlens;
+  const Window w{config.window_left, config.window_right};
+  const std::int64_t end = q.begin + q.length;
+  // The document holding p is [cu[i − 1], cu[i]): from the last chunk's, a search when q lies
+  // before it (zigzag's mirror chunks) or far after it.
+  std::size_t& i = last.next;
+  if (i == 0 || cu[i - 1] > q.begin || q.begin - cu[i - 1] > q.length)
+    i = std::size_t(std::upper_bound(cu.begin(), cu.end(), q.begin) - cu.begin());
+  while (cu[i] <= q.begin) ++i;
+  std::int64_t n = 0;
+  for (std::int64_t p = q.begin; p < end;) {
+    if (p == cu[i - 1] && cu[i] <= end) {  // whole: it and the next ones of its length in q
+      if (cu[i] - p != last.length)
+        last.length = cu[i] - p, last.pairs = visible_pairs(cu, config.causal, {p, cu[i] - p}, {0, seq}, w, cursor);
+      std::size_t j = i + 1;
+      while (j < cu.size() && cu[j] <= end && cu[j] - cu[j - 1] == last.length) ++j;
+      n += std::int64_t(j - i) * last.pairs;
+      p = cu[j - 1], i = j;
+    } else {
+      const std::int64_t to = std::min(cu[i], end);
+      n += visible_pairs(cu, config.causal, {p, to - p}, {0, seq}, w, cursor);
+      p = to;
+    }
+    while (i < cu.size() && cu[i] <= p) ++i;  // past empty documents
+  }
+  return n;
+}
+
+std::vector<std::int64_t> computed_pairs(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
   if (config.causal && !config.q_offset && kv_seq == seq && token_layout(config) == TokenLayout::per_document)
     return per_document_pairs(config, cp, seq);
-  const AttentionParams params = attention_params(config);
+  // The mask from the config: attention_params would copy the documents' boundaries.
+  const std::int64_t q_offset = config.q_offset.value_or(0);
   std::vector<std::int64_t> pairs(std::size_t(std::max(cp, 0)));
   std::size_t cursor = 0;  // the chunks come in position order under per-document zigzag
+  if (!config.q_offset && kv_seq == seq && !config.cu_seqlens.empty() &&
+      token_layout(config) != TokenLayout::per_document && documents_error(config, seq).empty()) {
+    WholeDocument last;  // a rank's chunk or two (contiguous, zigzag) over many documents
+    for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
+      pairs[std::size_t(r)] += pairs_against_all(config, c, seq, last, cursor);
+    });
+    return pairs;
+  }
   for_each_rank_chunk(config, cp, seq, [&](int r, const SeqChunk& c) {
-    pairs[std::size_t(r)] += visible_pairs(params.cu_seqlens, params.causal, {params.q_offset + c.begin, c.length},
-                                           {0, kv_seq}, {params.window_left, params.window_right}, cursor);
+    pairs[std::size_t(r)] += visible_pairs(config.cu_seqlens, config.causal, {q_offset + c.begin, c.length},
+                                           {0, kv_seq}, {config.window_left, config.window_right}, cursor);
   });
   return pairs;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> pairs_of_ranks(const CpConfig& config, int cp, std::int64_t seq, std::int64_t kv_seq) {
+  // Shared between the rows of a plan: the key holds every input of computed_pairs but the
+  // documents (so a key found was computed without throwing: its checks read only the key).
+  if (SharedDocuments* shared = SharedDocuments::of(config)) {
+    const SharedDocuments::Key key{1,
+                                   std::int64_t(token_layout(config)),
+                                   cp,
+                                   seq,
+                                   kv_seq,
+                                   config.causal,
+                                   config.q_offset.has_value(),
+                                   config.q_offset.value_or(0),
+                                   config.window_left,
+                                   config.window_right};
+    return shared->counts(key, [&] { return computed_pairs(config, cp, seq, kv_seq); });
+  }
+  return computed_pairs(config, cp, seq, kv_seq);
 }
 
 std::vector<std::int64_t> Strategy::work_of_ranks(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_seq,

@@ -28,6 +28,44 @@ TokenLayout per_document_layout(TokenLayout layout, const CpConfig& c) {
 
 namespace {
 
+thread_local SharedDocuments* innermost_documents = nullptr;
+
+}  // namespace
+
+SharedDocuments::SharedDocuments(const std::vector<std::int64_t>& cu)
+    : data_(cu.data()), size_(cu.size()), outer_(innermost_documents) {
+  innermost_documents = this;
+}
+
+SharedDocuments::~SharedDocuments() { innermost_documents = outer_; }
+
+SharedDocuments* SharedDocuments::of(const CpConfig& config) {
+  SharedDocuments* s = innermost_documents;
+  const bool held =
+      s && !config.cu_seqlens.empty() && config.cu_seqlens.data() == s->data_ && config.cu_seqlens.size() == s->size_;
+  return held ? s : nullptr;
+}
+
+const std::string& SharedDocuments::error(std::int64_t seq) {
+  const auto it = errors_.find(seq);
+  if (it != errors_.end()) return it->second;
+  return errors_[seq] = cu_seqlens_error({data_, size_}, seq);
+}
+
+const std::vector<std::int64_t>& SharedDocuments::counts(const Key& key,
+                                                         const std::function<std::vector<std::int64_t>()>& compute) {
+  const auto it = counts_.find(key);
+  if (it != counts_.end()) return it->second;
+  return counts_[key] = compute();
+}
+
+std::string documents_error(const CpConfig& config, std::int64_t seq) {
+  if (SharedDocuments* shared = SharedDocuments::of(config)) return shared->error(seq);
+  return cu_seqlens_error(config.cu_seqlens, seq);
+}
+
+namespace {
+
 SeqChunk chunk(const HeadRange& r) { return {r.first, r.count}; }
 
 // The layout of `config` for `seq` tokens on cp ranks. Throws Error unless every rank gets at
@@ -43,7 +81,7 @@ TokenLayout checked_layout(const CpConfig& config, int cp, std::int64_t seq) {
                     "mask: the zigzag layout cuts it into 2*cp chunks of at least one token",
                     seq, 2 * std::int64_t(cp), config.cp_comm_type));
   if (layout == TokenLayout::per_document)
-    if (const std::string e = cu_seqlens_error(config.cu_seqlens, seq); !e.empty()) throw Error(e);
+    if (const std::string e = documents_error(config, seq); !e.empty()) throw Error(e);
   return layout;
 }
 
@@ -75,6 +113,43 @@ void for_each_document_cut(const std::vector<std::int64_t>& cu, int cp, F&& f) {
     f(cut);
     forward = (forward + heads) % cp;
     backward = cut.tails_first;
+  }
+}
+
+// Documents of one length one after another, `count` of them, the first cut as `first`: each
+// next one cut alike, its longer chunks' runs moved on by the last one's (nth_cut).
+struct DocumentRun {
+  DocumentCut first;
+  std::int64_t count, length;
+};
+
+// The j-th document of `run`: for_each_document_cut's cut of it.
+DocumentCut nth_cut(const DocumentRun& run, std::int64_t j, std::int64_t cp) {
+  const DocumentCut& d = run.first;
+  const std::int64_t laps = j % cp;  // the runs move by heads (tails) a document, mod cp
+  return {d.begin + j * run.length,
+          d.base,
+          (d.heads_first + laps * d.heads) % cp,
+          d.heads,
+          ((d.tails_first - laps * d.tails) % cp + cp) % cp,
+          d.tails};
+}
+
+// for_each_document_cut a run of equal lengths at a time: f(run) for every maximal run, in order.
+// 16M one-token documents (--docs 16777216x1) are one run, whose ranks' counts cost O(cp).
+template <typename F>
+void for_each_document_run(const std::vector<std::int64_t>& cu, int cp, F&& f) {
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  std::int64_t forward = 0, backward = 0;
+  for (std::size_t i = 1; i < cu.size();) {
+    const std::int64_t n = cu[i] - cu[i - 1], heads = std::min<std::int64_t>(n % parts, cp), tails = n % parts - heads;
+    std::size_t j = i + 1;
+    while (j < cu.size() && cu[j] - cu[j - 1] == n) ++j;
+    const std::int64_t count = std::int64_t(j - i), laps = count % cp;
+    f(DocumentRun{{cu[i - 1], n / parts, forward, heads, (backward - tails + cp) % cp, tails}, count, n});
+    forward = (forward + laps * heads) % cp;
+    backward = ((backward - laps * tails) % cp + cp) % cp;
+    i = j;
   }
 }
 
@@ -163,24 +238,37 @@ void for_each_run_rank(std::int64_t cp, std::int64_t first, std::int64_t count, 
 
 }  // namespace
 
-std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq) {
-  const TokenLayout layout = checked_layout(config, cp, seq);
-  std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
-  if (layout != TokenLayout::per_document) {
-    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = tokens_held(config, cp, r, 1, seq);
-    return n;
-  }
-  // The longer chunks of consecutive documents continue each other's runs (for_each_document_cut):
-  // the first chunks' sweep forward from rank 0, the mirror chunks' backward from rank cp − 1.
+namespace {
+
+// tokens_of_ranks under per-document zigzag: the longer chunks of consecutive documents continue
+// each other's runs (for_each_document_cut): the first chunks' sweep forward from rank 0, the
+// mirror chunks' backward from rank cp − 1. A run of equal lengths adds its count times one's.
+std::vector<std::int64_t> per_document_tokens(const std::vector<std::int64_t>& cu, int cp) {
   std::int64_t base = 0, heads = 0, tails = 0;
-  for_each_document_cut(config.cu_seqlens, cp, [&](const DocumentCut& d) {
-    base += d.base;
-    heads += d.heads;
-    tails += d.tails;
+  for_each_document_run(cu, cp, [&](const DocumentRun& run) {
+    base += run.count * run.first.base;
+    heads += run.count * run.first.heads;
+    tails += run.count * run.first.tails;
   });
+  std::vector<std::int64_t> n(static_cast<std::size_t>(cp));
   for (std::int64_t r = 0; r < cp; ++r)
     n[std::size_t(r)] = 2 * base + swept(heads, cp, r, r + 1) + swept(tails, cp, cp - 1 - r, cp - r);
   return n;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq) {
+  const TokenLayout layout = checked_layout(config, cp, seq);
+  if (layout != TokenLayout::per_document) {
+    std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
+    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = tokens_held(config, cp, r, 1, seq);
+    return n;
+  }
+  // Shared between the rows of a plan: the key is what is asked (0: tokens), cp and seq.
+  if (SharedDocuments* shared = SharedDocuments::of(config))
+    return shared->counts({0, cp, seq}, [&] { return per_document_tokens(config.cu_seqlens, cp); });
+  return per_document_tokens(config.cu_seqlens, cp);
 }
 
 void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
@@ -276,13 +364,14 @@ struct LinearSums {
 
 // A document's tokens [o0, o0 + count) (offsets in the document) on ranks r0, r0 + step, ...: adds
 // f(o) = a + b·o over the offsets [lo, hi) of them, as a function of the rank.
+// `times` such documents on the same ranks add `times` times as much.
 struct TokenRun {
-  std::int64_t o0, count, r0, step;
+  std::int64_t o0, count, r0, step, times;
   void add(LinearSums& sums, std::int64_t lo, std::int64_t hi, std::int64_t a, std::int64_t b) const {
     lo = std::max(lo, o0), hi = std::min(hi, o0 + count);
     if (lo >= hi) return;
     const std::int64_t r_lo = r0 + step * (lo - o0), r_hi = r0 + step * (hi - 1 - o0);  // o = o0 + step·(r − r0)
-    sums.add(std::min(r_lo, r_hi), std::max(r_lo, r_hi) + 1, a + b * (o0 - step * r0), b * step);
+    sums.add(std::min(r_lo, r_hi), std::max(r_lo, r_hi) + 1, times * (a + b * (o0 - step * r0)), times * b * step);
   }
 };
 
@@ -293,19 +382,44 @@ void add_token_pairs(LinearSums& sums, const TokenRun& run, std::int64_t n, std:
   if (left >= 0 && left < n) run.add(sums, left + 1, n, left, -1);
 }
 
-// A document cut into single tokens (shorter than 2·cp): the first chunks' tokens rise with the
-// rank along the run from heads_first (the ranks past cp − 1 wrapped to the front), the mirror
-// chunks' fall (for_each_run_rank's orders).
-void add_document_tokens(LinearSums& sums, const DocumentCut& d, std::int64_t cp, std::int64_t n, std::int64_t left) {
-  auto runs = [&](std::int64_t first, std::int64_t count, std::int64_t o, bool rising) {
-    const std::int64_t wrapped = std::max<std::int64_t>(0, first + count - cp), end = std::min(first + count, cp);
-    const TokenRun low = rising ? TokenRun{o, wrapped, 0, 1} : TokenRun{o + end - first, wrapped, wrapped - 1, -1},
-                   high = rising ? TokenRun{o + wrapped, end - first, first, 1} : TokenRun{o, end - first, end - 1, -1};
-    add_token_pairs(sums, low, n, left);
-    add_token_pairs(sums, high, n, left);
-  };
-  runs(d.heads_first, d.heads, 0, true);
-  runs(d.tails_first, d.tails, d.heads, false);
+// `times` documents of n tokens cut into single tokens (shorter than 2·cp) whose `count` chunks
+// from offset o start at rank `first`: first chunks' tokens rise with the rank along the run
+// (the ranks past cp − 1 wrapped to the front), mirror chunks' fall (for_each_run_rank's orders).
+void add_chunk_tokens(LinearSums& sums, std::int64_t cp, std::int64_t first, std::int64_t count, std::int64_t o,
+                      bool rising, std::int64_t n, std::int64_t left, std::int64_t times) {
+  const std::int64_t wrapped = std::max<std::int64_t>(0, first + count - cp), end = std::min(first + count, cp);
+  const TokenRun low = rising ? TokenRun{o, wrapped, 0, 1, times}
+                              : TokenRun{o + end - first, wrapped, wrapped - 1, -1, times},
+                 high = rising ? TokenRun{o + wrapped, end - first, first, 1, times}
+                               : TokenRun{o, end - first, end - 1, -1, times};
+  add_token_pairs(sums, low, n, left);
+  add_token_pairs(sums, high, n, left);
+}
+
+// Calls f(rank, times) for the ranks (start + j·step) mod cp of j in [0, count), each once with
+// how many j land on it: O(min(count, cp)), the ranks repeating every cp / gcd(step, cp).
+template <typename F>
+void for_each_orbit_rank(std::int64_t cp, std::int64_t start, std::int64_t step, std::int64_t count, F&& f) {
+  const std::int64_t period = count > 1 ? cp / std::gcd(step, cp) : 1, laps = count / period, rest = count % period;
+  std::int64_t r = start;
+  for (std::int64_t j = 0; j < std::min(count, period); ++j, r = r + step >= cp ? r + step - cp : r + step)
+    f(r, laps + (j < rest ? 1 : 0));
+}
+
+// A run of documents shorter than 2·cp: each document's first chunks start `heads` ranks on
+// from the last one's, its mirror chunks `tails` ranks back; documents starting on the same
+// rank add alike, so each such rank once, times how many start there.
+void add_run_tokens(LinearSums& sums, const DocumentRun& run, std::int64_t cp, std::int64_t left) {
+  const DocumentCut& d = run.first;
+  if (d.heads > 0)
+    for_each_orbit_rank(cp, d.heads_first, d.heads % cp, run.count, [&](std::int64_t first, std::int64_t times) {
+      add_chunk_tokens(sums, cp, first, d.heads, 0, true, run.length, left, times);
+    });
+  if (d.tails > 0)
+    for_each_orbit_rank(cp, d.tails_first, (cp - d.tails % cp) % cp, run.count,
+                        [&](std::int64_t first, std::int64_t times) {
+                          add_chunk_tokens(sums, cp, first, d.tails, d.heads, false, run.length, left, times);
+                        });
 }
 
 }  // namespace
@@ -318,17 +432,19 @@ std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std
   LinearSums sums(cp);
   std::vector<std::int64_t> pairs(static_cast<std::size_t>(cp));
   std::size_t cursor = 0;
-  for_each_document_cut(cu, cp, [&](const DocumentCut& d) {
-    const std::int64_t n = d.base * 2 * cp + d.heads + d.tails;
-    if (d.base == 0) return add_document_tokens(sums, d, cp, n, w.left);
-    const std::int64_t parts = 2 * std::int64_t(cp);
-    for (std::int64_t r = 0; r < cp; ++r)  // rank_chunks' two chunks of this document
-      for (const SeqChunk c :
-           {SeqChunk{d.begin + r * d.base + in_run(cp, d.heads_first, d.heads, 0, r),
-                     d.base + in_run(cp, d.heads_first, d.heads, r, r + 1)},
-            SeqChunk{d.begin + (parts - 1 - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r + 1, cp),
-                     d.base + in_run(cp, d.tails_first, d.tails, r, r + 1)}})
-        pairs[std::size_t(r)] += visible_pairs(cu, config.causal, c, {0, seq}, w, cursor);
+  const std::int64_t parts = 2 * std::int64_t(cp);
+  for_each_document_run(cu, cp, [&](const DocumentRun& run) {
+    if (run.first.base == 0) return add_run_tokens(sums, run, cp, w.left);
+    for (std::int64_t j = 0; j < run.count; ++j) {
+      const DocumentCut d = nth_cut(run, j, cp);
+      for (std::int64_t r = 0; r < cp; ++r)  // rank_chunks' two chunks of this document
+        for (const SeqChunk c :
+             {SeqChunk{d.begin + r * d.base + in_run(cp, d.heads_first, d.heads, 0, r),
+                       d.base + in_run(cp, d.heads_first, d.heads, r, r + 1)},
+              SeqChunk{d.begin + (parts - 1 - r) * d.base + d.heads + in_run(cp, d.tails_first, d.tails, r + 1, cp),
+                       d.base + in_run(cp, d.tails_first, d.tails, r, r + 1)}})
+          pairs[std::size_t(r)] += visible_pairs(cu, config.causal, c, {0, seq}, w, cursor);
+    }
   });
   sums.read_into(pairs);
   return pairs;

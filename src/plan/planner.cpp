@@ -139,7 +139,9 @@ void check_documents(const PlanInput& in) {
     throw Error(fmt::format("documents are packed along one sequence: batch must be 1, got {}", in.batch));
   for (std::int64_t n : in.documents)
     if (n < 0) throw Error(fmt::format("document lengths must not be negative, got {}", n));
-  const std::int64_t total = cu_seqlens_of(in.documents).back();
+  std::uint64_t sum = 0;  // cu_seqlens_of(in.documents).back(), without its vector (wrapping alike)
+  for (const std::int64_t n : in.documents) sum += std::uint64_t(n);
+  const auto total = std::int64_t(sum);
   if (total != in.seq)
     throw Error(fmt::format("the document lengths add up to {}, not the sequence length {}", total, in.seq));
 }
@@ -291,9 +293,11 @@ Tunings tunings_on(const PlanInput& in, const CpConfig& config, std::vector<std:
 }
 
 Tunings tunings_of(const PlanInput& in_arg, const CpConfig& config) {
-  const PlanInput in = mode_input(in_arg);
+  PlanInput decode;
+  const PlanInput& in = mode_input(in_arg, decode);
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   std::vector<std::int64_t> cu = documents_cu(in);
+  const SharedDocuments shared(cu);
   return tunings_on(in, config, cu);
 }
 
@@ -311,9 +315,13 @@ std::vector<TuningPlan> plan_tunings(const PlanInput& in_arg) {
   PlanInput decode;
   const PlanInput& in = mode_input(in_arg, decode);
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
-  std::vector<std::int64_t> cu = documents_cu(in);
+  std::vector<std::int64_t> cu;  // built once a strategy has tunings to price (a2a alone has)
+  std::optional<SharedDocuments> shared;
   for (const Strategy* strategy : strategies()) {
-    const Tunings t = tunings_on(in, CpConfig{std::string(strategy->name()), {}, in.causal, std::nullopt}, cu);
+    const CpConfig plain{std::string(strategy->name()), {}, in.causal, std::nullopt};
+    if (strategy->tunings(plain, in.cp, in.kv_heads).empty()) continue;
+    if (!shared) cu = documents_cu(in), shared.emplace(cu);
+    const Tunings t = tunings_on(in, plain, cu);
     if (t.best < 0) continue;
     const PlanRow& best = t.rows[std::size_t(t.best)];
     out.push_back({t.configs[std::size_t(t.best)], exposed_s(best), exposed_s(t.rows.front())});
@@ -369,7 +377,10 @@ void check_input(const PlanInput& in) {
 
 }  // namespace
 
-void check_plan_input(const PlanInput& in) { check_input(mode_input(in)); }
+void check_plan_input(const PlanInput& in) {
+  PlanInput decode;
+  check_input(mode_input(in, decode));
+}
 
 namespace {
 
@@ -385,6 +396,7 @@ std::vector<PlanRow> rows_of(const PlanInput& in, const Strategy& strategy, std:
 std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
   check_input(in);
   std::vector<std::int64_t> cu = documents_cu(in);
+  const SharedDocuments shared(cu);
   return rows_of(in, strategy, cu);
 }
 
@@ -457,6 +469,7 @@ Plan make_plan(const PlanInput& in_arg, const TieBand& tie) {
   const PlanInput& in = mode_input(in_arg, decode);
   check_input(in);
   std::vector<std::int64_t> cu = documents_cu(in);
+  const SharedDocuments shared(cu);
   for (const Strategy* strategy : strategies()) {
     std::vector<PlanRow> rows = rows_of(in, *strategy, cu);
     if (const PlanRow* twin = rows.size() == 1 ? &rows.front() : nullptr; twin && twin->valid)

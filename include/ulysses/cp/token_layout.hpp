@@ -22,8 +22,11 @@
 // sequences are refused rather than leaving ranks empty.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ulysses/cp/cp_config.hpp"
@@ -87,6 +90,39 @@ void for_each_member_chunk(const CpConfig& config, int cp, int width, std::int64
 // the rank along a run, so it costs O(1), not O(tokens); longer ones cost O(cp) each. Throws
 // Error unless config's layout is per-document zigzag under a causal mask on cp ranks for seq tokens.
 std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std::int64_t seq);
+
+// Packed documents shared by the configurations priced while one lives (on this thread): the
+// planner lends one vector of boundaries to every row it prices (its config's cu_seqlens, the
+// buffer moved, not copied). A config whose cu_seqlens is that buffer, unchanged (its data and
+// size), has its boundaries checked once a sequence length instead of at every call, and its
+// ranks' tokens and pairs (tokens_of_ranks, pairs_of_ranks) computed once a layout: with 16M
+// documents each is a pass over all of them, asked several times by each of ~20 rows. Whoever
+// makes one must not change the boundaries while it lives; scopes nest (the innermost answers).
+class SharedDocuments {
+ public:
+  explicit SharedDocuments(const std::vector<std::int64_t>& cu);
+  ~SharedDocuments();
+  SharedDocuments(const SharedDocuments&) = delete;
+  SharedDocuments& operator=(const SharedDocuments&) = delete;
+
+  // The innermost scope whose boundaries `config` holds, or nullptr.
+  static SharedDocuments* of(const CpConfig& config);
+  // cu_seqlens_error of the boundaries for `seq` tokens, the first time for each seq.
+  const std::string& error(std::int64_t seq);
+  // What `compute` gives for `key` (the first time; later the same vector, kept).
+  using Key = std::array<std::int64_t, 10>;
+  const std::vector<std::int64_t>& counts(const Key& key, const std::function<std::vector<std::int64_t>()>& compute);
+
+ private:
+  const std::int64_t* data_;
+  std::size_t size_;
+  SharedDocuments* outer_;
+  std::map<std::int64_t, std::string> errors_;
+  std::map<Key, std::vector<std::int64_t>> counts_;
+};
+
+// cu_seqlens_error(config.cu_seqlens, seq), once a length while a SharedDocuments holds them.
+std::string documents_error(const CpConfig& config, std::int64_t seq);
 
 // rank_chunks of every rank, in rank order.
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq);
