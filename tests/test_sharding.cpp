@@ -279,6 +279,39 @@ TEST(Sharding, SharedDocumentsAnswerAsTheDocumentsWould) {
   EXPECT_EQ(SharedDocuments::of(cfg), &shared);
 }
 
+// documents_generation against comparing the boundaries themselves: random configs asked in
+// and out of random scopes (lent buffers, equal copies, other boundaries of the same count),
+// two numbers equal only where the boundaries are; a live scope's buffer always gets its own.
+TEST(Sharding, DocumentsGenerationsAreEqualOnlyForEqualBoundaries) {
+  std::mt19937 rng(3705);
+  const std::vector<std::vector<std::int64_t>> pool{
+      cu_seqlens_of(std::vector<std::int64_t>{3, 3, 3}), cu_seqlens_of(std::vector<std::int64_t>{2, 4, 3}),
+      cu_seqlens_of(std::vector<std::int64_t>{9}), cu_seqlens_of(std::vector<std::int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1})};
+  std::vector<std::pair<std::uint64_t, std::vector<std::int64_t>>> seen;  // every number given, and its boundaries
+  auto check = [&](const CpConfig& c) {
+    const std::uint64_t g = documents_generation(c);
+    for (const auto& [number, cu] : seen)
+      if (number == g) EXPECT_EQ(cu, c.cu_seqlens);
+    seen.emplace_back(g, c.cu_seqlens);
+    return g;
+  };
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::int64_t> lent = pool[rng() % pool.size()];
+    const SharedDocuments shared(lent);
+    CpConfig in_scope = ring_with({});
+    in_scope.cu_seqlens.swap(lent);
+    const std::uint64_t own = check(in_scope);
+    EXPECT_EQ(own, shared.generation());
+    for (int ask = 0; ask < 4; ++ask) {
+      const CpConfig outside = ring_with(pool[rng() % pool.size()]);  // another buffer: compared
+      const CpConfig copy = outside;
+      EXPECT_EQ(check(outside), check(copy));  // the same boundaries again: the same number
+      EXPECT_EQ(check(in_scope), own);         // no comparison in the scope: its number
+    }
+    in_scope.cu_seqlens.swap(lent);
+  }
+}
+
 TEST(Sharding, EveryRanksTokensAndChunksAtOnceRefuseWhatRankChunksRefuses) {
   const auto none = [](int, const SeqChunk&) {};
   for (const auto& c : {std::tuple{ring_with({0, 5, 9}), 2, std::int64_t(10)},  // documents cut 9, not 10

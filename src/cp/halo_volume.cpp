@@ -712,6 +712,32 @@ Pieces pieces_of(const CpConfig& config, int cp, int width, std::int64_t seq) {
   return pieces;
 }
 
+// Members of `k` times the width: each k consecutive members joined into one, and the pieces
+// that become adjacent pieces of one member joined, in place. The planner sweeps the split widths
+// 1, 2, 4, ... in turn: each width's pieces from the last one's in a pass over them, where
+// for_each_member_chunk walks every document's cut again (a third of the sweep at 16M tokens).
+// The wider member: a shift where k is a power of two (every split width the planner sweeps),
+// where a division a piece was half of the pass.
+template <typename Wider>
+void join_members_by(Pieces& p, Wider wider) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const std::int32_t m = wider(p.member[i]);
+    if (n > 0 && p.member[n - 1] == m) continue;
+    p.begin[n] = p.begin[i], p.member[n] = m, ++n;
+  }
+  p.begin[n] = p.begin.back();
+  p.begin.resize(n + 1), p.member.resize(n);
+}
+
+void join_members(Pieces& p, std::int32_t k) {
+  if (std::has_single_bit(std::uint32_t(k))) {
+    const int shift = std::countr_zero(std::uint32_t(k));
+    return join_members_by(p, [shift](std::int32_t m) { return m >> shift; });
+  }
+  join_members_by(p, [k](std::int32_t m) { return m / k; });
+}
+
 // Documents whose lengths repeat every `docs` documents, after which per-document zigzag's cuts
 // are back where they started (each document is dealt from the ranks where the last one left
 // off): every repetition is cut the same way, `tokens` further on. The repetitions hold the first
@@ -775,42 +801,49 @@ void cut_documents(const std::vector<std::int64_t>& cu, std::size_t count, std::
   for (std::size_t i = from; i + 1 < cu.size(); ++i) out.push_back(out.back() + cu[i + 1] - cu[i]);
 }
 
-// A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
-// partner windows it reads, the band of its member's previous piece): the pieces of a period
-// more than L + a period from both ends count the same as the next period's. So with `a`
-// periods and the r documents left over (the tail), each count is f(a) = f(a0) + (a − a0)·(f(a0 +
-// 1) − f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
-// partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
-std::optional<std::vector<HaloCounts>> extrapolated_counts(const CpConfig& config, int cp, int width,
-                                                           const LayoutPeriod* period) {
-  if (period == nullptr) return std::nullopt;
-  const std::int64_t left = config.window_left;
-  const std::size_t n = period->repeating / period->docs, rest = period->repeating % period->docs;
-  const Wide a0 = first_repetitions(left, period->tokens);
-  std::array<std::vector<HaloCounts>, 3> f;
-  CpConfig part = config;  // one copy of the documents, cut shorter for each sweep
-  for (std::size_t k = f.size(); k-- > 0;) {
-    cut_documents(config.cu_seqlens, (std::size_t(a0) + k) * period->docs + rest, period->repeating, part.cu_seqlens);
-    const std::int64_t s = part.cu_seqlens.back();
-    std::optional<std::vector<HaloCounts>> h =
-        swept_halo_counts(pieces_of(part, cp, width, s), cp / width, left, s, PartnerCount::cheapest, nullptr);
-    if (!h) return std::nullopt;
-    f[k] = std::move(*h);
-  }
+// f[0] + more·(f[1] − f[0]) for every member and count, where the three sweeps (a0, a0 + 1 and
+// a0 + 2 periods) grow linearly; empty where they do not (the argument below failed).
+std::optional<std::vector<HaloCounts>> extrapolated(const std::array<std::vector<HaloCounts>, 3>& f, Wide more) {
   std::vector<HaloCounts> out(f[0].size());
-  const Wide more = Wide(n) - a0;
   for (std::size_t m = 0; m < out.size(); ++m) {
     const std::array<std::int64_t HaloCounts::*, 4> fields{&HaloCounts::given, &HaloCounts::held, &HaloCounts::to,
                                                            &HaloCounts::back};
     for (const auto x : fields) {
       const std::int64_t d = f[1][m].*x - f[0][m].*x;
-      if (f[2][m].*x - f[1][m].*x != d) return std::nullopt;  // not linear: the argument above failed
+      if (f[2][m].*x - f[1][m].*x != d) return std::nullopt;
       out[m].*x = std::int64_t(f[0][m].*x + more * d);
     }
   }
   return out;
 }
 
+// A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
+// partner windows it reads, the band of its member's previous piece): the pieces of a period
+// more than L + a period from both ends count the same as the next period's. So with `a`
+// periods and the r documents left over (the tail), each count is f(a) = f(a0) + (a − a0)·(f(a0 +
+// 1) − f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
+// partners, a union, stop growing): three sweeps of a few periods for millions of pieces. Each
+// sweep's pieces are cut straight from the boundaries `cu` (the rank pieces of the documents
+// kept, joined to the width, as member_pieces joins them): no config is copied for it, which
+// copied all the boundaries (16M documents: 128 MB a split width) to keep a few periods.
+std::optional<std::vector<HaloCounts>> extrapolated_counts(const std::vector<std::int64_t>& cu, int cp, int width,
+                                                           std::int64_t left, const LayoutPeriod* period) {
+  if (period == nullptr) return std::nullopt;
+  const std::size_t n = period->repeating / period->docs, rest = period->repeating % period->docs;
+  const Wide a0 = first_repetitions(left, period->tokens);
+  std::array<std::vector<HaloCounts>, 3> f;
+  std::vector<std::int64_t> part;  // the documents kept, cut shorter for each sweep
+  for (std::size_t k = f.size(); k-- > 0;) {
+    cut_documents(cu, (std::size_t(a0) + k) * period->docs + rest, period->repeating, part);
+    Pieces pieces = rank_pieces(part, cp);
+    if (width > 1) join_members(pieces, width);
+    std::optional<std::vector<HaloCounts>> h =
+        swept_halo_counts(pieces, cp / width, left, part.back(), PartnerCount::cheapest, nullptr);
+    if (!h) return std::nullopt;
+    f[k] = std::move(*h);
+  }
+  return extrapolated(f, Wide(n) - a0);
+}
 // The layout's period, if its documents repeat under a bounded window (layout_period).
 std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64_t seq) {
   const std::int64_t left = config.window_left;
@@ -824,50 +857,10 @@ std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64
 std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
                                                             std::int64_t seq) {
   const std::optional<LayoutPeriod> period = period_of(config, cp, seq);
-  return extrapolated_counts(config, cp, width, period ? &*period : nullptr);
+  return extrapolated_counts(config.cu_seqlens, cp, width, config.window_left, period ? &*period : nullptr);
 }
 
 namespace {
-
-// Members of `k` times the width: each k consecutive members joined into one, and the pieces
-// that become adjacent pieces of one member joined, in place. The planner sweeps the split widths
-// 1, 2, 4, ... in turn: each width's pieces from the last one's in a pass over them, where
-// for_each_member_chunk walks every document's cut again (a third of the sweep at 16M tokens).
-// The wider member: a shift where k is a power of two (every split width the planner sweeps),
-// where a division a piece was half of the pass.
-template <typename Wider>
-void join_members_by(Pieces& p, Wider wider) {
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const std::int32_t m = wider(p.member[i]);
-    if (n > 0 && p.member[n - 1] == m) continue;
-    p.begin[n] = p.begin[i], p.member[n] = m, ++n;
-  }
-  p.begin[n] = p.begin.back();
-  p.begin.resize(n + 1), p.member.resize(n);
-}
-
-void join_members(Pieces& p, std::int32_t k) {
-  if (std::has_single_bit(std::uint32_t(k))) {
-    const int shift = std::countr_zero(std::uint32_t(k));
-    return join_members_by(p, [shift](std::int32_t m) { return m >> shift; });
-  }
-  join_members_by(p, [k](std::int32_t m) { return m / k; });
-}
-
-// A number for the document boundaries `cu`, the same as the last call's exactly when `cu` is
-// equal to its (compared in full: a memo must never answer for other documents of the same
-// count). The memos below key on it, so the boundaries are copied once (16M documents: 128 MB)
-// and only when they change, not once a memo and again whenever its other keys change.
-std::uint64_t documents_generation(const std::vector<std::int64_t>& cu) {
-  struct Seen {
-    std::vector<std::int64_t> cu;
-    std::uint64_t generation = 0;
-  };
-  thread_local Seen seen;
-  if (seen.generation == 0 || seen.cu != cu) seen.cu = cu, ++seen.generation;
-  return seen.generation;
-}
 
 // The pieces of `config`'s layout for members of `width` ranks: the last ones joined when they
 // are of the same documents, cp and seq and `width` is a multiple of their width, else anew.
@@ -879,7 +872,7 @@ const Pieces& member_pieces(const CpConfig& config, int cp, int width, std::int6
     Pieces pieces;
   };
   thread_local Last last;
-  const std::uint64_t documents = documents_generation(config.cu_seqlens);
+  const std::uint64_t documents = documents_generation(config);
   if (last.width > 0 && width % last.width == 0 && last.cp == cp && last.seq == seq && last.documents == documents) {
     if (width != last.width) join_members(last.pieces, width / last.width);
   } else {
@@ -933,10 +926,10 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   };
   thread_local Last last;
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
-  const std::uint64_t documents = documents_generation(config.cu_seqlens);
+  const std::uint64_t documents = documents_generation(config);
   if (last.counts.empty() || last.sizes != sizes || last.documents != documents) {
     std::optional<std::vector<HaloCounts>> swept =
-        extrapolated_counts(config, cp, width, memo_period(config, cp, seq, documents));
+        extrapolated_counts(config.cu_seqlens, cp, width, config.window_left, memo_period(config, cp, seq, documents));
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
                                 PartnerCount::cheapest, nullptr, &memo_rows(cp, seq, config.window_left, documents));

@@ -29,11 +29,14 @@ TokenLayout per_document_layout(TokenLayout layout, const CpConfig& c) {
 namespace {
 
 thread_local SharedDocuments* innermost_documents = nullptr;
+// The last number given by documents_generation or to a scope: one count for both, so that a
+// scope's number is never an earlier one of other boundaries.
+thread_local std::uint64_t last_generation = 0;
 
 }  // namespace
 
 SharedDocuments::SharedDocuments(const std::vector<std::int64_t>& cu)
-    : data_(cu.data()), size_(cu.size()), outer_(innermost_documents) {
+    : data_(cu.data()), size_(cu.size()), outer_(innermost_documents), generation_(++last_generation) {
   innermost_documents = this;
 }
 
@@ -57,6 +60,18 @@ const std::vector<std::int64_t>& SharedDocuments::counts(const Key& key,
   const auto it = counts_.find(key);
   if (it != counts_.end()) return it->second;
   return counts_[key] = compute();
+}
+
+std::uint64_t documents_generation(const CpConfig& config) {
+  if (const SharedDocuments* shared = SharedDocuments::of(config)) return shared->generation();
+  struct Seen {
+    std::vector<std::int64_t> cu;
+    std::uint64_t generation = 0;
+  };
+  thread_local Seen seen;
+  if (seen.generation == 0 || seen.cu != config.cu_seqlens)
+    seen.cu = config.cu_seqlens, seen.generation = ++last_generation;
+  return seen.generation;
 }
 
 std::string documents_error(const CpConfig& config, std::int64_t seq) {

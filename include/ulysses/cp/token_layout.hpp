@@ -107,6 +107,9 @@ class SharedDocuments {
 
   // The innermost scope whose boundaries `config` holds, or nullptr.
   static SharedDocuments* of(const CpConfig& config);
+  // This scope's number (documents_generation): no other scope's, nor any number given to
+  // boundaries outside a scope, on this thread.
+  std::uint64_t generation() const { return generation_; }
   // cu_seqlens_error of the boundaries for `seq` tokens, the first time for each seq.
   const std::string& error(std::int64_t seq);
   // What `compute` gives for `key` (the first time; later the same vector, kept).
@@ -117,9 +120,18 @@ class SharedDocuments {
   const std::int64_t* data_;
   std::size_t size_;
   SharedDocuments* outer_;
+  std::uint64_t generation_;
   std::map<std::int64_t, std::string> errors_;
   std::map<Key, std::vector<std::int64_t>> counts_;
 };
+
+// A number for config's document boundaries, for memos to key on instead of holding a copy:
+// equal to an earlier call's (on this thread) only when the boundaries are equal to that
+// call's. Inside a SharedDocuments scope holding them, the scope's number: its boundaries do
+// not change while it lives, so nothing is compared (16M documents: 128 MB a call). Outside,
+// they are compared in full with the last ones asked outside a scope (a copy of them is kept)
+// and given a new number when they differ.
+std::uint64_t documents_generation(const CpConfig& config);
 
 // cu_seqlens_error(config.cu_seqlens, seq), once a length while a SharedDocuments holds them.
 std::string documents_error(const CpConfig& config, std::int64_t seq);
