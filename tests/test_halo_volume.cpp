@@ -350,6 +350,60 @@ TEST(HaloVolume, EachSplitWidthsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
     }
 }
 
+TEST(HaloVolume, RepeatedDocumentsPiecesJoinTheLastWidthsLikeBuildingThemAnew) {
+  // The periodic sweeps' pieces are kept from one split width to the next and joined, as the
+  // swept ones are: repeating packings (extrapolated) at widths in rising order, skipping some,
+  // and back to a width that does not divide the last, against the sweep of every piece.
+  std::mt19937_64 rng(61);
+  int extrapolated = 0;
+  for (const int cp : {8, 12, 64})
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<std::int64_t> pattern(1 + rng() % 3), lengths;
+      for (std::int64_t& n : pattern) n = std::int64_t(1 + rng() % (trial % 2 ? 3ull * cp : 5ull));
+      for (std::size_t i = 0; i < 3000 + rng() % 1000; ++i) lengths.push_back(pattern[i % pattern.size()]);
+      if (trial >= 2) lengths.push_back(std::int64_t(rng() % (3ull * cp)));  // a tail
+      CpConfig cfg{"p2p", {}, true, std::nullopt};
+      cfg.cu_seqlens = cu_seqlens_of(lengths);
+      cfg.window_left = std::int64_t(rng() % (2 * std::uint64_t(cp)));
+      const std::int64_t s = cfg.cu_seqlens.back();
+      for (const int width : {1, 2, 4, 12, 3, 6, 8, 16, 64, 1}) {
+        if (cp % width != 0) continue;
+        const auto want = swept_halo_counts(cfg, cp, width, s, PartnerCount::stamps);
+        ASSERT_TRUE(want.has_value());
+        extrapolated += periodic_halo_counts(cfg, cp, width, s).has_value();
+        ASSERT_EQ(members_halo_counts(cfg, cp, width, s), *want) << cp << " " << trial << " " << width;
+      }
+    }
+  EXPECT_GT(extrapolated, 20);
+}
+
+TEST(HaloVolume, ASharedBufferRefilledUnderANewScopeIsSweptAnew) {
+  // The memos key on documents_generation, which a SharedDocuments scope answers without looking
+  // at the boundaries: one buffer, refilled with other boundaries of the same count between two
+  // scopes (the same data pointer and size), gets the new boundaries' counts in the second.
+  const int cp = 8;
+  std::vector<std::int64_t> buffer(401);
+  const std::int64_t* const data = buffer.data();
+  for (const std::int64_t length : {3, 5}) {
+    const std::vector<std::int64_t> cu = cu_seqlens_of(std::vector<std::int64_t>(400, length));
+    std::copy(cu.begin(), cu.end(), buffer.begin());
+    CpConfig cfg{"p2p", {}, true, std::nullopt};
+    cfg.window_left = 7;
+    const SharedDocuments shared(buffer);
+    cfg.cu_seqlens.swap(buffer);
+    const std::int64_t s = cfg.cu_seqlens.back();
+    for (const int width : {1, 2, 4}) {
+      CpConfig copy{"p2p", {}, true, std::nullopt};
+      copy.cu_seqlens = cu, copy.window_left = 7;
+      const auto want = swept_halo_counts(copy, cp, width, s, PartnerCount::stamps);
+      ASSERT_TRUE(want.has_value());
+      EXPECT_EQ(members_halo_counts(cfg, cp, width, s), *want) << width;
+    }
+    cfg.cu_seqlens.swap(buffer);
+    ASSERT_EQ(buffer.data(), data);  // the same buffer in both scopes
+  }
+}
+
 TEST(HaloVolume, TheLastSweepIsKeptOnlyForTheSameDocuments) {
   // The sweep of the last documents is kept for the next member asked (a number stands for the
   // boundaries): document lists of the same count and tokens, asked in turn, each get their own

@@ -759,36 +759,83 @@ std::int64_t cut_repeats(std::int64_t heads, std::int64_t tails, int cp) {
   return std::lcm(cp / std::gcd(heads % cp, std::int64_t(cp)), cp / std::gcd(tails % cp, std::int64_t(cp)));
 }
 
-// The lengths' longest prefix that repeats with a short enough period that three sweeps of a few
-// repetitions and the tail after it cost at most a sixth of the documents: the prefixes' smallest
-// periods (a prefix function over the lengths, O(documents)) only fall as the prefix shortens, so
-// each period is tried at its longest prefix, from the whole list down while the tail is short.
-std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp, std::int64_t left) {
-  const std::size_t n = cu.size() - 1;
+// The prefix function of the first m lengths of `cu`: border[i], the longest proper border of
+// lengths [0, i]; the prefix of i + 1 lengths has smallest period i + 1 − border[i].
+std::vector<std::uint32_t> length_borders(const std::vector<std::int64_t>& cu, std::size_t m) {
   auto length = [&](std::size_t i) { return cu[i + 1] - cu[i]; };
-  std::vector<std::uint32_t> border(n, 0);
-  for (std::size_t i = 1; i < n; ++i) {
+  std::vector<std::uint32_t> border(m, 0);
+  for (std::size_t i = 1; i < m; ++i) {
     std::size_t k = border[i - 1];
     while (k > 0 && length(i) != length(k)) k = border[k - 1];
     border[i] = std::uint32_t(k + (length(i) == length(k)));
   }
-  // The runs' tokens over the first documents, up to the longest period that can pay: a period
-  // repeats at least 5 times (first_repetitions) in each of the sweeps of 6 · (5 + 3) periods.
-  const std::size_t longest = n / 48 + 1;
+  return border;
+}
+
+// The smallest period of all n lengths where it is at most `longest`, from the prefix function
+// of the first 2·longest + 1 only, checked on the rest in one pass that writes nothing (16M
+// documents: 64 MB of borders not written): if all have a period P ≤ longest, the prefix's
+// smallest period p and P are both periods of a prefix longer than p + P, so gcd(p, P) is one
+// too (Fine and Wilf): p is that gcd, hence a period of all the lengths, and P = p. Empty where
+// the prefix's is longer or the check fails (the smallest period may then be anything).
+std::optional<std::size_t> short_period(const std::vector<std::int64_t>& cu, std::size_t longest) {
+  const std::size_t n = cu.size() - 1, m = std::min(n, 2 * longest + 1);
+  if (m == 0) return std::nullopt;
+  const std::size_t p = m - length_borders(cu, m)[m - 1];
+  if (p > longest) return std::nullopt;
+  for (std::size_t i = m; i < n; ++i)
+    if (cu[i + 1] - cu[i] != cu[i + 1 - p] - cu[i - p]) return std::nullopt;
+  return p;
+}
+
+// The runs of longer chunks that the first documents deal, up to the longest period that can
+// pay (a period repeats at least 5 times, first_repetitions, in each of the sweeps of 6 · (5 +
+// 3) periods): heads[q] and tails[q], those of documents [0, q), mod cp.
+struct PeriodRuns {
+  std::size_t longest;
+  std::vector<std::int64_t> heads, tails;
+};
+
+PeriodRuns period_runs(const std::vector<std::int64_t>& cu, int cp) {
+  const std::size_t n = cu.size() - 1;
+  PeriodRuns r{n / 48 + 1, {}, {}};
   const std::int64_t parts = 2 * std::int64_t(cp);
-  std::vector<std::int64_t> heads(longest + 1, 0), tails(longest + 1, 0);
-  for (std::size_t i = 0; i < longest && i < n; ++i) {
-    const std::int64_t h = std::min<std::int64_t>(length(i) % parts, cp);
-    heads[i + 1] = (heads[i] + h) % cp, tails[i + 1] = (tails[i] + length(i) % parts - h) % cp;
+  r.heads.assign(r.longest + 1, 0), r.tails.assign(r.longest + 1, 0);
+  for (std::size_t i = 0; i < r.longest && i < n; ++i) {
+    const std::int64_t length = cu[i + 1] - cu[i], h = std::min<std::int64_t>(length % parts, cp);
+    r.heads[i + 1] = (r.heads[i] + h) % cp, r.tails[i + 1] = (r.tails[i] + length % parts - h) % cp;
   }
+  return r;
+}
+
+// The prefix of k documents with smallest period q as the layout's period, if it pays: q short
+// enough, and three sweeps of a few repetitions and the tail cost at most a sixth of the documents.
+std::optional<LayoutPeriod> period_at(const std::vector<std::int64_t>& cu, const PeriodRuns& r, int cp,
+                                      std::int64_t left, std::size_t k, std::size_t q) {
+  const std::size_t n = cu.size() - 1;
+  if (q > r.longest || cu[q] <= 0) return std::nullopt;
+  const std::int64_t repeats = cut_repeats(r.heads[q], r.tails[q], cp);
+  const Wide docs = Wide(q) * repeats, a0 = first_repetitions(left, repeats * cu[q]);
+  if (docs <= Wide(k) && ((a0 + 3) * docs + Wide(n - k)) * 6 <= Wide(n))
+    return LayoutPeriod{std::size_t(docs), repeats * cu[q], k};
+  return std::nullopt;
+}
+
+// The lengths' longest prefix that repeats with a short enough period that three sweeps of a few
+// repetitions and the tail after it cost at most a sixth of the documents: the prefixes' smallest
+// periods (a prefix function over the lengths, O(documents)) only fall as the prefix shortens, so
+// each period is tried at its longest prefix, from the whole list down while the tail is short.
+// The whole list first, from its short period (short_period) where it has one: a list that
+// repeats to its end needs no prefix function over all of it.
+std::optional<LayoutPeriod> layout_period(const std::vector<std::int64_t>& cu, int cp, std::int64_t left) {
+  const std::size_t n = cu.size() - 1;
+  const PeriodRuns runs = period_runs(cu, cp);
+  if (const std::optional<std::size_t> q = short_period(cu, runs.longest))
+    if (std::optional<LayoutPeriod> whole = period_at(cu, runs, cp, left, n, *q)) return whole;
+  const std::vector<std::uint32_t> border = length_borders(cu, n);
   for (std::size_t k = n; k > 0 && 6 * (n - k) <= n;) {
     const std::size_t q = k - border[k - 1];
-    if (q <= longest && cu[q] > 0) {
-      const std::int64_t repeats = cut_repeats(heads[q], tails[q], cp);
-      const Wide docs = Wide(q) * repeats, a0 = first_repetitions(left, repeats * cu[q]);
-      if (docs <= Wide(k) && ((a0 + 3) * docs + Wide(n - k)) * 6 <= Wide(n))
-        return LayoutPeriod{std::size_t(docs), repeats * cu[q], k};
-    }
+    if (std::optional<LayoutPeriod> p = period_at(cu, runs, cp, left, k, q)) return p;
     while (k > 0 && k - border[k - 1] >= q) --k;  // the longest prefix of a shorter period
   }
   return std::nullopt;
@@ -817,33 +864,42 @@ std::optional<std::vector<HaloCounts>> extrapolated(const std::array<std::vector
   return out;
 }
 
+// The width-1 pieces of the three sweeps below: a0, a0 + 1 and a0 + 2 periods, then the rest of
+// a period and the tail. Cut straight from the boundaries `cu`: no config is copied for them,
+// which copied all the boundaries (16M documents: 128 MB a split width) to keep a few periods.
+using PeriodicPieces = std::array<Pieces, 3>;
+PeriodicPieces periodic_pieces(const std::vector<std::int64_t>& cu, int cp, std::int64_t left,
+                               const LayoutPeriod& period) {
+  const std::size_t rest = period.repeating % period.docs;
+  const Wide a0 = first_repetitions(left, period.tokens);
+  PeriodicPieces out;
+  std::vector<std::int64_t> part;  // the documents kept, cut shorter for each sweep
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    cut_documents(cu, (std::size_t(a0) + k) * period.docs + rest, period.repeating, part);
+    out[k] = rank_pieces(part, cp);
+  }
+  return out;
+}
+
 // A piece's counts depend only on the pieces within L tokens of it (its band, the marks and
 // partner windows it reads, the band of its member's previous piece): the pieces of a period
 // more than L + a period from both ends count the same as the next period's. So with `a`
 // periods and the r documents left over (the tail), each count is f(a) = f(a0) + (a − a0)·(f(a0 +
 // 1) − f(a0)) once the a0 periods hold an inner one (additive counts grow by the inner period's;
-// partners, a union, stop growing): three sweeps of a few periods for millions of pieces. Each
-// sweep's pieces are cut straight from the boundaries `cu` (the rank pieces of the documents
-// kept, joined to the width, as member_pieces joins them): no config is copied for it, which
-// copied all the boundaries (16M documents: 128 MB a split width) to keep a few periods.
-std::optional<std::vector<HaloCounts>> extrapolated_counts(const std::vector<std::int64_t>& cu, int cp, int width,
-                                                           std::int64_t left, const LayoutPeriod* period) {
-  if (period == nullptr) return std::nullopt;
-  const std::size_t n = period->repeating / period->docs, rest = period->repeating % period->docs;
-  const Wide a0 = first_repetitions(left, period->tokens);
+// partners, a union, stop growing): three sweeps of a few periods for millions of pieces.
+// `pieces`: periodic_pieces joined to `members` members.
+std::optional<std::vector<HaloCounts>> extrapolated_counts(const PeriodicPieces& pieces, int members, std::int64_t left,
+                                                           const LayoutPeriod& period) {
   std::array<std::vector<HaloCounts>, 3> f;
-  std::vector<std::int64_t> part;  // the documents kept, cut shorter for each sweep
   for (std::size_t k = f.size(); k-- > 0;) {
-    cut_documents(cu, (std::size_t(a0) + k) * period->docs + rest, period->repeating, part);
-    Pieces pieces = rank_pieces(part, cp);
-    if (width > 1) join_members(pieces, width);
     std::optional<std::vector<HaloCounts>> h =
-        swept_halo_counts(pieces, cp / width, left, part.back(), PartnerCount::cheapest, nullptr);
+        swept_halo_counts(pieces[k], members, left, pieces[k].begin.back(), PartnerCount::cheapest, nullptr);
     if (!h) return std::nullopt;
     f[k] = std::move(*h);
   }
-  return extrapolated(f, Wide(n) - a0);
+  return extrapolated(f, Wide(period.repeating / period.docs) - first_repetitions(left, period.tokens));
 }
+
 // The layout's period, if its documents repeat under a bounded window (layout_period).
 std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64_t seq) {
   const std::int64_t left = config.window_left;
@@ -857,7 +913,11 @@ std::optional<LayoutPeriod> period_of(const CpConfig& config, int cp, std::int64
 std::optional<std::vector<HaloCounts>> periodic_halo_counts(const CpConfig& config, int cp, int width,
                                                             std::int64_t seq) {
   const std::optional<LayoutPeriod> period = period_of(config, cp, seq);
-  return extrapolated_counts(config.cu_seqlens, cp, width, config.window_left, period ? &*period : nullptr);
+  if (!period) return std::nullopt;
+  PeriodicPieces pieces = periodic_pieces(config.cu_seqlens, cp, config.window_left, *period);
+  if (width > 1)
+    for (Pieces& p : pieces) join_members(p, width);
+  return extrapolated_counts(pieces, cp / width, config.window_left, *period);
 }
 
 namespace {
@@ -912,6 +972,32 @@ PartnerRows& memo_rows(int cp, std::int64_t seq, std::int64_t left, std::uint64_
   return last.rows;
 }
 
+// The periodic sweeps' pieces (periodic_pieces) for members of `width` ranks, of the last
+// documents, cp, seq and window: the planner asks each split width 1, 2, 4, ... in turn, so the
+// last width's are joined (join_members), not cut from the boundaries again (at cp 65536 with
+// one-token documents: 1.2M pieces a width). Null where the layout has no period.
+const PeriodicPieces* memo_periodic_pieces(const CpConfig& config, int cp, int width, std::int64_t seq,
+                                           std::uint64_t documents) {
+  const LayoutPeriod* period = memo_period(config, cp, seq, documents);
+  if (period == nullptr) return nullptr;
+  struct Last {
+    std::uint64_t documents = 0;
+    std::array<std::int64_t, 3> sizes{};  // cp, seq, window_left
+    int width = 0;
+    PeriodicPieces pieces;
+  };
+  thread_local Last last;
+  const std::array<std::int64_t, 3> sizes{cp, seq, config.window_left};
+  if (last.width == 0 || last.documents != documents || last.sizes != sizes || width % last.width != 0) {
+    last.pieces = {};  // freed before the new ones are built
+    last = {documents, sizes, 1, periodic_pieces(config.cu_seqlens, cp, config.window_left, *period)};
+  }
+  if (width != last.width)
+    for (Pieces& p : last.pieces) join_members(p, width / last.width);
+  last.width = width;
+  return &last.pieces;
+}
+
 // Every member's counts by the sweep, when `config`'s layout is per-document zigzag (causal).
 // traffic() asks one rank at a time (every distinct key: up to every rank), so the last sweep is
 // kept for the next rank of the same layout (it reads the documents, cp, width, seq and window),
@@ -928,8 +1014,9 @@ const std::vector<HaloCounts>* swept_members(const CpConfig& config, int cp, int
   const std::array<std::int64_t, 4> sizes{cp, width, seq, config.window_left};
   const std::uint64_t documents = documents_generation(config);
   if (last.counts.empty() || last.sizes != sizes || last.documents != documents) {
-    std::optional<std::vector<HaloCounts>> swept =
-        extrapolated_counts(config.cu_seqlens, cp, width, config.window_left, memo_period(config, cp, seq, documents));
+    std::optional<std::vector<HaloCounts>> swept;
+    if (const PeriodicPieces* pieces = memo_periodic_pieces(config, cp, width, seq, documents))
+      swept = extrapolated_counts(*pieces, members, config.window_left, *memo_period(config, cp, seq, documents));
     if (!swept)
       swept = swept_halo_counts(member_pieces(config, cp, width, seq), members, config.window_left, seq,
                                 PartnerCount::cheapest, nullptr, &memo_rows(cp, seq, config.window_left, documents));
