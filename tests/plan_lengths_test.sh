@@ -36,6 +36,10 @@ assert [int(w) for w in re.findall(r"^world (\d+)", open(sys.argv[2]).read(), re
 PY
 then ok "plan --lengths: every world in order, the same text with and without --json"
 else bad "plan --lengths: every world in order"; cat "$dir/a.log"; fi
+# Memory for one plan (~67 MB here) but not two: the plans run one at a time, the same text.
+if ULYSSES_MEM_AVAILABLE=100000000 "$bin" plan "${spec[@]}" > "$dir/c.log" 2>&1 && cmp -s "$dir/a.log" "$dir/c.log"
+then ok "plan --lengths: one plan at a time where the memory holds one, the same text"
+else bad "plan --lengths: every world in order"; cat "$dir/a.log"; fi
 
 check_error() {  # expected message, then the arguments
   local want=$1; shift

@@ -17,6 +17,7 @@
 #include "report.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
+#include "ulysses/io/input_file.hpp"
 #include "ulysses/io/output_file.hpp"
 #include "ulysses/plan/balancer.hpp"
 #include "ulysses/plan/calibrate.hpp"
@@ -41,8 +42,18 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 constexpr double kPlanBytesPerSequence = 1024, kPlanBytesPerLength = 4096, kPlanBaseBytes = 64 << 20;
 constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 27;
 
-// Not collective. Refuses a step the planner could not hold in memory (or plan in minutes).
-void admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
+// The bytes one plan of the step at `world` ranks may take (the measurements above).
+double plan_bytes(const std::vector<std::int64_t>& lengths, int world) {
+  std::vector<std::int64_t> distinct = lengths;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  return kPlanBaseBytes + kPlanBytesPerSequence * double(lengths.size()) +
+         kPlanBytesPerLength * double(distinct.size()) * std::log2(double(world) + 1);
+}
+
+// Not collective. Refuses a step the planner could not hold in memory (or plan in minutes); the
+// bytes one plan may take.
+double admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
   const std::int64_t pairs = std::int64_t(lengths.size()) * largest_world;
   if (pairs > kMaxPlanPairs)
     throw Error(
@@ -50,13 +61,18 @@ void admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
                     "planner's limit of {} (2^27, about a minute of planning; its time grows with both): fewer "
                     "sequences or a smaller --world",
                     lengths.size(), largest_world, pairs, kMaxPlanPairs));
-  std::vector<std::int64_t> distinct = lengths;
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  check_memory("ulysses plan --lengths",
-               kPlanBaseBytes + kPlanBytesPerSequence * double(lengths.size()) +
-                   kPlanBytesPerLength * double(distinct.size()) * std::log2(double(largest_world) + 1),
-               0, 1);
+  const double bytes = plan_bytes(lengths, largest_world);
+  check_memory("ulysses plan --lengths", bytes, 0, 1);
+  return bytes;
+}
+
+// How many plans may run at once: one a hardware thread, as many as the memory holds (admit_plan
+// checked that one fits).
+std::size_t plans_at_once(double plan_bytes) {
+  const std::size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  const std::int64_t available = available_memory_bytes();
+  if (available < 0) return hardware;
+  return std::clamp<std::size_t>(std::size_t(double(available) / plan_bytes), 1, hardware);
 }
 
 train::GptConfig model_of(const PlanOptions& o) {
@@ -188,20 +204,20 @@ PolicyRow plan_row(const BalanceInput& in, BalancePolicy policy, bool json) {
 }
 
 // rows[k][p]: the plan of worlds[k] under kPolicies[p], the pairs planned at once (each plan is
-// pure; they share `in.costs`, which is safe to) on as many threads as the hardware has, the
+// pure; they share `in.costs`, which is safe to) on `at_once` threads, the
 // largest worlds' dynamic plans (the longest) first. A world after one whose dynamic plan failed
 // is not planned: the output stops there, as it did when the worlds were planned in turn.
-std::vector<std::array<PolicyRow, 3>> plan_rows(const BalanceInput& in, const std::vector<int>& worlds, bool json) {
+std::vector<std::array<PolicyRow, 3>> plan_rows(const BalanceInput& in, const std::vector<int>& worlds, bool json,
+                                                std::size_t at_once) {
   std::vector<std::array<PolicyRow, 3>> rows(worlds.size());
   std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (world, policy), longest first
   for (std::size_t p = 3; p-- > 0;)
     for (std::size_t k = worlds.size(); k-- > 0;) tasks.emplace_back(k, p);
   std::stable_sort(tasks.begin(), tasks.end(),
                    [&](const auto& a, const auto& b) { return worlds[a.first] > worlds[b.first]; });
-  // A dynamic plan builds its candidates on threads of its own: all the hardware's for one world,
-  // none where the worlds' plans fill it.
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const int inner = int(std::max<std::size_t>(1, hardware / worlds.size()));
+  // A dynamic plan builds its candidates on threads of its own: all `at_once` for one world, none
+  // where the worlds' plans fill them.
+  const int inner = int(std::max<std::size_t>(1, at_once / worlds.size()));
   std::atomic<std::size_t> next{0}, failed{worlds.size()};  // failed: the first world whose dynamic plan threw
   auto work = [&] {
     for (std::size_t t; (t = next++) < tasks.size();) {
@@ -217,7 +233,7 @@ std::vector<std::array<PolicyRow, 3>> plan_rows(const BalanceInput& in, const st
     }
   };
   std::vector<std::thread> threads;
-  for (std::size_t i = 1; i < std::min<std::size_t>(hardware, tasks.size()); ++i) threads.emplace_back(work);
+  for (std::size_t i = 1; i < std::min(at_once, tasks.size()); ++i) threads.emplace_back(work);
   work();
   for (std::thread& t : threads) t.join();
   return rows;
@@ -327,6 +343,7 @@ int run_plan_lengths(const PlanOptions& o) {
   comm.set_timeout(o.timeout);
   BalanceInput in;
   std::vector<int> worlds;
+  double one_plan_bytes = 0;
   on_every_rank(comm, [&] {
     check_plan_option_effects(o, comm.size());
     if (o.calibrate)
@@ -339,7 +356,7 @@ int run_plan_lengths(const PlanOptions& o) {
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
     in = balance_input(o, worlds.front());
-    admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
+    one_plan_bytes = admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
     PlanInput probe = in.model;  // the model's sizes, checked once
     probe.seq = 1;
@@ -370,7 +387,7 @@ int run_plan_lengths(const PlanOptions& o) {
     // Each (length, size) priced once for all the worlds and policies, not once a world and
     // policy: a smaller world asks the sizes a larger one asked.
     in.costs = make_balance_costs();
-    const std::vector<std::array<PolicyRow, 3>> rows = plan_rows(in, worlds, json);
+    const std::vector<std::array<PolicyRow, 3>> rows = plan_rows(in, worlds, json, plans_at_once(one_plan_bytes));
     for (std::size_t k = 0; k < worlds.size(); ++k) {
       in.world = worlds[k];
       const nlohmann::json w = print_world(in, rows[k], json);
