@@ -22,12 +22,38 @@ for p in j["worlds"][0]["policies"]:
 PY
 then ok "plan --lengths: the JSON equals ulysses.balance"; else bad "plan --lengths vs the library"; cat "$dir/p.log"; fi
 
+# Every world's policies are planned at once, but printed and written in order: the same text
+# with --json as without it (which builds no JSON).
+spec=(--lengths pareto:256:64:65536:1.5 --heads 8 --head-dim 64 --layers 2)
+if "$bin" plan "${spec[@]}" > "$dir/a.log" 2>&1 && "$bin" plan "${spec[@]}" --json "$dir/a.json" > "$dir/b.log" 2>&1 &&
+   cmp -s "$dir/a.log" "$dir/b.log" && "$py" - "$dir/a.json" "$dir/a.log" <<'PY'
+import json, re, sys
+worlds = [2**k for k in range(1, 11)]
+j = json.load(open(sys.argv[1]))
+assert [w["world"] for w in j["worlds"]] == worlds, [w["world"] for w in j["worlds"]]
+assert [[p["policy"] for p in w["policies"]] for w in j["worlds"]] == [["static", "pow2", "dynamic"]] * 10
+assert [int(w) for w in re.findall(r"^world (\d+)", open(sys.argv[2]).read(), re.M)] == worlds
+PY
+then ok "plan --lengths: every world in order, the same text with and without --json"
+else bad "plan --lengths: every world in order"; cat "$dir/a.log"; fi
+# Memory for one plan (~67 MB here) but not two: the plans run one at a time, the same text.
+if ULYSSES_MEM_AVAILABLE=100000000 "$bin" plan "${spec[@]}" > "$dir/c.log" 2>&1 && cmp -s "$dir/a.log" "$dir/c.log"
+then ok "plan --lengths: one plan at a time where the memory holds one, the same text"
+else bad "plan --lengths: every world in order"; cat "$dir/a.log"; fi
+
 check_error() {  # expected message, then the arguments
   local want=$1; shift
   if "$bin" plan "$@" --json "$dir/e.json" > "$dir/e.log" 2>&1; then bad "accepted: $*"; return; fi
   if grep -q -- "$want" "$dir/e.log" && [ ! -e "$dir/e.json" ]; then ok "refused: $*"; else bad "message for $*"; cat "$dir/e.log"; fi
 }
 check_error "dp 3 does not divide the world size 4" --lengths 8x512 --world 4 --dp 3 --heads 8
+# Every world planned at once: the first world whose dynamic plan fails ends the output where it
+# did when the worlds were planned in turn, after that world's other policies.
+check_error "sequence 0 (300000 tokens) fits no group under the memory cap" --lengths 300000,4096,100 --heads 8 \
+  --max-memory 2GiB
+if [ "$(grep -c '^world ' "$dir/e.log")" = 1 ] && grep -q '^  pow2     cannot place the step' "$dir/e.log"; then
+  ok "plan --lengths: a failing world ends the output"
+else bad "plan --lengths: a failing world ends the output"; cat "$dir/e.log"; fi
 check_error "pareto" --lengths pareto:4:10:5:1 --world 2 --heads 8
 check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --lengths 1x16384 --world 2 --heads 8 \
   --head-dim 64 --max-memory 1MiB

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+#include <thread>
 
 #include "ulysses/plan/balancer.hpp"
 #include "ulysses/plan/calibrate.hpp"
@@ -487,6 +489,12 @@ TEST(Balancer, BadInputNamesTheRule) {
         balance(in, BalancePolicy::dynamic);
       }),
       "gemm_flops_rate must be finite and >= 0");
+  has(error_of([] {
+        BalanceInput in = small_model(2, {8});
+        in.threads = 0;
+        balance(in, BalancePolicy::dynamic);
+      }),
+      "threads must be >= 1, got 0");
   has(error_of([] { parse_policy("best"); }), "'best': expected static, pow2 or dynamic");
   has(error_of([] { predict_plan(small_model(2, {8, 8}), {{0, 2}, {1, 2}}); }), "sequence 1's group [1, 3)");
 }
@@ -531,6 +539,77 @@ TEST(Balancer, SharedCostsGiveThePlansOfFreshCosts) {
         EXPECT_EQ(a.step_seconds, b.step_seconds) << where;
       }
     }
+  }
+}
+
+// The plans of one step at several worlds under every policy, all at once on threads of their own
+// sharing one BalanceCosts, each dynamic plan building its candidates on 1-3 threads, against
+// each plan priced alone on one thread: the same plans and errors, bit for bit (the threads race
+// to price a pair first, which a TSan build checks).
+TEST(Balancer, PlansAtOnceSharingCostsAreThoseOfOnePlanAtATime) {
+  std::mt19937_64 rng(43);
+  constexpr int kWorlds[] = {64, 4, 32, 2, 17};
+  constexpr BalancePolicy kAll[] = {BalancePolicy::static_, BalancePolicy::pow2, BalancePolicy::dynamic};
+  for (int trial = 0; trial < 4; ++trial) {
+    BalanceInput in = small_model(64, random_lengths(rng, 20 + int(rng() % 60)));
+    in.cp_comm_type = std::vector<std::string>{"a2a", "p2p", "all_gather", "a2a+p2p"}[trial % 4];
+    in.model.cluster.ranks_per_node = 1 << (rng() % 4);
+    auto plan = [](BalanceInput x, int world, BalancePolicy p, int threads) {
+      x.world = world;
+      x.threads = threads;
+      try {
+        return std::make_pair(balance(x, p), std::string());
+      } catch (const Error& e) {
+        return std::make_pair(BalancePlan(), std::string(e.what()));
+      }
+    };
+    BalanceInput shared = in;
+    shared.costs = make_balance_costs();
+    std::vector<std::pair<BalancePlan, std::string>> alone, together(std::size(kWorlds) * 3);
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < std::size(kWorlds); ++k)
+      for (std::size_t p = 0; p < 3; ++p) {
+        alone.push_back(plan(in, kWorlds[k], kAll[p], 1));
+        const int inner = 1 + int(rng() % 3);
+        std::pair<BalancePlan, std::string>* out = &together[3 * k + p];
+        const int world = kWorlds[k];
+        const BalancePolicy policy = kAll[p];
+        threads.emplace_back(
+            [&shared, &plan, out, world, policy, inner] { *out = plan(shared, world, policy, inner); });
+      }
+    for (std::thread& t : threads) t.join();
+    for (std::size_t t = 0; t < alone.size(); ++t) {
+      const BalancePlan &a = alone[t].first, &b = together[t].first;
+      const std::string where = fmt::format("trial {} world {} {}", trial, kWorlds[t / 3], policy_name(kAll[t % 3]));
+      EXPECT_EQ(alone[t].second, together[t].second) << where;
+      EXPECT_EQ(a.groups, b.groups) << where;
+      for (auto v : {&BalancePlan::sequence_seconds, &BalancePlan::rank_seconds, &BalancePlan::rank_memory,
+                     &BalancePlan::rank_bytes})
+        EXPECT_EQ(a.*v, b.*v) << where;
+      EXPECT_EQ(a.step_seconds, b.step_seconds) << where;
+    }
+  }
+}
+
+// run_jobs runs every job whatever fails, on at most the threads it is given, and rethrows the
+// first failure in job order.
+TEST(Balancer, RunJobsRunsEveryJobAndRethrowsTheFirstFailure) {
+  for (int threads : {1, 2, 5, 40}) {
+    std::vector<int> ran(23, 0);
+    std::vector<std::function<void()>> jobs;
+    for (std::size_t j = 0; j < ran.size(); ++j)
+      jobs.push_back([&ran, j] {
+        ran[j] += 1;
+        if (j == 7 || j == 19) throw std::runtime_error(fmt::format("job {}", j));
+      });
+    std::string what;
+    try {
+      balance_detail::run_jobs(jobs, threads);
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    EXPECT_EQ(what, "job 7") << threads;
+    EXPECT_EQ(ran, std::vector<int>(23, 1)) << threads;
   }
 }
 

@@ -4,9 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "guard.hpp"
 #include "plan_command.hpp"
@@ -14,6 +17,7 @@
 #include "report.hpp"
 #include "train/layers.hpp"
 #include "train/memory.hpp"
+#include "ulysses/io/input_file.hpp"
 #include "ulysses/io/output_file.hpp"
 #include "ulysses/plan/balancer.hpp"
 #include "ulysses/plan/calibrate.hpp"
@@ -38,8 +42,18 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 constexpr double kPlanBytesPerSequence = 1024, kPlanBytesPerLength = 4096, kPlanBaseBytes = 64 << 20;
 constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 27;
 
-// Not collective. Refuses a step the planner could not hold in memory (or plan in minutes).
-void admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
+// The bytes one plan of the step at `world` ranks may take (the measurements above).
+double plan_bytes(const std::vector<std::int64_t>& lengths, int world) {
+  std::vector<std::int64_t> distinct = lengths;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  return kPlanBaseBytes + kPlanBytesPerSequence * double(lengths.size()) +
+         kPlanBytesPerLength * double(distinct.size()) * std::log2(double(world) + 1);
+}
+
+// Not collective. Refuses a step the planner could not hold in memory (or plan in minutes); the
+// bytes one plan may take.
+double admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
   const std::int64_t pairs = std::int64_t(lengths.size()) * largest_world;
   if (pairs > kMaxPlanPairs)
     throw Error(
@@ -47,13 +61,18 @@ void admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
                     "planner's limit of {} (2^27, about a minute of planning; its time grows with both): fewer "
                     "sequences or a smaller --world",
                     lengths.size(), largest_world, pairs, kMaxPlanPairs));
-  std::vector<std::int64_t> distinct = lengths;
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  check_memory("ulysses plan --lengths",
-               kPlanBaseBytes + kPlanBytesPerSequence * double(lengths.size()) +
-                   kPlanBytesPerLength * double(distinct.size()) * std::log2(double(largest_world) + 1),
-               0, 1);
+  const double bytes = plan_bytes(lengths, largest_world);
+  check_memory("ulysses plan --lengths", bytes, 0, 1);
+  return bytes;
+}
+
+// How many plans may run at once: one a hardware thread, as many as the memory holds (admit_plan
+// checked that one fits).
+std::size_t plans_at_once(double plan_bytes) {
+  const std::size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  const std::int64_t available = available_memory_bytes();
+  if (available < 0) return hardware;
+  return std::clamp<std::size_t>(std::size_t(double(available) / plan_bytes), 1, hardware);
 }
 
 train::GptConfig model_of(const PlanOptions& o) {
@@ -155,26 +174,91 @@ nlohmann::json plan_json(const BalancePlan& p) {
           {"sequence_seconds", p.sequence_seconds}};
 }
 
+// One policy's plan at one world, as its table row and --json object need it (the plan itself,
+// with a config a sequence, is dropped once these are read).
+struct PolicyRow {
+  double step = 0, busy_over_mean = 0, bytes = 0, memory = 0;
+  std::string sizes, error;  // error: why a policy but dynamic cannot place the step
+  nlohmann::json json;       // only when --json is asked
+  std::exception_ptr fatal;  // dynamic's Error (the step cannot be planned), or any other exception
+};
+
+PolicyRow plan_row(const BalanceInput& in, BalancePolicy policy, bool json) {
+  PolicyRow r;
+  try {
+    const BalancePlan p = balance(in, policy);
+    r.step = p.step_seconds;
+    r.busy_over_mean = busiest_over_mean(p);
+    r.bytes = largest(p.rank_bytes);
+    r.memory = largest(p.rank_memory);
+    r.sizes = size_summary(p);
+    if (json) r.json = plan_json(p);
+  } catch (const Error& e) {
+    if (policy == BalancePolicy::dynamic) r.fatal = std::current_exception();  // the most permissive
+    r.error = e.what();
+    if (json) r.json = {{"policy", policy_name(policy)}, {"error", e.what()}};
+  } catch (...) {
+    r.fatal = std::current_exception();
+  }
+  return r;
+}
+
+// rows[k][p]: the plan of worlds[k] under kPolicies[p], the pairs planned at once (each plan is
+// pure; they share `in.costs`, which is safe to) on `at_once` threads, the
+// largest worlds' dynamic plans (the longest) first. A world after one whose dynamic plan failed
+// is not planned: the output stops there, as it did when the worlds were planned in turn.
+std::vector<std::array<PolicyRow, 3>> plan_rows(const BalanceInput& in, const std::vector<int>& worlds, bool json,
+                                                std::size_t at_once) {
+  std::vector<std::array<PolicyRow, 3>> rows(worlds.size());
+  std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (world, policy), longest first
+  for (std::size_t p = 3; p-- > 0;)
+    for (std::size_t k = worlds.size(); k-- > 0;) tasks.emplace_back(k, p);
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [&](const auto& a, const auto& b) { return worlds[a.first] > worlds[b.first]; });
+  // A dynamic plan builds its candidates on threads of its own: all `at_once` for one world, none
+  // where the worlds' plans fill them.
+  const int inner = int(std::max<std::size_t>(1, at_once / worlds.size()));
+  std::atomic<std::size_t> next{0}, failed{worlds.size()};  // failed: the first world whose dynamic plan threw
+  auto work = [&] {
+    for (std::size_t t; (t = next++) < tasks.size();) {
+      const std::size_t k = tasks[t].first, p = tasks[t].second;
+      if (k > failed.load()) continue;
+      BalanceInput x = in;  // its own memory_per_rank, which keeps state between calls
+      x.world = worlds[k];
+      x.threads = inner;
+      rows[k][p] = plan_row(x, kPolicies[p], json);
+      if (rows[k][p].fatal)
+        for (std::size_t f = failed.load(); k < f && !failed.compare_exchange_weak(f, k);) {
+        }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < std::min(at_once, tasks.size()); ++i) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  return rows;
+}
+
 // One world's table; a policy that cannot place the step prints (and records) why.
-nlohmann::json plan_world(const BalanceInput& in) {
+nlohmann::json print_world(const BalanceInput& in, const std::array<PolicyRow, 3>& rows, bool json) {
   fmt::print("world {} ({} per node), dp {} for static:\n", in.world, in.model.cluster.ranks_per_node, in.dp);
   fmt::print("  {:<8} {:>12} {:>10} {:>10} {:>12} {:>12}  {}\n", "policy", "step s", "vs static", "busy/mean",
              "MB sent/rk", "mem MB/rk", "group sizes (size x sequences)");
-  nlohmann::json out{{"world", in.world}, {"dp", in.dp}, {"policies", nlohmann::json::array()}};
+  nlohmann::json out;
+  if (json) out = {{"world", in.world}, {"dp", in.dp}, {"policies", nlohmann::json::array()}};
   double static_s = 0;
-  for (BalancePolicy policy : kPolicies) {
-    try {
-      const BalancePlan p = balance(in, policy);
-      if (policy == BalancePolicy::static_) static_s = p.step_seconds;
-      fmt::print("  {:<8} {:>12.5g} {:>10} {:>10.3f} {:>12.2f} {:>12.1f}  {}\n", policy_name(policy), p.step_seconds,
-                 static_s > 0 ? fmt::format("{:.2f}x", static_s / p.step_seconds) : "-", busiest_over_mean(p),
-                 largest(p.rank_bytes) / 1e6, largest(p.rank_memory) / 1e6, size_summary(p));
-      out["policies"].push_back(plan_json(p));
-    } catch (const Error& e) {
-      if (policy == BalancePolicy::dynamic) throw;  // the most permissive: the step cannot be planned
-      fmt::print("  {:<8} cannot place the step: {}\n", policy_name(policy), e.what());
-      out["policies"].push_back({{"policy", policy_name(policy)}, {"error", e.what()}});
+  for (std::size_t p = 0; p < 3; ++p) {
+    const PolicyRow& r = rows[p];
+    if (r.fatal) std::rethrow_exception(r.fatal);
+    if (!r.error.empty()) {
+      fmt::print("  {:<8} cannot place the step: {}\n", policy_name(kPolicies[p]), r.error);
+    } else {
+      if (kPolicies[p] == BalancePolicy::static_) static_s = r.step;
+      fmt::print("  {:<8} {:>12.5g} {:>10} {:>10.3f} {:>12.2f} {:>12.1f}  {}\n", policy_name(kPolicies[p]), r.step,
+                 static_s > 0 ? fmt::format("{:.2f}x", static_s / r.step) : "-", r.busy_over_mean, r.bytes / 1e6,
+                 r.memory / 1e6, r.sizes);
     }
+    if (json) out["policies"].push_back(r.json);
   }
   return out;
 }
@@ -259,6 +343,7 @@ int run_plan_lengths(const PlanOptions& o) {
   comm.set_timeout(o.timeout);
   BalanceInput in;
   std::vector<int> worlds;
+  double one_plan_bytes = 0;
   on_every_rank(comm, [&] {
     check_plan_option_effects(o, comm.size());
     if (o.calibrate)
@@ -271,7 +356,7 @@ int run_plan_lengths(const PlanOptions& o) {
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
     in = balance_input(o, worlds.front());
-    admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
+    one_plan_bytes = admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
     PlanInput probe = in.model;  // the model's sizes, checked once
     probe.seq = 1;
@@ -287,23 +372,28 @@ int run_plan_lengths(const PlanOptions& o) {
   on_root(comm, [&] {
     print_lengths_header(o, in);
     const Cluster& c = in.model.cluster;
-    nlohmann::json j{{"lengths", in.lengths},
-                     {"cp_comm_type", in.cp_comm_type},
-                     {"gemm_flops_per_token", in.gemm_flops_per_token},
-                     {"max_memory", in.max_memory},
-                     {"peak_flops", c.peak_flops},
-                     {"efficiency", c.efficiency},
-                     {"calibrated", o.calibrate},
-                     {"gemm_flops_rate", in.gemm_flops_rate},
-                     {"worlds", nlohmann::json::array()}};
+    const bool json = !o.json.empty();
+    nlohmann::json j;
+    if (json)
+      j = {{"lengths", in.lengths},
+           {"cp_comm_type", in.cp_comm_type},
+           {"gemm_flops_per_token", in.gemm_flops_per_token},
+           {"max_memory", in.max_memory},
+           {"peak_flops", c.peak_flops},
+           {"efficiency", c.efficiency},
+           {"calibrated", o.calibrate},
+           {"gemm_flops_rate", in.gemm_flops_rate},
+           {"worlds", nlohmann::json::array()}};
     // Each (length, size) priced once for all the worlds and policies, not once a world and
     // policy: a smaller world asks the sizes a larger one asked.
     in.costs = make_balance_costs();
-    for (int w : worlds) {
-      in.world = w;
-      j["worlds"].push_back(plan_world(in));
+    const std::vector<std::array<PolicyRow, 3>> rows = plan_rows(in, worlds, json, plans_at_once(one_plan_bytes));
+    for (std::size_t k = 0; k < worlds.size(); ++k) {
+      in.world = worlds[k];
+      const nlohmann::json w = print_world(in, rows[k], json);
+      if (json) j["worlds"].push_back(w);
     }
-    if (!o.json.empty()) write_file_atomic(o.json, j.dump(2) + "\n");
+    if (json) write_file_atomic(o.json, j.dump(2) + "\n");
   });
   return 0;
 }

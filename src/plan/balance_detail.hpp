@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -19,7 +21,9 @@ namespace ulysses {
 
 // The memo behind CostTable (balancer.hpp says who shares one): the numbers the search ranks by
 // for every (length, size) it asks, the whole cost for those a plan ends up using. Only sizes
-// inside the world are kept, the one way a cost depends on the world.
+// inside the world are kept, the one way a cost depends on the world. Calls sharing one may run
+// at once: every access holds `lock` (a CostTable reads it once a pair and call, in front of its
+// own memo, so the lock is taken ~10^5 times a plan, not at every one of the search's ~10^8 asks).
 class BalanceCosts {
  public:
   struct Cost {
@@ -34,6 +38,7 @@ class BalanceCosts {
   };
   template <class V>
   using Map = std::unordered_map<std::pair<std::int64_t, int>, V, Hash>;
+  std::mutex lock;
   Map<Cost> cost;
   Map<SequenceCost> full;
   // What the first input's costs depend on (balancer.cpp's cost_fingerprint): an input whose
@@ -48,33 +53,48 @@ namespace ulysses::balance_detail {
 // sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
 // The search asks every length at ~8 sizes an octave, so it keeps only the numbers it ranks by
 // (a full SequenceCost, with its config and reason, is 10x larger); `full` memoises the whole
-// cost for the (length, size) pairs a plan ends up using. In in.costs when the caller shares one
-// across worlds and policies; sizes outside the world (its own reason) in a memo of this call's.
+// cost for the (length, size) pairs a plan ends up using. A call's own memo answers every ask;
+// one it lacks comes from in.costs when the caller shares one across worlds and policies (sizes
+// inside the world only), else is priced, outside the lock: a cost is pure, so two calls pricing
+// one pair at once keep equal numbers.
 class CostTable {
  public:
   using Cost = BalanceCosts::Cost;
-  explicit CostTable(const BalanceInput& in)
-      : in_(in), shared_(in.costs ? in.costs : std::make_shared<BalanceCosts>()) {}
+  explicit CostTable(const BalanceInput& in) : in_(in), shared_(in.costs) {}
   const Cost& at(std::int64_t length, int size) {
-    auto [it, fresh] = memo(size).cost.try_emplace({length, size});
-    if (fresh) {
-      const SequenceCost c = sequence_cost(in_, length, size);
-      it->second = {c.valid, c.seconds};
-    }
+    auto [it, fresh] = own_.cost.try_emplace({length, size});
+    if (fresh)
+      it->second = through_shared(&BalanceCosts::cost, length, size, [&] {
+        const SequenceCost c = sequence_cost(in_, length, size);
+        return Cost{c.valid, c.seconds};
+      });
     return it->second;
   }
   const Cost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
   const SequenceCost& full(std::size_t i, int size) {
-    auto [it, fresh] = memo(size).full.try_emplace({in_.lengths[i], size});
-    if (fresh) it->second = sequence_cost(in_, in_.lengths[i], size);
+    const std::int64_t length = in_.lengths[i];
+    auto [it, fresh] = own_.full.try_emplace({length, size});
+    if (fresh)
+      it->second = through_shared(&BalanceCosts::full, length, size, [&] { return sequence_cost(in_, length, size); });
     return it->second;
   }
 
  private:
-  BalanceCosts& memo(int size) { return size >= 1 && size <= in_.world ? *shared_ : outside_; }
+  template <class V, class Price>
+  V through_shared(BalanceCosts::Map<V> BalanceCosts::*map, std::int64_t length, int size, Price price) {
+    if (!shared_ || size < 1 || size > in_.world) return price();
+    {
+      const std::lock_guard<std::mutex> hold(shared_->lock);
+      const auto& m = (*shared_).*map;
+      if (const auto found = m.find({length, size}); found != m.end()) return found->second;
+    }
+    V v = price();
+    const std::lock_guard<std::mutex> hold(shared_->lock);
+    return ((*shared_).*map).try_emplace({length, size}, std::move(v)).first->second;
+  }
   const BalanceInput& in_;
   std::shared_ptr<BalanceCosts> shared_;
-  BalanceCosts outside_;
+  BalanceCosts own_;
 };
 
 struct Schedule {
@@ -253,6 +273,10 @@ class Ranks {
 // lower than total + seconds − u − that: the floor is the least such multiple (less a sliver), which
 // the ranks whose rounding goes down reach. −1 (below every total) outside those conditions.
 double least_single_total(double total, double most, double seconds);
+
+// Runs every job, on up to `threads` threads (this one among them), and rethrows the first
+// failed job's exception (in job order) once all have run.
+void run_jobs(const std::vector<std::function<void()>>& jobs, int threads);
 
 // The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,

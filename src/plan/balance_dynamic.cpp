@@ -1,10 +1,14 @@
 // The dynamic policy's search (balancer.cpp's top comment says what and why).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "balance_detail.hpp"
 
@@ -626,6 +630,26 @@ Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<
 
 }  // namespace
 
+void run_jobs(const std::vector<std::function<void()>>& jobs, int threads) {
+  std::vector<std::exception_ptr> failed(jobs.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t j; (j = next++) < jobs.size();) {
+      try {
+        jobs[j]();
+      } catch (...) {
+        failed[j] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (std::size_t t = 1; t < std::min(jobs.size(), std::size_t(std::max(threads, 1))); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+}
+
 double least_single_total(double total, double most, double seconds) {
   int e = 0;
   std::frexp(total, &e);  // total's binade is [lo, 2 lo), its ulp u
@@ -646,16 +670,22 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
   std::vector<Options> option_sets{all_options(in, costs, ladder, firsts, 0.0)};
   if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
-  std::vector<std::vector<BalanceGroup>> candidates;
-  std::vector<std::size_t> set_of;  // which option set made candidate k
+  // Four candidates a set: the two beams and LPT, pure and independent of one another (built at
+  // once on in.threads), then LPT's in index order (which reads the costs: not shared).
+  std::vector<std::vector<BalanceGroup>> candidates(4 * option_sets.size());
+  std::vector<std::function<void()>> jobs;
   for (std::size_t o = 0; o < option_sets.size(); ++o) {
-    const auto& options = option_sets[o];
-    candidates.push_back(beam_groups(in, options, true));
-    candidates.push_back(beam_groups(in, options, false));
-    candidates.push_back(lpt_groups(in, options));
-    candidates.push_back(index_order_groups(in, firsts, candidates.back(), seconds_of(candidates.back(), costs)));
-    set_of.resize(candidates.size(), o);
+    const Options& options = option_sets[o];
+    std::vector<BalanceGroup>* made = &candidates[4 * o];
+    jobs.push_back([&in, &options, made] { made[0] = beam_groups(in, options, true); });
+    jobs.push_back([&in, &options, made] { made[1] = beam_groups(in, options, false); });
+    jobs.push_back([&in, &options, made] { made[2] = lpt_groups(in, options); });
   }
+  run_jobs(jobs, in.threads);
+  for (std::size_t k = 3; k < candidates.size(); k += 4)
+    candidates[k] = index_order_groups(in, firsts, candidates[k - 1], seconds_of(candidates[k - 1], costs));
+  std::vector<std::size_t> set_of;  // which option set made candidate k
+  for (std::size_t o = 0; o < option_sets.size(); ++o) set_of.resize(4 * (o + 1), o);
   candidates.insert(candidates.end(), baselines.begin(), baselines.end());
   set_of.resize(candidates.size(), 0);
   std::size_t best = 0;

@@ -166,6 +166,7 @@ std::string cost_fingerprint(const BalanceInput& in) {
 void check_shared_costs(const BalanceInput& in) {
   if (!in.costs) return;
   const std::string fingerprint = cost_fingerprint(in);
+  const std::lock_guard<std::mutex> hold(in.costs->lock);
   if (in.costs->fingerprint.empty()) in.costs->fingerprint = fingerprint;
   if (fingerprint != in.costs->fingerprint)
     throw Error(
@@ -179,6 +180,7 @@ void check_input(const BalanceInput& in) {
     throw Error(fmt::format("balance: world must be in [1, {}], got {}", kMaxPlanRanks, in.world));
   if (in.dp < 1 || in.world % in.dp != 0)
     throw Error(fmt::format("balance: dp {} does not divide the world size {}", in.dp, in.world));
+  if (in.threads < 1) throw Error(fmt::format("balance: threads must be >= 1, got {}", in.threads));
   for (std::size_t i = 0; i < in.lengths.size(); ++i)
     if (in.lengths[i] < 1)
       throw Error(fmt::format("balance: sequence {} has length {} (must be >= 1)", i, in.lengths[i]));

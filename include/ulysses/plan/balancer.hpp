@@ -42,7 +42,8 @@ BalancePolicy parse_policy(const std::string& text);
 // but lengths, world, dp and max_tokens_per_rank: balance() throws Error when one sequence's cost
 // on one rank (the model's shape, dtype, rates, GEMMs, memory model and cap), the strategy, the
 // node size or the links differ from the first input's; the rest (a kernel model, a window) is the
-// caller's to keep. Not thread-safe.
+// caller's to keep. balance() calls sharing one may run at once on several threads (each with its
+// own BalanceInput: a memory_per_rank may keep state between its calls, as the CLI's does).
 class BalanceCosts;
 std::shared_ptr<BalanceCosts> make_balance_costs();
 
@@ -68,6 +69,10 @@ struct BalanceInput {
   // pow2 only: the most tokens one rank may hold (Megatron's max_seqlen_per_dp_cp_rank); 0: the
   // longest sequence's tokens over world (so the longest gets every rank).
   std::int64_t max_tokens_per_rank = 0;
+  // How many threads balance() may use (dynamic builds its candidate plans at once); the plan is
+  // the same at any count. 1: the caller's thread only, as a training rank, whose node's cores
+  // are its ranks', wants.
+  int threads = 1;
   // Shared by the calls that plan one step at several worlds or policies (BalanceCosts above);
   // null: each call prices its own.
   std::shared_ptr<BalanceCosts> costs;
