@@ -61,6 +61,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <future>
 #include <numeric>
 
 #include "ulysses/cp/context_parallel.hpp"
@@ -349,6 +350,8 @@ BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy 
   const std::size_t world = std::size_t(in.world);
   p.rank_memory.assign(world, 0.0);
   p.rank_bytes.assign(world, 0.0);
+  p.sequence_seconds.reserve(groups.size());  // not grown by doubling: 10^6 configs are ~100 MB
+  p.configs.reserve(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const BalanceGroup g = groups[i];
     if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
@@ -425,6 +428,33 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   return groups;
 }
 
+// pow2's groups through in.costs' memo of them (BalanceCosts::pow2), when the caller shares one.
+std::vector<BalanceGroup> shared_pow2_groups(const BalanceInput& in, CostTable& costs) {
+  if (!in.costs) return pow2_groups(in, costs);
+  BalanceCosts& memo = *in.costs;
+  std::shared_future<std::vector<BalanceGroup>> made;
+  std::promise<std::vector<BalanceGroup>> mine;
+  {
+    const std::lock_guard<std::mutex> hold(memo.lock);
+    const auto same = std::find_if(memo.pow2.begin(), memo.pow2.end(), [&](const BalanceCosts::Pow2& m) {
+      return m.world == in.world && m.max_tokens_per_rank == in.max_tokens_per_rank && m.lengths == in.lengths;
+    });
+    if (same != memo.pow2.end())
+      made = same->groups;
+    else
+      memo.pow2.push_back({in.world, in.max_tokens_per_rank, in.lengths, mine.get_future().share()});
+  }
+  if (made.valid()) return made.get();  // another plan's, or (its Error) rethrown
+  try {
+    std::vector<BalanceGroup> groups = pow2_groups(in, costs);
+    mine.set_value(groups);
+    return groups;
+  } catch (...) {
+    mine.set_exception(std::current_exception());
+    throw;
+  }
+}
+
 }  // namespace
 
 BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>& groups) {
@@ -440,15 +470,23 @@ BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
   CostTable costs(in);
   switch (policy) {
     case BalancePolicy::static_: return finish_plan(in, costs, policy, static_groups(in, costs));
-    case BalancePolicy::pow2: return finish_plan(in, costs, policy, pow2_groups(in, costs));
+    case BalancePolicy::pow2: return finish_plan(in, costs, policy, shared_pow2_groups(in, costs));
     case BalancePolicy::dynamic: {
-      std::vector<std::vector<BalanceGroup>> baselines;
-      for (auto baseline : {static_groups, pow2_groups}) {
-        try {
-          baselines.push_back(baseline(in, costs));
-        } catch (const Error&) {  // an infeasible baseline is simply not a candidate
-        }
+      if (in.threads > 1 && !in.costs) {  // a memo the baselines' thread can share (dynamic_groups)
+        BalanceInput shared = in;
+        shared.costs = make_balance_costs();
+        return balance(shared, policy);
       }
+      auto baselines = [&in](CostTable& table) {
+        std::vector<std::vector<BalanceGroup>> out;
+        for (auto baseline : {static_groups, shared_pow2_groups}) {
+          try {
+            out.push_back(baseline(in, table));
+          } catch (const Error&) {  // an infeasible baseline is simply not a candidate
+          }
+        }
+        return out;
+      };
       return finish_plan(in, costs, policy, dynamic_groups(in, costs, baselines));
     }
   }
