@@ -36,7 +36,8 @@
 //             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
 //             the same sizes placed again in index order where the members are free earliest;
 //          4. the best of 2, 3, static and pow2 (when feasible) by simulated step time, so
-//             dynamic is never predicted slower than either baseline;
+//             dynamic is never predicted slower than either baseline (the baselines made while
+//             step 1 prices the options, each candidate simulated on the thread that made it);
 //          5. local improvement: passes over the sequences (the slowest rank's first, then by
 //             decreasing cost) moving each to its best option while the step time (then the sum
 //             of finish times) strictly drops, within a budget of simulated rank-steps.
