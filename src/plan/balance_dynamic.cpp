@@ -712,17 +712,20 @@ Candidate simulated(int world, std::vector<BalanceGroup> groups, const std::vect
 }
 
 // Set `options`' candidates into made[0..3], as jobs: the two beams, LPT, and LPT's sizes placed
-// again in index order (whose seconds are LPT's: the same sizes). The longest, LPT, first.
+// again in index order (whose seconds are LPT's: the same sizes). LPT's job (the longest at 10^5
+// sequences and more) and the beam without the area term go into `first`, the beam with it (the
+// shortest) into `last`: run_jobs hands jobs out in order, so the long ones start first and the
+// short ones fill the ends.
 void candidate_jobs(const BalanceInput& in, const Options& options, const Placements& firsts, Candidate* made,
-                    std::vector<std::function<void()>>& jobs) {
-  jobs.insert(jobs.begin(), [&in, &options, &firsts, made] {
+                    std::vector<std::function<void()>>& first, std::vector<std::function<void()>>& last) {
+  first.push_back([&in, &options, &firsts, made] {
     std::vector<BalanceGroup> lpt = lpt_groups(in, options);
     const std::vector<double> seconds = option_seconds(options, lpt);
     made[3] = simulated(in.world, index_order_groups(in, firsts, lpt, seconds), seconds);
     made[2] = simulated(in.world, std::move(lpt), seconds);
   });
-  for (bool area : {true, false})
-    jobs.push_back([&in, &options, made, area] {
+  for (bool area : {false, true})
+    (area ? last : first).push_back([&in, &options, made, area] {
       std::vector<BalanceGroup> g = beam_groups(in, options, area);
       const std::vector<double> seconds = option_seconds(options, g);
       made[area ? 0 : 1] = simulated(in.world, std::move(g), seconds);
@@ -763,9 +766,10 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   }
   // Four candidates a set, pure and independent of one another (built at once on in.threads).
   std::vector<Candidate> candidates(4 * option_sets.size());
-  std::vector<std::function<void()>> jobs;
-  for (std::size_t o = option_sets.size(); o-- > 0;)
-    candidate_jobs(in, option_sets[o], firsts, &candidates[4 * o], jobs);
+  std::vector<std::function<void()>> jobs, last;
+  for (std::size_t o = 0; o < option_sets.size(); ++o)
+    candidate_jobs(in, option_sets[o], firsts, &candidates[4 * o], jobs, last);
+  jobs.insert(jobs.end(), last.begin(), last.end());
   run_jobs(jobs, in.threads);
   const std::size_t made = candidates.size();
   std::move(base.begin(), base.end(), std::back_inserter(candidates));
