@@ -636,6 +636,31 @@ TEST(Balancer, SharedPow2GroupsAndThreadsGiveThePlansOfOnePlanAlone) {
   }
 }
 
+// decreasing (a radix sort from kRadixFrom keys) is a stable sort by decreasing key: against
+// std::stable_sort of the indices on random keys with ties, signed zeros, negatives, infinities
+// and magnitudes far apart, on both sides of kRadixFrom.
+TEST(Balancer, DecreasingIsAStableSortByDecreasingKey) {
+  std::mt19937_64 rng(13);
+  const std::size_t radix = balance_detail::kRadixFrom;
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), radix - 1, radix, radix + 1, 5 * radix + 3})
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<double> key(n);
+      for (double& k : key) {
+        const std::uint64_t r = rng();
+        switch (kind) {
+          case 0: k = double(r % 5) * 0.5; break;                                         // few values, many ties
+          case 1: k = std::ldexp(double(r % 1000) + 1, int(r >> 40) % 200 - 100); break;  // far apart
+          case 2: k = double(std::int64_t(r % 7) - 3) * 1.25; break;                      // negatives
+          default: k = std::vector<double>{0.0, -0.0, 1e-300, -1e300, INFINITY, -INFINITY, 3.5}[r % 7];
+        }
+      }
+      std::vector<std::size_t> want(n);
+      std::iota(want.begin(), want.end(), std::size_t(0));
+      std::stable_sort(want.begin(), want.end(), [&](std::size_t a, std::size_t b) { return key[a] > key[b]; });
+      EXPECT_EQ(balance_detail::decreasing(key), want) << n << " keys of kind " << kind;
+    }
+}
+
 // LazyDecreasing reads decreasing's order (by key, ties by index) a chunk at a time: read whole,
 // the same order, on random keys with many ties (signed zeros among them) across chunk ends.
 TEST(Balancer, LazyDecreasingIsDecreasingsOrder) {

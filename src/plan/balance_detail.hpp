@@ -152,7 +152,9 @@ class AlignedLoads {
   std::vector<double> max_;                        // heap order: node v's children 2v, 2v + 1; the ranks at leaves_..
   std::vector<std::vector<std::uint32_t>> least_;  // by level (c = 2^level): tournament over its nodes
 };
-// Sequence indices by decreasing key, ties by index.
+// Sequence indices by decreasing key, ties by index (keys not NaN). From kRadixFrom keys a radix
+// sort, below a merge sort: the same order.
+constexpr std::size_t kRadixFrom = 4096;
 std::vector<std::size_t> decreasing(const std::vector<double>& key);
 // Sequence indices by decreasing key, ties by index (decreasing's order), sorted a chunk at a
 // time as they are read: the local search (balance_dynamic.cpp) reads the first few of 10^6
