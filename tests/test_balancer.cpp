@@ -591,6 +591,94 @@ TEST(Balancer, PlansAtOnceSharingCostsAreThoseOfOnePlanAtATime) {
   }
 }
 
+// One memo shared by plans of different steps, worlds and max_tokens_per_rank at once (pow2's
+// groups are memoised by all three, dynamic's baselines made on a thread of their own), and
+// dynamic plans on several threads without a memo (balance() makes one for the baselines):
+// each the plan made alone on one thread, bit for bit.
+TEST(Balancer, SharedPow2GroupsAndThreadsGiveThePlansOfOnePlanAlone) {
+  std::mt19937_64 rng(47);
+  std::vector<BalanceInput> inputs;
+  for (int k = 0; k < 14; ++k) {
+    const bool again = k % 2 == 1;  // the last step again, with another cap (or world)
+    BalanceInput x = again ? inputs.back() : small_model(2 << (rng() % 5), random_lengths(rng, 5 + int(rng() % 40)));
+    x.max_tokens_per_rank = std::vector<std::int64_t>{0, 256, 4096}[(k + rng() % 2) % 3];
+    if (again && rng() % 3 == 0) x.world /= 2;
+    inputs.push_back(x);
+  }
+  auto plan = [](const BalanceInput& x, BalancePolicy p) {
+    try {
+      return std::make_pair(balance(x, p), std::string());
+    } catch (const Error& e) {
+      return std::make_pair(BalancePlan(), std::string(e.what()));
+    }
+  };
+  const std::shared_ptr<BalanceCosts> memo = make_balance_costs();
+  std::vector<std::pair<BalancePlan, std::string>> alone, together(3 * inputs.size());
+  std::vector<std::thread> threads;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    for (std::size_t t = 0; t < 3; ++t) {
+      const BalancePolicy policy = t == 0 ? BalancePolicy::pow2 : BalancePolicy::dynamic;
+      alone.push_back(plan(inputs[k], policy));
+      BalanceInput x = inputs[k];
+      x.threads = 2 + int(rng() % 2);
+      if (t < 2) x.costs = memo;  // t == 2: several threads, no memo of the caller's
+      threads.emplace_back([&plan, x, policy, out = &together[3 * k + t]] { *out = plan(x, policy); });
+    }
+  for (std::thread& t : threads) t.join();
+  for (std::size_t t = 0; t < alone.size(); ++t) {
+    const std::string where = fmt::format("input {} plan {}", t / 3, t % 3);
+    EXPECT_EQ(alone[t].second, together[t].second) << where;
+    const BalancePlan &a = alone[t].first, &b = together[t].first;
+    EXPECT_EQ(a.groups, b.groups) << where;
+    EXPECT_EQ(a.sequence_seconds, b.sequence_seconds) << where;
+    EXPECT_EQ(a.rank_seconds, b.rank_seconds) << where;
+    EXPECT_EQ(a.step_seconds, b.step_seconds) << where;
+  }
+}
+
+// decreasing (a radix sort from kRadixFrom keys) is a stable sort by decreasing key: against
+// std::stable_sort of the indices on random keys with ties, signed zeros, negatives, infinities
+// and magnitudes far apart, on both sides of kRadixFrom.
+TEST(Balancer, DecreasingIsAStableSortByDecreasingKey) {
+  std::mt19937_64 rng(13);
+  const std::size_t radix = balance_detail::kRadixFrom;
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), radix - 1, radix, radix + 1, 5 * radix + 3})
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<double> key(n);
+      for (double& k : key) {
+        const std::uint64_t r = rng();
+        switch (kind) {
+          case 0: k = double(r % 5) * 0.5; break;                                         // few values, many ties
+          case 1: k = std::ldexp(double(r % 1000) + 1, int(r >> 40) % 200 - 100); break;  // far apart
+          case 2: k = double(std::int64_t(r % 7) - 3) * 1.25; break;                      // negatives
+          default: k = std::vector<double>{0.0, -0.0, 1e-300, -1e300, INFINITY, -INFINITY, 3.5}[r % 7];
+        }
+      }
+      std::vector<std::size_t> want(n);
+      std::iota(want.begin(), want.end(), std::size_t(0));
+      std::stable_sort(want.begin(), want.end(), [&](std::size_t a, std::size_t b) { return key[a] > key[b]; });
+      EXPECT_EQ(balance_detail::decreasing(key), want) << n << " keys of kind " << kind;
+    }
+}
+
+// LazyDecreasing reads decreasing's order (by key, ties by index) a chunk at a time: read whole,
+// the same order, on random keys with many ties (signed zeros among them) across chunk ends.
+TEST(Balancer, LazyDecreasingIsDecreasingsOrder) {
+  std::mt19937_64 rng(11);
+  for (std::size_t n : {0, 1, 5, 1023, 1024, 1025, 3000, 9000})
+    for (std::uint64_t distinct : {1, 3, 1000000}) {
+      std::vector<double> key(n);
+      for (double& k : key) {
+        k = double(rng() % distinct) * 0.25;
+        if (k == 0 && rng() % 2) k = -0.0;
+      }
+      balance_detail::LazyDecreasing lazy(key);
+      std::vector<std::size_t> got;
+      for (std::size_t at = 0; at < n; ++at) got.push_back(lazy[at]);
+      EXPECT_EQ(got, balance_detail::decreasing(key)) << n << " keys, " << distinct << " distinct";
+    }
+}
+
 // run_jobs runs every job whatever fails, on at most the threads it is given, and rethrows the
 // first failure in job order.
 TEST(Balancer, RunJobsRunsEveryJobAndRethrowsTheFirstFailure) {

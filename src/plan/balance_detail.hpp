@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -41,6 +42,16 @@ class BalanceCosts {
   std::mutex lock;
   Map<Cost> cost;
   Map<SequenceCost> full;
+  // pow2's groups by (world, max_tokens_per_rank, lengths), each made once: the CLI plans pow2
+  // beside dynamic, which makes pow2's groups again as a candidate (a sort and a placement of
+  // every sequence). The first call makes them; one asking meanwhile waits for them.
+  struct Pow2 {
+    int world = 0;
+    std::int64_t max_tokens_per_rank = 0;
+    std::vector<std::int64_t> lengths;
+    std::shared_future<std::vector<BalanceGroup>> groups;
+  };
+  std::vector<Pow2> pow2;
   // What the first input's costs depend on (balancer.cpp's cost_fingerprint): an input whose
   // fingerprint differs was given a memo made for another model.
   std::string fingerprint;
@@ -141,8 +152,38 @@ class AlignedLoads {
   std::vector<double> max_;                        // heap order: node v's children 2v, 2v + 1; the ranks at leaves_..
   std::vector<std::vector<std::uint32_t>> least_;  // by level (c = 2^level): tournament over its nodes
 };
-// Sequence indices by decreasing key, ties by index.
+// Sequence indices by decreasing key, ties by index (keys not NaN). From kRadixFrom keys a radix
+// sort, below a merge sort: the same order.
+constexpr std::size_t kRadixFrom = 4096;
 std::vector<std::size_t> decreasing(const std::vector<double>& key);
+// Sequence indices by decreasing key, ties by index (decreasing's order), sorted a chunk at a
+// time as they are read: the local search (balance_dynamic.cpp) reads the first few of 10^6
+// before its budget ends.
+class LazyDecreasing {
+ public:
+  explicit LazyDecreasing(const std::vector<double>& key) : keyed_(key.size()) {
+    for (std::size_t i = 0; i < key.size(); ++i) keyed_[i] = {key[i], i};
+  }
+  // The index at place `at` of the order; places are read in increasing order.
+  std::size_t operator[](std::size_t at) {
+    if (at == sorted_) {
+      auto before = [](const std::pair<double, std::size_t>& a, const std::pair<double, std::size_t>& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      };
+      const std::size_t upto = std::min(keyed_.size(), sorted_ + std::max<std::size_t>(1024, sorted_));
+      const auto from = keyed_.begin() + std::ptrdiff_t(sorted_), to = keyed_.begin() + std::ptrdiff_t(upto);
+      std::nth_element(from, to, keyed_.end(), before);
+      std::sort(from, to, before);
+      sorted_ = upto;
+    }
+    return keyed_[at].second;
+  }
+
+ private:
+  std::vector<std::pair<double, std::size_t>> keyed_;
+  std::size_t sorted_ = 0;
+};
+
 // Runs of bit-identical times: end[x] is the first rank after x whose time differs (or the size).
 // Into `end`, whose storage is reused: at large worlds a fresh vector a state is a page-faulted mmap.
 void run_ends(const std::vector<double>& times, std::vector<std::uint32_t>& end);
@@ -278,8 +319,10 @@ double least_single_total(double total, double most, double seconds);
 // failed job's exception (in job order) once all have run.
 void run_jobs(const std::vector<std::function<void()>>& jobs, int threads);
 
-// The dynamic policy's groups; `baselines` (static's, pow2's when feasible) are candidates too.
-std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
-                                         const std::vector<std::vector<BalanceGroup>>& baselines);
+// The baselines' groups (static's, pow2's when feasible), priced on the table given.
+using Baselines = std::function<std::vector<std::vector<BalanceGroup>>(CostTable&)>;
+// The dynamic policy's groups; the baselines are candidates too. With in.threads > 1 and a shared
+// memo (in.costs) the baselines are made beside the options, on a CostTable of their own.
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs, const Baselines& baselines);
 
 }  // namespace ulysses::balance_detail

@@ -6,11 +6,16 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <thread>
 
 #include "balance_detail.hpp"
+
+#include <fmt/format.h>
+
+#include "ulysses/core/error.hpp"
 
 namespace ulysses::balance_detail {
 
@@ -578,43 +583,58 @@ void simulate_after(const std::vector<double>& before, const std::vector<Balance
   s.finish_sum = std::accumulate(s.finish.begin(), s.finish.end(), 0.0);
 }
 
+// The local search's state: the plan, its schedule, the budget spent, and scratch reused by
+// every move tried.
+struct Search {
+  std::vector<BalanceGroup>& groups;
+  std::vector<double>& seconds;
+  Schedule cur, s, best;
+  std::vector<double> before;  // the ranks' free times once sequences 0.. i − 1 ran
+  double spent = 0, cost = 0;  // rank-steps spent, and those of one simulation
+};
+
+// Moves sequence i to its option that makes the schedule strictly better, if any (and budget
+// remains): whether it moved. The best schedule is copied only when an option beats it (a world
+// of free times each sequence otherwise: 2 GB at 2^20 sequences over 128 ranks).
+bool move_one(const BalanceInput& in, const OptionList& list, std::size_t i, Search& x) {
+  const BalanceGroup was = x.groups[i];
+  const double was_s = x.seconds[i];
+  BalanceGroup best = was;
+  double best_s = was_s;
+  bool ran_before = false, found = false;
+  for (const Option& o : list) {
+    if (o.group == was) continue;
+    if (x.spent >= kSearchBudget) break;
+    if (!ran_before) x.before.assign(std::size_t(in.world), 0.0), run_sequences(x.before, x.groups, x.seconds, 0, i);
+    ran_before = true;
+    x.groups[i] = o.group;
+    x.seconds[i] = o.seconds;
+    simulate_after(x.before, x.groups, x.seconds, i, x.s);
+    x.spent += x.cost;
+    if (x.s.better_than(found ? x.best : x.cur))
+      best = o.group, best_s = o.seconds, std::swap(x.best, x.s), found = true;
+  }
+  x.groups[i] = best;
+  x.seconds[i] = best_s;
+  if (found) std::swap(x.cur, x.best);
+  return found;
+}
+
 void improve(const BalanceInput& in, const Options& options, std::vector<BalanceGroup>& groups,
              std::vector<double>& seconds) {
   const std::size_t n = groups.size();
-  Schedule cur = simulate(in.world, groups, seconds), s, best_sched;
-  std::vector<double> before;
-  double spent = 0, cost = double(in.world);  // rank-steps of one simulation
-  for (const BalanceGroup& g : groups) cost += g.size;
-  for (bool moved = true; moved && spent < kSearchBudget;) {
+  Search x{groups, seconds, simulate(in.world, groups, seconds), {}, {}, {}, 0, double(in.world)};
+  for (const BalanceGroup& g : groups) x.cost += g.size;
+  std::vector<double> key(n);
+  for (bool moved = true; moved && x.spent < kSearchBudget;) {
     moved = false;
-    const auto critical = std::size_t(std::max_element(cur.finish.begin(), cur.finish.end()) - cur.finish.begin());
-    std::vector<double> key(n);
-    for (std::size_t i = 0; i < n; ++i) key[i] = seconds[i] + (groups[i].contains(int(critical)) ? cur.step : 0);
-    for (std::size_t i : decreasing(key)) {
-      const BalanceGroup was = groups[i];
-      const double was_s = seconds[i];
-      BalanceGroup best = was;
-      double best_s = was_s;
-      best_sched = cur;
-      bool ran_before = false;  // `before`: the ranks' free times once sequences 0.. i − 1 ran
-      for (const Option& o : options[i]) {
-        if (o.group == was) continue;
-        if (spent >= kSearchBudget) break;
-        if (!ran_before) before.assign(std::size_t(in.world), 0.0), run_sequences(before, groups, seconds, 0, i);
-        ran_before = true;
-        groups[i] = o.group;
-        seconds[i] = o.seconds;
-        simulate_after(before, groups, seconds, i, s);
-        spent += cost;
-        if (s.better_than(best_sched)) best = o.group, best_s = o.seconds, best_sched = s;
-      }
-      groups[i] = best;
-      seconds[i] = best_s;
-      if (!(best == was)) {
-        cur = best_sched;
-        moved = true;
-      }
-    }
+    const auto critical =
+        std::size_t(std::max_element(x.cur.finish.begin(), x.cur.finish.end()) - x.cur.finish.begin());
+    for (std::size_t i = 0; i < n; ++i) key[i] = seconds[i] + (groups[i].contains(int(critical)) ? x.cur.step : 0);
+    LazyDecreasing order(key);
+    // Once the budget is spent no sequence moves: the pass ends there.
+    for (std::size_t at = 0; at < n && x.spent < kSearchBudget; ++at)
+      if (move_one(in, options[order[at]], order[at], x)) moved = true;
   }
 }
 
@@ -661,42 +681,105 @@ double least_single_total(double total, double most, double seconds) {
   return total + (std::ceil((seconds - slack) / u) - 1) * u;
 }
 
-std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs,
-                                         const std::vector<std::vector<BalanceGroup>>& baselines) {
+namespace {
+
+// A candidate plan: its groups and its simulated schedule (its seconds are read again only for
+// the winner: ten of them a sequence would be 80 MB at 2^20 sequences).
+struct Candidate {
+  std::vector<BalanceGroup> groups;
+  Schedule schedule;
+};
+
+// Each sequence's seconds on its group, read from its option list (the costs the list was made
+// from, so the same bits as CostTable::of): a few sizes a sequence, no hashing, and safe on the
+// candidate jobs' threads, where the CostTable is not.
+std::vector<double> option_seconds(const Options& options, const std::vector<BalanceGroup>& groups) {
+  std::vector<double> s(groups.size(), -1.0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    options[i].for_each_size([&](std::size_t, int size, double seconds, const std::vector<int>&) {
+      if (size == groups[i].size) s[i] = seconds;
+    });
+    if (s[i] < 0)
+      throw Error(fmt::format("balance: sequence {}'s group of {} ranks is none of its options", i, groups[i].size));
+  }
+  return s;
+}
+
+Candidate simulated(int world, std::vector<BalanceGroup> groups, const std::vector<double>& seconds) {
+  Candidate c{std::move(groups), {}};
+  simulate(world, c.groups, seconds, c.schedule);
+  return c;
+}
+
+// Set `options`' candidates into made[0..3], as jobs: the two beams, LPT, and LPT's sizes placed
+// again in index order (whose seconds are LPT's: the same sizes). LPT's job (the longest at 10^5
+// sequences and more) and the beam without the area term go into `first`, the beam with it (the
+// shortest) into `last`: run_jobs hands jobs out in order, so the long ones start first and the
+// short ones fill the ends.
+void candidate_jobs(const BalanceInput& in, const Options& options, const Placements& firsts, Candidate* made,
+                    std::vector<std::function<void()>>& first, std::vector<std::function<void()>>& last) {
+  first.push_back([&in, &options, &firsts, made] {
+    std::vector<BalanceGroup> lpt = lpt_groups(in, options);
+    const std::vector<double> seconds = option_seconds(options, lpt);
+    made[3] = simulated(in.world, index_order_groups(in, firsts, lpt, seconds), seconds);
+    made[2] = simulated(in.world, std::move(lpt), seconds);
+  });
+  for (bool area : {false, true})
+    (area ? last : first).push_back([&in, &options, made, area] {
+      std::vector<BalanceGroup> g = beam_groups(in, options, area);
+      const std::vector<double> seconds = option_seconds(options, g);
+      made[area ? 0 : 1] = simulated(in.world, std::move(g), seconds);
+    });
+}
+
+// The baselines' candidates, priced on `costs`.
+std::vector<Candidate> baseline_candidates(const BalanceInput& in, CostTable& costs, const Baselines& baselines) {
+  std::vector<Candidate> out;
+  for (std::vector<BalanceGroup>& g : baselines(costs)) {
+    const std::vector<double> seconds = seconds_of(g, costs);
+    out.push_back(simulated(in.world, std::move(g), seconds));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs, const Baselines& baselines) {
   const std::vector<int> ladder = size_ladder(in.world);
   // The full size lists, and (on large worlds) lists cut at a tenth of the step's lower bound:
   // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
   Placements firsts(std::size_t(in.world) + 1);
   for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
-  std::vector<Options> option_sets{all_options(in, costs, ladder, firsts, 0.0)};
-  if (in.world > 16) option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
-  // Four candidates a set: the two beams and LPT, pure and independent of one another (built at
-  // once on in.threads), then LPT's in index order (which reads the costs: not shared).
-  std::vector<std::vector<BalanceGroup>> candidates(4 * option_sets.size());
-  std::vector<std::function<void()>> jobs;
-  for (std::size_t o = 0; o < option_sets.size(); ++o) {
-    const Options& options = option_sets[o];
-    std::vector<BalanceGroup>* made = &candidates[4 * o];
-    jobs.push_back([&in, &options, made] { made[0] = beam_groups(in, options, true); });
-    jobs.push_back([&in, &options, made] { made[1] = beam_groups(in, options, false); });
-    jobs.push_back([&in, &options, made] { made[2] = lpt_groups(in, options); });
+  std::vector<Options> option_sets;
+  std::vector<Candidate> base;
+  auto make_sets = [&] {
+    option_sets.push_back(all_options(in, costs, ladder, firsts, 0.0));
+    if (in.world > 16)
+      option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
+  };
+  if (in.threads > 1 && in.costs) {  // the baselines beside the options, on a table of their own
+    CostTable own(in);               // over the shared memo: safe beside `costs`
+    run_jobs({make_sets, [&] { base = baseline_candidates(in, own, baselines); }}, in.threads);
+  } else {
+    base = baseline_candidates(in, costs, baselines);
+    make_sets();
   }
+  // Four candidates a set, pure and independent of one another (built at once on in.threads).
+  std::vector<Candidate> candidates(4 * option_sets.size());
+  std::vector<std::function<void()>> jobs, last;
+  for (std::size_t o = 0; o < option_sets.size(); ++o)
+    candidate_jobs(in, option_sets[o], firsts, &candidates[4 * o], jobs, last);
+  jobs.insert(jobs.end(), last.begin(), last.end());
   run_jobs(jobs, in.threads);
-  for (std::size_t k = 3; k < candidates.size(); k += 4)
-    candidates[k] = index_order_groups(in, firsts, candidates[k - 1], seconds_of(candidates[k - 1], costs));
-  std::vector<std::size_t> set_of;  // which option set made candidate k
-  for (std::size_t o = 0; o < option_sets.size(); ++o) set_of.resize(4 * (o + 1), o);
-  candidates.insert(candidates.end(), baselines.begin(), baselines.end());
-  set_of.resize(candidates.size(), 0);
+  const std::size_t made = candidates.size();
+  std::move(base.begin(), base.end(), std::back_inserter(candidates));
   std::size_t best = 0;
-  Schedule best_sched;
-  for (std::size_t k = 0; k < candidates.size(); ++k) {
-    const Schedule s = simulate(in.world, candidates[k], seconds_of(candidates[k], costs));
-    if (k == 0 || s.better_than(best_sched)) best = k, best_sched = s;
-  }
-  std::vector<BalanceGroup> groups = candidates[best];
-  std::vector<double> seconds = seconds_of(groups, costs);
-  improve(in, option_sets[set_of[best]], groups, seconds);
+  for (std::size_t k = 1; k < candidates.size(); ++k)
+    if (candidates[k].schedule.better_than(candidates[best].schedule)) best = k;
+  std::vector<BalanceGroup> groups = std::move(candidates[best].groups);
+  const Options& options = option_sets[best < made ? best / 4 : 0];
+  std::vector<double> seconds = best < made ? option_seconds(options, groups) : seconds_of(groups, costs);
+  improve(in, options, groups, seconds);
   return groups;
 }
 

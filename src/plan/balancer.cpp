@@ -36,7 +36,8 @@
 //             that ends earliest on the ranks' accumulated work, ties to less rank·seconds; and
 //             the same sizes placed again in index order where the members are free earliest;
 //          4. the best of 2, 3, static and pow2 (when feasible) by simulated step time, so
-//             dynamic is never predicted slower than either baseline;
+//             dynamic is never predicted slower than either baseline (the baselines made while
+//             step 1 prices the options, each candidate simulated on the thread that made it);
 //          5. local improvement: passes over the sequences (the slowest rank's first, then by
 //             decreasing cost) moving each to its best option while the step time (then the sum
 //             of finish times) strictly drops, within a budget of simulated rank-steps.
@@ -61,7 +62,9 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <future>
 #include <numeric>
+#include <utility>
 
 #include "ulysses/cp/context_parallel.hpp"
 #include "ulysses/core/error.hpp"
@@ -291,13 +294,44 @@ std::size_t same_window_end(const std::vector<int>& firsts, std::size_t p, int s
 
 // Sequence indices by decreasing key, ties by index.
 std::vector<std::size_t> decreasing(const std::vector<double>& key) {
-  // Each key sorted beside its index: an index sort reads key[a] at random, most of its time at
-  // 2^20 sequences.
-  std::vector<std::pair<double, std::size_t>> keyed(key.size());
-  for (std::size_t i = 0; i < key.size(); ++i) keyed[i] = {key[i], i};
-  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<std::size_t> order(key.size());
-  for (std::size_t i = 0; i < key.size(); ++i) order[i] = keyed[i].second;
+  const std::size_t n = key.size();
+  if (n < kRadixFrom) {
+    // Each key sorted beside its index: an index sort reads key[a] at random.
+    std::vector<std::pair<double, std::size_t>> keyed(n);
+    for (std::size_t i = 0; i < n; ++i) keyed[i] = {key[i], i};
+    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<std::size_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = keyed[i].second;
+    return order;
+  }
+  // A least-significant-digit radix sort of the keys' bits, stable, so ties stay by index: half
+  // the merge sort's time at 10^6 keys (LPT sorts them twice a plan, pow2 once). A double's bits
+  // order like its value once the sign is folded in (every bit flipped for a negative, the sign
+  // set for a positive), and −0 is made +0, which compares equal to it; then all are flipped, for
+  // decreasing. Passes where every key has the same digit (most of the exponent) are skipped.
+  std::vector<std::uint64_t> bits(n), bits2(n);
+  std::vector<std::size_t> order(n), order2(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = key[i] == 0 ? 0.0 : key[i];
+    std::uint64_t b = 0;
+    std::memcpy(&b, &x, sizeof b);
+    bits[i] = ~(b >> 63 ? ~b : b | (std::uint64_t(1) << 63));
+    order[i] = i;
+  }
+  constexpr int kDigit = 11;
+  constexpr std::uint64_t kMask = (std::uint64_t(1) << kDigit) - 1;
+  std::vector<std::size_t> start(std::size_t(kMask) + 1);
+  for (int shift = 0; shift < 64; shift += kDigit) {
+    std::fill(start.begin(), start.end(), 0);
+    for (std::size_t i = 0; i < n; ++i) ++start[(bits[i] >> shift) & kMask];
+    if (start[(bits[0] >> shift) & kMask] == n) continue;
+    for (std::size_t d = 0, sum = 0; d <= kMask; ++d) sum += std::exchange(start[d], sum);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t to = start[(bits[i] >> shift) & kMask]++;
+      bits2[to] = bits[i], order2[to] = order[i];
+    }
+    bits.swap(bits2), order.swap(order2);
+  }
   return order;
 }
 
@@ -349,6 +383,8 @@ BalancePlan finish_plan(const BalanceInput& in, CostTable& costs, BalancePolicy 
   const std::size_t world = std::size_t(in.world);
   p.rank_memory.assign(world, 0.0);
   p.rank_bytes.assign(world, 0.0);
+  p.sequence_seconds.reserve(groups.size());  // not grown by doubling: 10^6 configs are ~100 MB
+  p.configs.reserve(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const BalanceGroup g = groups[i];
     if (g.size < 1 || g.first_rank < 0 || g.first_rank > in.world - g.size)
@@ -393,7 +429,7 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
   int top = 1;
   while (2 * top <= in.world) top *= 2;
   const std::size_t n = in.lengths.size();
-  struct Job {  // what the placement reads of sequence `index`, in the order it places them
+  struct Job {  // what the placement reads of sequence `index`
     double length, seconds;
     std::size_t index;
     int size;
@@ -412,17 +448,47 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
     if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
     jobs[i] = {double(in.lengths[i]), costs.of(i, chosen).seconds, i, chosen};
   }
-  // Longest first, ties by index; sorted whole, not by index: at 2^20 sequences reads at random
-  // indices are most of the time.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.length > b.length; });
+  // Longest first, ties by index, gathered once in that order: the placement reads them in turn
+  // (at 2^20 sequences, reads at random indices inside it would be most of its time).
+  std::vector<double> length(n);
+  for (std::size_t i = 0; i < n; ++i) length[i] = jobs[i].length;
+  std::vector<Job> in_order(n);
+  for (std::size_t k = 0; const std::size_t i : decreasing(length)) in_order[k++] = jobs[i];
   AlignedLoads load(in.world);  // least_loaded over each size's aligned blocks, from a tree
   std::vector<BalanceGroup> groups(n);
-  for (const Job& j : jobs) {
+  for (const Job& j : in_order) {
     double busiest = 0;
     groups[j.index] = load.least(j.size, &busiest);
     load.add(groups[j.index].first_rank, j.size, j.seconds);
   }
   return groups;
+}
+
+// pow2's groups through in.costs' memo of them (BalanceCosts::pow2), when the caller shares one.
+std::vector<BalanceGroup> shared_pow2_groups(const BalanceInput& in, CostTable& costs) {
+  if (!in.costs) return pow2_groups(in, costs);
+  BalanceCosts& memo = *in.costs;
+  std::shared_future<std::vector<BalanceGroup>> made;
+  std::promise<std::vector<BalanceGroup>> mine;
+  {
+    const std::lock_guard<std::mutex> hold(memo.lock);
+    const auto same = std::find_if(memo.pow2.begin(), memo.pow2.end(), [&](const BalanceCosts::Pow2& m) {
+      return m.world == in.world && m.max_tokens_per_rank == in.max_tokens_per_rank && m.lengths == in.lengths;
+    });
+    if (same != memo.pow2.end())
+      made = same->groups;
+    else
+      memo.pow2.push_back({in.world, in.max_tokens_per_rank, in.lengths, mine.get_future().share()});
+  }
+  if (made.valid()) return made.get();  // another plan's, or (its Error) rethrown
+  try {
+    std::vector<BalanceGroup> groups = pow2_groups(in, costs);
+    mine.set_value(groups);
+    return groups;
+  } catch (...) {
+    mine.set_exception(std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace
@@ -440,15 +506,23 @@ BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
   CostTable costs(in);
   switch (policy) {
     case BalancePolicy::static_: return finish_plan(in, costs, policy, static_groups(in, costs));
-    case BalancePolicy::pow2: return finish_plan(in, costs, policy, pow2_groups(in, costs));
+    case BalancePolicy::pow2: return finish_plan(in, costs, policy, shared_pow2_groups(in, costs));
     case BalancePolicy::dynamic: {
-      std::vector<std::vector<BalanceGroup>> baselines;
-      for (auto baseline : {static_groups, pow2_groups}) {
-        try {
-          baselines.push_back(baseline(in, costs));
-        } catch (const Error&) {  // an infeasible baseline is simply not a candidate
-        }
+      if (in.threads > 1 && !in.costs) {  // a memo the baselines' thread can share (dynamic_groups)
+        BalanceInput shared = in;
+        shared.costs = make_balance_costs();
+        return balance(shared, policy);
       }
+      auto baselines = [&in](CostTable& table) {
+        std::vector<std::vector<BalanceGroup>> out;
+        for (auto baseline : {static_groups, shared_pow2_groups}) {
+          try {
+            out.push_back(baseline(in, table));
+          } catch (const Error&) {  // an infeasible baseline is simply not a candidate
+          }
+        }
+        return out;
+      };
       return finish_plan(in, costs, policy, dynamic_groups(in, costs, baselines));
     }
   }

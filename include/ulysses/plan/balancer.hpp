@@ -43,7 +43,9 @@ BalancePolicy parse_policy(const std::string& text);
 // on one rank (the model's shape, dtype, rates, GEMMs, memory model and cap), the strategy, the
 // node size or the links differ from the first input's; the rest (a kernel model, a window) is the
 // caller's to keep. balance() calls sharing one may run at once on several threads (each with its
-// own BalanceInput: a memory_per_rank may keep state between its calls, as the CLI's does).
+// own BalanceInput: a memory_per_rank may keep state between its calls, as the CLI's does). It
+// also keeps pow2's groups of each (world, max_tokens_per_rank, step): a pow2 plan and a dynamic
+// one (which weighs pow2's groups as a candidate) of the same step make them once.
 class BalanceCosts;
 std::shared_ptr<BalanceCosts> make_balance_costs();
 
