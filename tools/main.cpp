@@ -1,4 +1,5 @@
 // The `ulysses` command line: subcommands over the library, run under mpirun or as ranks in threads.
+// Started alone, the process starts MPI only for a command that makes an MPI communicator.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "agreement.hpp"
 #include "commands.hpp"
@@ -36,16 +38,30 @@ int run_subcommand(const CLI::App& app, const cli::Commands& c) {
   return cli::run_plan(c.plan);
 }
 
-// Collective over MPI_COMM_WORLD: the ranks agree on their command line, then run it, as
-// processes or, with --comm local, as threads of this process. An Error every rank throws
-// (agreed) comes out of run_local as the first failing rank's own.
-int run_agreed(CLI::App& app, const cli::Commands& commands, const std::exception_ptr& parse_error) {
-  const std::unique_ptr<Communicator> world = make_communicator();
+// A plan that measures nothing (no --calibrate) only agrees with the job's other processes.
+// When the job is this process alone and MPI has not started (`world` is then "local"'s world
+// of one), it plans on that world of one instead of starting MPI: the same plan, without Open
+// MPI's singleton start (a daemon spawned, 0.3 s).
+void plan_without_mpi_when_alone(const CLI::App& app, const Communicator& world, cli::Commands& c) {
+  const bool alone = std::string_view(world.backend()) != "mpi";
+  if (alone && app.got_subcommand("plan") && !c.plan.calibrate && c.plan.backend.comm == "mpi")
+    c.plan.backend.comm = "local";
+}
+
+// Collective over the job's processes (make_job_communicator: MPI_COMM_WORLD under a launcher):
+// the ranks agree on their command line, then run it, as processes or, with --comm local, as
+// threads of this process. An Error every rank throws (agreed) comes out of run_local as the
+// first failing rank's own. MPI starts, if it has not, when the command makes its communicator.
+int run_agreed(CLI::App& app, cli::Commands& commands, const std::exception_ptr& parse_error) {
+  const std::unique_ptr<Communicator> world = make_job_communicator();
   cli::agree_parse_outcome(*world, parse_error);
   if (parse_error) std::rethrow_exception(parse_error);  // every rank's, the same
   cli::agree_command_line(*world, *app.get_subcommands().front());
   const int threads = cli::local_ranks(chosen_backend(app, commands), world->size());
-  if (threads == 0) return run_subcommand(app, commands);
+  if (threads == 0) {
+    plan_without_mpi_when_alone(app, *world, commands);  // on this thread: its world of one
+    return run_subcommand(app, commands);
+  }
   int code = 0;
   run_local(threads, [&](Communicator& comm) {
     const int mine = run_subcommand(app, commands);
@@ -57,7 +73,7 @@ int run_agreed(CLI::App& app, const cli::Commands& commands, const std::exceptio
 }  // namespace
 
 int main(int argc, char** argv) {
-  const MpiSession mpi(argc, argv);
+  const MpiSession mpi(argc, argv, MpiSession::Start::when_needed);
   const int rank = mpi.world_rank();
   CLI::App app{
       "ulysses: context-parallel attention (DeepSpeed-Ulysses and friends) over MPI.\n"

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "ulysses/comm/mpi_communicator.hpp"
+
 namespace ulysses::cli {
 
 namespace {
@@ -38,6 +40,7 @@ void on_every_rank(Communicator& comm, const std::function<void()>& fn) {
 void abort_job(int rank, const std::string& why) {
   std::fprintf(stderr, "ulysses: error on rank %d: %s\n", rank, why.c_str());
   std::fflush(stderr);
+  if (!mpi_running()) std::_Exit(3);  // a process alone that never started MPI: itself is the job
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();
 }

@@ -20,7 +20,8 @@ void on_root(Communicator& comm, const std::function<void()>& fn);
 
 // Not collective. For an exception that may have reached this rank alone: prints
 // "ulysses: error on rank R: <why>" and ends every rank of the job (MPI_Abort, exit code 3),
-// so that no other rank waits forever in a collective.
+// so that no other rank waits forever in a collective; a process alone that has not started
+// MPI exits with code 3.
 [[noreturn]] void abort_job(int rank, const std::string& why);
 
 }  // namespace ulysses::cli

@@ -57,6 +57,11 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend) {
       fmt::format("unknown communicator backend '{}' (known: {})", backend, fmt::join(communicator_backends(), ", ")));
 }
 
+std::unique_ptr<Communicator> make_job_communicator() {
+  if (mpi_running() || started_by_mpi_launcher()) return make_communicator("mpi");
+  return std::make_unique<LocalCommunicator>();
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator(std::int64_t fortran_handle) {
   return std::make_unique<MpiCommunicator>(MPI_Comm_f2c(MPI_Fint(fortran_handle)));
 }

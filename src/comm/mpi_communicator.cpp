@@ -8,6 +8,8 @@
 #include <array>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <utility>
@@ -166,6 +168,7 @@ MPI_Op mpi_op(ReduceOp op) {
 }
 
 MPI_Comm dup_of(MPI_Comm parent) {
+  start_deferred_mpi();  // a communicator is what a deferred session waits for
   MPI_Comm c;
   check_mpi(MPI_Comm_dup(parent, &c), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
@@ -348,18 +351,68 @@ int MpiCommunicator::ranks_on_this_node() {
   return n;
 }
 
-MpiSession::MpiSession(int& argc, char**& argv) {
+namespace {
+
+// The session waiting to start MPI (at most one: a program has one MpiSession), under its mutex.
+std::mutex deferred_mutex;
+MpiSession* deferred = nullptr;
+
+}  // namespace
+
+bool started_by_mpi_launcher() {
+  // Open MPI's mpirun (v1-v4) and prterun (v5); any PMIx server (Open MPI >= 4, srun
+  // --mpi=pmix, Hydra with PMIx); Hydra's and srun --mpi=pmi2's PMI-1/2 wire-up; MVAPICH's
+  // mpirun_rsh; every Slurm task (srun's, and a batch script's: MPI starts then, as always);
+  // Flux. A false positive costs only the eager start every process paid before.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT",
+                           "MV2_COMM_WORLD_RANK", "SLURM_PROCID", "FLUX_TASK_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+MpiSession::MpiSession(int& argc, char**& argv, Start start) : argc_(&argc), argv_(&argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) {
-    MPI_Init(&argc, &argv);
-    owns_ = true;
+  if (initialized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    return;
   }
+  if (start == Start::now || started_by_mpi_launcher()) {
+    init();
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(deferred_mutex);
+  deferred = this;
+}
+
+void MpiSession::init() {
+  MPI_Init(argc_, argv_);
+  owns_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
 }
 
 MpiSession::~MpiSession() {
+  {
+    const std::lock_guard<std::mutex> lock(deferred_mutex);
+    if (deferred == this) deferred = nullptr;
+  }
   if (owns_) MPI_Finalize();
+}
+
+void start_deferred_mpi() {
+  const std::lock_guard<std::mutex> lock(deferred_mutex);
+  if (deferred == nullptr) return;
+  int initialized = 0;
+  MPI_Initialized(&initialized);  // by someone else meanwhile (mpi4py, a test's main): theirs
+  if (!initialized) deferred->init();
+  deferred = nullptr;
 }
 
 }  // namespace ulysses

@@ -3,7 +3,8 @@
 // registered like strategies: the built-ins below, others with register_communicator_backend.
 //
 //   "mpi"   every process of the MPI job (a dup of MPI_COMM_WORLD; an MpiSession initialises
-//           MPI first). Collective over MPI_COMM_WORLD.
+//           MPI first, or when this first MPI communicator is made). Collective over
+//           MPI_COMM_WORLD.
 //   "local" ranks as threads (local_communicator.hpp): on a rank thread of run_local, a dup of
 //           that rank's local world (collective over it); on any other thread, a world of
 //           this thread alone, as an MPI program started without mpirun is a world of one.
@@ -36,6 +37,12 @@ std::vector<std::string> communicator_backends();
 
 // Throws Error naming the known backends for any other name.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend = "mpi");
+
+// Collective over the job's processes. Their world without starting MPI for it: "mpi"'s when
+// MPI runs or a launcher started this process; else this process alone is the job (as it would
+// be MPI's singleton), and its world is "local"'s world of one, which starts nothing. What a
+// program agrees on before it knows whether it will communicate.
+std::unique_ptr<Communicator> make_job_communicator();
 
 // Collective over the MPI communicator with this Fortran handle (mpi4py's comm.py2f()): a dup
 // of it. How Python hands over any MPI communicator without <mpi.h>.

@@ -71,19 +71,41 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<const MpiNames> names_;
 };
 
-// MPI_Init on construction (unless MPI is already initialised), MPI_Finalize on destruction.
+// Whether a launcher started this process as a rank of an MPI job: one of the variables that
+// Open MPI's mpirun/prterun, PMIx, MPICH's Hydra, MVAPICH, Slurm's srun or Flux set for every
+// rank is set. Not collective; reads the environment only.
+bool started_by_mpi_launcher();
+
+// Whether MPI is initialised and not yet finalised.
+bool mpi_running();
+
+// MPI_Init (unless MPI is already initialised) and, if it initialised MPI, MPI_Finalize on
+// destruction. Start::now initialises on construction. Start::when_needed does too in a process
+// a launcher started; in a process started alone (a world of one) it waits for the first
+// MpiCommunicator made, on the thread that makes it: Open MPI's singleton start spawns a
+// daemon (0.3 s) that a program which communicates nothing never needs.
 class MpiSession {
  public:
-  MpiSession(int& argc, char**& argv);
+  enum class Start { now, when_needed };
+  MpiSession(int& argc, char**& argv, Start start = Start::now);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
-  // This process's rank in MPI_COMM_WORLD (for "only rank 0 prints" before any communicator).
+  // This process's rank in MPI_COMM_WORLD (for "only rank 0 prints" before any communicator):
+  // 0 while MPI waits, as a process started alone is rank 0 of its world.
   int world_rank() const { return world_rank_; }
 
  private:
+  friend void start_deferred_mpi();
+  void init();
+  int* argc_;
+  char*** argv_;
   bool owns_ = false;
   int world_rank_ = 0;
 };
+
+// Not collective. Initialises MPI now if an MpiSession is waiting for it (what constructing an
+// MpiCommunicator does first); else nothing.
+void start_deferred_mpi();
 
 }  // namespace ulysses
