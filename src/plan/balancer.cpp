@@ -84,7 +84,52 @@ std::vector<int> BalancePlan::sequences_of(int rank) const {
   return mine;
 }
 
+namespace {
+
+// The configuration sequence_cost validates a size with (the planner's rows price their own).
+CpConfig validated_config(const BalanceInput& in) {
+  CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
+  cfg.window_left = in.model.window_left;
+  cfg.window_right = in.model.window_right;
+  return cfg;
+}
+
+}  // namespace
+
+namespace balance_detail {
+
+BalanceInput pricing_input(const BalanceInput& in) {
+  BalanceInput p;
+  p.world = in.world;
+  p.model = in.model;
+  p.cp_comm_type = in.cp_comm_type;
+  p.gemm_flops_per_token = in.gemm_flops_per_token;
+  p.gemm_flops_rate = in.gemm_flops_rate;
+  p.memory_per_rank = in.memory_per_rank;
+  p.max_memory = in.max_memory;
+  return p;
+}
+
+HeadsErrors::HeadsErrors(const BalanceInput& in) : in_(in) {}
+
+const std::string& HeadsErrors::of(int size) {
+  {
+    const std::lock_guard<std::mutex> hold(lock_);
+    if (const auto found = by_size_.find(size); found != by_size_.end()) return found->second;
+  }
+  const PlanInput& m = in_.model;
+  std::string e = cp_heads_error(validated_config(in_), size, m.batch, m.heads, m.head_dim, m.kv_heads);
+  const std::lock_guard<std::mutex> hold(lock_);
+  return by_size_.try_emplace(size, std::move(e)).first->second;
+}
+
+}  // namespace balance_detail
+
 SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size) {
+  return balance_detail::sequence_cost(in, length, size, nullptr);
+}
+
+SequenceCost balance_detail::sequence_cost(const BalanceInput& in, std::int64_t length, int size, HeadsErrors* heads) {
   SequenceCost c;
   if (size < 1 || size > in.world) {
     c.reason = fmt::format("a group of {} ranks is not in [1, world = {}]", size, in.world);
@@ -102,11 +147,14 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   }
   const Strategy& strategy = find_strategy(in.cp_comm_type);
   if (!strategy.hierarchical()) {  // refused sizes cost no planner rows (a2a+p2p's depend on its factorisation)
-    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
-    cfg.window_left = in.model.window_left;
-    cfg.window_right = in.model.window_right;
+    if (heads != nullptr)
+      if (const std::string& e = heads->of(size); !e.empty()) {  // what validate_cp_config would throw
+        c.reason = e;
+        return c;
+      }
     try {
-      validate_cp_config(cfg, size, {in.model.batch, length, in.model.heads, in.model.head_dim}, in.model.kv_heads);
+      validate_cp_config(validated_config(in), size, {in.model.batch, length, in.model.heads, in.model.head_dim},
+                         in.model.kv_heads);
     } catch (const Error& e) {
       c.reason = e.what();
       return c;
@@ -144,13 +192,7 @@ namespace {
 // model's shape, dtype, rates, GEMMs and memory model at cp 1; size 1 is one every plan asks, so
 // the probe fails nowhere a plan would not) and the links and node size no such cost reads.
 std::string cost_fingerprint(const BalanceInput& in) {
-  BalanceInput p;  // every field a cost reads, but not the step (which may be 2^20 lengths)
-  p.model = in.model;
-  p.cp_comm_type = in.cp_comm_type;
-  p.gemm_flops_per_token = in.gemm_flops_per_token;
-  p.gemm_flops_rate = in.gemm_flops_rate;
-  p.memory_per_rank = in.memory_per_rank;
-  p.max_memory = in.max_memory;
+  const BalanceInput p = balance_detail::pricing_input(in);  // not the step (which may be 2^20 lengths)
   std::string text;
   try {
     const SequenceCost c = sequence_cost(p, 65536, 1);
