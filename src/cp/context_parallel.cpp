@@ -166,21 +166,22 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
 void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, std::int64_t kv_seq) {
   if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
-  find_strategy(config.cp_comm_type).validate_heads(config, cp, q.h, kv_heads);
-  find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
-  check_options(config, find_strategy(config.cp_comm_type));
+  const Strategy& strategy = find_strategy(config.cp_comm_type);  // once: a name compared a strategy
+  strategy.validate_heads(config, cp, q.h, kv_heads);
+  strategy.validate(config, cp, q, kv_heads);
+  check_options(config, strategy);
   check_rank_chunks(config, cp, q.s);
   // The window and scale alone: attention_params would copy every document boundary.
   AttentionParams params;
   params.scale = config.scale, params.window_left = config.window_left, params.window_right = config.window_right;
   check_window(params);
   check_scale(params);
-  if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
+  if ((config.window_left >= 0 || config.window_right >= 0) && !strategy.supports_window())
     throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (kv_seq == 0) kv_seq = q.s;
   if (is_cross(config, q.s, kv_seq)) validate_cross(config, cp, q, kv_seq);
   if (config.cu_seqlens.empty()) return;
-  if (!find_strategy(config.cp_comm_type).supports_documents())
+  if (!strategy.supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
   if (q.b != 1)
     throw Error(

@@ -440,20 +440,27 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
     std::size_t index;
     int size;
   };
-  std::vector<Job> jobs(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    // The smallest runnable power of two >= need, else the largest runnable one (a strategy's
-    // head limit, or the world, caps it).
-    const std::int64_t need = (in.lengths[i] + per_rank - 1) / per_rank;
+  // Each distinct length's size once (in order of first appearance, so the first sequence that
+  // fails is the one named): the smallest runnable power of two >= need, else the largest
+  // runnable one (a strategy's head limit, or the world, caps it).
+  const LengthIds ids = length_ids(in.lengths);
+  std::vector<std::pair<int, double>> pick(ids.lengths.size());  // by length: size, seconds
+  for (std::size_t d = 0; d < ids.lengths.size(); ++d) {
+    const std::int64_t length = ids.lengths[d], need = (length + per_rank - 1) / per_rank;
     int chosen = 0;
     for (int c = 1; c <= top; c *= 2) {
-      if (!costs.of(i, c).valid) continue;
+      if (!costs.at(length, c).valid) continue;
       if (chosen == 0 || chosen < need) chosen = c;
       if (c >= need) break;
     }
-    if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
-    jobs[i] = {double(in.lengths[i]), costs.of(i, chosen).seconds, i, chosen};
+    if (chosen == 0)
+      throw_unplaceable(in, std::size_t(std::find(ids.of.begin(), ids.of.end(), d) - ids.of.begin()), costs,
+                        " of a power-of-two size");
+    pick[d] = {chosen, costs.at(length, chosen).seconds};
   }
+  std::vector<Job> jobs(n);
+  for (std::size_t i = 0; i < n; ++i)
+    jobs[i] = {double(in.lengths[i]), pick[ids.of[i]].second, i, pick[ids.of[i]].first};
   // Longest first, ties by index; sorted whole, not by index: at 2^20 sequences reads at random
   // indices are most of the time.
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.length > b.length; });
