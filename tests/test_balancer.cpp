@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "ulysses/plan/balancer.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/plan/planner.hpp"
 #include "ulysses/cp/context_parallel.hpp"
 #include "ulysses/plan/calibrate.hpp"
 #include "ulysses/core/error.hpp"
@@ -678,6 +680,58 @@ TEST(Balancer, HeadsErrorsAreTheRefusalsOfEveryLength) {
         EXPECT_EQ(plain.reason, memo.reason) << where;
         EXPECT_EQ(plain.seconds, memo.seconds) << where;
         EXPECT_EQ(plain.bytes, memo.bytes) << where;
+      }
+    }
+  }
+}
+
+// The balancer's rows (RowDetail::step) are the planner's full rows in every field they fill,
+// for every strategy, shape, mode, window and cp, refused rows and their reasons included.
+TEST(Balancer, StepRowsAreTheFullRowsNumbers) {
+  std::mt19937_64 rng(61);
+  for (int trial = 0; trial < 160; ++trial) {
+    PlanInput m;
+    m.heads = 1 + std::int64_t(rng() % 32);
+    m.kv_heads = trial % 3 == 0 ? 1 + std::int64_t(rng() % 4) : m.heads;
+    m.head_dim = 64 << (rng() % 2);
+    m.layers = 1 + int(rng() % 4);
+    m.seq = 1 + std::int64_t(rng() % 100000);
+    m.cp = 1 + int(rng() % 40);
+    m.causal = rng() % 4 != 0;
+    m.mode = trial % 5 == 4 ? PlanMode::forward : PlanMode::train;
+    if (trial % 7 == 6) m.window_left = 512;
+    if (trial % 11 == 10 && m.seq > 8) m.documents = {m.seq / 2, m.seq - m.seq / 2};
+    for (const Strategy* s : strategies()) {
+      const std::string where =
+          fmt::format("trial {} {} cp {} seq {} heads {}/{}", trial, s->name(), m.cp, m.seq, m.heads, m.kv_heads);
+      std::vector<PlanRow> all, step;
+      std::string all_error, step_error;
+      try {
+        all = strategy_rows(m, *s);
+      } catch (const Error& e) {
+        all_error = e.what();
+      }
+      try {
+        step = strategy_rows(m, *s, RowDetail::step);
+      } catch (const Error& e) {
+        step_error = e.what();
+      }
+      EXPECT_EQ(all_error, step_error) << where;
+      ASSERT_EQ(all.size(), step.size()) << where;
+      for (std::size_t k = 0; k < all.size(); ++k) {
+        const PlanRow &a = all[k], &b = step[k];
+        EXPECT_EQ(a.valid, b.valid) << where;
+        EXPECT_EQ(a.reason, b.reason) << where;
+        EXPECT_EQ(a.config.hierarchical_context_parallel_sizes, b.config.hierarchical_context_parallel_sizes) << where;
+        EXPECT_EQ(a.config.overlap_chunks, b.config.overlap_chunks) << where;
+        EXPECT_EQ(a.config.zigzag, b.config.zigzag) << where;
+        EXPECT_EQ(a.forward_bytes_per_rank, b.forward_bytes_per_rank) << where;
+        EXPECT_EQ(a.backward_bytes_per_rank, b.backward_bytes_per_rank) << where;
+        EXPECT_EQ(a.work_imbalance, b.work_imbalance) << where;
+        EXPECT_EQ(a.compute_s, b.compute_s) << where;
+        EXPECT_EQ(a.comm_s, b.comm_s) << where;
+        EXPECT_EQ(a.hidden_s, b.hidden_s) << where;
+        EXPECT_EQ(a.predicted_step_s, b.predicted_step_s) << where;
       }
     }
   }

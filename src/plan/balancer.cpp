@@ -164,7 +164,7 @@ SequenceCost balance_detail::sequence_cost(const BalanceInput& in, std::int64_t 
   m.seq = length;
   m.cp = size;
   m.documents.clear();
-  const std::vector<PlanRow> rows = strategy_rows(m, strategy);
+  const std::vector<PlanRow> rows = strategy_rows(m, strategy, RowDetail::step);
   const PlanRow* best = nullptr;
   for (const PlanRow& r : rows)
     if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
