@@ -13,6 +13,9 @@
 #include <thread>
 
 #include "ulysses/plan/balancer.hpp"
+#include "ulysses/cp/strategy.hpp"
+#include "ulysses/plan/planner.hpp"
+#include "ulysses/cp/context_parallel.hpp"
 #include "ulysses/plan/calibrate.hpp"
 #include "ulysses/core/error.hpp"
 #include "ulysses/core/lengths.hpp"
@@ -698,6 +701,168 @@ TEST(Balancer, RunJobsRunsEveryJobAndRethrowsTheFirstFailure) {
     }
     EXPECT_EQ(what, "job 7") << threads;
     EXPECT_EQ(ran, std::vector<int>(23, 1)) << threads;
+  }
+}
+
+// The step's distinct lengths in order of first appearance, and each sequence's index among
+// them, against a scan of the lengths seen so far.
+TEST(Balancer, LengthIdsNumberTheDistinctLengthsInOrderOfFirstAppearance) {
+  std::mt19937_64 rng(47);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<std::int64_t> lengths(std::size_t(rng() % 300));
+    for (std::int64_t& l : lengths) l = 1 + std::int64_t(rng() % (1 + rng() % 64)) * (trial % 2 ? 4096 : 1);
+    const balance_detail::LengthIds ids = balance_detail::length_ids(lengths);
+    std::vector<std::int64_t> seen;
+    ASSERT_EQ(ids.of.size(), lengths.size());
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      const auto at = std::find(seen.begin(), seen.end(), lengths[i]);
+      EXPECT_EQ(ids.of[i], std::uint32_t(at - seen.begin())) << trial << " " << i;
+      if (at == seen.end()) seen.push_back(lengths[i]);
+    }
+    EXPECT_EQ(ids.lengths, seen) << trial;
+  }
+}
+
+// A size refused by its heads alone (cp_heads_error) is refused at every length with
+// validate_cp_config's own message, and the balancer's costs read through that memo are
+// sequence_cost's, reason and all, for every strategy, GQA split and size up to past the heads.
+TEST(Balancer, HeadsErrorsAreTheRefusalsOfEveryLength) {
+  std::mt19937_64 rng(53);
+  for (int trial = 0; trial < 24; ++trial) {
+    BalanceInput in = small_model(64, {1});
+    in.cp_comm_type = std::vector<std::string>{"a2a", "p2p", "all_gather", "a2a+p2p"}[trial % 4];
+    in.model.heads = 1 + std::int64_t(rng() % 24);
+    in.model.kv_heads = trial % 3 == 0 ? 1 + std::int64_t(rng() % 8) : in.model.heads;  // some not dividing
+    in.model.causal = trial % 2 == 0;
+    if (trial % 5 == 4) in.model.window_left = 128;
+    balance_detail::HeadsErrors heads(in);
+    for (int size = 1; size <= 40; ++size) {
+      const std::string refused = heads.of(size);
+      CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
+      cfg.window_left = in.model.window_left;
+      for (std::int64_t len :
+           {std::int64_t(1), std::int64_t(size), std::int64_t(rng() % 5000 + 1), std::int64_t(65536)}) {
+        const std::string where = fmt::format("trial {} {} heads {}/{} size {} length {}", trial, in.cp_comm_type,
+                                              in.model.heads, in.model.kv_heads, size, len);
+        if (!refused.empty())
+          EXPECT_EQ(error_of([&] {
+                      validate_cp_config(cfg, size, {in.model.batch, len, in.model.heads, in.model.head_dim},
+                                         in.model.kv_heads);
+                    }),
+                    refused)
+              << where;
+        std::string plain_error, memo_error;
+        SequenceCost plain, memo;
+        try {
+          plain = sequence_cost(in, len, size);
+        } catch (const Error& e) {
+          plain_error = e.what();
+        }
+        try {
+          memo = balance_detail::sequence_cost(in, len, size, &heads);
+        } catch (const Error& e) {
+          memo_error = e.what();
+        }
+        EXPECT_EQ(plain_error, memo_error) << where;
+        EXPECT_EQ(plain.valid, memo.valid) << where;
+        EXPECT_EQ(plain.reason, memo.reason) << where;
+        EXPECT_EQ(plain.seconds, memo.seconds) << where;
+        EXPECT_EQ(plain.bytes, memo.bytes) << where;
+      }
+    }
+  }
+}
+
+// The balancer's rows (RowDetail::step) are the planner's full rows in every field they fill,
+// for every strategy, shape, mode, window and cp, refused rows and their reasons included.
+TEST(Balancer, StepRowsAreTheFullRowsNumbers) {
+  std::mt19937_64 rng(61);
+  for (int trial = 0; trial < 160; ++trial) {
+    PlanInput m;
+    m.heads = 1 + std::int64_t(rng() % 32);
+    m.kv_heads = trial % 3 == 0 ? 1 + std::int64_t(rng() % 4) : m.heads;
+    m.head_dim = 64 << (rng() % 2);
+    m.layers = 1 + int(rng() % 4);
+    m.seq = 1 + std::int64_t(rng() % 100000);
+    m.cp = 1 + int(rng() % 40);
+    m.causal = rng() % 4 != 0;
+    m.mode = trial % 5 == 4 ? PlanMode::forward : PlanMode::train;
+    if (trial % 7 == 6) m.window_left = 512;
+    if (trial % 11 == 10 && m.seq > 8) m.documents = {m.seq / 2, m.seq - m.seq / 2};
+    for (const Strategy* s : strategies()) {
+      const std::string where =
+          fmt::format("trial {} {} cp {} seq {} heads {}/{}", trial, s->name(), m.cp, m.seq, m.heads, m.kv_heads);
+      std::vector<PlanRow> all, step;
+      std::string all_error, step_error;
+      try {
+        all = strategy_rows(m, *s);
+      } catch (const Error& e) {
+        all_error = e.what();
+      }
+      try {
+        step = strategy_rows(m, *s, RowDetail::step);
+      } catch (const Error& e) {
+        step_error = e.what();
+      }
+      EXPECT_EQ(all_error, step_error) << where;
+      ASSERT_EQ(all.size(), step.size()) << where;
+      for (std::size_t k = 0; k < all.size(); ++k) {
+        const PlanRow &a = all[k], &b = step[k];
+        EXPECT_EQ(a.valid, b.valid) << where;
+        EXPECT_EQ(a.reason, b.reason) << where;
+        EXPECT_EQ(a.config.hierarchical_context_parallel_sizes, b.config.hierarchical_context_parallel_sizes) << where;
+        EXPECT_EQ(a.config.overlap_chunks, b.config.overlap_chunks) << where;
+        EXPECT_EQ(a.config.zigzag, b.config.zigzag) << where;
+        EXPECT_EQ(a.forward_bytes_per_rank, b.forward_bytes_per_rank) << where;
+        EXPECT_EQ(a.backward_bytes_per_rank, b.backward_bytes_per_rank) << where;
+        EXPECT_EQ(a.work_imbalance, b.work_imbalance) << where;
+        EXPECT_EQ(a.compute_s, b.compute_s) << where;
+        EXPECT_EQ(a.comm_s, b.comm_s) << where;
+        EXPECT_EQ(a.hidden_s, b.hidden_s) << where;
+        EXPECT_EQ(a.predicted_step_s, b.predicted_step_s) << where;
+      }
+    }
+  }
+}
+
+// Pairs priced through Batches on several threads at once, taken into the table, are the
+// table's own prices (sequence_cost's numbers, a memory cap among them), whichever thread priced
+// each; a stateful memory model is called by one thread only (the TSan build checks).
+TEST(Balancer, BatchesPricedAtOnceAreTheTablesPrices) {
+  std::mt19937_64 rng(59);
+  for (int trial = 0; trial < 4; ++trial) {
+    BalanceInput in = small_model(32, {1});
+    in.cp_comm_type = std::vector<std::string>{"a2a", "p2p", "all_gather", "a2a+p2p"}[trial];
+    if (trial % 2) in.costs = make_balance_costs();
+    // State between calls, as the CLI's memory model keeps: each thread must price on its own copy.
+    in.memory_per_rank = [last = std::int64_t(0)](std::int64_t len, int cp) mutable {
+      last = len;
+      return 1000.0 * double((last + cp - 1) / cp);
+    };
+    in.max_memory = 2e6;
+    std::vector<std::pair<std::int64_t, int>> pairs;
+    for (int k = 0; k < 200; ++k) pairs.emplace_back(1 + std::int64_t(rng() % 9000), 1 + int(rng() % 40));
+    balance_detail::CostTable table(in);
+    table.at(pairs[0].first, pairs[0].second);  // one the table holds before the batches
+    std::vector<balance_detail::CostTable::Batch> batches(3, balance_detail::CostTable::Batch(table));
+    std::vector<std::vector<balance_detail::CostTable::Cost>> got(3);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        for (std::size_t k = t; k < pairs.size(); k += 3)
+          got[t].push_back(batches[t].at(pairs[k].first, pairs[k].second));
+      });
+    for (std::thread& t : threads) t.join();
+    for (const auto& b : batches) table.absorb(b);
+    for (std::size_t k = 0; k < pairs.size(); ++k) {
+      const SequenceCost want = sequence_cost(in, pairs[k].first, pairs[k].second);
+      const balance_detail::CostTable::Cost &batch = got[k % 3][k / 3],
+                                            &kept = table.at(pairs[k].first, pairs[k].second);
+      EXPECT_EQ(batch.valid, want.valid) << trial << " " << k;
+      EXPECT_EQ(batch.seconds, want.seconds) << trial << " " << k;
+      EXPECT_EQ(kept.valid, want.valid) << trial << " " << k;
+      EXPECT_EQ(kept.seconds, want.seconds) << trial << " " << k;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <numeric>
+#include <unordered_map>
 
 #include "ring_attention.hpp"
 #include "ulysses/core/device_ops.hpp"
@@ -106,8 +107,18 @@ std::string backward_error(const CpContext& ctx, const Shape& q, const Shape& kv
 
 namespace {
 
+// A strategy's options(), made once a thread: validation reads every strategy's options at each
+// call (a planner row validates three times, a plan prices 10^5 rows) and options() builds their
+// strings afresh each time. A registered strategy lives, and declares the same options, for good.
+const std::vector<StrategyOption>& declared_options(const Strategy& strategy) {
+  thread_local std::unordered_map<const Strategy*, std::vector<StrategyOption>> kept;
+  auto [it, fresh] = kept.try_emplace(&strategy);
+  if (fresh) it->second = strategy.options();
+  return it->second;
+}
+
 bool declares(const Strategy& strategy, const std::string& flag) {
-  for (const StrategyOption& o : strategy.options())
+  for (const StrategyOption& o : declared_options(strategy))
     if (o.flag == flag) return true;
   return false;
 }
@@ -115,7 +126,7 @@ bool declares(const Strategy& strategy, const std::string& flag) {
 // Throws Error when `config` sets an option that its strategy does not declare.
 void check_options(const CpConfig& config, const Strategy& chosen) {
   for (const Strategy* s : strategies())
-    for (const StrategyOption& o : s->options())
+    for (const StrategyOption& o : declared_options(*s))
       if (const std::vector<std::int64_t> v = option_value(o, config); !v.empty() && !declares(chosen, o.flag))
         throw Error(fmt::format("{} must be {} for cp_comm_type {} (an option of {}), got {}", o.name, o.unset,
                                 chosen.name(), s->name(), fmt::join(v, ", ")));
@@ -155,20 +166,22 @@ void validate_cross(const CpConfig& config, int cp, const Shape& q, std::int64_t
 void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads, std::int64_t kv_seq) {
   if (q.b <= 0 || q.s <= 0 || q.h <= 0 || q.d <= 0 || kv_heads <= 0)
     throw Error(fmt::format("attention sizes must be positive: q {} with {} KV heads", q.str(), kv_heads));
-  find_strategy(config.cp_comm_type).validate(config, cp, q, kv_heads);
-  check_options(config, find_strategy(config.cp_comm_type));
+  const Strategy& strategy = find_strategy(config.cp_comm_type);  // once: a name compared a strategy
+  strategy.validate_heads(config, cp, q.h, kv_heads);
+  strategy.validate(config, cp, q, kv_heads);
+  check_options(config, strategy);
   check_rank_chunks(config, cp, q.s);
   // The window and scale alone: attention_params would copy every document boundary.
   AttentionParams params;
   params.scale = config.scale, params.window_left = config.window_left, params.window_right = config.window_right;
   check_window(params);
   check_scale(params);
-  if ((config.window_left >= 0 || config.window_right >= 0) && !find_strategy(config.cp_comm_type).supports_window())
+  if ((config.window_left >= 0 || config.window_right >= 0) && !strategy.supports_window())
     throw Error(fmt::format("cp_comm_type {} does not support a sliding window (window_size)", config.cp_comm_type));
   if (kv_seq == 0) kv_seq = q.s;
   if (is_cross(config, q.s, kv_seq)) validate_cross(config, cp, q, kv_seq);
   if (config.cu_seqlens.empty()) return;
-  if (!find_strategy(config.cp_comm_type).supports_documents())
+  if (!strategy.supports_documents())
     throw Error(fmt::format("cp_comm_type {} does not support packed documents (cu_seqlens)", config.cp_comm_type));
   if (q.b != 1)
     throw Error(
@@ -176,6 +189,17 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q, std::int
                     "sequence (thd layout), got batch {}",
                     q.b));
   if (const std::string e = documents_error(config, q.s); !e.empty()) throw Error(e);
+}
+
+std::string cp_heads_error(const CpConfig& config, int cp, std::int64_t batch, std::int64_t heads,
+                           std::int64_t head_dim, std::int64_t kv_heads) {
+  if (batch <= 0 || heads <= 0 || head_dim <= 0 || kv_heads <= 0) return "";  // that error names the length
+  try {
+    find_strategy(config.cp_comm_type).validate_heads(config, cp, heads, kv_heads);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 AttentionParams attention_params(const CpConfig& config) {

@@ -63,6 +63,8 @@ void Strategy::validate(const CpConfig&, int, const Shape& q, std::int64_t kv_he
   check_gqa_groups(q.h, kv_heads);
 }
 
+void Strategy::validate_heads(const CpConfig&, int, std::int64_t, std::int64_t) const {}
+
 CpConfig Strategy::config_for_size(const CpConfig& config, int) const { return config; }
 
 RankHeads Strategy::heads_of(const CpConfig&, int, int, std::int64_t heads, std::int64_t kv_heads) const {

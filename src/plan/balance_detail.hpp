@@ -61,6 +61,26 @@ class BalanceCosts {
 
 namespace ulysses::balance_detail {
 
+// The sizes validate_cp_config refuses at every length, by their error (cp_heads_error; "" where
+// the heads allow the size), asked once a size: a2a with h heads refuses every size above h,
+// most of a large world's size ladder, and formatting and throwing that error for each of
+// thousands of lengths was a tenth of a plan. Calls may come from several threads at once.
+class HeadsErrors {
+ public:
+  explicit HeadsErrors(const BalanceInput& in);
+  const std::string& of(int size);  // stays valid: entries are only added
+
+ private:
+  const BalanceInput& in_;
+  std::mutex lock_;
+  std::unordered_map<int, std::string> by_size_;
+};
+
+// The fields of `in` a cost reads (not the step's lengths): all sequence_cost needs of it.
+BalanceInput pricing_input(const BalanceInput& in);
+// sequence_cost, the refusals every length shares read from `heads` (null: validated each time).
+SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size, HeadsErrors* heads);
+
 // sequence_cost memoised per (length, size): steps repeat lengths, and every policy asks often.
 // The search asks every length at ~8 sizes an octave, so it keeps only the numbers it ranks by
 // (a full SequenceCost, with its config and reason, is 10x larger); `full` memoises the whole
@@ -71,26 +91,54 @@ namespace ulysses::balance_detail {
 class CostTable {
  public:
   using Cost = BalanceCosts::Cost;
-  explicit CostTable(const BalanceInput& in) : in_(in), shared_(in.costs) {}
+  explicit CostTable(const BalanceInput& in) : in_(in), shared_(in.costs), heads_(in) {}
   const Cost& at(std::int64_t length, int size) {
     auto [it, fresh] = own_.cost.try_emplace({length, size});
     if (fresh)
-      it->second = through_shared(&BalanceCosts::cost, length, size, [&] {
-        const SequenceCost c = sequence_cost(in_, length, size);
-        return Cost{c.valid, c.seconds};
-      });
+      it->second = through_shared(&BalanceCosts::cost, length, size, [&] { return fresh_cost(in_, length, size); });
     return it->second;
   }
   const Cost& of(std::size_t i, int size) { return at(in_.lengths[i], size); }
+  // The table as one of several threads pricing at once reads it: its memo (which nobody writes
+  // meanwhile), else the shared one or a fresh price, kept here until the table takes it (absorb).
+  class Batch {
+   public:
+    // Its own copy of the inputs a cost reads: a memory_per_rank may keep state between calls
+    // (the CLI's does), so no two threads may call one (balancer.hpp: an input a thread).
+    explicit Batch(CostTable& table) : table_(table), in_(pricing_input(table.in_)) {}
+    Cost at(std::int64_t length, int size) {
+      if (const auto found = table_.own_.cost.find({length, size}); found != table_.own_.cost.end())
+        return found->second;
+      const Cost c = table_.through_shared(&BalanceCosts::cost, length, size,
+                                           [&] { return table_.fresh_cost(in_, length, size); });
+      fresh_.push_back({{length, size}, c});
+      return c;
+    }
+
+   private:
+    friend CostTable;
+    CostTable& table_;
+    BalanceInput in_;
+    std::vector<std::pair<std::pair<std::int64_t, int>, Cost>> fresh_;
+  };
+  // Into the memo, once the batch's threads are done.
+  void absorb(const Batch& b) {
+    for (const auto& [key, cost] : b.fresh_) own_.cost.try_emplace(key, cost);
+  }
   const SequenceCost& full(std::size_t i, int size) {
     const std::int64_t length = in_.lengths[i];
     auto [it, fresh] = own_.full.try_emplace({length, size});
     if (fresh)
-      it->second = through_shared(&BalanceCosts::full, length, size, [&] { return sequence_cost(in_, length, size); });
+      it->second =
+          through_shared(&BalanceCosts::full, length, size, [&] { return sequence_cost(in_, length, size, &heads_); });
     return it->second;
   }
 
  private:
+  Cost fresh_cost(const BalanceInput& in, std::int64_t length, int size) {  // heads_ is thread-safe
+    const SequenceCost c = sequence_cost(in, length, size, &heads_);
+    return {c.valid, c.seconds};
+  }
   template <class V, class Price>
   V through_shared(BalanceCosts::Map<V> BalanceCosts::*map, std::int64_t length, int size, Price price) {
     if (!shared_ || size < 1 || size > in_.world) return price();
@@ -106,6 +154,7 @@ class CostTable {
   const BalanceInput& in_;
   std::shared_ptr<BalanceCosts> shared_;
   BalanceCosts own_;
+  HeadsErrors heads_;
 };
 
 struct Schedule {
@@ -314,6 +363,14 @@ class Ranks {
 // lower than total + seconds − u − that: the floor is the least such multiple (less a sliver), which
 // the ranks whose rounding goes down reach. −1 (below every total) outside those conditions.
 double least_single_total(double total, double most, double seconds);
+
+// A step's distinct lengths, in order of first appearance, and each sequence's among them: work
+// that depends only on the length (its options, its size under pow2) done once a length.
+struct LengthIds {
+  std::vector<std::int64_t> lengths;  // distinct
+  std::vector<std::uint32_t> of;      // of[i]: the index of sequence i's length in `lengths`
+};
+LengthIds length_ids(const std::vector<std::int64_t>& lengths);
 
 // Runs every job, on up to `threads` threads (this one among them), and rethrows the first
 // failed job's exception (in job order) once all have run.

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <thread>
+#include <unordered_map>
 
 #include "balance_detail.hpp"
 
@@ -84,26 +85,20 @@ class OptionList {
 };
 
 // Each sequence's options. They depend only on its length, so each distinct length's list is
-// kept once: real steps repeat a few thousand lengths over up to millions of sequences.
+// kept once (real steps repeat a few thousand lengths over up to millions of sequences), read
+// through the step's LengthIds.
 class Options {
  public:
-  explicit Options(const Placements& firsts) : firsts_(&firsts) {}
-  OptionList operator[](std::size_t i) const { return {lists_[list_of_[i]], *firsts_}; }
-  std::size_t size() const { return list_of_.size(); }
-  // Sequence i's list: `make()` runs only for a length not seen before.
-  template <class Make>
-  OptionList add(std::int64_t length, Make make) {
-    auto [it, fresh] = index_.try_emplace(length, std::uint32_t(lists_.size()));
-    if (fresh) lists_.push_back(make());
-    list_of_.push_back(it->second);
-    return {lists_[it->second], *firsts_};
-  }
+  Options(const Placements& firsts, const std::vector<std::uint32_t>& list_of,
+          std::vector<std::vector<SizeOption>> lists)
+      : firsts_(&firsts), list_of_(&list_of), lists_(std::move(lists)) {}
+  OptionList operator[](std::size_t i) const { return {lists_[(*list_of_)[i]], *firsts_}; }
+  std::size_t size() const { return list_of_->size(); }
 
  private:
   const Placements* firsts_;
+  const std::vector<std::uint32_t>* list_of_;
   std::vector<std::vector<SizeOption>> lists_;
-  std::vector<std::uint32_t> list_of_;
-  std::map<std::int64_t, std::uint32_t> index_;
 };
 
 // f(option, k, count) for the options k.. k + count − 1 of `list`, the first standing for all:
@@ -130,15 +125,16 @@ std::vector<int> size_ladder(int world) {
   return sizes;
 }
 
-// Sequence i's candidate (size, placement) options: see the top of the file. Above 16 ranks the
-// sizes also stop once the sequence takes at most `enough` seconds (half a lower bound of the
-// step: faster only burns ranks).
-std::vector<SizeOption> options_of(const BalanceInput& in, CostTable& costs, std::size_t i,
-                                   const std::vector<int>& ladder, const Placements& firsts, double enough) {
+// A length's candidate (size, placement) options, price(c) its cost on c ranks: see the top of
+// the file. Above 16 ranks the sizes also stop once the sequence takes at most `enough` seconds
+// (half a lower bound of the step: faster only burns ranks).
+template <class Price>
+std::vector<SizeOption> options_of(const BalanceInput& in, Price price, const std::vector<int>& ladder,
+                                   const Placements& firsts, double enough) {
   std::vector<SizeOption> out;
   double base_area = 0, fastest = 0;
   for (int c : ladder) {
-    const CostTable::Cost& cost = costs.of(i, c);
+    const CostTable::Cost cost = price(c);
     if (!cost.valid || (!out.empty() && cost.seconds >= fastest)) continue;
     if (out.empty()) base_area = cost.seconds * c;
     fastest = cost.seconds;
@@ -151,14 +147,16 @@ std::vector<SizeOption> options_of(const BalanceInput& in, CostTable& costs, std
 
 // A lower bound of any plan's step: every sequence's work on its smallest runnable group, over
 // world (the smallest group has the least rank·seconds up to communication, which only adds).
-double area_bound(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder) {
-  double area = 0;
-  for (std::size_t i = 0; i < in.lengths.size(); ++i)
+double area_bound(const BalanceInput& in, CostTable& costs, const LengthIds& ids, const std::vector<int>& ladder) {
+  std::vector<double> least(ids.lengths.size(), 0.0);  // by length: rank·seconds on its smallest group
+  for (std::size_t d = 0; d < ids.lengths.size(); ++d)
     for (int c : ladder)
-      if (const CostTable::Cost& cost = costs.of(i, c); cost.valid) {
-        area += cost.seconds * c;
+      if (const CostTable::Cost& cost = costs.at(ids.lengths[d], c); cost.valid) {
+        least[d] = cost.seconds * c;
         break;
       }
+  double area = 0;
+  for (const std::uint32_t d : ids.of) area += least[d];  // in index order, as the sum always was
   return area / double(in.world);
 }
 
@@ -638,14 +636,38 @@ void improve(const BalanceInput& in, const Options& options, std::vector<Balance
   }
 }
 
-// Each sequence's options with sizes up to `enough` seconds (see options_of).
-Options all_options(const BalanceInput& in, CostTable& costs, const std::vector<int>& ladder, const Placements& firsts,
-                    double enough) {
-  Options options(firsts);
-  for (std::size_t i = 0; i < in.lengths.size(); ++i)
-    if (options.add(in.lengths[i], [&] { return options_of(in, costs, i, ladder, firsts, enough); }).empty())
-      throw_unplaceable(in, i, costs, "");
-  return options;
+// Each sequence's options with sizes up to `enough` seconds (see options_of). The distinct
+// lengths' lists are pure, so they are made at once on in.threads threads, each pricing through
+// its own Batch of the table, which takes what they priced after; a failure is that of the first
+// sequence to meet it, as when the sequences were read in turn.
+Options all_options(const BalanceInput& in, CostTable& costs, const LengthIds& ids, const std::vector<int>& ladder,
+                    const Placements& firsts, double enough) {
+  const std::size_t n = ids.lengths.size();
+  std::vector<std::vector<SizeOption>> lists(n);
+  std::vector<std::exception_ptr> failed(n);
+  const std::size_t parts = in.threads > 1 ? std::min(n, 4 * std::size_t(in.threads)) : 1;
+  std::vector<CostTable::Batch> batches(parts, CostTable::Batch(costs));
+  std::vector<std::function<void()>> jobs;
+  for (std::size_t p = 0; p < parts; ++p)
+    jobs.push_back([&, p] {
+      for (std::size_t d = p; d < n; d += parts) {  // strided: lengths come in no order of cost
+        try {
+          const std::int64_t length = ids.lengths[d];
+          lists[d] = options_of(
+              in, [&](int c) { return batches[p].at(length, c); }, ladder, firsts, enough);
+        } catch (...) {
+          failed[d] = std::current_exception();
+        }
+      }
+    });
+  run_jobs(jobs, in.threads);
+  for (const CostTable::Batch& b : batches) costs.absorb(b);
+  for (std::size_t d = 0; d < n; ++d) {
+    if (failed[d]) std::rethrow_exception(failed[d]);
+    if (lists[d].empty())
+      throw_unplaceable(in, std::size_t(std::find(ids.of.begin(), ids.of.end(), d) - ids.of.begin()), costs, "");
+  }
+  return {firsts, ids.of, std::move(lists)};
 }
 
 }  // namespace
@@ -668,6 +690,18 @@ void run_jobs(const std::vector<std::function<void()>>& jobs, int threads) {
   for (std::thread& t : helpers) t.join();
   for (const std::exception_ptr& e : failed)
     if (e) std::rethrow_exception(e);
+}
+
+LengthIds length_ids(const std::vector<std::int64_t>& lengths) {
+  LengthIds ids;
+  ids.of.reserve(lengths.size());
+  std::unordered_map<std::int64_t, std::uint32_t> index;
+  for (const std::int64_t len : lengths) {
+    const auto [it, fresh] = index.try_emplace(len, std::uint32_t(ids.lengths.size()));
+    if (fresh) ids.lengths.push_back(len);
+    ids.of.push_back(it->second);
+  }
+  return ids;
 }
 
 double least_single_total(double total, double most, double seconds) {
@@ -750,12 +784,13 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
   // a narrower search the beam explores deeper. Neither wins everywhere; both are cheap.
   Placements firsts(std::size_t(in.world) + 1);
   for (int c : ladder) firsts[std::size_t(c)] = placements(in.model.cluster, in.world, c);
+  const LengthIds ids = length_ids(in.lengths);
   std::vector<Options> option_sets;
   std::vector<Candidate> base;
   auto make_sets = [&] {
-    option_sets.push_back(all_options(in, costs, ladder, firsts, 0.0));
+    option_sets.push_back(all_options(in, costs, ids, ladder, firsts, 0.0));
     if (in.world > 16)
-      option_sets.push_back(all_options(in, costs, ladder, firsts, 0.1 * area_bound(in, costs, ladder)));
+      option_sets.push_back(all_options(in, costs, ids, ladder, firsts, 0.1 * area_bound(in, costs, ids, ladder)));
   };
   if (in.threads > 1 && in.costs) {  // the baselines beside the options, on a table of their own
     CostTable own(in);               // over the shared memo: safe beside `costs`

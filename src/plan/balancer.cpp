@@ -87,7 +87,52 @@ std::vector<int> BalancePlan::sequences_of(int rank) const {
   return mine;
 }
 
+namespace {
+
+// The configuration sequence_cost validates a size with (the planner's rows price their own).
+CpConfig validated_config(const BalanceInput& in) {
+  CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
+  cfg.window_left = in.model.window_left;
+  cfg.window_right = in.model.window_right;
+  return cfg;
+}
+
+}  // namespace
+
+namespace balance_detail {
+
+BalanceInput pricing_input(const BalanceInput& in) {
+  BalanceInput p;
+  p.world = in.world;
+  p.model = in.model;
+  p.cp_comm_type = in.cp_comm_type;
+  p.gemm_flops_per_token = in.gemm_flops_per_token;
+  p.gemm_flops_rate = in.gemm_flops_rate;
+  p.memory_per_rank = in.memory_per_rank;
+  p.max_memory = in.max_memory;
+  return p;
+}
+
+HeadsErrors::HeadsErrors(const BalanceInput& in) : in_(in) {}
+
+const std::string& HeadsErrors::of(int size) {
+  {
+    const std::lock_guard<std::mutex> hold(lock_);
+    if (const auto found = by_size_.find(size); found != by_size_.end()) return found->second;
+  }
+  const PlanInput& m = in_.model;
+  std::string e = cp_heads_error(validated_config(in_), size, m.batch, m.heads, m.head_dim, m.kv_heads);
+  const std::lock_guard<std::mutex> hold(lock_);
+  return by_size_.try_emplace(size, std::move(e)).first->second;
+}
+
+}  // namespace balance_detail
+
 SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size) {
+  return balance_detail::sequence_cost(in, length, size, nullptr);
+}
+
+SequenceCost balance_detail::sequence_cost(const BalanceInput& in, std::int64_t length, int size, HeadsErrors* heads) {
   SequenceCost c;
   if (size < 1 || size > in.world) {
     c.reason = fmt::format("a group of {} ranks is not in [1, world = {}]", size, in.world);
@@ -105,11 +150,14 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   }
   const Strategy& strategy = find_strategy(in.cp_comm_type);
   if (!strategy.hierarchical()) {  // refused sizes cost no planner rows (a2a+p2p's depend on its factorisation)
-    CpConfig cfg{in.cp_comm_type, {}, in.model.causal, std::nullopt};
-    cfg.window_left = in.model.window_left;
-    cfg.window_right = in.model.window_right;
+    if (heads != nullptr)
+      if (const std::string& e = heads->of(size); !e.empty()) {  // what validate_cp_config would throw
+        c.reason = e;
+        return c;
+      }
     try {
-      validate_cp_config(cfg, size, {in.model.batch, length, in.model.heads, in.model.head_dim}, in.model.kv_heads);
+      validate_cp_config(validated_config(in), size, {in.model.batch, length, in.model.heads, in.model.head_dim},
+                         in.model.kv_heads);
     } catch (const Error& e) {
       c.reason = e.what();
       return c;
@@ -119,7 +167,7 @@ SequenceCost sequence_cost(const BalanceInput& in, std::int64_t length, int size
   m.seq = length;
   m.cp = size;
   m.documents.clear();
-  const std::vector<PlanRow> rows = strategy_rows(m, strategy);
+  const std::vector<PlanRow> rows = strategy_rows(m, strategy, RowDetail::step);
   const PlanRow* best = nullptr;
   for (const PlanRow& r : rows)
     if (r.valid && (best == nullptr || r.predicted_step_s < best->predicted_step_s)) best = &r;
@@ -147,13 +195,7 @@ namespace {
 // model's shape, dtype, rates, GEMMs and memory model at cp 1; size 1 is one every plan asks, so
 // the probe fails nowhere a plan would not) and the links and node size no such cost reads.
 std::string cost_fingerprint(const BalanceInput& in) {
-  BalanceInput p;  // every field a cost reads, but not the step (which may be 2^20 lengths)
-  p.model = in.model;
-  p.cp_comm_type = in.cp_comm_type;
-  p.gemm_flops_per_token = in.gemm_flops_per_token;
-  p.gemm_flops_rate = in.gemm_flops_rate;
-  p.memory_per_rank = in.memory_per_rank;
-  p.max_memory = in.max_memory;
+  const BalanceInput p = balance_detail::pricing_input(in);  // not the step (which may be 2^20 lengths)
   std::string text;
   try {
     const SequenceCost c = sequence_cost(p, 65536, 1);
@@ -434,26 +476,31 @@ std::vector<BalanceGroup> pow2_groups(const BalanceInput& in, CostTable& costs) 
     std::size_t index;
     int size;
   };
-  std::vector<Job> jobs(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    // The smallest runnable power of two >= need, else the largest runnable one (a strategy's
-    // head limit, or the world, caps it).
-    const std::int64_t need = (in.lengths[i] + per_rank - 1) / per_rank;
+  // Each distinct length's size once (in order of first appearance, so the first sequence that
+  // fails is the one named): the smallest runnable power of two >= need, else the largest
+  // runnable one (a strategy's head limit, or the world, caps it).
+  const LengthIds ids = length_ids(in.lengths);
+  std::vector<std::pair<int, double>> pick(ids.lengths.size());  // by length: size, seconds
+  for (std::size_t d = 0; d < ids.lengths.size(); ++d) {
+    const std::int64_t length = ids.lengths[d], need = (length + per_rank - 1) / per_rank;
     int chosen = 0;
     for (int c = 1; c <= top; c *= 2) {
-      if (!costs.of(i, c).valid) continue;
+      if (!costs.at(length, c).valid) continue;
       if (chosen == 0 || chosen < need) chosen = c;
       if (c >= need) break;
     }
-    if (chosen == 0) throw_unplaceable(in, i, costs, " of a power-of-two size");
-    jobs[i] = {double(in.lengths[i]), costs.of(i, chosen).seconds, i, chosen};
+    if (chosen == 0)
+      throw_unplaceable(in, std::size_t(std::find(ids.of.begin(), ids.of.end(), d) - ids.of.begin()), costs,
+                        " of a power-of-two size");
+    pick[d] = {chosen, costs.at(length, chosen).seconds};
   }
   // Longest first, ties by index, gathered once in that order: the placement reads them in turn
   // (at 2^20 sequences, reads at random indices inside it would be most of its time).
   std::vector<double> length(n);
-  for (std::size_t i = 0; i < n; ++i) length[i] = jobs[i].length;
+  for (std::size_t i = 0; i < n; ++i) length[i] = double(in.lengths[i]);
   std::vector<Job> in_order(n);
-  for (std::size_t k = 0; const std::size_t i : decreasing(length)) in_order[k++] = jobs[i];
+  for (std::size_t k = 0; const std::size_t i : decreasing(length))
+    in_order[k++] = {length[i], pick[ids.of[i]].second, i, pick[ids.of[i]].first};
   AlignedLoads load(in.world);  // least_loaded over each size's aligned blocks, from a tree
   std::vector<BalanceGroup> groups(n);
   for (const Job& j : in_order) {

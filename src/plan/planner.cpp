@@ -82,14 +82,16 @@ std::vector<std::int64_t> documents_cu(const PlanInput& in) {
 
 // `config` priced on `in`, whose documents' boundaries are `cu` (empty: none, `config`'s own
 // kept). The row keeps the configuration without the documents (PlanRow::config).
-PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& config, std::vector<std::int64_t>& cu) {
+PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& config, std::vector<std::int64_t>& cu,
+                 RowDetail detail = RowDetail::all) {
+  const bool all = detail == RowDetail::all;
   PlanRow r;
   r.config = config;
   r.config.window_left = in.window_left;
   r.config.window_right = in.window_right;
   r.config.q_offset = in.q_offset;
   if (!in.documents.empty()) r.config.cu_seqlens = {};
-  r.name = strategy.config_name(r.config);
+  if (all) r.name = strategy.config_name(r.config);
   CpConfig cfg = r.config;
   std::optional<LentDocuments> lent;
   if (!in.documents.empty()) lent.emplace(cfg, cu);
@@ -104,11 +106,13 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& 
   const CommVolume v = predicted_comm_volume(cfg, in.cp, q, in.kv_heads, in.dtype, kv_seq_of(in));
   r.forward_bytes_per_rank = v.total_forward_bytes();
   r.backward_bytes_per_rank = v.total_backward_bytes();
-  for (const auto& [op, n] : v.forward_messages) r.forward_messages += n;
-  for (const auto& [op, n] : v.backward_messages) r.backward_messages += n;
+  if (all) {
+    for (const auto& [op, n] : v.forward_messages) r.forward_messages += n;
+    for (const auto& [op, n] : v.backward_messages) r.backward_messages += n;
+  }
 
   const double rate = in.cluster.peak_flops * in.cluster.efficiency;
-  r.head_imbalance = head_imbalance(in, strategy, cfg);
+  if (all) r.head_imbalance = head_imbalance(in, strategy, cfg);
   double most = 0, total = 0;
   for (const std::int64_t n :
        strategy.work_of_ranks(cfg, in.cp, {in.batch, in.seq, in.heads, in.head_dim}, kv_seq_of(in), in.kv_heads)) {
@@ -127,7 +131,7 @@ PlanRow evaluate(const PlanInput& in, const Strategy& strategy, const CpConfig& 
   if (!has_backward(in)) r.backward_bytes_per_rank = r.backward_messages = 0;
   r.comm_s = c.comm_s;
   r.hidden_s = c.hidden_s;
-  r.memory_bytes = planned_memory_bytes(strategy, in, cfg);
+  if (all) r.memory_bytes = planned_memory_bytes(strategy, in, cfg);
   r.predicted_step_s = double(in.layers) * (r.compute_s + r.comm_s - r.hidden_s);
   return r;
 }
@@ -385,19 +389,21 @@ void check_plan_input(const PlanInput& in) {
 namespace {
 
 // A strategy's rows on a checked `in` whose documents' boundaries are `cu`.
-std::vector<PlanRow> rows_of(const PlanInput& in, const Strategy& strategy, std::vector<std::int64_t>& cu) {
+std::vector<PlanRow> rows_of(const PlanInput& in, const Strategy& strategy, std::vector<std::int64_t>& cu,
+                             RowDetail detail = RowDetail::all) {
   std::vector<PlanRow> rows;
-  for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal)) rows.push_back(evaluate(in, strategy, cfg, cu));
+  for (const CpConfig& cfg : strategy.plan_configs(in.cp, in.causal))
+    rows.push_back(evaluate(in, strategy, cfg, cu, detail));
   return rows;
 }
 
 }  // namespace
 
-std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy) {
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy, RowDetail detail) {
   check_input(in);
   std::vector<std::int64_t> cu = documents_cu(in);
   const SharedDocuments shared(cu);
-  return rows_of(in, strategy, cu);
+  return rows_of(in, strategy, cu, detail);
 }
 
 CpConfig planned_config(const PlanInput& in, const PlanRow& row) {

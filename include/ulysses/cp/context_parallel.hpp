@@ -51,6 +51,12 @@ namespace ulysses {
 // kv_seq: the global k/v length s_k; 0 means q_global.s (self-attention).
 void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, std::int64_t kv_heads,
                         std::int64_t kv_seq = 0);
+// The error validate_cp_config throws for `config` on cp ranks at every sequence length (q
+// [batch, s, heads, head_dim] for any s >= 1): its strategy's head rules (validate_heads), or ""
+// when those accept the size (validate_cp_config may still refuse a length). Throws for an
+// unknown strategy, as validate_cp_config does.
+std::string cp_heads_error(const CpConfig& config, int cp, std::int64_t batch, std::int64_t heads,
+                           std::int64_t head_dim, std::int64_t kv_heads);
 
 // What one forward keeps for its backward (about 2× the head-sharded q+k+v for a2a).
 class CpContext {

@@ -164,6 +164,11 @@ class Strategy {
   // [b, s, h, d] and kv_heads KV heads (head rules, hierarchical sizes). The sequence length
   // is rank_chunks()'s (token_layout.hpp). By default: whole GQA groups only (heads % kv_heads == 0).
   virtual void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const;
+  // The part of validate that reads neither the batch, the sequence nor the head dim: the
+  // size's head rules. validate_cp_config runs it before validate, so a size it refuses is
+  // refused at every length with its message (cp_heads_error: a planner asking thousands of
+  // lengths at a size learns that once). Nothing by default.
+  virtual void validate_heads(const CpConfig& config, int cp, std::int64_t heads, std::int64_t kv_heads) const;
   // By default, what a sequence-sharded strategy needs: zigzag under a causal mask (equal
   // work per rank) unless config.zigzag is false, contiguous otherwise; refined to
   // per_document_layout's when its traits say per_document_zigzag (the ring strategies).

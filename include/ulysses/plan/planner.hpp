@@ -107,9 +107,14 @@ Plan make_plan(const PlanInput& in);  // the published measurements' band
 // Throws what make_plan throws for `in` (plan_input_error's message, documents that do not add
 // up to seq) without pricing a row: a check costs nothing at any cp.
 void check_plan_input(const PlanInput& in);
+// Which of a row's fields are filled: all, or those a step's time and bytes are (valid, reason,
+// config, the bytes, the imbalance of work, compute, comm, hidden and predicted_step_s: what the
+// balancer prices a sequence by, ~10^5 rows a plan) — not the name, messages, head imbalance or
+// memory, which the balancer does not read.
+enum class RowDetail { all, step };
 // make_plan's rows of one strategy alone (its plan_configs at in.cp): what the balancer prices a
 // sequence with, without the other strategies' rows. Throws as make_plan does.
-std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy);
+std::vector<PlanRow> strategy_rows(const PlanInput& in, const Strategy& strategy, RowDetail detail = RowDetail::all);
 // The configuration `row` of a plan of `in` was priced with, documents included: what runs it.
 CpConfig planned_config(const PlanInput& in, const PlanRow& row);
 

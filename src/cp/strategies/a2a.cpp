@@ -99,8 +99,10 @@ class A2aStrategy final : public Strategy {
  public:
   using Strategy::Strategy;
 
-  void validate(const CpConfig& config, int cp, const Shape& q, std::int64_t kv_heads) const override {
-    check_ulysses_heads(cp, q.h, kv_heads, "cp", "a2a");
+  // Every rule is the heads' (Strategy's GQA rule among them, in check_ulysses_heads).
+  void validate(const CpConfig&, int, const Shape&, std::int64_t) const override {}
+  void validate_heads(const CpConfig& config, int cp, std::int64_t heads, std::int64_t kv_heads) const override {
+    check_ulysses_heads(cp, heads, kv_heads, "cp", "a2a");
     if (config.overlap_chunks < 1)
       throw Error(
           fmt::format("overlap_chunks must be 1, or more for cp_comm_type a2a; got {} for a2a", config.overlap_chunks));
