@@ -361,6 +361,101 @@ TEST(Balancer, RanksSkipOnlyBlocksRuledOut) {
   }
 }
 
+// A scan that reads blocks at once hands them the placements the scan placement by placement
+// reads, in order: while classes are kept each through f, else a block's through one call, its
+// placements' first ranks in one block of kBlock ranks.
+TEST(Balancer, RanksBlockScanReadsThePlacementsOfThePlainScan) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(31);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int world = 1 + int(rng() % 300);
+    Cluster cluster;
+    cluster.ranks_per_node = 1 << (rng() % 4);
+    Ranks ranks(world);
+    for (int step = 0; step < 300; ++step) {
+      const int size = 1 + int(rng() % std::uint64_t(step % 150 < 40 ? world : std::min(world, 3)));
+      const int first = int(rng() % std::uint64_t(world - size + 1));
+      ranks.fill(first, size, step % 150 < 40 ? 0.25 * double(rng() % 3) : double(rng() % 1000) / 7.0);
+      const double cut = double(rng() % 1000) / 7.0;
+      const auto skip = [&](double x) { return x > cut; };
+      for (int c = 1; c <= world; c += 1 + int(rng() % 7)) {
+        const std::vector<int> firsts = placements(cluster, world, c);
+        std::vector<std::size_t> plain, blocks;
+        ranks.scan(firsts, c, skip, [&](std::size_t p) { return plain.push_back(p), false; });
+        ranks.scan(
+            firsts, c, skip, [&](std::size_t p) { return blocks.push_back(p), false; },
+            [&](std::size_t p, std::size_t q) {
+              EXPECT_LT(p, q);
+              EXPECT_EQ(std::size_t(firsts[p]) / Ranks::kBlock, std::size_t(firsts[q - 1]) / Ranks::kBlock);
+              for (; p < q; ++p) blocks.push_back(p);
+              return false;
+            });
+        ASSERT_EQ(blocks, plain) << world << " " << c;
+      }
+    }
+  }
+}
+
+// Free times for the one-rank picks' tests: a few values, some a rounding apart, so that ends and
+// totals tie often and their rounding decides.
+std::vector<double> near_times(std::mt19937_64& rng, std::size_t n, double most) {
+  std::vector<double> x(n);
+  for (double& v : x) v = most * double(rng() % 5) / 4 * (1 + 0x1p-52 * double(rng() % 3));
+  return x;
+}
+
+// least_single is greedy_child's one-rank visit in turn: the first rank of least (bound, total),
+// with its bound, total, end and area term, bit for bit.
+TEST(Balancer, LeastSingleIsTheFirstLeastOfTheRankByRankScan) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(37);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const std::size_t n = 1 + rng() % kLeastBlock;
+    const double most = std::ldexp(0.5 + unit(rng), int(rng() % 8) - 4), world = double(1 + rng() % 4096);
+    const double total = most * world * unit(rng), seconds = most * unit(rng) * (trial % 2 ? 1 : 1e-6);
+    const double rest = most * world * unit(rng);
+    const bool area_bound = trial % 3 != 0;
+    const std::vector<double> x = near_times(rng, n, most);
+    std::size_t at = 0;
+    double bound = 0, t = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const double end = x[j] + seconds, next_most = std::max(most, end);
+      const double tj = total + end * 1 - std::accumulate(&x[j], &x[j] + 1, 0.0);
+      const double bj = area_bound ? std::max(next_most, (tj + rest) / world) : next_most;
+      if (j == 0 || bj < bound || (bj == bound && tj < t)) at = j, bound = bj, t = tj;
+    }
+    const SinglePick s = least_single(x.data(), n, most, total, seconds, rest, world, area_bound);
+    ASSERT_EQ(s.at, at) << trial;
+    ASSERT_EQ(s.bound, bound);
+    ASSERT_EQ(s.total, t);
+    ASSERT_EQ(s.end, x[at] + seconds);
+    ASSERT_EQ(s.area, area_bound ? (t + rest) / world : 0.0);
+  }
+}
+
+// least_end is lpt_choice's one-rank visit in turn: the first rank of the least end, and whether a
+// rank holds the least load.
+TEST(Balancer, LeastEndIsTheFirstLeastEndOfTheRankByRankScan) {
+  using namespace balance_detail;
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const std::size_t n = 1 + rng() % kLeastBlock;
+    const double most = std::ldexp(0.5 + unit(rng), int(rng() % 8) - 4);
+    const double seconds = most * unit(rng) * (trial % 2 ? 1 : 1e-9);
+    const std::vector<double> x = near_times(rng, n, most);
+    const double least = trial % 4 == 0 ? -1.0 : *std::min_element(x.begin(), x.end());
+    std::size_t at = 0;
+    for (std::size_t j = 1; j < n; ++j)
+      if (x[j] + seconds < x[at] + seconds) at = j;
+    const EndPick e = least_end(x.data(), n, seconds, least);
+    ASSERT_EQ(e.at, at) << trial;
+    ASSERT_EQ(e.end, x[at] + seconds);
+    ASSERT_EQ(e.holds_least, std::find(x.begin(), x.end(), least) != x.end());
+  }
+}
+
 // The floor of a one-rank total (least_single_total) is below the total greedy_child computes
 // at every free time in [0, most], over random states and near the binades' edges, and is
 // reached by some free times (else it would skip nothing).

@@ -308,20 +308,28 @@ class Ranks {
   // busiest member is at least its first rank's block's least time).
   template <class Skip, class F>
   void scan(const std::vector<int>& firsts, int size, Skip skip, F f) const {
+    scan(firsts, size, skip, f, [&](std::size_t p, std::size_t q) {
+      for (; p < q; ++p)
+        if (f(p)) return true;
+      return false;
+    });
+  }
+  // The same, but while the times mostly differ a block's placements p.. q − 1 that the skip
+  // leaves are read at once, by block(p, q) (true: stop): a caller may score them without a
+  // branch a placement.
+  template <class Skip, class F, class Block>
+  void scan(const std::vector<int>& firsts, int size, Skip skip, F f, Block block) const {
     if (classes_) return scan(firsts, size, f);
     for (std::size_t p = 0; p < firsts.size();) {
       const std::size_t b = std::size_t(firsts[p]) / kBlock;
       const int next = int((b + 1) * kBlock);
-      if (skip(least_[b])) {  // placements are distinct ranks: the block's are at most next − firsts[p]
-        const std::size_t q = std::min(firsts.size(), p + std::size_t(next - firsts[p]));
-        p = firsts[q - 1] < next ? q
-                                 : std::size_t(std::lower_bound(firsts.begin() + std::ptrdiff_t(p),
-                                                                firsts.begin() + std::ptrdiff_t(q), next) -
-                                               firsts.begin());
-        continue;
-      }
-      for (; p < firsts.size() && firsts[p] < next; ++p)
-        if (f(p)) return;
+      // Placements are distinct ranks: the block's are at most next − firsts[p].
+      std::size_t q = std::min(firsts.size(), p + std::size_t(next - firsts[p]));
+      if (firsts[q - 1] >= next)
+        q = std::size_t(std::lower_bound(firsts.begin() + std::ptrdiff_t(p), firsts.begin() + std::ptrdiff_t(q), next) -
+                        firsts.begin());
+      if (!skip(least_[b]) && block(p, q)) return;
+      p = q;
     }
   }
   std::size_t first_least() const { return balance_detail::first_least(times_, least_); }
@@ -355,6 +363,76 @@ class Ranks {
   std::size_t starts_count_ = 0;
   bool classes_ = true;  // all ranks free at 0: one run
 };
+
+// greedy_child's key of a group of one rank free at x: its end x + seconds, the step's bound once
+// it runs (the latest end, and with the area term the total plus the rest's least rank·seconds
+// over world) and the total of free times, t = (total + end) − x, each rounded as greedy_child
+// rounds them. Of n <= kLeastBlock ranks free at x[0.. n), the first whose (bound, total) is
+// least: scored in passes without a branch a rank (vectorised), where a scan rank by rank
+// mispredicts its early exits.
+struct SinglePick {
+  std::size_t at = 0;
+  double bound = 0, total = 0, end = 0, area = 0;
+};
+inline SinglePick least_single(const double* x, std::size_t n, double most, double total, double seconds, double rest,
+                               double world, bool area_bound) {
+  double bound[kLeastBlock], tot[kLeastBlock];
+  if (area_bound) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const double end = x[j] + seconds;
+      tot[j] = total + end - x[j];
+      bound[j] = std::max(std::max(most, end), (tot[j] + rest) / world);
+    }
+  } else {
+    for (std::size_t j = 0; j < n; ++j) {
+      const double end = x[j] + seconds;
+      tot[j] = total + end - x[j];
+      bound[j] = std::max(most, end);
+    }
+  }
+  // The least bound, then the least total at it, each over 4 lanes (no chain of dependent
+  // compares; padded to a multiple of 4 with +inf, which is no rank's), then its first rank.
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const std::size_t n4 = (n + 3) & ~std::size_t(3);
+  for (std::size_t j = n; j < n4; ++j) bound[j] = tot[j] = inf;
+  double lane[4] = {inf, inf, inf, inf};
+  for (std::size_t j = 0; j < n4; j += 4)
+    for (std::size_t l = 0; l < 4; ++l) lane[l] = bound[j + l] < lane[l] ? bound[j + l] : lane[l];
+  const double b = std::min(std::min(lane[0], lane[1]), std::min(lane[2], lane[3]));
+  for (double& v : lane) v = inf;
+  for (std::size_t j = 0; j < n4; j += 4)
+    for (std::size_t l = 0; l < 4; ++l) lane[l] = ((bound[j + l] == b) & (tot[j + l] < lane[l])) ? tot[j + l] : lane[l];
+  const double t = std::min(std::min(lane[0], lane[1]), std::min(lane[2], lane[3]));
+  std::size_t at = 0;
+  while (!(bound[at] == b && tot[at] == t)) ++at;
+  const double end = x[at] + seconds;
+  return {at, b, t, end, area_bound ? (t + rest) / world : 0.0};
+}
+
+// lpt_choice's key of a group of one rank free at x (its load): its end x + seconds, rounded.
+// Of n <= kLeastBlock ranks at x[0.. n), the first whose end is least, and whether one holds
+// `least` (lpt_choice's scan of the size stops there: no later rank ends earlier), in passes
+// without a branch a rank, as least_single.
+struct EndPick {
+  std::size_t at = 0;
+  double end = 0;
+  bool holds_least = false;
+};
+inline EndPick least_end(const double* x, std::size_t n, double seconds, double least) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  double end[kLeastBlock];
+  bool hit = false;
+  for (std::size_t j = 0; j < n; ++j) end[j] = x[j] + seconds, hit |= x[j] == least;
+  const std::size_t n4 = (n + 3) & ~std::size_t(3);
+  for (std::size_t j = n; j < n4; ++j) end[j] = inf;
+  double lane[4] = {inf, inf, inf, inf};
+  for (std::size_t j = 0; j < n4; j += 4)
+    for (std::size_t l = 0; l < 4; ++l) lane[l] = end[j + l] < lane[l] ? end[j + l] : lane[l];
+  const double e = std::min(std::min(lane[0], lane[1]), std::min(lane[2], lane[3]));
+  std::size_t at = 0;
+  while (end[at] != e) ++at;
+  return {at, e, hit};
+}
 
 // A floor of the total greedy_child gives a group of one rank at free time x, for every x in
 // [0, most]: t = (total + end) − x with end = x + seconds, each rounded to nearest. While

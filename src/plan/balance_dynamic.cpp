@@ -166,20 +166,37 @@ double area_bound(const BalanceInput& in, CostTable& costs, const LengthIds& ids
 // best even there is skipped (on nearly level loads, the many placements of the small sizes),
 // a window as soon as a member ends past the best, and a size's scan at its first window whose
 // busiest member is `least`: no later one of that size ends earlier.
-Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
-  struct Size {
-    std::size_t k0;
-    int size;
-    double seconds;
-    const std::vector<int>* firsts;
-  };
-  std::array<Size, 128> sizes;  // size_ladder has at most 113 sizes (world 65536)
+struct LptSize {
+  std::size_t k0;
+  int size;
+  double seconds;
+  const std::vector<int>* firsts;
+};
+using LptSizes = std::array<LptSize, 128>;  // size_ladder has at most 113 sizes (world 65536)
+
+// `list`'s sizes into `sizes`, fastest first (in option order on ties), and their count.
+std::size_t fastest_first(const OptionList& list, LptSizes& sizes) {
   std::size_t count = 0;
   list.for_each_size([&](std::size_t k0, int size, double seconds, const std::vector<int>& firsts) {
     sizes[count++] = {k0, size, seconds, &firsts};
   });
   for (std::size_t z = 1; z < count; ++z)  // a stable insertion sort: a few sizes, no buffer to allocate
     for (std::size_t y = z; y > 0 && sizes[y].seconds < sizes[y - 1].seconds; --y) std::swap(sizes[y], sizes[y - 1]);
+  return count;
+}
+
+// The times of the one-rank placements p.. q − 1 (in one block): read in place where they are
+// consecutive ranks, else gathered into `gathered`.
+const double* block_times(const std::vector<double>& times, const std::vector<int>& firsts, std::size_t p,
+                          std::size_t q, double* gathered) {
+  if (std::size_t(firsts[q - 1] - firsts[p]) == q - 1 - p) return times.data() + firsts[p];
+  for (std::size_t j = p; j < q; ++j) gathered[j - p] = times[std::size_t(firsts[j])];
+  return gathered;
+}
+
+Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
+  LptSizes sizes;
+  const std::size_t count = fastest_first(list, sizes);
   Option best;
   double best_end = -1, best_area = 0;
   std::size_t best_k = 0;
@@ -211,7 +228,19 @@ Option lpt_choice(const OptionList& list, const Ranks& ranks, double least) {
     auto cannot_win = [&](double x) {
       return best_end >= 0 && (x + seconds > best_end || (x + seconds == best_end && area > best_area));
     };
-    ranks.scan(*firsts, size, cannot_win, visit);
+    if (size > 1) {
+      ranks.scan(*firsts, size, cannot_win, visit);
+      continue;
+    }
+    // One rank: a block's ranks read at once (least_end), the same pick as visit's in turn (the
+    // ranks after the least one end no earlier, and come later).
+    ranks.scan(*firsts, size, cannot_win, visit, [&](std::size_t p, std::size_t q) {
+      double gathered[kLeastBlock];
+      const EndPick e = least_end(block_times(load, *firsts, p, q, gathered), q - p, seconds, least);
+      if (before(e.end, area, k0 + p + e.at))
+        best = {{(*firsts)[p + e.at], 1}, seconds}, best_end = e.end, best_area = area, best_k = k0 + p + e.at;
+      return e.holds_least;
+    });
   }
   return best;
 }
@@ -523,7 +552,17 @@ void greedy_child(const BeamShape& shape, const OptionList& list, const Ranks& r
       const double lb = area_bound && floor_total >= 0 ? std::max(b, floor_area) : b;
       return best.any && (lb > best.bound || (lb == best.bound && floor_total >= best.total));
     };
-    ranks.scan(firsts, size, cannot_win, [&](std::size_t p) { return visit(p), false; });
+    auto one = [&](std::size_t p) { return visit(p), false; };
+    if (size > 1) return ranks.scan(firsts, size, cannot_win, one);
+    // One rank: a block's ranks scored at once (least_single), the same pick as visit's in turn.
+    ranks.scan(firsts, size, cannot_win, one, [&](std::size_t p, std::size_t q) {
+      double gathered[kLeastBlock];
+      const double* x = block_times(free, firsts, p, q, gathered);
+      const SinglePick s = least_single(x, q - p, most, total, seconds, rest, world, area_bound);
+      if (best.beats(s.bound, s.total))
+        best = {s.bound, s.total, s.end, {firsts[p + s.at], 1}, true, area_bound && s.bound == s.area};
+      return false;
+    });
   });
 }
 
