@@ -8,7 +8,7 @@
 source "$(dirname "$0")/cli_lib.sh" "$@"
 trap 'rm -rf "$dir"' EXIT
 # The launchers' variables (started_by_mpi_launcher), in case ctest itself runs under one.
-unset OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK PMI_SIZE PMI_FD PMI_PORT MV2_COMM_WORLD_RANK SLURM_PROCID FLUX_TASK_RANK
+unset OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK PMI_SIZE PMI_FD PMI_PORT MV2_COMM_WORLD_RANK SLURM_PROCID FLUX_TASK_RANK PALS_RANKID ALPS_APP_PE
 
 # spawned ARGS...: runs the binary alone under strace; prints the programs it started besides
 # itself, one a line ("" when none). The exit status is the command's.

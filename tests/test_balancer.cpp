@@ -693,11 +693,33 @@ TEST(Balancer, PlansAtOnceSharingCostsAreThoseOfOnePlanAtATime) {
 // groups are memoised by all three, dynamic's baselines made on a thread of their own), and
 // dynamic plans on several threads without a memo (balance() makes one for the baselines):
 // each the plan made alone on one thread, bit for bit.
+// A memory model that keeps state between its calls, as the CLI's does (it writes the length
+// into a config it then prices): the threads of one dynamic plan must each call their own copy.
+// Under TSan (scripts/sanitize thread) a shared call is a reported race; here, the plans alone.
+TEST(Balancer, AStatefulMemoryModelOnManyThreadsGivesThePlansOfOnePlanAlone) {
+  std::mt19937_64 rng(53);
+  for (int k = 0; k < 6; ++k) {
+    BalanceInput x = small_model(8 << (rng() % 3), random_lengths(rng, 20 + int(rng() % 200)));
+    x.memory_per_rank = [last = std::int64_t(0)](std::int64_t len, int cp) mutable {
+      last = len;  // the state: read back at once, as a config's field would be
+      return 1e3 * double(last) / double(cp);
+    };
+    x.max_memory = 1e3 * 2048.0;  // longer sequences need several ranks
+    const BalancePlan alone = balance(x, BalancePolicy::dynamic);
+    x.threads = 3;
+    x.costs = make_balance_costs();
+    const BalancePlan together = balance(x, BalancePolicy::dynamic);
+    EXPECT_EQ(alone.groups, together.groups) << k;
+    EXPECT_EQ(alone.rank_memory, together.rank_memory) << k;
+    EXPECT_EQ(alone.step_seconds, together.step_seconds) << k;
+  }
+}
+
 TEST(Balancer, SharedPow2GroupsAndThreadsGiveThePlansOfOnePlanAlone) {
   std::mt19937_64 rng(47);
   std::vector<BalanceInput> inputs;
   for (int k = 0; k < 14; ++k) {
-    const bool again = k % 2 == 1;  // the last step again, with another cap (or world)
+    const bool again = k % 2 == 1;  // the last step again, with another max_tokens_per_rank (or world)
     BalanceInput x = again ? inputs.back() : small_model(2 << (rng() % 5), random_lengths(rng, 5 + int(rng() % 40)));
     x.max_tokens_per_rank = std::vector<std::int64_t>{0, 256, 4096}[(k + rng() % 2) % 3];
     if (again && rng() % 3 == 0) x.world /= 2;

@@ -363,9 +363,10 @@ bool started_by_mpi_launcher() {
   // Open MPI's mpirun (v1-v4) and prterun (v5); any PMIx server (Open MPI >= 4, srun
   // --mpi=pmix, Hydra with PMIx); Hydra's and srun --mpi=pmi2's PMI-1/2 wire-up; MVAPICH's
   // mpirun_rsh; every Slurm task (srun's, and a batch script's: MPI starts then, as always);
-  // Flux. A false positive costs only the eager start every process paid before.
+  // Flux; HPE PALS and Cray ALPS (aprun). A false positive costs only the eager start every
+  // process paid before; a launcher missing here would leave each of its ranks a world of one.
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT",
-                           "MV2_COMM_WORLD_RANK", "SLURM_PROCID", "FLUX_TASK_RANK"})
+                           "MV2_COMM_WORLD_RANK", "SLURM_PROCID", "FLUX_TASK_RANK", "PALS_RANKID", "ALPS_APP_PE"})
     if (std::getenv(name) != nullptr) return true;
   return false;
 }

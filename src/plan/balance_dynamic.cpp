@@ -832,8 +832,11 @@ std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& cost
       option_sets.push_back(all_options(in, costs, ids, ladder, firsts, 0.1 * area_bound(in, costs, ids, ladder)));
   };
   if (in.threads > 1 && in.costs) {  // the baselines beside the options, on a table of their own
-    CostTable own(in);               // over the shared memo: safe beside `costs`
-    run_jobs({make_sets, [&] { base = baseline_candidates(in, own, baselines); }}, in.threads);
+    // and an input of their own: a memory_per_rank may keep state between its calls (the CLI's
+    // does), so two threads must not call one. The copy's 8 bytes a length cost ~1 ms at 10^6.
+    const BalanceInput mine = in;
+    CostTable own(mine);  // over the shared memo: safe beside `costs`
+    run_jobs({make_sets, [&] { base = baseline_candidates(mine, own, baselines); }}, in.threads);
   } else {
     base = baseline_candidates(in, costs, baselines);
     make_sets();

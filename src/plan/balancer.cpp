@@ -61,8 +61,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <future>
+#include <map>
 #include <numeric>
 #include <utility>
 

@@ -53,8 +53,8 @@ void validate_cp_config(const CpConfig& config, int cp, const Shape& q_global, s
                         std::int64_t kv_seq = 0);
 // The error validate_cp_config throws for `config` on cp ranks at every sequence length (q
 // [batch, s, heads, head_dim] for any s >= 1): its strategy's head rules (validate_heads), or ""
-// when those accept the size (validate_cp_config may still refuse a length). Throws for an
-// unknown strategy, as validate_cp_config does.
+// when those accept the size (validate_cp_config may still refuse a length). For positive
+// sizes, throws for an unknown strategy, as validate_cp_config does.
 std::string cp_heads_error(const CpConfig& config, int cp, std::int64_t batch, std::int64_t heads,
                            std::int64_t head_dim, std::int64_t kv_heads);
 

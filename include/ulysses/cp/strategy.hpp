@@ -147,7 +147,8 @@ class Strategy {
   bool supports_window() const { return traits_.accepts.window; }
   bool supports_cross() const { return traits_.accepts.cross; }
 
-  // The options it adds to CpConfig (none by default).
+  // The options it adds to CpConfig (none by default): the same list at every call, which
+  // validation reads once a thread.
   virtual std::vector<StrategyOption> options() const { return {}; }
   // Not collective. `config`, set for some number of ranks, resized to a group of `cp` ranks:
   // what training runs on groups of changing size (its balancer's), so every option that
