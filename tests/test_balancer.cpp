@@ -699,12 +699,16 @@ TEST(Balancer, PlansAtOnceSharingCostsAreThoseOfOnePlanAtATime) {
 TEST(Balancer, AStatefulMemoryModelOnManyThreadsGivesThePlansOfOnePlanAlone) {
   std::mt19937_64 rng(53);
   for (int k = 0; k < 6; ++k) {
-    BalanceInput x = small_model(8 << (rng() % 3), random_lengths(rng, 20 + int(rng() % 200)));
+    // Odd k: 6 ranks and a sequence that needs 5 of them, so that pow2 (4 at most) fails, and its
+    // error asks the memory model on the baselines' thread too.
+    BalanceInput x = small_model(k % 2 ? 6 : 8 << (rng() % 3), random_lengths(rng, 20 + int(rng() % 200)));
+    if (k % 2) x.lengths.push_back(10000);
     x.memory_per_rank = [last = std::int64_t(0)](std::int64_t len, int cp) mutable {
       last = len;  // the state: read back at once, as a config's field would be
       return 1e3 * double(last) / double(cp);
     };
     x.max_memory = 1e3 * 2048.0;  // longer sequences need several ranks
+    if (k % 2) EXPECT_THROW(balance(x, BalancePolicy::pow2), Error) << k;
     const BalancePlan alone = balance(x, BalancePolicy::dynamic);
     x.threads = 3;
     x.costs = make_balance_costs();

@@ -454,10 +454,12 @@ LengthIds length_ids(const std::vector<std::int64_t>& lengths);
 // failed job's exception (in job order) once all have run.
 void run_jobs(const std::vector<std::function<void()>>& jobs, int threads);
 
-// The baselines' groups (static's, pow2's when feasible), priced on the table given.
-using Baselines = std::function<std::vector<std::vector<BalanceGroup>>(CostTable&)>;
+// The baselines' groups (static's, pow2's when feasible) for the input given (the caller's, or on
+// another thread a copy of it: its memory_per_rank may keep state), priced on the table given.
+using Baselines = std::function<std::vector<std::vector<BalanceGroup>>(const BalanceInput&, CostTable&)>;
 // The dynamic policy's groups; the baselines are candidates too. With in.threads > 1 and a shared
-// memo (in.costs) the baselines are made beside the options, on a CostTable of their own.
+// memo (in.costs) the baselines are made beside the options, on an input and a CostTable of
+// their own.
 std::vector<BalanceGroup> dynamic_groups(const BalanceInput& in, CostTable& costs, const Baselines& baselines);
 
 }  // namespace ulysses::balance_detail

@@ -808,7 +808,7 @@ void candidate_jobs(const BalanceInput& in, const Options& options, const Placem
 // The baselines' candidates, priced on `costs`.
 std::vector<Candidate> baseline_candidates(const BalanceInput& in, CostTable& costs, const Baselines& baselines) {
   std::vector<Candidate> out;
-  for (std::vector<BalanceGroup>& g : baselines(costs)) {
+  for (std::vector<BalanceGroup>& g : baselines(in, costs)) {
     const std::vector<double> seconds = seconds_of(g, costs);
     out.push_back(simulated(in.world, std::move(g), seconds));
   }

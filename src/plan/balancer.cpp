@@ -560,11 +560,12 @@ BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
         shared.costs = make_balance_costs();
         return balance(shared, policy);
       }
-      auto baselines = [&in](CostTable& table) {
+      // The input is the caller's: on another thread, one of its own (its memory_per_rank's state).
+      auto baselines = [](const BalanceInput& x, CostTable& table) {
         std::vector<std::vector<BalanceGroup>> out;
         for (auto baseline : {static_groups, shared_pow2_groups}) {
           try {
-            out.push_back(baseline(in, table));
+            out.push_back(baseline(x, table));
           } catch (const Error&) {  // an infeasible baseline is simply not a candidate
           }
         }

@@ -72,8 +72,8 @@ class MpiCommunicator final : public Communicator {
 };
 
 // Whether a launcher started this process as a rank of an MPI job: one of the variables that
-// Open MPI's mpirun/prterun, PMIx, MPICH's Hydra, MVAPICH, Slurm's srun or Flux set for every
-// rank is set. Not collective; reads the environment only.
+// Open MPI's mpirun/prterun, PMIx, MPICH's Hydra, MVAPICH, Slurm's srun, Flux, HPE PALS or Cray
+// ALPS set for every rank is set. Not collective; reads the environment only.
 bool started_by_mpi_launcher();
 
 // Whether MPI is initialised and not yet finalised.
