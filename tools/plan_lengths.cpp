@@ -40,6 +40,9 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 // pareto sequences 63 MB. Its time grows with sequences x ranks: 10^8 pairs took 37-50 s on one
 // core here, so the limit is 2^27 pairs (about a minute).
 constexpr double kPlanBytesPerSequence = 1024, kPlanBytesPerLength = 4096, kPlanBaseBytes = 64 << 20;
+// Beside the plans, the memo they share keeps pow2's groups of every world planned (a length and
+// a group a sequence) until the last plan ends.
+constexpr double kPow2MemoBytesPerSequence = 16;
 constexpr std::int64_t kMaxPlanPairs = std::int64_t(1) << 27;
 
 // The bytes one plan of the step at `world` ranks may take (the measurements above).
@@ -51,9 +54,14 @@ double plan_bytes(const std::vector<std::int64_t>& lengths, int world) {
          kPlanBytesPerLength * double(distinct.size()) * std::log2(double(world) + 1);
 }
 
+double memo_bytes(const std::vector<std::int64_t>& lengths, const std::vector<int>& worlds) {
+  return kPow2MemoBytesPerSequence * double(lengths.size()) * double(worlds.size());
+}
+
 // Not collective. Refuses a step the planner could not hold in memory (or plan in minutes); the
 // bytes one plan may take.
-double admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
+double admit_plan(const std::vector<std::int64_t>& lengths, const std::vector<int>& worlds) {
+  const int largest_world = *std::max_element(worlds.begin(), worlds.end());
   const std::int64_t pairs = std::int64_t(lengths.size()) * largest_world;
   if (pairs > kMaxPlanPairs)
     throw Error(
@@ -62,17 +70,18 @@ double admit_plan(const std::vector<std::int64_t>& lengths, int largest_world) {
                     "sequences or a smaller --world",
                     lengths.size(), largest_world, pairs, kMaxPlanPairs));
   const double bytes = plan_bytes(lengths, largest_world);
-  check_memory("ulysses plan --lengths", bytes, 0, 1);
+  check_memory("ulysses plan --lengths", bytes + memo_bytes(lengths, worlds), 0, 1);
   return bytes;
 }
 
-// How many plans may run at once: one a hardware thread, as many as the memory holds (admit_plan
-// checked that one fits).
-std::size_t plans_at_once(double plan_bytes) {
+// How many plans may run at once: one a hardware thread, as many as the memory left beside the
+// shared memo holds (admit_plan checked that one fits).
+std::size_t plans_at_once(double plan_bytes, double memo) {
   const std::size_t hardware = std::max(1u, std::thread::hardware_concurrency());
   const std::int64_t available = available_memory_bytes();
   if (available < 0) return hardware;
-  return std::clamp<std::size_t>(std::size_t(double(available) / plan_bytes), 1, hardware);
+  const double room = std::max(0.0, double(available) - memo);
+  return std::clamp<std::size_t>(std::size_t(room / plan_bytes), 1, hardware);
 }
 
 train::GptConfig model_of(const PlanOptions& o) {
@@ -356,7 +365,7 @@ int run_plan_lengths(const PlanOptions& o) {
       if (w % o.dp != 0) throw Error(fmt::format("--dp {} does not divide the world size {}", o.dp, w));
     if (comm.rank() == 0) check_outputs({{"--json", o.json, true}});  // before any work
     in = balance_input(o, worlds.front());
-    one_plan_bytes = admit_plan(in.lengths, *std::max_element(worlds.begin(), worlds.end()));
+    one_plan_bytes = admit_plan(in.lengths, worlds);
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
     PlanInput probe = in.model;  // the model's sizes, checked once
     probe.seq = 1;
@@ -387,7 +396,7 @@ int run_plan_lengths(const PlanOptions& o) {
     // Each (length, size) priced once for all the worlds and policies, not once a world and
     // policy: a smaller world asks the sizes a larger one asked.
     in.costs = make_balance_costs();
-    const std::vector<std::array<PolicyRow, 3>> rows = plan_rows(in, worlds, json, plans_at_once(one_plan_bytes));
+    const auto rows = plan_rows(in, worlds, json, plans_at_once(one_plan_bytes, memo_bytes(in.lengths, worlds)));
     for (std::size_t k = 0; k < worlds.size(); ++k) {
       in.world = worlds[k];
       const nlohmann::json w = print_world(in, rows[k], json);

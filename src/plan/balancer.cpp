@@ -550,16 +550,16 @@ BalancePlan predict_plan(const BalanceInput& in, const std::vector<BalanceGroup>
 
 BalancePlan balance(const BalanceInput& in, BalancePolicy policy) {
   check_input(in);
+  if (policy == BalancePolicy::dynamic && in.threads > 1 && !in.costs) {
+    BalanceInput shared = in;  // a memo the baselines' thread can share (dynamic_groups)
+    shared.costs = make_balance_costs();
+    return balance(shared, policy);
+  }
   CostTable costs(in);
   switch (policy) {
     case BalancePolicy::static_: return finish_plan(in, costs, policy, static_groups(in, costs));
     case BalancePolicy::pow2: return finish_plan(in, costs, policy, shared_pow2_groups(in, costs));
     case BalancePolicy::dynamic: {
-      if (in.threads > 1 && !in.costs) {  // a memo the baselines' thread can share (dynamic_groups)
-        BalanceInput shared = in;
-        shared.costs = make_balance_costs();
-        return balance(shared, policy);
-      }
       // The input is the caller's: on another thread, one of its own (its memory_per_rank's state).
       auto baselines = [](const BalanceInput& x, CostTable& table) {
         std::vector<std::vector<BalanceGroup>> out;
