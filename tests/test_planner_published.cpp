@@ -451,15 +451,20 @@ TEST(PlannerPublished, CalibrationFitRefusesWhatItCannotFit) {
 
 TEST(PlannerPublished, PresetsAndTheirBadInput) {
   EXPECT_EQ(find_gpu_preset("h100").name, "H100");
-  for (const char* name : {"A100", "H100", "H800", "H200", "B200", "L20", "L40S"}) {
+  for (const char* name : {"A100", "A800", "H100", "H800", "H20", "H200", "B200", "L20", "L40S"}) {
     const GpuPreset& g = find_gpu_preset(name);
     EXPECT_GT(g.bf16_flops, 1e14) << name;
     EXPECT_FALSE(g.source.empty()) << name;
     EXPECT_NO_THROW(find_fabric_preset(g.intra)) << name;
   }
   EXPECT_EQ(error_of([] { find_gpu_preset("X100"); }),
-            "unknown GPU 'X100' (known: A100, H100, H800, H200, B200, L20, L40S)");
-  EXPECT_NE(error_of([] { find_fabric_preset("nvlink9"); }).find("known: nvlink3, nvlink4"), std::string::npos);
+            "unknown GPU 'X100' (known: A100, A800, H100, H800, H20, H200, B200, L20, L40S)");
+  // A800 is A100 with its NVLink cut to 400 GB/s both ways, as H800 is H100.
+  EXPECT_EQ(find_gpu_preset("A800").bf16_flops, find_gpu_preset("A100").bf16_flops);
+  EXPECT_EQ(find_fabric_preset(find_gpu_preset("A800").intra).link.bandwidth,
+            find_fabric_preset(find_gpu_preset("H800").intra).link.bandwidth);
+  EXPECT_EQ(find_gpu_preset("H20").bf16_flops, 148e12);
+  EXPECT_NE(error_of([] { find_fabric_preset("nvlink9"); }).find("known: nvlink3, nvlink3-a800, nvlink4"), std::string::npos);
   EXPECT_NE(error_of([] { find_kernel_preset("fa9"); }).find("known: fa3, fa2"), std::string::npos);
   EXPECT_EQ(error_of([] { parse_plan_mode("infer"); }),
             "unknown mode 'infer' (use one of train, forward, prefill, decode)");

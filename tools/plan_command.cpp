@@ -150,12 +150,13 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   add_attention_and_report_options(c, o);
   add_train_and_lengths_options(c, o);
   c->add_option("--gpu", o.gpu,
-                "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, H100, H800, "
-                "H200, B200, L20, L40S); --tflops / --efficiency given too win");
+                "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, A800, H100, "
+                "H800, H20, H200, B200, L20, L40S); --tflops / --efficiency given too win");
   c->add_option("--kernel", o.kernel, "the attention kernel's curve with --gpu: fa2 | fa3 (default: the GPU's)");
-  c->add_option("--intra-fabric", o.intra_fabric,
-                "the links inside a node: nvlink3, nvlink4, nvlink4-h800, nvlink5, pcie4, pcie5 (default: the "
-                "GPU's); --intra-bw / --intra-lat given too win");
+  c->add_option(
+      "--intra-fabric", o.intra_fabric,
+      "the links inside a node: nvlink3, nvlink3-a800, nvlink4, nvlink4-h800, nvlink5, pcie4, pcie5 (default: the "
+      "GPU's); --intra-bw / --intra-lat given too win");
   c->add_option("--inter-fabric", o.inter_fabric,
                 "the links between nodes: ib-hdr, ib-ndr, ib-xdr, roce-100, roce-200, roce-400; --inter-bw / "
                 "--inter-lat given too win");

@@ -59,8 +59,13 @@ const std::vector<GpuPreset>& gpu_presets() {
   // H100's; 0.65 / 0.376 fitted on ring-flash-attention's and long-context-attention's 8xA100.
   static const std::vector<GpuPreset> all{
       {"A100", 312e12, 19.5e12, 80e9, 2.039e12, "fa2", 0.65 / 0.376, "nvlink3", "A100 SXM4 80GB datasheet"},
+      {"A800", 312e12, 19.5e12, 80e9, 2.039e12, "fa2", 0.65 / 0.376, "nvlink3-a800",
+       "A800 SXM4 80GB: A100's compute and memory, NVLink 400 GB/s"},
       {"H100", 989e12, 67e12, 80e9, 3.35e12, "fa3", 1, "nvlink4", "H100 SXM5 datasheet"},
       {"H800", 989e12, 67e12, 80e9, 3.35e12, "fa3", 1, "nvlink4-h800", "H800 SXM5: H100 compute, NVLink 400 GB/s"},
+      {"H20", 148e12, 44e12, 96e9, 4.0e12, "fa3", 1, "nvlink4",
+       "H20 as NVIDIA's partners list it (148 TFLOP/s BF16 dense, 44 FP32, 96 GB HBM3 at 4.0 TB/s, NVLink "
+       "900 GB/s); kernel: FlashAttention-3's H100 curve and efficiency (assumed)"},
       {"H200", 989e12, 67e12, 141e9, 4.8e12, "fa3", 1, "nvlink4", "H200 SXM datasheet"},
       {"B200", 2250e12, 75e12, 180e9, 8e12, "fa3", 0.9, "nvlink5",
        "HGX B200 datasheet per GPU; kernel: FlashAttention-3's curve at 0.9 of its H100 efficiency (assumed)"},
@@ -81,6 +86,7 @@ const std::vector<FabricPreset>& fabric_presets() {
   // InfiniBand/RoCE: the port's line rate, one port per GPU.
   static const std::vector<FabricPreset> all{
       {"nvlink3", {300e9, 2e-6}, 0, 0, 0, 0, 0, "A100: 12 NVLink 3 links, 600 GB/s both directions"},
+      {"nvlink3-a800", {200e9, 2e-6}, 0, 0, 0, 0, 0, "A800: NVLink 400 GB/s both directions"},
       {"nvlink4", {450e9, 2e-6}, 0, 0, 0, 0, 0, "H100/H200: 18 NVLink 4 links, 900 GB/s both directions"},
       {"nvlink4-h800", {200e9, 2e-6}, 0, 0, 0, 0, 0, "H800: NVLink 400 GB/s both directions"},
       {"nvlink5", {900e9, 2e-6}, 0, 0, 0, 0, 0, "B200: 18 NVLink 5 links, 1.8 TB/s both directions"},
