@@ -464,7 +464,8 @@ TEST(PlannerPublished, PresetsAndTheirBadInput) {
   EXPECT_EQ(find_fabric_preset(find_gpu_preset("A800").intra).link.bandwidth,
             find_fabric_preset(find_gpu_preset("H800").intra).link.bandwidth);
   EXPECT_EQ(find_gpu_preset("H20").bf16_flops, 148e12);
-  EXPECT_NE(error_of([] { find_fabric_preset("nvlink9"); }).find("known: nvlink3, nvlink3-a800, nvlink4"), std::string::npos);
+  EXPECT_NE(error_of([] { find_fabric_preset("nvlink9"); }).find("known: nvlink3, nvlink3-a800, nvlink4"),
+            std::string::npos);
   EXPECT_NE(error_of([] { find_kernel_preset("fa9"); }).find("known: fa3, fa2"), std::string::npos);
   EXPECT_EQ(error_of([] { parse_plan_mode("infer"); }),
             "unknown mode 'infer' (use one of train, forward, prefill, decode)");
