@@ -115,9 +115,8 @@ void add_train_and_lengths_options(CLI::App* c, PlanOptions& o) {
       ->capture_default_str()
       ->check(positive_number());
   c->add_option("--max-memory", o.max_memory,
-                "with --train: memory per rank; with --lengths: the cap per rank; a plan of --seq: a row whose "
-                "working set (decode: KV cache) is over it is refused (default: none)")
-      ->capture_default_str();
+                "with --train: memory per rank (default 2GiB); with --lengths: the cap per rank (default: none); "
+                "a plan of --seq: a row whose working set (decode: KV cache) is over it is refused (default: none)");
   c->add_option("--lengths", o.lengths,
                 "a variable-length step (NxL terms, or pareto:N:MIN:MAX:ALPHA[:SEED]): plan "
                 "which ranks compute which sequence under each --balance policy (static, pow2, dynamic) and print "
