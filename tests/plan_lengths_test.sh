@@ -19,7 +19,9 @@ for p in j["worlds"][0]["policies"]:
                           gemm_flops_per_token=j["gemm_flops_per_token"])
     assert abs(lib.step_seconds - p["step_seconds"]) <= 1e-12 * lib.step_seconds, (p["policy"], lib.step_seconds, p)
     assert [list(g) for g in lib.groups] == p["groups"], p["policy"]
+    assert p["max_memory_per_rank"] is None, p  # no --max-memory: no memory model priced it
 PY
+   grep -qE "^  dynamic .* +- +1x32 2x1" "$dir/p.log"  # the mem column: "-", not 0.0
 then ok "plan --lengths: the JSON equals ulysses.balance"; else bad "plan --lengths vs the library"; cat "$dir/p.log"; fi
 
 # Every world's policies are planned at once, but printed and written in order: the same text

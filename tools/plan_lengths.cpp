@@ -37,8 +37,8 @@ constexpr BalancePolicy kPolicies[] = {BalancePolicy::static_, BalancePolicy::po
 // The balancer keeps a few hundred bytes a sequence and, once per distinct length, its costs and
 // options at ~8 group sizes an octave. Measured peak RSS of rank 0 at world 1024: 10^5 sequences
 // of 3 lengths 84 MB, a pareto tail of 10^5 (~50 000 lengths) 163 MB; at world 256, 20 000
-// pareto sequences 63 MB. Its time grows with sequences x ranks: 10^8 pairs took 37-50 s on one
-// core here, so the limit is 2^27 pairs (about a minute).
+// pareto sequences 63 MB. Its time grows with sequences x ranks, so the limit is 2^27 pairs: at it a
+// plan takes 0.2-1.8 s on 2 cores here (2^20 Pareto sequences on 128 ranks the longest).
 constexpr double kPlanBytesPerSequence = 1024, kPlanBytesPerLength = 4096, kPlanBaseBytes = 64 << 20;
 // Beside the plans, the memo they share keeps pow2's groups of every world planned (a length and
 // a group a sequence) until the last plan ends.
@@ -58,7 +58,7 @@ double memo_bytes(const std::vector<std::int64_t>& lengths, const std::vector<in
   return kPow2MemoBytesPerSequence * double(lengths.size()) * double(worlds.size());
 }
 
-// Not collective. Refuses a step the planner could not hold in memory (or plan in minutes); the
+// Not collective. Refuses a step the planner could not hold in memory (or plan in seconds); the
 // bytes one plan may take.
 double admit_plan(const std::vector<std::int64_t>& lengths, const std::vector<int>& worlds) {
   const int largest_world = *std::max_element(worlds.begin(), worlds.end());
@@ -66,7 +66,7 @@ double admit_plan(const std::vector<std::int64_t>& lengths, const std::vector<in
   if (pairs > kMaxPlanPairs)
     throw Error(
         fmt::format("--lengths: {} sequences at world {} are {} sequence x rank pairs, more than the "
-                    "planner's limit of {} (2^27, about a minute of planning; its time grows with both): fewer "
+                    "planner's limit of {} (2^27; its time grows with both): fewer "
                     "sequences or a smaller --world",
                     lengths.size(), largest_world, pairs, kMaxPlanPairs));
   const double bytes = plan_bytes(lengths, largest_world);
@@ -168,7 +168,8 @@ double busiest_over_mean(const BalancePlan& p) {
 
 double largest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
-nlohmann::json plan_json(const BalancePlan& p) {
+// max_memory_per_rank is null where no memory model priced the plan (no --max-memory).
+nlohmann::json plan_json(const BalancePlan& p, bool memory_priced) {
   nlohmann::json groups = nlohmann::json::array();
   for (const BalanceGroup& g : p.groups) groups.push_back({g.first_rank, g.size});
   return {{"policy", policy_name(p.policy)},
@@ -176,7 +177,7 @@ nlohmann::json plan_json(const BalancePlan& p) {
           {"group_sizes", size_summary(p)},
           {"busiest_over_mean_work", busiest_over_mean(p)},
           {"max_bytes_per_rank", largest(p.rank_bytes)},
-          {"max_memory_per_rank", largest(p.rank_memory)},
+          {"max_memory_per_rank", memory_priced ? nlohmann::json(largest(p.rank_memory)) : nlohmann::json()},
           {"groups", groups},
           {"rank_seconds", p.rank_seconds},
           {"rank_busy_seconds", p.rank_busy_seconds},
@@ -186,9 +187,9 @@ nlohmann::json plan_json(const BalancePlan& p) {
 // One policy's plan at one world, as its table row and --json object need it (the plan itself,
 // with a config a sequence, is dropped once these are read).
 struct PolicyRow {
-  double step = 0, busy_over_mean = 0, bytes = 0, memory = 0;
-  std::string sizes, error;  // error: why a policy but dynamic cannot place the step
-  nlohmann::json json;       // only when --json is asked
+  double step = 0, busy_over_mean = 0, bytes = 0, memory = -1;  // memory: -1 where no model priced it
+  std::string sizes, error;                                     // error: why a policy but dynamic cannot place the step
+  nlohmann::json json;                                          // only when --json is asked
   std::exception_ptr fatal;  // dynamic's Error (the step cannot be planned), or any other exception
 };
 
@@ -199,9 +200,9 @@ PolicyRow plan_row(const BalanceInput& in, BalancePolicy policy, bool json) {
     r.step = p.step_seconds;
     r.busy_over_mean = busiest_over_mean(p);
     r.bytes = largest(p.rank_bytes);
-    r.memory = largest(p.rank_memory);
+    if (in.memory_per_rank) r.memory = largest(p.rank_memory);
     r.sizes = size_summary(p);
-    if (json) r.json = plan_json(p);
+    if (json) r.json = plan_json(p, bool(in.memory_per_rank));
   } catch (const Error& e) {
     if (policy == BalancePolicy::dynamic) r.fatal = std::current_exception();  // the most permissive
     r.error = e.what();
@@ -263,9 +264,9 @@ nlohmann::json print_world(const BalanceInput& in, const std::array<PolicyRow, 3
       fmt::print("  {:<8} cannot place the step: {}\n", policy_name(kPolicies[p]), r.error);
     } else {
       if (kPolicies[p] == BalancePolicy::static_) static_s = r.step;
-      fmt::print("  {:<8} {:>12.5g} {:>10} {:>10.3f} {:>12.2f} {:>12.1f}  {}\n", policy_name(kPolicies[p]), r.step,
+      fmt::print("  {:<8} {:>12.5g} {:>10} {:>10.3f} {:>12.2f} {:>12}  {}\n", policy_name(kPolicies[p]), r.step,
                  static_s > 0 ? fmt::format("{:.2f}x", static_s / r.step) : "-", r.busy_over_mean, r.bytes / 1e6,
-                 r.memory / 1e6, r.sizes);
+                 r.memory < 0 ? "-" : fmt::format("{:.1f}", r.memory / 1e6), r.sizes);
     }
     if (json) out["policies"].push_back(r.json);
   }
