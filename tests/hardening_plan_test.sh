@@ -117,6 +117,56 @@ expect "plan --grid-runs without --grid" 2 "--grid-runs has no effect without --
 expect "plan --grid-clock without --grid" 2 "--grid-clock has no effect without --grid" plan --seq 512 --heads 4 --grid-clock wall
 expect "plan --grid-clock gpu" 2 "--grid-clock: gpu not in {cpu,wall}" plan --calibrate --grid quick --grid-clock gpu
 expect "plan without --heads" 1 "--heads is required (unless --grid)" plan --seq 512
+# Work past 64 bits wrapped (the compute of s = 2^31 on 32 heads came out 0, of 2^32 that of
+# 2^16): refused, a decode's prompt before its table is printed; a window bounds it.
+expect "plan seq 2^31, 32 heads" 1 "too large to plan: a rank's work (batch x heads" plan --seq 2147483648 --heads 32 --json "$dir/w.json"
+no_file "$dir/w.json" "plan seq 2^31"
+expect "plan decode, a prompt of 2^31" 1 "too large to plan: a rank's work (batch x heads" plan --seq 2147483648 --heads 32 --mode decode
+grep -q "^ulysses plan:" "$dir/err.log" && bad "plan decode 2^31: the table began before the error" ||
+  ok "plan decode 2^31: refused before any table"
+run 1 plan --seq 4294967296 --heads 32 --window 4096 --json "$dir/w.json" > "$dir/w.log" 2>&1 && python3 -c '
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["strategies"] if r["valid"]]
+# A window of 4096 keys: 2^32 queries x 4097 pairs at most on 4 heads (32 / cp 8) per a2a rank.
+a2a = next(r for r in rows if r["name"] == "a2a")
+assert a2a["compute_s"] > 4 * 2**32 * 4000 * 4 * 128 / 989e12 and all(r["compute_s"] > 0 for r in rows), rows' "$dir/w.json" &&
+  ok "plan seq 2^32 --window 4096: planned, compute not wrapped" || { bad "plan seq 2^32 --window"; cat "$dir/w.log"; }
+expect "plan --tflops inf" 1 "the compute rate must be finite, got inf" plan --seq 1024 --heads 8 --tflops inf
+# An empty value read as none given: refused like an unknown one.
+for flag in --json --svg --docs --window --lengths --grid; do
+  expect "plan $flag ''" 1 "$flag was given an empty value: name " plan --seq 1024 --heads 8 "$flag" ''
+done
+expect "plan --gpu ''" 1 "unknown GPU '' (known: A100, H100" plan --seq 1024 --heads 8 --gpu ''
+expect "plan --inter-fabric ''" 1 "unknown fabric '' (known: nvlink3" plan --seq 1024 --heads 8 --inter-fabric ''
+# The decode table prices a whole cache of --seq tokens: what it does not price is refused.
+for flag in "--window 512" "--docs 2x512" "--kv-seq 2048" "--q-offset 0"; do
+  expect "plan --mode decode $flag" 1 "${flag%% *} is not priced by --mode decode" plan --seq 1024 --heads 8 --mode decode $flag
+done
+# Every figure finite at the slowest rates accepted (1 B/s, 1000 s, 1 FLOP/s; below them refused)
+# in every mode, text and JSON (nlohmann writes a non-finite double as null).
+expect "plan --intra-bw 1e-300B/s" 1 "bandwidth '1e-300B/s' is below 1 B/s" plan --seq 1024 --heads 8 --intra-bw 1e-300B/s
+expect "plan --efficiency 1e-300" 1 "must be at least 1 FLOP/s" plan --seq 1024 --heads 8 --efficiency 1e-300
+for mode in train forward prefill decode; do
+  run 1 plan --seq 4096 --heads 8 --cp 16 --ranks-per-node 4 --intra-bw 1B/s --inter-lat 1000s --tflops 1e-10 \
+    --efficiency 0.01 --memory-bw 1B/s --layers 1000 --mode $mode --json "$dir/f.json" > "$dir/f.log" 2>&1 &&
+    ! grep -qiwE "nan|-nan|inf" "$dir/f.log" && python3 -c '
+import json, math, sys
+def bad(x):
+    if isinstance(x, dict): return any(bad(v) for v in x.values())
+    if isinstance(x, list): return any(bad(v) for v in x)
+    return isinstance(x, float) and not math.isfinite(x)
+def nulls(x, key=""):
+    if isinstance(x, dict): return [n for k, v in x.items() for n in nulls(v, k)]
+    if isinstance(x, list): return [n for v in x for n in nulls(v, key)]
+    return [key] if x is None and key != "q_offset" else []
+j = json.load(open(sys.argv[1]))
+assert not bad(j) and not nulls(j), nulls(j)' "$dir/f.json" &&
+    ok "plan --mode $mode at the slowest rates: every figure finite" || { bad "plan --mode $mode slowest"; cat "$dir/f.log"; }
+done
+run 1 plan --seq 65536 --heads 32 --gpu H100 --memory-bw 1TB/s --mode decode > "$dir/mb.log" 2>&1 &&
+  grep -q "flags over presets: --memory-bw 1 TB/s (preset: 3.35)" "$dir/mb.log" &&
+  grep -q "^decode over a sharded KV cache: .* memory 1000 GB/s" "$dir/mb.log" &&
+  ok "plan --gpu --memory-bw: the flag wins, the header says so" || { bad "plan --gpu --memory-bw"; cat "$dir/mb.log"; }
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -556,12 +557,67 @@ TEST(PlannerBounds, HugeSizesAndRankCountsAreRefused) {
     if (r.valid) EXPECT_GT(r.forward_bytes_per_rank, 0) << r.name;
 }
 
+TEST(PlannerBounds, WorkPast64BitsIsRefusedUnlessAWindowOrDocumentsBoundIt) {
+  PlanInput in;
+  in.seq = std::int64_t(1) << 31;  // 32 heads: s^2 h = 2^67 pairs x heads; a2a's work wrapped to 0
+  in.heads = in.kv_heads = 32;
+  in.cp = 8;
+  EXPECT_NE(plan_input_error(in).find("too large to plan: a rank's work"), std::string::npos) << plan_input_error(in);
+  EXPECT_THROW(check_plan_input(in), Error);
+  in.seq = std::int64_t(1) << 28;  // 2^61 at most a rank: planned, compute grows as s^2
+  ASSERT_EQ(plan_input_error(in), "");
+  const double small = row(make_plan(in), "a2a").compute_s;
+  in.seq = std::int64_t(1) << 32;
+  in.window_left = 4096, in.window_right = 0;  // at most 4097 keys a query
+  ASSERT_EQ(plan_input_error(in), "");
+  const Plan windowed = make_plan(in);
+  // Query p sees min(p + 1, 4097) keys; a2a's rank all of them on 32 / 8 heads, 4 d FLOPs a pair
+  // forward and backward_ratio times that back, at the flat rate (the default kernel model).
+  const double s = double(in.seq), pairs = s * 4097 - 4096.0 * 4097 / 2;
+  const double flops = 4 * 128 * pairs * 4 * (1 + in.cluster.kernel.backward_ratio);
+  EXPECT_NEAR(row(windowed, "a2a").compute_s / (flops / (in.cluster.peak_flops * in.cluster.efficiency)), 1, 1e-9);
+  EXPECT_LT(row(windowed, "a2a").compute_s, small);
+  in.window_left = in.window_right = -1;
+  in.documents.assign(std::size_t(1) << 22, 1024);  // documents of 1024 bound it too
+  EXPECT_EQ(plan_input_error(in), "");
+  in.documents.clear();
+  in.seq = std::int64_t(1) << 30;  // decode's time to first token plans the prompt on one rank:
+  in.mode = PlanMode::decode;      // 2^30 x (2^30 + 1) / 2 pairs on 32 heads pass 2^63
+  EXPECT_NE(plan_input_error(in).find("over 1 rank(s)"), std::string::npos) << plan_input_error(in);
+  EXPECT_THROW(check_plan_input(in), Error);
+}
+
+TEST(PlannerBounds, AnInfiniteComputeRateIsRefused) {
+  PlanInput in;
+  in.seq = 1024;
+  in.heads = in.kv_heads = 8;
+  in.cluster.peak_flops = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(plan_input_error(in), "the compute rate must be finite, got inf FLOP/s");
+}
+
 TEST(PlannerBounds, UnitsThatOverflowOrUnderflowAreRefused) {
   EXPECT_EQ(parse_bandwidth("450GB/s"), 450e9);
   EXPECT_NE(error_of([] { parse_bandwidth("1e308TB/s"); }).find("must be positive and finite"), std::string::npos);
   EXPECT_THROW(parse_latency("1e-320ns"), Error);  // underflows
   const std::string e = error_of([] { parse_latency(std::string(5000, '9') + "parsecs"); });
   EXPECT_LT(e.size(), 300u) << e;  // the text is clipped, not echoed whole
+  // Past these a step's bytes over the bandwidth, or its messages times the latency, could pass a
+  // double's range: 1e-300B/s priced every row's communication inf and its hidden share nan.
+  EXPECT_EQ(parse_bandwidth("1B/s"), 1.0);
+  EXPECT_EQ(error_of([] { parse_bandwidth("1e-300B/s"); }), "bandwidth '1e-300B/s' is below 1 B/s");
+  EXPECT_EQ(parse_latency("1000s"), 1000.0);
+  EXPECT_EQ(error_of([] { parse_latency("1e30s"); }), "latency '1e30s' is above 1000 s");
+}
+
+TEST(PlannerBounds, AComputeRateBelowOneFlopASecondIsRefused) {
+  PlanInput in;
+  in.seq = 1024;
+  in.heads = in.kv_heads = 8;
+  in.cluster.peak_flops = 989e12;
+  in.cluster.efficiency = 1e-300;  // priced the compute at 1.6e298 s, with more layers inf
+  EXPECT_NE(plan_input_error(in).find("must be at least 1 FLOP/s"), std::string::npos) << plan_input_error(in);
+  in.cluster.efficiency = 1e-14;  // 9.89 FLOP/s: slow, finite
+  EXPECT_EQ(plan_input_error(in), "");
 }
 
 }  // namespace

@@ -406,6 +406,7 @@ std::vector<std::int64_t> plot_seqs(const PlanInput& in) {
   for (std::int64_t s = std::max<std::int64_t>(2 * std::int64_t(in.cp), in.seq / 16); s / 16 <= in.seq; s *= 2) {
     PlanInput x = in;
     x.seq = s;
+    x.documents.clear();  // as svg_plot plans it: one document
     if (!plan_input_error(x).empty()) break;
     seqs.push_back(s);
   }
@@ -538,6 +539,8 @@ std::string apply_presets(const PlanOptions& o, PlanInput& in) {
   keep("--intra-lat", in.cluster.intra.latency, flags.intra.latency, 1e-6, " us");
   keep("--inter-bw", in.cluster.inter.bandwidth, flags.inter.bandwidth, 1e9, " GB/s");
   keep("--inter-lat", in.cluster.inter.latency, flags.inter.latency, 1e-6, " us");
+  if (!o.gpu.empty() && o.given.count("--memory-bw"))  // applied again by apply_inference_options
+    keep("--memory-bw", in.cluster.kernel.memory_bandwidth, parse_bandwidth(o.memory_bw), 1e12, " TB/s");
   std::string note = "  presets: " + fmt::format("{}", fmt::join(used, "; ")) + "\n";
   if (!won.empty()) note += "  flags over presets: " + fmt::format("{}", fmt::join(won, "; ")) + "\n";
   return note;
@@ -552,6 +555,16 @@ void apply_inference_options(const PlanOptions& o, PlanInput& in) {
     in.cluster.kernel.memory_bandwidth = 3.35e12;
   if (o.max_memory_given) in.max_memory_bytes = train::parse_bytes(o.max_memory);
   if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
+  // The decode table prices `generate`'s cache, every one of --seq tokens read each step: these
+  // would change only the time to first token below it and leave the decode rows priced without them.
+  if (in.mode == PlanMode::decode)
+    for (const char* flag : {"--window", "--docs", "--kv-seq", "--q-offset"})
+      if (o.given.count(flag))
+        throw Error(fmt::format(
+            "{} is not priced by --mode decode, whose layouts read a whole cache of --seq tokens a sequence each "
+            "step (as `ulysses generate` does; it would change only the time to first token): drop it, or plan the "
+            "prompt with --mode prefill",
+            flag));
 }
 
 }  // namespace
@@ -734,9 +747,30 @@ void print_calibration(int ranks, const PlanInput& in) {
       in.cluster.kernel.stream_cache_bytes / (1 << 20), in.cluster.kernel.stream_s_per_byte * 1e9);
 }
 
+// An option given an empty value (--gpu "$GPU" with GPU unset) would read as one not given and
+// change nothing: refused like an unknown value, naming what it takes.
+void check_empty_values(const PlanOptions& o) {
+  auto empty = [&](const char* flag, const std::string& v) { return o.given.count(flag) > 0 && v.empty(); };
+  if (empty("--gpu", o.gpu)) (void)find_gpu_preset(o.gpu);  // unknown GPU '' (known: ...)
+  if (empty("--kernel", o.kernel)) (void)find_kernel_preset(o.kernel);
+  if (empty("--intra-fabric", o.intra_fabric)) (void)find_fabric_preset(o.intra_fabric);
+  if (empty("--inter-fabric", o.inter_fabric)) (void)find_fabric_preset(o.inter_fabric);
+  if (empty("--memory-bw", o.memory_bw)) (void)parse_bandwidth(o.memory_bw);
+  const std::tuple<const char*, const std::string*, const char*> named[] = {
+      {"--json", &o.json, "a file, or - for standard output"},
+      {"--svg", &o.svg, "a file"},
+      {"--docs", &o.docs, "the documents' lengths, e.g. 1000,5000,2192 or 16x1024"},
+      {"--window", &o.window, "LEFT or LEFT,RIGHT, e.g. 4096 or 4096,0"},
+      {"--lengths", &o.lengths, "NxL terms or pareto:N:MIN:MAX:ALPHA[:SEED]"},
+      {"--grid", &o.grid, "quick or full"}};
+  for (const auto& [flag, value, what] : named)
+    if (empty(flag, *value)) throw Error(fmt::format("{} was given an empty value: name {}", flag, what));
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
+  check_empty_values(o);
   if (o.train) return run_plan_train(o);
   if (!o.grid.empty()) return run_plan_grid(o);
   if (!o.lengths.empty()) return run_plan_lengths(o);

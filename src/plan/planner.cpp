@@ -260,12 +260,18 @@ double parse_bandwidth(const std::string& text) {
   static const std::map<std::string, double> units{{"B/s", 1.0},       {"KB/s", 1e3},    {"MB/s", 1e6},
                                                    {"GB/s", 1e9},      {"TB/s", 1e12},   {"Gb/s", 1e9 / 8},
                                                    {"Tb/s", 1e12 / 8}, {"Mb/s", 1e6 / 8}};
-  return parse_quantity(text, units, "bandwidth");
+  const double v = parse_quantity(text, units, "bandwidth");
+  // Slower than 1 B/s, a step's bytes over it pass a double's range (1e-300B/s priced inf).
+  if (v < 1) throw Error(fmt::format("bandwidth '{}' is below 1 B/s", text.substr(0, 40)));
+  return v;
 }
 
 double parse_latency(const std::string& text) {
   static const std::map<std::string, double> units{{"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
-  return parse_quantity(text, units, "latency");
+  const double v = parse_quantity(text, units, "latency");
+  // Past 1000 s a step's messages times it times the layers may pass a double's range.
+  if (v > 1000) throw Error(fmt::format("latency '{}' is above 1000 s", text.substr(0, 40)));
+  return v;
 }
 
 std::int64_t rank_work(const PlanInput& in, const Strategy& strategy, const CpConfig& config, int rank) {
@@ -333,6 +339,39 @@ std::vector<TuningPlan> plan_tunings(const PlanInput& in_arg) {
   return out;
 }
 
+namespace {
+
+// A rank's work is counted exactly, batch x its query heads x visible (query, key) pairs, in int64
+// (Strategy::work), and each chunk's pairs in closed forms with products of twice its queries by
+// the most keys one sees: past 64 bits they wrap and the compute comes out wrong (0 at s = 2^31 on
+// 32 heads) with no sign of it. "" when they fit: a query sees at most the keys a window leaves
+// it, or its document's, and under a causal mask over its own keys half of them on average; a
+// rank of cp > 1 holds at most 4/cp of the work (the busiest contiguous rank 2x the mean, heads
+// rounded up to a rank at most 2x), and a decode's time to first token prices the prompt on one
+// rank. Documents are scanned only when the rest does not already prove it (millions of them).
+std::string work_size_error(const PlanInput& in) {
+  const double queries = double(in.seq), ranks = in.mode == PlanMode::decode ? 1.0 : double(in.cp);
+  const double share = std::min(1.0, 4 / ranks);
+  double most = double(kv_seq_of(in));
+  const std::int64_t right = in.causal ? 0 : in.window_right;
+  if (in.window_left >= 0 && right >= 0) most = std::min(most, double(in.window_left) + double(right) + 1);
+  const bool triangle = in.causal && !in.q_offset && kv_seq_of(in) == in.seq;
+  auto fits = [&](double keys) {
+    constexpr double kLimit = 9.2e18;  // below 2^63
+    const double mean = triangle ? std::min(keys, (queries + 1) / 2) : keys;
+    return 2 * queries * keys < kLimit && share * double(in.batch) * double(in.heads) * queries * mean < kLimit;
+  };
+  if (fits(most)) return "";
+  if (!in.documents.empty()) most = std::min(most, double(*std::max_element(in.documents.begin(), in.documents.end())));
+  if (fits(most)) return "";
+  return fmt::format(
+      "the problem is too large to plan: a rank's work (batch x heads x queries x the keys each sees, up to {} x {} "
+      "x {} x {:.0f} over {} rank(s)) does not fit 64 bits (shorten --seq, or bound the keys with --window or --docs)",
+      in.batch, in.heads, in.seq, most, ranks);
+}
+
+}  // namespace
+
 std::string plan_input_error(const PlanInput& in) {
   for (auto [name, v] : {std::pair{"seq", in.seq},
                          {"batch", in.batch},
@@ -356,6 +395,7 @@ std::string plan_input_error(const PlanInput& in) {
         "the problem is too large to plan: batch x seq x heads x head_dim x layers = {} x {} x {} x {} x {} "
         "does not fit 64 bits with room for byte counts",
         in.batch, in.seq, in.heads, in.head_dim, in.layers);
+  if (std::string err = work_size_error(in); !err.empty()) return err;
   if (in.causal && kv_seq_of(in) != in.seq && !in.q_offset)
     return fmt::format(
         "cross-attention with a causal mask needs q_offset (the key position of query 0): k/v hold "
@@ -369,6 +409,12 @@ std::string plan_input_error(const PlanInput& in) {
     return "the memory cap must be 0 (none) or positive and finite";
   if (!(in.cluster.peak_flops > 0) || !(in.cluster.efficiency > 0) || in.cluster.efficiency > 1)
     return "the compute rate must be positive and the efficiency in (0, 1]";
+  if (!std::isfinite(in.cluster.peak_flops))  // an infinite rate prices every step's compute at 0
+    return fmt::format("the compute rate must be finite, got {} FLOP/s", in.cluster.peak_flops);
+  // Below 1 FLOP/s a step's FLOPs over it pass a double's range (--efficiency 1e-300 priced inf).
+  if (in.cluster.peak_flops * in.cluster.efficiency < 1)
+    return fmt::format("the compute rate times the efficiency must be at least 1 FLOP/s, got {:.3g} x {:.3g}",
+                       in.cluster.peak_flops, in.cluster.efficiency);
   return "";
 }
 
@@ -384,6 +430,10 @@ void check_input(const PlanInput& in) {
 void check_plan_input(const PlanInput& in) {
   PlanInput decode;
   check_input(mode_input(in, decode));
+  // A decode's time to first token plans the prompt itself (plan_decode): refused here, before
+  // the decode table is printed, not after.
+  if (in.mode == PlanMode::decode)
+    if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
 }
 
 namespace {

@@ -98,7 +98,8 @@ TieBand calibrated_tie_band(const MeasuredBand& measured, const std::string& whe
 // The most ranks the planner models (its per-rank formulas run once per rank).
 inline constexpr int kMaxPlanRanks = 1 << 16;
 // "" when make_plan accepts `in`, else why not: non-positive sizes, heads % kv_heads != 0, cp
-// above kMaxPlanRanks, or sizes whose byte counts would not fit 64 bits.
+// above kMaxPlanRanks, an infinite compute rate or one below 1 FLOP/s, or sizes whose byte counts or whose work per rank
+// (visible (query, key) pairs times heads) would not fit 64 bits.
 std::string plan_input_error(const PlanInput& in);
 // Throws Error with plan_input_error's message for impossible inputs; `tie`: when two rows are
 // a tie and what decides it (check_tie_band's Error for a bad one).
@@ -139,7 +140,8 @@ std::vector<TuningPlan> plan_tunings(const PlanInput& in);
 PlanMode parse_plan_mode(const std::string& text);
 
 // "450GB/s", "400Gb/s", "1.2TB/s", "900MB/s" → bytes/s; "2us", "5 µs", "1ms", "800ns" → s.
-// Throws Error naming the text and the accepted units.
+// Throws Error naming the text and the accepted units, or a bandwidth below 1 B/s or a latency
+// above 1000 s (past them a step's time may pass a double's range).
 double parse_bandwidth(const std::string& text);
 double parse_latency(const std::string& text);
 
