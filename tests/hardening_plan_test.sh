@@ -142,6 +142,8 @@ expect "plan --inter-fabric ''" 1 "unknown fabric '' (known: nvlink3" plan --seq
 for flag in "--window 512" "--docs 2x512" "--kv-seq 2048" "--q-offset 0"; do
   expect "plan --mode decode $flag" 1 "${flag%% *} is not priced by --mode decode" plan --seq 1024 --heads 8 --mode decode $flag
 done
+expect "plan causal --window 10,20" 1 "--window 10,20: the right side has no effect under a causal mask" \
+  plan --seq 1024 --heads 8 --window 10,20
 # Every figure finite at the slowest rates accepted (1 B/s, 1000 s, 1 FLOP/s; below them refused)
 # in every mode, text and JSON (nlohmann writes a non-finite double as null).
 expect "plan --intra-bw 1e-300B/s" 1 "bandwidth '1e-300B/s' is below 1 B/s" plan --seq 1024 --heads 8 --intra-bw 1e-300B/s
