@@ -142,6 +142,16 @@ expect "plan --inter-fabric ''" 1 "unknown fabric '' (known: nvlink3" plan --seq
 for flag in "--window 512" "--docs 2x512" "--kv-seq 2048" "--q-offset 0"; do
   expect "plan --mode decode $flag" 1 "${flag%% *} is not priced by --mode decode" plan --seq 1024 --heads 8 --mode decode $flag
 done
+expect "plan --mode decode --svg" 1 "--svg is not drawn for --mode decode" plan --seq 1024 --heads 8 --mode decode \
+  --svg "$dir/d.svg"
+no_file "$dir/d.svg" "plan --mode decode --svg"
+# No row valid at any length (a memory cap): a plot that says so, its coordinates finite.
+run 1 plan --seq 65536 --heads 32 --max-memory 1KiB --svg "$dir/e.svg" > "$dir/e.log" 2>&1 && python3 -c '
+import re, sys, xml.etree.ElementTree as ET
+t = open(sys.argv[1]).read()
+ET.fromstring(t)
+assert "no strategy is valid at any of these lengths" in t and not re.search(r"nan|inf", t, re.I), t' "$dir/e.svg" &&
+  ok "plan --svg, every row refused: the plot says so" || { bad "plan --svg all refused"; cat "$dir/e.log" "$dir/e.svg"; }
 expect "plan causal --window 10,20" 1 "--window 10,20: the right side has no effect under a causal mask" \
   plan --seq 1024 --heads 8 --window 10,20
 # Every figure finite at the slowest rates accepted (1 B/s, 1000 s, 1 FLOP/s; below them refused)

@@ -454,10 +454,13 @@ std::string svg_plot(const PlanInput& in) {
   std::string s = svg::open(W, H, fmt::format("predicted step time vs sequence length (cp {}, log-log)", in.cp), L);
   for (std::size_t i = 0; i < seqs.size(); ++i)
     s += fmt::format("<text x=\"{:.0f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(i), H - B + 16, seqs[i]);
-  s += fmt::format(
-      "<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g} s</text>\n<text x=\"{}\" y=\"{:.0f}\" "
-      "text-anchor=\"end\">{:.3g} s</text>\n",
-      L - 4, Y(hi) + 4, hi, L - 4, Y(lo) + 4, lo);
+  if (series.empty())  // every row invalid at every length (a memory cap): no time axis, not one at y = inf
+    s += fmt::format("<text x=\"{}\" y=\"{}\">no strategy is valid at any of these lengths</text>\n", L, T + 16);
+  else
+    s += fmt::format(
+        "<text x=\"{}\" y=\"{:.0f}\" text-anchor=\"end\">{:.3g} s</text>\n<text x=\"{}\" y=\"{:.0f}\" "
+        "text-anchor=\"end\">{:.3g} s</text>\n",
+        L - 4, Y(hi) + 4, hi, L - 4, Y(lo) + 4, lo);
   for (std::size_t k = 0; k < series.size(); ++k) {
     std::string pts;
     for (std::size_t i = 0; i < seqs.size(); ++i)
@@ -557,6 +560,10 @@ void apply_inference_options(const PlanOptions& o, PlanInput& in) {
   if (o.cached >= 0 && in.mode != PlanMode::prefill) throw Error("--cached has no effect without --mode prefill");
   // The decode table prices `generate`'s cache, every one of --seq tokens read each step: these
   // would change only the time to first token below it and leave the decode rows priced without them.
+  if (in.mode == PlanMode::decode && o.given.count("--svg"))
+    throw Error(
+        "--svg is not drawn for --mode decode: it plots the strategies' step time by sequence length, and a decode "
+        "step runs the KV cache's layouts (the table printed) instead: drop it");
   if (in.mode == PlanMode::decode)
     for (const char* flag : {"--window", "--docs", "--kv-seq", "--q-offset"})
       if (o.given.count(flag))
