@@ -38,6 +38,10 @@ run 1 plan --seq 4096 --heads 4 --cp 8 --mode decode --batch 8 > "$dir/d.log" 2>
   ok "plan --mode decode: each KV layout priced or invalid with why, the crossover printed" ||
   { bad "plan --mode decode"; cat "$dir/d.log"; }
 expect "plan --train --cached" 2 "--cached has no effect with --train" plan --train --heads 4 --cached 10
+expect "plan --cached past int64" 1 "the turn is too large to plan" plan --seq 1024 --heads 8 --mode prefill \
+  --cached 9223372036854775000
+grep -q "^ulysses plan:" "$dir/err.log" && bad "plan --cached past int64: the plan printed first" ||
+  ok "plan --cached past int64: refused before any table"
 expect "plan --cached without prefill" 1 "--cached has no effect without --mode prefill" plan --seq 1024 --heads 8 --cached 10
 run 1 plan --seq 1024 --heads 64 --kv-heads 8 --cp 4 --mode prefill --cached 31744 > "$dir/t.log" 2>&1 &&
   grep -q "^turn recommendation: pass-Q: T/(T+P) = 1024/32768" "$dir/t.log" && ok "plan --cached: pass-Q by Meta's rule" ||

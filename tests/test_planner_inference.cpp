@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "test_util.hpp"
 #include "ulysses/core/error.hpp"
@@ -298,6 +299,16 @@ TEST(PlanInference, PassQMovesLessWhenTheTurnIsASmallPartOfTheContext) {
   EXPECT_GT(half.pass_q_bytes, half.pass_kv_bytes);
   EXPECT_EQ(half.choice.rfind("pass-KV", 0), 0u) << half.choice;
   EXPECT_THROW(plan_turn(in, -1), Error);
+  // seq + cached wrapped: the context came out negative, its bytes too.
+  try {
+    plan_turn(in, std::numeric_limits<std::int64_t>::max() - 1000);
+    ADD_FAILURE() << "a context past int64 was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the turn is too large to plan"), std::string::npos) << e.what();
+  }
+  const TurnPlan big = plan_turn(in, std::int64_t(1) << 40);  // a trillion cached tokens: priced
+  EXPECT_GT(big.pass_kv_bytes, 0);
+  EXPECT_TRUE(std::isfinite(big.pass_kv_s) && big.pass_kv_s > 0);
 }
 
 TEST(PlanInference, MemoryRefusesRowsAndSaysItDecided) {

@@ -614,6 +614,7 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
     req.row.vocab = o.vocab;
   }
   check_plan_input(in);
+  if (o.cached >= 0) (void)plan_turn(in, o.cached);  // its errors before the plan is printed
   return req;
 }
 

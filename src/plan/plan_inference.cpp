@@ -275,6 +275,15 @@ DecodePlan plan_decode(const PlanInput& in, const DecodeModel& row) {
 TurnPlan plan_turn(const PlanInput& in, std::int64_t cached) {
   if (const std::string err = plan_input_error(in); !err.empty()) throw Error(err);
   if (cached < 0) throw Error(fmt::format("cached tokens must not be negative, got {}", cached));
+  // seq + cached wrapped past int64 (a negative context, negative bytes); the cache's bytes are
+  // held to what plan_input_error allows a sequence's.
+  std::int64_t context = 0;
+  if (__builtin_add_overflow(in.seq, cached, &context) ||
+      double(in.batch) * double(context) * 64 * double(std::max(in.heads, in.kv_heads)) * double(in.head_dim) >= 9.2e18)
+    throw Error(fmt::format(
+        "the turn is too large to plan: batch x (cached + new tokens) x heads x head_dim = {} x ({} + {}) x {} x {} "
+        "does not fit 64 bits with room for byte counts",
+        in.batch, cached, in.seq, std::max(in.heads, in.kv_heads), in.head_dim));
   TurnPlan t;
   t.turn = in.seq;
   t.cached = cached;
