@@ -73,6 +73,10 @@ TEST(PlanInference, DecodeStepCountedByHandWithTheRowAroundTheAttention) {
   // = 197632; two layers and the head's 128·256: 428032; 2 FLOPs each.
   EXPECT_DOUBLE_EQ(row_weights(in, model), 428032);
   EXPECT_DOUBLE_EQ(row_flops(in, model), 856064);
+  // The head's width x vocab past int64 (2^32 x 2^32 wrapped to 0): 2^64 weights more.
+  const DecodeModel wide{std::int64_t(1) << 32, 344, std::int64_t(1) << 32, 5e9};
+  const DecodeModel narrow{std::int64_t(1) << 32, 344, 1, 5e9};
+  EXPECT_DOUBLE_EQ(row_weights(in, wide) - row_weights(in, narrow), 0x1p64 - 0x1p32);
   const DecodePlan p = plan_decode(in, model);
   // The row: 2 rows · 856064 FLOP at 5 GFLOP/s = 342.4256 us, over the weights' one read
   // (428032 · 4 B at 10 GB/s = 171.2128 us); the same at every cp.

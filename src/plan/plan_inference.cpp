@@ -234,7 +234,9 @@ double row_weights(const PlanInput& in, const DecodeModel& row) {
   const auto products = row_products(in, row);
   double layer = 0;
   for (std::size_t i = 0; i + 1 < products.size(); ++i) layer += double(products[i].first) * double(products[i].second);
-  return products.empty() ? 0 : double(in.layers) * layer + double(products.back().first * products.back().second);
+  // In double like the layers' products: width x vocab in int64 wrapped (2^32 x 2^32 priced the LM head at 0).
+  return products.empty() ? 0
+                          : double(in.layers) * layer + double(products.back().first) * double(products.back().second);
 }
 
 double row_flops(const PlanInput& in, const DecodeModel& row) { return 2 * row_weights(in, row); }
