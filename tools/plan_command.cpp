@@ -151,7 +151,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   c->add_option("--gpu", o.gpu,
                 "a GPU preset: its peak for --dtype, memory bandwidth and attention-kernel curve (A100, A800, H100, "
                 "H800, H20, H200, B200, L20, L40S); --tflops / --efficiency given too win");
-  c->add_option("--kernel", o.kernel, "the attention kernel's curve with --gpu: fa2 | fa3 (default: the GPU's)");
+  c->add_option("--kernel", o.kernel,
+                "the attention kernel's curve with --gpu: fa2 | fa3 (default: the GPU's; fa3 on the Hopper and B200 "
+                "presets only)");
   c->add_option(
       "--intra-fabric", o.intra_fabric,
       "the links inside a node: nvlink3, nvlink3-a800, nvlink4, nvlink4-h800, nvlink5, pcie4, pcie5 (default: the "
@@ -505,6 +507,17 @@ double measured_memory(const PlanInput& in) {
 
 namespace {
 
+// FlashAttention-2 runs on every preset's GPU; another kernel (FlashAttention-3: Hopper's) only
+// on the GPUs whose own kernel it is: --gpu A100 --kernel fa3 priced a kernel that cannot run.
+void check_kernel_runs(const GpuPreset& g, const KernelPreset& k) {
+  if (k.name == "fa2" || k.name == g.kernel) return;
+  std::vector<std::string> runs_on;
+  for (const GpuPreset& p : gpu_presets())
+    if (p.kernel == k.name) runs_on.push_back(p.name);
+  throw Error(fmt::format("--kernel {} does not run on {} (the presets it runs on: {}): use fa2, or drop --kernel",
+                          k.name, g.name, fmt::join(runs_on, ", ")));
+}
+
 // --gpu, --kernel, --intra-fabric, --inter-fabric over the defaults, then the explicit flags
 // over the presets. Returns the header's lines naming each preset and each flag that won ("":
 // no preset).
@@ -515,6 +528,7 @@ std::string apply_presets(const PlanOptions& o, PlanInput& in) {
   if (!o.gpu.empty()) {
     const GpuPreset& g = find_gpu_preset(o.gpu);
     const KernelPreset& k = find_kernel_preset(o.kernel.empty() ? g.kernel : o.kernel);
+    check_kernel_runs(g, k);
     apply_gpu(in.cluster, g, k, in.dtype);
     used.push_back(fmt::format("GPU {} ({:.4g} TFLOP/s {}, kernel {} at {:.3f} of peak, memory {:.3g} TB/s)", g.name,
                                in.cluster.peak_flops / 1e12, to_string(in.dtype), k.name, in.cluster.efficiency,
