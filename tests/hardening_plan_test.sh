@@ -142,7 +142,7 @@ expect "plan --tflops inf" 1 "the compute rate must be finite, got inf" plan --s
 for flag in --json --svg --docs --window --lengths --grid; do
   expect "plan $flag ''" 1 "$flag was given an empty value: name " plan --seq 1024 --heads 8 "$flag" ''
 done
-expect "plan --gpu ''" 1 "unknown GPU '' (known: A100, H100" plan --seq 1024 --heads 8 --gpu ''
+expect "plan --gpu ''" 1 "unknown GPU '' (known: A100" plan --seq 1024 --heads 8 --gpu ''
 expect "plan --inter-fabric ''" 1 "unknown fabric '' (known: nvlink3" plan --seq 1024 --heads 8 --inter-fabric ''
 # The decode table prices a whole cache of --seq tokens: what it does not price is refused.
 for flag in "--window 512" "--docs 2x512" "--kv-seq 2048" "--q-offset 0"; do
