@@ -23,6 +23,8 @@ p = json.load(open(sys.argv[1]))
 assert p["input"]["kv_seq"] == 4096 and p["input"]["q_offset"] == 3072 and p["best"]
 assert all(r["valid"] or "does not support cross-attention" in r["reason"] for r in p["strategies"])' "$dir/x.json" &&
   ok "plan --kv-seq --q-offset: valid rows or refused with the reason" || { bad "plan --kv-seq"; cat "$dir/x.log"; }
+expect "plan --q-offset --no-causal" 1 "--q-offset has no effect with --no-causal and no --window" plan --seq 1024 \
+  --kv-seq 4096 --q-offset 5 --no-causal --heads 8
 # Presets and modes: unknown names list the known ones; explicit flags win and say so.
 expect "plan --gpu X100" 1 "unknown GPU 'X100' (known: A100, A800, H100, H800, H20, H200, B200, L20, L40S)" plan --seq 1024 --heads 8 --gpu X100
 expect "plan --intra-fabric nvlink9" 1 "unknown fabric 'nvlink9' (known: nvlink3" plan --seq 1024 --heads 8 --intra-fabric nvlink9

@@ -57,6 +57,13 @@ if [ "$(grep -c '^world ' "$dir/e.log")" = 1 ] && grep -q '^  pow2     cannot pl
   ok "plan --lengths: a failing world ends the output"
 else bad "plan --lengths: a failing world ends the output"; cat "$dir/e.log"; fi
 check_error "pareto" --lengths pareto:4:10:5:1 --world 2 --heads 8
+# What the plans would meet inside is refused before any table: an unknown strategy, and a length
+# whose work on one rank passes the planner's 64-bit counts (priced wrong, 6124x static, before).
+check_error "unknown cp_comm_type 'foo'" --lengths 4x1024 --world 8 --heads 32 --cp-comm-type foo
+if grep -q '^world ' "$dir/e.log"; then bad "plan --lengths: a table before the unknown strategy"; fi
+check_error "longest sequence (1073741824 tokens) on one rank: the problem is too large to plan" \
+  --lengths 1x1073741824 --world 8 --heads 32
+if grep -q '^world ' "$dir/e.log"; then bad "plan --lengths: a table before the too-large length"; fi
 check_error "sequence 0 (16384 tokens) fits no group under the memory cap" --lengths 1x16384 --world 2 --heads 8 \
   --head-dim 64 --max-memory 1MiB
 # a2a+p2p picks its split [inner, outer] per group: under a cap each group is priced at the most

@@ -74,6 +74,23 @@ double admit_plan(const std::vector<std::int64_t>& lengths, const std::vector<in
   return bytes;
 }
 
+// Not collective. What the balancer would otherwise meet inside its plans, after the first table
+// printed: an unknown strategy, or a sequence whose work on one rank (every length is priced on
+// one rank among its sizes) does not fit the planner's 64-bit counts and would be priced wrong.
+void check_lengths_input(const BalanceInput& in) {
+  (void)find_strategy(in.cp_comm_type);
+  PlanInput probe = in.model;  // the model's sizes and the longest sequence, checked once
+  probe.seq = *std::max_element(in.lengths.begin(), in.lengths.end());
+  probe.cp = 1;
+  const std::string e = plan_input_error(probe);
+  if (e.find("too large to plan") != std::string::npos)  // its advice names --seq, which --lengths has not
+    throw Error(
+        fmt::format("--lengths: the longest sequence ({} tokens) on one rank: the problem is too large to "
+                    "plan: its work does not fit 64 bits (shorter sequences, or fewer heads)",
+                    probe.seq));
+  if (!e.empty()) throw Error(e);
+}
+
 // How many plans may run at once: one a hardware thread, as many as the memory left beside the
 // shared memo holds (admit_plan checked that one fits).
 std::size_t plans_at_once(double plan_bytes, double memo) {
@@ -293,6 +310,10 @@ void check_plan_option_effects(const PlanOptions& o, int ranks) {
   for (const char* flag :
        {"--seq", "--docs", "--window", "--kv-seq", "--q-offset", "--scaling", "--svg", "--no-causal"})
     if (given(flag) && !plain) refuse(flag, fmt::format("with {} (it plans no --seq)", mode));
+  // The offset places queries against the causal mask (and a window): with neither, every query
+  // sees every key wherever it sits.
+  if (given("--q-offset") && o.no_causal && o.window.empty())
+    refuse("--q-offset", "with --no-causal and no --window (every query sees every key)");
   for (const char* flag : {"--intra-bw", "--intra-lat", "--inter-bw", "--inter-lat", "--tflops", "--efficiency",
                            "--ranks-per-node", "--json"})
     if (given(flag) && o.train) refuse(flag, "with --train (it sizes memory, not time)");
@@ -368,9 +389,7 @@ int run_plan_lengths(const PlanOptions& o) {
     in = balance_input(o, worlds.front());
     one_plan_bytes = admit_plan(in.lengths, worlds);
     if (o.calibrate) in.model.cluster.ranks_per_node = comm.size();
-    PlanInput probe = in.model;  // the model's sizes, checked once
-    probe.seq = 1;
-    if (const std::string e = plan_input_error(probe); !e.empty()) throw Error(e);
+    check_lengths_input(in);
   });
   if (o.calibrate) {
     set_threads(default_threads(comm));
