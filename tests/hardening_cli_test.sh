@@ -14,6 +14,8 @@ files=(--q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy")
 expect "seq wraps numel" 2 "tensor shape [4, 1152921504606846978, 2, 4] is too large" attention --batch 4 \
   --seq 1152921504606846978 --heads 2 --head-dim 4
 expect "seq wraps to zero" 2 "is too large: more than 2^56 elements" attention --seq 4611686018427387904
+expect "causal window right side" 2 "--window 4,8: the right side has no effect under a causal mask" attention \
+  --seq 64 --heads 2 --causal --window 4,8
 # 2, 3. Hostile .npy headers (written by python-free printf: a version 2.0 header).
 npy() {  # npy FILE DICT DATA_BYTES
   local h="$2" pad

@@ -282,7 +282,7 @@ Setup setup(Communicator& comm, const AttentionOptions& o) {
     const bool cross = is_cross(s.cfg, s.p.q.s, s.p.kv.s);
     if (cross) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);  // its rules before the planner's
     if (!o.cu_seqlens.empty()) s.cfg.cu_seqlens = parse_cu_seqlens(o.cu_seqlens);
-    if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window);
+    if (!o.window.empty()) std::tie(s.cfg.window_left, s.cfg.window_right) = parse_window(o.window, o.causal);
     if (!o.cu_seqlens.empty() || !o.window.empty()) validate_cp_config(s.cfg, cp, s.p.q, s.p.kv.h, s.p.kv.s);
     const Strategy& strategy = find_strategy(s.cfg.cp_comm_type);
     if (no_option_given(s.cfg, o.strategy_options) && cp > 1 && !cross &&

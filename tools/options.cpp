@@ -61,7 +61,7 @@ bool parse_int64(std::string_view text, std::int64_t& value) {
   return !text.empty() && ec == std::errc() && ptr == text.data() + text.size();
 }
 
-std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg) {
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg, bool causal) {
   const std::size_t comma = arg.find(',');
   std::pair<std::int64_t, std::int64_t> w{0, 0};
   const bool ok = comma == std::string::npos ? parse_int64(arg, w.first)
@@ -70,6 +70,13 @@ std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg) {
   if (!ok)
     throw Error(
         fmt::format("--window: '{}' is neither LEFT nor LEFT,RIGHT (integers, -1: unbounded)", arg.substr(0, 40)));
+  // A causal mask hides every key after the query (FlashAttention drops the right side too): a
+  // right side would be printed and priced as nothing.
+  if (causal && w.second > 0)
+    throw Error(
+        fmt::format("--window {}: the right side has no effect under a causal mask (keys after a query are "
+                    "masked): give {} alone, or drop the causal mask",
+                    arg.substr(0, 40), w.first));
   return w;
 }
 

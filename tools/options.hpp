@@ -41,8 +41,9 @@ std::vector<std::int64_t> parse_cu_seqlens(const std::string& arg);
 std::string cu_seqlens_file(const std::string& arg);
 
 // Parses --window "L" or "L,R" (FlashAttention's window_size: L alone means (L, 0); -1 leaves a
-// side unbounded) into {left, right}. Throws Error naming the flag; the library checks the values.
-std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg);
+// side unbounded) into {left, right}. Throws Error naming the flag, and for a right side under a
+// causal mask (it hides those keys); the library checks the values.
+std::pair<std::int64_t, std::int64_t> parse_window(const std::string& arg, bool causal);
 
 // Adds the subcommand `name` to `app`: on every command a repeated option takes its last value.
 CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& description);

@@ -611,14 +611,7 @@ PlanRequest plan_request(const PlanOptions& o, int ranks) {
   in.mode = parse_plan_mode(o.mode);
   req.presets = apply_presets(o, in);
   if (!o.docs.empty()) in.documents = parse_documents(o.docs);
-  if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window);
-  // A causal mask hides every key after the query (FlashAttention drops the right side too): a
-  // right side would be printed in the header and priced as nothing.
-  if (in.causal && in.window_right > 0)
-    throw Error(
-        fmt::format("--window {}: the right side has no effect under a causal mask (keys after a query are "
-                    "masked): give {} alone, or add --no-causal",
-                    o.window, in.window_left));
+  if (!o.window.empty()) std::tie(in.window_left, in.window_right) = parse_window(o.window, in.causal);
   in.kv_seq = o.kv_seq;
   in.q_offset = o.q_offset;
   apply_inference_options(o, in);

@@ -761,8 +761,9 @@ int run_plan_train(const PlanOptions& o) {
       const std::int64_t plain = train::longest_sequence(cfg, cp, cap);
       cfg.memory = {true, true, true, o.tile_rows};
       const std::int64_t saved = train::longest_sequence(cfg, cp, cap);
-      fmt::print("{:>5} {:>12} {:>18} {:>28} {:>9.2f}x\n", cp, cfg.cp.cp_comm_type, plain, saved,
-                 plain > 0 ? double(saved) / double(plain) : 0.0);
+      // 0: not one token fits under the cap; no gain over it to print.
+      fmt::print("{:>5} {:>12} {:>18} {:>28} {:>10}\n", cp, cfg.cp.cp_comm_type, plain, saved,
+                 plain > 0 ? fmt::format("{:.2f}x", double(saved) / double(plain)) : "-");
     }
   });
   return 0;
