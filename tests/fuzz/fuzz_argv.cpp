@@ -43,7 +43,7 @@ void parse_values(const CLI::App& app, const ulysses::cli::Commands& c) {
     cli::parse_strategy(a.strategy, a.strategy_options, 4);
     parse_dtype(a.dtype);
     parse_layout(a.layout);
-    if (!a.window.empty()) cli::parse_window(a.window);
+    if (!a.window.empty()) cli::parse_window(a.window, a.causal);
   }
   if (app.got_subcommand("train")) {
     cli::parse_strategy(t.strategy, t.strategy_options, 4);
@@ -54,7 +54,7 @@ void parse_values(const CLI::App& app, const ulysses::cli::Commands& c) {
     parse_latency(p.intra_lat);
     parse_bandwidth(p.inter_bw);
     parse_latency(p.inter_lat);
-    if (!p.window.empty()) cli::parse_window(p.window);
+    if (!p.window.empty()) cli::parse_window(p.window, !p.no_causal);
     train::parse_bytes(p.max_memory);
   }
 }
