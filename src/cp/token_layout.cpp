@@ -196,26 +196,16 @@ std::int64_t items_in_parts(std::int64_t n, std::int64_t parts, std::int64_t fir
   return last.first + last.count - even_part(n, parts, first).first;
 }
 
-}  // namespace
-
-std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
-  if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
-  const TokenLayout layout = checked_layout(config, cp, seq);
+// rank_chunks and tokens_held under a layout checked_layout returned: the functions over every
+// rank check once, not a rank (the planner asks all cp ranks of every row it prices).
+std::vector<SeqChunk> chunks_in(TokenLayout layout, const CpConfig& config, int cp, int rank, std::int64_t seq) {
   if (layout == TokenLayout::contiguous) return {chunk(even_part(seq, cp, rank))};
   if (layout == TokenLayout::per_document) return per_document_chunks(config.cu_seqlens, cp, rank);
   const std::int64_t parts = 2 * std::int64_t(cp);
   return {chunk(even_part(seq, parts, rank)), chunk(even_part(seq, parts, parts - 1 - rank))};
 }
 
-void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
-  if (cp < 1) throw Error(fmt::format("rank 0 is not in [0, cp = {})", cp));
-  checked_layout(config, cp, seq);
-}
-
-std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
-  if (first_rank < 0 || ranks < 0 || first_rank > cp - ranks)
-    throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));
-  const TokenLayout layout = checked_layout(config, cp, seq);
+std::int64_t held_in(TokenLayout layout, const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
   if (layout == TokenLayout::contiguous) return items_in_parts(seq, cp, first_rank, ranks);
   if (layout == TokenLayout::per_document) {
     std::int64_t n = 0;
@@ -228,6 +218,24 @@ std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ran
   // Chunks [first, first + ranks) and their mirror images [2cp − first − ranks, 2cp − first).
   const std::int64_t parts = 2 * std::int64_t(cp);
   return items_in_parts(seq, parts, first_rank, ranks) + items_in_parts(seq, parts, parts - first_rank - ranks, ranks);
+}
+
+}  // namespace
+
+std::vector<SeqChunk> rank_chunks(const CpConfig& config, int cp, int rank, std::int64_t seq) {
+  if (cp < 1 || rank < 0 || rank >= cp) throw Error(fmt::format("rank {} is not in [0, cp = {})", rank, cp));
+  return chunks_in(checked_layout(config, cp, seq), config, cp, rank, seq);
+}
+
+void check_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
+  if (cp < 1) throw Error(fmt::format("rank 0 is not in [0, cp = {})", cp));
+  checked_layout(config, cp, seq);
+}
+
+std::int64_t tokens_held(const CpConfig& config, int cp, int first_rank, int ranks, std::int64_t seq) {
+  if (first_rank < 0 || ranks < 0 || first_rank > cp - ranks)
+    throw Error(fmt::format("ranks [{}, {}) are not in [0, cp = {})", first_rank, first_rank + ranks, cp));
+  return held_in(checked_layout(config, cp, seq), config, cp, first_rank, ranks, seq);
 }
 
 namespace {
@@ -277,7 +285,7 @@ std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::i
   const TokenLayout layout = checked_layout(config, cp, seq);
   if (layout != TokenLayout::per_document) {
     std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
-    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = tokens_held(config, cp, r, 1, seq);
+    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = held_in(layout, config, cp, r, 1, seq);
     return n;
   }
   // Shared between the rows of a plan: the key is what is asked (0: tokens), cp and seq.
@@ -288,9 +296,9 @@ std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::i
 
 void for_each_rank_chunk(const CpConfig& config, int cp, std::int64_t seq,
                          const std::function<void(int, const SeqChunk&)>& f) {
-  if (checked_layout(config, cp, seq) != TokenLayout::per_document) {
+  if (const TokenLayout layout = checked_layout(config, cp, seq); layout != TokenLayout::per_document) {
     for (int r = 0; r < cp; ++r)
-      for (const SeqChunk& c : rank_chunks(config, cp, r, seq)) f(r, c);
+      for (const SeqChunk& c : chunks_in(layout, config, cp, r, seq)) f(r, c);
     return;
   }
   const std::int64_t parts = 2 * std::int64_t(cp);
@@ -467,7 +475,9 @@ std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std
 
 std::vector<std::vector<SeqChunk>> all_rank_chunks(const CpConfig& config, int cp, std::int64_t seq) {
   std::vector<std::vector<SeqChunk>> c;
-  for (int r = 0; r < cp; ++r) c.push_back(rank_chunks(config, cp, r, seq));
+  if (cp < 1) return c;
+  const TokenLayout layout = checked_layout(config, cp, seq);
+  for (int r = 0; r < cp; ++r) c.push_back(chunks_in(layout, config, cp, r, seq));
   return c;
 }
 
