@@ -44,8 +44,12 @@ SharedDocuments::~SharedDocuments() { innermost_documents = outer_; }
 
 SharedDocuments* SharedDocuments::of(const CpConfig& config) {
   SharedDocuments* s = innermost_documents;
-  const bool held =
-      s && !config.cu_seqlens.empty() && config.cu_seqlens.data() == s->data_ && config.cu_seqlens.size() == s->size_;
+  if (s == nullptr) return nullptr;
+  // A scope without documents serves the configs without them: the rows of a plan share its
+  // ranks' tokens and pairs as well (a2a+p2p's factorisations of one size, the strategies of
+  // one layout), which a plan over many lengths asks for every (length, size).
+  if (config.cu_seqlens.empty()) return s->size_ == 0 ? s : nullptr;
+  const bool held = config.cu_seqlens.data() == s->data_ && config.cu_seqlens.size() == s->size_;
   return held ? s : nullptr;
 }
 
@@ -284,9 +288,16 @@ std::vector<std::int64_t> per_document_tokens(const std::vector<std::int64_t>& c
 std::vector<std::int64_t> tokens_of_ranks(const CpConfig& config, int cp, std::int64_t seq) {
   const TokenLayout layout = checked_layout(config, cp, seq);
   if (layout != TokenLayout::per_document) {
-    std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
-    for (int r = 0; r < cp; ++r) n[std::size_t(r)] = held_in(layout, config, cp, r, 1, seq);
-    return n;
+    auto compute = [&] {
+      std::vector<std::int64_t> n(std::size_t(std::max(cp, 0)));
+      for (int r = 0; r < cp; ++r) n[std::size_t(r)] = held_in(layout, config, cp, r, 1, seq);
+      return n;
+    };
+    // Shared between the rows of a plan: the key is what is asked (2: tokens without documents),
+    // the layout, cp and seq.
+    if (SharedDocuments* shared = SharedDocuments::of(config))
+      return shared->counts({2, std::int64_t(layout), cp, seq}, compute);
+    return compute();
   }
   // Shared between the rows of a plan: the key is what is asked (0: tokens), cp and seq.
   if (SharedDocuments* shared = SharedDocuments::of(config))
