@@ -279,6 +279,49 @@ TEST(Sharding, SharedDocumentsAnswerAsTheDocumentsWould) {
   EXPECT_EQ(SharedDocuments::of(cfg), &shared);
 }
 
+// A scope made without boundaries answers for the configs without documents, with the counts
+// and errors they get outside it (each key counted once: the layout, cp, the lengths and the
+// mask), and not for a config holding documents; a scope holding documents does not answer for
+// a config without them.
+TEST(Sharding, AScopeWithoutDocumentsAnswersAsNoScope) {
+  CpConfig zigzag = ring_with({}), contiguous = ring_with({}), hierarchical = ring_with({}, "a2a+p2p");
+  contiguous.zigzag = false;
+  hierarchical.hierarchical_context_parallel_sizes = {2, 2};
+  CpConfig windowed = zigzag;
+  windowed.window_left = 3;
+  const std::vector<CpConfig> configs{zigzag, contiguous, hierarchical, windowed};
+  struct Counts {
+    std::vector<std::vector<std::int64_t>> pairs, tokens;
+    std::vector<std::string> errors;
+  };
+  auto count_all = [&] {
+    Counts c;
+    for (const CpConfig& cfg : configs)
+      for (const std::int64_t s : {8, 13, 29}) {
+        c.pairs.push_back(pairs_of_ranks(cfg, 4, s, s));
+        c.tokens.push_back(tokens_of_ranks(cfg, 4, s));
+        c.errors.push_back(error_of([&] { tokens_of_ranks(cfg, 4, 7); }));  // zigzag needs 2·cp
+        c.errors.push_back(error_of([&] { pairs_of_ranks(cfg, 4, 3, 3); }));
+      }
+    return c;
+  };
+  const Counts alone = count_all();
+  std::vector<std::int64_t> none, documents = cu_seqlens_of(std::vector<std::int64_t>{5, 8});
+  {
+    const SharedDocuments shared(none);
+    EXPECT_EQ(SharedDocuments::of(zigzag), &shared);
+    EXPECT_EQ(SharedDocuments::of(ring_with(documents)), nullptr);
+    for (int twice = 0; twice < 2; ++twice) {
+      const Counts scoped = count_all();
+      EXPECT_EQ(scoped.pairs, alone.pairs);
+      EXPECT_EQ(scoped.tokens, alone.tokens);
+      EXPECT_EQ(scoped.errors, alone.errors);
+    }
+  }
+  const SharedDocuments with_documents(documents);
+  EXPECT_EQ(SharedDocuments::of(zigzag), nullptr);
+}
+
 // documents_generation against comparing the boundaries themselves: random configs asked in
 // and out of random scopes (lent buffers, equal copies, other boundaries of the same count),
 // two numbers equal only where the boundaries are; a live scope's buffer always gets its own.

@@ -96,7 +96,9 @@ std::vector<std::int64_t> per_document_pairs(const CpConfig& config, int cp, std
 // buffer moved, not copied). A config whose cu_seqlens is that buffer, unchanged (its data and
 // size), has its boundaries checked once a sequence length instead of at every call, and its
 // ranks' tokens and pairs (tokens_of_ranks, pairs_of_ranks) computed once a layout: with 16M
-// documents each is a pass over all of them, asked several times by each of ~20 rows. Whoever
+// documents each is a pass over all of them, asked several times by each of ~20 rows. A scope
+// made without boundaries serves the configs without them alike: a plan's rows over one
+// sequence share their ranks' counts (every split of an a2a+p2p size asks the same). Whoever
 // makes one must not change the boundaries while it lives; scopes nest (the innermost answers).
 class SharedDocuments {
  public:
